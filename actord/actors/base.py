@@ -1,0 +1,231 @@
+"""A small actor kernel: typed bounded mailboxes, tell/ask, supervision, one dispatch seam.
+
+Prior art: pykka (tell and ask kept apart, an envelope carrying the reply channel, pending
+asks failing when an actor stops) and anyio's memory object streams (bounded: backpressure
+is a feature). What we leave out: unbounded inboxes, untyped receive, a global registry.
+
+Messages are msgspec Structs and pure data. The reply channel (and a streaming sink) travel
+beside the message in an `Envelope`, never inside it, so every delivery can be encoded into
+a trace. Every delivery goes through the `Dispatcher`: it is the single seam through which a
+deterministic, recording dispatcher can take over the order of deliveries. Actors do not
+start tasks themselves.
+
+Supervision: a handler that raises an `ActordError` simply answers that ask with the error
+(a refusal is not a crash). Any other exception is a crash: it is logged and counted, the
+failing ask and every queued ask get `ActorFailed`, later asks fail at once, and the rest of
+the system keeps running.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Awaitable, Callable, Generic, TypeVar
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+
+from actord.errors import ActordError, ActorFailed, ShuttingDown
+from actord.log import get
+
+log = get("actord.actors")
+
+M = TypeVar("M")
+StreamSink = Callable[[Any], Awaitable[None]]
+
+
+class Reply:
+    """A one-shot reply channel: exactly one value or one error, then it is spent."""
+
+    __slots__ = ("_event", "_value", "_error", "done")
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.done = False
+
+    def send(self, value: Any) -> None:
+        if not self.done:
+            self.done = True
+            self._value = value
+            self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done:
+            self.done = True
+            self._error = error
+            self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Envelope(Generic[M]):
+    __slots__ = ("msg", "reply", "stream", "seq")
+
+    def __init__(self, msg: M, reply: Reply | None = None, stream: StreamSink | None = None) -> None:
+        self.msg = msg
+        self.reply = reply
+        self.stream = stream
+        self.seq = 0
+
+
+class ActorStats(msgspec.Struct, frozen=True):
+    name: str
+    queued: int
+    capacity: int
+    delivered: int
+    deferred: int
+    failed: bool
+
+
+DeliveryHook = Callable[["Actor[Any]", Envelope[Any]], None]
+
+
+class Dispatcher:
+    """Owns the tasks that run actor loops and observes every delivery.
+
+    Hooks cost nothing when none is installed; a hook that raises is removed and logged
+    rather than crashing the run (as trio treats its instruments).
+    """
+
+    def __init__(self) -> None:
+        self._tg: TaskGroup | None = None
+        self.hooks: list[DeliveryHook] = []
+        self.deliveries = 0
+
+    def bind(self, tg: TaskGroup) -> None:
+        self._tg = tg
+
+    def spawn(self, actor: "Actor[Any]") -> None:
+        assert self._tg is not None, "dispatcher not bound to a task group"
+        self._tg.start_soon(actor._run, name=f"actor:{actor.name}")
+
+    def delivered(self, actor: "Actor[Any]", env: Envelope[Any]) -> None:
+        self.deliveries += 1
+        env.seq = self.deliveries
+        for hook in list(self.hooks):
+            try:
+                hook(actor, env)
+            except Exception as e:
+                self.hooks.remove(hook)
+                log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
+
+
+class Actor(Generic[M]):
+    """Subclasses implement `handle(msg, env)`; they match on the message type."""
+
+    def __init__(self, dispatcher: Dispatcher, name: str, capacity: int = 64) -> None:
+        self.dispatcher = dispatcher
+        self.name = name
+        self.capacity = capacity
+        self._send, self._recv = anyio.create_memory_object_stream[Envelope[M]](capacity)
+        self.delivered = 0
+        self.failed = False
+        self.failure: BaseException | None = None
+        self.on_failure: Callable[["Actor[Any]", BaseException], None] | None = None
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def tell(self, msg: M, stream: StreamSink | None = None) -> None:
+        await self._put(Envelope(msg, None, stream))
+
+    async def ask(self, msg: M, stream: StreamSink | None = None) -> Any:
+        reply = Reply()
+        await self._put(Envelope(msg, reply, stream))
+        return await reply.wait()
+
+    def tell_nowait(self, msg: M) -> None:
+        """For an actor messaging itself or a peer whose mailbox cannot be full by design."""
+        if self.failed:
+            raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
+        self._send.send_nowait(Envelope(msg))
+
+    async def _put(self, env: Envelope[M]) -> None:
+        if self.failed:
+            raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
+        try:
+            await self._send.send(env)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ShuttingDown(f"actor {self.name} is stopped", actor=self.name) from None
+
+    # -- receiving ---------------------------------------------------------------------
+
+    async def handle(self, msg: M, env: Envelope[M]) -> None:
+        raise NotImplementedError
+
+    async def on_start(self) -> None:
+        """Runs on the event loop before the first delivery."""
+
+    def on_crash(self, error: BaseException) -> None:
+        """Fail whatever the actor holds beyond its mailbox (deferred asks, a request)."""
+
+    async def _run(self) -> None:
+        try:
+            await self.on_start()
+            async with self._recv:
+                async for env in self._recv:
+                    await self.deliver(env)
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                raise
+            self._crash(e, None)
+
+    async def deliver(self, env: Envelope[M]) -> None:
+        """Deliver one envelope now. The real loop calls it; so can a deterministic one."""
+        self.delivered += 1
+        self.dispatcher.delivered(self, env)
+        try:
+            await self.handle(env.msg, env)
+        except ActordError as e:
+            if env.reply is not None:
+                env.reply.fail(e)
+            else:
+                log.warning("actor.refused_tell", actor=self.name, msg=type(env.msg).__name__, error=e.to_dict())
+        except Exception as e:
+            self._crash(e, env)
+            raise
+
+    def _crash(self, error: BaseException, env: Envelope[M] | None) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        self.failure = error
+        log.error("actor.crashed", actor=self.name, error=repr(error))
+        failed = ActorFailed(f"actor {self.name} crashed: {error!r}", actor=self.name)
+        if env is not None and env.reply is not None:
+            env.reply.fail(failed)
+        while True:
+            try:
+                queued = self._recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            if queued.reply is not None:
+                queued.reply.fail(failed)
+        try:
+            self.on_crash(failed)
+        finally:
+            if self.on_failure is not None:
+                self.on_failure(self, error)
+        self._send.close()
+
+    def close(self) -> None:
+        self._send.close()
+
+    def statistics(self) -> ActorStats:
+        st = self._send.statistics()
+        return ActorStats(
+            name=self.name,
+            queued=st.current_buffer_used,
+            capacity=int(st.max_buffer_size) if st.max_buffer_size != math.inf else -1,
+            delivered=self.delivered,
+            deferred=self.deferred_count(),
+            failed=self.failed,
+        )
+
+    def deferred_count(self) -> int:
+        return 0

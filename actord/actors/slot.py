@@ -1,0 +1,360 @@
+"""A Slot actor: one llama sequence id, its request lifecycle and what its memory holds.
+
+The slot owns `kv_tokens` (exactly the tokens whose KV sit in its sequence, in order),
+`resume_raw_lcp` (the raw longest common prefix its current request found, before any
+fallback; reset per request, on page-in/restore and on erase) and, for models that need
+them, its context checkpoints. It never touches libllama: it sends jobs to the engine and
+enrols prompt work with the Scheduler, which feeds its step results back as messages.
+
+A request for a busy slot is deferred (kept in order, counted) and started when the slot is
+idle again; so are page and file operations, which need a quiet sequence.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from actord.actors.base import Actor, Dispatcher, Envelope, Reply
+from actord.actors.messages import (
+    CancelRequest, Complete, DropCheckpoint, Enroll, Erase, Info, PageInSlot, PageOutSlot,
+    RestoreSlot, SaveSlot, SlotInbox, SlotNext, StepFailed, StepResult,
+)
+from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
+from actord.engine import jobs as J
+from actord.errors import ActordError, EngineError, InvalidParams, PromptTooLong, from_dict
+from actord.log import get
+from actord.metrics import Metrics
+
+log = get("actord.slot")
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class SlotCheckpoint:
+    pos: int
+    data: bytearray
+
+    @property
+    def n_bytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass
+class _Active:
+    rid: int
+    req: CompletionRequest
+    prompt: list[int]
+    reply: Reply | None
+    stream: Callable[[Any], Any] | None
+    n_cached: int
+    t_start: float
+    resumed_from_checkpoint: bool = False
+    t_first: float = 0.0
+    out_tokens: list[int] = field(default_factory=list)
+    text: bytearray = field(default_factory=bytearray)
+    streamed: int = 0  # characters of decoded text already streamed
+    cancelled: bool = False
+
+
+class Slot(Actor[SlotInbox]):
+    def __init__(
+        self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps,
+        metrics: Metrics, default_seed: int = 0, capacity: int = 64,
+    ) -> None:
+        super().__init__(dispatcher, f"slot{slot_id}", capacity)
+        self.id = slot_id
+        self.seq = slot_id
+        self.engine = engine
+        self.props = props
+        self.metrics = metrics
+        self.default_seed = default_seed
+        self.scheduler: Actor[Any] | None = None
+        self.kv_tokens: list[int] = []
+        self.resume_raw_lcp: int | None = None
+        self.checkpoints: list[SlotCheckpoint] = []
+        self.genes: tuple[tuple[int, float], ...] = ()
+        self.mind: str | None = None
+        self.active: _Active | None = None
+        self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None
+
+    async def handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        match msg:
+            case StepResult():
+                env.reply.send(await self._on_step(msg))  # type: ignore[union-attr]
+                if self.active is None:
+                    await self._drain_deferred()
+            case StepFailed():
+                await self._on_step_failed(msg)
+                env.reply.send(None)  # type: ignore[union-attr]
+                await self._drain_deferred()
+            case Info():
+                env.reply.send(self.info())  # type: ignore[union-attr]
+            case CancelRequest(rid=rid):
+                if self.active is not None and self.active.rid == rid:
+                    self.active.cancelled = True
+                self._drop_deferred(rid)
+            case DropCheckpoint():
+                env.reply.send(self.drop_checkpoint())  # type: ignore[union-attr]
+            case _ if self.busy:
+                self.deferred.append(env)
+                self.metrics.requests_deferred_total.inc()
+                log.debug("slot.deferred", slot=self.id, msg=type(msg).__name__, queued=len(self.deferred))
+            case Complete():
+                await self._start(msg, env)
+            case Erase():
+                await self.erase()
+                env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]
+            case PageOutSlot() | PageInSlot() | SaveSlot() | RestoreSlot():
+                await self.handle_page_op(msg, env)
+            case _:
+                raise InvalidParams(f"slot cannot handle {type(msg).__name__}")
+
+    async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        raise InvalidParams("page operations are not configured on this system")
+
+    async def _drain_deferred(self) -> None:
+        while self.deferred and not self.busy:
+            env = self.deferred.popleft()
+            try:
+                await self.handle(env.msg, env)
+            except ActordError as e:
+                if env.reply is not None:
+                    env.reply.fail(e)
+
+    def _drop_deferred(self, rid: int) -> None:
+        for env in list(self.deferred):
+            if isinstance(env.msg, Complete) and env.msg.rid == rid:
+                self.deferred.remove(env)
+                if env.reply is not None:
+                    from actord.errors import Cancelled
+
+                    env.reply.fail(Cancelled("request cancelled before it started", rid=rid))
+
+    def deferred_count(self) -> int:
+        return len(self.deferred)
+
+    def on_crash(self, error: BaseException) -> None:
+        if self.active is not None and self.active.reply is not None:
+            self.active.reply.fail(error)
+        for env in self.deferred:
+            if env.reply is not None:
+                env.reply.fail(error)
+        self.deferred.clear()
+
+    def info(self) -> SlotInfo:
+        return SlotInfo(
+            id=self.id, state="processing" if self.busy else "idle", n_tokens=len(self.kv_tokens),
+            resume_raw_lcp=self.resume_raw_lcp, n_checkpoints=len(self.checkpoints),
+            checkpoint_bytes=sum(c.n_bytes for c in self.checkpoints),
+            genes=[GeneRef(id=g, scale=s) for g, s in self.genes], deferred=len(self.deferred),
+            mind=self.mind,
+        )
+
+    # -- memory ------------------------------------------------------------------------
+
+    async def erase(self) -> None:
+        await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+        self.kv_tokens = []
+        self.resume_raw_lcp = None
+        self.mind = None
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+
+    async def release_checkpoints(self, dropped: list[SlotCheckpoint]) -> None:
+        """Hook for the CheckpointBudget: bytes leaving this slot's list."""
+
+    def drop_checkpoint(self) -> int:
+        return 0
+
+    async def cut_to(self, n: int) -> tuple[int, bool]:
+        """Make the sequence hold exactly kv_tokens[:m] for the largest usable m <= n.
+
+        Returns (m, resumed_from_checkpoint). Memory that can be cut back at n is cut there;
+        otherwise (checkpoint-needing models) a subclass may restore a checkpoint; else 0.
+        """
+        if n >= len(self.kv_tokens):
+            return len(self.kv_tokens), False
+        ok = await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1))
+        if ok:
+            self.kv_tokens = self.kv_tokens[:n]
+            return n, False
+        await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+        self.kv_tokens = []
+        return 0, False
+
+    def checkpoint_positions(self, pos0: int, n_prompt: int) -> list[int]:
+        return []
+
+    async def on_checkpoint(self, pos: int, data: bytearray) -> None:
+        pass
+
+    # -- a request ---------------------------------------------------------------------
+
+    async def _tokens_of(self, req: CompletionRequest) -> list[int]:
+        if isinstance(req.prompt, str):
+            return await self.engine.run(J.Tokenize(text=req.prompt))
+        n_vocab = self.props.n_vocab
+        bad = [t for t in req.prompt if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidParams(f"token ids out of range [0, {n_vocab})", bad=bad[:8])
+        return list(req.prompt)
+
+    async def _start(self, msg: Complete, env: Envelope[SlotInbox]) -> None:
+        req = msg.req
+        t_start = time.perf_counter()
+        prompt = await self._tokens_of(req)
+        if len(prompt) + 1 > self.props.n_ctx:
+            raise PromptTooLong(
+                f"prompt of {len(prompt)} tokens does not fit n_ctx {self.props.n_ctx}",
+                n_prompt_tokens=len(prompt), n_ctx=self.props.n_ctx,
+            )
+        await self.prepare_genes(req)
+        raw = common_prefix(self.kv_tokens, prompt)
+        self.resume_raw_lcp = raw
+        usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
+        if usable == 0 and raw > 0:
+            self.metrics.full_reprefills_total.inc()
+            log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
+        seed = req.seed if req.seed is not None else self.default_seed
+        await self.engine.run(J.SetSampler(seq=self.seq, params=J.SamplingParams(
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
+        )))
+        self.genes = tuple((g.id, float(g.scale)) for g in req.genes)
+        self.active = _Active(
+            rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
+            n_cached=usable, t_start=t_start, resumed_from_checkpoint=from_ckpt,
+        )
+        self.metrics.requests_in_flight.inc()
+        self.metrics.prompt_tokens_total.inc(len(prompt))
+        self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
+        if req.n_predict == 0 and usable == len(prompt):
+            await self._finish("length")
+            return
+        assert self.scheduler is not None
+        await self.scheduler.tell(Enroll(
+            slot=self.id, seq=self.seq, tokens=prompt[usable:], pos0=usable, genes=self.genes,
+            checkpoint_at=self.checkpoint_positions(usable, len(prompt)),
+        ))
+
+    async def prepare_genes(self, req: CompletionRequest) -> None:
+        if req.genes:
+            from actord.errors import GeneNotFound
+
+            raise GeneNotFound("genes are not configured on this system", id=req.genes[0].id)
+
+    async def _on_step(self, r: StepResult) -> SlotNext:
+        a = self.active
+        if a is None:  # a step for a request that already ended: stop feeding
+            return SlotNext(action="done")
+        self.kv_tokens.extend(r.fed)
+        if r.checkpoint is not None:
+            await self.on_checkpoint(r.checkpoint_pos, r.checkpoint)
+        if r.token < 0:
+            if a.cancelled:
+                await self._finish("cancelled")
+                return SlotNext(action="done")
+            return SlotNext(action="continue")
+        if not a.out_tokens and a.t_first == 0.0:
+            a.t_first = time.perf_counter()
+        req = a.req
+        if a.cancelled:
+            await self._finish("cancelled")
+            return SlotNext(action="done")
+        if (r.eog and not req.ignore_eos) or r.token in req.stop_tokens:
+            await self._finish("eos" if r.eog else "stop")
+            return SlotNext(action="done")
+        a.out_tokens.append(r.token)
+        a.text += r.piece
+        stop_at = self._find_stop(a)
+        if stop_at is not None:
+            await self._finish("stop", stop_at)
+            return SlotNext(action="done")
+        self._stream_safe(a)
+        if len(a.out_tokens) >= req.n_predict:
+            await self._finish("length")
+            return SlotNext(action="done")
+        if len(self.kv_tokens) + 1 >= self.props.n_ctx:
+            await self._finish("context")
+            return SlotNext(action="done")
+        return SlotNext(action="feed", token=r.token)
+
+    def _find_stop(self, a: _Active) -> int | None:
+        if not a.req.stop:
+            return None
+        text = a.text.decode(errors="ignore")
+        hits = [i for i in (text.find(s) for s in a.req.stop if s) if i >= 0]
+        return min(hits) if hits else None
+
+    def _stream_safe(self, a: _Active) -> None:
+        """Stream decoded text that can no longer become part of a stop string."""
+        if a.stream is None:
+            return
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = dec.decode(bytes(a.text), final=False)
+        hold = max((len(s) for s in a.req.stop), default=1) - 1
+        safe = len(text) - hold
+        if safe > a.streamed:
+            a.stream({"slot": self.id, "content": text[a.streamed:safe], "tokens": a.out_tokens[-1:]})
+            a.streamed = safe
+
+    async def _finish(self, reason: str, stop_at: int | None = None) -> None:
+        a = self.active
+        assert a is not None
+        self.active = None
+        self.metrics.requests_in_flight.dec()
+        self.metrics.predicted_tokens_total.inc(len(a.out_tokens))
+        self.metrics.requests_total.labels(outcome=reason).inc()
+        text = a.text.decode(errors="replace")
+        if stop_at is not None:
+            text = text[:stop_at]
+        if a.stream is not None and len(text) > a.streamed:
+            a.stream({"slot": self.id, "content": text[a.streamed:], "tokens": []})
+        now = time.perf_counter()
+        t_first = a.t_first or now
+        prompt_ms = (t_first - a.t_start) * 1e3
+        predicted_ms = (now - t_first) * 1e3
+        n_proc = len(a.prompt) - a.n_cached
+        result = CompletionResult(
+            content=text, tokens=a.out_tokens, n_prompt_tokens=len(a.prompt),
+            n_prompt_processed=n_proc, n_cached=a.n_cached, slot=self.id, stop_reason=reason,
+            resumed_from_checkpoint=a.resumed_from_checkpoint,
+            timings=Timings(
+                prompt_ms=prompt_ms, predicted_ms=predicted_ms,
+                prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+                predicted_per_second=len(a.out_tokens) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+            ),
+        )
+        if a.reply is not None:
+            a.reply.send(result)
+
+    async def _on_step_failed(self, msg: StepFailed) -> None:
+        a = self.active
+        # The failed decode may have left cells past what we know: cut back to kv_tokens.
+        try:
+            await self.engine.run(J.SeqRm(seq=self.seq, p0=len(self.kv_tokens), p1=-1))
+        except ActordError:
+            self.kv_tokens = []
+        if a is None:
+            return
+        self.active = None
+        self.metrics.requests_in_flight.dec()
+        self.metrics.requests_total.labels(outcome="error").inc()
+        if a.reply is not None:
+            a.reply.fail(from_dict({"type": msg.error_type, "message": msg.message}))

@@ -1,0 +1,49 @@
+"""All configuration in one typed place.
+
+The daemon's flags, the embedded API and the tests all build a `Config`; nothing else reads
+the environment or argv. Sizes are bytes, counts are tokens, so a flag means one thing.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Config(msgspec.Struct, kw_only=True, frozen=True):
+    model: str
+    slots: int = 4
+    ctx: int = 4096  # total KV cells, shared by all slots (unified KV)
+    batch: int = 512  # most tokens in one llama_decode step
+    threads: int = 0  # 0 = os.cpu_count()
+    seed: int = 0  # default sampling seed when a request names none
+    # Pages
+    page_ram_bytes: int = 2 << 30
+    page_dir: str = "./pages"
+    # Context checkpoints
+    ctx_checkpoints: int = 8  # per-page keep
+    ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
+    checkpoint_every: int = 512  # tokens between checkpoints while a prompt is processed
+    swa_full: bool = False  # a full SWA cache makes checkpoints unnecessary but costs memory
+    # Genes
+    device_bytes: int = 0  # 0 = unlimited
+    # Daemon
+    socket: str = "./actord.sock"
+    metrics_http: str | None = None  # "127.0.0.1:9464" serves Prometheus text over HTTP
+    trace: str | None = None
+    mailbox_capacity: int = 64
+    disk_threads: int = 4
+
+    def validate(self) -> "Config":
+        from actord.errors import InvalidParams
+
+        if self.slots < 1:
+            raise InvalidParams("slots must be >= 1")
+        if self.ctx < 16:
+            raise InvalidParams("ctx must be >= 16")
+        if self.batch < 1:
+            raise InvalidParams("batch must be >= 1")
+        if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
+            raise InvalidParams("byte budgets must be >= 0")
+        if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
+            raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
+        return self

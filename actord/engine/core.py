@@ -1,0 +1,305 @@
+"""The engine: mechanism only, and only ever on the engine thread.
+
+It owns the model, one context with `n_seq_max = slots` and a unified KV cache, one sampler
+chain per sequence, the reusable llama_batch and (see genes.py) the LoRA adapters. Every
+method here runs on the engine thread; `handle` maps a typed job to a typed result. It
+never decides anything: which tokens go into a step, which state to copy and when is the
+actors' business.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import time
+from typing import Any
+
+from actord.config import Config
+from actord.engine import jobs as J
+from actord.engine.genes import GeneCatalog
+from actord.engine.llama import lib
+from actord.errors import ActordError, EngineError, InvalidParams, PageDoesNotFit
+
+_log_cb: Any = None
+
+
+def _silence_llama_logs() -> None:
+    global _log_cb
+    if _log_cb is None:
+        _log_cb = lib.llama_log_callback(lambda level, text, data: None)
+        lib.llama_log_set(_log_cb, ctypes.c_void_p())
+
+
+class Engine:
+    def __init__(self, config: Config) -> None:
+        if not os.path.exists(config.model):
+            raise InvalidParams(f"model file not found: {config.model}", path=config.model)
+        _silence_llama_logs()
+        lib.llama_backend_init()
+        mparams = lib.llama_model_default_params()
+        self.model = lib.llama_model_load_from_file(config.model.encode(), mparams)
+        if not self.model:
+            raise EngineError(f"could not load model {config.model}")
+        self.vocab = lib.llama_model_get_vocab(self.model)
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = config.ctx
+        cparams.n_batch = config.batch
+        cparams.n_ubatch = config.batch
+        cparams.n_seq_max = config.slots
+        threads = config.threads or os.cpu_count() or 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = True
+        cparams.swa_full = config.swa_full
+        cparams.no_perf = True
+        self.ctx = lib.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            lib.llama_model_free(self.model)
+            raise EngineError("could not create a llama context (ctx too large?)")
+        self.mem = lib.llama_get_memory(self.ctx)
+        self.swa_full = config.swa_full
+        self.n_ctx = lib.llama_n_ctx(self.ctx)
+        self.n_batch = lib.llama_n_batch(self.ctx)
+        self.n_seq_max = config.slots
+        self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.samplers: dict[int, Any] = {}
+        self.genes = GeneCatalog(self.model, self.ctx)
+        self.step_no = 0
+        self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.props = self._props()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        for chain in self.samplers.values():
+            lib.llama_sampler_free(chain)
+        self.samplers.clear()
+        self.genes.close()
+        lib.llama_batch_free(self.batch)
+        lib.llama_free(self.ctx)
+        lib.llama_model_free(self.model)
+        self.ctx = self.model = None
+
+    def _props(self) -> J.ModelProps:
+        n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0
+        recurrent = bool(lib.llama_model_is_recurrent(self.model))
+        hybrid = bool(lib.llama_model_is_hybrid(self.model)) if hasattr(lib, "llama_model_is_hybrid") else False
+        desc = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(self.model, desc, 256)
+        return J.ModelProps(
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_seq_max=self.n_seq_max,
+            n_vocab=lib.llama_vocab_n_tokens(self.vocab),
+            n_ctx_train=lib.llama_model_n_ctx_train(self.model),
+            n_swa=n_swa,
+            recurrent=recurrent,
+            hybrid=hybrid,
+            # Memory that cannot be cut back to an arbitrary position needs checkpoints.
+            needs_checkpoints=recurrent or hybrid or (n_swa > 0 and not self.swa_full),
+            bos=lib.llama_vocab_bos(self.vocab),
+            eos=lib.llama_vocab_eos(self.vocab),
+            desc=desc.value.decode(errors="replace"),
+        )
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    def handle(self, job: J.Job) -> Any:
+        match job:
+            case J.Step():
+                return self.step(job)
+            case J.Tokenize(text=text, add_special=add, parse_special=parse):
+                return self.tokenize(text, add, parse)
+            case J.Detokenize(tokens=tokens):
+                return b"".join(self.piece(t) for t in tokens).decode(errors="replace")
+            case J.SeqRm(seq=seq, p0=p0, p1=p1):
+                self._check_seq(seq)
+                return bool(lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
+            case J.SetSampler(seq=seq, params=params):
+                return self.set_sampler(seq, params)
+            case J.FreeSampler(seq=seq):
+                chain = self.samplers.pop(seq, None)
+                if chain is not None:
+                    lib.llama_sampler_free(chain)
+                return None
+            case J.StateSize(seq=seq, partial=partial):
+                self._check_seq(seq)
+                return int(lib.llama_state_seq_get_size_ext(self.ctx, seq, self._flags(partial)))
+            case J.StateGet(seq=seq, partial=partial):
+                return self.state_get(seq, partial)
+            case J.StateSet(seq=seq, data=data, partial=partial):
+                return self.state_set(seq, data, partial)
+            case J.MemoryRange(seq=seq):
+                self._check_seq(seq)
+                return J.SeqRange(
+                    pos_min=int(lib.llama_memory_seq_pos_min(self.mem, seq)),
+                    pos_max=int(lib.llama_memory_seq_pos_max(self.mem, seq)),
+                )
+            case J.StepRecords():
+                return list(self.records)
+            case J.ModelInfo():
+                return self.props
+            case J.GeneLoad() | J.GeneUnload() | J.GenePageOut() | J.GenePageIn() | J.GeneList():
+                return self.genes.handle(job)
+            case J.Fail(reason=reason):
+                raise EngineError(f"injected engine failure: {reason}")
+            case _:
+                raise InvalidParams(f"unknown engine job {type(job).__name__}")
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise InvalidParams(f"sequence {seq} out of range", seq=seq)
+
+    @staticmethod
+    def _flags(partial: bool) -> int:
+        return lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+
+    # -- text --------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        raw = text.encode()
+        cap = len(raw) + 8
+        buf = (lib.llama_token * cap)()
+        n = lib.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lib.llama_token * cap)()
+            n = lib.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        n = lib.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    # -- sampling ----------------------------------------------------------------------
+
+    def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
+        self._check_seq(seq)
+        old = self.samplers.pop(seq, None)
+        if old is not None:
+            lib.llama_sampler_free(old)
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if p.temperature <= 0:
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(p.top_p, 1))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(p.temperature))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
+        self.samplers[seq] = chain
+
+    # -- the step ----------------------------------------------------------------------
+
+    def step(self, job: J.Step) -> J.StepOut:
+        n = sum(len(e.tokens) for e in job.entries)
+        if n == 0:
+            raise InvalidParams("empty step")
+        if n > self.n_batch:
+            raise InvalidParams(f"step of {n} tokens exceeds n_batch {self.n_batch}")
+        for e in job.entries:
+            self._check_seq(e.seq)
+            if e.sample and e.seq not in self.samplers:
+                raise InvalidParams(f"sequence {e.seq} has no sampler", seq=e.seq)
+        self.genes.apply(job.genes)
+        b = self.batch
+        k = 0
+        last_index: list[int] = []
+        for e in job.entries:
+            pos = e.pos0
+            for t in e.tokens:
+                b.token[k] = t
+                b.pos[k] = pos
+                b.n_seq_id[k] = 1
+                b.seq_id[k][0] = e.seq
+                b.logits[k] = 0
+                pos += 1
+                k += 1
+            if e.sample:
+                b.logits[k - 1] = 1
+            last_index.append(k - 1)
+        b.n_tokens = k
+        t0 = time.perf_counter()
+        rc = lib.llama_decode(self.ctx, b)
+        t1 = time.perf_counter()
+        if rc != 0:
+            raise EngineError(
+                "llama_decode failed" + (" (KV cache full)" if rc == 1 else ""), rc=rc, n_tokens=k
+            )
+        out: list[J.EntryOut] = []
+        for e, idx in zip(job.entries, last_index):
+            ckpt = self.state_get(e.seq, True).data if e.checkpoint else None
+            ckpt_pos = e.pos0 + len(e.tokens) if e.checkpoint else 0
+            if e.sample:
+                tok = int(lib.llama_sampler_sample(self.samplers[e.seq], self.ctx, idx))
+                out.append(J.EntryOut(
+                    seq=e.seq, token=tok, piece=self.piece(tok),
+                    eog=bool(lib.llama_vocab_is_eog(self.vocab, tok)),
+                    checkpoint=ckpt, checkpoint_pos=ckpt_pos,
+                ))
+            else:
+                out.append(J.EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
+        t2 = time.perf_counter()
+        self.step_no += 1
+        self.records.append(J.StepRecord(
+            step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes
+        ))
+        return J.StepOut(
+            step=self.step_no, entries=out, n_tokens=k,
+            t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3,
+        )
+
+    # -- state copies ------------------------------------------------------------------
+
+    def state_get(self, seq: int, partial: bool) -> J.StateData:
+        """Copy a sequence's state into one fresh host buffer: libllama writes it in place."""
+        self._check_seq(seq)
+        t0 = time.perf_counter()
+        flags = self._flags(partial)
+        size = int(lib.llama_state_seq_get_size_ext(self.ctx, seq, flags))
+        buf = bytearray(size)
+        ptr = (ctypes.c_uint8 * size).from_buffer(buf) if size else (ctypes.c_uint8 * 1)()
+        n = int(lib.llama_state_seq_get_data_ext(self.ctx, ptr, size, seq, flags))
+        del ptr  # release the export so the bytearray can be resized/moved later
+        if n != size:
+            raise EngineError(f"state copy wrote {n} of {size} bytes", seq=seq)
+        return J.StateData(data=buf, n_bytes=size, t_ms=(time.perf_counter() - t0) * 1e3)
+
+    def state_set(self, seq: int, data: Any, partial: bool) -> J.StateData:
+        self._check_seq(seq)
+        t0 = time.perf_counter()
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        if view.readonly:
+            src = ctypes.cast(ctypes.c_char_p(bytes(view)), ctypes.POINTER(ctypes.c_uint8))
+        else:
+            src = (ctypes.c_uint8 * size).from_buffer(view)
+        n = int(lib.llama_state_seq_set_data_ext(self.ctx, src, size, seq, self._flags(partial)))
+        del src
+        if n == 0:
+            # libllama clears the destination sequence when a restore fails part-way.
+            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            raise PageDoesNotFit(
+                "the state does not fit this context (or was taken from another model)",
+                seq=seq, n_bytes=size,
+            )
+        return J.StateData(data=bytearray(), n_bytes=n, t_ms=(time.perf_counter() - t0) * 1e3)
+
+
+def run_job(engine: Engine, job: J.Job) -> Any:
+    """Run one job; typed errors pass through, anything else becomes an EngineError."""
+    try:
+        return engine.handle(job)
+    except ActordError:
+        raise
+    except Exception as e:  # a bug or a libllama surprise must not kill the engine thread
+        raise EngineError(f"{type(e).__name__}: {e}", job=type(job).__name__) from e

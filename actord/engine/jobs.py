@@ -1,0 +1,179 @@
+"""Typed engine jobs and their results.
+
+A job is pure data: what to do to libllama, never why. Actors build jobs, the engine thread
+runs them one at a time, and the result (or a typed error) comes back to the awaiting task.
+Being msgspec Structs, jobs and results can be digested into a trace and replayed.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Job(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+class SamplingParams(msgspec.Struct, frozen=True):
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int = 0
+
+
+class ModelInfo(Job):
+    pass
+
+
+class Tokenize(Job):
+    text: str
+    add_special: bool = True
+    parse_special: bool = True
+
+
+class Detokenize(Job):
+    tokens: list[int]
+
+
+class SeqRm(Job):
+    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
+
+    seq: int
+    p0: int = 0
+    p1: int = -1
+
+
+class SetSampler(Job):
+    seq: int
+    params: SamplingParams
+
+
+class FreeSampler(Job):
+    seq: int
+
+
+class StepEntry(msgspec.Struct, frozen=True):
+    seq: int
+    tokens: list[int]
+    pos0: int
+    sample: bool  # take logits for the last token and sample from the seq's sampler
+    checkpoint: bool = False  # snapshot the seq's partial state right after this decode
+
+
+class Step(Job):
+    """One llama_decode over every entry (continuous batching), then sampling."""
+
+    entries: list[StepEntry]
+    genes: tuple[tuple[int, float], ...] = ()
+
+
+class StateSize(Job):
+    seq: int
+    partial: bool = False
+
+
+class StateGet(Job):
+    seq: int
+    partial: bool = False
+
+
+class StateSet(Job):
+    seq: int
+    data: bytes | bytearray | memoryview
+    partial: bool = False
+
+
+class MemoryRange(Job):
+    seq: int
+
+
+class StepRecords(Job):
+    pass
+
+
+class GeneLoad(Job):
+    path: str
+
+
+class GeneUnload(Job):
+    id: int
+
+
+class GenePageOut(Job):
+    id: int
+
+
+class GenePageIn(Job):
+    id: int
+
+
+class GeneList(Job):
+    pass
+
+
+class Fail(Job):
+    """Test and simulation seam: a job that fails on the engine thread."""
+
+    reason: str = "injected"
+
+
+# ---- results -------------------------------------------------------------------------
+
+
+class ModelProps(msgspec.Struct, frozen=True):
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_vocab: int
+    n_ctx_train: int
+    n_swa: int
+    recurrent: bool
+    hybrid: bool
+    needs_checkpoints: bool
+    bos: int
+    eos: int
+    desc: str
+
+
+class EntryOut(msgspec.Struct, frozen=True):
+    seq: int
+    token: int = -1  # sampled token, -1 when the entry did not sample
+    piece: bytes = b""
+    eog: bool = False
+    checkpoint: bytearray | None = None  # partial state after this entry's decode
+    checkpoint_pos: int = 0
+
+
+class StepOut(msgspec.Struct, frozen=True):
+    step: int
+    entries: list[EntryOut]
+    n_tokens: int
+    t_decode_ms: float
+    t_sample_ms: float
+
+
+class StepRecord(msgspec.Struct, frozen=True):
+    step: int
+    seqs: list[int]
+    n_tokens: int
+    genes: tuple[tuple[int, float], ...]
+
+
+class SeqRange(msgspec.Struct, frozen=True):
+    pos_min: int
+    pos_max: int
+
+
+class GeneInfo(msgspec.Struct, frozen=True):
+    id: int
+    path: str
+    resident: bool
+    n_bytes: int
+    n_moved: int = 0
+    t_ms: float = 0.0
+
+
+class StateData(msgspec.Struct, frozen=True):
+    data: bytearray
+    n_bytes: int
+    t_ms: float

@@ -1,0 +1,70 @@
+"""The only door to libllama: a guarded view of the `llama_cpp` module.
+
+Rule of the house: exactly one OS thread (the engine thread) ever calls into libllama. The
+rule is enforced here rather than by convention: `lib.llama_decode(...)` checks that the
+calling thread owns the library and raises `WrongThread` otherwise. Types, constants and
+ctypes structures pass through unguarded (they do not call into C). An optional observer
+sees every call's name and thread, which is how a test proves no call happens elsewhere.
+
+Nothing outside actord/engine/ imports llama_cpp; a test checks that too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import threading
+from typing import Any, Callable
+
+import llama_cpp as _llama_cpp
+
+from actord.errors import WrongThread
+
+_owner: int | None = None
+_observer: Callable[[str, int], None] | None = None
+
+
+def claim_current_thread() -> None:
+    global _owner
+    if _owner is not None and _owner != threading.get_ident():
+        raise WrongThread("libllama is already owned by another engine thread")
+    _owner = threading.get_ident()
+
+
+def release_current_thread() -> None:
+    global _owner
+    if _owner == threading.get_ident():
+        _owner = None
+
+
+def set_observer(fn: Callable[[str, int], None] | None) -> None:
+    """Install a hook called with (function name, thread ident) before every libllama call."""
+    global _observer
+    _observer = fn
+
+
+def _is_c_call(attr: Any) -> bool:
+    return inspect.isfunction(attr) or isinstance(attr, ctypes._CFuncPtr)  # type: ignore[attr-defined]
+
+
+class _GuardedLib:
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(_llama_cpp, name)
+        if not (_is_c_call(attr) and (name.startswith("llama_") or name.startswith("ggml_"))):
+            setattr(self, name, attr)
+            return attr
+
+        def guarded(*args: Any, _fn: Any = attr, _name: str = name) -> Any:
+            ident = threading.get_ident()
+            if ident != _owner:
+                raise WrongThread(f"{_name} called off the engine thread", function=_name)
+            if _observer is not None:
+                _observer(_name, ident)
+            return _fn(*args)
+
+        guarded.__name__ = name
+        setattr(self, name, guarded)
+        return guarded
+
+
+lib: Any = _GuardedLib()

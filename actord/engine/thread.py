@@ -1,0 +1,154 @@
+"""The engine thread: one dedicated OS thread that owns libllama, fed by a job queue.
+
+Why not `anyio.to_thread.run_sync`: its threads are pooled, so two jobs could land on two
+threads. We own one `threading.Thread` instead. The event loop never blocks on it: a job is
+queued with a completion handle, the thread runs it and wakes the waiting task through the
+loop's thread-safe hook (`call_soon_threadsafe` on asyncio, the trio token's
+`run_sync_soon` on trio), without waiting for the loop to run the callback.
+
+Shutdown drains nothing it cannot finish: queued jobs behind the stop marker fail with
+`ShuttingDown`, the engine frees its context and model on its own thread, and the thread
+exits.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+import anyio
+import sniffio
+
+from actord.errors import ActordError, EngineError, ShuttingDown
+from actord.log import get
+
+log = get("actord.engine")
+
+_STOP = object()
+
+
+def _loop_waker() -> Callable[[Callable[[], None]], None]:
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    import asyncio
+
+    return asyncio.get_running_loop().call_soon_threadsafe
+
+
+class _Pending:
+    __slots__ = ("event", "wake", "value", "error")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.wake = _loop_waker()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        try:
+            self.wake(self.event.set)
+        except RuntimeError:  # the loop is gone: nobody is waiting any more
+            pass
+
+
+class EngineThread:
+    """Runs `factory()` on its own thread to build the engine, then serves jobs.
+
+    `runner(engine, job)` executes one job; `closer(engine)` frees it at shutdown.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        runner: Callable[[Any, Any], Any],
+        closer: Callable[[Any], None],
+        name: str = "actord-engine",
+    ) -> None:
+        self._factory = factory
+        self._runner = runner
+        self._closer = closer
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._stopping = False
+        self.ident: int | None = None
+        self.jobs_done = 0
+        self.jobs_failed = 0
+
+    # -- loop side ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._thread.start()
+        await anyio.to_thread.run_sync(self._ready.wait)
+        if self._start_error is not None:
+            raise self._start_error
+
+    async def run(self, job: Any) -> Any:
+        if self._stopping:
+            raise ShuttingDown("engine is shutting down")
+        p = _Pending()
+        self._q.put((job, p))
+        # A cancelled waiter does not cancel the job: libllama work is not interruptible,
+        # and the actor that sent it re-synchronises from its own state.
+        await p.event.wait()
+        if p.error is not None:
+            raise p.error
+        return p.value
+
+    async def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        self._stopping = True
+        self._q.put(_STOP)
+        await anyio.to_thread.run_sync(self._thread.join)
+
+    @property
+    def queued(self) -> int:
+        return self._q.qsize()
+
+    # -- engine thread side ------------------------------------------------------------
+
+    def _main(self) -> None:
+        from actord.engine import llama
+
+        self.ident = threading.get_ident()
+        llama.claim_current_thread()
+        try:
+            engine = self._factory()
+        except BaseException as e:  # reported to start(), never swallowed
+            self._start_error = e if isinstance(e, ActordError) else EngineError(f"engine start failed: {e}")
+            llama.release_current_thread()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                item = self._q.get()
+                if item is _STOP:
+                    break
+                job, p = item
+                try:
+                    p.value = self._runner(engine, job)
+                    self.jobs_done += 1
+                except BaseException as e:
+                    self.jobs_failed += 1
+                    p.error = e if isinstance(e, ActordError) else EngineError(str(e))
+                p.finish()
+        finally:
+            while True:  # fail whatever was queued behind the stop marker
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP:
+                    item[1].error = ShuttingDown("engine stopped before this job ran")
+                    item[1].finish()
+            try:
+                self._closer(engine)
+            except Exception as e:
+                log.error("engine.close_failed", error=str(e))
+            llama.release_current_thread()

@@ -1,0 +1,151 @@
+"""Typed errors, one class per failure a caller can act on.
+
+Every error that crosses an interface (JSON-RPC, embedded API, CLI) is an ActordError: its
+class name is the `data.type` a client sees, and `code` is the JSON-RPC error code. Bad
+input is refused with one of these *before* anything changes, so a caller can retry or
+correct without cleaning up after us.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+# JSON-RPC 2.0 standard codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Domain errors live in the implementation-defined server error range.
+DOMAIN_ERROR = -32000
+
+
+class ActordError(Exception):
+    code: ClassVar[int] = DOMAIN_ERROR
+    # Rough HTTP analogue, kept because the original server used these (404/503/400).
+    http_status: ClassVar[int] = 400
+
+    def __init__(self, message: str = "", **data: Any) -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+        self.data = data
+
+    @property
+    def type(self) -> str:
+        return type(self).__name__
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, **self.data}
+
+
+class InvalidParams(ActordError):
+    code = INVALID_PARAMS
+
+
+class PromptTooLong(InvalidParams):
+    pass
+
+
+class SlotNotFound(ActordError):
+    http_status = 404
+
+
+class SlotEmpty(ActordError):
+    pass
+
+
+class SlotBusy(ActordError):
+    http_status = 409
+
+
+class NoFreeSlot(ActordError):
+    http_status = 503
+
+
+class PageNotFound(ActordError):
+    http_status = 404
+
+
+class PageRamExceeded(ActordError):
+    http_status = 503
+
+
+class PageDoesNotFit(ActordError):
+    """A page's state does not fit the context it is being paged into."""
+
+    http_status = 507
+
+
+class FileNotFound(ActordError):
+    http_status = 404
+
+
+class CorruptPageFile(ActordError):
+    http_status = 422
+
+
+class PathRefused(ActordError):
+    http_status = 403
+
+
+class StorageError(ActordError):
+    """An OS-level failure while publishing or reading page files (fsync, rename, ...)."""
+
+    http_status = 500
+
+
+class GeneNotFound(ActordError):
+    http_status = 404
+
+
+class GeneIsDefault(ActordError):
+    http_status = 409
+
+
+class GeneInUse(ActordError):
+    http_status = 409
+
+
+class DeviceBudgetExceeded(ActordError):
+    http_status = 503
+
+
+class EngineError(ActordError):
+    """A libllama call failed on the engine thread; the engine keeps serving."""
+
+    http_status = 500
+
+
+class WrongThread(ActordError):
+    """A libllama call was attempted off the engine thread."""
+
+    http_status = 500
+
+
+class ActorFailed(ActordError):
+    """The actor that held a pending ask raised or stopped before replying."""
+
+    http_status = 500
+
+
+class ShuttingDown(ActordError):
+    http_status = 503
+
+
+class Cancelled(ActordError):
+    http_status = 499
+
+
+ERROR_TYPES: dict[str, type[ActordError]] = {
+    cls.__name__: cls
+    for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, ActordError)
+}
+
+
+def from_dict(data: dict[str, Any]) -> ActordError:
+    """Rebuild a typed error on the client side from a JSON-RPC error's `data`."""
+    data = dict(data)
+    cls = ERROR_TYPES.get(data.pop("type", ""), ActordError)
+    message = data.pop("message", "")
+    return cls(message, **data)

@@ -1,0 +1,78 @@
+"""One metrics registry per actor system, exposed as Prometheus text.
+
+prometheus_client does the exposition format; a registry per system (not the global one)
+keeps two systems in one process (tests, embedding hosts) from mixing their counts.
+Actors update metrics from the event loop only; the engine thread reports through job
+results, so no metric is touched from two threads.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        # Serving
+        self.prompt_tokens_total = Counter("prompt_tokens", "Prompt tokens received", registry=r)
+        self.prompt_tokens_processed_total = Counter(
+            "prompt_tokens_processed", "Prompt tokens decoded (not served from cache)", registry=r
+        )
+        self.predicted_tokens_total = Counter("predicted_tokens", "Tokens generated", registry=r)
+        self.requests_total = Counter("requests", "Completion requests finished", ["outcome"], registry=r)
+        self.requests_in_flight = Gauge("requests_in_flight", "Completion requests in flight", registry=r)
+        self.requests_deferred_total = Counter(
+            "requests_deferred", "Slot operations deferred because the slot was processing", registry=r
+        )
+        self.engine_steps_total = Counter("engine_steps", "llama_decode steps", registry=r)
+        self.engine_step_tokens = Histogram(
+            "engine_step_tokens", "Tokens per llama_decode step", registry=r,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+        )
+        self.engine_jobs_failed_total = Counter("engine_jobs_failed", "Engine jobs that failed", registry=r)
+        self.actor_failures_total = Counter("actor_failures", "Actors that raised", ["actor"], registry=r)
+        self.full_reprefills_total = Counter(
+            "full_reprefills", "Requests that re-prefilled from zero despite a cached prefix", registry=r
+        )
+        # Pages
+        self.page_store_bytes = Gauge("page_store_bytes", "Bytes charged by the page store", registry=r)
+        self.page_store_pages = Gauge("page_store_pages", "Pages in the page store", registry=r)
+        self.page_out_total = Counter("page_out", "Slot page-outs", registry=r)
+        self.page_in_total = Counter("page_in", "Slot page-ins", registry=r)
+        self.page_failed_total = Counter("page_failed", "Failed or refused page moves", registry=r)
+        self.page_spill_total = Counter("page_spill", "Pages spilled to disk", registry=r)
+        # Checkpoints
+        self.ctx_checkpoint_bytes = Gauge("ctx_checkpoint_bytes", "Bytes held by context checkpoints", registry=r)
+        self.ctx_checkpoints_evicted_budget_total = Counter(
+            "ctx_checkpoints_evicted_budget", "Checkpoints evicted to fit the byte budget", registry=r
+        )
+        self.ctx_checkpoints_skipped_budget_total = Counter(
+            "ctx_checkpoints_skipped_budget", "Checkpoints skipped: larger than the budget", registry=r
+        )
+        self.ctx_checkpoint_restores_total = Counter(
+            "ctx_checkpoint_restores", "Requests resumed from a context checkpoint", registry=r
+        )
+        # Genes
+        self.lora_page_out_total = Counter("lora_page_out", "Gene page-outs", registry=r)
+        self.lora_page_in_total = Counter("lora_page_in", "Gene page-ins", registry=r)
+        self.lora_page_in_on_demand_total = Counter(
+            "lora_page_in_on_demand", "Gene page-ins on a request's path (misses)", registry=r
+        )
+        self.lora_page_failed_total = Counter("lora_page_failed", "Failed gene page moves", registry=r)
+        self.lora_device_bytes = Gauge("lora_device_bytes", "Gene bytes resident on device", registry=r)
+        self.lora_host_bytes = Gauge("lora_host_bytes", "Gene bytes held in host RAM", registry=r)
+
+    def exposition(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def snapshot(self) -> dict[str, float]:
+        """Flat name -> value, for tests, traces and the final-state check of a replay."""
+        out: dict[str, float] = {}
+        for family in self.registry.collect():
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                key = s.name + ("" if not s.labels else "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}")
+                out[key] = s.value
+        return out

@@ -1,0 +1,180 @@
+"""The embedded API: `async with ActorSystem(config) as system: await system.complete(...)`.
+
+The system starts the engine thread, builds the actors, binds them to one dispatcher and
+runs them in a task group; its methods are typed async calls that send messages and await
+replies. It works the same from an asyncio (or uvloop) host and from a trio host, because
+it only uses anyio.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable
+
+import anyio
+import msgspec
+
+from actord.actors.base import Actor, Dispatcher
+from actord.actors.messages import CancelRequest, Complete, Erase, Info
+from actord.actors.scheduler import Scheduler
+from actord.actors.slot import Slot, common_prefix
+from actord.api import CompletionRequest, CompletionResult, SlotInfo
+from actord.config import Config
+from actord.engine import jobs as J
+from actord.engine.core import Engine, run_job
+from actord.engine.thread import EngineThread
+from actord.errors import ActordError, InvalidParams, NoFreeSlot, SlotNotFound
+from actord.log import get
+from actord.metrics import Metrics
+
+log = get("actord.system")
+
+PROPS_VERSION = {"slot_page_version": 1, "lora_page_version": 1}
+
+
+class ActorSystem:
+    def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None) -> None:
+        self.config = config.validate()
+        self.metrics = Metrics()
+        self.dispatcher = Dispatcher()
+        self._engine_factory = engine_factory or Engine
+        self.engine = EngineThread(lambda: self._engine_factory(self.config), run_job, lambda e: e.close())
+        self.props: J.ModelProps | None = None
+        self.slots: list[Slot] = []
+        self.scheduler: Scheduler | None = None
+        self._rids = itertools.count(1)
+        self._tg: Any = None
+        self._started = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> "ActorSystem":
+        await self.engine.start()
+        try:
+            self.props = await self.engine.run(J.ModelInfo())
+            self._build_actors()
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+        except BaseException:
+            await self.engine.stop()
+            raise
+        self.dispatcher.bind(self._tg)
+        for actor in self.actors():
+            actor.on_failure = self._on_actor_failure
+            self.dispatcher.spawn(actor)
+        log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for actor in self.actors():
+            actor.close()
+        try:
+            await self._tg.__aexit__(*exc)
+        finally:
+            await self.engine.stop()
+            log.info("system.stopped")
+
+    def _build_actors(self) -> None:
+        assert self.props is not None
+        cap = self.config.mailbox_capacity
+        self.slots = [
+            self.make_slot(i) for i in range(self.config.slots)
+        ]
+        self.scheduler = Scheduler(
+            self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
+            capacity=max(cap, 4 * self.config.slots),
+        )
+        for s in self.slots:
+            s.scheduler = self.scheduler
+
+    def make_slot(self, i: int) -> Slot:
+        assert self.props is not None
+        return Slot(self.dispatcher, i, self.engine, self.props, self.metrics,
+                    default_seed=self.config.seed, capacity=self.config.mailbox_capacity)
+
+    def actors(self) -> list[Actor[Any]]:
+        return [*self.slots, *([self.scheduler] if self.scheduler else [])]
+
+    def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
+        self.metrics.actor_failures_total.labels(actor=actor.name).inc()
+
+    # -- completions -------------------------------------------------------------------
+
+    def _slot(self, slot: int) -> Slot:
+        if not isinstance(slot, int) or not 0 <= slot < len(self.slots):
+            raise SlotNotFound(f"no slot {slot}", slot=slot, n_slots=len(self.slots))
+        return self.slots[slot]
+
+    async def complete(
+        self, request: CompletionRequest | None = None, *, on_token: Callable[[Any], None] | None = None,
+        **params: Any,
+    ) -> CompletionResult:
+        """Run one completion. `on_token` (sync, must not block) receives streamed chunks."""
+        if request is None:
+            try:
+                request = msgspec.convert(params, CompletionRequest)
+            except msgspec.ValidationError as e:
+                raise InvalidParams(str(e)) from None
+        request.check()
+        slot = self._slot(request.slot) if request.slot is not None else await self._place(request)
+        rid = next(self._rids)
+        try:
+            return await slot.ask(Complete(rid=rid, req=request), stream=on_token)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                try:
+                    await slot.tell(CancelRequest(rid=rid))
+                except ActordError:
+                    pass
+            raise
+
+    async def _place(self, request: CompletionRequest) -> Slot:
+        """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
+        infos: list[SlotInfo] = [await s.ask(Info()) for s in self.slots]
+        idle = [i for i in infos if i.state == "idle" and i.deferred == 0]
+        if isinstance(request.prompt, list) and idle:
+            best = max(idle, key=lambda i: (common_prefix(self.slots[i.id].kv_tokens, request.prompt), -i.n_tokens))
+            return self.slots[best.id]
+        if idle:
+            return self.slots[min(idle, key=lambda i: i.n_tokens).id]
+        if not infos:
+            raise NoFreeSlot("no slots")
+        return self.slots[min(infos, key=lambda i: i.deferred).id]
+
+    # -- slots -------------------------------------------------------------------------
+
+    async def slot_list(self) -> list[SlotInfo]:
+        return [await s.ask(Info()) for s in self.slots]
+
+    async def slot_erase(self, slot: int) -> dict[str, Any]:
+        return await self._slot(slot).ask(Erase())
+
+    # -- introspection -----------------------------------------------------------------
+
+    async def props_dict(self) -> dict[str, Any]:
+        assert self.props is not None
+        return {
+            "model": self.config.model,
+            "n_slots": len(self.slots),
+            **msgspec.to_builtins(self.props),
+            **PROPS_VERSION,
+        }
+
+    async def health(self) -> dict[str, Any]:
+        failed = [a.name for a in self.actors() if a.failed]
+        return {
+            "status": "ok" if not failed else "degraded",
+            "failed_actors": failed,
+            "uptime_s": round(time.time() - self._started, 3),
+            "engine_queue": self.engine.queued,
+        }
+
+    def metrics_text(self) -> str:
+        return self.metrics.exposition()
+
+    async def step_records(self) -> list[J.StepRecord]:
+        return await self.engine.run(J.StepRecords())
+
+    def statistics(self) -> list[Any]:
+        return [a.statistics() for a in self.actors()]
