@@ -1,0 +1,143 @@
+"""`actord`: the daemon (`serve`) and a client for every verb (`call`, `complete`, ...).
+
+`serve`'s flags are generated from `Config`'s fields, so configuration has one typed home
+and a new setting is a flag the moment it exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import msgspec
+
+from actord.config import Config
+
+_VERBS = {
+    # verb: (method, positional param names)
+    "slots": ("slot.list", []),
+    "erase": ("slot.erase", ["slot"]),
+    "props": ("props", []),
+    "health": ("health", []),
+    "page-out": ("page.out", ["slot", "page"]),
+    "page-in": ("page.in", ["slot", "page"]),
+    "page-drop": ("page.drop", ["page"]),
+    "pages": ("page.list", []),
+    "spill": ("page.spill", ["page", "file"]),
+    "save": ("slot.save", ["slot", "file"]),
+    "restore": ("slot.restore", ["slot", "file"]),
+    "gene-load": ("gene.load", ["path"]),
+    "gene-unload": ("gene.unload", ["id"]),
+    "gene-page-out": ("gene.page_out", ["id"]),
+    "gene-page-in": ("gene.page_in", ["id"]),
+    "genes": ("gene.list", []),
+}
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    for f in msgspec.structs.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        typ = f.type
+        if typ is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif typ in (int, float, str):
+            p.add_argument(flag, type=typ, default=None)
+        else:  # optional str
+            p.add_argument(flag, type=str, default=None)
+
+
+def config_from_args(ns: argparse.Namespace) -> Config:
+    values = {f.name: getattr(ns, f.name) for f in msgspec.structs.fields(Config) if getattr(ns, f.name, None) is not None}
+    if "model" not in values:
+        from actord.models import default_model
+
+        values["model"] = str(default_model())
+    return msgspec.convert(values, Config).validate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="actord", description=__doc__)
+    ap.add_argument("--socket", default=os.environ.get("ACTORD_SOCKET", "./actord.sock"), help="daemon socket (client verbs)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    serve = sub.add_parser("serve", help="run the daemon")
+    _add_config_flags(serve)
+    serve.add_argument("--log-json", action="store_true")
+    serve.add_argument("--log-level", default="info")
+    call = sub.add_parser("call", help="call any JSON-RPC method")
+    call.add_argument("method")
+    call.add_argument("params", nargs="?", default="{}")
+    comp = sub.add_parser("complete", help="run a completion")
+    comp.add_argument("prompt")
+    comp.add_argument("-n", "--n-predict", type=int, default=32)
+    comp.add_argument("--slot", type=int)
+    comp.add_argument("--temperature", type=float, default=0.0)
+    comp.add_argument("--seed", type=int)
+    comp.add_argument("--stream", action="store_true")
+    comp.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
+    for verb, (method, names) in _VERBS.items():
+        v = sub.add_parser(verb, help=f"call {method}")
+        for n in names:
+            v.add_argument(n, type=int if n in ("slot", "id") else str)
+        if verb == "spill":
+            v.add_argument("--drop", action="store_true")
+    for name in ("replay", "simulate"):
+        sub.add_parser(name, help=f"see `actord {name} --help`", add_help=False)
+    ns, rest = ap.parse_known_args(argv)
+
+    if ns.cmd == "serve":
+        ns.socket = ns.socket  # the serve subparser's --socket overrides (Config field)
+        from actord.daemon import run_daemon
+
+        return run_daemon(config_from_args(ns), log_json=ns.log_json, log_level=ns.log_level)
+    if ns.cmd in ("replay", "simulate"):
+        from actord.replay import cli as replay_cli
+
+        return replay_cli.main(ns.cmd, rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+
+    from actord.client import Client
+    from actord.errors import ActordError
+
+    try:
+        with Client(ns.socket) as c:
+            if ns.cmd == "call":
+                out = c.call(ns.method, json.loads(ns.params))
+            elif ns.cmd == "complete":
+                params: dict[str, Any] = {"prompt": ns.prompt, "n_predict": ns.n_predict,
+                                          "temperature": ns.temperature, "stream": ns.stream}
+                if ns.slot is not None:
+                    params["slot"] = ns.slot
+                if ns.seed is not None:
+                    params["seed"] = ns.seed
+                if ns.gene:
+                    params["genes"] = [{"id": int(g.split(":")[0]), "scale": float(g.split(":")[1]) if ":" in g else 1.0} for g in ns.gene]
+                on_chunk = (lambda ch: (sys.stdout.write(ch["content"]), sys.stdout.flush())) if ns.stream else None
+                out = c.call("completion", params, on_chunk=on_chunk)
+                if ns.stream:
+                    print()
+            else:
+                method, names = _VERBS[ns.cmd]
+                params = {n: getattr(ns, n) for n in names}
+                if ns.cmd == "spill":
+                    params["drop"] = ns.drop
+                out = c.call(method, params)
+    except ActordError as e:
+        print(json.dumps({"error": e.to_dict()}), file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        print(f"cannot reach the daemon at {ns.socket}: {e}", file=sys.stderr)
+        return 2
+    if ns.cmd == "call" and ns.method == "metrics":
+        print(out["text"])
+    else:
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

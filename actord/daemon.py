@@ -1,0 +1,51 @@
+"""`actord serve`: the actor system plus the socket server on uvloop, stopped by a signal.
+
+A signal handler only wakes the main task; shutdown then runs in order: stop accepting,
+let the system stop its actors and engine thread, remove the socket.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import anyio
+
+from actord import log as logcfg
+from actord.config import Config
+from actord.log import get
+from actord.rpc.server import RpcServer
+from actord.system import ActorSystem
+
+log = get("actord.daemon")
+
+
+async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    async with ActorSystem(config) as system:
+        if config.metrics_http:
+            from prometheus_client import start_http_server
+
+            host, _, port = config.metrics_http.rpartition(":")
+            start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
+        server = RpcServer(system, config.socket)
+        system.rpc = server
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve)
+            task_status.started(system)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for sig in signals:
+                    log.info("daemon.signal", signal=signal.Signals(sig).name)
+                    break
+            tg.cancel_scope.cancel()
+
+
+def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info") -> int:
+    logcfg.configure(json=log_json, level=log_level)
+    try:
+        import uvloop  # noqa: F401
+
+        opts = {"use_uvloop": True}
+    except ImportError:
+        opts = {}
+    anyio.run(serve, config, backend="asyncio", backend_options=opts)
+    return 0

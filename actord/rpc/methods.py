@@ -1,0 +1,98 @@
+"""The method table: JSON-RPC method name -> typed params Struct and a call on the system.
+
+One table serves the daemon, the CLI's `call` and the docs, so a method's name and shape
+are defined once. Later issues add rows (page.*, gene.*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import msgspec
+
+from actord.api import CompletionRequest
+
+
+class NoParams(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class SlotParams(msgspec.Struct, forbid_unknown_fields=True):
+    slot: int
+
+
+class PageParams(msgspec.Struct, forbid_unknown_fields=True):
+    page: str
+
+
+class SlotPageParams(msgspec.Struct, forbid_unknown_fields=True):
+    slot: int
+    page: str
+
+
+class SpillParams(msgspec.Struct, forbid_unknown_fields=True):
+    page: str
+    file: str
+    drop: bool = False
+
+
+class SlotFileParams(msgspec.Struct, forbid_unknown_fields=True):
+    slot: int
+    file: str
+
+
+class GenePathParams(msgspec.Struct, forbid_unknown_fields=True):
+    path: str
+
+
+class GeneIdParams(msgspec.Struct, forbid_unknown_fields=True):
+    id: int
+
+
+Handler = Callable[[Any, Any, Callable[[Any], None] | None], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Method:
+    params: type
+    call: Handler
+    streams: bool = False
+
+
+def _b(x: Any) -> Any:
+    return msgspec.to_builtins(x)
+
+
+async def _completion(system: Any, p: CompletionRequest, sink: Any) -> Any:
+    return _b(await system.complete(p, on_token=sink if p.stream else None))
+
+
+METHODS: dict[str, Method] = {
+    "completion": Method(CompletionRequest, _completion, streams=True),
+    "slot.list": Method(NoParams, lambda s, p, _: _wrap(s.slot_list())),
+    "slot.erase": Method(SlotParams, lambda s, p, _: _wrap(s.slot_erase(p.slot))),
+    "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict())),
+    "health": Method(NoParams, lambda s, p, _: _wrap(s.health())),
+    "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()})),
+    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, p.page))),
+    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, p.page))),
+    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(p.page))),
+    "page.list": Method(NoParams, lambda s, p, _: _wrap(s.page_list())),
+    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(p.page, p.file, p.drop))),
+    "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file))),
+    "slot.restore": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_restore(p.slot, p.file))),
+    "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path))),
+    "gene.unload": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_unload(p.id))),
+    "gene.page_out": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_out(p.id))),
+    "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id))),
+    "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list())),
+}
+
+
+async def _wrap(aw: Awaitable[Any]) -> Any:
+    return _b(await aw)
+
+
+async def _const(v: Any) -> Any:
+    return v
