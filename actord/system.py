@@ -16,7 +16,8 @@ import anyio
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher
-from actord.actors.messages import CancelRequest, Complete, Erase, Info
+from actord.actors.messages import CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot
+from actord.actors.pages import DropPage, ListPages, PageStore, StoreStats
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix
 from actord.api import CompletionRequest, CompletionResult, SlotInfo
@@ -43,6 +44,7 @@ class ActorSystem:
         self.props: J.ModelProps | None = None
         self.slots: list[Slot] = []
         self.scheduler: Scheduler | None = None
+        self.pages: PageStore | None = None
         self._rids = itertools.count(1)
         self._tg: Any = None
         self._started = time.time()
@@ -85,8 +87,10 @@ class ActorSystem:
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
             capacity=max(cap, 4 * self.config.slots),
         )
+        self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
         for s in self.slots:
             s.scheduler = self.scheduler
+            s.pages = self.pages
 
     def make_slot(self, i: int) -> Slot:
         assert self.props is not None
@@ -94,7 +98,8 @@ class ActorSystem:
                     default_seed=self.config.seed, capacity=self.config.mailbox_capacity)
 
     def actors(self) -> list[Actor[Any]]:
-        return [*self.slots, *([self.scheduler] if self.scheduler else [])]
+        extra = [a for a in (self.scheduler, self.pages) if a is not None]
+        return [*self.slots, *extra]
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
         self.metrics.actor_failures_total.labels(actor=actor.name).inc()
@@ -149,6 +154,26 @@ class ActorSystem:
 
     async def slot_erase(self, slot: int) -> dict[str, Any]:
         return await self._slot(slot).ask(Erase())
+
+    # -- pages -------------------------------------------------------------------------
+
+    async def page_out(self, slot: int, page: str) -> dict[str, Any]:
+        return await self._slot(slot).ask(PageOutSlot(page=page))
+
+    async def page_in(self, slot: int, page: str) -> dict[str, Any]:
+        return await self._slot(slot).ask(PageInSlot(page=page))
+
+    async def page_drop(self, page: str) -> Any:
+        assert self.pages is not None
+        return await self.pages.ask(DropPage(name=page))
+
+    async def page_list(self) -> Any:
+        assert self.pages is not None
+        return await self.pages.ask(ListPages())
+
+    async def page_stats(self) -> Any:
+        assert self.pages is not None
+        return await self.pages.ask(StoreStats())
 
     # -- introspection -----------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import codecs
 import collections
 import time
+
+import anyio
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +27,12 @@ from actord.actors.messages import (
 )
 from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
-from actord.errors import ActordError, EngineError, InvalidParams, PromptTooLong, from_dict
+from actord.actors.pages import (
+    Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+)
+from actord.errors import (
+    ActordError, EngineError, InvalidParams, PromptTooLong, SlotBusy, SlotEmpty, from_dict,
+)
 from actord.log import get
 from actord.metrics import Metrics
 
@@ -80,6 +87,7 @@ class Slot(Actor[SlotInbox]):
         self.metrics = metrics
         self.default_seed = default_seed
         self.scheduler: Actor[Any] | None = None
+        self.pages: Actor[Any] | None = None
         self.kv_tokens: list[int] = []
         self.resume_raw_lcp: int | None = None
         self.checkpoints: list[SlotCheckpoint] = []
@@ -127,7 +135,105 @@ class Slot(Actor[SlotInbox]):
                 raise InvalidParams(f"slot cannot handle {type(msg).__name__}")
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
-        raise InvalidParams("page operations are not configured on this system")
+        match msg:
+            case PageOutSlot(page=name):
+                out = await self.page_out(name)
+            case PageInSlot(page=name):
+                out = await self.page_in(name)
+            case SaveSlot(file=file):
+                out = await self.save(file)
+            case RestoreSlot(file=file):
+                out = await self.restore(file)
+            case _:
+                raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+        if env.reply is not None:
+            env.reply.send(out)
+
+    # -- pages -------------------------------------------------------------------------
+
+    def page_checkpoints(self) -> list[SlotCheckpoint]:
+        """The checkpoints a page or file keeps (the checkpoint selection refines this)."""
+        return list(self.checkpoints)
+
+    async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
+        if not self.kv_tokens:
+            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
+
+    async def page_out(self, name: str) -> dict[str, Any]:
+        if self.pages is None:
+            raise InvalidParams("no page store on this system")
+        if not self.kv_tokens:
+            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        t0 = time.perf_counter()
+        ckpts = self.page_checkpoints()
+        n_state = await self.engine.run(J.StateSize(seq=self.seq))
+        n_bytes = n_state + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+        reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+        try:
+            st = await self.engine.run(J.StateGet(seq=self.seq))
+            if st.n_bytes != n_state:
+                raise EngineError("sequence state changed size between admission and copy", slot=self.id)
+            page = Page(
+                gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
+                checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
+            )
+            info = await self.pages.ask(Commit(reservation=reservation, page=page))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.pages.tell(CancelReservation(reservation=reservation))
+            self.metrics.page_failed_total.inc()
+            raise
+        # The page is whole in the store; only now is the slot freed.
+        await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+        n_tokens = len(self.kv_tokens)
+        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_out_total.inc()
+        log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
+                 copy_ms=round(st.t_ms, 3))
+        return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms}
+
+    async def page_in(self, name: str) -> dict[str, Any]:
+        if self.pages is None:
+            raise InvalidParams("no page store on this system")
+        if self.kv_tokens:
+            raise SlotBusy(f"slot {self.id} holds a sequence: page it out or erase it first", slot=self.id)
+        t0 = time.perf_counter()
+        page: Page = await self.pages.ask(Take(name=name))
+        try:
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=page.state))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.pages.tell(Return(gen=page.gen))
+            self.metrics.page_failed_total.inc()
+            log.warning("page.in_failed", slot=self.id, page=name)
+            raise
+        self.kv_tokens = list(page.tokens)
+        self.genes = page.genes
+        self.resume_raw_lcp = None
+        self.mind = name
+        await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
+        await self.pages.tell(Release(gen=page.gen))
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_in_total.inc()
+        log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
+                 t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
+        return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+
+    async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
+        """Checkpoints arriving with a page or file; the budget-aware slot overrides this."""
+        self.checkpoints = ckpts
+
+    async def save(self, file: str) -> dict[str, Any]:
+        raise InvalidParams("no page files on this system")
+
+    async def restore(self, file: str) -> dict[str, Any]:
+        raise InvalidParams("no page files on this system")
 
     async def _drain_deferred(self) -> None:
         while self.deferred and not self.busy:

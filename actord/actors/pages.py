@@ -1,0 +1,291 @@
+"""The PageStore: named pages of slot state in host RAM, under one byte ceiling.
+
+Policy only: it admits, charges, hands out and takes back pages; the bytes are copied by
+the engine (out of and into the context) and written by storage worker threads (spill).
+
+Charging rule (from the original server, where getting it wrong leaked or double-counted
+hundreds of MB): a page's charge is measured at admission, before any copy, and that same
+number is what the store charges. The charge lives as long as any owner holds the page:
+the store itself, a slot that took it for page_in until the copy is done, an in-flight
+spill. So a page a spill still holds after page_in, drop or replacement keeps counting.
+Replacing a page under the same name subtracts the old one at admission only if the store
+is its sole owner. Every change of the count happens in this actor's handlers, so the
+invariant `charged == sum(live generations) + sum(reservations)` is checkable at any
+message boundary.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import msgspec
+
+from actord.actors.base import Actor, Dispatcher, Envelope
+from actord.actors.messages import Msg
+from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
+from actord.log import get
+from actord.metrics import Metrics
+
+log = get("actord.pages")
+
+
+class PageCheckpoint(msgspec.Struct, frozen=True):
+    pos: int
+    data: bytearray
+
+
+class Page(msgspec.Struct, frozen=True):
+    """One generation of a page. Its buffers are never mutated after commit."""
+
+    gen: int
+    name: str
+    n_bytes: int
+    state: bytearray
+    tokens: list[int]
+    checkpoints: list[PageCheckpoint] = []
+    genes: tuple[tuple[int, float], ...] = ()
+    draft: bytearray | None = None
+
+
+class PageInfo(msgspec.Struct, frozen=True):
+    page: str
+    gen: int
+    n_bytes: int
+    n_tokens: int
+    n_checkpoints: int
+    holders: int
+
+
+# ---- inbox ------------------------------------------------------------------------------
+
+
+class Admit(Msg):
+    name: str
+    n_bytes: int
+
+
+class Commit(Msg):
+    reservation: int
+    page: Page
+
+
+class CancelReservation(Msg):
+    reservation: int
+
+
+class Take(Msg):
+    name: str
+
+
+class Return(Msg):
+    """A page_in failed: the page goes back under its name (if no newer one took it)."""
+
+    gen: int
+
+
+class Release(Msg):
+    gen: int
+
+
+class DropPage(Msg):
+    name: str
+
+
+class ListPages(Msg):
+    pass
+
+
+class SpillBegin(Msg):
+    name: str
+
+
+class SpillEnd(Msg):
+    gen: int
+    drop: bool = False
+
+
+class StoreStats(Msg):
+    pass
+
+
+PageStoreInbox = (
+    Admit | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
+    | SpillBegin | SpillEnd | StoreStats
+)
+
+
+class PageStoreStats(msgspec.Struct, frozen=True):
+    charged: int
+    ceiling: int
+    pages: int
+    generations: int
+    reservations: int
+    live_bytes: int
+
+
+@dataclass
+class _Gen:
+    page: Page | None  # None while only reserved
+    n_bytes: int
+    holders: int
+
+
+class PageStore(Actor[PageStoreInbox]):
+    def __init__(self, dispatcher: Dispatcher, ceiling: int, metrics: Metrics, capacity: int = 256) -> None:
+        super().__init__(dispatcher, "pagestore", capacity)
+        self.ceiling = ceiling
+        self.metrics = metrics
+        self.names: dict[str, int] = {}
+        self.gens: dict[int, _Gen] = {}
+        self.reserved: dict[int, tuple[str, int]] = {}
+        self._ids = itertools.count(1)
+        self.charged = 0
+
+    async def handle(self, msg: PageStoreInbox, env: Envelope[PageStoreInbox]) -> None:
+        reply = env.reply
+        match msg:
+            case Admit(name=name, n_bytes=n):
+                out = self.admit(name, n)
+            case Commit(reservation=r, page=page):
+                out = self.commit(r, page)
+            case CancelReservation(reservation=r):
+                out = self.cancel(r)
+            case Take(name=name):
+                out = self.take(name)
+            case Return(gen=gen):
+                out = self.give_back(gen)
+            case Release(gen=gen):
+                out = self.release(gen)
+            case DropPage(name=name):
+                out = self.drop(name)
+            case ListPages():
+                out = [self.info(n) for n in sorted(self.names)]
+            case SpillBegin(name=name):
+                out = self.spill_begin(name)
+            case SpillEnd(gen=gen, drop=drop):
+                out = self.spill_end(gen, drop)
+            case StoreStats():
+                out = self.stats()
+            case _:
+                raise InvalidParams(f"page store cannot handle {type(msg).__name__}")
+        self._publish_metrics()
+        if reply is not None:
+            reply.send(out)
+
+    # -- the rules ---------------------------------------------------------------------
+
+    def admit(self, name: str, n_bytes: int) -> int:
+        if not name or len(name) > 255 or "\0" in name:
+            raise InvalidParams("page names are 1-255 characters without NUL", page=name)
+        replaced = 0
+        old = self.names.get(name)
+        if old is not None and self.gens[old].holders == 1:
+            replaced = self.gens[old].n_bytes
+        if self.charged - replaced + n_bytes > self.ceiling:
+            self.metrics.page_failed_total.inc()
+            log.warning("page.refused", page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling)
+            raise PageRamExceeded(
+                f"page of {n_bytes} bytes would exceed the page RAM ceiling",
+                page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling,
+            )
+        r = next(self._ids)
+        self.reserved[r] = (name, n_bytes)
+        self.charged += n_bytes
+        return r
+
+    def commit(self, reservation: int, page: Page) -> PageInfo:
+        name, n_bytes = self.reserved.pop(reservation)
+        assert page.n_bytes == n_bytes and page.name == name and page.gen == reservation, \
+            "a page must be charged what was admitted"
+        old = self.names.get(name)
+        self.gens[page.gen] = _Gen(page=page, n_bytes=n_bytes, holders=1)
+        self.names[name] = page.gen
+        if old is not None:
+            self._unhold(old)
+        return self.info(name)
+
+    def cancel(self, reservation: int) -> None:
+        entry = self.reserved.pop(reservation, None)
+        if entry is not None:
+            self.charged -= entry[1]
+
+    def take(self, name: str) -> Page:
+        gen = self.names.pop(name, None)
+        if gen is None:
+            raise PageNotFound(f"no page named {name!r}", page=name)
+        page = self.gens[gen].page
+        assert page is not None
+        return page  # the store's hold passes to the taker, who Releases or Returns it
+
+    def give_back(self, gen: int) -> None:
+        g = self.gens.get(gen)
+        if g is None or g.page is None:
+            return
+        name = g.page.name
+        if name in self.names:  # a newer page took the name meanwhile: ours is released
+            self._unhold(gen)
+        else:
+            self.names[name] = gen
+
+    def release(self, gen: int) -> None:
+        if gen in self.gens:
+            self._unhold(gen)
+
+    def drop(self, name: str) -> PageInfo:
+        info = self.info(name)
+        gen = self.names.pop(name)
+        self._unhold(gen)
+        log.info("page.dropped", page=name, n_bytes=info.n_bytes, still_held=info.holders > 1)
+        return info
+
+    def spill_begin(self, name: str) -> Page:
+        gen = self.names.get(name)
+        if gen is None:
+            raise PageNotFound(f"no page named {name!r}", page=name)
+        g = self.gens[gen]
+        g.holders += 1
+        assert g.page is not None
+        return g.page
+
+    def spill_end(self, gen: int, drop: bool) -> bool:
+        g = self.gens.get(gen)
+        if g is None:
+            return False
+        dropped = False
+        if drop and g.page is not None and self.names.get(g.page.name) == gen:
+            del self.names[g.page.name]  # only this generation: a newer one stays
+            self._unhold(gen)
+            dropped = True
+        self._unhold(gen)
+        return dropped
+
+    def _unhold(self, gen: int) -> None:
+        g = self.gens[gen]
+        g.holders -= 1
+        if g.holders == 0:
+            del self.gens[gen]
+            self.charged -= g.n_bytes
+
+    # -- views -------------------------------------------------------------------------
+
+    def info(self, name: str) -> PageInfo:
+        gen = self.names.get(name)
+        if gen is None:
+            raise PageNotFound(f"no page named {name!r}", page=name)
+        g = self.gens[gen]
+        assert g.page is not None
+        return PageInfo(page=name, gen=gen, n_bytes=g.n_bytes, n_tokens=len(g.page.tokens),
+                        n_checkpoints=len(g.page.checkpoints), holders=g.holders)
+
+    def live_bytes(self) -> int:
+        return sum(g.n_bytes for g in self.gens.values()) + sum(n for _, n in self.reserved.values())
+
+    def stats(self) -> PageStoreStats:
+        return PageStoreStats(charged=self.charged, ceiling=self.ceiling, pages=len(self.names),
+                              generations=len(self.gens), reservations=len(self.reserved),
+                              live_bytes=self.live_bytes())
+
+    def _publish_metrics(self) -> None:
+        self.metrics.page_store_bytes.set(self.charged)
+        self.metrics.page_store_pages.set(len(self.names))
