@@ -44,6 +44,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
         typ = f.type
         if typ is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif typ == list[str]:
+            p.add_argument(flag, action="append", default=None)
         elif typ in (int, float, str):
             p.add_argument(flag, type=typ, default=None)
         else:  # optional str

@@ -25,7 +25,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     checkpoint_every: int = 512  # tokens between checkpoints while a prompt is processed
     swa_full: bool = False  # a full SWA cache makes checkpoints unnecessary but costs memory
     # Genes
-    device_bytes: int = 0  # 0 = unlimited
+    device_bytes: int = 0  # one budget for resident genes and occupied slots' state; 0 = unlimited
+    gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
     # Daemon
     socket: str = "./actord.sock"
     metrics_http: str | None = None  # "127.0.0.1:9464" serves Prometheus text over HTTP

@@ -17,6 +17,7 @@ import msgspec
 
 from actord.actors.base import Actor, Dispatcher
 from actord.actors.messages import CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot
+from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.pages import DropPage, ListPages, PageStore, StoreStats
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix
@@ -45,6 +46,7 @@ class ActorSystem:
         self.slots: list[Slot] = []
         self.scheduler: Scheduler | None = None
         self.pages: PageStore | None = None
+        self.residency: GeneResidency | None = None
         self._rids = itertools.count(1)
         self._tg: Any = None
         self._started = time.time()
@@ -65,6 +67,10 @@ class ActorSystem:
         for actor in self.actors():
             actor.on_failure = self._on_actor_failure
             self.dispatcher.spawn(actor)
+        for path in self.config.gene:
+            info = await self.gene_load(path, default=True)
+            for s in self.slots:
+                s.default_genes.append(info.id)
         log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx)
         return self
 
@@ -88,9 +94,13 @@ class ActorSystem:
             capacity=max(cap, 4 * self.config.slots),
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
+        self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
+                                       self.metrics, capacity=max(cap, 256))
         for s in self.slots:
             s.scheduler = self.scheduler
             s.pages = self.pages
+            s.residency = self.residency
+            s.track_footprint = self.config.device_bytes > 0
 
     def make_slot(self, i: int) -> Slot:
         assert self.props is not None
@@ -98,7 +108,7 @@ class ActorSystem:
                     default_seed=self.config.seed, capacity=self.config.mailbox_capacity)
 
     def actors(self) -> list[Actor[Any]]:
-        extra = [a for a in (self.scheduler, self.pages) if a is not None]
+        extra = [a for a in (self.scheduler, self.pages, self.residency) if a is not None]
         return [*self.slots, *extra]
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
@@ -174,6 +184,30 @@ class ActorSystem:
     async def page_stats(self) -> Any:
         assert self.pages is not None
         return await self.pages.ask(StoreStats())
+
+    # -- genes -------------------------------------------------------------------------
+
+    async def gene_load(self, path: str, *, default: bool = False) -> Any:
+        from actord.errors import FileNotFound
+
+        assert self.residency is not None
+        try:
+            image = await anyio.Path(path).read_bytes()  # a worker thread, not the engine
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            raise FileNotFound(f"cannot read gene file {path}: {e.strerror}", path=path) from None
+        return await self.residency.ask(LoadGene(path=path, image=image, default=default))
+
+    async def gene_unload(self, gene_id: int) -> Any:
+        return await self.residency.ask(UnloadGene(id=gene_id))  # type: ignore[union-attr]
+
+    async def gene_page_out(self, gene_id: int) -> Any:
+        return await self.residency.ask(PageOutGene(id=gene_id))  # type: ignore[union-attr]
+
+    async def gene_page_in(self, gene_id: int) -> Any:
+        return await self.residency.ask(PageInGene(id=gene_id))  # type: ignore[union-attr]
+
+    async def gene_list(self) -> Any:
+        return await self.residency.ask(ListGenes())  # type: ignore[union-attr]
 
     # -- introspection -----------------------------------------------------------------
 

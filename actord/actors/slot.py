@@ -27,6 +27,7 @@ from actord.actors.messages import (
 )
 from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
+from actord.actors.genes import Acquire as GeneAcquire, Finish as GeneFinish, SlotFootprint
 from actord.actors.pages import (
     Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
 )
@@ -88,6 +89,10 @@ class Slot(Actor[SlotInbox]):
         self.default_seed = default_seed
         self.scheduler: Actor[Any] | None = None
         self.pages: Actor[Any] | None = None
+        self.residency: Actor[Any] | None = None
+        self.default_genes: list[int] = []
+        self.track_footprint = False
+        self._acquired = False
         self.kv_tokens: list[int] = []
         self.resume_raw_lcp: int | None = None
         self.checkpoints: list[SlotCheckpoint] = []
@@ -192,6 +197,7 @@ class Slot(Actor[SlotInbox]):
         self.checkpoints = []
         t_ms = (time.perf_counter() - t0) * 1e3
         self.metrics.page_out_total.inc()
+        await self.footprint_changed()
         log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
                  copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
@@ -220,6 +226,7 @@ class Slot(Actor[SlotInbox]):
         await self.pages.tell(Release(gen=page.gen))
         t_ms = (time.perf_counter() - t0) * 1e3
         self.metrics.page_in_total.inc()
+        await self.footprint_changed()
         log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
                  t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
@@ -282,6 +289,7 @@ class Slot(Actor[SlotInbox]):
         self.mind = None
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
+        await self.footprint_changed()
 
     async def release_checkpoints(self, dropped: list[SlotCheckpoint]) -> None:
         """Hook for the CheckpointBudget: bytes leaving this slot's list."""
@@ -331,7 +339,18 @@ class Slot(Actor[SlotInbox]):
                 f"prompt of {len(prompt)} tokens does not fit n_ctx {self.props.n_ctx}",
                 n_prompt_tokens=len(prompt), n_ctx=self.props.n_ctx,
             )
-        await self.prepare_genes(req)
+        genes = self.gene_set(req)
+        await self.prepare_genes(genes)
+        try:
+            await self._begin(msg, env, prompt, genes, t_start)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.finish_genes()
+            raise
+
+    async def _begin(self, msg: Complete, env: Envelope[SlotInbox], prompt: list[int],
+                     genes: tuple[tuple[int, float], ...], t_start: float) -> None:
+        req = msg.req
         raw = common_prefix(self.kv_tokens, prompt)
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
@@ -342,7 +361,7 @@ class Slot(Actor[SlotInbox]):
         await self.engine.run(J.SetSampler(seq=self.seq, params=J.SamplingParams(
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
         )))
-        self.genes = tuple((g.id, float(g.scale)) for g in req.genes)
+        self.genes = genes
         self.active = _Active(
             rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
             n_cached=usable, t_start=t_start, resumed_from_checkpoint=from_ckpt,
@@ -359,11 +378,28 @@ class Slot(Actor[SlotInbox]):
             checkpoint_at=self.checkpoint_positions(usable, len(prompt)),
         ))
 
-    async def prepare_genes(self, req: CompletionRequest) -> None:
-        if req.genes:
-            from actord.errors import GeneNotFound
+    def gene_set(self, req: CompletionRequest) -> tuple[tuple[int, float], ...]:
+        """Default genes at scale 1 unless the request names them, plus the request's genes."""
+        scales = {gid: 1.0 for gid in self.default_genes}
+        scales.update({g.id: float(g.scale) for g in req.genes})
+        return tuple(sorted(scales.items()))
 
-            raise GeneNotFound("genes are not configured on this system", id=req.genes[0].id)
+    async def prepare_genes(self, genes: tuple[tuple[int, float], ...]) -> None:
+        if self.residency is not None and genes:
+            await self.residency.ask(GeneAcquire(slot=self.id, genes=genes))
+            self._acquired = True
+
+    async def finish_genes(self) -> None:
+        if self.residency is None or not (self._acquired or self.track_footprint):
+            return
+        self._acquired = False
+        n = await self.engine.run(J.StateSize(seq=self.seq)) if self.track_footprint else 0
+        await self.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
+
+    async def footprint_changed(self) -> None:
+        if self.residency is not None and self.track_footprint:
+            n = await self.engine.run(J.StateSize(seq=self.seq)) if self.kv_tokens else 0
+            await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=n))
 
     async def _on_step(self, r: StepResult) -> SlotNext:
         a = self.active
@@ -447,6 +483,7 @@ class Slot(Actor[SlotInbox]):
                 predicted_per_second=len(a.out_tokens) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
             ),
         )
+        await self.finish_genes()
         if a.reply is not None:
             a.reply.send(result)
 
@@ -462,5 +499,6 @@ class Slot(Actor[SlotInbox]):
         self.active = None
         self.metrics.requests_in_flight.dec()
         self.metrics.requests_total.labels(outcome="error").inc()
+        await self.finish_genes()
         if a.reply is not None:
             a.reply.fail(from_dict({"type": msg.error_type, "message": msg.message}))

@@ -93,6 +93,7 @@ class StepRecords(Job):
 
 class GeneLoad(Job):
     path: str
+    image: bytes  # read from disk on a worker thread, never on the engine thread
 
 
 class GeneUnload(Job):
