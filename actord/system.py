@@ -17,6 +17,7 @@ import msgspec
 
 from actord.actors.base import Actor, Dispatcher
 from actord.actors.messages import CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot
+from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.pages import DropPage, ListPages, PageStore, StoreStats
 from actord.actors.scheduler import Scheduler
@@ -47,6 +48,7 @@ class ActorSystem:
         self.scheduler: Scheduler | None = None
         self.pages: PageStore | None = None
         self.residency: GeneResidency | None = None
+        self.ckpt_budget: CheckpointBudget | None = None
         self._rids = itertools.count(1)
         self._tg: Any = None
         self._started = time.time()
@@ -96,7 +98,12 @@ class ActorSystem:
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
         self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
                                        self.metrics, capacity=max(cap, 256))
+        self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
+                                            self.metrics, capacity=max(cap, 256))
         for s in self.slots:
+            s.ckpt_budget = self.ckpt_budget
+            s.keep = self.config.ctx_checkpoints
+            s.every = self.config.checkpoint_every
             s.scheduler = self.scheduler
             s.pages = self.pages
             s.residency = self.residency
@@ -108,7 +115,7 @@ class ActorSystem:
                     default_seed=self.config.seed, capacity=self.config.mailbox_capacity)
 
     def actors(self) -> list[Actor[Any]]:
-        extra = [a for a in (self.scheduler, self.pages, self.residency) if a is not None]
+        extra = [a for a in (self.scheduler, self.pages, self.residency, self.ckpt_budget) if a is not None]
         return [*self.slots, *extra]
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
@@ -180,6 +187,10 @@ class ActorSystem:
     async def page_list(self) -> Any:
         assert self.pages is not None
         return await self.pages.ask(ListPages())
+
+    async def checkpoint_stats(self) -> Any:
+        assert self.ckpt_budget is not None
+        return await self.ckpt_budget.ask(BudgetStats())
 
     async def page_stats(self) -> Any:
         assert self.pages is not None

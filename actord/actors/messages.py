@@ -69,9 +69,9 @@ class RestoreSlot(Msg):
 
 
 class DropCheckpoint(Msg):
-    """From the CheckpointBudget: give up your victim, reply with the bytes freed (0 = none)."""
+    """From the CheckpointBudget: this checkpoint was evicted to fit the budget; drop it."""
 
-    pass
+    pos: int
 
 
 SlotInbox = (

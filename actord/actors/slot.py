@@ -27,6 +27,7 @@ from actord.actors.messages import (
 )
 from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
+from actord.actors.checkpoints import AdmitCheckpoint, Decision, SlotCheckpoints
 from actord.actors.genes import Acquire as GeneAcquire, Finish as GeneFinish, SlotFootprint
 from actord.actors.pages import (
     Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
@@ -36,6 +37,7 @@ from actord.errors import (
 )
 from actord.log import get
 from actord.metrics import Metrics
+from actord.policy.checkpoints import CheckpointMeta, select
 
 log = get("actord.slot")
 
@@ -90,6 +92,9 @@ class Slot(Actor[SlotInbox]):
         self.scheduler: Actor[Any] | None = None
         self.pages: Actor[Any] | None = None
         self.residency: Actor[Any] | None = None
+        self.ckpt_budget: Actor[Any] | None = None
+        self.keep = 8
+        self.every = 512
         self.default_genes: list[int] = []
         self.track_footprint = False
         self._acquired = False
@@ -123,8 +128,8 @@ class Slot(Actor[SlotInbox]):
                 if self.active is not None and self.active.rid == rid:
                     self.active.cancelled = True
                 self._drop_deferred(rid)
-            case DropCheckpoint():
-                env.reply.send(self.drop_checkpoint())  # type: ignore[union-attr]
+            case DropCheckpoint(pos=pos):
+                self.checkpoints = [c for c in self.checkpoints if c.pos != pos]
             case _ if self.busy:
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()
@@ -157,8 +162,8 @@ class Slot(Actor[SlotInbox]):
     # -- pages -------------------------------------------------------------------------
 
     def page_checkpoints(self) -> list[SlotCheckpoint]:
-        """The checkpoints a page or file keeps (the checkpoint selection refines this)."""
-        return list(self.checkpoints)
+        """What a page or file keeps: the divergence-aware selection."""
+        return select(self.checkpoints, self.keep, self.resume_raw_lcp)
 
     async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
         if not self.kv_tokens:
@@ -233,8 +238,13 @@ class Slot(Actor[SlotInbox]):
                 "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
-        """Checkpoints arriving with a page or file; the budget-aware slot overrides this."""
-        self.checkpoints = ckpts
+        """Checkpoints arriving with a page or file enter the budget one by one, oldest first."""
+        self.checkpoints = []
+        await self._sync_budget([])
+        if self.ckpt_budget is None:
+            return
+        for ck in ckpts:
+            await self.on_checkpoint(ck.pos, ck.data)
 
     async def save(self, file: str) -> dict[str, Any]:
         raise InvalidParams("no page files on this system")
@@ -291,33 +301,88 @@ class Slot(Actor[SlotInbox]):
         self.checkpoints = []
         await self.footprint_changed()
 
-    async def release_checkpoints(self, dropped: list[SlotCheckpoint]) -> None:
-        """Hook for the CheckpointBudget: bytes leaving this slot's list."""
+    # -- checkpoints -------------------------------------------------------------------
 
-    def drop_checkpoint(self) -> int:
-        return 0
+    async def release_checkpoints(self, dropped: list[SlotCheckpoint]) -> None:
+        """The list is being emptied (erase, page_out): tell the budget."""
+        await self._sync_budget([])
+
+    async def _sync_budget(self, ckpts: list[SlotCheckpoint]) -> None:
+        if self.ckpt_budget is not None:
+            await self.ckpt_budget.tell(SlotCheckpoints(
+                slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
+                raw_lcp=self.resume_raw_lcp,
+            ))
 
     async def cut_to(self, n: int) -> tuple[int, bool]:
         """Make the sequence hold exactly kv_tokens[:m] for the largest usable m <= n.
 
-        Returns (m, resumed_from_checkpoint). Memory that can be cut back at n is cut there;
-        otherwise (checkpoint-needing models) a subclass may restore a checkpoint; else 0.
+        Returns (m, resumed_from_checkpoint). Memory that can be cut back at n is cut there.
+        Memory that cannot (SWA without a full cache whose window has moved past n,
+        recurrent, hybrid) resumes from the newest checkpoint at or below n, else from zero.
+        Checkpoints past the resume point are invalidated.
         """
+        m, from_ckpt = await self._cut(n)
+        if any(c.pos > m for c in self.checkpoints):
+            self.checkpoints = [c for c in self.checkpoints if c.pos <= m]
+        await self._sync_budget(self.checkpoints)
+        return m, from_ckpt
+
+    async def _cut(self, n: int) -> tuple[int, bool]:
         if n >= len(self.kv_tokens):
             return len(self.kv_tokens), False
-        ok = await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1))
-        if ok:
-            self.kv_tokens = self.kv_tokens[:n]
-            return n, False
+        p = self.props
+        if not p.needs_checkpoints or await self._memory_holds(n):
+            if await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1)):
+                self.kv_tokens = self.kv_tokens[:n]
+                return n, False
+        for ck in reversed(self.checkpoints):
+            if ck.pos > n:
+                continue
+            try:
+                await self.engine.run(J.StateSet(seq=self.seq, data=ck.data, partial=True))
+                ok = await self.engine.run(J.SeqRm(seq=self.seq, p0=ck.pos, p1=-1))
+            except ActordError as e:
+                log.warning("slot.checkpoint_restore_failed", slot=self.id, pos=ck.pos, error=e.to_dict())
+                break
+            if ok:
+                self.kv_tokens = self.kv_tokens[:ck.pos]
+                self.metrics.ctx_checkpoint_restores_total.inc()
+                log.info("slot.checkpoint_restored", slot=self.id, pos=ck.pos, raw_lcp=self.resume_raw_lcp)
+                return ck.pos, True
+            break
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         self.kv_tokens = []
         return 0, False
 
+    async def _memory_holds(self, n: int) -> bool:
+        """Can the memory itself serve a resume at n (without a checkpoint)?"""
+        p = self.props
+        if p.recurrent or p.hybrid:
+            return False
+        rng: J.SeqRange = await self.engine.run(J.MemoryRange(seq=self.seq))
+        # The window attending from position n needs positions down to n - n_swa.
+        return rng.pos_min <= max(0, n - p.n_swa)
+
     def checkpoint_positions(self, pos0: int, n_prompt: int) -> list[int]:
-        return []
+        if not self.props.needs_checkpoints or self.ckpt_budget is None or self.keep <= 0:
+            return []
+        every = self.every
+        out = list(range((pos0 // every + 1) * every, n_prompt, every))
+        end = n_prompt - 1  # the prompt's end, leaving one token to decode for logits
+        if end > pos0 and (not out or end - out[-1] >= max(1, every // 8)):
+            out.append(end)
+        return out
 
     async def on_checkpoint(self, pos: int, data: bytearray) -> None:
-        pass
+        assert self.ckpt_budget is not None
+        d: Decision = await self.ckpt_budget.ask(
+            AdmitCheckpoint(slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.resume_raw_lcp)
+        )
+        if d.drop_own:
+            self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
+        if d.admit:
+            self.checkpoints.append(SlotCheckpoint(pos=pos, data=data))
 
     # -- a request ---------------------------------------------------------------------
 

@@ -1,0 +1,358 @@
+"""The one adapter between page-file publication and the operating system.
+
+Every OS call that crash-safe publication depends on lives here, and nowhere else: write a
+file and fsync it, fsync a directory, rename (plain and durable), unlink, list, stat, mkdir,
+remove a stage, read a file, advisory locks, pid liveness. The publication logic
+(`publish.py`) and the format (`pagefile.py`) contain no OS branches; they call these
+methods and get back values or a typed `StorageError`. That split is what makes the crash
+matrix testable: `FaultyFs` fails or abandons any single call, and the tests walk every one.
+
+Rules the methods keep, because the original C++ server learned each of them the hard way:
+
+- A failed fsync or directory sync raises. It is never a warning (the caller decides the
+  single case where a failed sync is tolerated).
+- Absence is a value, not an exception, and only where the caller needs it: `stat` and
+  `read_file` return None for "not found" (ENOENT). Any other failure (EACCES, EIO,
+  ENOTDIR, ...) raises `StorageError`; it is never read as absence.
+- Locks are `flock` locks on a file. They belong to an open file description, so two
+  threads of one process exclude each other as two processes do, and a process that dies
+  (or a publisher that is abandoned in a simulated crash) releases them.
+
+Rejected: translating errors in the publisher (every call site would need a try), and
+`os.replace` wrappers spread across modules (the fault seam would have to be too).
+
+The seam: each OS call is bracketed by `_enter(op, target)` / `_exit(op, target)`, no-ops
+here. `FaultyFs` counts calls per fault and, at the Nth matching call, raises `OSError`
+(translated like a real one), or raises `SimulatedCrash` before or after the call. The
+publisher also marks named steps with `step(name)`, so a simulation can stop it there.
+`SimulatedCrash` is a BaseException: cleanup code that catches `Exception` does not run,
+exactly as it would not in a process that died.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import fcntl
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from actord.errors import StorageError
+
+Buffer = bytes | bytearray | memoryview
+
+
+class SimulatedCrash(BaseException):
+    """The publisher stops dead here; whatever is on disk stays as it is."""
+
+
+def _error(op: str, target: Path | str, exc: OSError) -> StorageError:
+    code = exc.errno
+    name = _errno.errorcode.get(code, str(code)) if code is not None else "?"
+    return StorageError(
+        f"{op} {target}: {exc.strerror or exc} ({name})", op=op, path=str(target), errno=code
+    )
+
+
+class FileLock:
+    """A held flock. Release it once; releasing twice is harmless."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
+
+    def __enter__(self) -> FileLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class OsFs:
+    """The real operating system. Methods raise StorageError on any OS failure."""
+
+    # ---- seam (no-ops here) ----------------------------------------------------------
+
+    def _enter(self, op: str, target: Path | str) -> None:
+        pass
+
+    def _exit(self, op: str, target: Path | str) -> None:
+        pass
+
+    def step(self, name: str) -> None:
+        """A named point in a publication; does nothing on the real OS."""
+        try:
+            self._enter("step", name)
+            self._exit("step", name)
+        except OSError as e:
+            raise _error("step", name, e) from e
+
+    # ---- files ------------------------------------------------------------------------
+
+    def write_file(self, path: Path, parts: Iterable[Buffer]) -> int:
+        """Create/truncate `path`, write every part, fsync, close. Returns bytes written."""
+        fd = -1
+        try:
+            self._enter("write", path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            total = 0
+            for part in parts:
+                view = memoryview(part).cast("B")
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                    total += n
+            self._exit("write", path)
+            self._enter("fsync", path)
+            os.fsync(fd)
+            self._exit("fsync", path)
+            return total
+        except OSError as e:
+            raise _error("write_file", path, e) from e
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def read_file(self, path: Path, limit: int | None = None) -> bytearray | None:
+        """The file's bytes (at most `limit`), or None when it does not exist.
+
+        The buffer is sized from fstat (or `limit`), never from anything inside the file.
+        """
+        try:
+            self._enter("read", path)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._exit("read", path)
+                return None
+            try:
+                size = os.fstat(fd).st_size
+                if limit is not None:
+                    size = min(size, limit)
+                buf = bytearray(size)
+                view = memoryview(buf)
+                got = 0
+                while got < size:
+                    n = os.readv(fd, [view[got:]])
+                    if n == 0:
+                        break  # the file shrank under us: hand back what is there
+                    got += n
+                del view
+                if got < size:
+                    del buf[got:]
+            finally:
+                os.close(fd)
+            self._exit("read", path)
+            return buf
+        except OSError as e:
+            raise _error("read_file", path, e) from e
+
+    def stat(self, path: Path) -> os.stat_result | None:
+        """lstat; None only for "not found". Every other error raises, never "absent"."""
+        try:
+            self._enter("stat", path)
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            self._exit("stat", path)
+            return st
+        except OSError as e:
+            raise _error("stat", path, e) from e
+
+    def unlink(self, path: Path) -> None:
+        try:
+            self._enter("unlink", path)
+            os.unlink(path)
+            self._exit("unlink", path)
+        except OSError as e:
+            raise _error("unlink", path, e) from e
+
+    # ---- directories ------------------------------------------------------------------
+
+    def dirsync(self, path: Path) -> None:
+        """fsync a directory, so the names created, renamed or removed in it are durable."""
+        fd = -1
+        try:
+            self._enter("dirsync", path)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.fsync(fd)
+            self._exit("dirsync", path)
+        except OSError as e:
+            raise _error("dirsync", path, e) from e
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        """Atomically replace `dst` with `src` (same filesystem). Not yet durable."""
+        try:
+            self._enter("rename", src)
+            os.rename(src, dst)
+            self._exit("rename", src)
+        except OSError as e:
+            raise _error("rename", f"{src} -> {dst}", e) from e
+
+    def durable_rename(self, src: Path, dst: Path) -> None:
+        """rename, then fsync the destination's folder (and the source's, if different)."""
+        self.rename(src, dst)
+        self.dirsync(dst.parent)
+        if src.parent != dst.parent:
+            self.dirsync(src.parent)
+
+    def listdir(self, path: Path) -> list[str]:
+        try:
+            self._enter("listdir", path)
+            names = sorted(os.listdir(path))
+            self._exit("listdir", path)
+            return names
+        except OSError as e:
+            raise _error("listdir", path, e) from e
+
+    def mkdir(self, path: Path, *, exist_ok: bool = False) -> bool:
+        """Create one folder. Returns True if it was created, False if it already existed."""
+        try:
+            self._enter("mkdir", path)
+            try:
+                os.mkdir(path, 0o755)
+                made = True
+            except FileExistsError:
+                if not exist_ok or not os.path.isdir(path):
+                    raise
+                made = False
+            self._exit("mkdir", path)
+            return made
+        except OSError as e:
+            raise _error("mkdir", path, e) from e
+
+    def rmtree(self, path: Path) -> None:
+        """Remove a staging folder and everything in it. A folder already gone is fine."""
+        try:
+            self._enter("rmtree", path)
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                pass
+            self._exit("rmtree", path)
+        except OSError as e:
+            raise _error("rmtree", path, e) from e
+
+    # ---- processes and locks ------------------------------------------------------------
+
+    def getpid(self) -> int:
+        return os.getpid()
+
+    def pid_alive(self, pid: int) -> bool:
+        """True unless the OS says no such process. Unsure (EPERM) counts as alive."""
+        try:
+            self._enter("pid_alive", str(pid))
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                alive = True  # it exists, it is just not ours
+            self._exit("pid_alive", str(pid))
+            return alive
+        except OSError as e:
+            raise _error("pid_alive", str(pid), e) from e
+
+    def lock(self, path: Path, *, blocking: bool = True) -> FileLock | None:
+        """An exclusive flock on `path` (created if missing). Non-blocking: None if held."""
+        fd = -1
+        try:
+            self._enter("lock", path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                fd = -1
+                self._exit("lock", path)
+                return None
+            held = FileLock(fd, path)
+            fd = -1
+            self._exit("lock", path)
+            return held
+        except OSError as e:
+            raise _error("lock", path, e) from e
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+
+# ---- fault injection ----------------------------------------------------------------------
+
+
+Action = Literal["fail", "crash", "crash_after"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """At the `nth` call (1-based) of `op` whose target contains `match`, do `action`.
+
+    op: "write", "fsync", "read", "stat", "unlink", "dirsync", "rename", "listdir",
+    "mkdir", "rmtree", "pid_alive", "lock", or "step" (target = the step's name).
+    action: "fail" raises OSError(errno) inside the call (so the caller sees the same
+    StorageError a real failure gives); "crash" raises SimulatedCrash before the call;
+    "crash_after" raises it after the call took effect.
+    """
+
+    op: str
+    nth: int = 1
+    action: Action = "fail"
+    errno: int = _errno.EIO
+    match: str | None = None
+
+
+class FaultyFs(OsFs):
+    """OsFs with a fault plan. Records every call in `trace`; `fired` lists faults hit."""
+
+    def __init__(
+        self, faults: Iterable[Fault] = (), *, dead_pids: Iterable[int] = (), pid: int | None = None
+    ) -> None:
+        self.faults = list(faults)
+        self.dead_pids = frozenset(dead_pids)
+        self._pid = pid
+        self.trace: list[tuple[str, str]] = []
+        self.fired: list[Fault] = []
+        self._counts = [0] * len(self.faults)
+        self._after: list[tuple[str, str]] = []
+
+    def _enter(self, op: str, target: Path | str) -> None:
+        t = str(target)
+        self.trace.append((op, t))
+        for i, f in enumerate(self.faults):
+            if f.op != op or (f.match is not None and f.match not in t):
+                continue
+            self._counts[i] += 1
+            if self._counts[i] != f.nth:
+                continue
+            self.fired.append(f)
+            if f.action == "crash":
+                raise SimulatedCrash(f"crash before {op} {t}")
+            if f.action == "crash_after":
+                self._after.append((op, t))
+            else:
+                raise OSError(f.errno, os.strerror(f.errno), t)
+
+    def _exit(self, op: str, target: Path | str) -> None:
+        if (op, str(target)) in self._after:
+            self._after.remove((op, str(target)))
+            raise SimulatedCrash(f"crash after {op} {target}")
+
+    def getpid(self) -> int:
+        return self._pid if self._pid is not None else super().getpid()
+
+    def pid_alive(self, pid: int) -> bool:
+        alive = super().pid_alive(pid)
+        return alive and pid not in self.dead_pids

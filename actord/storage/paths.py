@@ -1,0 +1,54 @@
+"""Confine a client-supplied page-file name to the configured page folder.
+
+A name arrives from a client (JSON-RPC, CLI) and becomes a path we write, rename over and
+read. Everything is refused that could make it mean a file outside the folder, or one of
+the publisher's own files: an empty name, an absolute path, a `..` component, a NUL byte,
+a name that resolves (through symlinks, existing or not) outside the folder, and the
+reserved `.actord-` names (stages, commit records, the folder lock). Sub-folders inside
+the page folder are allowed.
+
+The check resolves symlinks with `Path.resolve`, the one OS call outside `osfs.py`: it is
+validation of input, not part of publication, and needs no fault seam. It is a check at
+one moment; a symlink swapped in afterwards by someone with write access to the page
+folder is out of scope (that user can already rewrite the page files).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from actord.errors import PathRefused
+
+# Names the publisher keeps for itself inside the page folder.
+RESERVED_PREFIX = ".actord-"
+LOCK_NAME = ".actord.lock"
+
+
+def _refuse(name: str, why: str) -> PathRefused:
+    return PathRefused(f"page file name {name!r} refused: {why}", name=name, reason=why)
+
+
+def confine(root: Path, name: str) -> Path:
+    """The absolute, symlink-resolved path of `name` inside `root`, or PathRefused."""
+    if not isinstance(name, str) or name == "":
+        raise _refuse(str(name), "empty name")
+    if "\x00" in name:
+        raise _refuse(name, "NUL byte in name")
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or name.startswith("~"):
+        raise _refuse(name, "absolute path")
+    parts = [p for p in pure.parts if p != "."]
+    if ".." in parts:
+        raise _refuse(name, "'..' component")
+    if not parts or name.endswith("/"):
+        raise _refuse(name, "names a folder, not a file")
+    if any(p.startswith(RESERVED_PREFIX) or p == LOCK_NAME for p in parts):
+        raise _refuse(name, "reserved name")
+    base = Path(root).resolve()
+    target = base.joinpath(*parts).resolve()
+    if target == base or not target.is_relative_to(base):
+        raise _refuse(name, "leads outside the page folder")
+    rel = target.relative_to(base).parts
+    if any(p.startswith(RESERVED_PREFIX) or p == LOCK_NAME for p in rel):
+        raise _refuse(name, "resolves to a reserved name")
+    return target
