@@ -1,0 +1,246 @@
+"""Re-prefill cost of checkpoint selection: the old policy vs the new one, on one workload.
+
+Why: the checkpoint rule (actord.policy.checkpoints) was chosen by a throwaway simulation on
+the seed machine (mean re-prefill 32-37k -> ~26.6k tokens, near-full re-prefills 154-300 ->
+1 over 300 turns). This script is that experiment made repeatable, driven through the real
+`select` / `victim` / `plan_budget_admission`, so a change to the rule shows its cost here.
+
+The model (all draws from one seeded RNG; the workload is generated once and both policies
+replay the very same turns, pages and divergences):
+
+- `--minds` minds share `--slots` slots. Each mind first runs one cold turn (full prefill,
+  not measured). Each measured turn serves one mind: with probability `--page-rate` a
+  paged-out one (the least recently used resident pages out to make room), else a resident
+  one, uniformly. With 4 minds over 3 slots that is `--page-rate` pages per turn.
+- A mind's prompt starts at 35-40k tokens. Each turn appends its last reply (100-600
+  tokens) and a new message (200-1000); past 40k the oldest history is trimmed by 4-6k.
+- The next request shares a raw prefix (raw lcp) with what the slot holds:
+  * extend (probability `--extend-prob`, never after a trim): everything it holds, so no
+    checkpoint is needed and only the new tokens are decoded;
+  * diverge: at the mind's own point (`--diverge-at` +- up to 2k, fixed per mind: the
+    stable system/persona part) plus Gaussian jitter of sd `--spread` per turn.
+- Hybrid/SWA semantics: a diverging request resumes from the newest checkpoint at or below
+  the raw lcp, else from 0; checkpoints past the resume point die. Prefill takes a
+  checkpoint at every multiple of `--spacing`, each of `--ckpt-mb` MB (default ~7.9 MB,
+  Gemma 3 270M's SWA partial state), admitted under one `--budget-mb` budget across slots
+  by `plan_budget_admission`. A page keeps `select(list, --keep, raw_lcp)` and does not
+  count against the budget; a page-in re-admits its checkpoints oldest first, with the
+  slot's raw lcp reset (unknown) until its request's search sets it again.
+- OLD = the same functions with the raw lcp always unknown: a page keeps the head and the
+  newest `keep`; the budget takes the fullest list's oldest after its head. NEW = with the
+  slot's last raw lcp.
+
+Reported per measured turn: re-prefill tokens (prompt length - resume point), near-full
+re-prefills (> 90% of the prompt), and the floor (prompt - raw lcp: what a model that can
+cut its memory anywhere would pay; no checkpoint rule can beat it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from actord.policy.checkpoints import (  # noqa: E402
+    CheckpointMeta, apply_evictions, plan_budget_admission, select,
+)
+
+NEAR_FULL = 0.9
+
+
+@dataclass(frozen=True)
+class Turn:
+    mind: int
+    evict: int | None  # the mind paged out first, if any
+    page_in: bool  # the mind comes from the page store (or cold)
+    raw_lcp_cap: int | None  # divergence point; None = extend (all the slot holds)
+    new_len: int
+    gen: int
+    measured: bool
+
+
+def workload(a: argparse.Namespace, seed: int) -> list[Turn]:
+    rng = random.Random(seed)
+    centre = [a.diverge_at + rng.randint(-2000, 2000) for _ in range(a.minds)]
+    length = [rng.randint(35_000, 40_000) for _ in range(a.minds)]
+    gen = [0] * a.minds
+    lru: list[int] = []  # resident minds, least recently used first
+    turns: list[Turn] = []
+    order = list(range(a.minds)) + [None] * a.turns  # cold turns, then measured ones
+    for pick in order:
+        measured = pick is None
+        if measured:
+            out = [m for m in range(a.minds) if m not in lru]
+            pool = out if out and rng.random() < a.page_rate else lru
+            pick = rng.choice(pool)
+        evict = lru.pop(0) if pick not in lru and len(lru) >= a.slots else None
+        page_in = pick not in lru
+        if not page_in:
+            lru.remove(pick)
+        lru.append(pick)
+        if not measured:
+            turns.append(Turn(pick, evict, True, 0, length[pick], g := rng.randint(100, 600), False))
+            gen[pick] = g
+            continue
+        new_len = length[pick] + gen[pick] + rng.randint(200, 1000)
+        trimmed = new_len > 40_000
+        if trimmed:
+            new_len -= rng.randint(4000, 6000)
+        if not trimmed and rng.random() < a.extend_prob:
+            cap = None
+        else:
+            cap = max(1, round(rng.gauss(centre[pick], a.spread)))
+        g = rng.randint(100, 600)
+        turns.append(Turn(pick, evict, page_in, cap, new_len, g, True))
+        length[pick], gen[pick] = new_len, g
+    return turns
+
+
+@dataclass
+class Result:
+    reprefill: list[int] = field(default_factory=list)
+    floor: list[int] = field(default_factory=list)
+    near_full: int = 0
+    evicted: int = 0
+    skipped: int = 0
+
+
+def simulate(turns: list[Turn], a: argparse.Namespace, use_lcp: bool) -> Result:
+    size = int(a.ckpt_mb * 1_000_000)
+    budget = int(a.budget_mb * 1_000_000)
+    lists: dict[int, list[CheckpointMeta]] = {}  # resident mind -> its slot's list
+    held: dict[int, int] = {}  # resident mind -> tokens its slot holds
+    lcp: dict[int, int | None] = {}  # resident mind -> resume_raw_lcp
+    pages: dict[int, tuple[list[CheckpointMeta], int]] = {}
+    used = 0
+    res = Result()
+
+    def admit(mind: int, ck: CheckpointMeta) -> None:
+        nonlocal used
+        lcps = lcp if use_lcp else {}
+        plan = plan_budget_admission(lists, lcps, used, budget, ck.n_bytes)
+        if plan.skipped:
+            res.skipped += 1
+            return
+        for _, gone in apply_evictions(lists, plan):
+            used -= gone.n_bytes
+            res.evicted += 1
+        lists[mind].append(ck)
+        used += ck.n_bytes
+
+    for t in turns:
+        if t.evict is not None:
+            ev = lists.pop(t.evict)
+            used -= sum(c.n_bytes for c in ev)
+            pages[t.evict] = (select(ev, a.keep, lcp.pop(t.evict) if use_lcp else None), held.pop(t.evict))
+        if t.page_in:
+            saved, n_held = pages.pop(t.mind, ([], 0))
+            lists[t.mind], held[t.mind], lcp[t.mind] = [], n_held, None
+            for ck in saved:
+                admit(t.mind, ck)
+        n_held = held[t.mind]
+        raw = n_held if t.raw_lcp_cap is None else min(t.raw_lcp_cap, n_held)
+        lcp[t.mind] = raw
+        if raw >= n_held:
+            resume = n_held
+        else:
+            resume = max((c.pos for c in lists[t.mind] if c.pos <= raw), default=0)
+        dead = [c for c in lists[t.mind] if c.pos > resume]
+        used -= sum(c.n_bytes for c in dead)
+        lists[t.mind] = [c for c in lists[t.mind] if c.pos <= resume]
+        for pos in range((resume // a.spacing + 1) * a.spacing, t.new_len + 1, a.spacing):
+            admit(t.mind, CheckpointMeta(pos=pos, n_bytes=size))
+        held[t.mind] = t.new_len + t.gen
+        if t.measured:
+            cost = t.new_len - resume
+            res.reprefill.append(cost)
+            res.floor.append(t.new_len - raw)
+            res.near_full += cost > NEAR_FULL * t.new_len
+    return res
+
+
+def run(a: argparse.Namespace, seed: int) -> tuple[Result, Result]:
+    turns = workload(a, seed)
+    return simulate(turns, a, use_lcp=False), simulate(turns, a, use_lcp=True)
+
+
+def report(a: argparse.Namespace) -> None:
+    old, new = run(a, a.seed)
+    n = len(old.reprefill)
+    pages = sum(1 for t in workload(a, a.seed) if t.measured and t.page_in)
+    print(f"seed {a.seed}: {n} turns, {a.minds} minds over {a.slots} slots, {pages / n:.2f} page-ins/turn, "
+          f"checkpoint every {a.spacing} tok x {a.ckpt_mb} MB, keep {a.keep}, budget {a.budget_mb:g} MB")
+    print(f"{'policy':<6} {'mean re-prefill':>16} {'near-full (>90%)':>17} {'evicted':>8} {'skipped':>8}")
+    for name, r in (("old", old), ("new", new)):
+        print(f"{name:<6} {statistics.fmean(r.reprefill):>16,.0f} {r.near_full:>17} {r.evicted:>8} {r.skipped:>8}")
+    print(f"{'floor':<6} {statistics.fmean(new.floor):>16,.0f}   (prompt - raw lcp: no checkpoint rule beats it)")
+    ratio = statistics.fmean(new.reprefill) / statistics.fmean(old.reprefill)
+    print(f"new/old mean re-prefill: {ratio:.3f}; near-full re-prefills {old.near_full} -> {new.near_full}")
+
+
+SWEEP = [
+    ("defaults", {}),
+    ("spacing", {"spacing": [1024, 4096, 8192]}),
+    ("keep", {"keep": [2, 4, 16, 32]}),
+    ("budget_mb", {"budget_mb": [64.0, 128.0, 512.0, 1e9]}),
+    ("spread", {"spread": [0.0, 3000.0]}),
+    ("page_rate", {"page_rate": [0.5, 1.0]}),
+    ("extend_prob", {"extend_prob": [0.0, 0.3]}),
+]
+
+
+def sweep(a: argparse.Namespace) -> None:
+    seeds = range(a.seed, a.seed + a.sweep_seeds)
+    print(f"\nsweep: one flag at a time from the defaults above, mean over seeds {seeds.start}..{seeds.stop - 1}")
+    print(f"{'flag':<12} {'value':>8} {'old mean':>9} {'new mean':>9} {'floor':>7} {'ratio':>6} "
+          f"{'old nf':>7} {'new nf':>7}")
+    for flag, values in SWEEP:
+        for v in values.get(flag, [None]) if values else [None]:
+            b = argparse.Namespace(**vars(a))
+            if v is not None:
+                setattr(b, flag, v)
+            rs = [run(b, s) for s in seeds]
+            om = statistics.fmean(statistics.fmean(o.reprefill) for o, _ in rs)
+            nm = statistics.fmean(statistics.fmean(n.reprefill) for _, n in rs)
+            fl = statistics.fmean(statistics.fmean(n.floor) for _, n in rs)
+            onf = statistics.fmean(o.near_full for o, _ in rs)
+            nnf = statistics.fmean(n.near_full for _, n in rs)
+            shown = "-" if v is None else f"{v:g}"
+            print(f"{flag:<12} {shown:>8} {om:>9,.0f} {nm:>9,.0f} {fl:>7,.0f} {nm / om:>6.3f} "
+                  f"{onf:>7.1f} {nnf:>7.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=300)
+    p.add_argument("--minds", type=int, default=4)
+    p.add_argument("--slots", type=int, default=3)
+    p.add_argument("--spacing", type=int, default=2048, help="tokens between checkpoints")
+    p.add_argument("--keep", type=int, default=8, help="a page keeps at most 1 + keep")
+    p.add_argument("--ckpt-mb", type=float, default=7.9, help="bytes per checkpoint, MB")
+    p.add_argument("--budget-mb", type=float, default=256.0, help="checkpoint budget over all slots")
+    p.add_argument("--diverge-at", type=int, default=11_000)
+    p.add_argument("--spread", type=float, default=1000.0, help="sd of the divergence per turn")
+    p.add_argument("--extend-prob", type=float, default=0.1)
+    p.add_argument("--page-rate", type=float, default=0.75)
+    p.add_argument("--sweep", action="store_true", help="also print a one-flag-at-a-time sweep")
+    p.add_argument("--sweep-seeds", type=int, default=3)
+    a = p.parse_args(argv)
+    if a.spacing < 1 or a.keep < 0 or a.minds < 1 or a.slots < 1:
+        p.error("spacing, minds and slots must be >= 1, keep >= 0")
+    t0 = time.perf_counter()
+    report(a)
+    if a.sweep:
+        sweep(a)
+    print(f"({time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
