@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import hypothesis  # noqa: F401  imported (and assertion-rewritten) before any engine thread runs
 import pytest
 
 from actord import log

@@ -104,7 +104,7 @@ async def test_bad_requests_get_typed_errors_and_change_nothing(tiny_model):
         with pytest.raises(SlotNotFound):
             await s.complete(prompt=PROMPTS[0], slot=7)
         with pytest.raises(PromptTooLong):
-            await s.complete(prompt=[5] * 200, slot=0)
+            await s.complete(prompt=[5] * (s.props.n_ctx + 1), slot=0)
         with pytest.raises(InvalidParams):
             await s.complete(prompt=[10**9], slot=0)
         with pytest.raises(InvalidParams):

