@@ -450,7 +450,8 @@ class Slot(Actor[SlotInbox]):
         return tuple(sorted(scales.items()))
 
     async def prepare_genes(self, genes: tuple[tuple[int, float], ...]) -> None:
-        if self.residency is not None and genes:
+        # An empty set is announced too when it replaces a non-empty one: it unpins.
+        if self.residency is not None and (genes or self.genes):
             await self.residency.ask(GeneAcquire(slot=self.id, genes=genes))
             self._acquired = True
 

@@ -116,7 +116,12 @@ class EngineThread:
         from actord.engine import llama
 
         self.ident = threading.get_ident()
-        llama.claim_current_thread()
+        try:
+            llama.claim_current_thread()
+        except BaseException as e:
+            self._start_error = e
+            self._ready.set()
+            return
         try:
             engine = self._factory()
         except BaseException as e:  # reported to start(), never swallowed

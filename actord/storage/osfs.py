@@ -127,8 +127,8 @@ class OsFs:
         The buffer is sized from fstat (or `limit`), never from anything inside the file.
         """
         try:
-            self._enter("read", path)
             try:
+                self._enter("read", path)
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 self._exit("read", path)
@@ -158,8 +158,8 @@ class OsFs:
     def stat(self, path: Path) -> os.stat_result | None:
         """lstat; None only for "not found". Every other error raises, never "absent"."""
         try:
-            self._enter("stat", path)
             try:
+                self._enter("stat", path)
                 st = os.stat(path, follow_symlinks=False)
             except FileNotFoundError:
                 st = None
@@ -281,7 +281,11 @@ class OsFs:
                 return None
             held = FileLock(fd, path)
             fd = -1
-            self._exit("lock", path)
+            try:
+                self._exit("lock", path)
+            except BaseException:
+                held.release()  # an abandoned caller never got the lock; a dead process drops it
+                raise
             return held
         except OSError as e:
             raise _error("lock", path, e) from e
