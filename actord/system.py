@@ -16,12 +16,14 @@ import anyio
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher
-from actord.actors.messages import CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot
 from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
-from actord.actors.pages import DropPage, ListPages, PageStore, StoreStats
+from actord.actors.messages import (
+    CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+)
+from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
 from actord.actors.scheduler import Scheduler
-from actord.actors.slot import Slot, common_prefix
+from actord.actors.slot import Slot, common_prefix, page_image
 from actord.api import CompletionRequest, CompletionResult, SlotInfo
 from actord.config import Config
 from actord.engine import jobs as J
@@ -30,6 +32,7 @@ from actord.engine.thread import EngineThread
 from actord.errors import ActordError, InvalidParams, NoFreeSlot, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
+from actord.storage.files import PageFiles
 
 log = get("actord.system")
 
@@ -49,6 +52,7 @@ class ActorSystem:
         self.pages: PageStore | None = None
         self.residency: GeneResidency | None = None
         self.ckpt_budget: CheckpointBudget | None = None
+        self.files: Any = None
         self._rids = itertools.count(1)
         self._tg: Any = None
         self._started = time.time()
@@ -100,7 +104,9 @@ class ActorSystem:
                                        self.metrics, capacity=max(cap, 256))
         self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
                                             self.metrics, capacity=max(cap, 256))
+        self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads)
         for s in self.slots:
+            s.files = self.files
             s.ckpt_budget = self.ckpt_budget
             s.keep = self.config.ctx_checkpoints
             s.every = self.config.checkpoint_every
@@ -191,6 +197,34 @@ class ActorSystem:
     async def checkpoint_stats(self) -> Any:
         assert self.ckpt_budget is not None
         return await self.ckpt_budget.ask(BudgetStats())
+
+    async def page_spill(self, page: str, file: str, drop: bool = False) -> dict[str, Any]:
+        """Write a page to a page file on a worker thread; with drop, free that generation.
+
+        The store holds the page for the spill's whole duration, so its charge keeps counting
+        even if the page is paged in, dropped or replaced meanwhile.
+        """
+        assert self.pages is not None
+        self.files.check(file)
+        t0 = time.perf_counter()
+        held = await self.pages.ask(SpillBegin(name=page))
+        dropped = False
+        try:
+            stats = await self.files.publish(
+                file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes))
+        finally:
+            with anyio.CancelScope(shield=True):
+                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))
+        self.metrics.page_spill_total.inc()
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("page.spilled", page=page, file=file, n_bytes=stats.n_bytes, dropped=dropped, t_ms=round(t_ms, 3))
+        return {"page": page, "file": file, "n_bytes": stats.n_bytes, "dropped": dropped, "t_ms": t_ms}
+
+    async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
+        return await self._slot(slot).ask(SaveSlot(file=file))
+
+    async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:
+        return await self._slot(slot).ask(RestoreSlot(file=file))
 
     async def page_stats(self) -> Any:
         assert self.pages is not None

@@ -33,11 +33,12 @@ from actord.actors.pages import (
     Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
 )
 from actord.errors import (
-    ActordError, EngineError, InvalidParams, PromptTooLong, SlotBusy, SlotEmpty, from_dict,
+    ActordError, EngineError, InvalidParams, PageDoesNotFit, PromptTooLong, SlotBusy, SlotEmpty, from_dict,
 )
 from actord.log import get
 from actord.metrics import Metrics
 from actord.policy.checkpoints import CheckpointMeta, select
+from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
 
 log = get("actord.slot")
 
@@ -93,6 +94,7 @@ class Slot(Actor[SlotInbox]):
         self.pages: Actor[Any] | None = None
         self.residency: Actor[Any] | None = None
         self.ckpt_budget: Actor[Any] | None = None
+        self.files: Any = None  # storage.files.PageFiles
         self.keep = 8
         self.every = 512
         self.default_genes: list[int] = []
@@ -247,10 +249,40 @@ class Slot(Actor[SlotInbox]):
             await self.on_checkpoint(ck.pos, ck.data)
 
     async def save(self, file: str) -> dict[str, Any]:
-        raise InvalidParams("no page files on this system")
+        if self.files is None:
+            raise InvalidParams("no page folder on this system")
+        self.files.check(file)
+        t0 = time.perf_counter()
+        st, ckpts = await self._capture()
+        stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes))
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
+        return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
+                "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def restore(self, file: str) -> dict[str, Any]:
-        raise InvalidParams("no page files on this system")
+        if self.files is None:
+            raise InvalidParams("no page folder on this system")
+        t0 = time.perf_counter()
+        image = await self.files.read(file)
+        check_fingerprint(image, self.props, file)
+        # The slot's old content goes; a failed restore leaves the slot empty and usable.
+        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+        self.kv_tokens = list(image.tokens)
+        self.genes = tuple((g.id, g.scale) for g in image.genes)
+        self.mind = file
+        await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
+        await self.footprint_changed()
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
+                 draft="cold" if image.draft is None else "warm")
+        return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+
+
 
     async def _drain_deferred(self) -> None:
         while self.deferred and not self.busy:
@@ -568,3 +600,25 @@ class Slot(Actor[SlotInbox]):
         await self.finish_genes()
         if a.reply is not None:
             a.reply.fail(from_dict({"type": msg.error_type, "message": msg.message}))
+
+
+def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
+               genes: tuple[tuple[int, float], ...]) -> PageImage:
+    """A slot or a page as one page-file generation (the state bytes are not copied)."""
+    return PageImage(
+        tokens=list(tokens), state=state,
+        checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
+        genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
+        meta=model_fingerprint(props),
+    )
+
+
+def model_fingerprint(props: J.ModelProps) -> dict[str, Any]:
+    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa}
+
+
+def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
+    want = model_fingerprint(props)
+    got = {k: image.meta.get(k) for k in want}
+    if got != want:
+        raise PageDoesNotFit(f"{file} was saved from another model", file=file, saved=got, model=want)

@@ -1,0 +1,47 @@
+"""The async face of page files: every read, write, fsync and rename on a worker thread.
+
+The engine thread copies bytes out of the context; this module hands the resulting image
+to `publish_generation` / `read_generation` through `anyio.to_thread.run_sync` with a
+limiter, so disk work never runs on the engine thread or the event loop. A `to_thread`
+call is shielded from cancellation by anyio: an fsync that has started finishes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import anyio
+
+from actord.storage.osfs import OsFs
+from actord.storage.pagefile import PageImage
+from actord.storage.paths import confine
+from actord.storage.publish import PublishStats, publish_generation, read_generation
+
+
+class PageFiles:
+    def __init__(self, root: str | Path, *, threads: int = 4, fs: OsFs | None = None) -> None:
+        self.root = Path(root)
+        self.fs = fs or OsFs()
+        self.limiter = anyio.CapacityLimiter(threads)
+        self.on_complete: Callable[[str, str], None] | None = None  # trace hook: (op, name)
+
+    def check(self, name: str) -> Path:
+        """Refuse a name that escapes the page folder before any work is done."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return confine(self.root, name)
+
+    async def publish(self, name: str, image: PageImage) -> PublishStats:
+        self.check(name)
+        stats = await anyio.to_thread.run_sync(publish_generation, self.root, name, image, self.fs,
+                                               limiter=self.limiter)
+        if self.on_complete is not None:
+            self.on_complete("publish", name)
+        return stats
+
+    async def read(self, name: str) -> PageImage:
+        self.check(name)
+        image = await anyio.to_thread.run_sync(read_generation, self.root, name, self.fs, limiter=self.limiter)
+        if self.on_complete is not None:
+            self.on_complete("read", name)
+        return image
