@@ -18,6 +18,7 @@ class CompletionRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     prompt: str | list[int]
     n_predict: int = 16
     slot: int | None = None
+    mind: str | None = None  # a named session: the daemon places it in a slot (page in/out as needed)
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0
     top_p: float = 1.0
@@ -41,6 +42,10 @@ class CompletionRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
             raise InvalidParams("bad sampling parameters")
         if self.slot is not None and self.slot < 0:
             raise InvalidParams("slot must be >= 0")
+        if self.slot is not None and self.mind is not None:
+            raise InvalidParams("name a slot or a mind, not both")
+        if self.mind is not None and (not self.mind or "/" in self.mind or self.mind.startswith(".")):
+            raise InvalidParams("a mind name is a non-empty file-safe name", mind=self.mind)
         if len({g.id for g in self.genes}) != len(self.genes):
             raise InvalidParams("a gene is listed twice")
         return self

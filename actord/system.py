@@ -22,6 +22,7 @@ from actord.actors.messages import (
     CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
+from actord.actors.placer import MindPlacer, PlaceMind
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix, page_image
 from actord.api import CompletionRequest, CompletionResult, SlotInfo
@@ -53,6 +54,7 @@ class ActorSystem:
         self.residency: GeneResidency | None = None
         self.ckpt_budget: CheckpointBudget | None = None
         self.files: Any = None
+        self.placer: MindPlacer | None = None
         self._rids = itertools.count(1)
         self._tg: Any = None
         self._started = time.time()
@@ -105,6 +107,8 @@ class ActorSystem:
         self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
                                             self.metrics, capacity=max(cap, 256))
         self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads)
+        self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self.page_spill,
+                                 self.metrics, capacity=max(cap, 256))
         for s in self.slots:
             s.files = self.files
             s.ckpt_budget = self.ckpt_budget
@@ -121,7 +125,7 @@ class ActorSystem:
                     default_seed=self.config.seed, capacity=self.config.mailbox_capacity)
 
     def actors(self) -> list[Actor[Any]]:
-        extra = [a for a in (self.scheduler, self.pages, self.residency, self.ckpt_budget) if a is not None]
+        extra = [a for a in (self.scheduler, self.pages, self.residency, self.ckpt_budget, self.placer) if a is not None]
         return [*self.slots, *extra]
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
@@ -145,8 +149,17 @@ class ActorSystem:
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
         request.check()
-        slot = self._slot(request.slot) if request.slot is not None else await self._place(request)
         rid = next(self._rids)
+        if request.mind is not None:
+            assert self.placer is not None
+            try:
+                return await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    for s in self.slots:  # wherever it landed
+                        await s.tell(CancelRequest(rid=rid))
+                raise
+        slot = self._slot(request.slot) if request.slot is not None else await self._place(request)
         try:
             return await slot.ask(Complete(rid=rid, req=request), stream=on_token)
         except anyio.get_cancelled_exc_class():
@@ -181,6 +194,8 @@ class ActorSystem:
     # -- pages -------------------------------------------------------------------------
 
     async def page_out(self, slot: int, page: str) -> dict[str, Any]:
+        if not page:
+            raise InvalidParams("page name is empty")
         return await self._slot(slot).ask(PageOutSlot(page=page))
 
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:

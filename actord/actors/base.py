@@ -139,6 +139,10 @@ class Actor(Generic[M]):
         await self._put(Envelope(msg, reply, stream))
         return await reply.wait()
 
+    async def forward(self, env: Envelope[M]) -> None:
+        """Hand on an envelope (its reply channel and stream travel with it)."""
+        await self._put(env)
+
     def tell_nowait(self, msg: M) -> None:
         """For an actor messaging itself or a peer whose mailbox cannot be full by design."""
         if self.failed:

@@ -146,6 +146,7 @@ class GeneResidency(Actor[GeneInbox]):
             case Finish(slot=slot, n_bytes=n):
                 self.processing.pop(slot, None)
                 self.slot_bytes[slot] = n
+                await self._shrink_to_budget()
                 self._queue_reconcile()
             case SlotFootprint(slot=slot, n_bytes=n):
                 self.slot_bytes[slot] = n
@@ -215,7 +216,7 @@ class GeneResidency(Actor[GeneInbox]):
             await self._page_out(gid)
         for sid in plan.slots:
             log.info("slot.evicted_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0))
-            await self.slots[sid].ask(PageOutSlot(page=f"evicted-slot{sid}-{self.clock}"))
+            await self.slots[sid].ask(PageOutSlot(page=""))  # under the slot's mind name
             self.slot_bytes[sid] = 0
             self.slot_genes.pop(sid, None)
 
@@ -240,6 +241,19 @@ class GeneResidency(Actor[GeneInbox]):
             self.processing.pop(slot, None)
             raise
         return paged_in
+
+    async def _shrink_to_budget(self) -> None:
+        """Slots grew past the budget: cold unpinned genes make room (never a slot here)."""
+        if not self.budget or self.device_bytes() <= self.budget:
+            return
+        gv, sv = self.views()
+        plan = plan_room(0, self.budget, gv, sv, protected_genes=self.in_use(), pinned=self.pinned())
+        over = self.device_bytes() - self.budget
+        for gid in plan.genes:
+            if over <= 0:
+                break
+            await self._page_out(gid)
+            over -= self.genes[gid].n_bytes
 
     def _queue_reconcile(self) -> None:
         if not self._reconcile_queued:

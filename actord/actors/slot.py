@@ -175,6 +175,7 @@ class Slot(Actor[SlotInbox]):
     async def page_out(self, name: str) -> dict[str, Any]:
         if self.pages is None:
             raise InvalidParams("no page store on this system")
+        name = name or self.mind or f"evicted-slot{self.id}"
         if not self.kv_tokens:
             raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
         t0 = time.perf_counter()
@@ -273,7 +274,7 @@ class Slot(Actor[SlotInbox]):
         st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
         self.kv_tokens = list(image.tokens)
         self.genes = tuple((g.id, g.scale) for g in image.genes)
-        self.mind = file
+        self.mind = file[: -len(".page")] if file.endswith(".page") else file
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await self.footprint_changed()
         t_ms = (time.perf_counter() - t0) * 1e3
@@ -459,6 +460,8 @@ class Slot(Actor[SlotInbox]):
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
         )))
         self.genes = genes
+        if req.mind is not None:
+            self.mind = req.mind
         self.active = _Active(
             rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
             n_cached=usable, t_start=t_start, resumed_from_checkpoint=from_ckpt,

@@ -1,0 +1,119 @@
+"""MindPlacer: a request that names a mind (not a slot) is placed by the daemon.
+
+A mind is a long-lived session identified by name. The placer keeps which slot holds which
+mind and, when a mind is not in a slot, makes room and brings it in: the least recently
+placed slot's mind is paged out under its own name (a memory copy), spilling the oldest
+page to its page file when the page RAM ceiling refuses; the mind then comes back by
+page_in from RAM, by restore from its spilled file, or fresh. The request itself is
+forwarded to the slot from inside the placement, so no other placement can take that slot
+between the two: the slot's mailbox keeps them in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from actord.actors.base import Actor, Dispatcher, Envelope
+from actord.actors.messages import Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
+from actord.actors.pages import ListPages, SpillBegin, SpillEnd
+from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
+from actord.log import get
+from actord.metrics import Metrics
+
+log = get("actord.placer")
+
+
+class PlaceMind(Msg):
+    """Place `req.mind` in a slot and forward the completion there (reply comes from the slot)."""
+
+    complete: Complete
+
+
+PlacerInbox = PlaceMind
+
+
+def mind_file(mind: str) -> str:
+    return f"{mind}.page"
+
+
+class MindPlacer(Actor[PlacerInbox]):
+    def __init__(self, dispatcher: Dispatcher, slots: list[Actor[Any]], pages: Actor[Any], files: Any,
+                 spill: Any, metrics: Metrics, capacity: int = 256) -> None:
+        super().__init__(dispatcher, "placer", capacity)
+        self.slots = slots
+        self.pages = pages
+        self.files = files
+        self.spill = spill  # async (page, file, drop) -> dict: the system's spill
+        self.metrics = metrics
+        self.slot_mind: dict[int, str | None] = {i: None for i in range(len(slots))}
+        self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
+        self.paged: list[str] = []  # minds paged out by the placer, oldest first
+        self.clock = 0
+
+    async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
+        match msg:
+            case PlaceMind(complete=c):
+                mind = c.req.mind
+                if not mind:
+                    raise InvalidParams("no mind to place")
+                slot = await self.place(mind)
+                await self.slots[slot].forward(Envelope(c, env.reply, env.stream))
+            case _:
+                raise InvalidParams(f"placer cannot handle {type(msg).__name__}")
+
+    async def place(self, mind: str) -> int:
+        self.clock += 1
+        for slot, held in self.slot_mind.items():
+            if held == mind:
+                # Another actor may have moved it (the residency evicts idle slots under
+                # their mind's name): trust the slot, not our memory.
+                if (await self.slots[slot].ask(Info())).mind == mind:
+                    self.last_use[slot] = self.clock
+                    return slot
+                self.slot_mind[slot] = None
+                self.paged.append(mind)
+        slot = min(self.slot_mind, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
+        old = self.slot_mind[slot]
+        if old is not None:
+            await self._page_out(slot, old)
+        else:
+            await self.slots[slot].ask(Erase())
+        how = await self._bring_in(slot, mind)
+        self.slot_mind[slot] = mind
+        self.last_use[slot] = self.clock
+        log.info("mind.placed", mind=mind, slot=slot, how=how, displaced=old)
+        return slot
+
+    async def _page_out(self, slot: int, mind: str) -> None:
+        while True:
+            try:
+                await self.slots[slot].ask(PageOutSlot(page=mind))
+                self.paged.append(mind)
+                return
+            except PageRamExceeded:
+                live = {p.page for p in await self.pages.ask(ListPages())}
+                victims = [m for m in self.paged if m in live]
+                if not victims:  # nothing to spill: the slot goes straight to its file
+                    await self.slots[slot].ask(SaveSlot(file=mind_file(mind)))
+                    await self.slots[slot].ask(Erase())
+                    return
+                victim = victims[0]
+                self.paged.remove(victim)
+                await self.spill(victim, mind_file(victim), True)
+            except Exception:
+                raise
+
+    async def _bring_in(self, slot: int, mind: str) -> str:
+        try:
+            await self.slots[slot].ask(PageInSlot(page=mind))
+            if mind in self.paged:
+                self.paged.remove(mind)
+            return "page_in"
+        except PageNotFound:
+            pass
+        if await anyio.Path(self.files.check(mind_file(mind))).exists():
+            await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+            return "restore"
+        return "fresh"
