@@ -332,7 +332,10 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4, help="daemon slots = raw n_seq_max = concurrent requests")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=0, help="0 = os.cpu_count(), same for both sides")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="ggml threads, same for both sides (0 = os.cpu_count(), the daemon's own default). 1 by default: on a "
+                         "small shared machine ggml's spinning thread barriers collapse (10-50x slower "
+                         "steps) as soon as another process wants a core, which would swamp the comparison")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     ap.add_argument("--stream", action="store_true", help="daemon requests stream (one notification per token)")
     ap.add_argument("--trace", default=None, metavar="FILE",
