@@ -41,12 +41,21 @@ PROPS_VERSION = {"slot_page_version": 1, "lora_page_version": 1}
 
 
 class ActorSystem:
-    def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None) -> None:
+    def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None,
+                 dispatcher: Dispatcher | None = None, trace: Any = None) -> None:
         self.config = config.validate()
         self.metrics = Metrics()
-        self.dispatcher = Dispatcher()
+        self.dispatcher = dispatcher or Dispatcher()
         self._engine_factory = engine_factory or Engine
         self.engine = EngineThread(lambda: self._engine_factory(self.config), run_job, lambda e: e.close())
+        self.engine.on_done = self.dispatcher.engine_done
+        self.recorder: Any = None
+        trace = trace if trace is not None else self.config.trace
+        if trace:
+            from actord.replay.trace import TraceRecorder
+
+            self.recorder = TraceRecorder(trace, self.config)
+            self.recorder.attach(self.dispatcher)
         self.props: J.ModelProps | None = None
         self.slots: list[Slot] = []
         self.scheduler: Scheduler | None = None
@@ -89,6 +98,8 @@ class ActorSystem:
             await self._tg.__aexit__(*exc)
         finally:
             await self.engine.stop()
+            if self.recorder is not None:
+                self.recorder.close(self.final_state())
             log.info("system.stopped")
 
     def _build_actors(self) -> None:
@@ -106,8 +117,9 @@ class ActorSystem:
                                        self.metrics, capacity=max(cap, 256))
         self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
                                             self.metrics, capacity=max(cap, 256))
-        self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads)
-        self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self.page_spill,
+        self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads,
+                               offload=self.dispatcher.offload)
+        self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
                                  self.metrics, capacity=max(cap, 256))
         for s in self.slots:
             s.files = self.files
@@ -149,6 +161,7 @@ class ActorSystem:
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
         request.check()
+        await self.dispatcher.input("completion", request)
         rid = next(self._rids)
         if request.mind is not None:
             assert self.placer is not None
@@ -186,30 +199,37 @@ class ActorSystem:
     # -- slots -------------------------------------------------------------------------
 
     async def slot_list(self) -> list[SlotInfo]:
+        await self.dispatcher.input('slot.list', {})
         return [await s.ask(Info()) for s in self.slots]
 
     async def slot_erase(self, slot: int) -> dict[str, Any]:
+        await self.dispatcher.input('slot.erase', {'slot': slot})
         return await self._slot(slot).ask(Erase())
 
     # -- pages -------------------------------------------------------------------------
 
     async def page_out(self, slot: int, page: str) -> dict[str, Any]:
+        await self.dispatcher.input("page.out", {"slot": slot, "page": page})
         if not page:
             raise InvalidParams("page name is empty")
         return await self._slot(slot).ask(PageOutSlot(page=page))
 
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
+        await self.dispatcher.input('page.in', {'slot': slot, 'page': page})
         return await self._slot(slot).ask(PageInSlot(page=page))
 
     async def page_drop(self, page: str) -> Any:
+        await self.dispatcher.input('page.drop', {'page': page})
         assert self.pages is not None
         return await self.pages.ask(DropPage(name=page))
 
     async def page_list(self) -> Any:
+        await self.dispatcher.input('page.list', {})
         assert self.pages is not None
         return await self.pages.ask(ListPages())
 
     async def checkpoint_stats(self) -> Any:
+        await self.dispatcher.input('checkpoint.stats', {})
         assert self.ckpt_budget is not None
         return await self.ckpt_budget.ask(BudgetStats())
 
@@ -219,6 +239,11 @@ class ActorSystem:
         The store holds the page for the spill's whole duration, so its charge keeps counting
         even if the page is paged in, dropped or replaced meanwhile.
         """
+        assert self.pages is not None
+        await self.dispatcher.input("page.spill", {"page": page, "file": file, "drop": drop})
+        return await self._spill(page, file, drop)
+
+    async def _spill(self, page: str, file: str, drop: bool) -> dict[str, Any]:
         assert self.pages is not None
         self.files.check(file)
         t0 = time.perf_counter()
@@ -236,12 +261,15 @@ class ActorSystem:
         return {"page": page, "file": file, "n_bytes": stats.n_bytes, "dropped": dropped, "t_ms": t_ms}
 
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
+        await self.dispatcher.input('slot.save', {'slot': slot, 'file': file})
         return await self._slot(slot).ask(SaveSlot(file=file))
 
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:
+        await self.dispatcher.input('slot.restore', {'slot': slot, 'file': file})
         return await self._slot(slot).ask(RestoreSlot(file=file))
 
     async def page_stats(self) -> Any:
+        await self.dispatcher.input('page.stats', {})
         assert self.pages is not None
         return await self.pages.ask(StoreStats())
 
@@ -251,6 +279,7 @@ class ActorSystem:
         from actord.errors import FileNotFound
 
         assert self.residency is not None
+        await self.dispatcher.input("gene.load", {"path": path, "default": default})
         try:
             image = await anyio.Path(path).read_bytes()  # a worker thread, not the engine
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
@@ -258,15 +287,19 @@ class ActorSystem:
         return await self.residency.ask(LoadGene(path=path, image=image, default=default))
 
     async def gene_unload(self, gene_id: int) -> Any:
+        await self.dispatcher.input('gene.unload', {'id': gene_id})
         return await self.residency.ask(UnloadGene(id=gene_id))  # type: ignore[union-attr]
 
     async def gene_page_out(self, gene_id: int) -> Any:
+        await self.dispatcher.input('gene.page_out', {'id': gene_id})
         return await self.residency.ask(PageOutGene(id=gene_id))  # type: ignore[union-attr]
 
     async def gene_page_in(self, gene_id: int) -> Any:
+        await self.dispatcher.input('gene.page_in', {'id': gene_id})
         return await self.residency.ask(PageInGene(id=gene_id))  # type: ignore[union-attr]
 
     async def gene_list(self) -> Any:
+        await self.dispatcher.input('gene.list', {})
         return await self.residency.ask(ListGenes())  # type: ignore[union-attr]
 
     # -- introspection -----------------------------------------------------------------
@@ -294,6 +327,21 @@ class ActorSystem:
 
     async def step_records(self) -> list[J.StepRecord]:
         return await self.engine.run(J.StepRecords())
+
+    def final_state(self) -> dict[str, Any]:
+        """What a replay must reproduce: each actor's state that outlives a request."""
+        from actord.replay.trace import digest
+
+        metrics = {k: v for k, v in self.metrics.snapshot().items() if "_created" not in k}
+        return {
+            "slots": [(s.id, digest(s.kv_tokens), s.resume_raw_lcp, [(c.pos, c.n_bytes) for c in s.checkpoints],
+                       s.genes, s.mind) for s in self.slots],
+            "pages": sorted((n, g) for n, g in self.pages.names.items()) if self.pages else [],
+            "charged": self.pages.charged if self.pages else 0,
+            "genes": sorted((g.id, g.resident) for g in self.residency.genes.values()) if self.residency else [],
+            "ckpt_used": self.ckpt_budget.used if self.ckpt_budget else 0,
+            "metrics": sorted(metrics.items()),
+        }
 
     def statistics(self) -> list[Any]:
         return [a.statistics() for a in self.actors()]

@@ -23,7 +23,7 @@ The embedded API (`ActorSystem`) is used, so no socket is involved. Every decode
 starts from empty slots (slot_erase), and the four cases are interleaved per repetition so
 load from other work hits all of them alike; medians are reported.
 
-Usage: .venv/bin/python bench/gene_paging.py [--page-reps 9] [--decode-reps 3] [--n-predict 64]
+Usage: .venv/bin/python bench/gene_paging.py [--page-reps 9] [--decode-reps 5] [--n-predict 64]
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def main() -> int:
     ap.add_argument("--strength", type=float, default=0.1, help="write_tiny_lora strength (0.1 keeps Gemma fluent)")
     ap.add_argument("--page-reps", type=int, default=9, help="measured page_out/page_in pairs (>= 5)")
     ap.add_argument("--page-warmup", type=int, default=2)
-    ap.add_argument("--decode-reps", type=int, default=3, help="measured repetitions of the 4 decode cases")
+    ap.add_argument("--decode-reps", type=int, default=5, help="measured repetitions of the 4 decode cases")
     ap.add_argument("--decode-warmup", type=int, default=1)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=4096)

@@ -34,6 +34,11 @@ M = TypeVar("M")
 StreamSink = Callable[[Any], Awaitable[None]]
 
 
+# Bumped at every instrumented step (mailbox put, delivery, reply); a deterministic
+# dispatcher reads it to tell when the system has gone quiet.
+PROGRESS = [0]
+
+
 class Reply:
     """A one-shot reply channel: exactly one value or one error, then it is spent."""
 
@@ -47,12 +52,14 @@ class Reply:
 
     def send(self, value: Any) -> None:
         if not self.done:
+            PROGRESS[0] += 1
             self.done = True
             self._value = value
             self._event.set()
 
     def fail(self, error: BaseException) -> None:
         if not self.done:
+            PROGRESS[0] += 1
             self.done = True
             self._error = error
             self._event.set()
@@ -84,6 +91,7 @@ class ActorStats(msgspec.Struct, frozen=True):
 
 
 DeliveryHook = Callable[["Actor[Any]", Envelope[Any]], None]
+EventHook = Callable[[str, dict[str, Any]], None]
 
 
 class Dispatcher:
@@ -96,6 +104,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self._tg: TaskGroup | None = None
         self.hooks: list[DeliveryHook] = []
+        self.event_hooks: list[EventHook] = []
         self.deliveries = 0
 
     def bind(self, tg: TaskGroup) -> None:
@@ -106,6 +115,7 @@ class Dispatcher:
         self._tg.start_soon(actor._run, name=f"actor:{actor.name}")
 
     def delivered(self, actor: "Actor[Any]", env: Envelope[Any]) -> None:
+        PROGRESS[0] += 1
         self.deliveries += 1
         env.seq = self.deliveries
         for hook in list(self.hooks):
@@ -114,6 +124,44 @@ class Dispatcher:
             except Exception as e:
                 self.hooks.remove(hook)
                 log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """An event that is not a delivery: engine result, worker completion, input."""
+        for hook in list(self.event_hooks):
+            try:
+                hook(kind, fields)
+            except Exception as e:
+                self.event_hooks.remove(hook)
+                log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
+
+    # -- seams a deterministic dispatcher overrides ------------------------------------
+
+    async def actor_loop(self, actor: "Actor[Any]") -> None:
+        async with actor._recv:
+            async for env in actor._recv:
+                await actor.deliver(env)
+
+    async def engine_done(self, job: Any, value: Any, error: BaseException | None) -> None:
+        """Called in the waiting task once the engine thread finished `job`."""
+        if self.event_hooks:
+            self.event("engine", job=job, value=value, error=error)
+
+    async def offload(self, op: str, fn: Callable[..., Any], *args: Any, limiter: Any = None) -> Any:
+        """Run blocking disk work on a worker thread (never the engine thread or the loop)."""
+        try:
+            result = await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+        except BaseException as e:
+            if self.event_hooks:
+                self.event("worker", op=op, value=None, error=e)
+            raise
+        if self.event_hooks:
+            self.event("worker", op=op, value=result, error=None)
+        return result
+
+    async def input(self, method: str, params: Any) -> None:
+        """An external input (RPC request or host call) is about to enter the system."""
+        if self.event_hooks:
+            self.event("input", method=method, params=params)
 
 
 class Actor(Generic[M]):
@@ -150,6 +198,7 @@ class Actor(Generic[M]):
         self._send.send_nowait(Envelope(msg))
 
     async def _put(self, env: Envelope[M]) -> None:
+        PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         try:
@@ -171,9 +220,7 @@ class Actor(Generic[M]):
     async def _run(self) -> None:
         try:
             await self.on_start()
-            async with self._recv:
-                async for env in self._recv:
-                    await self.deliver(env)
+            await self.dispatcher.actor_loop(self)
         except BaseException as e:
             if not isinstance(e, Exception):
                 raise

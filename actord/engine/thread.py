@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import anyio
 import sniffio
@@ -78,6 +78,8 @@ class EngineThread:
         self.ident: int | None = None
         self.jobs_done = 0
         self.jobs_failed = 0
+        self.inflight = 0  # submitted jobs whose waiter has not resumed yet
+        self.on_done: Callable[[Any, Any, BaseException | None], Awaitable[None]] | None = None
 
     # -- loop side ---------------------------------------------------------------------
 
@@ -91,10 +93,16 @@ class EngineThread:
         if self._stopping:
             raise ShuttingDown("engine is shutting down")
         p = _Pending()
+        self.inflight += 1
         self._q.put((job, p))
         # A cancelled waiter does not cancel the job: libllama work is not interruptible,
         # and the actor that sent it re-synchronises from its own state.
-        await p.event.wait()
+        try:
+            await p.event.wait()
+        finally:
+            self.inflight -= 1
+        if self.on_done is not None:
+            await self.on_done(job, p.value, p.error)
         if p.error is not None:
             raise p.error
         return p.value

@@ -44,6 +44,7 @@ class SlotFileParams(msgspec.Struct, forbid_unknown_fields=True):
 
 class GenePathParams(msgspec.Struct, forbid_unknown_fields=True):
     path: str
+    default: bool = False
 
 
 class GeneIdParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -82,11 +83,13 @@ METHODS: dict[str, Method] = {
     "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(p.page, p.file, p.drop))),
     "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file))),
     "slot.restore": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_restore(p.slot, p.file))),
-    "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path))),
+    "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path, default=p.default))),
     "gene.unload": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_unload(p.id))),
     "gene.page_out": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_out(p.id))),
     "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id))),
     "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list())),
+    "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats())),
+    "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats())),
 }
 
 

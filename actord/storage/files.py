@@ -9,7 +9,7 @@ call is shielded from cancellation by anyio: an fsync that has started finishes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 import anyio
 
@@ -20,11 +20,17 @@ from actord.storage.publish import PublishStats, publish_generation, read_genera
 
 
 class PageFiles:
-    def __init__(self, root: str | Path, *, threads: int = 4, fs: OsFs | None = None) -> None:
+    def __init__(self, root: str | Path, *, threads: int = 4, fs: OsFs | None = None,
+                 offload: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.root = Path(root)
         self.fs = fs or OsFs()
         self.limiter = anyio.CapacityLimiter(threads)
-        self.on_complete: Callable[[str, str], None] | None = None  # trace hook: (op, name)
+        self._offload = offload  # the dispatcher's seam: it may order worker completions
+
+    async def _run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._offload is not None:
+            return await self._offload(op, fn, *args, limiter=self.limiter)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     def check(self, name: str) -> Path:
         """Refuse a name that escapes the page folder before any work is done."""
@@ -33,15 +39,8 @@ class PageFiles:
 
     async def publish(self, name: str, image: PageImage) -> PublishStats:
         self.check(name)
-        stats = await anyio.to_thread.run_sync(publish_generation, self.root, name, image, self.fs,
-                                               limiter=self.limiter)
-        if self.on_complete is not None:
-            self.on_complete("publish", name)
-        return stats
+        return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
 
     async def read(self, name: str) -> PageImage:
         self.check(name)
-        image = await anyio.to_thread.run_sync(read_generation, self.root, name, self.fs, limiter=self.limiter)
-        if self.on_complete is not None:
-            self.on_complete("read", name)
-        return image
+        return await self._run(f"read:{name}", read_generation, self.root, name, self.fs)

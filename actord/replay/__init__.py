@@ -1,0 +1,1 @@
+"""Traces, deterministic scheduling, replay and seeded simulation."""

@@ -1,0 +1,157 @@
+"""Trace recording: every delivery, engine result, worker completion and external input.
+
+A trace is JSON lines (msgspec), streamable and versioned: a header, then events in the
+order the system saw them, then a footer with the final state. Messages are not stored in
+full (a page is megabytes): each carries a canonical digest, built by walking the Struct
+and feeding a BLAKE2b hash, skipping timing fields (`t_*`, `*_ms`) that no two runs
+share. External inputs are stored whole, since replay re-executes them. A running hash
+over all events identifies the whole trace.
+
+Recording is a dispatcher hook: with none installed it costs nothing, and a hook that
+fails is removed and logged instead of crashing the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, IO
+
+import msgspec
+
+VERSION = 1
+
+
+def _feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, msgspec.Struct):
+        h.update(type(obj).__name__.encode())
+        for name in obj.__struct_fields__:
+            if name.startswith("t_") or name.endswith("_ms"):
+                continue
+            h.update(name.encode())
+            _feed(h, getattr(obj, name))
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        mv = memoryview(obj).cast("B")
+        h.update(b"b%d:" % mv.nbytes)
+        h.update(mv)
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"l%d[" % len(obj))
+        for x in obj:
+            _feed(h, x)
+        h.update(b"]")
+    elif isinstance(obj, dict):
+        h.update(b"d%d{" % len(obj))
+        for k in sorted(obj, key=repr):
+            _feed(h, k)
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, BaseException):
+        h.update(b"E" + type(obj).__name__.encode())
+        data = getattr(obj, "data", None)
+        if isinstance(data, dict):
+            _feed(h, {k: v for k, v in data.items() if not (k.startswith("t_") or k.endswith("_ms"))})
+    else:
+        h.update(repr(obj).encode())
+
+
+def digest(obj: Any) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+class Event(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+class Header(Event):
+    version: int
+    config: dict[str, Any]
+    seed: int | None = None
+
+
+class Input(Event):
+    method: str
+    params: Any
+
+
+class Deliver(Event):
+    actor: str
+    msg: str
+    digest: str
+
+
+class EngineDone(Event):
+    job: str
+    digest: str
+    result: str
+
+
+class WorkerDone(Event):
+    op: str
+    result: str
+
+
+class Footer(Event):
+    state: str
+    events: int
+    hash: str
+
+
+AnyEvent = Header | Input | Deliver | EngineDone | WorkerDone | Footer
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder(AnyEvent)
+
+
+def to_event(kind: str, f: dict[str, Any]) -> Event:
+    if kind == "engine":
+        return EngineDone(job=type(f["job"]).__name__, digest=digest(f["job"]),
+                          result=digest(f["error"] if f["error"] is not None else f["value"]))
+    if kind == "worker":
+        return WorkerDone(op=f["op"], result=digest(f["error"] if f["error"] is not None else f["value"]))
+    if kind == "input":
+        return Input(method=f["method"], params=msgspec.to_builtins(f["params"]))
+    raise ValueError(kind)
+
+
+def deliver_event(actor: Any, env: Any) -> Deliver:
+    return Deliver(actor=actor.name, msg=type(env.msg).__name__, digest=digest(env.msg))
+
+
+class TraceRecorder:
+    """Writes events as they happen (to a path or any binary file) and hashes them."""
+
+    def __init__(self, sink: str | Path | IO[bytes] | list, config: Any, seed: int | None = None) -> None:
+        self._own = isinstance(sink, (str, Path))
+        self.out: Any = open(sink, "wb") if self._own else sink
+        self.hash = hashlib.blake2b(digest_size=16)
+        self.n = 0
+        self.events: list[Event] | None = sink if isinstance(sink, list) else None
+        self._write(Header(version=VERSION, config=msgspec.to_builtins(config), seed=seed))
+
+    def _write(self, ev: Event) -> None:
+        line = _enc.encode(ev)
+        self.hash.update(line)
+        self.n += 1
+        if self.events is not None:
+            self.events.append(ev)
+        else:
+            self.out.write(line + b"\n")
+
+    def attach(self, dispatcher: Any) -> None:
+        dispatcher.hooks.append(lambda actor, env: self._write(deliver_event(actor, env)))
+        dispatcher.event_hooks.append(lambda kind, f: self._write(to_event(kind, f)))
+
+    def close(self, final_state: Any) -> str:
+        footer = Footer(state=digest(final_state), events=self.n, hash=self.hash.hexdigest())
+        self._write(footer)
+        if self._own:
+            self.out.close()
+        elif self.events is None:
+            self.out.flush()
+        return footer.hash
+
+
+def read_trace(path: str | Path) -> list[Event]:
+    with open(path, "rb") as f:
+        return [_dec.decode(line) for line in f if line.strip()]
