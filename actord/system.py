@@ -49,9 +49,11 @@ class ActorSystem:
         self._engine_factory = engine_factory or Engine
         self.engine = EngineThread(lambda: self._engine_factory(self.config), run_job, lambda e: e.close())
         self.engine.on_done = self.dispatcher.engine_done
+        if hasattr(self.dispatcher, "engine"):
+            self.dispatcher.engine = self.engine  # a deterministic dispatcher waits for its jobs
         self.recorder: Any = None
         trace = trace if trace is not None else self.config.trace
-        if trace:
+        if trace is not None and trace != "":
             from actord.replay.trace import TraceRecorder
 
             self.recorder = TraceRecorder(trace, self.config)
@@ -94,6 +96,9 @@ class ActorSystem:
     async def __aexit__(self, *exc: Any) -> None:
         for actor in self.actors():
             actor.close()
+        close_gates = getattr(self.dispatcher, "close_actors", None)
+        if close_gates is not None:
+            close_gates()
         try:
             await self._tg.__aexit__(*exc)
         finally:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -396,9 +397,13 @@ def main() -> int:
                 if rep >= args.warmup:
                     res[(name, k)]["pred"].append(r["pred"])
                     res[(name, k)]["wall"].append(r["wall"])
+    except BaseException:
+        print(f"failed; daemon logs are in {tmp}", file=sys.stderr)
+        raise
     finally:
         for side in sides.values():
             side.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     load_end = os.getloadavg()[0]
 
     M = {c: {m: med(v) for m, v in d.items()} for c, d in res.items()}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -202,6 +203,7 @@ async def run(args: argparse.Namespace) -> None:
         changed = texts["base"][0] != texts["same"][0]
         print(f"sanity   gene A changes the greedy output vs base: {'yes' if changed else 'NO'}; "
               f"A x1.0 vs x0.5 differ: {'yes' if texts['scales'][0] != texts['scales'][1] else 'NO'}")
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"load avg {os.getloadavg()[0]:.2f} at end")
 
 

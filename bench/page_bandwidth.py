@@ -48,6 +48,7 @@ import gc
 import importlib
 import os
 import queue
+import resource
 import shutil
 import statistics
 import sys
@@ -214,10 +215,38 @@ def print_page_table(title: str, rows: dict[str, list[dict[str, Any]]], refs: Co
 # ---- the real model -----------------------------------------------------------------------
 
 
-async def timed(coro_fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class CpuShare:
+    """Process CPU / (wall x threads) over compute-bound spans: 1.0 = the cores were ours.
+
+    llama.cpp's worker threads spin at barriers, so when other work holds a core a step
+    stalls for whole scheduler slices (decode steps of ~25 ms were seen taking 1-2 s).
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.cpu = self.wall = 0.0
+
+    def add(self, cpu: float, wall: float) -> None:
+        self.cpu += cpu
+        self.wall += wall
+
+    @property
+    def share(self) -> float:
+        return self.cpu / (self.wall * self.threads) if self.wall > 0 else float("nan")
+
+
+async def timed(coro_fn: Callable[[], Any], share: CpuShare | None = None) -> tuple[Any, float]:
+    c0, t0 = cpu_s(), time.perf_counter()
     out = await coro_fn()
-    return out, (time.perf_counter() - t0) * 1e3
+    wall = time.perf_counter() - t0
+    if share is not None:
+        share.add(cpu_s() - c0, wall)
+    return out, wall * 1e3
 
 
 def disk_bytes(root: Path, name: str) -> int:
@@ -234,6 +263,7 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
     cfg = Config(model=str(model), slots=2, ctx=ctx, batch=a.batch, threads=a.threads,
                  page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes)
     results: dict[str, float] = {}
+    share = CpuShare(a.threads or os.cpu_count() or 1)
     async with ActorSystem(cfg) as s:
         props = await s.props_dict()
         text_ids = await s.engine.run(J.Tokenize(text=natural_text()))
@@ -248,7 +278,7 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
               f"prompt {len(prompt)} tokens ({len(body)}-token text repeated)")
 
         first, first_ms = await timed(lambda: s.complete(prompt=prompt, n_predict=a.n_predict, slot=0,
-                                                          ignore_eos=True))
+                                                          ignore_eos=True), share)
         print(f"first (cold) prefill of {len(prompt)} tokens + {a.n_predict} out: {first_ms / 1e3:.1f} s")
 
         # 1. page_out / page_in vs memcpy
@@ -290,24 +320,26 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
             other = 1 - holder
             await s.slot_erase(other)
             gc.collect()
-            t0 = time.perf_counter()
+            c0, t0 = cpu_s(), time.perf_counter()
             pin = await s.page_in(other, "turn")
             t1 = time.perf_counter()
             r1 = await s.complete(prompt=q, n_predict=a.n_predict, slot=other, ignore_eos=True)
             t2 = time.perf_counter()
+            share.add(cpu_s() - c0, t2 - t0)
             await s.slot_erase(holder)
-            t3 = time.perf_counter()
-            r2 = await s.complete(prompt=q, n_predict=a.n_predict, slot=holder, ignore_eos=True)
-            t4 = time.perf_counter()
+            r2, re = await timed(lambda: s.complete(prompt=q, n_predict=a.n_predict, slot=holder,
+                                                    ignore_eos=True), share)
             pin_ms.append(pin["t_ms"])
             turn_ms.append((t2 - t1) * 1e3)
             paged_ms.append((t2 - t0) * 1e3)
-            re_ms.append((t4 - t3) * 1e3)
+            re_ms.append(re)
             same.append(r1.tokens == r2.tokens)
             processed.append((r1.n_prompt_processed, r2.n_prompt_processed))
             conv, last, holder = q, r1.tokens, other
         pm, rm = med(paged_ms), med(re_ms)
         results["turn_ratio"] = pm / rm
+        results["turn_ratio_best"] = min(paged_ms) / min(re_ms)
+        results["cpu_share"] = share.share
         print(f"\n== Gemma 3 270M: page_in + next turn vs full re-prefill (prompt {len(conv) - len(last) - len(new)}"
               f"-{len(conv)} tokens, +{len(new)} new, {a.n_predict} out; {a.reps} reps, alternating slots) ==")
         print(f"{'path':<24} {'ms med [min-max]':>28} {'prompt tokens processed':>24}")
@@ -315,8 +347,10 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
         print(f"{'next turn':<24} {spread(turn_ms, '{:.1f}'):>28} {processed[0][0]:>24}")
         print(f"{'page_in + next turn':<24} {spread(paged_ms, '{:.1f}'):>28}")
         print(f"{'re-prefill (erased)':<24} {spread(re_ms, '{:.0f}'):>28} {processed[0][1]:>24}")
-        print(f"ratio (page_in + turn) / re-prefill = {pm / rm:.4f} = 1/{rm / pm:.0f}; "
-              f"speed-up x{rm / pm:.0f}; same greedy output: {sum(same)}/{len(same)}")
+        print(f"ratio (page_in + turn) / re-prefill: medians {pm / rm:.4f} = 1/{rm / pm:.0f}; "
+              f"best (min/min) 1/{min(re_ms) / min(paged_ms):.0f}; same greedy output: {sum(same)}/{len(same)}")
+        print(f"CPU share during the timed turns: {share.share:.2f} of {share.threads} threads "
+              f"(< ~0.9: other work held the cores, and times above are inflated)")
     return results
 
 
@@ -380,8 +414,9 @@ async def amain(a: argparse.Namespace) -> None:
                       f"target >= {TARGET_COPY}: {verdict(results[k] >= TARGET_COPY)}")
     if "turn_ratio" in results:
         r = results["turn_ratio"]
-        print(f"Gemma 3 270M  page_in + next turn / re-prefill = 1/{1 / r:.0f} target <= 1/{1 / TARGET_TURN:.0f}: "
-              f"{verdict(r <= TARGET_TURN)}")
+        print(f"Gemma 3 270M  page_in + next turn / re-prefill = 1/{1 / r:.0f} (best 1/"
+              f"{1 / results['turn_ratio_best']:.0f}) target <= 1/{1 / TARGET_TURN:.0f}: {verdict(r <= TARGET_TURN)}")
+        print(f"(CPU share during the timed turns {results['cpu_share']:.2f}; ~1.0 means an uncontended run)")
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
-
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
 from actord.actors.pages import ListPages, SpillBegin, SpillEnd
@@ -113,7 +111,7 @@ class MindPlacer(Actor[PlacerInbox]):
             return "page_in"
         except PageNotFound:
             pass
-        if await anyio.Path(self.files.check(mind_file(mind))).exists():
+        if await self.files.exists(mind_file(mind)):
             await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
             return "restore"
         return "fresh"

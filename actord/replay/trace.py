@@ -46,10 +46,11 @@ def _feed(h: Any, obj: Any) -> None:
             _feed(h, obj[k])
         h.update(b"}")
     elif isinstance(obj, BaseException):
+        # The type and the names of its fields: values may hold absolute paths or timings.
         h.update(b"E" + type(obj).__name__.encode())
         data = getattr(obj, "data", None)
         if isinstance(data, dict):
-            _feed(h, {k: v for k, v in data.items() if not (k.startswith("t_") or k.endswith("_ms"))})
+            _feed(h, sorted(data))
     else:
         h.update(repr(obj).encode())
 
@@ -127,7 +128,12 @@ class TraceRecorder:
         self.hash = hashlib.blake2b(digest_size=16)
         self.n = 0
         self.events: list[Event] | None = sink if isinstance(sink, list) else None
-        self._write(Header(version=VERSION, config=msgspec.to_builtins(config), seed=seed))
+        cfg = msgspec.to_builtins(config)
+        # Where files live is not behaviour: two runs in two temp folders are the same run.
+        for k in ("page_dir", "socket", "trace", "metrics_http"):
+            cfg.pop(k, None)
+        cfg["model"] = Path(cfg.get("model", "")).name
+        self._write(Header(version=VERSION, config=cfg, seed=seed))
 
     def _write(self, ev: Event) -> None:
         line = _enc.encode(ev)

@@ -41,6 +41,10 @@ class PageFiles:
         self.check(name)
         return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
 
+    async def exists(self, name: str) -> bool:
+        path = self.check(name)
+        return await self._run(f"exists:{name}", lambda: self.fs.stat(path) is not None)
+
     async def read(self, name: str) -> PageImage:
         self.check(name)
         return await self._run(f"read:{name}", read_generation, self.root, name, self.fs)
