@@ -107,6 +107,11 @@ class ActorSystem:
                 self.recorder.close(self.final_state())
             log.info("system.stopped")
 
+    def abort(self) -> None:
+        """Cancel every actor now (a replay that diverged, a simulated crash)."""
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
     def _build_actors(self) -> None:
         assert self.props is not None
         cap = self.config.mailbox_capacity

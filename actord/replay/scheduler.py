@@ -16,6 +16,7 @@ counter stops moving for a few rounds with nothing in flight.
 
 from __future__ import annotations
 
+import contextvars
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +25,10 @@ import anyio
 
 from actord.actors.base import PROGRESS, Actor, Dispatcher, Envelope
 from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, deliver_event, digest
+
+
+# Who is asking: a simulated client sets it, so two identical inputs stay distinguishable.
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("actord_client", default="-")
 
 
 class Divergence(Exception):
@@ -95,12 +100,14 @@ class DeterministicDispatcher(Dispatcher):
         self.workers_inflight = 0
         self._gates: dict[str, tuple[Actor[Any], anyio.Event]] = {}
         self._handoff: dict[str, Envelope[Any] | None] = {}
-        self._peeked: dict[str, Envelope[Any]] = {}
+        self._peeked: dict[str, list[Envelope[Any]]] = {}
+        self.any_queued = isinstance(policy, RecordedPolicy)
         self._held: list[Ready] = []
         self._seq = 0
         self.position = 0
         self.stopped = False
         self.live = False  # until the driver starts stepping, engine/worker/input events pass
+        self.reseed: Callable[[int], None] | None = None  # per-step reseed of a backend's shuffle
         self.choices: list[str] = []
 
     # -- seams -------------------------------------------------------------------------
@@ -120,8 +127,10 @@ class DeterministicDispatcher(Dispatcher):
         if not self.live:
             return
         gate = anyio.Event()
-        self._seq += 1
-        self._held.append(Ready(kind, f"{self._seq:08d}", event, gate.set))
+        # The key is what the event is (and who asks), never when it arrived: arrival order
+        # within one step can depend on a backend's run-queue order.
+        key = f"{CLIENT.get()}:{digest(event)}"
+        self._held.append(Ready(kind, key, event, gate.set))
         PROGRESS[0] += 1
         await gate.wait()
 
@@ -171,17 +180,25 @@ class DeterministicDispatcher(Dispatcher):
         out = list(self._held)
         for name in sorted(self._gates):
             actor, gate = self._gates[name]
-            env = self._peeked.get(name)
-            if env is None:
+            queue = self._peeked.setdefault(name, [])
+            closed = False
+            while True:  # everything already queued for this actor, in arrival order
                 try:
-                    env = actor._recv.receive_nowait()
+                    queue.append(actor._recv.receive_nowait())
                 except anyio.WouldBlock:
-                    continue
+                    break
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    closed = True
+                    break
+            if not queue:
+                if closed:
                     self._release_actor(name, None)  # shutdown is not a choice
-                    continue
-                self._peeked[name] = env
-            out.append(Ready("deliver", name, deliver_event(actor, env), lambda n=name: self._deliver(n)))
+                continue
+            # Seeded exploration keeps mailboxes FIFO. A replay may take any queued message:
+            # in the recorded run, puts from concurrent handlers could land in another order.
+            for idx, env in enumerate(queue if self.any_queued else queue[:1]):
+                out.append(Ready("deliver", f"{name}:{idx:04d}", deliver_event(actor, env),
+                                 lambda n=name, e=env: self._deliver(n, e)))
         out.sort(key=lambda r: (r.kind, r.key))
         return out
 
@@ -190,11 +207,14 @@ class DeterministicDispatcher(Dispatcher):
         self._handoff[name] = env
         gate.set()
 
-    def _deliver(self, name: str) -> None:
-        self._release_actor(name, self._peeked.pop(name))
+    def _deliver(self, name: str, env: Envelope[Any]) -> None:
+        self._peeked[name].remove(env)
+        self._release_actor(name, env)
 
     async def step(self) -> bool:
         """Let one event go. False when nothing is ready (after a longer look)."""
+        if self.reseed is not None:
+            self.reseed(self.position)
         await self.quiesce()
         ready = self.ready()
         for _ in range(20):

@@ -29,7 +29,7 @@ from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine
 from actord.errors import ActordError, EngineError
-from actord.replay.scheduler import DeterministicDispatcher, SeededPolicy
+from actord.replay.scheduler import CLIENT, DeterministicDispatcher, SeededPolicy
 from actord.replay.trace import TraceRecorder, digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.storage.publish import read_generation
@@ -69,10 +69,12 @@ def repro(seed: int, steps: int, model: str) -> str:
 async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *, clients: int = 3,
                    faults: bool = True, work: str | None = None) -> SimResult:
     rng = random.Random(seed)
+    reseed = None
     if sniffio.current_async_library() == "trio":
         import trio
 
-        trio._core._run._r.seed(seed)  # trio shuffles its run batches: fix the shuffle too
+        def reseed(position: int) -> None:  # trio shuffles its run batches: fix each step's shuffle
+            trio._core._run._r.seed(seed * 1_000_003 + position)
     tmp = tempfile.TemporaryDirectory(prefix="actord-sim-") if work is None else None
     root = Path(work or tmp.name)  # type: ignore[union-attr]
     fs: OsFs = FaultyFs()
@@ -85,6 +87,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
                  checkpoint_every=8, ctx_checkpoints=3, device_bytes=0)
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
+    disp.reseed = reseed
     system = ActorSystem(cfg, dispatcher=disp, engine_factory=_FlakyEngine, trace=events)
     published: dict[str, str] = {}
     errors: dict[str, int] = {}
@@ -134,6 +137,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
         ops_done[0] += 1
 
     async def client(c: int) -> None:
+        CLIENT.set(f"client{c}")
         r = random.Random(seed * 1000 + c)
         for _ in range(steps):
             await op(c, r)
@@ -176,6 +180,11 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
         # A simulated crash mid-publication kills the process; anything else is a finding.
         crash, rest = eg.split(SimulatedCrash)
         if rest is not None:
+            found, _ = rest.split(InvariantViolated)
+            if found is not None:  # report the finding itself, not the task groups around it
+                while isinstance(found, BaseExceptionGroup):
+                    found = found.exceptions[0]
+                raise found from None
             raise rest
         crashed = crash is not None
     except SimulatedCrash:

@@ -124,7 +124,8 @@ class TraceRecorder:
 
     def __init__(self, sink: str | Path | IO[bytes] | list, config: Any, seed: int | None = None) -> None:
         self._own = isinstance(sink, (str, Path))
-        self.out: Any = open(sink, "wb") if self._own else sink
+        # Unbuffered: a daemon that dies mid-run leaves a trace whole up to its last event.
+        self.out: Any = open(sink, "wb", buffering=0) if self._own else sink
         self.hash = hashlib.blake2b(digest_size=16)
         self.n = 0
         self.events: list[Event] | None = sink if isinstance(sink, list) else None
