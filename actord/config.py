@@ -14,7 +14,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     slots: int = 4
     ctx: int = 4096  # total KV cells, shared by all slots (unified KV)
     batch: int = 512  # most tokens in one llama_decode step
-    threads: int = 0  # 0 = os.cpu_count()
+    threads: int = 0  # 0 = all CPUs but one (llama.cpp's threads spin; the loop needs a core)
     seed: int = 0  # default sampling seed when a request names none
     # Pages
     page_ram_bytes: int = 2 << 30

@@ -47,7 +47,7 @@ class Engine:
         cparams.n_batch = config.batch
         cparams.n_ubatch = config.batch
         cparams.n_seq_max = config.slots
-        threads = config.threads or os.cpu_count() or 1
+        threads = config.threads or max(1, len(os.sched_getaffinity(0)) - 1)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True

@@ -76,7 +76,9 @@ class GeneCatalog:
                           n_moved=moved, t_ms=t_ms)
 
     def _build(self, image: bytes) -> Any:
-        buf = ctypes.create_string_buffer(image, len(image))
+        # Read-only fmemopen straight over the immutable host image: no copy (the gene
+        # record keeps `image` alive for the whole call).
+        buf = ctypes.c_char_p(image)
         fp = _libc.fmemopen(ctypes.cast(buf, ctypes.c_void_p), len(image), b"rb")
         if not fp:
             raise EngineError("fmemopen failed")
