@@ -33,6 +33,23 @@ def _raise(err: dict[str, Any]) -> None:
     raise from_dict(data)
 
 
+_PENDING = object()
+
+
+def _take(line: bytes, rid: int, on_chunk: Callable[[dict], None] | None) -> Any:
+    """One line from the daemon: the call's result, a raised error, or _PENDING."""
+    msg = _dec.decode(line)
+    if "method" in msg:  # a streamed chunk (notification)
+        if on_chunk is not None and msg["params"].get("id") == rid:
+            on_chunk(msg["params"])
+        return _PENDING
+    if msg.get("id") != rid:
+        return _PENDING
+    if "error" in msg:
+        _raise(msg["error"])
+    return msg["result"]
+
+
 def _request(rid: int, method: str, params: Any) -> bytes:
     return _enc.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}) + b"\n"
 
@@ -52,16 +69,9 @@ class Client:
             line = self.file.readline(MAX_LINE)
             if not line:
                 raise ConnectionError("daemon closed the connection")
-            msg = _dec.decode(line)
-            if "method" in msg:  # a streamed chunk
-                if on_chunk is not None and msg["params"].get("id") == rid:
-                    on_chunk(msg["params"])
-                continue
-            if msg.get("id") != rid:
-                continue
-            if "error" in msg:
-                _raise(msg["error"])
-            return msg["result"]
+            out = _take(line, rid, on_chunk)
+            if out is not _PENDING:
+                return out
 
     def complete(self, prompt: str | list[int], **params: Any) -> dict[str, Any]:
         return self.call("completion", {"prompt": prompt, **params})
@@ -101,16 +111,9 @@ class AsyncClient:
             await self._stream.send(_request(rid, method, params))
             assert self._reader is not None
             while True:
-                msg = _dec.decode(await self._reader.receive_until(b"\n", MAX_LINE))
-                if "method" in msg:
-                    if on_chunk is not None and msg["params"].get("id") == rid:
-                        on_chunk(msg["params"])
-                    continue
-                if msg.get("id") != rid:
-                    continue
-                if "error" in msg:
-                    _raise(msg["error"])
-                return msg["result"]
+                out = _take(await self._reader.receive_until(b"\n", MAX_LINE), rid, on_chunk)
+                if out is not _PENDING:
+                    return out
 
     async def complete(self, prompt: str | list[int], **params: Any) -> dict[str, Any]:
         return await self.call("completion", {"prompt": prompt, **params})
