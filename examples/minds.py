@@ -73,8 +73,9 @@ async def main(args: argparse.Namespace) -> None:
         model=model, slots=2, ctx=8192, batch=256, page_dir=str(work / "pages"),
         page_ram_bytes=args.page_ram_mb << 20, checkpoint_every=256, ctx_checkpoints=4,
         ctx_checkpoints_bytes=128 << 20,
-        # Two genes beside two slots' state (~5.3 KB/token): a third gene pages one out.
-        device_bytes=int(2.5 * gene_bytes) + 2 * 1400 * 5400,
+        # Two genes beside two slots' state (~12-13 MB each at ~1.3-1.5k tokens, measured):
+        # a third gene pages the unpinned one out, and no slot has to go.
+        device_bytes=int(2.4 * gene_bytes) + 2 * (13 << 20),
     )
     async with ActorSystem(cfg) as system:
         ga = (await system.gene_load(str(lora_a))).id
@@ -115,6 +116,9 @@ async def main(args: argparse.Namespace) -> None:
         print(f"\n{cached:,.0f} of {m['prompt_tokens_total']:,.0f} prompt tokens came from cache "
               f"({cached / max(1, m['prompt_tokens_total']):.0%}); "
               f"turns resumed from a checkpoint: {m['ctx_checkpoint_restores_total']:.0f}")
+        res = system.residency
+        print(f"device budget {res.budget:,} B: genes resident {sum(g.n_bytes for g in res.genes.values() if g.resident):,} B, "
+              f"slots {sum(res.slot_bytes.values()):,} B")
         print("pages in RAM:", [p.page for p in await system.page_list()],
               "| spilled files:", sorted(p.name for p in (work / "pages").glob("*.page")))
 

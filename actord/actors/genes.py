@@ -11,7 +11,6 @@ request path.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgspec
@@ -19,7 +18,7 @@ import msgspec
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import Msg, PageOutSlot
 from actord.engine import jobs as J
-from actord.errors import DeviceBudgetExceeded, GeneInUse, GeneIsDefault, GeneNotFound, InvalidParams
+from actord.errors import ActordError, DeviceBudgetExceeded, GeneInUse, GeneIsDefault, GeneNotFound, InvalidParams
 from actord.log import get
 from actord.metrics import Metrics
 from actord.policy.residency import GeneView, SlotView, plan_room, record_use
@@ -216,7 +215,13 @@ class GeneResidency(Actor[GeneInbox]):
             await self._page_out(gid)
         for sid in plan.slots:
             log.info("slot.evicted_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0))
-            await self.slots[sid].ask(PageOutSlot(page=""))  # under the slot's mind name
+            try:
+                await self.slots[sid].ask(PageOutSlot(page=""))  # under the slot's mind name
+            except ActordError as e:  # e.g. the page store is full: this room is not to be had
+                self.metrics.lora_page_failed_total.inc()
+                log.warning("gene.no_room", need=need, slot=sid, error=e.to_dict())
+                raise DeviceBudgetExceeded(f"{need} more device bytes do not fit the budget",
+                                           need=need, budget=self.budget) from None
             self.slot_bytes[sid] = 0
             self.slot_genes.pop(sid, None)
 

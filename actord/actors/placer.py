@@ -74,9 +74,11 @@ class MindPlacer(Actor[PlacerInbox]):
                 self.paged.append(mind)
         slot = min(self.slot_mind, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
-        if old is not None:
+        if old is not None and (await self.slots[slot].ask(Info())).mind == old:
             await self._page_out(slot, old)
         else:
+            if old is not None:  # moved meanwhile (the residency pages idle slots out by name)
+                self.paged.append(old)
             await self.slots[slot].ask(Erase())
         how = await self._bring_in(slot, mind)
         self.slot_mind[slot] = mind
