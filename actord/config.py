@@ -23,6 +23,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ctx_checkpoints: int = 8  # per-page keep
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
     checkpoint_every: int = 512  # tokens between checkpoints while a prompt is processed
+    checkpoint_policy: str = "divergence"  # or "oldest": the original keep-head-and-newest rule
     swa_full: bool = False  # a full SWA cache makes checkpoints unnecessary but costs memory
     # Genes
     device_bytes: int = 0  # one budget for resident genes and occupied slots' state; 0 = unlimited
@@ -45,6 +46,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("batch must be >= 1")
         if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
             raise InvalidParams("byte budgets must be >= 0")
+        if self.checkpoint_policy not in ("divergence", "oldest"):
+            raise InvalidParams("checkpoint_policy is 'divergence' or 'oldest'")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
             raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
         return self

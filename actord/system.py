@@ -136,6 +136,7 @@ class ActorSystem:
             s.ckpt_budget = self.ckpt_budget
             s.keep = self.config.ctx_checkpoints
             s.every = self.config.checkpoint_every
+            s.divergence_aware = self.config.checkpoint_policy == "divergence"
             s.scheduler = self.scheduler
             s.pages = self.pages
             s.residency = self.residency

@@ -97,6 +97,7 @@ class Slot(Actor[SlotInbox]):
         self.files: Any = None  # storage.files.PageFiles
         self.keep = 8
         self.every = 512
+        self.divergence_aware = True
         self.default_genes: list[int] = []
         self.track_footprint = False
         self._acquired = False
@@ -165,7 +166,11 @@ class Slot(Actor[SlotInbox]):
 
     def page_checkpoints(self) -> list[SlotCheckpoint]:
         """What a page or file keeps: the divergence-aware selection."""
-        return select(self.checkpoints, self.keep, self.resume_raw_lcp)
+        return select(self.checkpoints, self.keep, self.selection_lcp())
+
+    def selection_lcp(self) -> int | None:
+        """The raw lcp the selection may use; the 'oldest' policy ignores it on purpose."""
+        return self.resume_raw_lcp if self.divergence_aware else None
 
     async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
         if not self.kv_tokens:
@@ -344,7 +349,7 @@ class Slot(Actor[SlotInbox]):
         if self.ckpt_budget is not None:
             await self.ckpt_budget.tell(SlotCheckpoints(
                 slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
-                raw_lcp=self.resume_raw_lcp,
+                raw_lcp=self.selection_lcp(),
             ))
 
     async def cut_to(self, n: int) -> tuple[int, bool]:
@@ -410,7 +415,7 @@ class Slot(Actor[SlotInbox]):
     async def on_checkpoint(self, pos: int, data: bytearray) -> None:
         assert self.ckpt_budget is not None
         d: Decision = await self.ckpt_budget.ask(
-            AdmitCheckpoint(slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.resume_raw_lcp)
+            AdmitCheckpoint(slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.selection_lcp())
         )
         if d.drop_own:
             self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
