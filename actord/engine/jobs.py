@@ -175,6 +175,6 @@ class GeneInfo(msgspec.Struct, frozen=True):
 
 
 class StateData(msgspec.Struct, frozen=True):
-    data: bytearray
+    data: bytearray | memoryview  # a writable host buffer the engine filled in place
     n_bytes: int
     t_ms: float
