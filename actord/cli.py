@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from typing import Any
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
-from actord.actors.pages import ListPages, SpillBegin, SpillEnd
+from actord.actors.pages import ListPages
 from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.log import get
 from actord.metrics import Metrics
@@ -102,8 +102,6 @@ class MindPlacer(Actor[PlacerInbox]):
                 victim = victims[0]
                 self.paged.remove(victim)
                 await self.spill(victim, mind_file(victim), True)
-            except Exception:
-                raise
 
     async def _bring_in(self, slot: int, mind: str) -> str:
         try:

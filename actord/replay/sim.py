@@ -30,7 +30,7 @@ from actord.engine import jobs as J
 from actord.engine.core import Engine
 from actord.errors import ActordError, EngineError
 from actord.replay.scheduler import CLIENT, DeterministicDispatcher, SeededPolicy
-from actord.replay.trace import TraceRecorder, digest
+from actord.replay.trace import digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.storage.publish import read_generation
 from actord.system import ActorSystem
@@ -69,12 +69,14 @@ def repro(seed: int, steps: int, model: str) -> str:
 async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *, clients: int = 3,
                    faults: bool = True, work: str | None = None) -> SimResult:
     rng = random.Random(seed)
-    reseed = None
+    reseed: Any = None
     if sniffio.current_async_library() == "trio":
         import trio
 
-        def reseed(position: int) -> None:  # trio shuffles its run batches: fix each step's shuffle
+        def _reseed(position: int) -> None:  # trio shuffles its run batches: fix each step's shuffle
             trio._core._run._r.seed(seed * 1_000_003 + position)
+
+        reseed = _reseed
     tmp = tempfile.TemporaryDirectory(prefix="actord-sim-") if work is None else None
     root = Path(work or tmp.name)  # type: ignore[union-attr]
     fs: OsFs = FaultyFs()

@@ -117,10 +117,10 @@ class RpcServer:
                     raise InvalidParams(f"invalid params for {req.method}: {e}") from None
                 if self.on_request is not None:
                     self.on_request(req.method, bytes(req.params))
-                sink = None
-                if method.streams:
-                    def sink(chunk: Any, _rid: P.Id = rid) -> None:
-                        self._put(send, P.notification("completion.chunk", {"id": _rid, **chunk}))
+                def stream(chunk: Any, _rid: P.Id = rid) -> None:
+                    self._put(send, P.notification("completion.chunk", {"id": _rid, **chunk}))
+
+                sink = stream if method.streams else None
                 result = await method.call(self.system, params, sink)
                 if req.id is not msgspec.UNSET:
                     self._put(send, P.result_response(rid, result))
