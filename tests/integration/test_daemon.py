@@ -152,3 +152,22 @@ def test_sigterm_shuts_down_cleanly_and_removes_the_socket(daemon):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert not sock.exists()
+
+
+def test_cli_verbs_reach_the_daemon(daemon):
+    sock, _ = daemon
+
+    def cli(*args):
+        out = subprocess.run([PY, "-m", "actord.cli", "--socket", str(sock), *args],
+                             capture_output=True, text=True, timeout=60)
+        return out.returncode, out.stdout, out.stderr
+
+    rc, out, _ = cli("call", "completion", '{"prompt": [1, 2, 3], "n_predict": 3, "slot": 0, "ignore_eos": true}')
+    assert rc == 0 and json.loads(out)["n_prompt_tokens"] == 3
+    assert cli("page-out", "0", "m")[0] == 0
+    assert [p["page"] for p in json.loads(cli("pages")[1])] == ["m"]
+    assert cli("page-in", "1", "m")[0] == 0
+    rc, _, err = cli("page-in", "0", "nope")
+    assert rc == 1 and json.loads(err)["error"]["type"] == "PageNotFound"
+    assert json.loads(cli("props")[1])["slot_page_version"] == 1
+    assert cli("genes")[0] == 0
