@@ -9,6 +9,14 @@ from __future__ import annotations
 import msgspec
 
 
+def engine_threads(threads: int) -> int:
+    """What `threads` means: 0 = all CPUs this process may use but one (llama.cpp's threads
+    spin, and the event loop needs a core)."""
+    import os
+
+    return threads or max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 class Config(msgspec.Struct, kw_only=True, frozen=True):
     model: str
     slots: int = 4

@@ -337,7 +337,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1,
-                    help="ggml threads, same for both sides (0 = os.cpu_count(), the daemon's own default). 1 by default: on a "
+                    help="ggml threads, same for both sides (0 = the daemon's own default: all CPUs but one). 1 by default: on a "
                          "small shared machine ggml's spinning thread barriers collapse (10-50x slower "
                          "steps) as soon as another process wants a core, which would swamp the comparison")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
@@ -346,7 +346,9 @@ def main() -> int:
                     help="also run a daemon with `--trace FILE` and report the tracing overhead")
     ap.add_argument("--raw-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.threads = args.threads or os.cpu_count() or 1
+    from actord.config import engine_threads
+
+    args.threads = engine_threads(args.threads)
     if args.model is None:
         from actord.testing.models import gemma3_270m_path
 

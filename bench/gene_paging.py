@@ -221,11 +221,13 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1,
-                    help="ggml threads (0 = os.cpu_count(), the daemon's own default). 1 by default: on a "
+                    help="ggml threads (0 = the daemon's own default: all CPUs but one). 1 by default: on a "
                          "small shared machine ggml's spinning thread barriers collapse (10-50x slower "
                          "steps) as soon as another process wants a core, which would swamp the comparison")
     args = ap.parse_args()
-    args.threads = args.threads or os.cpu_count() or 1
+    from actord.config import engine_threads
+
+    args.threads = engine_threads(args.threads)
     if args.model is None:
         from actord.testing.models import gemma3_270m_path
 

@@ -48,7 +48,6 @@ import argparse
 import ctypes
 import gc
 import importlib
-import os
 import mmap
 import resource
 import shutil
@@ -65,7 +64,7 @@ import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
 from actord import log  # noqa: E402
-from actord.config import Config  # noqa: E402
+from actord.config import Config, engine_threads  # noqa: E402
 from actord.engine import jobs as J  # noqa: E402
 from actord.storage.pagefile import SUFFIXES  # noqa: E402
 from actord.system import ActorSystem  # noqa: E402
@@ -250,7 +249,7 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
     cfg = Config(model=str(model), slots=2, ctx=ctx, batch=a.batch, threads=a.threads,
                  page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes)
     results: dict[str, float] = {}
-    share = CpuShare(a.threads or os.cpu_count() or 1)
+    share = CpuShare(engine_threads(a.threads))
     async with ActorSystem(cfg) as s:
         props = await s.props_dict()
         text_ids = await s.engine.run(J.Tokenize(text=natural_text()))
@@ -261,7 +260,7 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
         prompt = prompt[: a.prompt_tokens]
         new = await s.engine.run(J.Tokenize(text="\n\nSummarise the above in one sentence:", add_special=False))
         print(f"\nmodel {props['desc']} ({Path(str(model)).name}); ctx {props['n_ctx']} cells shared by 2 slots, "
-              f"batch {props['n_batch']}, n_swa {props['n_swa']}, threads {a.threads or os.cpu_count()}; "
+              f"batch {props['n_batch']}, n_swa {props['n_swa']}, threads {engine_threads(a.threads)}; "
               f"prompt {len(prompt)} tokens ({len(body)}-token text repeated)")
 
         first, first_ms = await timed(lambda: s.complete(prompt=prompt, n_predict=a.n_predict, slot=0,
@@ -411,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=4096, help="real-model prompt length")
     p.add_argument("--ctx", type=int, default=0, help="real-model KV cells for both slots (0 = fit the run)")
     p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--threads", type=int, default=0, help="0 = os.cpu_count()")
+    p.add_argument("--threads", type=int, default=0, help="0 = the daemon's default: all CPUs but one")
     p.add_argument("--n-predict", type=int, default=4, help="tokens generated per turn")
     p.add_argument("--reps", type=int, default=5, help="repetitions of every measured operation")
     p.add_argument("--memcpy-reps", type=int, default=3, help="memcpy repetitions after each page op")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from actord.config import Config
+from actord.config import Config, engine_threads
 from actord.engine import jobs as J
 from actord.engine.genes import GeneCatalog
 from actord.engine.llama import lib
@@ -49,7 +49,7 @@ class Engine:
         cparams.n_batch = config.batch
         cparams.n_ubatch = config.batch
         cparams.n_seq_max = config.slots
-        threads = config.threads or max(1, len(os.sched_getaffinity(0)) - 1)
+        threads = engine_threads(config.threads)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True
