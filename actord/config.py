@@ -28,7 +28,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     page_ram_bytes: int = 2 << 30
     page_dir: str = "./pages"
     # Context checkpoints
-    ctx_checkpoints: int = 8  # per-page keep
+    ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
     checkpoint_every: int = 512  # tokens between checkpoints while a prompt is processed
     checkpoint_policy: str = "divergence"  # or "oldest": the original keep-head-and-newest rule

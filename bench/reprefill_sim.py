@@ -1,12 +1,20 @@
-"""Re-prefill cost of checkpoint selection: the old policy vs the new one, on one workload.
+"""Re-prefill cost of checkpoint policies, side by side on one workload, against the floor.
 
-Why: the checkpoint rule (actord.policy.checkpoints) was chosen by a throwaway simulation on
-the seed machine (mean re-prefill 32-37k -> ~26.6k tokens, near-full re-prefills 154-300 ->
-1 over 300 turns). This script is that experiment made repeatable, driven through the real
-`select` / `victim` / `plan_budget_admission`, so a change to the rule shows its cost here.
+Why: the seed chose its checkpoint rule by a throwaway simulation (mean re-prefill 32-37k
+-> ~26.6k tokens, near-full re-prefills 154-300 -> 1 over 300 turns). This script is that
+experiment made repeatable, driven through the real policy functions, so a change to a
+rule shows its cost here. Three policies replay the very same turns:
 
-The model (all draws from one seeded RNG; the workload is generated once and both policies
-replay the very same turns, pages and divergences):
+- oldest: a checkpoint every `--spacing` tokens; a page keeps the head and the newest
+  `--keep`; the budget takes the fullest list's oldest after its head (raw lcp unknown);
+- divergence: the seed's rule (`actord.policy.checkpoints`): the same spacing, and the
+  keep and the budget's victim aware of the slot's last raw lcp;
+- placement (the default, `actord.policy.placement`): checkpoints made where the expected
+  re-prefill of the mind's next request is least, given its divergence history, under the
+  slot's share of the byte budget (grid aligned to `--align`, the scheduler's chunk); a
+  page keeps the best subset; the budget evicts least expected-cost increase per byte.
+
+The model (all draws from one seeded RNG):
 
 - `--minds` minds share `--slots` slots. Each mind first runs one cold turn (full prefill,
   not measured). Each measured turn serves one mind: with probability `--page-rate` a
@@ -20,19 +28,18 @@ replay the very same turns, pages and divergences):
   * diverge: at the mind's own point (`--diverge-at` +- up to 2k, fixed per mind: the
     stable system/persona part) plus Gaussian jitter of sd `--spread` per turn.
 - Hybrid/SWA semantics: a diverging request resumes from the newest checkpoint at or below
-  the raw lcp, else from 0; checkpoints past the resume point die. Prefill takes a
-  checkpoint at every multiple of `--spacing`, each of `--ckpt-mb` MB (default ~7.9 MB,
-  Gemma 3 270M's SWA partial state), admitted under one `--budget-mb` budget across slots
-  by `plan_budget_admission`. A page keeps `select(list, --keep, raw_lcp)` and does not
-  count against the budget; a page-in re-admits its checkpoints oldest first, with the
-  slot's raw lcp reset (unknown) until its request's search sets it again.
-- OLD = the same functions with the raw lcp always unknown: a page keeps the head and the
-  newest `keep`; the budget takes the fullest list's oldest after its head. NEW = with the
-  slot's last raw lcp.
+  the raw lcp, else from 0; checkpoints past the resume point die. Each checkpoint is
+  `--ckpt-mb` MB (default ~7.9 MB, Gemma 3 270M's SWA partial state), admitted under one
+  `--budget-mb` budget across slots. A slot and a page hold at most 1 + `--keep`
+  (`--ctx-checkpoints`: a safety cap); pages do not count against the budget; a page-in
+  re-admits its checkpoints oldest first.
 
 Reported per measured turn: re-prefill tokens (prompt length - resume point), near-full
-re-prefills (> 90% of the prompt), and the floor (prompt - raw lcp: what a model that can
-cut its memory anywhere would pay; no checkpoint rule can beat it).
+re-prefills (> 90% of the prompt), checkpoints made per turn (each a state copy; off the
+grid also an extra decode split), and the floor (prompt - raw lcp: what a model that can
+cut its memory anywhere would pay; no checkpoint rule can beat it). The goal for the
+default policy at the default budget: near-full <= 1 and mean within 5% of the floor; the
+script exits 1 when it is not met.
 """
 
 from __future__ import annotations
@@ -47,9 +54,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from actord.config import Config  # noqa: E402
 from actord.policy.checkpoints import (  # noqa: E402
     CheckpointMeta, apply_evictions, plan_budget_admission, select,
 )
+from actord.policy.placement import (  # noqa: E402
+    Divergence, forecast, keep_best, plan, plan_admission, remember, slot_count,
+)
+
+POLICIES = ("oldest", "divergence", "placement")
 
 NEAR_FULL = 0.9
 
@@ -109,26 +122,41 @@ class Result:
     near_full: int = 0
     evicted: int = 0
     skipped: int = 0
+    made: int = 0  # checkpoints made (each a state copy, most an extra decode split)
 
 
-def simulate(turns: list[Turn], a: argparse.Namespace, use_lcp: bool) -> Result:
+def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
+    """Replay `turns` under one policy: "oldest" and "divergence" make a checkpoint every
+    `--spacing` tokens and keep by count (the seed's rules, with the raw lcp unknown or
+    known); "placement" makes and keeps what minimizes the expected re-prefill."""
     size = int(a.ckpt_mb * 1_000_000)
     budget = int(a.budget_mb * 1_000_000)
+    cap = 1 + a.keep
+    share = budget // a.slots
     lists: dict[int, list[CheckpointMeta]] = {}  # resident mind -> its slot's list
     held: dict[int, int] = {}  # resident mind -> tokens its slot holds
     lcp: dict[int, int | None] = {}  # resident mind -> resume_raw_lcp
+    history: dict[int, list[Divergence]] = {}  # every mind's divergences (slot, page, file)
+    prompt_end: dict[int, int] = {}  # every mind's last prompt length
     pages: dict[int, tuple[list[CheckpointMeta], int]] = {}
     used = 0
     res = Result()
 
+    def fc_of(mind: int):
+        return forecast(history.get(mind, []), prompt_end.get(mind, held.get(mind, 0)))
+
     def admit(mind: int, ck: CheckpointMeta) -> None:
         nonlocal used
-        lcps = lcp if use_lcp else {}
-        plan = plan_budget_admission(lists, lcps, used, budget, ck.n_bytes)
-        if plan.skipped:
+        res.made += 1
+        if policy == "placement":
+            fcs = {m: fc_of(m) for m in lists}
+            plan_ = plan_admission(lists, fcs, used, budget, mind, ck, cap=cap)
+        else:
+            plan_ = plan_budget_admission(lists, lcp if policy == "divergence" else {}, used, budget, ck.n_bytes)
+        if plan_.skipped:
             res.skipped += 1
             return
-        for _, gone in apply_evictions(lists, plan):
+        for _, gone in apply_evictions(lists, plan_):
             used -= gone.n_bytes
             res.evicted += 1
         lists[mind].append(ck)
@@ -138,15 +166,23 @@ def simulate(turns: list[Turn], a: argparse.Namespace, use_lcp: bool) -> Result:
         if t.evict is not None:
             ev = lists.pop(t.evict)
             used -= sum(c.n_bytes for c in ev)
-            pages[t.evict] = (select(ev, a.keep, lcp.pop(t.evict) if use_lcp else None), held.pop(t.evict))
+            raw_ev = lcp.pop(t.evict)
+            if policy == "placement":
+                kept = [ev[i] for i in keep_best(fc_of(t.evict), [c.pos for c in ev], cap)]
+            else:
+                kept = select(ev, a.keep, raw_ev if policy == "divergence" else None)
+            pages[t.evict] = (kept, held.pop(t.evict))
         if t.page_in:
             saved, n_held = pages.pop(t.mind, ([], 0))
             lists[t.mind], held[t.mind], lcp[t.mind] = [], n_held, None
             for ck in saved:
+                res.made -= 1  # re-admitted, not made
                 admit(t.mind, ck)
         n_held = held[t.mind]
         raw = n_held if t.raw_lcp_cap is None else min(t.raw_lcp_cap, n_held)
         lcp[t.mind] = raw
+        if n_held:
+            history[t.mind] = remember(history.get(t.mind, []), Divergence(raw, prompt_end.get(t.mind, n_held)))
         if raw >= n_held:
             resume = n_held
         else:
@@ -154,7 +190,14 @@ def simulate(turns: list[Turn], a: argparse.Namespace, use_lcp: bool) -> Result:
         dead = [c for c in lists[t.mind] if c.pos > resume]
         used -= sum(c.n_bytes for c in dead)
         lists[t.mind] = [c for c in lists[t.mind] if c.pos <= resume]
-        for pos in range((resume // a.spacing + 1) * a.spacing, t.new_len + 1, a.spacing):
+        if policy == "placement":
+            k = slot_count(share, size, cap)
+            fc = forecast(history.get(t.mind, []), t.new_len)
+            at = plan(fc, [c.pos for c in lists[t.mind]], resume, t.new_len - 1, k, align=a.align)
+        else:
+            at = list(range((resume // a.spacing + 1) * a.spacing, t.new_len + 1, a.spacing))
+        prompt_end[t.mind] = t.new_len
+        for pos in at:
             admit(t.mind, CheckpointMeta(pos=pos, n_bytes=size))
         held[t.mind] = t.new_len + t.gen
         if t.measured:
@@ -165,23 +208,31 @@ def simulate(turns: list[Turn], a: argparse.Namespace, use_lcp: bool) -> Result:
     return res
 
 
-def run(a: argparse.Namespace, seed: int) -> tuple[Result, Result]:
+def run(a: argparse.Namespace, seed: int) -> dict[str, Result]:
     turns = workload(a, seed)
-    return simulate(turns, a, use_lcp=False), simulate(turns, a, use_lcp=True)
+    return {p: simulate(turns, a, p) for p in POLICIES}
 
 
-def report(a: argparse.Namespace) -> None:
-    old, new = run(a, a.seed)
-    n = len(old.reprefill)
+def report(a: argparse.Namespace) -> bool:
+    rs = run(a, a.seed)
+    n = len(rs["oldest"].reprefill)
     pages = sum(1 for t in workload(a, a.seed) if t.measured and t.page_in)
     print(f"seed {a.seed}: {n} turns, {a.minds} minds over {a.slots} slots, {pages / n:.2f} page-ins/turn, "
-          f"checkpoint every {a.spacing} tok x {a.ckpt_mb} MB, keep {a.keep}, budget {a.budget_mb:g} MB")
-    print(f"{'policy':<6} {'mean re-prefill':>16} {'near-full (>90%)':>17} {'evicted':>8} {'skipped':>8}")
-    for name, r in (("old", old), ("new", new)):
-        print(f"{name:<6} {statistics.fmean(r.reprefill):>16,.0f} {r.near_full:>17} {r.evicted:>8} {r.skipped:>8}")
-    print(f"{'floor':<6} {statistics.fmean(new.floor):>16,.0f}   (prompt - raw lcp: no checkpoint rule beats it)")
-    ratio = statistics.fmean(new.reprefill) / statistics.fmean(old.reprefill)
-    print(f"new/old mean re-prefill: {ratio:.3f}; near-full re-prefills {old.near_full} -> {new.near_full}")
+          f"checkpoints of {a.ckpt_mb} MB, keep {a.keep}, budget {a.budget_mb:g} MB; "
+          f"oldest/divergence: one every {a.spacing} tok; placement: aligned to {a.align}")
+    print(f"{'policy':<10} {'mean re-prefill':>16} {'near-full (>90%)':>17} {'made/turn':>10} {'evicted':>8} "
+          f"{'skipped':>8}")
+    for name, r in rs.items():
+        print(f"{name:<10} {statistics.fmean(r.reprefill):>16,.0f} {r.near_full:>17} {r.made / n:>10.1f} "
+              f"{r.evicted:>8} {r.skipped:>8}")
+    floor = statistics.fmean(rs["placement"].floor)
+    print(f"{'floor':<10} {floor:>16,.0f}   (prompt - raw lcp: no checkpoint rule beats it)")
+    new = rs["placement"]
+    ratio = statistics.fmean(new.reprefill) / floor
+    ok = new.near_full <= 1 and ratio <= 1.05
+    print(f"placement: mean re-prefill {ratio:.3f}x the floor, {new.near_full} near-full "
+          f"(goal: <= 1.05x and <= 1): {'met' if ok else 'NOT met'}")
+    return ok
 
 
 SWEEP = [
@@ -198,22 +249,21 @@ SWEEP = [
 def sweep(a: argparse.Namespace) -> None:
     seeds = range(a.seed, a.seed + a.sweep_seeds)
     print(f"\nsweep: one flag at a time from the defaults above, mean over seeds {seeds.start}..{seeds.stop - 1}")
-    print(f"{'flag':<12} {'value':>8} {'old mean':>9} {'new mean':>9} {'floor':>7} {'ratio':>6} "
-          f"{'old nf':>7} {'new nf':>7}")
+    print(f"{'flag':<12} {'value':>8} {'oldest':>8} {'diverg.':>8} {'placem.':>8} {'floor':>7} {'pl/floor':>8} "
+          f"{'nf old':>7} {'nf div':>7} {'nf pl':>6}")
     for flag, values in SWEEP:
         for v in values.get(flag, [None]) if values else [None]:
             b = argparse.Namespace(**vars(a))
             if v is not None:
                 setattr(b, flag, v)
             rs = [run(b, s) for s in seeds]
-            om = statistics.fmean(statistics.fmean(o.reprefill) for o, _ in rs)
-            nm = statistics.fmean(statistics.fmean(n.reprefill) for _, n in rs)
-            fl = statistics.fmean(statistics.fmean(n.floor) for _, n in rs)
-            onf = statistics.fmean(o.near_full for o, _ in rs)
-            nnf = statistics.fmean(n.near_full for _, n in rs)
+            mean = {p: statistics.fmean(statistics.fmean(r[p].reprefill) for r in rs) for p in POLICIES}
+            nf = {p: statistics.fmean(r[p].near_full for r in rs) for p in POLICIES}
+            fl = statistics.fmean(statistics.fmean(r["placement"].floor) for r in rs)
             shown = "-" if v is None else f"{v:g}"
-            print(f"{flag:<12} {shown:>8} {om:>9,.0f} {nm:>9,.0f} {fl:>7,.0f} {nm / om:>6.3f} "
-                  f"{onf:>7.1f} {nnf:>7.1f}")
+            print(f"{flag:<12} {shown:>8} {mean['oldest']:>8,.0f} {mean['divergence']:>8,.0f} "
+                  f"{mean['placement']:>8,.0f} {fl:>7,.0f} {mean['placement'] / fl:>8.3f} "
+                  f"{nf['oldest']:>7.1f} {nf['divergence']:>7.1f} {nf['placement']:>6.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,7 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--minds", type=int, default=4)
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--spacing", type=int, default=2048, help="tokens between checkpoints")
-    p.add_argument("--keep", type=int, default=8, help="a page keeps at most 1 + keep")
+    p.add_argument("--keep", type=int, default=Config(model="").ctx_checkpoints,
+                   help="a slot and a page hold at most 1 + keep (--ctx-checkpoints)")
+    p.add_argument("--align", type=int, default=512, help="the scheduler's chunk (--batch): placement's grid")
     p.add_argument("--ckpt-mb", type=float, default=7.9, help="bytes per checkpoint, MB")
     p.add_argument("--budget-mb", type=float, default=256.0, help="checkpoint budget over all slots")
     p.add_argument("--diverge-at", type=int, default=11_000)
@@ -236,10 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.spacing < 1 or a.keep < 0 or a.minds < 1 or a.slots < 1:
         p.error("spacing, minds and slots must be >= 1, keep >= 0")
     t0 = time.perf_counter()
-    report(a)
+    ok = report(a)
     if a.sweep:
         sweep(a)
     print(f"({time.perf_counter() - t0:.1f} s)")
+    if not ok:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
