@@ -121,12 +121,24 @@ def test_history_pulls_checkpoints_to_where_the_mind_diverges():
 def test_the_forecast_reads_appends_end_anchored_and_start_anchored_divergences():
     hist = [Divergence(lcp=1000, end=1000),  # reached the old end: an append
             Divergence(lcp=940, end=1000),  # 60 before the old end: the same before the new one
-            Divergence(lcp=200, end=1000)]  # near the start: the same position
+            Divergence(lcp=200, end=1000)] * 2  # near the start: the same position
+    # Each group agrees with itself (no spread), so nothing is smoothed.
     fc = forecast(hist, 2001, prior_append=0.0, prior_unknown=0.0, decay=1.0)
     assert [x for x, _ in fc.points] == [200, 2000 - 59, 2000]
     assert fc.uniform == 0.0 and math.isclose(sum(w for _, w in fc.points), 1.0)
     newer = forecast([Divergence(10, 100), Divergence(20, 100)], 101, prior_append=0.0, prior_unknown=0.0)
-    assert dict(newer.points)[20] > dict(newer.points)[10]  # newer weighs more
+    assert newer.points[0][0] < 10 and newer.points[-1][0] > 20  # spread: smoothed, with tails
+    body = dict(newer.points)
+    assert body[20] > body[10]  # newer weighs more
+
+
+def test_a_lone_divergence_is_smoothed_and_the_tails_hold_mass_beyond_what_was_seen():
+    fc = forecast([Divergence(11_000 + 500 * (i % 3), 38_000) for i in range(9)], 38_001,
+                  prior_append=0.0, prior_unknown=0.0)
+    below = sum(w for x, w in fc.points if x < 11_000)
+    assert 0.05 < below < 0.3  # about 1/(n + 1) below the lowest seen, plus the kernel's share
+    lone = forecast([Divergence(5000, 38_000)], 38_001, prior_append=0.0, prior_unknown=0.0)
+    assert len(lone.points) > 9 and math.isclose(sum(w for _, w in lone.points), 1.0)
 
 
 def test_history_is_bounded_and_oldest_first():
