@@ -81,3 +81,5 @@ class SlotInfo(msgspec.Struct, frozen=True):
     genes: list[GeneRef]
     deferred: int
     mind: str | None = None
+    checkpoint_positions: list[int] = []  # what the slot holds, oldest first
+    checkpoint_plan: list[int] = []  # where its last prompt was planned to be snapshotted

@@ -41,7 +41,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     for f in msgspec.structs.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         typ = f.type
-        if typ is bool:
+        if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
+            p.add_argument(flag, nargs="?", const="on", choices=["auto", "on", "off"], default=None)
+        elif typ is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif typ == list[str]:
             p.add_argument(flag, action="append", default=None)

@@ -30,9 +30,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Context checkpoints
     ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
-    checkpoint_every: int = 512  # tokens between checkpoints while a prompt is processed
-    checkpoint_policy: str = "divergence"  # or "oldest": the original keep-head-and-newest rule
-    swa_full: bool = False  # a full SWA cache makes checkpoints unnecessary but costs memory
+    checkpoint_every: int = 512  # spacing for the "divergence" and "oldest" policies
+    # "placement": make and keep checkpoints where the mind's next request is expected to
+    # diverge (actord.policy.placement); "divergence": the seed's spacing + count rule aware
+    # of the last raw lcp; "oldest": the original keep-head-and-newest rule (a baseline).
+    checkpoint_policy: str = "placement"
+    # A full SWA cache makes checkpoints unnecessary but costs memory (actord.policy.swa):
+    # "auto" takes it when bytes/token x ctx fits swa_full_share of the device budget
+    # (device_bytes, else the host's memory), "on"/"off" decide outright.
+    swa_full: str = "auto"
+    swa_full_share: float = 0.25
     # Genes
     device_bytes: int = 0  # one budget for resident genes and occupied slots' state; 0 = unlimited
     gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
@@ -58,8 +65,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("batch must be >= 1")
         if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
             raise InvalidParams("byte budgets must be >= 0")
-        if self.checkpoint_policy not in ("divergence", "oldest"):
-            raise InvalidParams("checkpoint_policy is 'divergence' or 'oldest'")
+        if self.swa_full not in ("auto", "on", "off"):
+            raise InvalidParams("swa_full is 'auto', 'on' or 'off'")
+        if not 0 <= self.swa_full_share <= 1:
+            raise InvalidParams("swa_full_share is a fraction in [0, 1]")
+        if self.checkpoint_policy not in ("placement", "divergence", "oldest"):
+            raise InvalidParams("checkpoint_policy is 'placement', 'divergence' or 'oldest'")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
             raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:

@@ -23,6 +23,7 @@ import msgspec
 
 from actord.actors.base import Actor, Dispatcher
 from actord.actors.checkpoints import BudgetStats, CheckpointBudget
+from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
     CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
@@ -106,7 +107,9 @@ class ActorSystem:
             with anyio.CancelScope(shield=True):
                 await self.__aexit__(None, None, None)
             raise
-        log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx)
+        log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx,
+                 swa_full=self.props.swa_full, swa_full_reason=self.props.swa_full_reason,
+                 needs_checkpoints=self.props.needs_checkpoints, checkpoint_policy=self.config.checkpoint_policy)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -177,7 +180,8 @@ class ActorSystem:
         self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
                                        self.metrics, capacity=max(cap, 256))
         self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
-                                            self.metrics, capacity=max(cap, 256))
+                                            self.metrics, capacity=max(cap, 256),
+                                            policy=self.config.checkpoint_policy, cap=1 + self.config.ctx_checkpoints)
         self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads,
                                offload=self.dispatcher.offload)
         self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
@@ -186,9 +190,11 @@ class ActorSystem:
         for s in self.slots:
             s.files = self.files
             s.ckpt_budget = self.ckpt_budget
-            s.keep = self.config.ctx_checkpoints
-            s.every = self.config.checkpoint_every
-            s.divergence_aware = self.config.checkpoint_policy == "divergence"
+            s.ckpt = CheckpointPlan(
+                policy=self.config.checkpoint_policy, keep=self.config.ctx_checkpoints,
+                every=self.config.checkpoint_every, align=self.props.n_batch,
+                share_bytes=self.config.ctx_checkpoints_bytes // max(1, self.config.slots),
+            )
             s.scheduler = self.scheduler
             s.pages = self.pages
             s.residency = self.residency
@@ -338,7 +344,8 @@ class ActorSystem:
         dropped = False
         try:
             stats = await self.files.publish(
-                file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes))
+                file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
+                                 held.divergences, held.prompt_end))
         finally:
             with anyio.CancelScope(shield=True):
                 dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))

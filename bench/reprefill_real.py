@@ -1,12 +1,14 @@
-"""Real-model check of the checkpoint selection: prompt tokens processed, old rule vs new.
+"""Real-model check of the checkpoint policies: prompt tokens processed, oldest vs divergence vs placement.
 
 Gemma 3 270M (SWA 512): three minds over two slots, each prompt ~1.4k tokens with a
 "volatile" block about halfway in that changes every turn (a memory summary an agent
 rewrites), so every turn diverges near the same point. Minds switch slots through pages
 (placed by the daemon), and the checkpoint budget is tight. Under the old rule a page keeps
 the head and the newest checkpoints, so the resume falls back to the head; the
-divergence-aware rule keeps the ones just under the break. Same workload, same seed, both
-policies in one run; prints prompt tokens processed per turn and in total.
+divergence-aware rule keeps the ones just under the break; placement makes and keeps them
+where each mind's history says it diverges. Same workload, same seed, all policies in one
+run (SWA cache not full: `--swa-full off`, or no checkpoint would be needed); prints prompt
+tokens processed per turn and in total.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def prompt(mind: int, turn: int) -> str:
 async def run(policy: str, model: str, turns: int, budget_mb: int) -> tuple[int, int, list[int]]:
     with tempfile.TemporaryDirectory() as d:
         cfg = Config(model=model, slots=2, ctx=8192, batch=256, threads=1, page_dir=d, checkpoint_every=128,
-                     ctx_checkpoints=4, ctx_checkpoints_bytes=budget_mb << 20, checkpoint_policy=policy)
+                     ctx_checkpoints=4, ctx_checkpoints_bytes=budget_mb << 20, checkpoint_policy=policy,
+                     swa_full="off")
         per_turn: list[int] = []
         async with ActorSystem(cfg) as s:
             for t in range(turns):
@@ -52,14 +55,15 @@ async def main(ns: argparse.Namespace) -> None:
     model = ns.model or str(gemma3_270m_path())
     print(f"model {model}; 3 minds over 2 slots; {ns.turns} turns each; checkpoint budget {ns.budget_mb} MB")
     out = {}
-    for policy in ("oldest", "divergence"):
+    for policy in ("oldest", "divergence", "placement"):
         t0 = time.perf_counter()
         out[policy] = await run(policy, model, ns.turns, ns.budget_mb)
         total, restores, per_turn = out[policy]
         print(f"{policy:<11} prompt tokens processed after turn 0: {total:>6}  checkpoint resumes {restores:>2}  "
               f"per turn {per_turn}  ({time.perf_counter() - t0:.0f} s)")
-    old, new = out["oldest"][0], out["divergence"][0]
-    print(f"divergence / oldest processed tokens: {new / max(1, old):.2f}")
+    old = out["oldest"][0]
+    print(f"divergence / oldest processed tokens: {out['divergence'][0] / max(1, old):.2f}; "
+          f"placement / oldest: {out['placement'][0] / max(1, old):.2f}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from actord.actors.messages import Msg
 from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.log import get
 from actord.metrics import Metrics
+from actord.policy.placement import Divergence
 
 log = get("actord.pages")
 
@@ -54,6 +55,9 @@ class Page(msgspec.Struct, frozen=True):
     checkpoints: list[PageCheckpoint] = []
     genes: tuple[tuple[int, float], ...] = ()
     draft: bytearray | None = None
+    # The mind's divergence history and where its last prompt ended (checkpoint placement).
+    divergences: list[Divergence] = []
+    prompt_end: int = 0
 
 
 class PageInfo(msgspec.Struct, frozen=True):

@@ -45,7 +45,9 @@ from actord.errors import (
 )
 from actord.log import get
 from actord.metrics import Metrics
-from actord.policy.checkpoints import CheckpointMeta, select
+from actord.actors.ckpt_plan import CheckpointPlan
+from actord.policy.checkpoints import CheckpointMeta
+from actord.policy.placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
 
 log = get("actord.slot")
@@ -109,9 +111,7 @@ class Slot(Actor[SlotInbox]):
         self.residency: Actor[Any] | None = None
         self.ckpt_budget: Actor[Any] | None = None
         self.files: Any = None  # storage.files.PageFiles
-        self.keep = 8
-        self.every = 512
-        self.divergence_aware = True
+        self.ckpt = CheckpointPlan()  # the mind's divergence history and the checkpoint policy
         self.default_genes: list[int] = []
         self.track_footprint = False
         self._acquired = False
@@ -204,12 +204,14 @@ class Slot(Actor[SlotInbox]):
     # -- pages -------------------------------------------------------------------------
 
     def page_checkpoints(self) -> list[SlotCheckpoint]:
-        """What a page or file keeps: the divergence-aware selection."""
-        return select(self.checkpoints, self.keep, self.selection_lcp())
+        """What a page or file keeps: the policy's choice (placement: the best subset for
+        the mind's forecast; divergence/oldest: the seed's count rule)."""
+        idx = self.ckpt.keep_indices(self.checkpoints, self.resume_raw_lcp, len(self.kv_tokens))
+        return [self.checkpoints[i] for i in idx]
 
     def selection_lcp(self) -> int | None:
-        """The raw lcp the selection may use; the 'oldest' policy ignores it on purpose."""
-        return self.resume_raw_lcp if self.divergence_aware else None
+        """The raw lcp the seed's selection may use; 'oldest' ignores it on purpose."""
+        return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
 
     async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
         if not self.kv_tokens:
@@ -234,6 +236,7 @@ class Slot(Actor[SlotInbox]):
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
                 checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
+                divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
             )
             info = await self.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException:
@@ -245,6 +248,7 @@ class Slot(Actor[SlotInbox]):
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         n_tokens = len(self.kv_tokens)
         self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.ckpt.reset()
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
         t_ms = (time.perf_counter() - t0) * 1e3
@@ -276,6 +280,7 @@ class Slot(Actor[SlotInbox]):
         self.genes = page.genes
         self.resume_raw_lcp = None
         self.mind = name
+        self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
         await self.pages.tell(Release(gen=page.gen))
         t_ms = (time.perf_counter() - t0) * 1e3
@@ -302,7 +307,8 @@ class Slot(Actor[SlotInbox]):
         self.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
-        stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes))
+        stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
+                                                          self.ckpt.history, self.ckpt.prompt_end))
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -328,6 +334,7 @@ class Slot(Actor[SlotInbox]):
         self.kv_tokens = list(image.tokens)
         self.genes = tuple((g.id, g.scale) for g in image.genes)
         self.mind = file[: -len(".page")] if file.endswith(".page") else file
+        self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await self.footprint_changed()
         await self._tell_cells()
@@ -372,7 +379,7 @@ class Slot(Actor[SlotInbox]):
             resume_raw_lcp=self.resume_raw_lcp, n_checkpoints=len(self.checkpoints),
             checkpoint_bytes=sum(c.n_bytes for c in self.checkpoints),
             genes=[GeneRef(id=g, scale=s) for g, s in self.genes], deferred=len(self.deferred),
-            mind=self.mind,
+            mind=self.mind, checkpoint_positions=[c.pos for c in self.checkpoints], checkpoint_plan=list(self.ckpt.last),
         )
 
     # -- memory ------------------------------------------------------------------------
@@ -382,6 +389,7 @@ class Slot(Actor[SlotInbox]):
         self.kv_tokens = []
         self.resume_raw_lcp = None
         self.mind = None
+        self.ckpt.reset()
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
         await self.footprint_changed()
@@ -464,9 +472,10 @@ class Slot(Actor[SlotInbox]):
 
     async def _sync_budget(self, ckpts: list[SlotCheckpoint]) -> None:
         if self.ckpt_budget is not None:
+            history, n = self.ckpt.view(len(self.kv_tokens))
             await self.ckpt_budget.tell(SlotCheckpoints(
                 slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
-                raw_lcp=self.selection_lcp(),
+                raw_lcp=self.selection_lcp(), history=history, n_tokens=n,
             ))
 
     async def cut_to(self, n: int) -> tuple[int, bool]:
@@ -520,20 +529,24 @@ class Slot(Actor[SlotInbox]):
         return rng.pos_min <= max(0, n - p.n_swa)
 
     def checkpoint_positions(self, pos0: int, n_prompt: int) -> list[int]:
-        if not self.props.needs_checkpoints or self.ckpt_budget is None or self.keep <= 0:
+        """Note this request's divergence (resume_raw_lcp) in the mind's history, then plan
+        where to snapshot its prompt, decoded from pos0: as few pieces as the plan needs."""
+        self.ckpt.observe(self.resume_raw_lcp or 0, n_prompt)
+        if not self.props.needs_checkpoints or self.ckpt_budget is None:
             return []
-        every = self.every
-        out = list(range((pos0 // every + 1) * every, n_prompt, every))
-        end = n_prompt - 1  # the prompt's end, leaving one token to decode for logits
-        if end > pos0 and (not out or end - out[-1] >= max(1, every // 8)):
-            out.append(end)
+        out = self.ckpt.positions(pos0, n_prompt, [c.pos for c in self.checkpoints])
+        if out:
+            log.debug("slot.checkpoint_plan", slot=self.id, pos0=pos0, n_prompt=n_prompt, at=out,
+                      policy=self.ckpt.policy, history=len(self.ckpt.history))
         return out
 
     async def on_checkpoint(self, pos: int, data: bytearray) -> None:
         assert self.ckpt_budget is not None
-        d: Decision = await self.ckpt_budget.ask(
-            AdmitCheckpoint(slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.selection_lcp())
-        )
+        self.ckpt.ckpt_bytes = len(data)
+        history, n = self.ckpt.view(len(self.kv_tokens))
+        d: Decision = await self.ckpt_budget.ask(AdmitCheckpoint(
+            slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.selection_lcp(), history=history, n_tokens=n,
+        ))
         if d.drop_own:
             self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
         if d.admit:
@@ -760,13 +773,15 @@ class Slot(Actor[SlotInbox]):
 
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
-               genes: tuple[tuple[int, float], ...]) -> PageImage:
+               genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
+               prompt_end: int = 0) -> PageImage:
     """A slot or a page as one page-file generation (the state bytes are not copied)."""
     return PageImage(
         tokens=list(tokens), state=state,
         checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
         genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
         meta=model_fingerprint(props),
+        divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
     )
 
 

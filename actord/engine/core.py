@@ -22,6 +22,7 @@ from actord.engine import jobs as J
 from actord.engine.genes import GeneCatalog
 from actord.engine.llama import lib
 from actord.errors import ActordError, EngineError, InvalidParams, PageDoesNotFit
+from actord.policy.swa import choose_swa_full
 
 _log_cb: Any = None
 
@@ -31,6 +32,13 @@ def _silence_llama_logs() -> None:
     if _log_cb is None:
         _log_cb = lib.llama_log_callback(lambda level, text, data: None)
         lib.llama_log_set(_log_cb, ctypes.c_void_p())
+
+
+def _host_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
 
 
 class Engine:
@@ -44,6 +52,12 @@ class Engine:
         if not self.model:
             raise EngineError(f"could not load model {config.model}")
         self.vocab = lib.llama_model_get_vocab(self.model)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0
+        self.swa = choose_swa_full(
+            config.swa_full, n_swa=n_swa, bytes_per_token=self.kv_bytes_per_token, n_ctx=config.ctx,
+            device_bytes=config.device_bytes, host_bytes=_host_bytes(), share=config.swa_full_share,
+        )
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = config.ctx
         cparams.n_batch = config.batch
@@ -53,14 +67,14 @@ class Engine:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True
-        cparams.swa_full = config.swa_full
+        cparams.swa_full = self.swa.full
         cparams.no_perf = True
         self.ctx = lib.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             lib.llama_model_free(self.model)
             raise EngineError("could not create a llama context (ctx too large?)")
         self.mem = lib.llama_get_memory(self.ctx)
-        self.swa_full = config.swa_full
+        self.swa_full = self.swa.full
         self.n_ctx = lib.llama_n_ctx(self.ctx)
         self.n_batch = lib.llama_n_batch(self.ctx)
         self.n_seq_max = config.slots
@@ -104,7 +118,31 @@ class Engine:
             bos=lib.llama_vocab_bos(self.vocab),
             eos=lib.llama_vocab_eos(self.vocab),
             desc=desc.value.decode(errors="replace"),
+            swa_full=self.swa_full and n_swa > 0,
+            swa_full_reason=self.swa.reason,
+            kv_bytes_per_token=self.kv_bytes_per_token,
         )
+
+    def _meta_int(self, key: str) -> int | None:
+        buf = ctypes.create_string_buffer(64)
+        if lib.llama_model_meta_val_str(self.model, key.encode(), buf, 64) < 0:
+            return None
+        try:
+            return int(buf.value.decode())
+        except ValueError:
+            return None
+
+    def _kv_bytes_per_token(self) -> int:
+        """A full KV cache's bytes per token: every layer's K and V at f16 (the default type)."""
+        arch_buf = ctypes.create_string_buffer(64)
+        lib.llama_model_meta_val_str(self.model, b"general.architecture", arch_buf, 64)
+        arch = arch_buf.value.decode(errors="replace")
+        n_layer = int(lib.llama_model_n_layer(self.model))
+        n_head_kv = int(lib.llama_model_n_head_kv(self.model))
+        head = int(lib.llama_model_n_embd(self.model)) // max(1, int(lib.llama_model_n_head(self.model)))
+        k = self._meta_int(f"{arch}.attention.key_length") or head
+        v = self._meta_int(f"{arch}.attention.value_length") or head
+        return n_layer * n_head_kv * (k + v) * 2
 
     # -- dispatch ----------------------------------------------------------------------
 

@@ -134,6 +134,9 @@ class ModelProps(msgspec.Struct, frozen=True):
     bos: int
     eos: int
     desc: str
+    swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
+    swa_full_reason: str = ""  # why (actord.policy.swa)
+    kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
 
 
 class EntryOut(msgspec.Struct, frozen=True):

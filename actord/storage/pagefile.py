@@ -89,6 +89,12 @@ class PageImage(msgspec.Struct, frozen=True):
     genes: list[StoredGene] = []
     draft: bytes | bytearray | memoryview | None = None
     meta: dict[str, Any] = {}  # e.g. n_ctx, model fingerprint, resume_raw_lcp
+    # The mind's divergence history, (raw lcp, end of the prompt before), oldest first, and
+    # where its last prompt ended: kept in the main file's meta under "divergences" and
+    # "prompt_end", written only when known, so a file without them is the old format and
+    # reads as "nothing known".
+    divergences: list[tuple[int, int]] = []
+    prompt_end: int = 0
 
 
 class MainFile(NamedTuple):
@@ -99,6 +105,8 @@ class MainFile(NamedTuple):
     meta: dict[str, Any]
 
 
+_DIVERGENCES, _PROMPT_END = "divergences", "prompt_end"
+MAX_DIVERGENCES = 1024
 _GENES_ENC = msgspec.msgpack.Encoder()
 _GENES_DEC = msgspec.msgpack.Decoder(list[StoredGene])
 _META_DEC = msgspec.msgpack.Decoder(dict[str, Any])
@@ -151,7 +159,12 @@ def encode_generation(image: PageImage, gen_id: bytes) -> dict[str, list[Buffer]
     flags = 0
     for sfx in side:
         flags |= FLAG_OF[sfx]
-    meta = msgspec.msgpack.encode(image.meta)
+    meta_d = dict(image.meta)
+    if image.divergences:
+        meta_d[_DIVERGENCES] = [[int(a), int(b)] for a, b in image.divergences]
+    if image.prompt_end:
+        meta_d[_PROMPT_END] = int(image.prompt_end)
+    meta = msgspec.msgpack.encode(meta_d)
     main = _container(MAIN, flags, gen_id, [meta, _le(image.tokens, "i"), image.state])
     return {MAIN: main, **side}
 
@@ -323,6 +336,22 @@ def load_generation(fs: OsFs, paths: Mapping[str, Path]) -> PageImage:
             draft = decode_draft(b, m.gen_id, paths[DRAFT])
     else:
         log.info("page_file.cold_draft", file=str(main_path), reason="generation has no draft state")
+    meta = dict(m.meta)
+    divergences, prompt_end = _placement_meta(meta, main_path)
     return PageImage(
-        tokens=m.tokens, state=m.state, checkpoints=checkpoints, genes=genes, draft=draft, meta=m.meta
+        tokens=m.tokens, state=m.state, checkpoints=checkpoints, genes=genes, draft=draft, meta=meta,
+        divergences=divergences, prompt_end=prompt_end,
     )
+
+
+def _placement_meta(meta: dict[str, Any], file: Path | str) -> tuple[list[tuple[int, int]], int]:
+    """Take the divergence history and prompt end out of a main file's meta (absent: none)."""
+    raw = meta.pop(_DIVERGENCES, [])
+    end = meta.pop(_PROMPT_END, 0)
+    ok = isinstance(raw, list) and len(raw) <= MAX_DIVERGENCES and all(
+        isinstance(d, list) and len(d) == 2 and all(type(v) is int and v >= 0 for v in d) for d in raw)
+    if not ok:
+        raise _corrupt(file, "divergence history is not a list of [lcp, end] pairs of non-negative ints")
+    if type(end) is not int or end < 0:
+        raise _corrupt(file, f"prompt end {end!r} is not a non-negative int")
+    return [(d[0], d[1]) for d in raw], end

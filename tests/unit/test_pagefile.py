@@ -352,3 +352,37 @@ def test_encode_refuses_a_malformed_generation_id():
 
 def test_sidecar_paths_append_suffixes_to_the_full_name():
     assert pf.sidecar_paths(Path("/p/m.page"))[pf.CKPT] == Path("/p/m.page.ckpt")
+
+
+# ---- the divergence history (checkpoint placement) ---------------------------------------
+
+
+def test_divergence_history_and_prompt_end_round_trip_through_a_file(tmp_path):
+    image = msgspec_replace(full_image(), divergences=[(120, 400), (130, 410)], prompt_end=410)
+    publish_generation(tmp_path, "m.page", image, OsFs())
+    back = read_generation(tmp_path, "m.page", OsFs())
+    assert back.divergences == [(120, 400), (130, 410)] and back.prompt_end == 410
+    assert back.meta == image.meta  # the history is not left in the meta
+
+
+def test_a_file_written_before_the_history_existed_still_reads_as_nothing_known(tmp_path):
+    image = full_image()  # no history: the main file is byte for byte the old format
+    old = files_of(image)
+    assert b"divergences" not in old[pf.MAIN] and b"prompt_end" not in old[pf.MAIN]
+    publish_generation(tmp_path, "m.page", image, OsFs())
+    back = read_generation(tmp_path, "m.page", OsFs())
+    assert back.divergences == [] and back.prompt_end == 0 and same_image(back, image)
+
+
+@pytest.mark.parametrize("bad", [{"divergences": "x"}, {"divergences": [[1, 2, 3]]}, {"divergences": [[-1, 2]]},
+                                 {"divergences": [[1, 2]] * 2000}, {"prompt_end": -5}, {"prompt_end": "7"}])
+def test_a_malformed_history_is_corrupt_and_says_so(tmp_path, bad):
+    publish_generation(tmp_path, "m.page", msgspec_replace(full_image(), meta={**full_image().meta, **bad}), OsFs())
+    with pytest.raises(CorruptPageFile, match="divergence history|prompt end"):
+        read_generation(tmp_path, "m.page", OsFs())
+
+
+def msgspec_replace(image: PageImage, **changes) -> PageImage:
+    import msgspec
+
+    return msgspec.structs.replace(image, **changes)
