@@ -139,11 +139,15 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
     history: dict[int, list[Divergence]] = {}  # every mind's divergences (slot, page, file)
     prompt_end: dict[int, int] = {}  # every mind's last prompt length
     pages: dict[int, tuple[list[CheckpointMeta], int]] = {}
+    slot_of: dict[int, int] = {}  # resident mind -> its slot
+    free = list(range(a.slots))
+    population: dict[int, list[float]] = {s: [] for s in range(a.slots)}  # per slot, as in the daemon
     used = 0
     res = Result()
 
-    def fc_of(mind: int):
-        return forecast(history.get(mind, []), prompt_end.get(mind, held.get(mind, 0)))
+    def fc_of(mind: int, n: int | None = None):
+        pop = population[slot_of[mind]] if mind in slot_of else []
+        return forecast(history.get(mind, []), n or prompt_end.get(mind, held.get(mind, 0)), population=pop)
 
     def admit(mind: int, ck: CheckpointMeta) -> None:
         nonlocal used
@@ -164,6 +168,7 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
 
     for t in turns:
         if t.evict is not None:
+            free.append(slot_of[t.evict])
             ev = lists.pop(t.evict)
             used -= sum(c.n_bytes for c in ev)
             raw_ev = lcp.pop(t.evict)
@@ -172,7 +177,9 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
             else:
                 kept = select(ev, a.keep, raw_ev if policy == "divergence" else None)
             pages[t.evict] = (kept, held.pop(t.evict))
+            del slot_of[t.evict]
         if t.page_in:
+            slot_of[t.mind] = free.pop(0)
             saved, n_held = pages.pop(t.mind, ([], 0))
             lists[t.mind], held[t.mind], lcp[t.mind] = [], n_held, None
             for ck in saved:
@@ -182,7 +189,10 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
         raw = n_held if t.raw_lcp_cap is None else min(t.raw_lcp_cap, n_held)
         lcp[t.mind] = raw
         if n_held:
-            history[t.mind] = remember(history.get(t.mind, []), Divergence(raw, prompt_end.get(t.mind, n_held)))
+            end = prompt_end.get(t.mind, n_held)
+            history[t.mind] = remember(history.get(t.mind, []), Divergence(raw, end))
+            if raw < end - 1:
+                population[slot_of[t.mind]] = [*population[slot_of[t.mind]], raw / end][-32:]
         if raw >= n_held:
             resume = n_held
         else:
@@ -192,7 +202,7 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
         lists[t.mind] = [c for c in lists[t.mind] if c.pos <= resume]
         if policy == "placement":
             k = slot_count(share, size, cap)
-            fc = forecast(history.get(t.mind, []), t.new_len)
+            fc = fc_of(t.mind, t.new_len)
             at = plan(fc, [c.pos for c in lists[t.mind]], resume, t.new_len - 1, k, align=a.align)
         else:
             at = list(range((resume // a.spacing + 1) * a.spacing, t.new_len + 1, a.spacing))

@@ -9,7 +9,11 @@ window has moved past the divergence). Minds 0, 1 and 2 apply genes A, B and C, 
 none and mind 4 gene A again, under a device budget that holds two genes beside the slots: genes page as minds
 alternate. Requests name the mind; the daemon places it (`complete(mind=...)`).
 
-Per turn it prints how many prompt tokens were processed vs served from cache; at the end,
+Per turn it prints how many prompt tokens were processed vs served from cache, and the
+checkpoint placement's choice: where it planned to snapshot this prompt (`plan`, chosen to
+minimize the mind's expected re-prefill from where its requests diverged before) and what
+the slot holds after the turn (`held`). The device budget below is too small for a full
+SWA cache, so `--swa-full auto` chooses checkpoints (the first line says why). At the end,
 the metrics. Run: `make demo` (or `.venv/bin/python examples/minds.py --turns 12`).
 """
 
@@ -71,7 +75,7 @@ async def main(args: argparse.Namespace) -> None:
     gene_bytes = lora_a.stat().st_size
     cfg = Config(
         model=model, slots=2, ctx=8192, batch=256, page_dir=str(work / "pages"),
-        page_ram_bytes=args.page_ram_mb << 20, checkpoint_every=256, ctx_checkpoints=4,
+        page_ram_bytes=args.page_ram_mb << 20, ctx_checkpoints=4,
         ctx_checkpoints_bytes=128 << 20,
         # Two genes beside two slots' state (~12-13 MB each at ~1.3-1.5k tokens, measured):
         # a third gene pages the unpinned one out, and no slot has to go.
@@ -83,8 +87,9 @@ async def main(args: argparse.Namespace) -> None:
         gc = (await system.gene_load(str(lora_c))).id
         minds = [Mind(0, [{"id": ga, "scale": 1.0}]), Mind(1, [{"id": gb, "scale": 1.0}]),
                  Mind(2, [{"id": gc, "scale": 1.0}]), Mind(3, []), Mind(4, [{"id": ga, "scale": 1.0}])]
+        print(f"swa_full={system.props.swa_full}: {system.props.swa_full_reason}")
         print(f"{'turn':>4} {'mind':<6} {'slot':>4} {'prompt':>6} {'processed':>9} "
-              f"{'cached':>6} {'ckpt':>4} {'genes':<6} {'t_s':>6}")
+              f"{'cached':>6} {'ckpt':>4} {'genes':<6} {'t_s':>6}  checkpoints: plan | held")
         # Minds 0 and 1 are hot, the others take turns: every switch displaces the least
         # recently used slot, so both page_in from RAM and restores from spilled files occur.
         order = [m for i in range(2, len(minds)) for m in (0, 1, i)]
@@ -101,9 +106,12 @@ async def main(args: argparse.Namespace) -> None:
             r = await system.complete(prompt=mind.prompt(), n_predict=args.n_predict, mind=mind.name,
                                       genes=mind.genes, seed=turn, temperature=0.7, top_k=40)
             mind.turns[-1] += r.content
+            t_s = time.perf_counter() - t0
+            info = next(i for i in await system.slot_list() if i.id == r.slot)
             print(f"{turn:>4} {mind.name:<6} {r.slot:>4} {r.n_prompt_tokens:>6} "
                   f"{r.n_prompt_processed:>9} {r.n_cached:>6} {'yes' if r.resumed_from_checkpoint else '':>4} "
-                  f"{','.join(str(g['id']) for g in mind.genes) or '-':<6} {time.perf_counter() - t0:>6.2f}")
+                  f"{','.join(str(g['id']) for g in mind.genes) or '-':<6} {t_s:>6.2f}  "
+                  f"{','.join(map(str, info.checkpoint_plan)) or '-'} | {','.join(map(str, info.checkpoint_positions))}")
         m = system.metrics.snapshot()
         print("\nmetrics:")
         for key in ("prompt_tokens_total", "prompt_tokens_processed_total", "page_out_total", "page_in_total",

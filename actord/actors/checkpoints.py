@@ -39,6 +39,7 @@ class AdmitCheckpoint(Msg):
     raw_lcp: int | None
     history: list[Divergence] = []  # the slot's mind's divergences, oldest first
     n_tokens: int = 0  # its prompt's length: the forecast's range
+    population: list[float] = []  # where the slot's other minds diverged (fractions)
 
 
 class SlotCheckpoints(Msg):
@@ -49,6 +50,7 @@ class SlotCheckpoints(Msg):
     raw_lcp: int | None
     history: list[Divergence] = []
     n_tokens: int = 0
+    population: list[float] = []
 
 
 class BudgetStats(Msg):
@@ -101,7 +103,7 @@ class CheckpointBudget(Actor[CheckpointInbox]):
             case SlotCheckpoints(slot=slot, metas=metas, raw_lcp=raw):
                 self.lists[slot] = list(metas)
                 self.raw[slot] = raw
-                self._forecast(slot, msg.history, msg.n_tokens)
+                self._forecast(slot, msg.history, msg.n_tokens, msg.population)
             case BudgetStats():
                 out = CheckpointBudgetStats(
                     used=self.used, budget=self.budget,
@@ -116,17 +118,17 @@ class CheckpointBudget(Actor[CheckpointInbox]):
         if env.reply is not None:
             env.reply.send(out)
 
-    def _forecast(self, slot: int, history: list[Divergence], n_tokens: int) -> None:
+    def _forecast(self, slot: int, history: list[Divergence], n_tokens: int, population: list[float]) -> None:
         if self.policy == "placement":
             top = max((m.pos for m in self.lists[slot]), default=0) + 1
-            self.forecasts[slot] = forecast(history, max(n_tokens, top))
+            self.forecasts[slot] = forecast(history, max(n_tokens, top), population=population)
 
     async def _admit(self, msg: AdmitCheckpoint) -> Decision:
         self.raw[msg.slot] = msg.raw_lcp
         holdings = {k: self.lists[k] for k in sorted(self.lists)}
         new = CheckpointMeta(pos=msg.pos, n_bytes=msg.n_bytes)
         if self.policy == "placement":
-            self._forecast(msg.slot, msg.history, max(msg.n_tokens, msg.pos + 1))
+            self._forecast(msg.slot, msg.history, max(msg.n_tokens, msg.pos + 1), msg.population)
             plan = plan_admission(holdings, self.forecasts, self.used, self.budget, msg.slot, new, cap=self.cap)
         else:
             plan = plan_budget_admission(holdings, self.raw, self.used, self.budget, msg.n_bytes)

@@ -35,6 +35,9 @@ class CheckpointPlan:
         self.prompt_end = 0  # length of the last prompt this mind's slot processed; 0 = unknown
         self.ckpt_bytes = 0  # size of the last checkpoint seen (they are about constant per model)
         self.last: list[int] = []  # the last plan, for display
+        # Where the minds this slot served diverged (fractions of their prompts), whoever they
+        # were: the prior for a mind whose own history does not say yet. Stays with the slot.
+        self.population: list[float] = []
 
     @property
     def cap(self) -> int:
@@ -53,14 +56,29 @@ class CheckpointPlan:
         self.prompt_end = prompt_end or n_tokens
         self.last = []
 
-    def observe(self, raw_lcp: int, n_prompt: int) -> None:
-        """A request with this raw lcp starts a prompt of n_prompt tokens."""
+    def observe(self, raw_lcp: int) -> None:
+        """A request diverged at this raw lcp from what the slot held."""
         if self.prompt_end > 0:  # a slot that held nothing learns nothing
             self.history = remember(self.history, Divergence(lcp=raw_lcp, end=self.prompt_end))
+            if raw_lcp < self.prompt_end - 1:  # not an append
+                self.population = [*self.population, raw_lcp / self.prompt_end][-32:]
+
+    def started(self, n_prompt: int) -> None:
+        """The request's prompt (n_prompt tokens) is being processed."""
         self.prompt_end = n_prompt
 
+    def wants_at_resume(self, m: int, have: Sequence[int]) -> bool:
+        """The memory itself served a resume at m (no checkpoint): is a snapshot right there,
+        before anything more is decoded, part of the best plan? (The scheduler can only cut
+        a chunk after at least one token, so only the slot can take this one.)"""
+        if self.policy != "placement" or m <= 0 or m in have:
+            return False
+        n = max(self.prompt_end, m + 1)
+        k = slot_count(self.share_bytes, self.ckpt_bytes, self.cap)
+        return m in plan(forecast(self.history, n, population=self.population), [p for p in have if p < m], m - 1, n - 1, k, align=self.align)
+
     def forecast(self, n_tokens: int) -> Forecast:
-        return forecast(self.history, self.prompt_end or n_tokens)
+        return forecast(self.history, self.prompt_end or n_tokens, population=self.population)
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -70,7 +88,7 @@ class CheckpointPlan:
             return []
         if self.policy == "placement":
             k = slot_count(self.share_bytes, self.ckpt_bytes, self.cap)
-            self.last = plan(forecast(self.history, n_prompt), have, pos0, n_prompt - 1, k, align=self.align)
+            self.last = plan(forecast(self.history, n_prompt, population=self.population), have, pos0, n_prompt - 1, k, align=self.align)
             return self.last
         if self.keep <= 0:
             return []
@@ -88,6 +106,7 @@ class CheckpointPlan:
             return keep_best(self.forecast(n_tokens), [c.pos for c in ckpts], self.cap)
         return select_indices(ckpts, self.keep, raw_lcp if self.policy == "divergence" else None)
 
-    def view(self, n_tokens: int) -> tuple[list[Divergence], int]:
-        """What the budget needs to price this slot's checkpoints: (history, prompt length)."""
-        return list(self.history), self.prompt_end or n_tokens
+    def view(self, n_tokens: int) -> tuple[list[Divergence], int, list[float]]:
+        """What the budget needs to price this slot's checkpoints the way the slot placed
+        them: (history, prompt length, population)."""
+        return list(self.history), self.prompt_end or n_tokens, list(self.population)

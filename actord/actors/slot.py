@@ -472,10 +472,10 @@ class Slot(Actor[SlotInbox]):
 
     async def _sync_budget(self, ckpts: list[SlotCheckpoint]) -> None:
         if self.ckpt_budget is not None:
-            history, n = self.ckpt.view(len(self.kv_tokens))
+            history, n, population = self.ckpt.view(len(self.kv_tokens))
             await self.ckpt_budget.tell(SlotCheckpoints(
                 slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
-                raw_lcp=self.selection_lcp(), history=history, n_tokens=n,
+                raw_lcp=self.selection_lcp(), history=history, n_tokens=n, population=population,
             ))
 
     async def cut_to(self, n: int) -> tuple[int, bool]:
@@ -486,10 +486,17 @@ class Slot(Actor[SlotInbox]):
         recurrent, hybrid) resumes from the newest checkpoint at or below n, else from zero.
         Checkpoints past the resume point are invalidated.
         """
+        held = len(self.kv_tokens)
         m, from_ckpt = await self._cut(n)
         if any(c.pos > m for c in self.checkpoints):
             self.checkpoints = [c for c in self.checkpoints if c.pos <= m]
+        self.ckpt.observe(self.resume_raw_lcp or 0)
         await self._sync_budget(self.checkpoints)
+        if (m < held and not from_ckpt and self.props.needs_checkpoints and self.ckpt_budget is not None
+                and self.ckpt.wants_at_resume(m, [c.pos for c in self.checkpoints])):
+            # The memory served this divergence; the next one is likely here again.
+            st = await self.engine.run(J.StateGet(seq=self.seq, partial=True))
+            await self.on_checkpoint(m, st.data)
         return m, from_ckpt
 
     async def _cut(self, n: int) -> tuple[int, bool]:
@@ -529,9 +536,9 @@ class Slot(Actor[SlotInbox]):
         return rng.pos_min <= max(0, n - p.n_swa)
 
     def checkpoint_positions(self, pos0: int, n_prompt: int) -> list[int]:
-        """Note this request's divergence (resume_raw_lcp) in the mind's history, then plan
-        where to snapshot its prompt, decoded from pos0: as few pieces as the plan needs."""
-        self.ckpt.observe(self.resume_raw_lcp or 0, n_prompt)
+        """Plan where to snapshot the prompt, decoded from pos0 (its divergence was noted
+        by `cut_to`): as few pieces as the plan needs."""
+        self.ckpt.started(n_prompt)
         if not self.props.needs_checkpoints or self.ckpt_budget is None:
             return []
         out = self.ckpt.positions(pos0, n_prompt, [c.pos for c in self.checkpoints])
@@ -543,9 +550,10 @@ class Slot(Actor[SlotInbox]):
     async def on_checkpoint(self, pos: int, data: bytearray) -> None:
         assert self.ckpt_budget is not None
         self.ckpt.ckpt_bytes = len(data)
-        history, n = self.ckpt.view(len(self.kv_tokens))
+        history, n, population = self.ckpt.view(len(self.kv_tokens))
         d: Decision = await self.ckpt_budget.ask(AdmitCheckpoint(
             slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.selection_lcp(), history=history, n_tokens=n,
+            population=population,
         ))
         if d.drop_own:
             self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]

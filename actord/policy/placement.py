@@ -165,17 +165,24 @@ _KERNEL = [(j, 2.718281828459045 ** (-j * j / 8)) for j in range(-4, 5)]  # N(0,
 _KSUM = sum(v for _, v in _KERNEL)
 
 
-def forecast(history: Sequence[Divergence], n_prompt: int, *, prior_append: float = PRIOR_APPEND,
-             prior_unknown: float = PRIOR_UNKNOWN, decay: float = DECAY) -> Forecast:
+def forecast(history: Sequence[Divergence], n_prompt: int, *, population: Sequence[float] = (),
+             prior_append: float = PRIOR_APPEND, prior_unknown: float = PRIOR_UNKNOWN,
+             decay: float = DECAY) -> Forecast:
     """Where the next request on a prompt of `n_prompt` tokens is likely to diverge.
 
     d ranges over 0..n_prompt - 1: the end checkpoint sits at n_prompt - 1 (one token is
     always left to decode for logits), and an append resumes from it. Appends are exact
     (mass at the end); start- and end-anchored divergences are each smoothed by a Gaussian
-    kernel whose width is their own spread (Silverman's rule; 1/32 of the prompt when one
-    observation cannot tell a spread, none when they all agree), discretized at nine
-    points over +-2 widths: the next divergence is rarely exactly a past one, and a forecast
-    that put no mass between or below the observed ones would leave no checkpoint there.
+    kernel whose width is their own spread (Silverman's rule; none when they all agree;
+    a lone observation keeps half its weight exactly where it was and spreads half over
+    1/32 of the prompt), discretized at nine points over +-2 widths: the next divergence
+    is rarely exactly a past one, and a forecast that put no mass between or below the
+    observed ones would leave no checkpoint there.
+
+    `population`: where other minds diverged, as fractions of their prompts (what the slot
+    has seen). Minds built from one template tend to diverge in the same place; when given,
+    half of the "nothing known yet" prior goes there (smoothed the same way) and half stays
+    uniform, so a mind's first divergence is not a blind guess either.
     """
     length = max(0, n_prompt - 1)
     mass: dict[int, float] = {}
@@ -198,19 +205,31 @@ def forecast(history: Sequence[Divergence], n_prompt: int, *, prior_append: floa
         x = length - (h.end - 1 - h.lcp) if kind == "end" else h.lcp
         groups[kind][0].append(float(x))
         groups[kind][1].append(w)
+    pop = [min(1.0, max(0.0, f)) * length for f in population]
+    if pop and prior_unknown > 0:
+        groups["population"] = (pop, [prior_unknown / 2 / len(pop)] * len(pop))
+        prior_unknown /= 2
     for xs, ws in groups.values():
         if not xs:
             continue
-        bw = _bandwidth(xs, ws, fallback=length / 32)
+        bw = _bandwidth(xs, ws, fallback=-1.0)
+        lone = bw < 0  # one observation: its spread is a guess; half of it stays exactly there
+        if lone:
+            bw = length / 32
         for x, w in zip(xs, ws):
             if bw < 1:
                 add(x, w)
                 continue
+            if lone:
+                add(x, w / 2)
+                w /= 2
             for j, v in _KERNEL:
                 add(x + j * bw / 2, w * v / _KSUM)
         # The next one falls below the lowest seen (or above the highest) with probability
-        # about 1/(n + 1) each (Hill's predictive): half-Gaussian tails of the group's spread.
-        sd = _spread(xs, ws, fallback=length / 32)
+        # about 1/(n + 1) each (Hill's predictive): half-Gaussian tails of the group's
+        # spread. Only where a spread is seen: one observation, or several that agree,
+        # say nothing about it (their kernel above is all they get).
+        sd = _spread(xs, ws, fallback=0.0)
         n_eff = sum(ws) ** 2 / sum(w * w for w in ws)
         tail = sum(ws) / (n_eff + 1)
         if sd >= 1:
@@ -316,15 +335,19 @@ def candidates(fc: Forecast, lo: int, hi: int, *, align: int = 1, grid: int = GR
     """Positions in (lo, hi] worth considering for a prompt decoded from lo to hi.
 
     Every forecast point there, hi itself (the prompt's end), and up to `grid` grid
-    positions lo + j * step, step a multiple of `align` (the scheduler's chunk size:
-    checkpoints there cost no extra decode).
+    positions lo + j * step. On a prompt long enough for `grid` chunks of `align` (the
+    scheduler's chunk size) the step is a multiple of it, so a grid checkpoint costs no
+    extra decode; on a shorter one the grid is finer than a chunk (a split decode costs
+    less than hundreds of re-prefilled tokens).
     """
     if hi <= lo:
         return []
     out = {x for x, _ in fc.points if lo < x <= hi}
     out.add(hi)
     align = max(1, align)
-    step = align * max(1, -(-(hi - lo) // (align * max(1, grid))))
+    step = max(1, -(-(hi - lo) // max(1, grid)))
+    if step >= align:
+        step = align * -(-step // align)
     out.update(range(lo + step, hi, step))
     return sorted(out)
 

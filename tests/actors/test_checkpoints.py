@@ -124,14 +124,14 @@ async def test_placement_learns_where_a_mind_diverges_and_resumes_right_under_it
         first = (await s.slot_list())[0]
         assert first.checkpoint_plan[-1] == len(LONG) - 1 and len(first.checkpoint_plan) <= 3
         cached = []
-        for tail in ([7, 8], [9, 10], [11, 12], [13, 14]):  # every turn rewrites what follows token 150
-            r = await s.complete(prompt=LONG[:150] + tail + LONG[152:], n_predict=2, slot=0, ignore_eos=True)
+        for tail in ([7, 8], [9, 10], [11, 12], [13, 14]):  # every turn rewrites what follows token 100
+            r = await s.complete(prompt=LONG[:100] + tail + LONG[102:], n_predict=2, slot=0, ignore_eos=True)
             cached.append(r.n_cached)
-        assert cached[0] < 150 - 16  # nothing known yet: evenly spaced, far under the break
-        assert cached[-1] >= 150 - 8  # learned: a checkpoint right under it (grid 32 or the point)
+        assert cached[0] < 100 - 16  # nothing known yet: evenly spaced, far under the break
+        assert cached[-1] >= 100 - 8  # learned: a checkpoint right under it
         info = (await s.slot_list())[0]
         assert info.n_checkpoints <= 3  # the safety cap, 1 + ctx_checkpoints
-        assert s.slots[0].ckpt.history and all(d.lcp == 150 for d in s.slots[0].ckpt.history[1:])
+        assert s.slots[0].ckpt.history and all(d.lcp == 100 for d in s.slots[0].ckpt.history[1:])
 
 
 async def test_the_budget_mirror_matches_every_slot_under_pressure(tiny_swa_model, tmp_path):
@@ -157,6 +157,18 @@ async def test_with_no_budget_placement_stops_planning_once_it_knows_the_size(ti
         await s.complete(prompt=LONG[:200] + [5], n_predict=1, slot=0, ignore_eos=True)
         assert (await s.slot_list())[0].checkpoint_plan == []  # no prompt split for nothing
         assert s.metrics.snapshot()["ctx_checkpoints_skipped_budget_total"] == skipped
+
+
+async def test_a_divergence_the_memory_served_gets_a_snapshot_right_there(tiny_swa_model, tmp_path):
+    async with ActorSystem(cfg(tiny_swa_model, tmp_path, ctx_checkpoints=2)) as s:
+        await s.complete(prompt=LONG, n_predict=2, slot=0, ignore_eos=True)
+        assert 200 not in (await s.slot_list())[0].checkpoint_positions
+        r = await s.complete(prompt=LONG[:200] + [7, 8], n_predict=2, slot=0, ignore_eos=True)
+        assert r.n_cached == 200 and not r.resumed_from_checkpoint  # the window's cells still held it
+        assert 200 in (await s.slot_list())[0].checkpoint_positions  # taken before decoding on
+        await s.complete(prompt=LONG, n_predict=2, slot=0, ignore_eos=True)
+        r = await s.complete(prompt=LONG[:200] + [9, 10], n_predict=2, slot=0, ignore_eos=True)
+        assert r.n_cached == 200
 
 
 @pytest.mark.parametrize("move", ["page", "file"])

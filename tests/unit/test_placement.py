@@ -138,7 +138,8 @@ def test_a_lone_divergence_is_smoothed_and_the_tails_hold_mass_beyond_what_was_s
     below = sum(w for x, w in fc.points if x < 11_000)
     assert 0.05 < below < 0.3  # about 1/(n + 1) below the lowest seen, plus the kernel's share
     lone = forecast([Divergence(5000, 38_000)], 38_001, prior_append=0.0, prior_unknown=0.0)
-    assert len(lone.points) > 9 and math.isclose(sum(w for _, w in lone.points), 1.0)
+    assert len(lone.points) == 9 and math.isclose(sum(w for _, w in lone.points), 1.0)
+    assert max(lone.points, key=lambda p: p[1])[0] == 5000  # half of it stays where it was seen
 
 
 def test_history_is_bounded_and_oldest_first():
@@ -167,6 +168,8 @@ def test_grid_candidates_sit_on_chunk_boundaries():
     cands = candidates(fc, 100, 4999, align=256, grid=8)
     assert cands[-1] == 4999
     assert all((p - 100) % 256 == 0 for p in cands[:-1]) and len(cands) <= 10
+    short = candidates(fc, 0, 1499, align=512, grid=48)  # too short for 48 chunks: finer than one
+    assert len(short) >= 40 and short[1] - short[0] < 512
 
 
 def test_a_page_keeps_the_best_subset():
