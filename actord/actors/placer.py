@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from actord.actors.base import Actor, Dispatcher, Envelope
-from actord.actors.messages import Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
+from actord.actors.messages import (
+    CancelRequest, Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+)
 from actord.actors.pages import ListPages
 from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.log import get
@@ -29,7 +31,14 @@ class PlaceMind(Msg):
     complete: Complete
 
 
-PlacerInbox = PlaceMind
+class CancelPlaced(Msg):
+    """The client of request `rid` is gone: pass the cancel on to the slots, after any
+    placement of it this mailbox still holds (so the cancel never overtakes the request)."""
+
+    rid: int
+
+
+PlacerInbox = PlaceMind | CancelPlaced
 
 
 def mind_file(mind: str) -> str:
@@ -37,6 +46,8 @@ def mind_file(mind: str) -> str:
 
 
 class MindPlacer(Actor[PlacerInbox]):
+    rank = 10
+
     def __init__(self, dispatcher: Dispatcher, slots: list[Actor[Any]], pages: Actor[Any], files: Any,
                  spill: Any, metrics: Metrics, capacity: int = 256) -> None:
         super().__init__(dispatcher, "placer", capacity)
@@ -58,6 +69,9 @@ class MindPlacer(Actor[PlacerInbox]):
                     raise InvalidParams("no mind to place")
                 slot = await self.place(mind)
                 await self.slots[slot].forward(Envelope(c, env.reply, env.stream))
+            case CancelPlaced(rid=rid):
+                for s in self.slots:
+                    await s.tell(CancelRequest(rid=rid))
             case _:
                 raise InvalidParams(f"placer cannot handle {type(msg).__name__}")
 
