@@ -98,17 +98,26 @@ class _Generation(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self.stream:
-            await self._streamed(receive, send)
+            await self._streamed(scope, receive, send)
         else:
-            await self._whole(receive, send)
+            await self._whole(scope, receive, send)
 
-    async def _whole(self, receive: Any, send: Any) -> None:
+    async def _run(self, on_token: Any) -> Any:
+        try:
+            return await self.run(on_token)
+        except ActordError:
+            raise
+        except Exception as e:  # a bug in one request must not take down its peers
+            log.exception("http.internal_error", error=repr(e))
+            raise HttpError(500, f"internal error: {type(e).__name__}", "internal_error") from None
+
+    async def _whole(self, scope: Any, receive: Any, send: Any) -> None:
         outcome: dict[str, Any] = {}
         async with anyio.create_task_group() as tg:
             async def work() -> None:
                 try:
-                    outcome["result"] = await self.run(None)
-                except ActordError as e:
+                    outcome["result"] = await self._run(None)
+                except (ActordError, HttpError) as e:
                     outcome["error"] = e
                 finally:
                     tg.cancel_scope.cancel()
@@ -128,9 +137,9 @@ class _Generation(Response):
             response = json_response(body)
         else:
             return  # the client went away: nothing to answer
-        await response({}, receive, send)
+        await response(scope, receive, send)
 
-    async def _streamed(self, receive: Any, send: Any) -> None:
+    async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
         chunks = O.Chunks(self.chat, self.front.model_id)
         tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
 
@@ -147,8 +156,8 @@ class _Generation(Response):
             async def work() -> None:
                 async with tx:
                     try:
-                        r = await self.run(on_token)
-                    except ActordError as e:
+                        r = await self._run(on_token)
+                    except (ActordError, HttpError) as e:
                         await tx.send(("error", e))
                         return
                     await tx.send(("data", _sse(chunks.last(r))))
@@ -168,7 +177,7 @@ class _Generation(Response):
                 async for kind, payload in rx:
                     if not started:
                         if kind == "error":
-                            await error_response(payload)({}, receive, send)
+                            await error_response(payload)(scope, receive, send)
                             break
                         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
                         started = True
@@ -176,9 +185,7 @@ class _Generation(Response):
                         if first is not None:
                             await send({"type": "http.response.body", "body": _sse(first), "more_body": True})
                     if kind == "error":
-                        e: ActordError = payload
-                        status = O.error_status(e)
-                        payload = _sse(O.error_body(status, e.message, e.type))
+                        payload = _sse(msgspec.json.decode(error_response(payload).body))
                     await send({"type": "http.response.body", "body": payload, "more_body": True})
                 else:
                     if started:
