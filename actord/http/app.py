@@ -186,6 +186,16 @@ class _Generation(Response):
                             await send({"type": "http.response.body", "body": _sse(first), "more_body": True})
                     if kind == "error":
                         payload = _sse(msgspec.json.decode(error_response(payload).body))
+                    else:  # coalesce what queued while the last write was under way: one write
+                        while True:
+                            try:
+                                more_kind, more = rx.receive_nowait()
+                            except (anyio.WouldBlock, anyio.EndOfStream):
+                                break
+                            if more_kind != "data":
+                                payload += _sse(msgspec.json.decode(error_response(more).body))
+                                break
+                            payload += more
                     await send({"type": "http.response.body", "body": payload, "more_body": True})
                 else:
                     if started:
@@ -202,6 +212,7 @@ class HttpFront:
         self._key = config.api_key.encode() if config.api_key else None
         self.disconnects = 0
         self.address: str | None = None
+        self.created = int(time.time())
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._guard(self.chat_completions), methods=["POST"]),
             Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
@@ -308,7 +319,7 @@ class HttpFront:
 
     async def models(self, request: Request) -> Response:
         return json_response({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": int(self.system._started), "owned_by": "actord"},
+            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "actord"},
         ]})
 
     async def metrics(self, request: Request) -> Response:
