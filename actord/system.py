@@ -25,7 +25,7 @@ from actord.actors.base import Actor, Dispatcher
 from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
@@ -101,10 +101,10 @@ class ActorSystem:
                 info = await self.gene_load(path, default=True)
                 for s in self.slots:
                     s.default_genes.append(info.id)
-        except BaseException as e:
+        except BaseException:
             # A failed start leaves nothing running: actors stopped, engine thread joined.
             with anyio.CancelScope(shield=True):
-                await self.__aexit__(type(e), e, e.__traceback__)
+                await self.__aexit__(None, None, None)
             raise
         log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx)
         return self
@@ -182,6 +182,7 @@ class ActorSystem:
                                offload=self.dispatcher.offload)
         self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
                                  self.metrics, capacity=max(cap, 256))
+        self.placer.scheduler = self.scheduler
         for s in self.slots:
             s.files = self.files
             s.ckpt_budget = self.ckpt_budget
@@ -344,7 +345,12 @@ class ActorSystem:
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
         self._check_open()
         await self.dispatcher.input('page.in', {'slot': slot, 'page': page})
-        return await self._slot(slot).ask(PageInSlot(page=page))
+        target = self._slot(slot)
+        assert self.pages is not None and self.scheduler is not None
+        held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
+        if page in held:  # KV cells for the page, from idle slots if need be
+            await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
+        return await target.ask(PageInSlot(page=page))
 
     async def page_drop(self, page: str) -> Any:
         self._check_open()

@@ -141,17 +141,27 @@ class GeneResidency(Actor[GeneInbox]):
 
     # -- views for the policy ----------------------------------------------------------
 
-    def pinned(self) -> set[int]:
-        return {gid for gs in self.slot_genes.values() for gid, _ in gs} | {
+    def pinned(self, waiting: set[int] | frozenset[int] = frozenset()) -> set[int]:
+        """Genes in some slot's current set, and default genes. The sets of slots still
+        `waiting` for an acquisition do not pin: their genes are not in use yet, and two
+        waiting acquisitions must not hold each other's room."""
+        return {gid for s, gs in self.slot_genes.items() if s not in waiting for gid, _ in gs} | {
             g.id for g in self.genes.values() if g.default
         }
 
     def in_use(self) -> set[int]:
-        return {gid for gs in self.processing.values() for gid in gs}
+        """Genes a running (granted) request applies: never paged out under it."""
+        return {gid for s in self.running for gid in self.processing.get(s, ())}
 
-    def views(self) -> tuple[list[GeneView], list[SlotView]]:
+    def waiting_slots(self, but: "_Pending | None" = None) -> set[int]:
+        return {q.slot for q in self.pending if q.kind == "acquire" and q is not but}  # type: ignore[misc]
+
+    def views(self, for_slot: int | None = None) -> tuple[list[GeneView], list[SlotView]]:
+        """The policy's view. Only running slots (and the one being served) are untouchable:
+        a slot still waiting for its genes has a quiet sequence, which it can give up."""
         gv = [GeneView(id=g.id, n_bytes=g.n_bytes, resident=g.resident, uses=g.uses) for g in self.genes.values()]
-        sv = [SlotView(id=s, n_bytes=n, processing=s in self.processing, last_use=self.slot_use.get(s, 0))
+        sv = [SlotView(id=s, n_bytes=n, processing=s in self.running or s == for_slot,
+                       last_use=self.slot_use.get(s, 0))
               for s, n in self.slot_bytes.items()]
         return gv, sv
 
@@ -293,9 +303,11 @@ class GeneResidency(Actor[GeneInbox]):
             await self._refuse(p, GeneNotFound(f"no gene {gone[0]}", id=gone[0]))
             return True
         need = self._need(p)
-        gv, sv = self.views()
-        plan = plan_room(need, self.budget, gv, sv, protected_genes=p.protect | self.in_use(),
-                         pinned=self.pinned() - p.protect)
+        plan = self._plan(p, need, evict_waiting=False)
+        if not plan.fits and not (self.evicting or self.running - {p.slot}):
+            # Nothing will end or move by itself: slots still waiting for their genes give
+            # up their quiet sequences (coldest first) rather than hold each other's room.
+            plan = self._plan(p, need, evict_waiting=True)
         if plan.fits and not plan.slots:
             for gid in plan.genes:
                 await self._page_out(gid)
@@ -311,14 +323,19 @@ class GeneResidency(Actor[GeneInbox]):
                     log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=need)
                     await self.slots[sid].tell(Evict(reason="device"))
             return False
-        # Would it fit with every other slot idle and every unprotected gene gone? If not, never.
-        ideal = plan_room(need, self.budget, gv, [
-            msgspec.structs.replace(s, processing=s.id == p.slot) for s in sv], protected_genes=p.protect, pinned=set())
-        if ideal.fits and (self.evicting or self.running - {p.slot}):
+        if self.evicting or self.running - {p.slot}:
             return False  # an eviction under way or a running request's end can make the room
         await self._refuse(p, DeviceBudgetExceeded(f"{need} more device bytes do not fit the budget",
                                                    need=need, budget=self.budget, used=self.device_bytes()))
         return True
+
+    def _plan(self, p: _Pending, need: int, evict_waiting: bool) -> Any:
+        gv, sv = self.views(for_slot=p.slot)
+        waiting = self.waiting_slots(but=p)
+        if not evict_waiting:
+            sv = [msgspec.structs.replace(v, processing=True) if v.id in waiting else v for v in sv]
+        return plan_room(need, self.budget, gv, sv, protected_genes=p.protect | self.in_use(),
+                         pinned=self.pinned(waiting) - p.protect)
 
     async def _complete(self, p: _Pending) -> None:
         if p.kind == "acquire":
@@ -361,17 +378,20 @@ class GeneResidency(Actor[GeneInbox]):
         self.pending.clear()
 
     async def _shrink_to_budget(self) -> None:
-        """Slots grew past the budget: cold unpinned genes make room (never a slot here)."""
+        """Slots grew past the budget during a turn: cold unpinned genes go first, then idle
+        slots (coldest first) are told to evict."""
         if not self.budget or self.device_bytes() <= self.budget:
             return
         gv, sv = self.views()
-        plan = plan_room(0, self.budget, gv, sv, protected_genes=self.in_use(), pinned=self.pinned())
-        over = self.device_bytes() - self.budget
+        plan = plan_room(0, self.budget, gv, sv, protected_genes=self.in_use(),
+                         pinned=self.pinned(self.waiting_slots()))
         for gid in plan.genes:
-            if over <= 0:
-                break
             await self._page_out(gid)
-            over -= self.genes[gid].n_bytes
+        for sid in plan.slots:
+            if sid not in self.evicting:
+                self.evicting.add(sid)
+                log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=0)
+                await self.slots[sid].tell(Evict(reason="device"))
 
     def _queue_reconcile(self) -> None:
         if not self._reconcile_queued:

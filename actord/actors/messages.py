@@ -58,6 +58,7 @@ class PageOutSlot(Msg):
 
 class PageInSlot(Msg):
     page: str
+    evict_first: bool = False  # the placer's page-in: whatever landed in the slot meanwhile makes way
 
 
 class SaveSlot(Msg):
@@ -136,4 +137,12 @@ class Cells(Msg):
     n: int
 
 
-SchedulerInbox = Enroll | RunStep | Cells
+class MakeRoom(Msg):
+    """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
+    a restore): evict idle slots until they are free, and hold them for it."""
+
+    slot: int
+    cells: int
+
+
+SchedulerInbox = Enroll | RunStep | Cells | MakeRoom

@@ -15,10 +15,10 @@ from typing import Any
 
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import ListPages
-from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
+from actord.errors import InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded
 from actord.log import get
 from actord.metrics import Metrics
 
@@ -60,6 +60,7 @@ class MindPlacer(Actor[PlacerInbox]):
         self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
         self.paged: list[str] = []  # minds paged out by the placer, oldest first
         self.clock = 0
+        self.scheduler: Actor[Any] | None = None  # asked for KV cells before a page-in or restore
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -117,15 +118,26 @@ class MindPlacer(Actor[PlacerInbox]):
                 self.paged.remove(victim)
                 await self.spill(victim, mind_file(victim), True)
 
+    async def _room(self, slot: int, cells: int) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
+
     async def _bring_in(self, slot: int, mind: str) -> str:
+        pages = {p.page: p for p in await self.pages.ask(ListPages())}
+        if mind in pages:
+            await self._room(slot, pages[mind].n_tokens)
         try:
-            await self.slots[slot].ask(PageInSlot(page=mind))
+            await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
             if mind in self.paged:
                 self.paged.remove(mind)
             return "page_in"
         except PageNotFound:
             pass
         if await self.files.exists(mind_file(mind)):
-            await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+            try:
+                await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+            except PageDoesNotFit:  # its size is known only once read: free the whole cache, once
+                await self._room(slot, 1 << 30)
+                await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
             return "restore"
         return "fresh"

@@ -37,7 +37,7 @@ import anyio
 
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import (
-    Cells, Enroll, Evict, NoRoom, RunStep, SchedulerInbox, SlotNext, StepFailed, StepResult,
+    Cells, Enroll, Evict, MakeRoom, NoRoom, RunStep, SchedulerInbox, SlotNext, StepFailed, StepResult,
 )
 from actord.engine import jobs as J
 from actord.errors import ActordError, KvCacheFull
@@ -108,6 +108,15 @@ class Scheduler(Actor[SchedulerInbox]):
             case Cells(slot=slot, n=n):
                 if slot not in self.work:  # while enrolled, the steps are the count
                     self.cells[slot] = n
+            case MakeRoom(slot=slot, cells=n):
+                if self.n_ctx and slot not in self.work:
+                    short = n - (self.free_cells + self.cells.get(slot, 0))
+                    if short > 0:
+                        await self._make_room(short, exclude=slot)
+                    # Held for the slot until it tells what it really holds (Cells).
+                    self.cells[slot] = min(n, self.free_cells + self.cells.get(slot, 0))
+                if env.reply is not None:
+                    env.reply.send(self.free_cells)
             case RunStep():
                 self.stepping = False
                 try:
@@ -228,9 +237,9 @@ class Scheduler(Actor[SchedulerInbox]):
             self.work.pop(slot, None)
             return None
 
-    async def _make_room(self, need: int) -> int:
+    async def _make_room(self, need: int, exclude: int | None = None) -> int:
         """Ask idle slots, least recently stepped first, to give up their cells."""
-        victims = sorted((s for s, n in self.cells.items() if n > 0 and s not in self.work),
+        victims = sorted((s for s, n in self.cells.items() if n > 0 and s not in self.work and s != exclude),
                          key=lambda s: (self.last_use.get(s, 0), s))
         freed = 0
         for s in victims:

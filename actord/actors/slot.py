@@ -87,6 +87,7 @@ class _Active:
     genes: tuple[tuple[int, float], ...] = ()
     ticket: int = 0  # the gene acquisition this request waits for (0: none)
     running: bool = False  # past gene acquisition: enrolled with the scheduler
+    evicted_mind: str | None = None  # the mind this slot paged out while the request waited
 
 
 class Slot(Actor[SlotInbox]):
@@ -187,7 +188,9 @@ class Slot(Actor[SlotInbox]):
         match msg:
             case PageOutSlot(page=name):
                 out = await self.page_out(name)
-            case PageInSlot(page=name):
+            case PageInSlot(page=name, evict_first=evict_first):
+                if evict_first and self.kv_tokens:
+                    await self.evict("placer")
                 out = await self.page_in(name)
             case SaveSlot(file=file):
                 out = await self.save(file)
@@ -265,6 +268,7 @@ class Slot(Actor[SlotInbox]):
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.pages.tell(Return(gen=page.gen))
+                await self._tell_cells()
             self.metrics.page_failed_total.inc()
             log.warning("page.in_failed", slot=self.id, page=name)
             raise
@@ -405,10 +409,12 @@ class Slot(Actor[SlotInbox]):
     async def evict(self, reason: str) -> int:
         """Give up an idle sequence: to the mind's page, else its file, else dropped.
 
-        Returns the cells freed. A slot with a request (or one waiting to start) refuses:
-        eviction never touches work in flight.
+        Returns the cells freed. A slot with a running request refuses: eviction never
+        touches work in flight. A request still waiting for its genes has a quiet sequence;
+        if that goes to the mind's page, it comes back when the genes are granted.
         """
-        if self.busy or self.deferred:
+        a = self.active
+        if a is not None and a.running:
             raise SlotBusy(f"slot {self.id} has work in flight", slot=self.id)
         n = len(self.kv_tokens)
         if n == 0:
@@ -430,6 +436,8 @@ class Slot(Actor[SlotInbox]):
                         log.warning("slot.evict_spill_failed", slot=self.id, mind=mind, error=e.to_dict())
         if how != "paged_out":
             await self.erase()
+        elif a is not None:
+            a.evicted_mind = mind
         self.metrics.slot_evictions_total.labels(reason=reason, how=how).inc()
         (log.warning if how == "dropped" else log.info)(
             "slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
@@ -578,6 +586,11 @@ class Slot(Actor[SlotInbox]):
         assert a is not None
         a.running = True
         try:
+            if a.evicted_mind is not None and not self.kv_tokens:
+                try:  # evicted while waiting for genes: the mind comes back from its page
+                    await self.page_in(a.evicted_mind)
+                except ActordError as e:
+                    log.info("slot.evicted_mind_not_back", slot=self.id, mind=a.evicted_mind, error=e.to_dict())
             await self._begin(a)
         except ActordError as e:
             await self._abort(e)
