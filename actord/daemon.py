@@ -1,13 +1,17 @@
 """`actord serve`: the actor system plus the socket server on uvloop, stopped by a signal.
 
-A signal handler only wakes the main task; shutdown then runs in order: stop accepting,
-let the system stop its actors and engine thread, remove the socket. With `--http
+A signal handler only wakes the main task; shutdown then runs in order: new requests are
+refused (`ShuttingDown`), requests in flight get `--shutdown-grace-s` to finish and are then
+cancelled (their clients get answers), the servers stop, the system stops its actors and
+engine thread (bounded), the socket is removed. A second SIGTERM or SIGINT exits at once:
+page-file publication is crash-safe, so nothing written is left half-done. With `--http
 HOST:PORT` the OpenAI-compatible front (actord/http/) runs in the same event loop, beside
 the socket, and stops first (it lets answers in flight end, up to 5 s).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any
 
@@ -41,9 +45,21 @@ async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED)
             task_status.started(system)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for sig in signals:
-                    log.info("daemon.signal", signal=signal.Signals(sig).name)
+                    log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
                     break
+                async with anyio.create_task_group() as stopping:
+                    stopping.start_soon(_exit_at_second_signal, signals)
+                    counts = await system.shutdown(config.shutdown_grace_s)
+                    await anyio.sleep(0.1)  # the answers of cancelled requests reach their sockets
+                    stopping.cancel_scope.cancel()
+                log.info("daemon.stopping", **counts)
             tg.cancel_scope.cancel()
+
+
+async def _exit_at_second_signal(signals: Any) -> None:
+    async for sig in signals:
+        log.warning("daemon.exit_now", signal=signal.Signals(sig).name)
+        os._exit(128 + int(sig))
 
 
 def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info") -> int:
