@@ -21,10 +21,12 @@ client names is read like this:
   `max_bytes` even if the file grows meanwhile.
 - Failures to find or open a file read "not found or not readable" whatever the errno, so
   an answer does not tell a missing file from a forbidden one.
-- The read runs on a worker thread under a timeout. A thread that hangs anyway (a dead
-  network mount) is abandoned by the caller but still counted: at most `threads` such
-  reads run at once, and one more is refused with `Overloaded` rather than queued behind
-  them. The pool is this module's own, so it never starves the page files' threads.
+- The read runs on a worker thread under a timeout; at most `threads` reads run at once
+  and more wait their turn (the wait counts towards the timeout). A thread that hangs
+  anyway (a dead network mount) is abandoned by its caller but still counted: once
+  `threads` abandoned reads are stuck, new reads are refused with `Overloaded` at once
+  rather than queued behind them, so at most 2 x `threads` threads ever exist for this.
+  The limiter is this module's own, so it never starves the page files' threads.
 """
 
 from __future__ import annotations
@@ -73,33 +75,37 @@ class ClientFiles:
         self._read_fd = read_fd or read_fd_bounded  # a seam: tests make a read hang
         self._limiter = anyio.CapacityLimiter(threads)
         self._lock = threading.Lock()
-        self.running = 0  # reads whose thread has not returned, abandoned ones included
+        self.stuck = 0  # reads whose caller timed out and whose thread has not returned
 
     # -- the async face ----------------------------------------------------------------
 
     async def read(self, name: str) -> bytes:
         """The bytes of the file a client named, or a typed error; never blocks the loop."""
         self.check_name(name)
-        with self._lock:
-            if self.running >= self.threads:
-                raise Overloaded(f"{self.running} {self.what} reads are still running; try again later",
-                                 running=self.running)
-            self.running += 1
+        if self.stuck >= self.threads:
+            raise Overloaded(f"{self.stuck} {self.what} reads are stuck; try again later", stuck=self.stuck)
+        state = {"done": False, "abandoned": False}
         try:
             with anyio.fail_after(self.timeout):
-                return await anyio.to_thread.run_sync(self._read_counted, name, abandon_on_cancel=True,
+                return await anyio.to_thread.run_sync(self._read_tracked, name, state, abandon_on_cancel=True,
                                                       limiter=self._limiter)
         except TimeoutError:
-            log.warning("client_file.timeout", file=name[:256], timeout_s=self.timeout)
+            with self._lock:
+                if not state["done"]:  # its thread runs on: count it until it returns
+                    state["abandoned"] = True
+                    self.stuck += 1
+            log.warning("client_file.timeout", file=name[:256], timeout_s=self.timeout, stuck=self.stuck)
             raise FileReadTimeout(f"reading {self.what} {name[:256]!r} took over {self.timeout} s",
                                   timeout_s=self.timeout) from None
 
-    def _read_counted(self, name: str) -> bytes:
+    def _read_tracked(self, name: str, state: dict[str, bool]) -> bytes:
         try:
             return self.read_sync(name)
         finally:
             with self._lock:
-                self.running -= 1
+                state["done"] = True
+                if state["abandoned"]:
+                    self.stuck -= 1
 
     # -- the checks ----------------------------------------------------------------------
 
@@ -147,7 +153,10 @@ class ClientFiles:
             if st.st_size > self.max_bytes:
                 raise FileTooLarge(f"{self.what} {name[:256]!r} is {st.st_size} bytes, over the limit of "
                                    f"{self.max_bytes}", n_bytes=st.st_size, max_bytes=self.max_bytes)
-            return self._read_fd(fd, self.max_bytes)
+            try:
+                return self._read_fd(fd, self.max_bytes)
+            except OSError:  # EIO, or EAGAIN from a special file that honours O_NONBLOCK
+                raise self._unreadable(name) from None
         finally:
             os.close(fd)
 
@@ -180,8 +189,12 @@ class ClientFiles:
         try:
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
+                before = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(before.st_mode):  # resolved away above: swapped in since
+                    raise self._outside(name, "a symlink appeared while opening")
+                if not last and not stat.S_ISDIR(before.st_mode):
+                    raise self._unreadable(name)
                 if last:
-                    before = os.stat(part, dir_fd=fd, follow_symlinks=False)
                     if not stat.S_ISREG(before.st_mode):
                         raise NotARegularFile(f"{self.what} {name[:256]!r} is {_kind(before.st_mode)}; only "
                                               f"regular files are read", reason="not a regular file")
