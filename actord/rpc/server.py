@@ -22,6 +22,12 @@ disconnect with a logged reason:
   A peer that only half-closes (shuts down writing, keeps reading) still gets its answers:
   end of input is read as a hang-up only when the socket also reports POLLHUP.
 
+The connection's socket is read and written directly (non-blocking `recv`/`send` after
+`anyio.wait_readable`/`wait_writable`), not through anyio's stream: cancelling a stream's
+pending receive races with the selector in anyio's asyncio backend (a readiness callback
+lands on the cancelled future: "InvalidStateError" from the loop), and a disconnect
+cancels exactly such reads.
+
 Malformed input gets a typed JSON-RPC error on that connection and nothing else: the
 daemon and the other clients carry on. Log lines about one client are one per event
 (a disconnect, a refusal), never one per refused request.
@@ -38,7 +44,6 @@ from typing import Any
 
 import anyio
 import msgspec
-from anyio.abc import SocketAttribute, SocketStream
 
 from actord.config import Config
 from actord.errors import (
@@ -53,7 +58,6 @@ log = get("actord.rpc")
 
 WRITE_CHUNK = 256 << 10  # bytes the writer hands the socket at once
 HUP_POLL_S = 0.1  # how often a half-closed connection with work in flight is checked for a hang-up
-_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 class RpcServer:
@@ -90,27 +94,34 @@ class RpcServer:
 
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         claim = self.claim_path()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             old = os.umask(0o177)  # the socket is born owner-only: no window with wider access
             try:
-                listener = await anyio.create_unix_listener(self.path)
+                listener.bind(str(self.path))
             finally:
                 os.umask(old)
             claim.bound()
             os.chmod(self.path, 0o600)
+            listener.listen(min(socket.SOMAXCONN, 4096))
+            listener.setblocking(False)
             log.info("rpc.listening", socket=str(self.path))
-            async with listener, anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as tg:
                 task_status.started()
                 await self._accept_loop(listener, tg)
         finally:
+            listener.close()
             claim.release()
             self.claim = None
 
-    async def _accept_loop(self, listener: Any, tg: Any) -> None:
+    async def _accept_loop(self, listener: socket.socket, tg: Any) -> None:
         out_of_fds = False
         while True:
             try:
-                stream = await listener.accept()
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                await anyio.wait_readable(listener)
+                continue
             except OSError as e:  # EMFILE/ENFILE/ENOBUFS: wait for fds to come back, do not die
                 if not out_of_fds:
                     log.error("rpc.accept_failed", error=os.strerror(e.errno) if e.errno else repr(e))
@@ -118,26 +129,26 @@ class RpcServer:
                 await anyio.sleep(0.05)
                 continue
             out_of_fds = False
-            tg.start_soon(self._connection, stream)
+            sock.setblocking(False)
+            tg.start_soon(self._connection, sock)
 
-    async def _connection(self, stream: SocketStream) -> None:
+    async def _connection(self, sock: socket.socket) -> None:
         self.connections += 1
         try:
-            sock: socket.socket = stream.extra(SocketAttribute.raw_socket)
             peer = peer_of(sock)
             if not self.policy.allows(peer):
                 log.warning("rpc.peer_refused", pid=peer and peer.pid, uid=peer and peer.uid, gid=peer and peer.gid)
                 self.count("rpc_refused_total", "peer")
-                await _refuse(stream, PeerRefused("this daemon serves its own uid and the allowed uids/gids only",
-                                                  uid=peer.uid if peer else None))
+                _refuse(sock, PeerRefused("this daemon serves its own uid and the allowed uids/gids only",
+                                          uid=peer.uid if peer else None))
                 return
             if len(self.open) >= self.config.max_connections:
                 log.warning("rpc.too_many_connections", open=len(self.open), pid=peer and peer.pid)
                 self.count("rpc_refused_total", "connections")
-                await _refuse(stream, Overloaded(f"the daemon serves at most {self.config.max_connections} "
-                                                 f"connections", max_connections=self.config.max_connections))
+                _refuse(sock, Overloaded(f"the daemon serves at most {self.config.max_connections} "
+                                         f"connections", max_connections=self.config.max_connections))
                 return
-            conn = _Connection(self, stream, sock, peer)
+            conn = _Connection(self, sock, peer)
             self.open.add(conn)
             if self.metrics is not None:
                 self.metrics.rpc_connections.set(len(self.open))
@@ -150,16 +161,14 @@ class RpcServer:
         except Exception as e:  # one connection's bug must not end the listener
             log.exception("rpc.connection_failed", error=repr(e))
         finally:
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
+            sock.close()
 
 
-async def _refuse(stream: SocketStream, err: ActordError) -> None:
-    with anyio.move_on_after(1):
-        try:
-            await stream.send(P.error_response(None, err))
-        except _GONE:
-            pass
+def _refuse(sock: socket.socket, err: ActordError) -> None:
+    try:  # one line into an empty socket buffer: never blocks; if it cannot be sent, so be it
+        sock.send(P.error_response(None, err))
+    except OSError:
+        pass
 
 
 def _peer_gone(sock: socket.socket) -> bool:
@@ -175,10 +184,9 @@ def _peer_gone(sock: socket.socket) -> bool:
 class _Connection:
     """One client connection: its reader, its writer, its requests and their bounds."""
 
-    def __init__(self, server: RpcServer, stream: SocketStream, sock: socket.socket, peer: Peer | None) -> None:
+    def __init__(self, server: RpcServer, sock: socket.socket, peer: Peer | None) -> None:
         self.server = server
         self.c = server.config
-        self.stream = stream
         self.sock = sock
         self.peer = peer
         self.out: collections.deque[bytes] = collections.deque()
@@ -253,13 +261,18 @@ class _Connection:
                 n += len(part)
             self.out_bytes -= n
             self.sending = n
-            try:
-                await self.stream.send(b"".join(parts) if len(parts) > 1 else parts[0])
-            except _GONE:
-                self.disconnect("hangup")
-                return
-            finally:
-                self.sending = 0
+            view = memoryview(b"".join(parts) if len(parts) > 1 else parts[0])
+            while view:
+                try:
+                    sent = self.sock.send(view)
+                except BlockingIOError:
+                    await anyio.wait_writable(self.sock)
+                    continue
+                except OSError:
+                    self.disconnect("hangup")
+                    return
+                view = view[sent:]
+                self.sending = len(view)
 
     # -- input ---------------------------------------------------------------------------
 
@@ -269,9 +282,15 @@ class _Connection:
         discarding = False
         while True:
             try:
-                chunk = await self.stream.receive(65536)
-            except _GONE:
+                chunk = self.sock.recv(65536)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+                continue
+            except OSError:
                 return
+            if not chunk:
+                return
+            await anyio.lowlevel.checkpoint()  # a client that never pauses does not starve the loop
             start = 0
             while True:
                 nl = chunk.find(b"\n", start)
