@@ -47,6 +47,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
+    # Bounds in time
+    ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
+    request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
+    shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
     # Clients: every resource a client can make the daemon hold is bounded. Over a bound a
     # request gets a typed error; a client that stops reading is disconnected (logged).
     max_connections: int = 512  # open connections; one more is answered Overloaded and closed
@@ -79,6 +83,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("byte budgets must be >= 0")
         if self.checkpoint_policy not in ("divergence", "oldest"):
             raise InvalidParams("checkpoint_policy is 'divergence' or 'oldest'")
+        if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
+            raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
             raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
         positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",

@@ -136,6 +136,34 @@ class Cancelled(ActordError):
     http_status = 499
 
 
+class ContextFull(ActordError):
+    """The shared KV cache has no room for this request, and nothing idle can be freed."""
+
+    http_status = 503
+
+
+class KvCacheFull(EngineError):
+    """llama_decode found no free cells for a step (the scheduler makes room and retries)."""
+
+
+class AskCycle(ActordError):
+    """An ask would close a cycle of waits (a deadlock): refused at once, the chain named."""
+
+    http_status = 500
+
+
+class AskOrderViolated(ActordError):
+    """An actor tried to await a reply from one at or above its place in the ask order."""
+
+    http_status = 500
+
+
+class AskTimeout(ActordError):
+    """An ask was not answered within its bound; `data.chain` names who waited on whom."""
+
+    http_status = 504
+
+
 # ---- hostile and careless clients (issue 10) ------------------------------------------
 
 

@@ -32,6 +32,12 @@ class Metrics:
         )
         self.engine_jobs_failed_total = Counter("engine_jobs_failed", "Engine jobs that failed", registry=r)
         self.actor_failures_total = Counter("actor_failures", "Actors that raised", ["actor"], registry=r)
+        self.slot_evictions_total = Counter(
+            "slot_evictions", "Idle slots that gave up their sequence for room", ["reason", "how"], registry=r
+        )
+        self.kv_evictions_total = Counter(
+            "kv_evictions", "Idle slots evicted by the scheduler for KV cells", registry=r
+        )
         self.full_reprefills_total = Counter(
             "full_reprefills", "Requests that re-prefilled from zero despite a cached prefix", registry=r
         )

@@ -4,6 +4,12 @@ The system starts the engine thread, builds the actors, binds them to one dispat
 runs them in a task group; its methods are typed async calls that send messages and await
 replies. It works the same from an asyncio (or uvloop) host and from a trio host, because
 it only uses anyio.
+
+The system is a client of its actors (above them all in the ask order): it may ask any of
+them, always within a bound (`request_timeout_s` for a completion, `ask_timeout_s` for the
+rest). Stopping is bounded too: `shutdown(grace)` refuses new work, lets requests in flight
+finish within the grace, cancels the rest, and leaving the context closes every mailbox and
+gives the actors a bounded time to drain before they are cancelled.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ from actord.actors.base import Actor, Dispatcher
 from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
-from actord.actors.placer import MindPlacer, PlaceMind
+from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix, page_image
 from actord.api import CompletionRequest, CompletionResult, SlotInfo
@@ -30,7 +36,7 @@ from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.errors import ActordError, InvalidParams, NoFreeSlot, SlotNotFound
+from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
 from actord.storage.clientfiles import ClientFiles
@@ -47,6 +53,7 @@ class ActorSystem:
         self.config = config.validate()
         self.metrics = Metrics()
         self.dispatcher = dispatcher or Dispatcher()
+        self.dispatcher.ask_bound_s = self.config.ask_timeout_s
         self._engine_factory = engine_factory or Engine
         self.engine = EngineThread(lambda: self._engine_factory(self.config), run_job, lambda e: e.close())
         self.engine.on_done = self.dispatcher.engine_done
@@ -76,6 +83,9 @@ class ActorSystem:
                                           threads=c.client_file_threads)
         self._tg: Any = None
         self._started = time.time()
+        self.closing = False
+        self._inflight: dict[int, int | None] = {}  # rid -> slot (None: placed by the placer)
+        self._idle: anyio.Event | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -89,30 +99,71 @@ class ActorSystem:
         except BaseException:
             await self.engine.stop()
             raise
-        self.dispatcher.bind(self._tg)
-        for actor in self.actors():
-            actor.on_failure = self._on_actor_failure
-            self.dispatcher.spawn(actor)
-        for path in self.config.gene:
-            info = await self.gene_load(path, default=True)
-            for s in self.slots:
-                s.default_genes.append(info.id)
+        try:
+            self.dispatcher.bind(self._tg)
+            for actor in self.actors():
+                actor.on_failure = self._on_actor_failure
+                self.dispatcher.spawn(actor)
+            for path in self.config.gene:
+                info = await self.gene_load(path, default=True)
+                for s in self.slots:
+                    s.default_genes.append(info.id)
+        except BaseException:
+            # A failed start leaves nothing running: actors stopped, engine thread joined.
+            with anyio.CancelScope(shield=True):
+                await self.__aexit__(None, None, None)
+            raise
         log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        self.closing = True
         for actor in self.actors():
             actor.close()
         close_gates = getattr(self.dispatcher, "close_actors", None)
         if close_gates is not None:
             close_gates()
+        # Closed mailboxes drain and end their loops; whatever is still stuck past the bound
+        # (a handler awaiting something that will not come) is cancelled.
+        self._tg.cancel_scope.deadline = anyio.current_time() + self.config.shutdown_grace_s + 5.0
         try:
             await self._tg.__aexit__(*exc)
         finally:
-            await self.engine.stop()
+            with anyio.CancelScope(shield=True):
+                await self.engine.stop()
             if self.recorder is not None:
                 self.recorder.close(self.final_state())
             log.info("system.stopped")
+
+    async def shutdown(self, grace_s: float | None = None) -> dict[str, int]:
+        """Refuse new work; requests in flight get `grace_s` to finish, then are cancelled.
+
+        Returns how many finished within the grace and how many were cancelled. Leaving the
+        context afterwards stops the actors and the engine thread.
+        """
+        grace = self.config.shutdown_grace_s if grace_s is None else grace_s
+        self.closing = True
+        n0 = len(self._inflight)
+        log.info("system.shutting_down", in_flight=n0, grace_s=grace)
+        with anyio.move_on_after(grace):
+            await self._wait_idle()
+        late = dict(self._inflight)
+        for rid, slot in late.items():
+            await self._cancel(rid, slot)
+        with anyio.move_on_after(5.0):
+            await self._wait_idle()
+        if late:
+            log.warning("system.cancelled_at_shutdown", n=len(late), left=len(self._inflight))
+        return {"finished": n0 - len(late), "cancelled": len(late)}
+
+    async def _wait_idle(self) -> None:
+        while self._inflight:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def _check_open(self) -> None:
+        if self.closing:
+            raise ShuttingDown("the daemon is shutting down")
 
     def abort(self) -> None:
         """Cancel every actor now (a replay that diverged, a simulated crash)."""
@@ -127,7 +178,7 @@ class ActorSystem:
         ]
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
-            capacity=max(cap, 4 * self.config.slots),
+            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.n_ctx,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
         self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
@@ -138,6 +189,7 @@ class ActorSystem:
                                offload=self.dispatcher.offload)
         self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
                                  self.metrics, capacity=max(cap, 256))
+        self.placer.scheduler = self.scheduler
         for s in self.slots:
             s.files = self.files
             s.ckpt_budget = self.ckpt_budget
@@ -179,27 +231,41 @@ class ActorSystem:
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
         request.check(self._limits)
+        self._check_open()
         await self.dispatcher.input("completion", request)
         rid = next(self._rids)
-        if request.mind is not None:
-            assert self.placer is not None
-            try:
-                return await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token)
-            except anyio.get_cancelled_exc_class():
-                with anyio.CancelScope(shield=True):
-                    for s in self.slots:  # wherever it landed
-                        await s.tell(CancelRequest(rid=rid))
-                raise
-        slot = self._slot(request.slot) if request.slot is not None else await self._place(request)
+        bound = self.config.request_timeout_s
+        slot: Slot | None = None
+        self._inflight[rid] = None
         try:
-            return await slot.ask(Complete(rid=rid, req=request), stream=on_token)
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                try:
-                    await slot.tell(CancelRequest(rid=rid))
-                except ActordError:
-                    pass
+            if request.mind is not None:
+                assert self.placer is not None
+                return await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token,
+                                             timeout=bound)
+            slot = self._slot(request.slot) if request.slot is not None else await self._place(request)
+            self._inflight[rid] = slot.id
+            return await slot.ask(Complete(rid=rid, req=request), stream=on_token, timeout=bound)
+        except (anyio.get_cancelled_exc_class(), AskTimeout):
+            # The caller is gone (or out of time): the request ends at its next step.
+            await self._cancel(rid, slot.id if slot is not None else None)
             raise
+        finally:
+            self._inflight.pop(rid, None)
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
+
+    async def _cancel(self, rid: int, slot: int | None) -> None:
+        """Tell whoever holds request `rid` to end it; bounded, and never raises."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+            try:
+                if slot is not None:
+                    await self.slots[slot].tell(CancelRequest(rid=rid))
+                elif self.placer is not None:
+                    # Through the placer: it forwards the cancel after the placement it may
+                    # still be making, so the cancel cannot overtake the request.
+                    await self.placer.tell(CancelPlaced(rid=rid))
+            except ActordError:
+                pass
 
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
@@ -221,22 +287,31 @@ class ActorSystem:
         return [await s.ask(Info()) for s in self.slots]
 
     async def slot_erase(self, slot: int) -> dict[str, Any]:
+        self._check_open()
         await self.dispatcher.input('slot.erase', {'slot': slot})
         return await self._slot(slot).ask(Erase())
 
     # -- pages -------------------------------------------------------------------------
 
     async def page_out(self, slot: int, page: str) -> dict[str, Any]:
+        self._check_open()
         await self.dispatcher.input("page.out", {"slot": slot, "page": page})
         if not page:
             raise InvalidParams("page name is empty")
         return await self._slot(slot).ask(PageOutSlot(page=page))
 
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
+        self._check_open()
         await self.dispatcher.input('page.in', {'slot': slot, 'page': page})
-        return await self._slot(slot).ask(PageInSlot(page=page))
+        target = self._slot(slot)
+        assert self.pages is not None and self.scheduler is not None
+        held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
+        if page in held:  # KV cells for the page, from idle slots if need be
+            await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
+        return await target.ask(PageInSlot(page=page))
 
     async def page_drop(self, page: str) -> Any:
+        self._check_open()
         await self.dispatcher.input('page.drop', {'page': page})
         assert self.pages is not None
         return await self.pages.ask(DropPage(name=page))
@@ -258,6 +333,7 @@ class ActorSystem:
         even if the page is paged in, dropped or replaced meanwhile.
         """
         assert self.pages is not None
+        self._check_open()
         await self.dispatcher.input("page.spill", {"page": page, "file": file, "drop": drop})
         return await self._spill(page, file, drop)
 
@@ -279,10 +355,12 @@ class ActorSystem:
         return {"page": page, "file": file, "n_bytes": stats.n_bytes, "dropped": dropped, "t_ms": t_ms}
 
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
+        self._check_open()
         await self.dispatcher.input('slot.save', {'slot': slot, 'file': file})
         return await self._slot(slot).ask(SaveSlot(file=file))
 
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:
+        self._check_open()
         await self.dispatcher.input('slot.restore', {'slot': slot, 'file': file})
         return await self._slot(slot).ask(RestoreSlot(file=file))
 
@@ -295,6 +373,7 @@ class ActorSystem:
 
     async def gene_load(self, path: str, *, default: bool = False) -> Any:
         assert self.residency is not None
+        self._check_open()
         await self.dispatcher.input("gene.load", {"path": path, "default": default})
         # A client-named file: regular, bounded, timed, confined to --gene-dir when set
         # (storage/clientfiles.py). Files the operator listed with --gene are not confined.
@@ -303,14 +382,17 @@ class ActorSystem:
         return await self.residency.ask(LoadGene(path=path, image=image, default=default))
 
     async def gene_unload(self, gene_id: int) -> Any:
+        self._check_open()
         await self.dispatcher.input('gene.unload', {'id': gene_id})
         return await self.residency.ask(UnloadGene(id=gene_id))  # type: ignore[union-attr]
 
     async def gene_page_out(self, gene_id: int) -> Any:
+        self._check_open()
         await self.dispatcher.input('gene.page_out', {'id': gene_id})
         return await self.residency.ask(PageOutGene(id=gene_id))  # type: ignore[union-attr]
 
     async def gene_page_in(self, gene_id: int) -> Any:
+        self._check_open()
         await self.dispatcher.input('gene.page_in', {'id': gene_id})
         return await self.residency.ask(PageInGene(id=gene_id))  # type: ignore[union-attr]
 

@@ -10,6 +10,19 @@ a trace. Every delivery goes through the `Dispatcher`: it is the single seam thr
 deterministic, recording dispatcher can take over the order of deliveries. Actors do not
 start tasks themselves.
 
+Asks flow one way. Actors have ranks: the mind placer (10) above the scheduler (20) above
+the slots (30) above the page store, the checkpoint budget and the gene residency (40),
+which sit above the engine thread and the storage workers (not actors). An actor may await
+a reply only from an actor of a strictly greater rank; upward it tells, and the upper actor
+acts on its own turn. `ask` refuses an upward or sideways ask at once (`AskOrderViolated`),
+so the order holds by construction, not by review. Clients (RPC connections, host calls)
+are not actors and may ask anyone.
+
+What the order cannot see, the wait-for graph does: the dispatcher records who is awaiting
+whom (an ask's reply, or room in a full mailbox) and refuses the wait that would close a
+cycle (`AskCycle`, with the chain), the moment it would close. Every ask also has a bound:
+past it the asker gets `AskTimeout` with the wait-for chain, logged, never a silent hang.
+
 Supervision: a handler that raises an `ActordError` simply answers that ask with the error
 (a refusal is not a crash). Any other exception is a crash: it is logged and counted, the
 failing ask and every queued ask get `ActorFailed`, later asks fail at once, and the rest of
@@ -18,6 +31,7 @@ the system keeps running.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
@@ -25,7 +39,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from actord.errors import ActordError, ActorFailed, ShuttingDown
+from actord.errors import ActordError, ActorFailed, AskCycle, AskOrderViolated, AskTimeout, ShuttingDown
 from actord.log import get
 
 log = get("actord.actors")
@@ -33,6 +47,13 @@ log = get("actord.actors")
 M = TypeVar("M")
 StreamSink = Callable[[Any], Awaitable[None]]
 
+
+# The actor whose handler is running in this task (None for clients: RPC, host calls).
+CURRENT: contextvars.ContextVar["Actor[Any] | None"] = contextvars.ContextVar("actord_actor", default=None)
+
+# The default bound on an ask between actors, in seconds (Config.ask_timeout_s sets it per
+# system through the dispatcher).
+ASK_BOUND_S = 600.0
 
 # Bumped at every instrumented step (mailbox put, delivery, reply); a deterministic
 # dispatcher reads it to tell when the system has gone quiet.
@@ -106,6 +127,38 @@ class Dispatcher:
         self.hooks: list[DeliveryHook] = []
         self.event_hooks: list[EventHook] = []
         self.deliveries = 0
+        self.ask_bound_s = ASK_BOUND_S
+        # Wait-for graph: actor name -> (the actor it awaits, what for). An actor runs one
+        # handler at a time, so it waits on at most one other actor.
+        self.waits: dict[str, tuple[str, str]] = {}
+        self.cycles: list[list[str]] = []  # every cycle refused, for simulations to report
+
+    # -- the wait-for graph ------------------------------------------------------------
+
+    def chain(self, start: str) -> list[str]:
+        """Who `start` waits on, transitively: [start, a, b, ...] (stops at a repeat)."""
+        out = [start]
+        node = start
+        while node in self.waits:
+            node = self.waits[node][0]
+            if node in out:
+                out.append(node)
+                break
+            out.append(node)
+        return out
+
+    def wait_begin(self, waiter: str, target: str, what: str) -> None:
+        if target == waiter or target in self.waits and waiter in self.chain(target):
+            cycle = [waiter, *self.chain(target)]
+            cycle = cycle[: cycle.index(waiter, 1) + 1] if waiter in cycle[1:] else cycle
+            self.cycles.append(cycle)
+            log.error("actor.ask_cycle", cycle=" -> ".join(cycle), what=what)
+            raise AskCycle(f"{waiter} awaiting {target} ({what}) would close a cycle: {' -> '.join(cycle)}",
+                           cycle=cycle)
+        self.waits[waiter] = (target, what)
+
+    def wait_end(self, waiter: str) -> None:
+        self.waits.pop(waiter, None)
 
     def bind(self, tg: TaskGroup) -> None:
         self._tg = tg
@@ -167,6 +220,8 @@ class Dispatcher:
 class Actor(Generic[M]):
     """Subclasses implement `handle(msg, env)`; they match on the message type."""
 
+    rank: int | None = None  # None: outside the order (test actors); see the module docstring
+
     def __init__(self, dispatcher: Dispatcher, name: str, capacity: int = 64) -> None:
         self.dispatcher = dispatcher
         self.name = name
@@ -182,10 +237,31 @@ class Actor(Generic[M]):
     async def tell(self, msg: M, stream: StreamSink | None = None) -> None:
         await self._put(Envelope(msg, None, stream))
 
-    async def ask(self, msg: M, stream: StreamSink | None = None) -> Any:
-        reply = Reply()
-        await self._put(Envelope(msg, reply, stream))
-        return await reply.wait()
+    async def ask(self, msg: M, stream: StreamSink | None = None, *, timeout: float | None = None) -> Any:
+        """Send `msg` and await the reply, within `timeout` seconds (default: the system's bound)."""
+        caller = CURRENT.get()
+        what = type(msg).__name__
+        if caller is not None:
+            if caller.rank is not None and self.rank is not None and self.rank <= caller.rank:
+                log.error("actor.ask_order_violated", asker=caller.name, target=self.name, msg=what)
+                raise AskOrderViolated(
+                    f"{caller.name} (rank {caller.rank}) may not await {self.name} (rank {self.rank}): "
+                    "asks flow down the order; tell upward", asker=caller.name, target=self.name, msg=what)
+            self.dispatcher.wait_begin(caller.name, self.name, what)
+        bound = self.dispatcher.ask_bound_s if timeout is None else timeout
+        try:
+            reply = Reply()
+            await self._put(Envelope(msg, reply, stream), waiting=False)  # the ask is the edge
+            with anyio.fail_after(bound):
+                return await reply.wait()
+        except TimeoutError:
+            chain = self.dispatcher.chain(caller.name) if caller is not None else ["client", *self.dispatcher.chain(self.name)]
+            log.error("actor.ask_timeout", target=self.name, msg=what, bound_s=bound, chain=" -> ".join(chain))
+            raise AskTimeout(f"no reply from {self.name} to {what} within {bound} s; waits: {' -> '.join(chain)}",
+                             target=self.name, msg=what, chain=chain) from None
+        finally:
+            if caller is not None:
+                self.dispatcher.wait_end(caller.name)
 
     async def forward(self, env: Envelope[M]) -> None:
         """Hand on an envelope (its reply channel and stream travel with it)."""
@@ -197,12 +273,26 @@ class Actor(Generic[M]):
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         self._send.send_nowait(Envelope(msg))
 
-    async def _put(self, env: Envelope[M]) -> None:
+    async def _put(self, env: Envelope[M], waiting: bool = True) -> None:
         PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         try:
-            await self._send.send(env)
+            try:
+                self._send.send_nowait(env)
+            except anyio.WouldBlock:
+                # A full mailbox is a wait like an ask: an actor blocked here is in the graph.
+                caller = CURRENT.get()
+                if caller is None or not waiting:
+                    await self._send.send(env)
+                else:
+                    self.dispatcher.wait_begin(caller.name, self.name, f"room for {type(env.msg).__name__}")
+                    try:
+                        await self._send.send(env)
+                    finally:
+                        self.dispatcher.wait_end(caller.name)
+            else:
+                await anyio.lowlevel.checkpoint()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ShuttingDown(f"actor {self.name} is stopped", actor=self.name) from None
 
@@ -217,6 +307,10 @@ class Actor(Generic[M]):
     def on_crash(self, error: BaseException) -> None:
         """Fail whatever the actor holds beyond its mailbox (deferred asks, a request)."""
 
+    def on_stop(self) -> None:
+        """The mailbox is closed and drained: fail what is still held with ShuttingDown."""
+        self.on_crash(ShuttingDown(f"actor {self.name} stopped", actor=self.name))
+
     async def _run(self) -> None:
         try:
             await self.on_start()
@@ -225,11 +319,14 @@ class Actor(Generic[M]):
             if not isinstance(e, Exception):
                 raise
             self._crash(e, None)
+        else:
+            self.on_stop()
 
     async def deliver(self, env: Envelope[M]) -> None:
         """Deliver one envelope now. The real loop calls it; so can a deterministic one."""
         self.delivered += 1
         self.dispatcher.delivered(self, env)
+        CURRENT.set(self)
         try:
             await self.handle(env.msg, env)
         except ActordError as e:

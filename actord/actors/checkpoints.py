@@ -62,6 +62,8 @@ class CheckpointBudgetStats(msgspec.Struct, frozen=True):
 
 
 class CheckpointBudget(Actor[CheckpointInbox]):
+    rank = 40
+
     def __init__(self, dispatcher: Dispatcher, budget: int, slots: list[Actor[Any]], metrics: Metrics,
                  capacity: int = 256) -> None:
         super().__init__(dispatcher, "ckpt_budget", capacity)

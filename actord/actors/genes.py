@@ -7,16 +7,26 @@ genes `Acquire`s them first: host-resident ones page in on the request's own pat
 miss), and from then until `Finish` they are in use, so no move can free them under a
 decode. After each turn a coalesced `Reconcile` pages pinned host genes back in, off the
 request path.
+
+Its place in the ask order (actors/base.py) is below the slots, so it never awaits one: an
+acquisition is told, not asked, and answered by telling the slot `GenesGranted` or
+`GenesRefused`. When room needs an idle slot's state, the residency tells that slot to
+`Evict` and keeps the acquisition (or the gene load, or page-in) pending; the slot tells
+back `EvictDone` and the pending work is planned again. Work that cannot fit now waits
+while something can still change (an eviction under way, a running request that will end
+and become evictable); otherwise it is refused with `DeviceBudgetExceeded`, and so is work
+that could not fit even with every other slot evicted.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope
-from actord.actors.messages import Msg, PageOutSlot
+from actord.actors.messages import Evict, GenesGranted, GenesRefused, Msg
 from actord.engine import jobs as J
 from actord.errors import ActordError, DeviceBudgetExceeded, GeneInUse, GeneIsDefault, GeneNotFound, InvalidParams
 from actord.log import get
@@ -49,8 +59,11 @@ class ListGenes(Msg):
 
 
 class Acquire(Msg):
+    """A slot's request applies `genes`: answered by telling the slot GenesGranted/Refused."""
+
     slot: int
     genes: tuple[tuple[int, float], ...]
+    ticket: int = 0
 
 
 class Finish(Msg):
@@ -67,7 +80,33 @@ class Reconcile(Msg):
     pass
 
 
-GeneInbox = LoadGene | UnloadGene | PageOutGene | PageInGene | ListGenes | Acquire | Finish | SlotFootprint | Reconcile
+class EvictDone(Msg):
+    """A slot told to Evict is done (freed) or refused (it had work meanwhile)."""
+
+    slot: int
+    freed: bool
+
+
+GeneInbox = (
+    LoadGene | UnloadGene | PageOutGene | PageInGene | ListGenes | Acquire | Finish | SlotFootprint | Reconcile
+    | EvictDone
+)
+
+
+@dataclass
+class _Pending:
+    """Work waiting for device room: an acquisition, a gene load or a gene page-in."""
+
+    kind: str  # "acquire" | "load" | "page_in"
+    protect: set[int]  # genes this work needs on device (never paged out for it)
+    slot: int | None = None
+    ticket: int = 0
+    env: Envelope[Any] | None = None
+    msg: Any = None
+    evicted: set[int] = field(default_factory=set)
+
+
+_DEFERRED = object()  # a handler's reply will be sent later, by the pending work
 
 
 class GeneRecord(msgspec.Struct):
@@ -80,6 +119,8 @@ class GeneRecord(msgspec.Struct):
 
 
 class GeneResidency(Actor[GeneInbox]):
+    rank = 40
+
     def __init__(self, dispatcher: Dispatcher, engine: Any, slots: list[Actor[Any]], budget: int,
                  metrics: Metrics, capacity: int = 256) -> None:
         super().__init__(dispatcher, "genes", capacity)
@@ -94,20 +135,33 @@ class GeneResidency(Actor[GeneInbox]):
         self.slot_use: dict[int, int] = {}
         self.clock = 0
         self._reconcile_queued = False
+        self.pending: list[_Pending] = []
+        self.running: set[int] = set()  # slots granted their genes, until Finish
+        self.evicting: set[int] = set()  # slots told to Evict, until EvictDone
 
     # -- views for the policy ----------------------------------------------------------
 
-    def pinned(self) -> set[int]:
-        return {gid for gs in self.slot_genes.values() for gid, _ in gs} | {
+    def pinned(self, waiting: set[int] | frozenset[int] = frozenset()) -> set[int]:
+        """Genes in some slot's current set, and default genes. The sets of slots still
+        `waiting` for an acquisition do not pin: their genes are not in use yet, and two
+        waiting acquisitions must not hold each other's room."""
+        return {gid for s, gs in self.slot_genes.items() if s not in waiting for gid, _ in gs} | {
             g.id for g in self.genes.values() if g.default
         }
 
     def in_use(self) -> set[int]:
-        return {gid for gs in self.processing.values() for gid in gs}
+        """Genes a running (granted) request applies: never paged out under it."""
+        return {gid for s in self.running for gid in self.processing.get(s, ())}
 
-    def views(self) -> tuple[list[GeneView], list[SlotView]]:
+    def waiting_slots(self, but: "_Pending | None" = None) -> set[int]:
+        return {q.slot for q in self.pending if q.kind == "acquire" and q is not but}  # type: ignore[misc]
+
+    def views(self, for_slot: int | None = None) -> tuple[list[GeneView], list[SlotView]]:
+        """The policy's view. Only running slots (and the one being served) are untouchable:
+        a slot still waiting for its genes has a quiet sequence, which it can give up."""
         gv = [GeneView(id=g.id, n_bytes=g.n_bytes, resident=g.resident, uses=g.uses) for g in self.genes.values()]
-        sv = [SlotView(id=s, n_bytes=n, processing=s in self.processing, last_use=self.slot_use.get(s, 0))
+        sv = [SlotView(id=s, n_bytes=n, processing=s in self.running or s == for_slot,
+                       last_use=self.slot_use.get(s, 0))
               for s, n in self.slot_bytes.items()]
         return gv, sv
 
@@ -120,12 +174,9 @@ class GeneResidency(Actor[GeneInbox]):
     async def handle(self, msg: GeneInbox, env: Envelope[GeneInbox]) -> None:
         out: Any = None
         match msg:
-            case LoadGene(path=path, image=image, default=default):
-                await self._make_room(len(image), protect=set())
-                info: J.GeneInfo = await self.engine.run(J.GeneLoad(path=path, image=image))
-                self.genes[info.id] = GeneRecord(id=info.id, path=path, n_bytes=info.n_bytes, resident=True, default=default)
-                log.info("gene.loaded", id=info.id, path=path, n_bytes=info.n_bytes, t_ms=round(info.t_ms, 3))
-                out = info
+            case LoadGene():
+                self.pending.append(_Pending("load", protect=set(), env=env, msg=msg))
+                out = _DEFERRED
             case UnloadGene(id=gid):
                 self._refuse_busy(gid, "unload")
                 out = await self.engine.run(J.GeneUnload(id=gid))
@@ -136,14 +187,17 @@ class GeneResidency(Actor[GeneInbox]):
                 out = await self._page_out(gid)
             case PageInGene(id=gid):
                 self._get(gid)
-                await self._make_room(self.genes[gid].n_bytes, protect={gid}, skip_if_resident=gid)
-                out = await self._page_in(gid, on_demand=False)
+                self.pending.append(_Pending("page_in", protect={gid}, env=env, msg=msg))
+                out = _DEFERRED
             case ListGenes():
                 out = await self.engine.run(J.GeneList())
-            case Acquire(slot=slot, genes=genes):
-                out = await self._acquire(slot, genes)
+            case Acquire(slot=slot, genes=genes, ticket=ticket):
+                await self._acquire(slot, genes, ticket)
             case Finish(slot=slot, n_bytes=n):
                 self.processing.pop(slot, None)
+                self.running.discard(slot)
+                # An acquisition still pending for this slot was withdrawn (cancelled).
+                self.pending = [p for p in self.pending if not (p.kind == "acquire" and p.slot == slot)]
                 self.slot_bytes[slot] = n
                 await self._shrink_to_budget()
                 self._queue_reconcile()
@@ -151,13 +205,16 @@ class GeneResidency(Actor[GeneInbox]):
                 self.slot_bytes[slot] = n
                 if n == 0:
                     self.slot_genes.pop(slot, None)
+            case EvictDone(slot=slot):
+                self.evicting.discard(slot)
             case Reconcile():
                 self._reconcile_queued = False
                 await self._reconcile()
             case _:
                 raise InvalidParams(f"gene residency cannot handle {type(msg).__name__}")
+        await self._serve()
         self._publish()
-        if env.reply is not None:
+        if env.reply is not None and out is not _DEFERRED:
             env.reply.send(out)
 
     def _get(self, gid: int) -> GeneRecord:
@@ -202,63 +259,139 @@ class GeneResidency(Actor[GeneInbox]):
         g.resident = True
         return info
 
-    async def _make_room(self, need: int, protect: set[int], skip_if_resident: int | None = None) -> None:
-        if skip_if_resident is not None and self.genes[skip_if_resident].resident:
-            return
-        gv, sv = self.views()
-        plan = plan_room(need, self.budget, gv, sv, protected_genes=protect | self.in_use(), pinned=self.pinned() - protect)
-        if not plan.fits:
-            self.metrics.lora_page_failed_total.inc()
-            log.warning("gene.no_room", need=need, budget=self.budget, used=self.device_bytes())
-            raise DeviceBudgetExceeded(f"{need} more device bytes do not fit the budget", need=need, budget=self.budget)
-        for gid in plan.genes:
-            await self._page_out(gid)
-        for sid in plan.slots:
-            log.info("slot.evicted_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0))
-            try:
-                await self.slots[sid].ask(PageOutSlot(page=""))  # under the slot's mind name
-            except ActordError as e:  # e.g. the page store is full: this room is not to be had
-                self.metrics.lora_page_failed_total.inc()
-                log.warning("gene.no_room", need=need, slot=sid, error=e.to_dict())
-                raise DeviceBudgetExceeded(f"{need} more device bytes do not fit the budget",
-                                           need=need, budget=self.budget) from None
-            self.slot_bytes[sid] = 0
-            self.slot_genes.pop(sid, None)
+    # -- pending work: plan, evict by telling, grant or refuse ---------------------------
 
-    async def _acquire(self, slot: int, genes: tuple[tuple[int, float], ...]) -> list[int]:
-        for gid, _ in genes:
-            self._get(gid)
+    async def _acquire(self, slot: int, genes: tuple[tuple[int, float], ...], ticket: int) -> None:
+        missing = [gid for gid, _ in genes if gid not in self.genes]
+        if missing:
+            self.metrics.lora_page_failed_total.inc()
+            log.warning("gene.refused", ids=missing, reason="unknown", slot=slot)
+            await self.slots[slot].tell(GenesRefused(ticket=ticket, error_type="GeneNotFound",
+                                                     message=f"no gene {missing[0]}"))
+            return
         self.clock += 1
         ids = {gid for gid, _ in genes}
         self.processing[slot] = ids  # in use from now: nothing frees them until Finish
         self.slot_genes[slot] = genes
         self.slot_use[slot] = self.clock
-        paged_in = []
-        try:
-            for gid in sorted(ids):
-                g = self.genes[gid]
-                g.uses = record_use(g.uses, self.clock)
-                if not g.resident:
-                    await self._make_room(g.n_bytes, protect=ids)
+        for gid in sorted(ids):
+            self.genes[gid].uses = record_use(self.genes[gid].uses, self.clock)
+        self.pending.append(_Pending("acquire", protect=ids, slot=slot, ticket=ticket))
+
+    def _need(self, p: _Pending) -> int:
+        if p.kind == "load":
+            return len(p.msg.image)
+        return sum(self.genes[g].n_bytes for g in p.protect if g in self.genes and not self.genes[g].resident)
+
+    async def _serve(self) -> None:
+        """Plan every pending work item again until none makes progress."""
+        progress = True
+        while progress and self.pending:
+            progress = False
+            for p in list(self.pending):
+                if p in self.pending and await self._try(p):
+                    self.pending.remove(p)
+                    progress = True
+
+    async def _try(self, p: _Pending) -> bool:
+        """True when `p` is answered (granted, done or refused); False while it waits."""
+        if p.kind == "page_in" and (p.msg.id not in self.genes):
+            await self._refuse(p, GeneNotFound(f"no gene {p.msg.id}", id=p.msg.id))
+            return True
+        if p.kind == "acquire" and any(g not in self.genes for g in p.protect):
+            gone = sorted(g for g in p.protect if g not in self.genes)
+            await self._refuse(p, GeneNotFound(f"no gene {gone[0]}", id=gone[0]))
+            return True
+        need = self._need(p)
+        plan = self._plan(p, need, evict_waiting=False)
+        if not plan.fits and not (self.evicting or self.running - {p.slot}):
+            # Nothing will end or move by itself: slots still waiting for their genes give
+            # up their quiet sequences (coldest first) rather than hold each other's room.
+            plan = self._plan(p, need, evict_waiting=True)
+        if plan.fits and not plan.slots:
+            for gid in plan.genes:
+                await self._page_out(gid)
+            try:
+                await self._complete(p)
+            except ActordError as e:
+                await self._refuse(p, e, counted=True)
+            return True
+        if plan.fits:
+            for sid in plan.slots:
+                if sid not in self.evicting:
+                    self.evicting.add(sid)
+                    log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=need)
+                    await self.slots[sid].tell(Evict(reason="device"))
+            return False
+        if self.evicting or self.running - {p.slot}:
+            return False  # an eviction under way or a running request's end can make the room
+        await self._refuse(p, DeviceBudgetExceeded(f"{need} more device bytes do not fit the budget",
+                                                   need=need, budget=self.budget, used=self.device_bytes()))
+        return True
+
+    def _plan(self, p: _Pending, need: int, evict_waiting: bool) -> Any:
+        gv, sv = self.views(for_slot=p.slot)
+        waiting = self.waiting_slots(but=p)
+        if not evict_waiting:
+            sv = [msgspec.structs.replace(v, processing=True) if v.id in waiting else v for v in sv]
+        return plan_room(need, self.budget, gv, sv, protected_genes=p.protect | self.in_use(),
+                         pinned=self.pinned(waiting) - p.protect)
+
+    async def _complete(self, p: _Pending) -> None:
+        if p.kind == "acquire":
+            paged_in = []
+            for gid in sorted(p.protect):
+                if not self.genes[gid].resident:
                     await self._page_in(gid, on_demand=True)
                     paged_in.append(gid)
-        except BaseException:
-            self.processing.pop(slot, None)
-            raise
-        return paged_in
+            self.running.add(p.slot)  # type: ignore[arg-type]
+            await self.slots[p.slot].tell(GenesGranted(ticket=p.ticket, paged_in=paged_in))  # type: ignore[index]
+            return
+        if p.kind == "load":
+            m: LoadGene = p.msg
+            info: J.GeneInfo = await self.engine.run(J.GeneLoad(path=m.path, image=m.image))
+            self.genes[info.id] = GeneRecord(id=info.id, path=m.path, n_bytes=info.n_bytes, resident=True,
+                                             default=m.default)
+            log.info("gene.loaded", id=info.id, path=m.path, n_bytes=info.n_bytes, t_ms=round(info.t_ms, 3))
+            out: Any = info
+        else:
+            out = await self._page_in(p.msg.id, on_demand=False)
+        if p.env is not None and p.env.reply is not None:
+            p.env.reply.send(out)
+
+    async def _refuse(self, p: _Pending, error: ActordError, counted: bool = False) -> None:
+        if not counted:
+            self.metrics.lora_page_failed_total.inc()
+        log.warning("gene.no_room" if isinstance(error, DeviceBudgetExceeded) else "gene.refused",
+                    kind=p.kind, slot=p.slot, error=error.to_dict())
+        if p.kind == "acquire":
+            self.processing.pop(p.slot, None)  # type: ignore[arg-type]
+            await self.slots[p.slot].tell(GenesRefused(ticket=p.ticket, error_type=error.type,  # type: ignore[index]
+                                                       message=error.message))
+        elif p.env is not None and p.env.reply is not None:
+            p.env.reply.fail(error)
+
+    def on_crash(self, error: BaseException) -> None:
+        for p in self.pending:
+            if p.env is not None and p.env.reply is not None:
+                p.env.reply.fail(error)
+        self.pending.clear()
 
     async def _shrink_to_budget(self) -> None:
-        """Slots grew past the budget: cold unpinned genes make room (never a slot here)."""
+        """Slots grew past the budget during a turn: cold unpinned genes go first, then idle
+        slots (coldest first) are told to evict."""
         if not self.budget or self.device_bytes() <= self.budget:
             return
         gv, sv = self.views()
-        plan = plan_room(0, self.budget, gv, sv, protected_genes=self.in_use(), pinned=self.pinned())
-        over = self.device_bytes() - self.budget
+        plan = plan_room(0, self.budget, gv, sv, protected_genes=self.in_use(),
+                         pinned=self.pinned(self.waiting_slots()))
         for gid in plan.genes:
-            if over <= 0:
-                break
             await self._page_out(gid)
-            over -= self.genes[gid].n_bytes
+        for sid in plan.slots:
+            if sid not in self.evicting:
+                self.evicting.add(sid)
+                log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=0)
+                await self.slots[sid].tell(Evict(reason="device"))
 
     def _queue_reconcile(self) -> None:
         if not self._reconcile_queued:

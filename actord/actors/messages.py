@@ -58,6 +58,7 @@ class PageOutSlot(Msg):
 
 class PageInSlot(Msg):
     page: str
+    evict_first: bool = False  # the placer's page-in: whatever landed in the slot meanwhile makes way
 
 
 class SaveSlot(Msg):
@@ -74,9 +75,36 @@ class DropCheckpoint(Msg):
     pos: int
 
 
+class GenesGranted(Msg):
+    """From the GeneResidency: the genes of acquisition `ticket` are on device and in use."""
+
+    ticket: int
+    paged_in: list[int] = []
+
+
+class GenesRefused(Msg):
+    ticket: int
+    error_type: str
+    message: str
+
+
+class Evict(Msg):
+    """Give up the sequence if idle: to the mind's page, else its file, else dropped.
+
+    Told by the GeneResidency (device room; the slot tells back `EvictDone`), asked by the
+    Scheduler (KV cells; the reply is the number of cells freed). A busy slot refuses.
+    """
+
+    reason: str  # "device" | "kv"
+
+
+class NoRoom(Msg):
+    """From the Scheduler: no KV cell can be had for this slot's next step."""
+
+
 SlotInbox = (
     Complete | CancelRequest | StepResult | StepFailed | Erase | Info | PageOutSlot | PageInSlot
-    | SaveSlot | RestoreSlot | DropCheckpoint
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | NoRoom
 )
 
 
@@ -102,4 +130,19 @@ class RunStep(Msg):
     pass
 
 
-SchedulerInbox = Enroll | RunStep
+class Cells(Msg):
+    """A slot's sequence now holds `n` KV cells (told after changes outside a step)."""
+
+    slot: int
+    n: int
+
+
+class MakeRoom(Msg):
+    """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
+    a restore): evict idle slots until they are free, and hold them for it."""
+
+    slot: int
+    cells: int
+
+
+SchedulerInbox = Enroll | RunStep | Cells | MakeRoom

@@ -12,6 +12,14 @@ Replacing a page under the same name subtracts the old one at admission only if 
 is its sole owner. Every change of the count happens in this actor's handlers, so the
 invariant `charged == sum(live generations) + sum(reservations)` is checkable at any
 message boundary.
+
+What the ceiling bounds, exactly: `charged - earmarked <= ceiling` at every message
+boundary. A replacement admitted against the old generation's bytes holds both generations
+between admission and commit; the old one's bytes (up to the new one's size) are
+*earmarked*: no new holder may extend its life (a spill of an earmarked generation is
+admitted only if its bytes fit on their own), so they are freed at commit, or when a
+page-in that took the old generation meanwhile lets go of it. So `charged` may exceed the
+ceiling by at most the earmarked bytes, and only while a replacement is under way.
 """
 
 from __future__ import annotations
@@ -122,6 +130,7 @@ class PageStoreStats(msgspec.Struct, frozen=True):
     generations: int
     reservations: int
     live_bytes: int
+    earmarked: int = 0
 
 
 @dataclass
@@ -132,6 +141,8 @@ class _Gen:
 
 
 class PageStore(Actor[PageStoreInbox]):
+    rank = 40
+
     def __init__(self, dispatcher: Dispatcher, ceiling: int, metrics: Metrics, capacity: int = 256) -> None:
         super().__init__(dispatcher, "pagestore", capacity)
         self.ceiling = ceiling
@@ -141,6 +152,8 @@ class PageStore(Actor[PageStoreInbox]):
         self.reserved: dict[int, tuple[str, int]] = {}
         self._ids = itertools.count(1)
         self.charged = 0
+        self.earmarks: dict[int, int] = {}  # generation -> bytes a replacement counted as freed
+        self._earmark_of: dict[int, int] = {}  # reservation -> the generation it earmarked
 
     async def handle(self, msg: PageStoreInbox, env: Envelope[PageStoreInbox]) -> None:
         reply = env.reply
@@ -180,9 +193,9 @@ class PageStore(Actor[PageStoreInbox]):
             raise InvalidParams("page names are 1-255 characters without NUL", page=name)
         replaced = 0
         old = self.names.get(name)
-        if old is not None and self.gens[old].holders == 1:
-            replaced = self.gens[old].n_bytes
-        if self.charged - replaced + n_bytes > self.ceiling:
+        if old is not None and self.gens[old].holders == 1 and old not in self.earmarks:
+            replaced = min(self.gens[old].n_bytes, n_bytes)
+        if self.effective - replaced + n_bytes > self.ceiling:
             self.metrics.page_failed_total.inc()
             log.warning("page.refused", page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling)
             raise PageRamExceeded(
@@ -192,10 +205,23 @@ class PageStore(Actor[PageStoreInbox]):
         r = next(self._ids)
         self.reserved[r] = (name, n_bytes)
         self.charged += n_bytes
+        if replaced:
+            self.earmarks[old] = replaced  # type: ignore[index]
+            self._earmark_of[r] = old  # type: ignore[assignment]
         return r
+
+    @property
+    def earmarked(self) -> int:
+        return sum(self.earmarks.values())
+
+    @property
+    def effective(self) -> int:
+        """What the ceiling bounds: the charge less the bytes a replacement will free."""
+        return self.charged - self.earmarked
 
     def commit(self, reservation: int, page: Page) -> PageInfo:
         name, n_bytes = self.reserved.pop(reservation)
+        self._earmark_of.pop(reservation, None)
         assert page.n_bytes == n_bytes and page.name == name and page.gen == reservation, \
             "a page must be charged what was admitted"
         old = self.names.get(name)
@@ -209,6 +235,9 @@ class PageStore(Actor[PageStoreInbox]):
         entry = self.reserved.pop(reservation, None)
         if entry is not None:
             self.charged -= entry[1]
+            gen = self._earmark_of.pop(reservation, None)
+            if gen is not None:
+                self.earmarks.pop(gen, None)  # the old generation stays: it counts again
 
     def take(self, name: str) -> Page:
         gen = self.names.pop(name, None)
@@ -244,6 +273,18 @@ class PageStore(Actor[PageStoreInbox]):
         if gen is None:
             raise PageNotFound(f"no page named {name!r}", page=name)
         g = self.gens[gen]
+        if gen in self.earmarks:
+            # A replacement counted these bytes as freed at its commit; holding them longer
+            # must fit the ceiling on its own.
+            if self.effective + self.earmarks[gen] > self.ceiling:
+                self.metrics.page_failed_total.inc()
+                log.warning("page.spill_refused", page=name, reason="being replaced", n_bytes=g.n_bytes)
+                raise PageRamExceeded(f"page {name!r} is being replaced and its bytes cannot be held longer",
+                                      page=name, n_bytes=g.n_bytes, charged=self.charged, ceiling=self.ceiling)
+            del self.earmarks[gen]
+            for r, eg in list(self._earmark_of.items()):
+                if eg == gen:
+                    del self._earmark_of[r]
         g.holders += 1
         assert g.page is not None
         return g.page
@@ -266,6 +307,7 @@ class PageStore(Actor[PageStoreInbox]):
         if g.holders == 0:
             del self.gens[gen]
             self.charged -= g.n_bytes
+            self.earmarks.pop(gen, None)
 
     # -- views -------------------------------------------------------------------------
 
@@ -284,7 +326,7 @@ class PageStore(Actor[PageStoreInbox]):
     def stats(self) -> PageStoreStats:
         return PageStoreStats(charged=self.charged, ceiling=self.ceiling, pages=len(self.names),
                               generations=len(self.gens), reservations=len(self.reserved),
-                              live_bytes=self.live_bytes())
+                              live_bytes=self.live_bytes(), earmarked=self.earmarked)
 
     def _publish_metrics(self) -> None:
         self.metrics.page_store_bytes.set(self.charged)

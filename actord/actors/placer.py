@@ -14,9 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from actord.actors.base import Actor, Dispatcher, Envelope
-from actord.actors.messages import Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
+from actord.actors.messages import (
+    CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+)
 from actord.actors.pages import ListPages
-from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
+from actord.errors import InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded
 from actord.log import get
 from actord.metrics import Metrics
 
@@ -29,7 +31,14 @@ class PlaceMind(Msg):
     complete: Complete
 
 
-PlacerInbox = PlaceMind
+class CancelPlaced(Msg):
+    """The client of request `rid` is gone: pass the cancel on to the slots, after any
+    placement of it this mailbox still holds (so the cancel never overtakes the request)."""
+
+    rid: int
+
+
+PlacerInbox = PlaceMind | CancelPlaced
 
 
 def mind_file(mind: str) -> str:
@@ -37,6 +46,8 @@ def mind_file(mind: str) -> str:
 
 
 class MindPlacer(Actor[PlacerInbox]):
+    rank = 10
+
     def __init__(self, dispatcher: Dispatcher, slots: list[Actor[Any]], pages: Actor[Any], files: Any,
                  spill: Any, metrics: Metrics, capacity: int = 256) -> None:
         super().__init__(dispatcher, "placer", capacity)
@@ -49,6 +60,7 @@ class MindPlacer(Actor[PlacerInbox]):
         self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
         self.paged: list[str] = []  # minds paged out by the placer, oldest first
         self.clock = 0
+        self.scheduler: Actor[Any] | None = None  # asked for KV cells before a page-in or restore
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -58,6 +70,9 @@ class MindPlacer(Actor[PlacerInbox]):
                     raise InvalidParams("no mind to place")
                 slot = await self.place(mind)
                 await self.slots[slot].forward(Envelope(c, env.reply, env.stream))
+            case CancelPlaced(rid=rid):
+                for s in self.slots:
+                    await s.tell(CancelRequest(rid=rid))
             case _:
                 raise InvalidParams(f"placer cannot handle {type(msg).__name__}")
 
@@ -103,15 +118,26 @@ class MindPlacer(Actor[PlacerInbox]):
                 self.paged.remove(victim)
                 await self.spill(victim, mind_file(victim), True)
 
+    async def _room(self, slot: int, cells: int) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
+
     async def _bring_in(self, slot: int, mind: str) -> str:
+        pages = {p.page: p for p in await self.pages.ask(ListPages())}
+        if mind in pages:
+            await self._room(slot, pages[mind].n_tokens)
         try:
-            await self.slots[slot].ask(PageInSlot(page=mind))
+            await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
             if mind in self.paged:
                 self.paged.remove(mind)
             return "page_in"
         except PageNotFound:
             pass
         if await self.files.exists(mind_file(mind)):
-            await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+            try:
+                await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+            except PageDoesNotFit:  # its size is known only once read: free the whole cache, once
+                await self._room(slot, 1 << 30)
+                await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
             return "restore"
         return "fresh"

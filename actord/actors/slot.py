@@ -8,6 +8,13 @@ enrols prompt work with the Scheduler, which feeds its step results back as mess
 
 A request for a busy slot is deferred (kept in order, counted) and started when the slot is
 idle again; so are page and file operations, which need a quiet sequence.
+
+Its place in the ask order (actors/base.py): below the placer and the scheduler, above the
+page store, the checkpoint budget and the gene residency. So a request's genes are not
+asked for: the slot tells `Acquire` and carries on reading its mailbox; the residency
+answers with `GenesGranted` (or `GenesRefused`) when the genes are on device, after
+telling idle slots to `Evict` if it needed their room. A slot waiting for its genes is
+busy: it defers page moves and requests, refuses evictions and handles a cancel at once.
 """
 
 from __future__ import annotations
@@ -22,18 +29,19 @@ from typing import Any, Callable
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.messages import (
-    CancelRequest, Complete, DropCheckpoint, Enroll, Erase, Info, PageInSlot, PageOutSlot,
-    RestoreSlot, SaveSlot, SlotInbox, SlotNext, StepFailed, StepResult,
+    CancelRequest, Cells, Complete, DropCheckpoint, Enroll, Erase, Evict, GenesGranted, GenesRefused, Info,
+    NoRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox, SlotNext, StepFailed, StepResult,
 )
 from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
 from actord.actors.checkpoints import AdmitCheckpoint, Decision, SlotCheckpoints
-from actord.actors.genes import Acquire as GeneAcquire, Finish as GeneFinish, SlotFootprint
+from actord.actors.genes import Acquire as GeneAcquire, EvictDone, Finish as GeneFinish, SlotFootprint
 from actord.actors.pages import (
     Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
 )
 from actord.errors import (
-    ActordError, EngineError, InvalidParams, PageDoesNotFit, PromptTooLong, SlotBusy, SlotEmpty, from_dict,
+    ActordError, Cancelled, ContextFull, EngineError, InvalidParams, PageDoesNotFit, PageRamExceeded, PromptTooLong,
+    SlotBusy, SlotEmpty, from_dict,
 )
 from actord.log import get
 from actord.metrics import Metrics
@@ -76,6 +84,10 @@ class _Active:
     text: bytearray = field(default_factory=bytearray)
     streamed: int = 0  # characters of decoded text already streamed
     cancelled: bool = False
+    genes: tuple[tuple[int, float], ...] = ()
+    ticket: int = 0  # the gene acquisition this request waits for (0: none)
+    running: bool = False  # past gene acquisition: enrolled with the scheduler
+    evicted_mind: str | None = None  # the mind this slot paged out while the request waited
     # Per-token stop scan and streaming touch only the new tail (bounded work per token):
     stop_scan: int = 0  # bytes of `text` already searched for stop strings
     stop_bytes: list[bytes] | None = None  # the stop strings, UTF-8, non-empty ones
@@ -85,6 +97,8 @@ class _Active:
 
 
 class Slot(Actor[SlotInbox]):
+    rank = 30
+
     def __init__(
         self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps,
         metrics: Metrics, default_seed: int = 0, capacity: int = 64,
@@ -114,6 +128,7 @@ class Slot(Actor[SlotInbox]):
         self.mind: str | None = None
         self.active: _Active | None = None
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
+        self._tickets = 0
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -136,9 +151,31 @@ class Slot(Actor[SlotInbox]):
             case CancelRequest(rid=rid):
                 if self.active is not None and self.active.rid == rid:
                     self.active.cancelled = True
+                    if not self.active.running:  # still waiting for genes: end it now
+                        await self._finish("cancelled")
+                        await self._drain_deferred()
                 self._drop_deferred(rid)
             case DropCheckpoint(pos=pos):
                 self.checkpoints = [c for c in self.checkpoints if c.pos != pos]
+                # Re-send the list: a mirror update of ours may have crossed this drop.
+                await self._sync_budget(self.checkpoints)
+            case GenesGranted(ticket=ticket):
+                await self._on_genes_granted(ticket)
+                if self.active is None:
+                    await self._drain_deferred()
+            case GenesRefused(ticket=ticket):
+                a = self.active
+                if a is not None and a.ticket == ticket and not a.running:
+                    self._acquired = False  # the residency already let go of this acquisition
+                    await self._abort(from_dict({"type": msg.error_type, "message": msg.message}))
+                    await self._drain_deferred()
+            case Evict(reason=reason):
+                await self._on_evict(reason, env)
+            case NoRoom():
+                await self._on_no_room()
+                if env.reply is not None:
+                    env.reply.send(None)
+                await self._drain_deferred()
             case _ if self.busy:
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()
@@ -157,7 +194,9 @@ class Slot(Actor[SlotInbox]):
         match msg:
             case PageOutSlot(page=name):
                 out = await self.page_out(name)
-            case PageInSlot(page=name):
+            case PageInSlot(page=name, evict_first=evict_first):
+                if evict_first and self.kv_tokens:
+                    await self.evict("placer")
                 out = await self.page_in(name)
             case SaveSlot(file=file):
                 out = await self.save(file)
@@ -217,6 +256,7 @@ class Slot(Actor[SlotInbox]):
         t_ms = (time.perf_counter() - t0) * 1e3
         self.metrics.page_out_total.inc()
         await self.footprint_changed()
+        await self._tell_cells()
         log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
                  copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
@@ -234,6 +274,7 @@ class Slot(Actor[SlotInbox]):
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.pages.tell(Return(gen=page.gen))
+                await self._tell_cells()
             self.metrics.page_failed_total.inc()
             log.warning("page.in_failed", slot=self.id, page=name)
             raise
@@ -246,6 +287,7 @@ class Slot(Actor[SlotInbox]):
         t_ms = (time.perf_counter() - t0) * 1e3
         self.metrics.page_in_total.inc()
         await self.footprint_changed()
+        await self._tell_cells()
         log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
                  t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
@@ -282,12 +324,19 @@ class Slot(Actor[SlotInbox]):
         self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
-        st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+        try:
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.footprint_changed()
+                await self._tell_cells()
+            raise
         self.kv_tokens = list(image.tokens)
         self.genes = tuple((g.id, g.scale) for g in image.genes)
         self.mind = file[: -len(".page")] if file.endswith(".page") else file
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await self.footprint_changed()
+        await self._tell_cells()
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
                  draft="cold" if image.draft is None else "warm")
@@ -310,8 +359,6 @@ class Slot(Actor[SlotInbox]):
             if isinstance(env.msg, Complete) and env.msg.rid == rid:
                 self.deferred.remove(env)
                 if env.reply is not None:
-                    from actord.errors import Cancelled
-
                     env.reply.fail(Cancelled("request cancelled before it started", rid=rid))
 
     def deferred_count(self) -> int:
@@ -344,6 +391,76 @@ class Slot(Actor[SlotInbox]):
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
         await self.footprint_changed()
+        await self._tell_cells()
+
+    async def _tell_cells(self) -> None:
+        """The scheduler charges KV cells per slot; tell it after a change outside a step."""
+        if self.scheduler is not None:
+            await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens)))
+
+    async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
+        try:
+            freed = await self.evict(reason)
+        except ActordError as e:
+            if reason == "device" and self.residency is not None:
+                await self.residency.tell(EvictDone(slot=self.id, freed=False))
+            if env.reply is not None:
+                env.reply.fail(e)
+            return
+        if reason == "device" and self.residency is not None:
+            await self.residency.tell(EvictDone(slot=self.id, freed=True))
+        if env.reply is not None:
+            env.reply.send(freed)
+
+    async def evict(self, reason: str) -> int:
+        """Give up an idle sequence: to the mind's page, else its file, else dropped.
+
+        Returns the cells freed. A slot with a running request refuses: eviction never
+        touches work in flight. A request still waiting for its genes has a quiet sequence;
+        if that goes to the mind's page, it comes back when the genes are granted.
+        """
+        a = self.active
+        if a is not None and a.running:
+            raise SlotBusy(f"slot {self.id} has work in flight", slot=self.id)
+        n = len(self.kv_tokens)
+        if n == 0:
+            return 0
+        how = "dropped"
+        mind = self.mind
+        if mind is not None and self.pages is not None:
+            try:
+                await self.page_out(mind)
+                how = "paged_out"
+            except PageRamExceeded:
+                if self.files is not None:
+                    from actord.actors.placer import mind_file
+
+                    try:
+                        await self.save(mind_file(mind))
+                        how = "spilled"
+                    except ActordError as e:
+                        log.warning("slot.evict_spill_failed", slot=self.id, mind=mind, error=e.to_dict())
+        if how != "paged_out":
+            await self.erase()
+        elif a is not None:
+            a.evicted_mind = mind
+        self.metrics.slot_evictions_total.labels(reason=reason, how=how).inc()
+        (log.warning if how == "dropped" else log.info)(
+            "slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
+        return n
+
+    async def _on_no_room(self) -> None:
+        """No KV cell for the next step: generation stops with "context", a prompt fails."""
+        a = self.active
+        if a is None or not a.running:
+            return
+        if a.out_tokens:
+            await self._finish("context")
+            return
+        await self._cut_back_after_failure()
+        await self._abort(ContextFull(
+            f"no KV cells for slot {self.id}'s prompt: the shared cache (n_ctx {self.props.n_ctx}) is held by "
+            "requests in flight", slot=self.id, n_ctx=self.props.n_ctx, n_prompt_tokens=len(a.prompt)))
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -449,17 +566,57 @@ class Slot(Actor[SlotInbox]):
                 n_prompt_tokens=len(prompt), n_ctx=self.props.n_ctx,
             )
         genes = self.gene_set(req)
-        await self.prepare_genes(genes)
-        try:
-            await self._begin(msg, env, prompt, genes, t_start)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.finish_genes()
-            raise
+        self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
+                              n_cached=0, t_start=t_start, genes=genes)
+        self.metrics.requests_in_flight.inc()
+        if self.residency is not None and (genes or self.genes):
+            # An empty set is announced too when it replaces a non-empty one: it unpins.
+            self._tickets += 1
+            self.active.ticket = self._tickets
+            self._acquired = True
+            await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+            return  # continued by GenesGranted / GenesRefused
+        await self._run_active()
 
-    async def _begin(self, msg: Complete, env: Envelope[SlotInbox], prompt: list[int],
-                     genes: tuple[tuple[int, float], ...], t_start: float) -> None:
-        req = msg.req
+    async def _on_genes_granted(self, ticket: int) -> None:
+        a = self.active
+        if a is None or a.ticket != ticket or a.running:
+            return  # a grant for a request that already ended (cancelled): its Finish went out
+        if a.cancelled:
+            await self._finish("cancelled")
+            return
+        await self._run_active()
+
+    async def _run_active(self) -> None:
+        a = self.active
+        assert a is not None
+        a.running = True
+        try:
+            if a.evicted_mind is not None and not self.kv_tokens:
+                try:  # evicted while waiting for genes: the mind comes back from its page
+                    await self.page_in(a.evicted_mind)
+                except ActordError as e:
+                    log.info("slot.evicted_mind_not_back", slot=self.id, mind=a.evicted_mind, error=e.to_dict())
+            await self._begin(a)
+        except ActordError as e:
+            await self._abort(e)
+
+    async def _abort(self, error: ActordError) -> None:
+        """The active request ends with `error`; what the slot holds stays consistent."""
+        a = self.active
+        if a is None:
+            return
+        self.active = None
+        self.metrics.requests_in_flight.dec()
+        self.metrics.requests_total.labels(outcome="error").inc()
+        with anyio.CancelScope(shield=True):
+            await self.finish_genes()
+            await self._tell_cells()
+        if a.reply is not None:
+            a.reply.fail(error)
+
+    async def _begin(self, a: _Active) -> None:
+        req, prompt, genes = a.req, a.prompt, a.genes
         raw = common_prefix(self.kv_tokens, prompt)
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
@@ -473,15 +630,14 @@ class Slot(Actor[SlotInbox]):
         self.genes = genes
         if req.mind is not None:
             self.mind = req.mind
-        self.active = _Active(
-            rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
-            n_cached=usable, t_start=t_start, resumed_from_checkpoint=from_ckpt,
-        )
-        self.metrics.requests_in_flight.inc()
+        a.n_cached, a.resumed_from_checkpoint = usable, from_ckpt
         self.metrics.prompt_tokens_total.inc(len(prompt))
         self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
         if req.n_predict == 0 and usable == len(prompt):
             await self._finish("length")
+            return
+        if a.cancelled:
+            await self._finish("cancelled")
             return
         assert self.scheduler is not None
         await self.scheduler.tell(Enroll(
@@ -494,12 +650,6 @@ class Slot(Actor[SlotInbox]):
         scales = {gid: 1.0 for gid in self.default_genes}
         scales.update({g.id: float(g.scale) for g in req.genes})
         return tuple(sorted(scales.items()))
-
-    async def prepare_genes(self, genes: tuple[tuple[int, float], ...]) -> None:
-        # An empty set is announced too when it replaces a non-empty one: it unpins.
-        if self.residency is not None and (genes or self.genes):
-            await self.residency.ask(GeneAcquire(slot=self.id, genes=genes))
-            self._acquired = True
 
     async def finish_genes(self) -> None:
         if self.residency is None or not (self._acquired or self.track_footprint):
@@ -610,24 +760,23 @@ class Slot(Actor[SlotInbox]):
             ),
         )
         await self.finish_genes()
+        await self._tell_cells()
         if a.reply is not None:
             a.reply.send(result)
 
-    async def _on_step_failed(self, msg: StepFailed) -> None:
-        a = self.active
-        # The failed decode may have left cells past what we know: cut back to kv_tokens.
+    async def _cut_back_after_failure(self) -> None:
+        # A failed decode may have left cells past what we know: cut back to kv_tokens.
         try:
             await self.engine.run(J.SeqRm(seq=self.seq, p0=len(self.kv_tokens), p1=-1))
         except ActordError:
             self.kv_tokens = []
-        if a is None:
+
+    async def _on_step_failed(self, msg: StepFailed) -> None:
+        await self._cut_back_after_failure()
+        if self.active is None:
+            await self._tell_cells()
             return
-        self.active = None
-        self.metrics.requests_in_flight.dec()
-        self.metrics.requests_total.labels(outcome="error").inc()
-        await self.finish_genes()
-        if a.reply is not None:
-            a.reply.fail(from_dict({"type": msg.error_type, "message": msg.message}))
+        await self._abort(from_dict({"type": msg.error_type, "message": msg.message}))
 
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],

@@ -70,6 +70,7 @@ class RpcServer:
         self.claim: SocketClaim | None = None
         self.open: set[_Connection] = set()
         self.connections = 0  # accepted, ever
+        self.lingering = 0  # refused connections being drained
         self.requests = 0  # decoded requests, ever
         self.on_request: Any = None  # trace hook: called with (method, raw params)
 
@@ -139,13 +140,13 @@ class RpcServer:
             if not self.policy.allows(peer):
                 log.warning("rpc.peer_refused", pid=peer and peer.pid, uid=peer and peer.uid, gid=peer and peer.gid)
                 self.count("rpc_refused_total", "peer")
-                _refuse(sock, PeerRefused("this daemon serves its own uid and the allowed uids/gids only",
+                await _refuse(self, sock, PeerRefused("this daemon serves its own uid and the allowed uids/gids only",
                                           uid=peer.uid if peer else None))
                 return
             if len(self.open) >= self.config.max_connections:
                 log.warning("rpc.too_many_connections", open=len(self.open), pid=peer and peer.pid)
                 self.count("rpc_refused_total", "connections")
-                _refuse(sock, Overloaded(f"the daemon serves at most {self.config.max_connections} "
+                await _refuse(self, sock, Overloaded(f"the daemon serves at most {self.config.max_connections} "
                                          f"connections", max_connections=self.config.max_connections))
                 return
             conn = _Connection(self, sock, peer)
@@ -164,11 +165,34 @@ class RpcServer:
             sock.close()
 
 
-def _refuse(sock: socket.socket, err: ActordError) -> None:
+LINGER_S = 0.5  # how long a refused connection is drained so its client reads the refusal
+MAX_LINGERING = 64
+
+
+async def _refuse(server: "RpcServer", sock: socket.socket, err: ActordError) -> None:
+    """Send one error line and close. If the client's request is still unread when the socket
+    closes, the kernel resets the connection and the client may lose the answer: so shut
+    down writing (the client reads the line, then end of input) and drain its input a moment."""
     try:  # one line into an empty socket buffer: never blocks; if it cannot be sent, so be it
         sock.send(P.error_response(None, err))
+        sock.shutdown(socket.SHUT_WR)
     except OSError:
-        pass
+        return
+    if server.lingering >= MAX_LINGERING:
+        return
+    server.lingering += 1
+    try:
+        with anyio.move_on_after(LINGER_S):
+            while True:
+                try:
+                    if not sock.recv(65536):
+                        return
+                except BlockingIOError:
+                    await anyio.wait_readable(sock)
+                except OSError:
+                    return
+    finally:
+        server.lingering -= 1
 
 
 def _peer_gone(sock: socket.socket) -> bool:

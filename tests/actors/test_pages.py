@@ -122,8 +122,8 @@ async def test_page_out_of_a_processing_slot_waits_until_it_is_idle(tiny_model):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(gen)
-            await anyio.sleep(0)
-            await anyio.sleep(0.01)
+            while (await s.slot_list())[0].state != "processing":
+                await anyio.sleep(0)
             results["page"] = await s.page_out(0, "m")
         assert results["page"]["n_tokens"] == len(PROMPT) + 39
         assert s.metrics.snapshot()["requests_deferred_total"] >= 1
