@@ -15,7 +15,6 @@ import stat
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -395,4 +394,3 @@ def test_cli_verbs_still_work_with_the_peer_check(daemons, tiny_model):
     out = subprocess.run([PY, "-m", "actord.cli", "--socket", str(d.sock), "health"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "ok"
-    time.sleep(0)
