@@ -15,4 +15,5 @@ bench: setup
 	.venv/bin/python bench/page_bandwidth.py
 	.venv/bin/python bench/reprefill_sim.py
 	.venv/bin/python bench/gene_paging.py
+	.venv/bin/python bench/http_overhead.py
 	.venv/bin/python bench/reprefill_real.py

@@ -62,6 +62,29 @@ def config_from_args(ns: argparse.Namespace) -> Config:
     return msgspec.convert(values, Config).validate()
 
 
+def _genes(specs: list[str]) -> list[dict[str, Any]]:
+    return [{"id": int(g.split(":")[0]), "scale": float(g.split(":")[1]) if ":" in g else 1.0} for g in specs]
+
+
+def _chat_params(ns: argparse.Namespace) -> dict[str, Any]:
+    """The `chat` call's params: messages from a file or stdin, flags for the rest."""
+    raw = sys.stdin.read() if ns.messages == "-" else open(ns.messages, encoding="utf-8").read()
+    doc = json.loads(raw)
+    messages = doc.get("messages") if isinstance(doc, dict) else doc
+    if not isinstance(messages, list):
+        raise ValueError("expected a JSON list of {role, content} messages or {\"messages\": [...]}")
+    params: dict[str, Any] = {"messages": messages, "n_predict": ns.n_predict, "temperature": ns.temperature,
+                              "stream": ns.stream}
+    for name in ("mind", "slot", "seed"):
+        if getattr(ns, name) is not None:
+            params[name] = getattr(ns, name)
+    if ns.template:
+        params["template"] = open(ns.template, encoding="utf-8").read()
+    if ns.gene:
+        params["genes"] = _genes(ns.gene)
+    return params
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="actord", description=__doc__)
     ap.add_argument("--socket", default=os.environ.get("ACTORD_SOCKET", "./actord.sock"), help="daemon socket (client verbs)")
@@ -81,6 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--seed", type=int)
     comp.add_argument("--stream", action="store_true")
     comp.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
+    chat = sub.add_parser("chat", help="one chat turn: messages rendered with the model's chat template")
+    chat.add_argument("messages", nargs="?", default="-",
+                      help="JSON file with [{role, content}, ...] or {\"messages\": [...]}; - = stdin")
+    chat.add_argument("-n", "--n-predict", type=int, default=256)
+    chat.add_argument("--mind")
+    chat.add_argument("--slot", type=int)
+    chat.add_argument("--temperature", type=float, default=0.0)
+    chat.add_argument("--seed", type=int)
+    chat.add_argument("--stream", action="store_true", help="print the reply as it is generated")
+    chat.add_argument("--template", help="a Jinja2 chat template file to use instead of the model's")
+    chat.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
     for verb, (method, names) in _VERBS.items():
         v = sub.add_parser(verb, help=f"call {method}")
         for n in names:
@@ -95,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         ns.socket = ns.socket  # the serve subparser's --socket overrides (Config field)
         from actord.daemon import run_daemon
 
-        return run_daemon(config_from_args(ns), log_json=ns.log_json, log_level=ns.log_level)
+        from actord.errors import ActordError
+
+        try:
+            config = config_from_args(ns)
+        except ActordError as e:
+            print(f"actord serve: {e.message}", file=sys.stderr)
+            return 2
+        return run_daemon(config, log_json=ns.log_json, log_level=ns.log_level)
     if ns.cmd in ("replay", "simulate"):
         from actord.replay import cli as replay_cli
 
@@ -106,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     from actord.client import Client
     from actord.errors import ActordError
 
+    try:
+        chat_params = _chat_params(ns) if ns.cmd == "chat" else None
+    except (OSError, ValueError) as e:
+        print(f"actord chat: {e}", file=sys.stderr)
+        return 2
     try:
         with Client(ns.socket) as c:
             if ns.cmd == "call":
@@ -118,11 +164,18 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.seed is not None:
                     params["seed"] = ns.seed
                 if ns.gene:
-                    params["genes"] = [{"id": int(g.split(":")[0]), "scale": float(g.split(":")[1]) if ":" in g else 1.0} for g in ns.gene]
+                    params["genes"] = _genes(ns.gene)
                 on_chunk = (lambda ch: (sys.stdout.write(ch["content"]), sys.stdout.flush())) if ns.stream else None
                 out = c.call("completion", params, on_chunk=on_chunk)
                 if ns.stream:
                     print()
+            elif ns.cmd == "chat":
+                on_chunk = (lambda ch: (sys.stdout.write(ch["content"]), sys.stdout.flush())) if ns.stream else None
+                out = c.call("chat", chat_params, on_chunk=on_chunk)
+                if ns.stream:
+                    print()
+                    out = {"message": out["message"], "usage": {
+                        k: out["completion"][k] for k in ("n_prompt_tokens", "n_cached", "n_prompt_processed")}}
             else:
                 method, names = _VERBS[ns.cmd]
                 params = {n: getattr(ns, n) for n in names}

@@ -44,6 +44,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Daemon
     socket: str = "./actord.sock"
     metrics_http: str | None = None  # "127.0.0.1:9464" serves Prometheus text over HTTP
+    # OpenAI-compatible HTTP front (actord/http/), in the daemon's own event loop
+    http: str | None = None  # "127.0.0.1:8080"; port 0 picks a free one (props reports it)
+    api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
+    http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
+    chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
+    chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
@@ -87,6 +93,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
             raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
+        if self.http_max_body_bytes < 1 or self.chat_memory_tokens < 0:
+            raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
+        if self.http is not None:
+            host, port = http_address(self.http)
+            if not is_loopback(host) and not self.api_key:
+                raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
+                                    http=self.http)
         positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
                     "max_outbox_bytes", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
         for name in positive:
@@ -109,3 +122,25 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             max_stop=self.max_stop, max_stop_bytes=self.max_stop_bytes,
             max_stop_tokens=self.max_stop_tokens, max_genes=self.max_request_genes,
         )
+
+
+def http_address(spec: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:8080) -> (host, port)."""
+    from actord.errors import InvalidParams
+
+    host, sep, port = spec.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidParams(f"--http wants HOST:PORT, got {spec!r}", http=spec)
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,7 +1,9 @@
 """`actord serve`: the actor system plus the socket server on uvloop, stopped by a signal.
 
 A signal handler only wakes the main task; shutdown then runs in order: stop accepting,
-let the system stop its actors and engine thread, remove the socket.
+let the system stop its actors and engine thread, remove the socket. With `--http
+HOST:PORT` the OpenAI-compatible front (actord/http/) runs in the same event loop, beside
+the socket, and stops first (it lets answers in flight end, up to 5 s).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ async def _serve(config: Config, system: ActorSystem, server: RpcServer, task_st
     server.system = system
     system.rpc = server
     async with anyio.create_task_group() as tg:
+        if config.http:
+            from actord.http.app import HttpFront
+
+            system.http = HttpFront(system, config)
+            system.http_address = await tg.start(system.http.serve)
         await tg.start(server.serve)
         task_status.started(system)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

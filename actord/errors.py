@@ -46,6 +46,20 @@ class PromptTooLong(InvalidParams):
     pass
 
 
+class ChatTemplateError(InvalidParams):
+    """A chat template failed to compile or render, or refused the conversation."""
+
+
+class NoChatTemplate(InvalidParams):
+    """The model ships no chat template and the request named none."""
+
+
+class ModelNotFound(ActordError):
+    """A request named a model this daemon does not serve."""
+
+    http_status = 404
+
+
 class SlotNotFound(ActordError):
     http_status = 404
 

@@ -267,6 +267,55 @@ class ActorSystem:
             except ActordError:
                 pass
 
+    async def chat(
+        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, **params: Any,
+    ) -> Any:
+        """Run one chat turn: messages rendered with the model's chat template (actord.chat).
+
+        A conversation this system served before comes back as the exact tokens of its
+        last prompt + reply, so its mind decodes only the new messages. Returns a
+        `ChatResult` (the reply message, the completion's result and usage).
+        """
+        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult
+
+        if request is None:
+            try:
+                request = msgspec.convert(params, ChatRequest)
+            except msgspec.ValidationError as e:
+                raise InvalidParams(str(e)) from None
+        request.check()
+        prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
+        if prompter is None:
+            info = await self.engine.run(J.ChatInfo())
+            if self.config.chat_template_file:
+                try:
+                    source = await anyio.Path(self.config.chat_template_file).read_text()
+                except (OSError, UnicodeDecodeError) as e:
+                    from actord.errors import FileNotFound
+
+                    raise FileNotFound(f"cannot read chat template {self.config.chat_template_file}: {e}",
+                                       path=self.config.chat_template_file) from None
+                info = msgspec.structs.replace(info, template=source)
+
+            async def tokenize(text: str) -> list[int]:
+                return await self.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
+
+            prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens)
+        prompt = await prompter.build(request.messages, template=request.template,
+                                      add_generation_prompt=request.add_generation_prompt)
+        completion = CompletionRequest(
+            prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
+            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+            stop=request.stop, stream=request.stream, genes=request.genes,
+        )
+        result = await self.complete(completion, on_token=on_token)
+        if result.stop_reason != "cancelled" and (
+            not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
+        ):  # a reply cut at a stop string no longer matches its tokens: not reusable
+            prompter.remember(prompt, result.content, result)
+        return ChatResult(message=ChatMessage(role="assistant", content=result.content), completion=result,
+                          reused_turn=prompt.reused_turn)
+
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
         infos: list[SlotInfo] = [await s.ask(Info()) for s in self.slots]
@@ -407,6 +456,7 @@ class ActorSystem:
         return {
             "model": self.config.model,
             "n_slots": len(self.slots),
+            **({"http": self.http_address} if getattr(self, "http_address", None) else {}),
             **msgspec.to_builtins(self.props),
             **PROPS_VERSION,
         }

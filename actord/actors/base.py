@@ -132,6 +132,7 @@ class Dispatcher:
         # handler at a time, so it waits on at most one other actor.
         self.waits: dict[str, tuple[str, str]] = {}
         self.cycles: list[list[str]] = []  # every cycle refused, for simulations to report
+        self.order_violations: list[str] = []  # every upward or sideways ask refused, likewise
 
     # -- the wait-for graph ------------------------------------------------------------
 
@@ -244,6 +245,7 @@ class Actor(Generic[M]):
         if caller is not None:
             if caller.rank is not None and self.rank is not None and self.rank <= caller.rank:
                 log.error("actor.ask_order_violated", asker=caller.name, target=self.name, msg=what)
+                self.dispatcher.order_violations.append(f"{caller.name} asked {self.name} {what}")
                 raise AskOrderViolated(
                     f"{caller.name} (rank {caller.rank}) may not await {self.name} (rank {self.rank}): "
                     "asks flow down the order; tell upward", asker=caller.name, target=self.name, msg=what)

@@ -202,11 +202,18 @@ class GeneResidency(Actor[GeneInbox]):
                 await self._shrink_to_budget()
                 self._queue_reconcile()
             case SlotFootprint(slot=slot, n_bytes=n):
+                grew = n > self.slot_bytes.get(slot, 0)
                 self.slot_bytes[slot] = n
                 if n == 0:
                     self.slot_genes.pop(slot, None)
-            case EvictDone(slot=slot):
+                elif grew:  # a page-in or restore: the newest state, and it may need room
+                    self.clock += 1
+                    self.slot_use[slot] = self.clock
+                    await self._shrink_to_budget()
+            case EvictDone(slot=slot, freed=freed):
                 self.evicting.discard(slot)
+                if freed:  # still over (a growth the eviction did not cover)? go on
+                    await self._shrink_to_budget()
             case Reconcile():
                 self._reconcile_queued = False
                 await self._reconcile()
@@ -372,9 +379,16 @@ class GeneResidency(Actor[GeneInbox]):
             p.env.reply.fail(error)
 
     def on_crash(self, error: BaseException) -> None:
+        """Nothing waits for us in vain: pending replies fail, waiting slots are refused."""
         for p in self.pending:
             if p.env is not None and p.env.reply is not None:
                 p.env.reply.fail(error)
+            elif p.kind == "acquire":
+                try:
+                    self.slots[p.slot].tell_nowait(GenesRefused(  # type: ignore[index]
+                        ticket=p.ticket, error_type="ActorFailed", message=str(error)))
+                except Exception:  # noqa: BLE001 - a stopped or full slot: it is failing too
+                    pass
         self.pending.clear()
 
     async def _shrink_to_budget(self) -> None:

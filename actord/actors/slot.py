@@ -569,8 +569,9 @@ class Slot(Actor[SlotInbox]):
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
                               n_cached=0, t_start=t_start, genes=genes)
         self.metrics.requests_in_flight.inc()
-        if self.residency is not None and (genes or self.genes):
-            # An empty set is announced too when it replaces a non-empty one: it unpins.
+        if self.residency is not None and (genes or self.genes or self.track_footprint):
+            # An empty set is announced too when it replaces a non-empty one (it unpins) and
+            # under a device budget (the residency must know which slots run).
             self._tickets += 1
             self.active.ticket = self._tickets
             self._acquired = True

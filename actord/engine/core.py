@@ -143,6 +143,8 @@ class Engine:
                 return list(self.records)
             case J.ModelInfo():
                 return self.props
+            case J.ChatInfo():
+                return self.chat_info()
             case J.GeneLoad() | J.GeneUnload() | J.GenePageOut() | J.GenePageIn() | J.GeneList():
                 return self.genes.handle(job)
             case J.Fail(reason=reason):
@@ -180,6 +182,24 @@ class Engine:
             n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
             return buf.raw[:n]
         return self._piece_buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        raw = lib.llama_vocab_get_text(self.vocab, token)
+        return raw.decode(errors="replace") if raw else ""
+
+    def chat_info(self) -> J.ChatTemplateInfo:
+        """The GGUF's tokenizer.chat_template (None if absent) and the BOS/EOS texts."""
+        raw = lib.llama_model_chat_template(self.model, None)
+        bos = int(lib.llama_vocab_bos(self.vocab))
+        return J.ChatTemplateInfo(
+            template=raw.decode(errors="replace") if raw else None,
+            bos_text=self.token_text(bos),
+            eos_text=self.token_text(int(lib.llama_vocab_eos(self.vocab))),
+            add_bos=bool(lib.llama_vocab_get_add_bos(self.vocab)),
+            bos=bos,
+        )
 
     # -- sampling ----------------------------------------------------------------------
 

@@ -112,6 +112,10 @@ class GeneList(Job):
     pass
 
 
+class ChatInfo(Job):
+    """What chat rendering needs from the model: its template and special-token texts."""
+
+
 class Fail(Job):
     """Test and simulation seam: a job that fails on the engine thread."""
 
@@ -172,6 +176,14 @@ class GeneInfo(msgspec.Struct, frozen=True):
     n_bytes: int
     n_moved: int = 0
     t_ms: float = 0.0
+
+
+class ChatTemplateInfo(msgspec.Struct, frozen=True):
+    template: str | None  # tokenizer.chat_template, None when the model ships none
+    bos_text: str
+    eos_text: str
+    add_bos: bool
+    bos: int
 
 
 class StateData(msgspec.Struct, frozen=True):

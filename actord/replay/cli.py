@@ -12,7 +12,7 @@ from actord import log
 
 
 def main(cmd: str, argv: list[str]) -> int:
-    log.configure(level="error")
+    log.configure(level="critical")
     if cmd == "replay":
         ap = argparse.ArgumentParser(prog="actord replay")
         ap.add_argument("trace")
@@ -32,36 +32,65 @@ def main(cmd: str, argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="run seeds seed..seed+seeds-1")
     ap.add_argument("--steps", type=int, default=8, help="operations per client")
     ap.add_argument("--model", help="GGUF (default: a generated tiny llama)")
-    ap.add_argument("--lora", help="a LoRA for --model (default: generated with the tiny model)")
+    ap.add_argument("--lora", action="append", help="a LoRA for --model (default: three generated with the tiny model)")
     ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    ap.add_argument("--device-budgets", action=argparse.BooleanOptionalAction, default=True,
+                    help="seeded tight device budgets shared by genes and slot states (default on)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (seeds are split between them)")
     ns = ap.parse_args(argv)
-    from actord.replay.sim import InvariantViolated, repro, simulate
 
-    model, lora = ns.model, ns.lora
+    model, loras = ns.model, ns.lora
+    tmpdir = None
     if model is None:
         import tempfile
 
         from actord.testing.models import write_tiny_llama, write_tiny_lora
 
-        d = tempfile.mkdtemp(prefix="actord-simmodel-")
+        tmpdir = tempfile.TemporaryDirectory(prefix="actord-simmodel-")
+        d = tmpdir.name
         model = str(write_tiny_llama(f"{d}/tiny.gguf", seed=1))
-        lora = lora or str(write_tiny_lora(f"{d}/lora.gguf", model, seed=3))
+        loras = loras or [str(write_tiny_lora(f"{d}/lora{i}.gguf", model, seed=3 + i)) for i in range(3)]
+    seeds = list(range(ns.seed, ns.seed + ns.seeds))
+    t0 = time.perf_counter()
+    if ns.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
 
-    async def run() -> int:
-        t0 = time.perf_counter()
-        for seed in range(ns.seed, ns.seed + ns.seeds):
+        chunks = [seeds[i::ns.jobs] for i in range(ns.jobs)]
+        with ProcessPoolExecutor(ns.jobs) as pool:
+            outs = list(pool.map(_run_seeds, chunks, [ns.steps] * ns.jobs, [model] * ns.jobs, [loras] * ns.jobs,
+                                 [ns.backend] * ns.jobs, [ns.device_budgets] * ns.jobs, [False] * ns.jobs))
+    else:
+        outs = [_run_seeds(seeds, ns.steps, model, loras, ns.backend, ns.device_budgets, ns.seeds <= 20)]
+    failed = sorted((o for o in outs if o[0] is not None), key=lambda o: o[0])
+    if failed:
+        seed, msg = failed[0]
+        flags = "" if ns.device_budgets else " --no-device-budgets"
+        cmd = (f"actord simulate --seed {seed} --steps {ns.steps}{flags}"
+               + (f" --model {ns.model}" + "".join(f" --lora {x}" for x in ns.lora or []) if ns.model else ""))
+        print(f"FAILED: {msg}\nreproduce: {cmd}")
+        return 1
+    print(f"{ns.seeds} seed(s) x {ns.steps} steps passed in {time.perf_counter() - t0:.1f} s "
+          f"(device budgets {'on' if ns.device_budgets else 'off'}, {ns.jobs} job(s))")
+    return 0
+
+
+def _run_seeds(seeds: list[int], steps: int, model: str, loras: list[str], backend: str, device: bool,
+               verbose: bool) -> tuple[int | None, str]:
+    """Run seeds in order; the first failure stops this worker: (seed, message)."""
+    log.configure(level="critical")
+    from actord.replay.sim import InvariantViolated, simulate
+
+    async def run() -> tuple[int | None, str]:
+        for seed in seeds:
             try:
-                r = await simulate(seed, ns.steps, model, lora)
+                r = await simulate(seed, steps, model, loras, device=device)
             except InvariantViolated as e:
-                cmd = repro(seed, ns.steps, model) if ns.model else f"actord simulate --seed {seed} --steps {ns.steps}"
-                print(f"FAILED: {e}\nreproduce: {cmd}")
-                return 1
-            if ns.seeds <= 20:
+                return seed, str(e)
+            if verbose:
                 print(f"seed {seed}: {r.ops} ops, {r.events} events, trace {r.trace_hash}, refusals {r.errors}")
-        print(f"{ns.seeds} seed(s) passed in {time.perf_counter() - t0:.1f} s")
-        return 0
+        return None, ""
 
-    return anyio.run(run, backend=ns.backend)
+    return anyio.run(run, backend=backend)
 
 
 if __name__ == "__main__":

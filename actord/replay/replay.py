@@ -39,9 +39,24 @@ async def replay(events: list[Event], model: str, *, page_dir: str | None = None
     header = events[0]
     assert isinstance(header, Header), "a trace starts with its header"
     footer = next((e for e in events if isinstance(e, Footer)), None)
-    cfg_dict = dict(header.config)
     tmp = tempfile.TemporaryDirectory(prefix="actord-replay-") if page_dir is None else None
-    cfg_dict.update(model=model, page_dir=page_dir or tmp.name)  # type: ignore[union-attr]
+    here = {"<model-dir>": str(Path(model).parent), "<page-dir>": page_dir or tmp.name}  # type: ignore[union-attr]
+
+    def local(obj: Any) -> Any:  # the recorded relative paths, under this run's folders
+        if isinstance(obj, str):
+            for name, root in here.items():
+                if obj.startswith(name + "/"):
+                    return root + obj[len(name):]
+            return obj
+        if isinstance(obj, list):
+            return [local(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: local(v) for k, v in obj.items()}
+        return obj
+
+    cfg_dict = local(dict(header.config))
+    cfg_dict.pop("model_digest", None)
+    cfg_dict.update(model=model, page_dir=here["<page-dir>"])
     cfg = msgspec.convert(cfg_dict, Config)
     lines = {id(e): i + 1 for i, e in enumerate(events)}
     policy = RecordedPolicy(events)
@@ -55,7 +70,7 @@ async def replay(events: list[Event], model: str, *, page_dir: str | None = None
     async def call(ev: Input) -> None:
         method = METHODS[ev.method]
         try:
-            await method.call(system, msgspec.convert(ev.params, method.params), None)
+            await method.call(system, msgspec.convert(local(ev.params), method.params), None)
         except ActordError:
             pass  # a refusal is part of the recorded behaviour; its events are checked
 

@@ -7,11 +7,25 @@ reader, an engine step that fails) and the order of every event. After every eve
 invariants are checked; a failure raises `InvariantViolated` with the seed and a one-line
 command that reproduces it bit for bit.
 
-Invariants: page charges equal the live pages and never exceed the ceiling; checkpoint
-bytes never exceed their budget; no decode runs with a freed gene (the engine refuses
-such a step, which would fail a request with GeneNotResident); no idle slot is still
-enrolled with the scheduler; every acknowledged publication reads back whole; every
+The workload also hunts for what only concurrency shows: a tight device budget shared by
+several genes and the slots' states (so the residency must evict slots, by telling them),
+requests with mixed gene sets, mind-addressed requests over few slots, a small shared KV
+cache (so the scheduler must make room), and a SIGTERM-like `shutdown` at a seeded point.
+The dispatcher's wait-for graph is watched: a refused ask cycle, an upward ask, a timed-out
+ask or a crashed actor is a finding.
+
+Invariants: page charges equal the live pages, and `charged - earmarked` (bytes a
+replacement under way will free) never exceeds the ceiling; checkpoint bytes in the
+budget's mirror never exceed the budget, and at the end every slot's real checkpoints are
+what the mirror holds; when no request runs and nothing is pending or being evicted, the
+resident genes and slot states fit the device budget; a slot's KV cells as the scheduler
+charges them never exceed n_ctx in total; no decode runs with a freed gene (the engine
+refuses such a step, which would fail a request with GeneNotResident); no idle slot is
+still enrolled with the scheduler; every acknowledged publication reads back whole; every
 operation gets exactly one final answer (the run never stalls with a client waiting).
+
+The trace hash depends on the seed, the model's bytes and the code, never on where files
+live: paths are written relative to their folders.
 """
 
 from __future__ import annotations
@@ -66,9 +80,13 @@ def repro(seed: int, steps: int, model: str) -> str:
     return f"actord simulate --seed {seed} --steps {steps} --model {model}"
 
 
-async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *, clients: int = 3,
-                   faults: bool = True, work: str | None = None) -> SimResult:
+FINDINGS = {"AskCycle", "AskOrderViolated", "AskTimeout", "ActorFailed", "GeneNotResident", "KvCacheFull"}
+
+
+async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | None = None, *, clients: int = 3,
+                   faults: bool = True, work: str | None = None, device: bool = True) -> SimResult:
     rng = random.Random(seed)
+    loras = [] if lora is None else [lora] if isinstance(lora, str) else list(lora)
     reseed: Any = None
     if sniffio.current_async_library() == "trio":
         import trio
@@ -84,9 +102,13 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
         fs = FaultyFs(faults=[Fault(op=rng.choice(["fsync", "dirsync", "rename", "step"]),
                                     nth=rng.randint(1, 6), action=rng.choice(["fail", "crash"]))])
     _FlakyEngine.fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
-    cfg = Config(model=model, slots=2, ctx=512, batch=32, page_dir=str(root), threads=1,
+    n_slots = rng.choice([2, 2, 3])
+    cfg = Config(model=model, slots=n_slots, ctx=rng.choice([160, 256, 512]), batch=32, page_dir=str(root), threads=1,
                  page_ram_bytes=rng.choice([6_000, 20_000, 10**6]), ctx_checkpoints_bytes=rng.choice([0, 4_000, 10**6]),
-                 checkpoint_every=8, ctx_checkpoints=3, device_bytes=0)
+                 checkpoint_every=8, ctx_checkpoints=3,
+                 device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) if device else 0,
+                 ask_timeout_s=60, shutdown_grace_s=0.0)
+    stop_at = rng.randint(10, 30 * steps) if rng.random() < 0.3 else None
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
     disp.reseed = reseed
@@ -97,6 +119,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
     ops_done = [0]
     histories = {f"m{i}": [1, 20 + i, 30 + i, 40 + i] for i in range(3)}
     gene_ids: list[int] = []
+    stopping = {"on": False}
+
+    def genes_of(r: random.Random) -> list[dict[str, Any]]:
+        return [{"id": g, "scale": r.choice([1.0, 0.5])} for g in gene_ids if r.random() < 0.35]
 
     async def op(c: int, r: random.Random) -> None:
         kind = r.choice(["complete", "complete", "mind", "mind", "page_out", "page_in", "drop", "spill",
@@ -104,13 +130,16 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
         slot = r.randrange(cfg.slots)
         try:
             if kind == "complete":
-                await system.complete(prompt=[1] + [r.randrange(3, 500) for _ in range(r.randint(1, 24))],
-                                      n_predict=r.randint(1, 6), slot=slot, ignore_eos=True,
-                                      genes=[{"id": g, "scale": 1.0} for g in gene_ids if r.random() < 0.3])
+                await system.complete(prompt=[1] + [r.randrange(3, 500) for _ in range(r.randint(1, 60))],
+                                      n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True, genes=genes_of(r),
+                                      **({"slot": slot} if r.random() < 0.8 else {}))
             elif kind == "mind":
                 m = r.choice(sorted(histories))
-                res = await system.complete(prompt=histories[m], n_predict=3, mind=m, ignore_eos=True)
-                histories[m] = histories[m] + res.tokens + [r.randrange(3, 500)]
+                if len(histories[m]) > cfg.ctx // 3:  # the mind starts over before it outgrows the cache
+                    histories[m] = histories[m][:4]
+                res = await system.complete(prompt=histories[m], n_predict=3, mind=m, ignore_eos=True,
+                                            genes=genes_of(r))
+                histories[m] = histories[m] + res.tokens + [r.randrange(3, 500) for _ in range(r.randint(1, 12))]
             elif kind == "page_out":
                 await system.page_out(slot, f"p{r.randrange(3)}")
             elif kind == "page_in":
@@ -133,8 +162,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
                 g = r.choice(gene_ids)
                 await (system.gene_page_out(g) if r.random() < 0.5 else system.gene_page_in(g))
         except ActordError as e:
-            if e.type == "GeneNotResident":
-                raise InvariantViolated(f"seed {seed}: a decode was attempted with a freed gene") from e
+            if e.type in FINDINGS:
+                raise InvariantViolated(f"seed {seed}: {kind} failed with {e.type}: {e.message}") from e
+            if e.type == "ShuttingDown" and not stopping["on"]:
+                raise InvariantViolated(f"seed {seed}: {kind} refused as shutting down, but no stop was asked") from e
             errors[e.type] = errors.get(e.type, 0) + 1
         ops_done[0] += 1
 
@@ -150,33 +181,80 @@ async def simulate(seed: int, steps: int, model: str, lora: str | None = None, *
         if ps.charged != ps.live_bytes() or ps.charged != sum(g.n_bytes for g in ps.gens.values()) + sum(
                 n for _, n in ps.reserved.values()):
             raise InvariantViolated(f"seed {seed}: page charge {ps.charged} != live pages {ps.live_bytes()}")
-        if ps.charged > ps.ceiling:
-            raise InvariantViolated(f"seed {seed}: page charge {ps.charged} over the ceiling {ps.ceiling}")
+        if ps.effective > ps.ceiling:
+            raise InvariantViolated(f"seed {seed}: page charge {ps.charged} (earmarked {ps.earmarked}) over the "
+                                    f"ceiling {ps.ceiling}")
         cb = system.ckpt_budget
         if cb.used > cb.budget:
             raise InvariantViolated(f"seed {seed}: checkpoint bytes {cb.used} over the budget {cb.budget}")
         for s in system.slots:
-            if s.active is None and s.id in system.scheduler.work:
+            # (While the scheduler still awaits the slot's answer to a step, the slot may
+            # already have ended the request: the answer will say so.)
+            if s.active is None and s.id in system.scheduler.work and disp.waits.get("scheduler", ("",))[0] != s.name:
                 raise InvariantViolated(f"seed {seed}: idle slot {s.id} is still enrolled")
+        sch = system.scheduler
+        if sum(sch.cells.values()) > sch.n_ctx:
+            raise InvariantViolated(f"seed {seed}: KV cells charged {dict(sch.cells)} exceed n_ctx {sch.n_ctx}")
+        res = system.residency
+        quiet = res.name in disp._gates  # not in the middle of a handler (a page move under way)
+        idle = not any(s.active for s in system.slots)
+        if (res.budget and quiet and idle and not (res.running or res.pending or res.evicting)
+                and res.device_bytes() > res.budget):
+            raise InvariantViolated(f"seed {seed}: device bytes {res.device_bytes()} over the budget {res.budget} "
+                                    "with nothing running")
+        if disp.cycles:
+            raise InvariantViolated(f"seed {seed}: wait-for cycle {' -> '.join(disp.cycles[0])}")
+        if disp.order_violations:
+            raise InvariantViolated(f"seed {seed}: AskOrderViolated: {disp.order_violations[0]}")
+        crashed = [a for a in system.actors() if a.failed]
+        if crashed:
+            raise InvariantViolated(f"seed {seed}: actor {crashed[0].name} crashed: {crashed[0].failure!r}")
+
+    def check_end() -> None:
+        cb = system.ckpt_budget
+        for s in system.slots:
+            real = sorted((c.pos, c.n_bytes) for c in s.checkpoints)
+            mirror = sorted((m.pos, m.n_bytes) for m in cb.lists.get(s.id, []))
+            if real != mirror:
+                raise InvariantViolated(f"seed {seed}: slot {s.id} holds checkpoints {real}, the budget counts {mirror}")
+
 
     crashed = False
     try:
         async with system:
             system.files.fs = fs
             disp.live = True
-            if lora:
-                gene_ids.append((await _drive_one(disp, system.gene_load(lora))).id)
+            for path in loras:
+                try:
+                    gene_ids.append((await _drive_one(disp, system.gene_load(path))).id)
+                except ActordError as e:  # a budget too tight for another gene is a refusal, not a finding
+                    errors[e.type] = errors.get(e.type, 0) + 1
             pending["n"] = clients
             async with anyio.create_task_group() as tg:
                 for c in range(clients):
                     tg.start_soon(client, c)
-                while True:
-                    progressed = await disp.step()
-                    check()
-                    if not progressed:
-                        if pending["n"] > 0:
-                            raise InvariantViolated(f"seed {seed}: stalled with {pending['n']} client(s) waiting")
-                        break
+                try:
+                    while True:
+                        if stop_at is not None and disp.position >= stop_at and not stopping["on"]:
+                            stopping["on"] = True  # SIGTERM: no grace, everything in flight is cancelled
+                            tg.start_soon(system.shutdown, 0.0)
+                        progressed = await disp.step()
+                        check()
+                        if not progressed:
+                            if pending["n"] > 0:
+                                raise InvariantViolated(f"seed {seed}: stalled with {pending['n']} client(s) waiting")
+                            break
+                except BaseException:
+                    # A finding, or a simulated crash in a client: report it, not a hang
+                    # behind it. The clients are cancelled and the dispatcher keeps stepping
+                    # so that shielded work (a spill's release) can end.
+                    tg.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True):
+                        for _ in range(100_000):
+                            if not await disp.step():
+                                break
+                    raise
+            check_end()
             disp.close_actors()
     except BaseExceptionGroup as eg:
         # A simulated crash mid-publication kills the process; anything else is a finding.

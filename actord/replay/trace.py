@@ -19,7 +19,30 @@ from typing import Any, IO
 
 import msgspec
 
-VERSION = 1
+VERSION = 2
+
+# Folders whose paths are not behaviour (the model's folder, the page folder): a path under
+# one is written relative to it, so two runs in two temp folders, or on two machines, hash
+# the same. Set by the recorder from its config.
+_ROOTS: list[tuple[str, str]] = []
+
+
+def set_roots(roots: dict[str, str]) -> None:
+    _ROOTS[:] = sorted(((str(Path(k)).rstrip("/") + "/", v) for k, v in roots.items() if k), key=lambda kv: -len(kv[0]))
+
+
+def canonical(obj: Any) -> Any:
+    """`obj` (builtins) with paths under a known folder made relative to it."""
+    if isinstance(obj, str):
+        for root, name in _ROOTS:
+            if obj.startswith(root):
+                return name + obj[len(root) - 1:]
+        return obj
+    if isinstance(obj, list):
+        return [canonical(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: canonical(v) for k, v in obj.items()}
+    return obj
 
 
 def _feed(h: Any, obj: Any) -> None:
@@ -51,6 +74,8 @@ def _feed(h: Any, obj: Any) -> None:
         data = getattr(obj, "data", None)
         if isinstance(data, dict):
             _feed(h, sorted(data))
+    elif isinstance(obj, str) and _ROOTS:
+        h.update(repr(canonical(obj)).encode())
     else:
         h.update(repr(obj).encode())
 
@@ -111,7 +136,7 @@ def to_event(kind: str, f: dict[str, Any]) -> Event:
     if kind == "worker":
         return WorkerDone(op=f["op"], result=digest(f["error"] if f["error"] is not None else f["value"]))
     if kind == "input":
-        return Input(method=f["method"], params=msgspec.to_builtins(f["params"]))
+        return Input(method=f["method"], params=canonical(msgspec.to_builtins(f["params"])))
     raise ValueError(kind)
 
 
@@ -130,10 +155,14 @@ class TraceRecorder:
         self.n = 0
         self.events: list[Event] | None = sink if isinstance(sink, list) else None
         cfg = msgspec.to_builtins(config)
+        model = Path(cfg.get("model", ""))
         # Where files live is not behaviour: two runs in two temp folders are the same run.
+        set_roots({str(model.parent) if model.name else "": "<model-dir>", cfg.get("page_dir", ""): "<page-dir>"})
         for k in ("page_dir", "socket", "trace", "metrics_http"):
             cfg.pop(k, None)
-        cfg["model"] = Path(cfg.get("model", "")).name
+        cfg["model"] = model.name
+        cfg["model_digest"] = _file_digest(model)  # what the model is, not where it lives
+        cfg = canonical(cfg)
         self._write(Header(version=VERSION, config=cfg, seed=seed))
 
     def _write(self, ev: Event) -> None:
@@ -157,6 +186,17 @@ class TraceRecorder:
         elif self.events is None:
             self.out.flush()
         return footer.hash
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError:
+        return ""
+    return h.hexdigest()
 
 
 def read_trace(path: str | Path) -> list[Event]:

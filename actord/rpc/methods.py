@@ -16,6 +16,7 @@ from typing import Annotated, Any, Awaitable, Callable
 import msgspec
 
 from actord.api import CompletionRequest
+from actord.chat import ChatRequest
 from actord.storage.clientfiles import MAX_PATH
 from actord.storage.paths import MAX_NAME, check_page_name
 
@@ -79,8 +80,13 @@ async def _completion(system: Any, p: CompletionRequest, sink: Any) -> Any:
     return _b(await system.complete(p, on_token=sink if p.stream else None))
 
 
+async def _chat(system: Any, p: ChatRequest, sink: Any) -> Any:
+    return _b(await system.chat(p, on_token=sink if p.stream else None))
+
+
 METHODS: dict[str, Method] = {
     "completion": Method(CompletionRequest, _completion, streams=True),
+    "chat": Method(ChatRequest, _chat, streams=True),
     "slot.list": Method(NoParams, lambda s, p, _: _wrap(s.slot_list())),
     "slot.erase": Method(SlotParams, lambda s, p, _: _wrap(s.slot_erase(p.slot))),
     "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict())),

@@ -33,7 +33,61 @@ __all__ = [
     "write_tiny_swa",
     "write_tiny_lora",
     "gemma3_270m_path",
+    "TINY_CHAT_TEMPLATE",
+    "GEMMA3_CHAT_TEMPLATE",
 ]
+
+# A small chat template in the Hugging Face style (Jinja2, the GGUF key
+# tokenizer.chat_template) for the tiny models: role headers, an EOS after each message.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# Gemma 3's instruction-tuned chat template (what the gemma-3-*-it GGUFs carry as
+# tokenizer.chat_template). The 270M GGUF from the registry package is the pretrained model
+# and ships none, so tests and the daemon (--chat-template-file) supply this one.
+GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
 
 UNK_ID = 0
 BOS_ID = 1
@@ -144,8 +198,11 @@ def write_tiny_llama(
     n_head_kv: int = 2,
     n_ff: int = 128,
     n_ctx_train: int = 4096,
+    chat_template: str | None = None,
 ) -> Path:
-    """Write a random f32 llama-architecture GGUF with a 512-token SPM vocab; return its path."""
+    """Write a random f32 llama-architecture GGUF with a 512-token SPM vocab; return its path.
+
+    `chat_template` (e.g. TINY_CHAT_TEMPLATE) is stored as tokenizer.chat_template."""
     import gguf
     import numpy as np
 
@@ -175,6 +232,8 @@ def write_tiny_llama(
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_spm_tokenizer(w)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(f32))
     for i in range(n_layer):

@@ -384,7 +384,7 @@ def test_hundreds_of_connections_then_fds_and_rss_return_to_baseline(daemons, ti
     m = d.metrics()
     assert m.get(CANCELLED, 0) - base.get(CANCELLED, 0) >= 1
     assert m['rpc_disconnects_total{reason="outbox_overflow"}'] == 1
-    assert d.rss_mb() < rss0 + 60, (rss0, d.rss_mb())
+    assert d.rss_mb() < rss0 + 30, (rss0, d.rss_mb())  # measured: 68 -> 76 MB
     assert _peer_completes(d) == 8
     d.assert_clean_log()
 

@@ -1,0 +1,75 @@
+"""The simulation hunts: device budgets, gene sets, minds, KV pressure, a stop mid-run, the
+wait-for detector; a deeper tier than the smoke seeds; hashes that do not depend on paths."""
+
+from __future__ import annotations
+
+import shutil
+
+import anyio
+import pytest
+
+from actord.actors.messages import Evict, PageOutSlot
+from actord.actors.slot import Slot
+from actord.replay.sim import InvariantViolated, simulate
+
+
+@pytest.fixture(scope="session")
+def sim_loras(tiny_model, models_dir):
+    from actord.testing.models import write_tiny_lora
+
+    return [str(write_tiny_lora(models_dir / f"hunt-lora{i}.gguf", tiny_model, seed=3 + i)) for i in range(3)]
+
+
+def test_the_deeper_tier_keeps_every_invariant_with_device_budgets_on(tiny_model, sim_loras):
+    async def run():
+        for seed in range(1000, 1040):
+            await simulate(seed, 30, tiny_model, sim_loras)
+
+    anyio.run(run)
+
+
+def test_the_trace_hash_depends_on_the_model_bytes_not_on_where_the_files_live(tiny_model, sim_loras, tmp_path):
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    model2 = shutil.copy(tiny_model, elsewhere / "tiny-llama.gguf")
+    loras2 = [shutil.copy(p, elsewhere / p.rsplit("/", 1)[1]) for p in sim_loras]
+    for seed in (3, 11):
+        a = anyio.run(simulate, seed, 8, tiny_model, sim_loras).trace_hash
+        b = anyio.run(simulate, seed, 8, str(model2), [str(p) for p in loras2]).trace_hash
+        assert a == b
+
+
+def test_a_stop_mid_run_answers_every_client(tiny_model, sim_loras):
+    """Seeds whose schedule includes a shutdown: every op still gets exactly one answer."""
+    stopped = 0
+    for seed in range(0, 60):
+        r = anyio.run(simulate, seed, 12, tiny_model, sim_loras)
+        stopped += r.errors.get("ShuttingDown", 0) > 0
+    assert stopped >= 3, "the workload never exercised a stop"
+
+
+def test_the_simulation_finds_a_planted_upward_ask(tiny_model, sim_loras, monkeypatch):
+    """The bug issue 9 found, planted back: the residency asks a slot to page out (an ask
+    up the order) instead of telling it to evict. The simulation must find it."""
+
+    real_tell = Slot.tell
+
+    async def tell(self, msg, stream=None):
+        if isinstance(msg, Evict) and msg.reason == "device":
+            await self.ask(PageOutSlot(page=""))  # the old bug: the residency awaits a slot
+            return
+        await real_tell(self, msg, stream)
+
+    monkeypatch.setattr(Slot, "tell", tell)
+    found = None
+    for seed in range(200):
+        try:
+            anyio.run(simulate, seed, 10, tiny_model, sim_loras)
+        except InvariantViolated as e:
+            found = (seed, str(e))
+            break
+    assert found is not None, "200 seeds did not find the planted upward ask"
+    assert "AskOrderViolated" in found[1]
+    with pytest.raises(InvariantViolated) as again:
+        anyio.run(simulate, found[0], 10, tiny_model, sim_loras)
+    assert str(again.value) == found[1]

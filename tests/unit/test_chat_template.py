@@ -1,0 +1,146 @@
+"""Chat templates (actord.chat): the sandboxed Jinja2 environment, prefix stability, turn memory.
+
+Why: a mind's next turn must decode only its new messages, which needs the rendered prompt
+of turn n+1 to extend turn n's prompt plus the reply; and a template is code a request may
+supply, so it runs sandboxed and its failures are typed refusals.
+"""
+
+from __future__ import annotations
+
+import jinja2
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from actord.api import CompletionResult, Timings
+from actord.chat import ChatMessage, ChatPrompter, ChatTemplate, TurnMemory
+from actord.engine.jobs import ChatTemplateInfo
+from actord.errors import ChatTemplateError, NoChatTemplate
+from actord.testing.models import GEMMA3_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_template(tmp_path_factory) -> str:
+    """The template as stored in a generated GGUF (tokenizer.chat_template), read back."""
+    import gguf
+
+    path = write_tiny_llama(tmp_path_factory.mktemp("m") / "chat.gguf", seed=3, chat_template=TINY_CHAT_TEMPLATE)
+    field = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def test_generated_model_carries_the_template(tiny_template):
+    assert tiny_template == TINY_CHAT_TEMPLATE
+
+
+# Text without edge whitespace: Gemma's template trims message contents.
+_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), min_size=1, max_size=40).map(str.strip).filter(bool)
+
+
+@st.composite
+def conversations(draw):
+    """(messages ending with a user turn, the reply, the next user message)."""
+    n = draw(st.integers(0, 4))
+    msgs = [{"role": "system", "content": draw(_text)}] if draw(st.booleans()) else []
+    for _ in range(n):
+        msgs += [{"role": "user", "content": draw(_text)}, {"role": "assistant", "content": draw(_text)}]
+    msgs.append({"role": "user", "content": draw(_text)})
+    return msgs, draw(_text), draw(_text)
+
+
+@pytest.mark.parametrize("which", ["tiny", "gemma3"])
+@settings(max_examples=150, deadline=None)
+@given(convo=conversations())
+def test_next_turn_prompt_extends_this_prompt_plus_the_reply(which, tiny_template, convo):
+    msgs, reply, nxt = convo
+    tpl = ChatTemplate(tiny_template if which == "tiny" else GEMMA3_CHAT_TEMPLATE, bos_token="<s>", eos_token="</s>")
+    now = tpl.render(msgs)
+    later = tpl.render([*msgs, {"role": "assistant", "content": reply}, {"role": "user", "content": nxt}])
+    assert later.startswith(now + reply)
+    assert len(later) > len(now + reply)
+
+
+def test_gemma3_template_matches_plain_jinja2_rendering():
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": " Hello! "}, {"role": "user", "content": "Bye"}]
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    ref = env.from_string(GEMMA3_CHAT_TEMPLATE).render(messages=msgs, add_generation_prompt=True, bos_token="<bos>")
+    ours = ChatTemplate(GEMMA3_CHAT_TEMPLATE, bos_token="<bos>").render(msgs)
+    assert ours == ref == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+                           "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_template_refusal_is_a_typed_error():
+    tpl = ChatTemplate(GEMMA3_CHAT_TEMPLATE, bos_token="<bos>")
+    with pytest.raises(ChatTemplateError, match="alternate"):
+        tpl.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_sandbox_refuses_reaching_python_internals():
+    tpl = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ChatTemplateError, match="SecurityError|unsafe"):
+        tpl.render([{"role": "user", "content": "x"}])
+    mutating = ChatTemplate("{% set l = [] %}{{ l.append(1) }}")
+    with pytest.raises(ChatTemplateError):
+        mutating.render([])
+
+
+def test_broken_template_source_is_a_typed_error():
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for m in messages %}")
+
+
+def test_environment_is_the_hugging_face_one():
+    tpl = ChatTemplate("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+                       "{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}")
+    out = tpl.render([{"role": "user", "content": "é"}, {"role": "user", "content": "x"}])
+    assert out == '{"role": "user", "content": "é"}4'
+
+
+def test_turn_memory_is_bounded_by_tokens_and_least_recently_used_goes_first():
+    mem = TurnMemory(max_tokens=10)
+    mem.put(b"a", [1] * 4)
+    mem.put(b"b", [2] * 4)
+    assert mem.get(b"a") == [1] * 4  # a is now the most recent
+    mem.put(b"c", [3] * 4)  # 12 > 10: b goes
+    assert mem.get(b"b") is None and mem.get(b"a") is not None and mem.held == 8
+    mem.put(b"huge", [0] * 11)  # larger than the budget: not kept, nothing dropped
+    assert mem.get(b"huge") is None and len(mem) == 2
+
+
+def _result(tokens: list[int]) -> CompletionResult:
+    return CompletionResult(content="", tokens=tokens, n_prompt_tokens=0, n_prompt_processed=0, n_cached=0,
+                            slot=0, stop_reason="length", timings=Timings(0, 0, 0, 0))
+
+
+def _prompter(template: str | None = TINY_CHAT_TEMPLATE) -> ChatPrompter:
+    async def tokenize(text: str) -> list[int]:  # one token per character, "<s>" parsed as 1
+        return [1 if i == 0 and text.startswith("<s>") else ord(c) + 10 for i, c in enumerate(text.replace("<s>", "\0", 1))]
+
+    info = ChatTemplateInfo(template=template, bos_text="<s>", eos_text="</s>", add_bos=True, bos=1)
+    return ChatPrompter(info, tokenize)
+
+
+@pytest.mark.anyio
+async def test_a_served_turn_comes_back_as_its_exact_tokens():
+    p = _prompter()
+    msgs = [ChatMessage("user", "hi")]
+    first = await p.build(msgs)
+    assert first.tokens[0] == 1 and not first.reused_turn
+    generated = [500, 501, 502]  # what the model produced (not what "yo" would tokenize to)
+    p.remember(first, "yo", _result(generated))
+    nxt = [*msgs, ChatMessage("assistant", "yo"), ChatMessage("user", "more")]
+    second = await p.build(nxt)
+    assert second.reused_turn
+    assert second.tokens[: len(first.tokens) + 3] == first.tokens + generated
+    tail = "</s>\n<|user|>\nmore</s>\n<|assistant|>\n"
+    assert second.tokens[len(first.tokens) + 3:] == [ord(c) + 10 for c in tail]
+    edited = [*msgs, ChatMessage("assistant", "yo!"), ChatMessage("user", "more")]
+    assert not (await p.build(edited)).reused_turn  # an edited reply is rendered whole
+
+
+@pytest.mark.anyio
+async def test_no_template_is_a_typed_error_unless_the_request_names_one():
+    p = _prompter(template=None)
+    with pytest.raises(NoChatTemplate):
+        await p.build([ChatMessage("user", "hi")])
+    assert (await p.build([ChatMessage("user", "hi")], template=TINY_CHAT_TEMPLATE)).tokens[0] == 1
