@@ -15,6 +15,10 @@ crashes (the daemon exited), hangs (a tracked request or the sentinel unanswered
 disconnects, tracebacks in the daemon's log, and the exit code after SIGTERM. When the run
 stops on --seconds it also prints how long the full --inputs would take at the measured
 rate. Exit status 1 if any count is not zero.
+
+Measured (2 cores shared with other work, load ~4; tiny model, --seed 7): 1,000,000 inputs
+in 307 s = 3254 inputs/s, 0 crashes, 0 hangs, 0 untyped errors, 0 malformed answers,
+0 disconnects, 0 tracebacks, exit 0 after SIGTERM, daemon RSS 75 MB at the end.
 """
 
 from __future__ import annotations
