@@ -39,6 +39,7 @@ from actord.engine.thread import EngineThread
 from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
+from actord.storage.clientfiles import ClientFiles
 from actord.storage.files import PageFiles
 
 log = get("actord.system")
@@ -74,6 +75,12 @@ class ActorSystem:
         self.files: Any = None
         self.placer: MindPlacer | None = None
         self._rids = itertools.count(1)
+        self._limits = self.config.request_limits()
+        c = self.config
+        self.client_files = ClientFiles(root=c.gene_dir, max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
+                                        threads=c.client_file_threads)
+        self.operator_files = ClientFiles(max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
+                                          threads=c.client_file_threads)
         self._tg: Any = None
         self._started = time.time()
         self.closing = False
@@ -223,7 +230,7 @@ class ActorSystem:
                 request = msgspec.convert(params, CompletionRequest)
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
-        request.check()
+        request.check(self._limits)
         self._check_open()
         await self.dispatcher.input("completion", request)
         rid = next(self._rids)
@@ -414,15 +421,13 @@ class ActorSystem:
     # -- genes -------------------------------------------------------------------------
 
     async def gene_load(self, path: str, *, default: bool = False) -> Any:
-        from actord.errors import FileNotFound
-
         assert self.residency is not None
         self._check_open()
         await self.dispatcher.input("gene.load", {"path": path, "default": default})
-        try:
-            image = await anyio.Path(path).read_bytes()  # a worker thread, not the engine
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise FileNotFound(f"cannot read gene file {path}: {e.strerror}", path=path) from None
+        # A client-named file: regular, bounded, timed, confined to --gene-dir when set
+        # (storage/clientfiles.py). Files the operator listed with --gene are not confined.
+        files = self.operator_files if path in self.config.gene else self.client_files
+        image = await files.read(path)
         return await self.residency.ask(LoadGene(path=path, image=image, default=default))
 
     async def gene_unload(self, gene_id: int) -> Any:
