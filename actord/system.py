@@ -36,7 +36,7 @@ from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound
+from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
 from actord.storage.clientfiles import ClientFiles
@@ -284,6 +284,13 @@ class ActorSystem:
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
         request.check()
+        self._check_open()
+        # The bytes a client sends are bounded before anything renders or tokenizes them.
+        n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+        n += len(request.template.encode()) if request.template else 0
+        if n > self._limits.max_prompt_bytes:
+            raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
+                                n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
         prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
         if prompter is None:
             info = await self.engine.run(J.ChatInfo())
@@ -319,7 +326,11 @@ class ActorSystem:
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
         infos: list[SlotInfo] = [await s.ask(Info()) for s in self.slots]
-        idle = [i for i in infos if i.state == "idle" and i.deferred == 0]
+        # Slots that a request placed meanwhile is bound for are not idle for this one: no
+        # await between this choice and its record in _inflight, so two concurrent
+        # placements cannot pick the same slot.
+        bound_for = {s for s in self._inflight.values() if s is not None}
+        idle = [i for i in infos if i.state == "idle" and i.deferred == 0 and i.id not in bound_for]
         if isinstance(request.prompt, list) and idle:
             best = max(idle, key=lambda i: (common_prefix(self.slots[i.id].kv_tokens, request.prompt), -i.n_tokens))
             return self.slots[best.id]

@@ -358,6 +358,7 @@ class Slot(Actor[SlotInbox]):
         for env in list(self.deferred):
             if isinstance(env.msg, Complete) and env.msg.rid == rid:
                 self.deferred.remove(env)
+                self.metrics.requests_total.labels(outcome="cancelled").inc()
                 if env.reply is not None:
                     env.reply.fail(Cancelled("request cancelled before it started", rid=rid))
 

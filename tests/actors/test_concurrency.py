@@ -305,3 +305,17 @@ async def test_shutdown_cancels_requests_past_the_grace_and_refuses_new_ones(tin
         assert sorted(r.stop_reason for r in results) == ["cancelled", "cancelled"]
         with pytest.raises(ShuttingDown):
             await s.complete(prompt=prompt(5), n_predict=1, slot=0)
+
+
+@pytest.mark.anyio
+async def test_concurrent_requests_naming_no_slot_spread_over_the_idle_slots(tiny_model, tmp_path):
+    async with ActorSystem(Config(model=tiny_model, slots=3, ctx=2048, page_dir=str(tmp_path))) as s:
+        got: list[int] = []
+
+        async def one(i: int) -> None:
+            got.append((await s.complete(prompt=prompt(20, i), n_predict=30, ignore_eos=True)).slot)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+        assert sorted(got) == [0, 1, 2]
