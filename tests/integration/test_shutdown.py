@@ -136,3 +136,47 @@ def _wait_any_processing(sock: Path) -> None:
             if any(s["state"] == "processing" for s in c.call("slot.list")):
                 return
             time.sleep(0.005)
+
+
+def test_the_issue_9_deadlock_over_the_socket_answers_both_requests(tiny_model, tmp_path, models_dir):
+    """`serve --device-bytes 330000 --gene a --gene b`; a third gene paged out; slot 0 full;
+    then, back to back, slot 1 naming the third gene and slot 0: both answer, and so does
+    everything after."""
+    from actord.testing.models import write_tiny_lora
+
+    genes = [str(write_tiny_lora(models_dir / f"dl-lora{i}.gguf", tiny_model, seed=60 + i)) for i in range(3)]
+    sock = tmp_path / "actord.sock"
+    proc = subprocess.Popen(
+        [PY, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "2048", "--threads", "1",
+         "--device-bytes", "330000", "--gene", genes[0], "--gene", genes[1], "--socket", str(sock),
+         "--page-dir", str(tmp_path / "pages"), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(sock, proc)
+        with Client(str(sock), timeout=30) as c:
+            third = c.call("gene.load", {"path": genes[2]})["id"]
+            c.call("gene.page_out", {"id": third})
+            c.call("completion", {"prompt": [1] + [5 + i % 300 for i in range(899)], "n_predict": 1, "slot": 0,
+                                  "ignore_eos": True})
+        answers: dict[int, object] = {}
+
+        def on(slot: int, genes: list[dict]) -> None:
+            with Client(str(sock), timeout=30) as c:
+                answers[slot] = c.call("completion", {"prompt": [1, 7, 8, 9, slot + 20], "n_predict": 4,
+                                                      "slot": slot, "ignore_eos": True, "genes": genes})
+
+        threads = [threading.Thread(target=on, args=(1, [{"id": third, "scale": 1.0}])),
+                   threading.Thread(target=on, args=(0, []))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(answers) == [0, 1] and all(a["stop_reason"] == "length" for a in answers.values())  # type: ignore[index]
+        with Client(str(sock), timeout=10) as c:
+            assert len(c.call("slot.list")) == 2 and len(c.call("gene.list")) == 3
+            assert c.call("health")["status"] == "ok"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        _reap(proc)
