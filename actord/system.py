@@ -222,9 +222,12 @@ class ActorSystem:
 
     async def complete(
         self, request: CompletionRequest | None = None, *, on_token: Callable[[Any], None] | None = None,
-        **params: Any,
+        _input: bool = True, **params: Any,
     ) -> CompletionResult:
-        """Run one completion. `on_token` (sync, must not block) receives streamed chunks."""
+        """Run one completion. `on_token` (sync, must not block) receives streamed chunks.
+
+        (`_input=False`: a completion made by another verb, e.g. `chat`, whose own input a
+        trace already holds; a replay re-executes that verb, not this completion.)"""
         if request is None:
             try:
                 request = msgspec.convert(params, CompletionRequest)
@@ -232,7 +235,8 @@ class ActorSystem:
                 raise InvalidParams(str(e)) from None
         request.check(self._limits)
         self._check_open()
-        await self.dispatcher.input("completion", request)
+        if _input:
+            await self.dispatcher.input("completion", request)
         rid = next(self._rids)
         bound = self.config.request_timeout_s
         slot: Slot | None = None
@@ -291,6 +295,7 @@ class ActorSystem:
         if n > self._limits.max_prompt_bytes:
             raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
                                 n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
+        await self.dispatcher.input("chat", request)
         prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
         if prompter is None:
             info = await self.engine.run(J.ChatInfo())
@@ -315,7 +320,7 @@ class ActorSystem:
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
             stop=request.stop, stream=request.stream, genes=request.genes,
         )
-        result = await self.complete(completion, on_token=on_token)
+        result = await self.complete(completion, on_token=on_token, _input=False)
         if result.stop_reason != "cancelled" and (
             not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
         ):  # a reply cut at a stop string no longer matches its tokens: not reusable
