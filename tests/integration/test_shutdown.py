@@ -49,12 +49,12 @@ def _in_flight(sock: Path, n: int) -> tuple[list[threading.Thread], list[object]
     return threads, answers
 
 
-def _wait_generating(sock: Path) -> None:
+def _wait_processing(sock: Path, which=all) -> None:  # noqa: ANN001 - all or any
     with Client(str(sock), timeout=10) as c:
-        for _ in range(200):
-            if all(s["state"] == "processing" for s in c.call("slot.list")):
+        for _ in range(500):
+            if which(s["state"] == "processing" for s in c.call("slot.list")):
                 return
-            time.sleep(0.02)
+            time.sleep(0.01)
     raise AssertionError("requests never started")
 
 
@@ -62,7 +62,7 @@ def test_sigterm_with_minds_in_flight_answers_them_and_exits_within_the_grace(ti
     sock, proc = _start(tiny_model, tmp_path, grace=1.0)
     try:
         threads, answers = _in_flight(sock, 4)
-        _wait_generating(sock)
+        _wait_processing(sock)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=15)
@@ -85,7 +85,7 @@ def test_a_second_sigterm_exits_at_once(tiny_model, tmp_path):
     sock, proc = _start(tiny_model, tmp_path, grace=60.0)
     try:
         threads, _ = _in_flight(sock, 2)
-        _wait_generating(sock)
+        _wait_processing(sock)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         assert proc.poll() is None, "the first SIGTERM waits for the grace"
@@ -112,7 +112,7 @@ def test_sigterm_lets_short_requests_finish_within_the_grace(tiny_model, tmp_pat
 
         t = threading.Thread(target=one)
         t.start()
-        _wait_any_processing(sock)
+        _wait_processing(sock, any)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=grace)
         t.join(10)
@@ -130,12 +130,6 @@ def _reap(proc: subprocess.Popen) -> None:
             f.close()
 
 
-def _wait_any_processing(sock: Path) -> None:
-    with Client(str(sock), timeout=10) as c:
-        for _ in range(500):
-            if any(s["state"] == "processing" for s in c.call("slot.list")):
-                return
-            time.sleep(0.005)
 
 
 def test_the_issue_9_deadlock_over_the_socket_answers_both_requests(tiny_model, tmp_path, models_dir):
