@@ -6,12 +6,31 @@ get defaults, so older clients keep working.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 
 class GeneRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: int
     scale: float = 1.0
+
+
+class RequestLimits(msgspec.Struct, frozen=True):
+    """Bounds on one completion request, checked before any work (tokenizing included).
+
+    The defaults are `Config`'s for its default ctx; a system passes its own
+    (`Config.request_limits()`)."""
+
+    max_prompt_bytes: int = 32 * 4096
+    max_prompt_tokens: int = 4096
+    max_stop: int = 32
+    max_stop_bytes: int = 256
+    max_stop_tokens: int = 1024
+    max_genes: int = 64
+
+
+DEFAULT_LIMITS = RequestLimits()
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -29,26 +48,67 @@ class CompletionRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     stream: bool = False
     genes: list[GeneRef] = []
 
-    def check(self) -> "CompletionRequest":
-        from actord.errors import InvalidParams
+    def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
+        from actord.errors import InvalidParams, PromptTooLong
+        from actord.storage.paths import check_part
 
         if isinstance(self.prompt, str) and not self.prompt:
             raise InvalidParams("prompt is empty")
         if isinstance(self.prompt, list) and not self.prompt:
             raise InvalidParams("prompt is empty")
+        # Sizes first, before anything costs time in proportion to them (a text prompt is
+        # never tokenized, nor a token list scanned, when it cannot fit).
+        if isinstance(self.prompt, str):
+            n = _utf8_len(self.prompt, "prompt")
+            if n > limits.max_prompt_bytes:
+                raise PromptTooLong(f"prompt of {n} bytes is over the limit of {limits.max_prompt_bytes}",
+                                    n_prompt_bytes=n, max_prompt_bytes=limits.max_prompt_bytes)
+        if isinstance(self.prompt, list) and len(self.prompt) > limits.max_prompt_tokens:
+            raise PromptTooLong(f"prompt of {len(self.prompt)} tokens does not fit n_ctx {limits.max_prompt_tokens}",
+                                n_prompt_tokens=len(self.prompt), n_ctx=limits.max_prompt_tokens)
+        if len(self.stop) > limits.max_stop:
+            raise InvalidParams(f"{len(self.stop)} stop strings, at most {limits.max_stop}",
+                                field="stop", max=limits.max_stop)
+        for s in self.stop:
+            if len(s) > limits.max_stop_bytes or _utf8_len(s, "stop") > limits.max_stop_bytes:
+                raise InvalidParams(f"a stop string is over {limits.max_stop_bytes} bytes",
+                                    field="stop", max_bytes=limits.max_stop_bytes)
+        if len(self.stop_tokens) > limits.max_stop_tokens:
+            raise InvalidParams(f"{len(self.stop_tokens)} stop tokens, at most {limits.max_stop_tokens}",
+                                field="stop_tokens", max=limits.max_stop_tokens)
+        if len(self.genes) > limits.max_genes:
+            raise InvalidParams(f"{len(self.genes)} genes, at most {limits.max_genes}",
+                                field="genes", max=limits.max_genes)
         if self.n_predict < 0:
             raise InvalidParams("n_predict must be >= 0")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise InvalidParams("bad sampling parameters")
+        if not (0 <= self.temperature < math.inf and 0 < self.top_p <= 1 and 0 <= self.top_k < 2**31):
+            raise InvalidParams("bad sampling parameters: 0 <= temperature < inf, 0 < top_p <= 1, "
+                                "0 <= top_k < 2^31")
+        if any(not math.isfinite(g.scale) for g in self.genes):
+            raise InvalidParams("a gene scale must be finite", field="genes")
         if self.slot is not None and self.slot < 0:
             raise InvalidParams("slot must be >= 0")
         if self.slot is not None and self.mind is not None:
             raise InvalidParams("name a slot or a mind, not both")
-        if self.mind is not None and (not self.mind or "/" in self.mind or self.mind.startswith(".")):
-            raise InvalidParams("a mind name is a non-empty file-safe name", mind=self.mind)
+        if self.mind is not None:
+            why = check_part(self.mind)
+            if why is not None:
+                raise InvalidParams(f"a mind name is one page-name component: {why}", mind=self.mind[:64])
         if len({g.id for g in self.genes}) != len(self.genes):
             raise InvalidParams("a gene is listed twice")
         return self
+
+
+def _utf8_len(s: str, field: str) -> int:
+    """Bytes of `s` in UTF-8; text JSON can carry but UTF-8 cannot (a lone surrogate) is refused."""
+    from actord.errors import InvalidParams
+
+    if s.isascii():
+        return len(s)
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidParams(f"{field} is not valid Unicode (a lone surrogate)", field=field) from None
 
 
 class Timings(msgspec.Struct, frozen=True):

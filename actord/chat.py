@@ -47,6 +47,7 @@ import functools
 import hashlib
 import json
 import secrets
+import sys
 from array import array
 from typing import Any, Awaitable, Callable
 
@@ -124,12 +125,20 @@ def _environment() -> Any:
     return env
 
 
+# A template a request brings is code from a client: the sandbox stops it from reaching
+# anything, but not from looping (nested `range`s, loops over a long content). It renders on
+# a worker thread under a budget of traced Python events, so it can neither freeze the event
+# loop nor run for long. The model's own template is trusted: no budget, no tracing cost.
+REQUEST_TEMPLATE_BUDGET = 2_000_000
+
+
 class ChatTemplate:
     """One compiled template plus the special-token texts it may refer to."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", budget: int = 0) -> None:
         import jinja2
 
+        self.budget = budget  # 0: trusted, unbounded; else the most traced events one render may take
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -142,6 +151,17 @@ class ChatTemplate:
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         import jinja2
 
+        previous = sys.gettrace()
+        if self.budget:
+            left = [self.budget]
+
+            def tracer(frame: Any, event: str, arg: Any) -> Any:
+                left[0] -= 1
+                if left[0] < 0:
+                    raise ChatTemplateError(f"the chat template took more than {self.budget} steps to render")
+                return tracer
+
+            sys.settrace(tracer)
         try:
             return self._tpl.render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
@@ -151,8 +171,21 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:  # includes sandbox SecurityError
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, OverflowError,
+                MemoryError) as e:
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
+        finally:
+            if self.budget:
+                sys.settrace(previous)
+
+    async def render_async(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        """A budgeted (client) template renders on a worker thread; the trusted one inline."""
+        if not self.budget:
+            return self.render(messages, add_generation_prompt=add_generation_prompt)
+        import anyio
+
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt))
 
 
 def as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -228,7 +261,8 @@ class ChatPrompter:
 
     def template(self, source: str | None = None) -> ChatTemplate:
         if source is not None:
-            return ChatTemplate(source, bos_token=self.info.bos_text, eos_token=self.info.eos_text)
+            return ChatTemplate(source, bos_token=self.info.bos_text, eos_token=self.info.eos_text,
+                                budget=REQUEST_TEMPLATE_BUDGET)
         if self.info.template is None:
             raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
         if self._default is None:
@@ -252,25 +286,25 @@ class ChatPrompter:
         if k > 0 and add_generation_prompt:
             known = self.memory.get(_digest(tpl.id, messages[: k + 1]))
             if known is not None:
-                tail = self._tail_after(tpl, dicts, k)
+                tail = await self._tail_after(tpl, dicts, k)
                 if tail is not None:
                     tokens = known + (await self.tokens_of(tail, first=False) if tail else [])
                     return Prompt(tokens=tokens, key_messages=list(messages), template_id=tpl.id,
                                   reused_turn=True)
-        text = tpl.render(dicts, add_generation_prompt=add_generation_prompt)
+        text = await tpl.render_async(dicts, add_generation_prompt=add_generation_prompt)
         if not text:
             raise ChatTemplateError("the chat template rendered an empty prompt")
         return Prompt(tokens=await self.tokens_of(text, first=True), key_messages=list(messages),
                       template_id=tpl.id, reused_turn=False)
 
     @staticmethod
-    def _tail_after(tpl: ChatTemplate, dicts: list[dict[str, Any]], k: int) -> str | None:
+    async def _tail_after(tpl: ChatTemplate, dicts: list[dict[str, Any]], k: int) -> str | None:
         """What the template renders after message k's content (its closing markup and every
         later message), found by rendering a sentinel in the content's place."""
         sentinel = f"@@actord-reply-{secrets.token_hex(8)}@@"
         probe = [dict(d) for d in dicts]
         probe[k]["content"] = sentinel
-        text = tpl.render(probe, add_generation_prompt=True)
+        text = await tpl.render_async(probe, add_generation_prompt=True)
         i = text.find(sentinel)
         if i < 0 or text.find(sentinel, i + 1) >= 0:
             return None  # the template does not place the reply verbatim, once

@@ -47,6 +47,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif typ == list[str]:
             p.add_argument(flag, action="append", default=None)
+        elif typ == list[int]:  # --allow-uid 1000 --allow-uid 1001
+            p.add_argument(flag, action="append", type=int, default=None)
         elif typ in (int, float, str):
             p.add_argument(flag, type=typ, default=None)
         else:  # optional str

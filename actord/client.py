@@ -44,7 +44,10 @@ def _take(line: bytes, rid: int, on_chunk: Callable[[dict], None] | None) -> Any
             on_chunk(msg["params"])
         return _PENDING
     if msg.get("id") != rid:
-        return _PENDING
+        # An error with id null answers a request whose id the daemon could not read (a
+        # line over the limit, malformed JSON): with one call outstanding, it is this one.
+        if not (isinstance(msg, dict) and msg.get("id") is None and "error" in msg):
+            return _PENDING
     if "error" in msg:
         _raise(msg["error"])
     return msg["result"]

@@ -6,7 +6,12 @@ the environment or argv. Sizes are bytes, counts are tokens, so a flag means one
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
+
+if TYPE_CHECKING:
+    from actord.api import RequestLimits
 
 
 def engine_threads(threads: int) -> int:
@@ -59,6 +64,24 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
     request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
     shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
+    # Clients: every resource a client can make the daemon hold is bounded. Over a bound a
+    # request gets a typed error; a client that stops reading is disconnected (logged).
+    max_connections: int = 512  # open connections; one more is answered Overloaded and closed
+    max_line_bytes: int = 4 << 20  # one request line (exact; the newline not counted)
+    max_requests_in_flight: int = 64  # per connection (a batch counts each element)
+    max_inflight_bytes: int = 16 << 20  # per connection: bytes of request lines being served
+    max_outbox_bytes: int = 8 << 20  # per connection: answers and chunks queued for a slow reader
+    max_prompt_bytes: int = 0  # UTF-8 bytes of a text prompt, checked before tokenizing; 0 = 32 x ctx
+    max_stop: int = 32  # stop strings per request
+    max_stop_bytes: int = 256  # UTF-8 bytes of one stop string
+    max_stop_tokens: int = 1024  # stop token ids per request
+    max_request_genes: int = 64  # genes one request may apply
+    max_gene_bytes: int = 4 << 30  # a gene file larger than this is refused before reading
+    gene_dir: str | None = None  # confine gene.load to files under this folder (as page_dir confines pages)
+    client_file_timeout: float = 60.0  # seconds to read one client-named file
+    client_file_threads: int = 4  # worker threads reading client-named files, hung ones included
+    allow_uid: list[int] = []  # peers (SO_PEERCRED) allowed besides the daemon's own uid
+    allow_gid: list[int] = []  # peers whose primary gid is one of these are allowed too
 
     def validate(self) -> "Config":
         from actord.errors import InvalidParams
@@ -88,7 +111,28 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             if not is_loopback(host) and not self.api_key:
                 raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
                                     http=self.http)
+        positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
+                    "max_outbox_bytes", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise InvalidParams(f"{name} must be >= 1")
+        counts = ("max_prompt_bytes", "max_stop", "max_stop_tokens", "max_request_genes")
+        for name in counts:
+            if getattr(self, name) < 0:
+                raise InvalidParams(f"{name} must be >= 0")
+        if not self.client_file_timeout > 0:
+            raise InvalidParams("client_file_timeout must be > 0")
         return self
+
+    def request_limits(self) -> "RequestLimits":
+        """The bounds `CompletionRequest.check` applies, from this configuration."""
+        from actord.api import RequestLimits
+
+        return RequestLimits(
+            max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx, max_prompt_tokens=self.ctx,
+            max_stop=self.max_stop, max_stop_bytes=self.max_stop_bytes,
+            max_stop_tokens=self.max_stop_tokens, max_genes=self.max_request_genes,
+        )
 
 
 def http_address(spec: str) -> tuple[str, int]:

@@ -1,13 +1,17 @@
 """`actord serve`: the actor system plus the socket server on uvloop, stopped by a signal.
 
-A signal handler only wakes the main task; shutdown then runs in order: stop accepting,
-let the system stop its actors and engine thread, remove the socket. With `--http
+A signal handler only wakes the main task; shutdown then runs in order: new requests are
+refused (`ShuttingDown`), requests in flight get `--shutdown-grace-s` to finish and are then
+cancelled (their clients get answers), the servers stop, the system stops its actors and
+engine thread (bounded), the socket is removed. A second SIGTERM or SIGINT exits at once:
+page-file publication is crash-safe, so nothing written is left half-done. With `--http
 HOST:PORT` the OpenAI-compatible front (actord/http/) runs in the same event loop, beside
 the socket, and stops first (it lets answers in flight end, up to 5 s).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any
 
@@ -15,6 +19,7 @@ import anyio
 
 from actord import log as logcfg
 from actord.config import Config
+from actord.errors import InvalidParams, SocketInUse
 from actord.log import get
 from actord.rpc.server import RpcServer
 from actord.system import ActorSystem
@@ -23,27 +28,50 @@ log = get("actord.daemon")
 
 
 async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-    async with ActorSystem(config) as system:
-        if config.metrics_http:
-            from prometheus_client import start_http_server
+    server = RpcServer(None, config.socket, config)
+    server.claim_path()  # a live daemon on the path: fail now, before the model loads
+    try:
+        async with ActorSystem(config) as system:
+            await _serve(config, system, server, task_status)
+    finally:
+        if server.claim is not None:  # the system failed to start: let go of the path
+            server.claim.release()
+            server.claim = None
 
-            host, _, port = config.metrics_http.rpartition(":")
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
-        server = RpcServer(system, config.socket)
-        system.rpc = server
-        async with anyio.create_task_group() as tg:
-            if config.http:
-                from actord.http.app import HttpFront
 
-                system.http = HttpFront(system, config)
-                system.http_address = await tg.start(system.http.serve)
-            await tg.start(server.serve)
-            task_status.started(system)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for sig in signals:
-                    log.info("daemon.signal", signal=signal.Signals(sig).name)
-                    break
-            tg.cancel_scope.cancel()
+async def _serve(config: Config, system: ActorSystem, server: RpcServer, task_status: Any) -> None:
+    if config.metrics_http:
+        from prometheus_client import start_http_server
+
+        host, _, port = config.metrics_http.rpartition(":")
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
+    server.system = system
+    system.rpc = server
+    async with anyio.create_task_group() as tg:
+        if config.http:
+            from actord.http.app import HttpFront
+
+            system.http = HttpFront(system, config)
+            system.http_address = await tg.start(system.http.serve)
+        await tg.start(server.serve)
+        task_status.started(system)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for sig in signals:
+                log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
+                break
+            async with anyio.create_task_group() as stopping:
+                stopping.start_soon(_exit_at_second_signal, signals)
+                counts = await system.shutdown(config.shutdown_grace_s)
+                await anyio.sleep(0.1)  # the answers of cancelled requests reach their sockets
+                stopping.cancel_scope.cancel()
+            log.info("daemon.stopping", **counts)
+        tg.cancel_scope.cancel()
+
+
+async def _exit_at_second_signal(signals: Any) -> None:
+    async for sig in signals:
+        log.warning("daemon.exit_now", signal=signal.Signals(sig).name)
+        os._exit(128 + int(sig))
 
 
 def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info") -> int:
@@ -54,5 +82,9 @@ def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info
         opts = {"use_uvloop": True}
     except ImportError:
         opts = {}
-    anyio.run(serve, config, backend="asyncio", backend_options=opts)
+    try:
+        anyio.run(serve, config, backend="asyncio", backend_options=opts)
+    except (SocketInUse, InvalidParams) as e:  # start-up refused: a message, not a traceback
+        log.error("daemon.refused", error=e.to_dict())
+        return 1
     return 0

@@ -178,6 +178,56 @@ class AskTimeout(ActordError):
     http_status = 504
 
 
+# ---- hostile and careless clients (issue 10) ------------------------------------------
+
+
+class RequestTooLarge(ActordError):
+    """A request line longer than `max_line_bytes`, or a batch longer than a connection may
+    have in flight. The line is discarded; the connection stays usable."""
+
+    code = INVALID_REQUEST
+    http_status = 413
+
+
+class TooManyRequests(ActordError):
+    """The connection already has `max_requests_in_flight` requests (or
+    `max_inflight_bytes` of request lines) being served: wait for answers, then retry."""
+
+    http_status = 429
+
+
+class Overloaded(ActordError):
+    """A daemon-wide bound is reached (connections, threads reading client files)."""
+
+    http_status = 503
+
+
+class PeerRefused(ActordError):
+    """The connecting process's uid/gid (SO_PEERCRED) is not allowed to use this daemon."""
+
+    http_status = 403
+
+
+class SocketInUse(ActordError):
+    """Start-up found a live daemon on the socket path (it answered, or holds the lock)."""
+
+    http_status = 409
+
+
+class NotARegularFile(PathRefused):
+    """A client named a FIFO, a device, a folder or a socket where a file is read."""
+
+
+class FileTooLarge(ActordError):
+    http_status = 413
+
+
+class FileReadTimeout(ActordError):
+    """Reading a client-named file took longer than `client_file_timeout` seconds."""
+
+    http_status = 504
+
+
 ERROR_TYPES: dict[str, type[ActordError]] = {
     cls.__name__: cls
     for cls in list(globals().values())

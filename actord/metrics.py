@@ -69,13 +69,27 @@ class Metrics:
         self.lora_device_bytes = Gauge("lora_device_bytes", "Gene bytes resident on device", registry=r)
         self.lora_host_bytes = Gauge("lora_host_bytes", "Gene bytes held in host RAM", registry=r)
 
+        # Clients (the socket server)
+        self.rpc_connections = Gauge("rpc_connections", "Open client connections", registry=r)
+        self.rpc_disconnects_total = Counter(
+            "rpc_disconnects", "Connections closed by the daemon or the peer, by reason", ["reason"], registry=r
+        )
+        self.rpc_refused_total = Counter(
+            "rpc_refused", "Requests and connections refused by a bound or a check, by reason", ["reason"], registry=r
+        )
+
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()
 
-    def snapshot(self) -> dict[str, float]:
-        """Flat name -> value, for tests, traces and the final-state check of a replay."""
+    def snapshot(self, *, clients: bool = False) -> dict[str, float]:
+        """Flat name -> value, for tests, traces and the final-state check of a replay.
+
+        The socket server's `rpc_*` metrics are left out unless asked for: they count
+        connections, which a replay (no socket, no clients) cannot reproduce."""
         out: dict[str, float] = {}
         for family in self.registry.collect():
+            if not clients and family.name.startswith("rpc_"):
+                continue
             for s in family.samples:
                 if s.name.endswith("_created"):
                     continue

@@ -37,9 +37,10 @@ from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound
+from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
+from actord.storage.clientfiles import ClientFiles
 from actord.storage.files import PageFiles
 
 log = get("actord.system")
@@ -75,6 +76,12 @@ class ActorSystem:
         self.files: Any = None
         self.placer: MindPlacer | None = None
         self._rids = itertools.count(1)
+        self._limits = self.config.request_limits()
+        c = self.config
+        self.client_files = ClientFiles(root=c.gene_dir, max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
+                                        threads=c.client_file_threads)
+        self.operator_files = ClientFiles(max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
+                                          threads=c.client_file_threads)
         self._tg: Any = None
         self._started = time.time()
         self.closing = False
@@ -221,17 +228,21 @@ class ActorSystem:
 
     async def complete(
         self, request: CompletionRequest | None = None, *, on_token: Callable[[Any], None] | None = None,
-        **params: Any,
+        _input: bool = True, **params: Any,
     ) -> CompletionResult:
-        """Run one completion. `on_token` (sync, must not block) receives streamed chunks."""
+        """Run one completion. `on_token` (sync, must not block) receives streamed chunks.
+
+        (`_input=False`: a completion made by another verb, e.g. `chat`, whose own input a
+        trace already holds; a replay re-executes that verb, not this completion.)"""
         if request is None:
             try:
                 request = msgspec.convert(params, CompletionRequest)
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
-        request.check()
+        request.check(self._limits)
         self._check_open()
-        await self.dispatcher.input("completion", request)
+        if _input:
+            await self.dispatcher.input("completion", request)
         rid = next(self._rids)
         bound = self.config.request_timeout_s
         slot: Slot | None = None
@@ -283,6 +294,14 @@ class ActorSystem:
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
         request.check()
+        self._check_open()
+        # The bytes a client sends are bounded before anything renders or tokenizes them.
+        n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+        n += len(request.template.encode()) if request.template else 0
+        if n > self._limits.max_prompt_bytes:
+            raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
+                                n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
+        await self.dispatcher.input("chat", request)
         prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
         if prompter is None:
             info = await self.engine.run(J.ChatInfo())
@@ -307,7 +326,7 @@ class ActorSystem:
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
             stop=request.stop, stream=request.stream, genes=request.genes,
         )
-        result = await self.complete(completion, on_token=on_token)
+        result = await self.complete(completion, on_token=on_token, _input=False)
         if result.stop_reason != "cancelled" and (
             not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
         ):  # a reply cut at a stop string no longer matches its tokens: not reusable
@@ -318,7 +337,11 @@ class ActorSystem:
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
         infos: list[SlotInfo] = [await s.ask(Info()) for s in self.slots]
-        idle = [i for i in infos if i.state == "idle" and i.deferred == 0]
+        # Slots that a request placed meanwhile is bound for are not idle for this one: no
+        # await between this choice and its record in _inflight, so two concurrent
+        # placements cannot pick the same slot.
+        bound_for = {s for s in self._inflight.values() if s is not None}
+        idle = [i for i in infos if i.state == "idle" and i.deferred == 0 and i.id not in bound_for]
         if isinstance(request.prompt, list) and idle:
             best = max(idle, key=lambda i: (common_prefix(self.slots[i.id].kv_tokens, request.prompt), -i.n_tokens))
             return self.slots[best.id]
@@ -421,15 +444,13 @@ class ActorSystem:
     # -- genes -------------------------------------------------------------------------
 
     async def gene_load(self, path: str, *, default: bool = False) -> Any:
-        from actord.errors import FileNotFound
-
         assert self.residency is not None
         self._check_open()
         await self.dispatcher.input("gene.load", {"path": path, "default": default})
-        try:
-            image = await anyio.Path(path).read_bytes()  # a worker thread, not the engine
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise FileNotFound(f"cannot read gene file {path}: {e.strerror}", path=path) from None
+        # A client-named file: regular, bounded, timed, confined to --gene-dir when set
+        # (storage/clientfiles.py). Files the operator listed with --gene are not confined.
+        files = self.operator_files if path in self.config.gene else self.client_files
+        image = await files.read(path)
         return await self.residency.ask(LoadGene(path=path, image=image, default=default))
 
     async def gene_unload(self, gene_id: int) -> Any:

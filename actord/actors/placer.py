@@ -87,7 +87,10 @@ class MindPlacer(Actor[PlacerInbox]):
                     return slot
                 self.slot_mind[slot] = None
                 self.paged.append(mind)
-        slot = min(self.slot_mind, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
+        # An idle slot first (a busy one would hold the placement until its request ends),
+        # then a slot without a mind, then the least recently placed.
+        busy = {i for i in self.slot_mind if (await self.slots[i].ask(Info())).state != "idle"}
+        slot = min(self.slot_mind, key=lambda s: (s in busy, self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
         if old is not None and (await self.slots[slot].ask(Info())).mind == old:
             await self._page_out(slot, old)

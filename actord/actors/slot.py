@@ -90,6 +90,12 @@ class _Active:
     ticket: int = 0  # the gene acquisition this request waits for (0: none)
     running: bool = False  # past gene acquisition: enrolled with the scheduler
     evicted_mind: str | None = None  # the mind this slot paged out while the request waited
+    # Per-token stop scan and streaming touch only the new tail (bounded work per token):
+    stop_scan: int = 0  # bytes of `text` already searched for stop strings
+    stop_bytes: list[bytes] | None = None  # the stop strings, UTF-8, non-empty ones
+    decoder: Any = None  # incremental UTF-8 decoder of `text` for streaming
+    decoded: int = 0  # bytes of `text` fed to `decoder`
+    pending: str = ""  # decoded text not streamed yet (may still become part of a stop string)
 
 
 class Slot(Actor[SlotInbox]):
@@ -359,6 +365,7 @@ class Slot(Actor[SlotInbox]):
         for env in list(self.deferred):
             if isinstance(env.msg, Complete) and env.msg.rid == rid:
                 self.deferred.remove(env)
+                self.metrics.requests_total.labels(outcome="cancelled").inc()
                 if env.reply is not None:
                     env.reply.fail(Cancelled("request cancelled before it started", rid=rid))
 
@@ -716,23 +723,37 @@ class Slot(Actor[SlotInbox]):
         return SlotNext(action="feed", token=r.token)
 
     def _find_stop(self, a: _Active) -> int | None:
+        """The character offset of the first stop string in the text, or None.
+
+        Only the new tail is searched (a match wholly inside text searched before would
+        have ended the request then), so a step costs O(piece + longest stop) per stop
+        string, not O(all text x all stops)."""
         if not a.req.stop:
             return None
-        text = a.text.decode(errors="ignore")
-        hits = [i for i in (text.find(s) for s in a.req.stop if s) if i >= 0]
-        return min(hits) if hits else None
+        if a.stop_bytes is None:
+            a.stop_bytes = [s.encode() for s in a.req.stop if s]
+        longest = max(map(len, a.stop_bytes), default=0)
+        start = max(0, a.stop_scan - longest + 1)
+        a.stop_scan = len(a.text)
+        hits = [i for i in (a.text.find(sb, start) for sb in a.stop_bytes) if i >= 0]
+        if not hits:
+            return None
+        return len(bytes(a.text[:min(hits)]).decode(errors="replace"))
 
     def _stream_safe(self, a: _Active) -> None:
         """Stream decoded text that can no longer become part of a stop string."""
         if a.stream is None:
             return
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = dec.decode(bytes(a.text), final=False)
-        hold = max((len(s) for s in a.req.stop), default=1) - 1
-        safe = len(text) - hold
-        if safe > a.streamed:
-            a.stream({"slot": self.id, "content": text[a.streamed:safe], "tokens": a.out_tokens[-1:]})
-            a.streamed = safe
+        if a.decoder is None:
+            a.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        a.pending += a.decoder.decode(bytes(a.text[a.decoded:]), final=False)
+        a.decoded = len(a.text)
+        hold = max(0, max((len(s) for s in a.req.stop), default=1) - 1)
+        safe = len(a.pending) - hold
+        if safe > 0:
+            a.stream({"slot": self.id, "content": a.pending[:safe], "tokens": a.out_tokens[-1:]})
+            a.streamed += safe
+            a.pending = a.pending[safe:]
 
     async def _finish(self, reason: str, stop_at: int | None = None) -> None:
         a = self.active

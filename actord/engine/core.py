@@ -21,7 +21,7 @@ from actord.config import Config, engine_threads
 from actord.engine import jobs as J
 from actord.engine.genes import GeneCatalog
 from actord.engine.llama import lib
-from actord.errors import ActordError, EngineError, InvalidParams, PageDoesNotFit
+from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit
 from actord.policy.swa import choose_swa_full
 
 _log_cb: Any = None
@@ -291,10 +291,10 @@ class Engine:
         t0 = time.perf_counter()
         rc = lib.llama_decode(self.ctx, b)
         t1 = time.perf_counter()
+        if rc == 1:  # no cells for this batch; libllama left the memory as it was
+            raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
         if rc != 0:
-            raise EngineError(
-                "llama_decode failed" + (" (KV cache full)" if rc == 1 else ""), rc=rc, n_tokens=k
-            )
+            raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
         out: list[J.EntryOut] = []
         for e, idx in zip(job.entries, last_index):
             ckpt = self.state_get(e.seq, True).data if e.checkpoint else None

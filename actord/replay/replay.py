@@ -20,7 +20,7 @@ import msgspec
 from actord.config import Config
 from actord.errors import ActordError
 from actord.replay.scheduler import DeterministicDispatcher, Divergence, RecordedPolicy, SeededPolicy
-from actord.replay.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace
+from actord.replay.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
 from actord.rpc.methods import METHODS
 from actord.system import ActorSystem
 
@@ -40,23 +40,15 @@ async def replay(events: list[Event], model: str, *, page_dir: str | None = None
     assert isinstance(header, Header), "a trace starts with its header"
     footer = next((e for e in events if isinstance(e, Footer)), None)
     tmp = tempfile.TemporaryDirectory(prefix="actord-replay-") if page_dir is None else None
-    here = {"<model-dir>": str(Path(model).parent), "<page-dir>": page_dir or tmp.name}  # type: ignore[union-attr]
+    pages = page_dir or tmp.name  # type: ignore[union-attr]
+    here = [("<model-dir>/", str(Path(model).parent) + "/"), ("<page-dir>/", pages + "/")]
 
     def local(obj: Any) -> Any:  # the recorded relative paths, under this run's folders
-        if isinstance(obj, str):
-            for name, root in here.items():
-                if obj.startswith(name + "/"):
-                    return root + obj[len(name):]
-            return obj
-        if isinstance(obj, list):
-            return [local(x) for x in obj]
-        if isinstance(obj, dict):
-            return {k: local(v) for k, v in obj.items()}
-        return obj
+        return rebase(obj, here)
 
     cfg_dict = local(dict(header.config))
     cfg_dict.pop("model_digest", None)
-    cfg_dict.update(model=model, page_dir=here["<page-dir>"])
+    cfg_dict.update(model=model, page_dir=pages)
     cfg = msgspec.convert(cfg_dict, Config)
     lines = {id(e): i + 1 for i, e in enumerate(events)}
     policy = RecordedPolicy(events)

@@ -108,7 +108,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0)
-    stop_at = rng.randint(10, 30 * steps) if rng.random() < 0.3 else None
+    stop_at = rng.randint(30 * steps, 90 * steps) if rng.random() < 0.25 else None  # late: the work runs first
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
     disp.reseed = reseed
@@ -126,7 +126,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
 
     async def op(c: int, r: random.Random) -> None:
         kind = r.choice(["complete", "complete", "mind", "mind", "page_out", "page_in", "drop", "spill",
-                         "save", "restore", "erase", "gene"])
+                         "save", "restore", "erase", "gene", "refill"])
         slot = r.randrange(cfg.slots)
         try:
             if kind == "complete":
@@ -142,6 +142,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 histories[m] = histories[m] + res.tokens + [r.randrange(3, 500) for _ in range(r.randint(1, 12))]
             elif kind == "page_out":
                 await system.page_out(slot, f"p{r.randrange(3)}")
+            elif kind == "refill":  # fill a slot and page it out: names get replaced
+                await system.complete(prompt=[1] + [r.randrange(3, 500) for _ in range(r.randint(1, 30))],
+                                      n_predict=2, slot=slot, ignore_eos=True)
+                await system.page_out(slot, f"p{r.randrange(2)}")
             elif kind == "page_in":
                 await system.page_in(slot, f"p{r.randrange(3)}")
             elif kind == "drop":

@@ -28,21 +28,27 @@ _ROOTS: list[tuple[str, str]] = []
 
 
 def set_roots(roots: dict[str, str]) -> None:
-    _ROOTS[:] = sorted(((str(Path(k)).rstrip("/") + "/", v) for k, v in roots.items() if k), key=lambda kv: -len(kv[0]))
+    _ROOTS[:] = sorted(((str(Path(k)).rstrip("/") + "/", v + "/") for k, v in roots.items() if k),
+                       key=lambda kv: -len(kv[0]))
+
+
+def rebase(obj: Any, prefixes: list[tuple[str, str]]) -> Any:
+    """`obj` (builtins) with every string starting with an old prefix moved to the new one."""
+    if isinstance(obj, str):
+        for old, new in prefixes:
+            if obj.startswith(old):
+                return new + obj[len(old):]
+        return obj
+    if isinstance(obj, list):
+        return [rebase(x, prefixes) for x in obj]
+    if isinstance(obj, dict):
+        return {k: rebase(v, prefixes) for k, v in obj.items()}
+    return obj
 
 
 def canonical(obj: Any) -> Any:
-    """`obj` (builtins) with paths under a known folder made relative to it."""
-    if isinstance(obj, str):
-        for root, name in _ROOTS:
-            if obj.startswith(root):
-                return name + obj[len(root) - 1:]
-        return obj
-    if isinstance(obj, list):
-        return [canonical(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: canonical(v) for k, v in obj.items()}
-    return obj
+    """`obj` with paths under a known folder written relative to it (`<model-dir>/x.gguf`)."""
+    return rebase(obj, _ROOTS)
 
 
 def _feed(h: Any, obj: Any) -> None:

@@ -2,17 +2,27 @@
 
 One table serves the daemon, the CLI's `call` and the docs, so a method's name and shape
 are defined once. Later issues add rows (page.*, gene.*).
+
+Strings a client sends are bounded at decode (`Meta(max_length=...)`), and in-RAM page
+names are checked against the stated page-name character set (`storage/paths.py`) before
+anything is asked of an actor; file names are confined by the page folder's own check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Annotated, Any, Awaitable, Callable
 
 import msgspec
 
 from actord.api import CompletionRequest
 from actord.chat import ChatRequest
+from actord.storage.clientfiles import MAX_PATH
+from actord.storage.paths import MAX_NAME, check_page_name
+
+PageName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+FileName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+ClientPath = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
 
 
 class NoParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -24,27 +34,27 @@ class SlotParams(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class PageParams(msgspec.Struct, forbid_unknown_fields=True):
-    page: str
+    page: PageName
 
 
 class SlotPageParams(msgspec.Struct, forbid_unknown_fields=True):
     slot: int
-    page: str
+    page: PageName
 
 
 class SpillParams(msgspec.Struct, forbid_unknown_fields=True):
-    page: str
-    file: str
+    page: PageName
+    file: FileName
     drop: bool = False
 
 
 class SlotFileParams(msgspec.Struct, forbid_unknown_fields=True):
     slot: int
-    file: str
+    file: FileName
 
 
 class GenePathParams(msgspec.Struct, forbid_unknown_fields=True):
-    path: str
+    path: ClientPath
     default: bool = False
 
 
@@ -82,11 +92,11 @@ METHODS: dict[str, Method] = {
     "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict())),
     "health": Method(NoParams, lambda s, p, _: _wrap(s.health())),
     "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()})),
-    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, p.page))),
-    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, p.page))),
-    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(p.page))),
+    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, check_page_name(p.page)))),
+    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, check_page_name(p.page)))),
+    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page)))),
     "page.list": Method(NoParams, lambda s, p, _: _wrap(s.page_list())),
-    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(p.page, p.file, p.drop))),
+    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(check_page_name(p.page), p.file, p.drop))),
     "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file))),
     "slot.restore": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_restore(p.slot, p.file))),
     "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path, default=p.default))),

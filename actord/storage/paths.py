@@ -7,6 +7,13 @@ a name that resolves (through symlinks, existing or not) outside the folder, and
 reserved `.actord-` names (stages, commit records, the folder lock). Sub-folders inside
 the page folder are allowed.
 
+The character set and depth are stated, not discovered: a name is at most `MAX_DEPTH`
+components joined by `/` (so at most MAX_DEPTH - 1 folders), at most `MAX_NAME` bytes in
+all, and each component is 1-`MAX_PART` characters of ASCII letters, digits and `_ @ + . -`,
+not starting with `.` or `-`. Minds and in-RAM page names are one such component. A name
+outside that set is refused before any file system call (a client once made 2000 nested
+folders with a 4000-character `d/d/d/...`).
+
 The check resolves symlinks with `Path.resolve`, the one OS call outside `osfs.py`: it is
 validation of input, not part of publication, and needs no fault seam. It is a check at
 one moment; a symlink swapped in afterwards by someone with write access to the page
@@ -15,6 +22,7 @@ folder is out of scope (that user can already rewrite the page files).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 
 from actord.errors import PathRefused
@@ -24,8 +32,34 @@ RESERVED_PREFIX = ".actord-"
 LOCK_NAME = ".actord.lock"
 
 
+MAX_DEPTH = 4
+MAX_PART = 128
+MAX_NAME = 512
+_PART = re.compile(r"[A-Za-z0-9_@+][A-Za-z0-9_@+.\-]*")
+CHARSET = "ASCII letters, digits and _ @ + . - (not first: . or -)"
+
+
+def check_part(part: str) -> str | None:
+    """Why `part` is not one name component, or None when it is."""
+    if not isinstance(part, str) or not part:
+        return "empty name"
+    if len(part) > MAX_PART:
+        return f"a component is over {MAX_PART} characters"
+    if not _PART.fullmatch(part):
+        return f"characters outside the set: {CHARSET}"
+    return None
+
+
+def check_page_name(name: str) -> str:
+    """An in-RAM page name (one component), or PathRefused."""
+    why = check_part(name)
+    if why is not None:
+        raise PathRefused(f"page name refused: {why}", name=str(name)[:64], reason=why)
+    return name
+
+
 def _refuse(name: str, why: str) -> PathRefused:
-    return PathRefused(f"page file name {name!r} refused: {why}", name=name, reason=why)
+    return PathRefused(f"page file name {name[:64]!r} refused: {why}", name=name[:256], reason=why)
 
 
 def confine(root: Path, name: str) -> Path:
@@ -44,6 +78,14 @@ def confine(root: Path, name: str) -> Path:
         raise _refuse(name, "names a folder, not a file")
     if any(p.startswith(RESERVED_PREFIX) or p == LOCK_NAME for p in parts):
         raise _refuse(name, "reserved name")
+    if len(name) > MAX_NAME:
+        raise _refuse(name, f"over {MAX_NAME} characters")
+    if len(parts) > MAX_DEPTH:
+        raise _refuse(name, f"deeper than {MAX_DEPTH} components")
+    for p in parts:
+        why = check_part(p)
+        if why is not None:
+            raise _refuse(name, why)
     base = Path(root).resolve()
     target = base.joinpath(*parts).resolve()
     if target == base or not target.is_relative_to(base):

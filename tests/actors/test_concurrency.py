@@ -305,3 +305,28 @@ async def test_shutdown_cancels_requests_past_the_grace_and_refuses_new_ones(tin
         assert sorted(r.stop_reason for r in results) == ["cancelled", "cancelled"]
         with pytest.raises(ShuttingDown):
             await s.complete(prompt=prompt(5), n_predict=1, slot=0)
+
+
+@pytest.mark.anyio
+async def test_concurrent_requests_naming_no_slot_spread_over_the_idle_slots(tiny_model, tmp_path):
+    async with ActorSystem(Config(model=tiny_model, slots=3, ctx=2048, page_dir=str(tmp_path))) as s:
+        got: list[int] = []
+
+        async def one(i: int) -> None:
+            got.append((await s.complete(prompt=prompt(20, i), n_predict=30, ignore_eos=True)).slot)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+        assert sorted(got) == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_when_the_cache_disagrees_with_the_cell_count_the_step_makes_room_and_retries(tiny_model, tmp_path):
+    """Our count said it fits, libllama said KV full: idle cells are freed and the step runs."""
+    async with ActorSystem(Config(model=tiny_model, slots=2, ctx=512, page_dir=str(tmp_path))) as s:
+        s.scheduler.n_ctx = 100_000  # a wrong count: only the engine's refusal can tell
+        await s.complete(prompt=prompt(400), n_predict=1, slot=0, ignore_eos=True)
+        r = await s.complete(prompt=prompt(300, 1), n_predict=3, slot=1, ignore_eos=True)
+        assert r.stop_reason == "length" and (await s.slot_list())[0].n_tokens == 0
+        assert s.metrics.snapshot()["kv_evictions_total"] >= 1

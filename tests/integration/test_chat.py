@@ -123,3 +123,14 @@ async def test_gemma3_prompt_is_the_templates_own_output_and_the_next_turn_reuse
         unfed = 1 if r.completion.stop_reason == "length" else 0
         assert r2.reused_turn
         assert r2.completion.n_cached == len(want) + len(r.completion.tokens) - unfed
+
+
+@pytest.mark.anyio
+async def test_a_chat_over_the_prompt_byte_limit_is_refused_before_rendering(chat_model, tmp_path):
+    from actord.errors import PromptTooLong
+
+    async with ActorSystem(Config(model=chat_model, slots=1, ctx=512, max_prompt_bytes=1000,
+                                  page_dir=str(tmp_path))) as s:
+        with pytest.raises(PromptTooLong):
+            await s.chat(messages=[{"role": "user", "content": "x" * 2000}], n_predict=1)
+        assert s.metrics.snapshot()["prompt_tokens_total"] == 0

@@ -109,3 +109,28 @@ def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model,
     edited.write_text("\n".join(lines) + "\n")
     r = replay_file(edited, tiny_model)
     assert not r.ok and r.position == idx + 1
+
+
+def test_a_trace_with_chat_turns_replays(models_dir, tmp_path):
+    """chat records its own input (its completion is not a second input): a replay
+    re-executes the chat, templates, tokenization and all."""
+    from actord.config import Config
+    from actord.replay.replay import replay
+    from actord.system import ActorSystem
+    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
+
+    model = str(write_tiny_llama(models_dir / "replay-chat.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
+    events: list = []
+
+    async def run():
+        async with ActorSystem(Config(model=model, slots=2, ctx=512, page_dir=str(tmp_path / "p")),
+                               trace=events) as s:
+            msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+            r = await s.chat(messages=msgs, n_predict=5, mind="ada")
+            msgs += [{"role": "assistant", "content": r.message.content}, {"role": "user", "content": "more"}]
+            await s.chat(messages=msgs, n_predict=5, mind="ada")
+
+    anyio.run(run)
+    assert [e.method for e in events if type(e).__name__ == "Input"] == ["chat", "chat"]
+    r = anyio.run(replay, events, model)
+    assert r.ok, r

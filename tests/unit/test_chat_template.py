@@ -7,6 +7,8 @@ supply, so it runs sandboxed and its failures are typed refusals.
 
 from __future__ import annotations
 
+import sys
+
 import jinja2
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -144,3 +146,31 @@ async def test_no_template_is_a_typed_error_unless_the_request_names_one():
     with pytest.raises(NoChatTemplate):
         await p.build([ChatMessage("user", "hi")])
     assert (await p.build([ChatMessage("user", "hi")], template=TINY_CHAT_TEMPLATE)).tokens[0] == 1
+
+
+def test_a_client_template_that_loops_without_end_is_stopped_by_its_budget():
+    """Nested ranges would take minutes; a request's template renders under a step budget."""
+    import time
+
+    from actord.chat import REQUEST_TEMPLATE_BUDGET
+
+    src = "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}"
+    tpl = ChatTemplate(src, budget=REQUEST_TEMPLATE_BUDGET)
+    t0 = time.perf_counter()
+    with pytest.raises(ChatTemplateError, match="steps"):
+        tpl.render([{"role": "user", "content": "x"}])
+    assert time.perf_counter() - t0 < 30  # a bound, not a speed claim: minutes without the budget
+
+
+def test_the_budget_restores_the_callers_tracer_and_a_normal_template_renders_under_it():
+    def mine(frame, event, arg):
+        return None
+
+    prev = sys.gettrace()
+    sys.settrace(mine)
+    try:
+        tpl = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", budget=10_000)
+        assert tpl.render([{"role": "user", "content": "hi"}]) == "hi"
+        assert sys.gettrace() is mine
+    finally:
+        sys.settrace(prev)
