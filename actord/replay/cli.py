@@ -39,17 +39,23 @@ def main(cmd: str, argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (seeds are split between them)")
     ns = ap.parse_args(argv)
 
-    model, loras = ns.model, ns.lora
     tmpdir = None
-    if model is None:
+    if ns.model is not None:
+        models = [(ns.model, ns.lora or [])]
+    else:
+        # Two generated models, alternating by seed: a plain llama and an SWA one (whose
+        # memory cannot be cut back, so checkpoints, their budget and resumes are exercised).
         import tempfile
 
-        from actord.testing.models import write_tiny_llama, write_tiny_lora
+        from actord.testing.models import write_tiny_llama, write_tiny_lora, write_tiny_swa
 
         tmpdir = tempfile.TemporaryDirectory(prefix="actord-simmodel-")
         d = tmpdir.name
-        model = str(write_tiny_llama(f"{d}/tiny.gguf", seed=1))
-        loras = loras or [str(write_tiny_lora(f"{d}/lora{i}.gguf", model, seed=3 + i)) for i in range(3)]
+        models = []
+        for name, m in (("tiny", write_tiny_llama(f"{d}/tiny.gguf", seed=1)),
+                        ("swa", write_tiny_swa(f"{d}/swa.gguf", seed=2))):
+            models.append((str(m), [str(write_tiny_lora(f"{d}/{name}-lora{i}.gguf", str(m), seed=3 + i))
+                                    for i in range(3)]))
     seeds = list(range(ns.seed, ns.seed + ns.seeds))
     t0 = time.perf_counter()
     if ns.jobs > 1:
@@ -57,10 +63,10 @@ def main(cmd: str, argv: list[str]) -> int:
 
         chunks = [seeds[i::ns.jobs] for i in range(ns.jobs)]
         with ProcessPoolExecutor(ns.jobs) as pool:
-            outs = list(pool.map(_run_seeds, chunks, [ns.steps] * ns.jobs, [model] * ns.jobs, [loras] * ns.jobs,
+            outs = list(pool.map(_run_seeds, chunks, [ns.steps] * ns.jobs, [models] * ns.jobs,
                                  [ns.backend] * ns.jobs, [ns.device_budgets] * ns.jobs, [False] * ns.jobs))
     else:
-        outs = [_run_seeds(seeds, ns.steps, model, loras, ns.backend, ns.device_budgets, ns.seeds <= 20)]
+        outs = [_run_seeds(seeds, ns.steps, models, ns.backend, ns.device_budgets, ns.seeds <= 20)]
     failed = sorted((o for o in outs if o[0] is not None), key=lambda o: o[0])
     if failed:
         seed, msg = failed[0]
@@ -74,14 +80,16 @@ def main(cmd: str, argv: list[str]) -> int:
     return 0
 
 
-def _run_seeds(seeds: list[int], steps: int, model: str, loras: list[str], backend: str, device: bool,
+def _run_seeds(seeds: list[int], steps: int, models: list[tuple[str, list[str]]], backend: str, device: bool,
                verbose: bool) -> tuple[int | None, str]:
-    """Run seeds in order; the first failure stops this worker: (seed, message)."""
+    """Run seeds in order (seed i on models[i % len(models)]); the first failure stops this
+    worker: (seed, message)."""
     log.configure(level="critical")
     from actord.replay.sim import InvariantViolated, simulate
 
     async def run() -> tuple[int | None, str]:
         for seed in seeds:
+            model, loras = models[seed % len(models)]
             try:
                 r = await simulate(seed, steps, model, loras, device=device)
             except InvariantViolated as e:

@@ -103,10 +103,13 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                                     nth=rng.randint(1, 6), action=rng.choice(["fail", "crash"]))])
     _FlakyEngine.fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
     n_slots = rng.choice([2, 2, 3])
+    # Device budgets in units of the genes' size (35 kB for the tiny llama's), so they are as
+    # tight for a model whose adapters are larger.
+    gene_scale = max(35_000, Path(loras[0]).stat().st_size) if loras else 35_000
     cfg = Config(model=model, slots=n_slots, ctx=rng.choice([160, 256, 512]), batch=32, page_dir=str(root), threads=1,
                  page_ram_bytes=rng.choice([6_000, 20_000, 10**6]), ctx_checkpoints_bytes=rng.choice([0, 4_000, 10**6]),
                  checkpoint_every=8, ctx_checkpoints=3,
-                 device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) if device else 0,
+                 device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0)
     stop_at = rng.randint(30 * steps, 90 * steps) if rng.random() < 0.25 else None  # late: the work runs first
     events: list[Any] = []
@@ -300,11 +303,17 @@ async def _drive_one(disp: DeterministicDispatcher, aw: Any) -> Any:
     box: dict[str, Any] = {}
 
     async def run() -> None:
-        box["v"] = await aw
+        try:
+            box["v"] = await aw
+        except ActordError as e:  # raised to the caller as itself, not inside a group
+            box["e"] = e
+            box["v"] = None
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         while "v" not in box:
             if not await disp.step():
                 await anyio.sleep(0)
+    if "e" in box:
+        raise box["e"]
     return box["v"]

@@ -20,10 +20,25 @@ def sim_loras(tiny_model, models_dir):
     return [str(write_tiny_lora(models_dir / f"hunt-lora{i}.gguf", tiny_model, seed=3 + i)) for i in range(3)]
 
 
+@pytest.fixture(scope="session")
+def swa_loras(tiny_swa_model, models_dir):
+    from actord.testing.models import write_tiny_lora
+
+    return [str(write_tiny_lora(models_dir / f"hunt-swa-lora{i}.gguf", tiny_swa_model, seed=3 + i)) for i in range(3)]
+
+
 def test_the_deeper_tier_keeps_every_invariant_with_device_budgets_on(tiny_model, sim_loras):
     async def run():
-        for seed in range(1000, 1040):
+        for seed in range(1000, 1030):
             await simulate(seed, 30, tiny_model, sim_loras)
+
+    anyio.run(run)
+
+
+def test_the_deeper_tier_on_an_swa_model_exercises_checkpoints_and_keeps_every_invariant(tiny_swa_model, swa_loras):
+    async def run():
+        for seed in range(2000, 2020):
+            await simulate(seed, 30, tiny_swa_model, swa_loras)
 
     anyio.run(run)
 
