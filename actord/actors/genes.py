@@ -212,7 +212,9 @@ class GeneResidency(Actor[GeneInbox]):
                     await self._shrink_to_budget()
             case EvictDone(slot=slot, freed=freed):
                 self.evicting.discard(slot)
-                if freed:  # still over (a growth the eviction did not cover)? go on
+                # Still over (a growth the eviction did not cover)? Go on, but only once the
+                # slot's state is gone from our view: never tell the same slot again and again.
+                if freed and not self.slot_bytes.get(slot, 0):
                     await self._shrink_to_budget()
             case Reconcile():
                 self._reconcile_queued = False

@@ -433,6 +433,7 @@ class Slot(Actor[SlotInbox]):
             raise SlotBusy(f"slot {self.id} has work in flight", slot=self.id)
         n = len(self.kv_tokens)
         if n == 0:
+            await self.footprint_changed()  # whoever asked may hold a stale size: correct it
             return 0
         how = "dropped"
         mind = self.mind
@@ -678,7 +679,7 @@ class Slot(Actor[SlotInbox]):
         if self.residency is None or not (self._acquired or self.track_footprint):
             return
         self._acquired = False
-        n = await self.engine.run(J.StateSize(seq=self.seq)) if self.track_footprint else 0
+        n = await self.engine.run(J.StateSize(seq=self.seq)) if self.track_footprint and self.kv_tokens else 0
         await self.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
 
     async def footprint_changed(self) -> None:

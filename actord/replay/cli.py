@@ -93,6 +93,7 @@ def _run_seeds(seeds: list[int], steps: int, models: list[tuple[str, list[str]]]
             try:
                 r = await simulate(seed, steps, model, loras, device=device)
             except InvariantViolated as e:
+                print(f"FAILED: {e}", file=sys.stderr, flush=True)  # now, not when every worker is done
                 return seed, str(e)
             if verbose:
                 print(f"seed {seed}: {r.ops} ops, {r.events} events, trace {r.trace_hash}, refusals {r.errors}")

@@ -111,6 +111,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0)
+    max_events = 400 * steps * clients  # ~20x a busy run: past it, work goes round without ending
     stop_at = rng.randint(30 * steps, 90 * steps) if rng.random() < 0.25 else None  # late: the work runs first
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
@@ -247,6 +248,9 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                             tg.start_soon(system.shutdown, 0.0)
                         progressed = await disp.step()
                         check()
+                        if disp.position > max_events:
+                            raise InvariantViolated(f"seed {seed}: livelock: {disp.position} events and "
+                                                    f"{pending['n']} client(s) still waiting")
                         if not progressed:
                             if pending["n"] > 0:
                                 raise InvariantViolated(f"seed {seed}: stalled with {pending['n']} client(s) waiting")

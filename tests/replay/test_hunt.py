@@ -88,3 +88,10 @@ def test_the_simulation_finds_a_planted_upward_ask(tiny_model, sim_loras, monkey
     with pytest.raises(InvariantViolated) as again:
         anyio.run(simulate, found[0], 10, tiny_model, sim_loras)
     assert str(again.value) == found[1]
+
+
+@pytest.mark.parametrize("seed", [518])
+def test_seeds_that_found_bugs_stay_fixed(tiny_model, sim_loras, seed):
+    """518: an empty slot whose stale footprint the residency kept evicting (a livelock of
+    Evict / EvictDone, found by the 60-step run)."""
+    anyio.run(simulate, seed, 60, tiny_model, sim_loras)
