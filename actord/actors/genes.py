@@ -20,7 +20,7 @@ that could not fit even with every other slot evicted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -103,7 +103,6 @@ class _Pending:
     ticket: int = 0
     env: Envelope[Any] | None = None
     msg: Any = None
-    evicted: set[int] = field(default_factory=set)
 
 
 _DEFERRED = object()  # a handler's reply will be sent later, by the pending work
@@ -326,11 +325,7 @@ class GeneResidency(Actor[GeneInbox]):
                 await self._refuse(p, e, counted=True)
             return True
         if plan.fits:
-            for sid in plan.slots:
-                if sid not in self.evicting:
-                    self.evicting.add(sid)
-                    log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=need)
-                    await self.slots[sid].tell(Evict(reason="device"))
+            await self._tell_evict(plan.slots, need)
             return False
         if self.evicting or self.running - {p.slot}:
             return False  # an eviction under way or a running request's end can make the room
@@ -403,10 +398,14 @@ class GeneResidency(Actor[GeneInbox]):
                          pinned=self.pinned(self.waiting_slots()))
         for gid in plan.genes:
             await self._page_out(gid)
-        for sid in plan.slots:
+        await self._tell_evict(plan.slots, 0)
+
+    async def _tell_evict(self, sids: list[int], need: int) -> None:
+        """Tell idle slots to give up their state; each once, until it answers EvictDone."""
+        for sid in sids:
             if sid not in self.evicting:
                 self.evicting.add(sid)
-                log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=0)
+                log.info("slot.evict_for_room", slot=sid, n_bytes=self.slot_bytes.get(sid, 0), need=need)
                 await self.slots[sid].tell(Evict(reason="device"))
 
     def _queue_reconcile(self) -> None:
