@@ -314,7 +314,8 @@ class GeneResidency(Actor[GeneInbox]):
         plan = self._plan(p, need, evict_waiting=False)
         if not plan.fits and not (self.evicting or self.running - {p.slot}):
             # Nothing will end or move by itself: slots still waiting for their genes give
-            # up their quiet sequences (coldest first) rather than hold each other's room.
+            # up their quiet sequences (coldest first), and idle slots' genes their pins,
+            # rather than hold each other's room.
             plan = self._plan(p, need, evict_waiting=True)
         if plan.fits and not plan.slots:
             for gid in plan.genes:
@@ -338,8 +339,13 @@ class GeneResidency(Actor[GeneInbox]):
         waiting = self.waiting_slots(but=p)
         if not evict_waiting:
             sv = [msgspec.structs.replace(v, processing=True) if v.id in waiting else v for v in sv]
+            unpinned = waiting
+        else:
+            # The last resort, or the work is refused: only running requests pin. An idle
+            # mind's gene pages back in on its next turn; a refusal costs a request.
+            unpinned = set(self.slot_genes) - self.running
         return plan_room(need, self.budget, gv, sv, protected_genes=p.protect | self.in_use(),
-                         pinned=self.pinned(waiting) - p.protect)
+                         pinned=self.pinned(unpinned) - p.protect)
 
     async def _complete(self, p: _Pending) -> None:
         if p.kind == "acquire":

@@ -70,23 +70,29 @@ async def test_six_clients_with_mixed_gene_sets_under_a_tight_device_budget_all_
     async with ActorSystem(cfg) as s:
         ids = [(await s.gene_load(p)).id for p in loras]
         answers: list[str] = []
+        refused: list[dict] = []
 
         async def client(c: int) -> None:
             for turn in range(6):
                 genes = [{"id": ids[(c + turn + k) % 4], "scale": 1.0} for k in range(1 + (c + turn) % 2)]
+                params = dict(prompt=prompt(60 + 37 * c, c), n_predict=3, ignore_eos=True, genes=genes,
+                              **({"mind": f"m{c}"} if c % 2 else {"slot": c % 3}))
                 try:
-                    r = await s.complete(prompt=prompt(60 + 37 * c, c), n_predict=3, ignore_eos=True,
-                                         genes=genes, **({"mind": f"m{c}"} if c % 2 else {"slot": c % 3}))
-                    answers.append(r.stop_reason)
+                    answers.append((await s.complete(**params)).stop_reason)
                 except DeviceBudgetExceeded:
                     answers.append("refused")
+                    refused.append(params)
 
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 for c in range(6):
                     tg.start_soon(client, c)
         assert len(answers) == 36
-        assert answers.count("length") >= 30, answers
+        # How many contend away depends on the interleaving; what does not: most succeed, and
+        # every refusal was contention, not a state left broken (each, alone, succeeds).
+        assert answers.count("length") + answers.count("refused") == 36 and answers.count("length") >= 18, answers
+        for params in refused:
+            assert (await s.complete(**params)).stop_reason == "length"
         assert s.residency.device_bytes() <= cfg.device_bytes
         assert s.dispatcher.cycles == [] and not any(a.failed for a in s.actors())
 
