@@ -51,9 +51,19 @@ async def test_a_cancelled_request_waiting_behind_another_never_runs(tiny_model)
             with anyio.fail_after(30):
                 while (await s.slot_list())[1].state != "processing":
                     await anyio.sleep(0.001)
-            with anyio.move_on_after(0.05):  # deferred behind the first, then abandoned
+            with anyio.CancelScope() as waiting:  # deferred behind the first, then abandoned
+                async def abandon_once_deferred() -> None:
+                    with anyio.fail_after(30):
+                        while (await s.slot_list())[1].deferred == 0:
+                            await anyio.sleep(0.001)
+                    waiting.cancel()
+
+                tg.start_soon(abandon_once_deferred)
                 await s.complete(prompt=[5, 6], n_predict=4000, ignore_eos=True, slot=1)
-            assert (await s.slot_list())[1].deferred == 0
+            assert waiting.cancelled_caught
+            with anyio.fail_after(30):
+                while (await s.slot_list())[1].deferred:
+                    await anyio.sleep(0.001)
         m = s.metrics.snapshot()
         assert m["requests_deferred_total"] == 1 and m["predicted_tokens_total"] == 1000
 

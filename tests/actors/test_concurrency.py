@@ -284,10 +284,9 @@ async def test_a_failed_default_gene_at_start_leaves_no_engine_thread_running(ti
         async with ActorSystem(Config(model=tiny_model, slots=1, gene=[str(tmp_path / "missing.gguf")],
                                       page_dir=str(tmp_path))):
             pass
-    for _ in range(50):
-        if "actord-engine" not in {t.name for t in threading.enumerate()} - before:
-            break
-        await anyio.sleep(0.02)
+    with anyio.move_on_after(30):
+        while "actord-engine" in {t.name for t in threading.enumerate()} - before:
+            await anyio.sleep(0.02)
     assert "actord-engine" not in {t.name for t in threading.enumerate()} - before
     async with ActorSystem(Config(model=tiny_model, slots=1, page_dir=str(tmp_path))) as s:  # libllama is free again
         assert (await s.complete(prompt=prompt(5), n_predict=1, slot=0)).n_prompt_tokens == 5
