@@ -182,6 +182,7 @@ class ActorSystem:
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
             capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.n_ctx,
+            piece_tile=self.config.piece_tile,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
         self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
@@ -199,7 +200,7 @@ class ActorSystem:
             s.ckpt_budget = self.ckpt_budget
             s.ckpt = CheckpointPlan(
                 policy=self.config.checkpoint_policy, keep=self.config.ctx_checkpoints,
-                every=self.config.checkpoint_every, align=self.props.n_batch,
+                every=self.config.checkpoint_every, align=self.props.n_batch, tile=self.config.piece_tile,
                 share_bytes=self.config.ctx_checkpoints_bytes // max(1, self.config.slots),
             )
             s.scheduler = self.scheduler

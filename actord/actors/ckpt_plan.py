@@ -23,7 +23,7 @@ POLICIES = ("placement", "divergence", "oldest")
 
 class CheckpointPlan:
     def __init__(self, policy: str = "placement", keep: int = 16, every: int = 512, share_bytes: int = 0,
-                 align: int = 512) -> None:
+                 align: int = 512, tile: int = 1) -> None:
         if policy not in POLICIES:
             raise ValueError(f"checkpoint policy is one of {POLICIES}, got {policy!r}")
         self.policy = policy
@@ -31,6 +31,7 @@ class CheckpointPlan:
         self.every = every  # spacing, for the seed's policies
         self.share_bytes = share_bytes  # this slot's share of the byte budget
         self.align = align  # the scheduler's chunk: grid checkpoints cost no extra decode
+        self.tile = tile  # the scheduler ends pieces on multiples of this: so does the grid
         self.history: list[Divergence] = []
         self.prompt_end = 0  # length of the last prompt this mind's slot processed; 0 = unknown
         self.ckpt_bytes = 0  # size of the last checkpoint seen (they are about constant per model)
@@ -75,7 +76,7 @@ class CheckpointPlan:
             return False
         n = max(self.prompt_end, m + 1)
         k = slot_count(self.share_bytes, self.ckpt_bytes, self.cap)
-        return m in plan(forecast(self.history, n, population=self.population), [p for p in have if p < m], m - 1, n - 1, k, align=self.align)
+        return m in plan(forecast(self.history, n, population=self.population), [p for p in have if p < m], m - 1, n - 1, k, align=self.align, tile=self.tile)
 
     def forecast(self, n_tokens: int) -> Forecast:
         return forecast(self.history, self.prompt_end or n_tokens, population=self.population)
@@ -88,7 +89,7 @@ class CheckpointPlan:
             return []
         if self.policy == "placement":
             k = slot_count(self.share_bytes, self.ckpt_bytes, self.cap)
-            self.last = plan(forecast(self.history, n_prompt, population=self.population), have, pos0, n_prompt - 1, k, align=self.align)
+            self.last = plan(forecast(self.history, n_prompt, population=self.population), have, pos0, n_prompt - 1, k, align=self.align, tile=self.tile)
             return self.last
         if self.keep <= 0:
             return []

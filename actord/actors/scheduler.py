@@ -73,12 +73,13 @@ class Scheduler(Actor[SchedulerInbox]):
 
     def __init__(
         self, dispatcher: Dispatcher, engine: Any, slots: list[Actor[Any]], n_batch: int,
-        metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0,
+        metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0, piece_tile: int = 1,
     ) -> None:
         super().__init__(dispatcher, "scheduler", capacity)
         self.engine = engine
         self.slots = slots
         self.n_batch = n_batch
+        self.piece_tile = max(1, piece_tile)
         self.n_ctx = n_ctx  # 0: cells are not charged (a test engine without a KV cache)
         self.cells: dict[int, int] = {i: 0 for i in range(len(slots))}
         self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
@@ -164,6 +165,12 @@ class Scheduler(Actor[SchedulerInbox]):
                 if w.pos < p <= w.pos + n:
                     n, ckpt = p - w.pos, True
                     break
+            if not ckpt and self.piece_tile <= n < len(w.pending):
+                # A piece cut short by the budget ends on a tile boundary, so the pieces
+                # after it (and grid checkpoints) are whole tiles, decoded at full speed.
+                aligned = (w.pos + n) // self.piece_tile * self.piece_tile - w.pos
+                if aligned > 0:
+                    n = aligned
             finishes = n == len(w.pending)
             plan.append((w, J.StepEntry(seq=w.seq, tokens=w.pending[:n], pos0=w.pos, sample=finishes, checkpoint=ckpt)))
             budget -= n

@@ -28,7 +28,7 @@ request, E[d - max{p <= d}] (0 stands in when no checkpoint is at or below d),
 
 Placement is a 1-D problem: choosing a set P, |P| <= k, minimizing the sum over
 consecutive P of a segment cost. The DP over m candidates is O(k m^2), done as k numpy
-passes over an m x m matrix; m stays under ~70. Candidates are every forecast point in
+passes over an m x m matrix; m stays in the low hundreds. Candidates are every forecast point in
 range (for point masses those are exact: moving a checkpoint up to the next point never
 hurts), the prompt's end, and a grid at multiples of `align` past the resume point: the
 scheduler cuts prompt chunks there anyway, so a grid checkpoint costs a state copy and no
@@ -67,6 +67,8 @@ PRIOR_APPEND = 1.0  # pseudo-observations: "the next prompt extends this one"
 PRIOR_UNKNOWN = 1.0  # pseudo-observations: "it may diverge anywhere" (uniform)
 CREATION_COST = 4.0  # tokens of expected re-prefill a new checkpoint must save
 GRID = 48  # most grid candidates per placement
+SPREAD_PRIOR = 1 / 32  # a divergence group's spread before any is seen, as a share of the prompt
+SPREAD_WEIGHT = 2.0  # pseudo-observations behind that prior spread
 
 
 class _Ckpt(Protocol):
@@ -151,6 +153,11 @@ def _bandwidth(xs: list[float], ws: list[float], fallback: float) -> float:
     return 1.06 * var ** 0.5 * n_eff ** -0.2
 
 
+def _shrunk(observed: float, prior: float, n_eff: float) -> float:
+    """A width from n_eff observations, shrunk toward `prior` worth SPREAD_WEIGHT of them."""
+    return ((SPREAD_WEIGHT * prior * prior + n_eff * observed * observed) / (SPREAD_WEIGHT + n_eff)) ** 0.5
+
+
 def _spread(xs: list[float], ws: list[float], fallback: float) -> float:
     n_eff = sum(ws) ** 2 / sum(w * w for w in ws) if ws else 0.0
     if n_eff < 1.5:
@@ -173,11 +180,12 @@ def forecast(history: Sequence[Divergence], n_prompt: int, *, population: Sequen
     d ranges over 0..n_prompt - 1: the end checkpoint sits at n_prompt - 1 (one token is
     always left to decode for logits), and an append resumes from it. Appends are exact
     (mass at the end); start- and end-anchored divergences are each smoothed by a Gaussian
-    kernel whose width is their own spread (Silverman's rule; none when they all agree;
-    a lone observation keeps half its weight exactly where it was and spreads half over
-    1/32 of the prompt), discretized at nine points over +-2 widths: the next divergence
-    is rarely exactly a past one, and a forecast that put no mass between or below the
-    observed ones would leave no checkpoint there.
+    kernel whose width is their own spread (Silverman's rule) shrunk toward a prior spread
+    of 1/32 of the prompt (worth two observations), discretized at nine points over +-2
+    widths: the next divergence is rarely exactly a past one, and a forecast that put no
+    mass between or below the observed ones would leave no checkpoint there. Part of each
+    observation stays exactly where it was: most of it when the group agrees exactly (a
+    lone one keeps half), 1/(n + 1) once a spread is seen.
 
     `population`: where other minds diverged, as fractions of their prompts (what the slot
     has seen). Minds built from one template tend to diverge in the same place; when given,
@@ -209,30 +217,36 @@ def forecast(history: Sequence[Divergence], n_prompt: int, *, population: Sequen
     if pop and prior_unknown > 0:
         groups["population"] = (pop, [prior_unknown / 2 / len(pop)] * len(pop))
         prior_unknown /= 2
+    s0 = length * SPREAD_PRIOR
     for xs, ws in groups.values():
         if not xs:
             continue
-        bw = _bandwidth(xs, ws, fallback=-1.0)
-        lone = bw < 0  # one observation: its spread is a guess; half of it stays exactly there
-        if lone:
-            bw = length / 32
+        n_eff = sum(ws) ** 2 / sum(w * w for w in ws)
+        h = _bandwidth(xs, ws, fallback=0.0)
+        sd = _spread(xs, ws, fallback=0.0)
+        # A spread seen in a few observations is a poor estimate of the next one's (two
+        # edits 7 tokens apart say little about a word picked from a 76-token span), so
+        # the width is shrunk toward the prior spread as if that had SPREAD_WEIGHT
+        # observations behind it; as evidence accumulates, the observed spread takes over.
+        bw = _shrunk(h, s0, n_eff)
+        # Observations that agree exactly are evidence of an exact repeat (a fixed template
+        # slot): all but 1/(n + 1) of their weight stays exactly where they were. Once a
+        # spread is seen, only 1/(n + 1) does.
+        exact = n_eff / (n_eff + 1) if h < 1 else 1 / (n_eff + 1)
         for x, w in zip(xs, ws):
-            if bw < 1:
-                add(x, w)
-                continue
-            if lone:
-                add(x, w / 2)
-                w /= 2
-            for j, v in _KERNEL:
-                add(x + j * bw / 2, w * v / _KSUM)
+            add(x, w * exact)
+            if bw >= 1:
+                for j, v in _KERNEL:
+                    add(x + j * bw / 2, w * (1 - exact) * v / _KSUM)
+            else:
+                add(x, w * (1 - exact))
         # The next one falls below the lowest seen (or above the highest) with probability
         # about 1/(n + 1) each (Hill's predictive): half-Gaussian tails of the group's
-        # spread. Only where a spread is seen: one observation, or several that agree,
-        # say nothing about it (their kernel above is all they get).
-        sd = _spread(xs, ws, fallback=0.0)
-        n_eff = sum(ws) ** 2 / sum(w * w for w in ws)
+        # spread, shrunk the same way. Only where a spread is seen: one observation, or
+        # several that agree, say nothing about it (their kernel above is all they get).
         tail = sum(ws) / (n_eff + 1)
         if sd >= 1:
+            sd = _shrunk(sd, s0, n_eff)
             for j, v in _TAIL:
                 add(min(xs) - j * sd / 2, tail * v / _TSUM)
                 add(max(xs) + j * sd / 2, tail * v / _TSUM)
@@ -331,14 +345,17 @@ def choose(fc: Forecast, have: Sequence[int], can_make: Sequence[int], k: int,
     return Choice(cost=expected_cost(fc, chosen), objective=best, keep=keep, make=make)
 
 
-def candidates(fc: Forecast, lo: int, hi: int, *, align: int = 1, grid: int = GRID) -> list[int]:
+def candidates(fc: Forecast, lo: int, hi: int, *, align: int = 1, grid: int = GRID, tile: int = 1) -> list[int]:
     """Positions in (lo, hi] worth considering for a prompt decoded from lo to hi.
 
     Every forecast point there, hi itself (the prompt's end), and up to `grid` grid
     positions lo + j * step. On a prompt long enough for `grid` chunks of `align` (the
     scheduler's chunk size) the step is a multiple of it, so a grid checkpoint costs no
     extra decode; on a shorter one the grid is finer than a chunk (a split decode costs
-    less than hundreds of re-prefilled tokens).
+    less than hundreds of re-prefilled tokens). With `tile` > 1 (`Config.piece_tile`)
+    the scheduler ends pieces on multiples of it, and grid positions are rounded down to
+    them: ggml's batched matmuls run a piece of 135 tokens ~11% slower than one of 128 or
+    192 (measured on Gemma 3 270M, 2 cores), so pieces between grid checkpoints stay whole.
     """
     if hi <= lo:
         return []
@@ -348,18 +365,24 @@ def candidates(fc: Forecast, lo: int, hi: int, *, align: int = 1, grid: int = GR
     step = max(1, -(-(hi - lo) // max(1, grid)))
     if step >= align:
         step = align * -(-step // align)
-    out.update(range(lo + step, hi, step))
+    elif tile > 1:
+        step = min(align, tile * -(-step // tile))
+    if tile > 1:  # the scheduler's piece boundaries: lo + j * step, each rounded down to a tile
+        out.update(p for p in ((lo + j * step) // tile * tile for j in range(1, (hi - lo) // step + 1))
+                   if lo < p < hi)
+    else:
+        out.update(range(lo + step, hi, step))
     return sorted(out)
 
 
 def plan(fc: Forecast, have: Sequence[int], lo: int, hi: int, k: int, *, align: int = 1,
-         creation_cost: float = CREATION_COST, grid: int = GRID) -> list[int]:
+         creation_cost: float = CREATION_COST, grid: int = GRID, tile: int = 1) -> list[int]:
     """The positions to make while a prompt is decoded from `lo` to `hi` (ascending).
 
     `have` are the slot's checkpoints (those <= lo survive the cut); the plan is the best
     set of at most k of them and new ones, and returns only the new ones.
     """
-    cands = candidates(fc, lo, hi, align=align, grid=grid)
+    cands = candidates(fc, lo, hi, align=align, grid=grid, tile=tile)
     if not cands or k <= 0:
         return []
     return choose(fc, [p for p in have if p <= lo], cands, k, creation_cost).make

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 from actord.policy.checkpoints import CheckpointMeta, apply_evictions
 from actord.policy.placement import (
-    Divergence, Forecast, candidates, choose, expected_cost, forecast, keep_best, marginal_losses, plan,
+    GRID, Divergence, Forecast, candidates, choose, expected_cost, forecast, keep_best, marginal_losses, plan,
     plan_admission, remember, slot_count,
 )
 
@@ -122,9 +122,11 @@ def test_the_forecast_reads_appends_end_anchored_and_start_anchored_divergences(
     hist = [Divergence(lcp=1000, end=1000),  # reached the old end: an append
             Divergence(lcp=940, end=1000),  # 60 before the old end: the same before the new one
             Divergence(lcp=200, end=1000)] * 2  # near the start: the same position
-    # Each group agrees with itself (no spread), so nothing is smoothed.
+    # Each group agrees with itself (no spread seen): 2/3 of it stays exactly where it was.
     fc = forecast(hist, 2001, prior_append=0.0, prior_unknown=0.0, decay=1.0)
-    assert [x for x, _ in fc.points] == [200, 2000 - 59, 2000]
+    heavy = sorted(fc.points, key=lambda p: -p[1])[:3]
+    assert sorted(x for x, _ in heavy) == [200, 2000 - 59, 2000]
+    assert all(w >= 2 / 3 * 1 / 3 - 1e-9 for _, w in heavy)
     assert fc.uniform == 0.0 and math.isclose(sum(w for _, w in fc.points), 1.0)
     newer = forecast([Divergence(10, 100), Divergence(20, 100)], 101, prior_append=0.0, prior_unknown=0.0)
     assert newer.points[0][0] < 10 and newer.points[-1][0] > 20  # spread: smoothed, with tails
@@ -175,8 +177,12 @@ def test_grid_candidates_sit_on_chunk_boundaries():
 def test_a_page_keeps_the_best_subset():
     fc = forecast([Divergence(300, 1000)] * 3, 1000)
     positions = [100, 200, 290, 300, 700, 999]
-    idx = keep_best(fc, positions, 2)
-    assert [positions[i] for i in idx] == [300, 999]
+    for k in (1, 2, 3):
+        idx = keep_best(fc, positions, k)
+        best = min(expected_cost(fc, list(c)) for c in itertools.combinations(positions, k))
+        assert len(idx) == k and math.isclose(expected_cost(fc, [positions[i] for i in idx]), best)
+    below, end = [positions[i] for i in keep_best(fc, positions, 2)]
+    assert end == 999 and below in (290, 300)  # at or just under where it repeats, and the end
     assert keep_best(fc, positions, 10) == list(range(6))
 
 
@@ -194,8 +200,13 @@ def metas(*ps, size=MB):
     return [CheckpointMeta(pos=p, n_bytes=size) for p in ps]
 
 
+def exact_at(pos: int, length: int = 999) -> Forecast:
+    """A mind known to diverge exactly at pos or append, or anywhere now and then."""
+    return Forecast(length=length, points=((pos, 0.6), (length, 0.2)), uniform=0.2)
+
+
 def test_admission_evicts_the_least_valuable_per_byte_across_slots():
-    fcs = {0: forecast([Divergence(300, 1000)] * 4, 1000), 1: forecast([Divergence(700, 1000)] * 4, 1000)}
+    fcs = {0: exact_at(300), 1: exact_at(700)}
     hold = {0: metas(150, 300, 999), 1: metas(100, 500, 999, size=2 * MB)}
     raw = {(k, c.pos): loss for k, v in hold.items() for c, loss in zip(v, marginal_losses(fcs[k], [c.pos for c in v]))}
     assert min(raw, key=raw.get) == (0, 150)  # the least loss in tokens...
@@ -207,7 +218,7 @@ def test_admission_evicts_the_least_valuable_per_byte_across_slots():
 
 
 def test_admission_skips_a_checkpoint_worth_less_than_what_it_would_evict():
-    fcs = {0: forecast([Divergence(300, 1000)] * 4, 1000)}
+    fcs = {0: exact_at(300)}
     hold = {0: metas(300, 999)}
     p = plan_admission(hold, fcs, 2 * MB, 2 * MB, 0, CheckpointMeta(pos=900, n_bytes=MB))
     assert p.skipped and p.evictions == []
@@ -256,9 +267,21 @@ def test_admission_never_raises_the_total_expected_re_prefill(data):
 
 @pytest.mark.parametrize("k", [1, 4, 12])
 def test_a_forty_thousand_token_plan_is_cheap(k):
-    import time
-
+    """Cheap by construction, not by a clock: the DP is O(k m^2) over the candidates, and m
+    is bounded by the forecast's points and the grid, never by the prompt's length."""
     fc = forecast([Divergence(11_000 + 300 * i, 38_000) for i in range(16)], 39_000)
-    t0 = time.perf_counter()
+    cands = candidates(fc, 0, 38_999, align=512)
+    assert len(cands) <= len(fc.points) + GRID + 1 and len(fc.points) <= 16 * 10 + 2 * 6 * 2 + 2
     made = plan(fc, [], 0, 38_999, k, align=512)
-    assert len(made) <= k and time.perf_counter() - t0 < 1.0  # a loose guard, not a benchmark
+    assert 0 < len(made) <= k
+
+
+def test_with_a_tile_grid_candidates_are_the_schedulers_piece_boundaries():
+    from tests.unit.test_scheduler_pieces import pieces, sched
+
+    fc = Forecast.unknown(6000)
+    ends = {start + length for start, length in pieces(sched(512, 64), 411, 6000 - 411)}
+    grid = [p for p in candidates(fc, 411, 5999, align=512, grid=8, tile=64) if p != 5999]
+    assert grid and all(p % 64 == 0 and p in ends for p in grid)  # a grid checkpoint adds no piece
+    short = [p for p in candidates(fc, 411, 1499, align=512, grid=48, tile=64) if p != 1499]
+    assert all(p % 64 == 0 for p in short) and len(short) >= 10  # finer than a chunk, still whole tiles
