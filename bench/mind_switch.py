@@ -25,7 +25,8 @@ from the serving slot after each turn). Beside them, the KV bytes a full SWA cac
 need at 32k context. The workload (texts, which mind, which turns edit and where) is drawn
 from one seed; replies are greedy, so runs see the same text unless their numerics differ.
 
-Slow on purpose (real prefill): ~15 minutes on 2 shared cores with the defaults.
+Slow on purpose (real prefill): ~15 minutes on 2 shared cores with the defaults; each
+`--rounds` more adds as much again (the order rotates each round, wall is the median).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -198,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-word", type=float, default=1.0, help="to size the system text (measured: ~1.0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--per-turn", action="store_true", help="print each turn's figures")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every config this many times, the order rotated each round; wall is the median "
+                        "(a shared machine drifts: one run per config compares the drift too)")
     a = p.parse_args(argv)
     model = a.model or str(gemma3_270m_path() or "")
     if not model:
@@ -218,11 +223,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{a.turns // 4} editing ~30% into the system text; ctx {ctx}, seed {a.seed} ==")
         print(f"--swa-full auto here: {'on' if auto['swa_full'] else 'off'} ({auto['swa_full_reason']})")
         results: dict[str, Run] = {}
+        walls: dict[str, list[float]] = {n: [] for n in names}
         props: dict = {}
-        for name in names:
-            results[name], props = run_one(a, model, words, ctx, CONFIGS[name])
-            r = results[name]
-            print(f"  ran {name:<12} {r.wall:6.1f} s", flush=True)
+        for rnd in range(max(1, a.rounds)):
+            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                r, props = run_one(a, model, words, ctx, CONFIGS[name])
+                results.setdefault(name, r)  # token figures: the first run (greedy: rounds agree)
+                walls[name].append(r.wall)
+                print(f"  ran {name:<12} {r.wall:6.1f} s (round {rnd + 1})", flush=True)
+        for name, ws in walls.items():
+            results[name].wall = statistics.median(ws)
         n_prompt = statistics_mean([r.prompt / a.turns for r in results.values()])
         print(f"mean prompt {n_prompt:,.0f} tokens")
         print(f"{'config':<12} {'processed':>9} {'floor':>7} {'near-full':>9} {'resumes':>7} "
