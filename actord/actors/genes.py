@@ -229,18 +229,18 @@ class GeneResidency(Actor[GeneInbox]):
         g = self.genes.get(gid)
         if g is None:
             self.metrics.lora_page_failed_total.inc()
-            log.warning("gene.refused", id=gid, reason="unknown")
+            log.debug("gene.refused", id=gid, reason="unknown")
             raise GeneNotFound(f"no gene {gid}", id=gid)
         return g
 
     def _refuse_busy(self, gid: int, verb: str) -> None:
         g = self._get(gid)
         if g.default:
-            log.warning("gene.refused", id=gid, reason="default", verb=verb)
+            log.debug("gene.refused", id=gid, reason="default", verb=verb)
             raise GeneIsDefault(f"gene {gid} is active by default; cannot {verb}", id=gid)
         users = sorted(s for s, gs in self.processing.items() if gid in gs)
         if users:
-            log.warning("gene.refused", id=gid, reason="in_use", verb=verb, slots=users)
+            log.debug("gene.refused", id=gid, reason="in_use", verb=verb, slots=users)
             raise GeneInUse(f"gene {gid} is applied by processing slot(s) {users}", id=gid, slots=users)
 
     async def _page_out(self, gid: int) -> J.GeneInfo:
@@ -273,7 +273,7 @@ class GeneResidency(Actor[GeneInbox]):
         missing = [gid for gid, _ in genes if gid not in self.genes]
         if missing:
             self.metrics.lora_page_failed_total.inc()
-            log.warning("gene.refused", ids=missing, reason="unknown", slot=slot)
+            log.debug("gene.refused", ids=missing, reason="unknown", slot=slot)
             await self.slots[slot].tell(GenesRefused(ticket=ticket, error_type="GeneNotFound",
                                                      message=f"no gene {missing[0]}"))
             return
