@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from actord.config import Config
+from actord.policy.swa import MODES as SWA_FULL_MODES
 
 _VERBS = {
     # verb: (method, positional param names)
@@ -42,7 +43,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         typ = f.type
         if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
-            p.add_argument(flag, nargs="?", const="on", choices=["auto", "on", "off"], default=None)
+            p.add_argument(flag, nargs="?", const="on", choices=SWA_FULL_MODES, default=None)
         elif typ is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif typ == list[str]:

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actord.policy.checkpoints import POLICIES as CHECKPOINT_POLICIES
+from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
+
 if TYPE_CHECKING:
     from actord.api import RequestLimits
 
@@ -48,7 +51,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # "auto" takes it when bytes/token x ctx fits swa_full_share of the device budget
     # (device_bytes, else the host's memory), "on"/"off" decide outright.
     swa_full: str = "auto"
-    swa_full_share: float = 0.25
+    swa_full_share: float = SWA_FULL_SHARE
     # Genes
     device_bytes: int = 0  # one budget for resident genes and occupied slots' state; 0 = unlimited
     gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
@@ -100,12 +103,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("batch must be >= 1")
         if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
             raise InvalidParams("byte budgets must be >= 0")
-        if self.swa_full not in ("auto", "on", "off"):
-            raise InvalidParams("swa_full is 'auto', 'on' or 'off'")
+        if self.swa_full not in SWA_FULL_MODES:
+            raise InvalidParams(f"swa_full is one of {SWA_FULL_MODES}")
         if not 0 <= self.swa_full_share <= 1:
             raise InvalidParams("swa_full_share is a fraction in [0, 1]")
-        if self.checkpoint_policy not in ("placement", "divergence", "oldest"):
-            raise InvalidParams("checkpoint_policy is 'placement', 'divergence' or 'oldest'")
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
             raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:

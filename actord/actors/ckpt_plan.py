@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from actord.policy.checkpoints import CheckpointLike, select_indices
+from actord.policy.checkpoints import POLICIES, CheckpointLike, select_indices
 from actord.policy.placement import (
-    Divergence, Forecast, forecast, keep_best, plan, remember, slot_count,
+    HISTORY, Divergence, Forecast, forecast, keep_best, plan, remember, slot_count,
 )
 
-POLICIES = ("placement", "divergence", "oldest")
+POPULATION = 32  # other minds' divergences a slot remembers (its prior for a new mind)
 
 
 class CheckpointPlan:
@@ -53,7 +53,7 @@ class CheckpointPlan:
     def adopt(self, history: Sequence[Divergence], prompt_end: int, n_tokens: int) -> None:
         """A mind arrives from a page or file; without a recorded prompt end (an older file)
         what it holds stands in."""
-        self.history = list(history)[-16:]
+        self.history = list(history)[-HISTORY:]
         self.prompt_end = prompt_end or n_tokens
         self.last = []
 
@@ -62,7 +62,7 @@ class CheckpointPlan:
         if self.prompt_end > 0:  # a slot that held nothing learns nothing
             self.history = remember(self.history, Divergence(lcp=raw_lcp, end=self.prompt_end))
             if raw_lcp < self.prompt_end - 1:  # not an append
-                self.population = [*self.population, raw_lcp / self.prompt_end][-32:]
+                self.population = [*self.population, raw_lcp / self.prompt_end][-POPULATION:]
 
     def started(self, n_prompt: int) -> None:
         """The request's prompt (n_prompt tokens) is being processed."""
@@ -75,8 +75,14 @@ class CheckpointPlan:
         if self.policy != "placement" or m <= 0 or m in have:
             return False
         n = max(self.prompt_end, m + 1)
+        return m in self._plan(n, [p for p in have if p < m], m - 1, n - 1)
+
+    def _plan(self, n_prompt: int, have: Sequence[int], lo: int, hi: int) -> list[int]:
+        """The placement's new positions, decoding a prompt of n_prompt tokens from lo to hi,
+        as many as this slot's byte share holds."""
         k = slot_count(self.share_bytes, self.ckpt_bytes, self.cap)
-        return m in plan(forecast(self.history, n, population=self.population), [p for p in have if p < m], m - 1, n - 1, k, align=self.align, tile=self.tile)
+        fc = forecast(self.history, n_prompt, population=self.population)
+        return plan(fc, have, lo, hi, k, align=self.align, tile=self.tile)
 
     def forecast(self, n_tokens: int) -> Forecast:
         return forecast(self.history, self.prompt_end or n_tokens, population=self.population)
@@ -88,8 +94,7 @@ class CheckpointPlan:
         if self.keep < 0:
             return []
         if self.policy == "placement":
-            k = slot_count(self.share_bytes, self.ckpt_bytes, self.cap)
-            self.last = plan(forecast(self.history, n_prompt, population=self.population), have, pos0, n_prompt - 1, k, align=self.align, tile=self.tile)
+            self.last = self._plan(n_prompt, have, pos0, n_prompt - 1)
             return self.last
         if self.keep <= 0:
             return []

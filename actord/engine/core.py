@@ -123,20 +123,21 @@ class Engine:
             kv_bytes_per_token=self.kv_bytes_per_token,
         )
 
-    def _meta_int(self, key: str) -> int | None:
+    def _meta_str(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(64)
         if lib.llama_model_meta_val_str(self.model, key.encode(), buf, 64) < 0:
             return None
+        return buf.value.decode(errors="replace")
+
+    def _meta_int(self, key: str) -> int | None:
         try:
-            return int(buf.value.decode())
+            return int(self._meta_str(key) or "")
         except ValueError:
             return None
 
     def _kv_bytes_per_token(self) -> int:
         """A full KV cache's bytes per token: every layer's K and V at f16 (the default type)."""
-        arch_buf = ctypes.create_string_buffer(64)
-        lib.llama_model_meta_val_str(self.model, b"general.architecture", arch_buf, 64)
-        arch = arch_buf.value.decode(errors="replace")
+        arch = self._meta_str("general.architecture") or ""
         n_layer = int(lib.llama_model_n_layer(self.model))
         n_head_kv = int(lib.llama_model_n_head_kv(self.model))
         head = int(lib.llama_model_n_embd(self.model)) // max(1, int(lib.llama_model_n_head(self.model)))

@@ -29,9 +29,13 @@ from typing import Any, Hashable, Mapping, MutableMapping, Protocol, Sequence, T
 import msgspec
 
 __all__ = [
-    "Admission", "CheckpointLike", "CheckpointMeta", "apply_evictions", "plan_budget_admission",
+    "POLICIES", "Admission", "CheckpointLike", "CheckpointMeta", "apply_evictions", "plan_budget_admission",
     "select", "select_indices", "under_break_indices", "victim",
 ]
+
+# The names `--checkpoint-policy` takes: "placement" (actord.policy.placement) and the
+# seed's two rules here, kept as baselines.
+POLICIES = ("placement", "divergence", "oldest")
 
 
 class CheckpointLike(Protocol):
