@@ -160,6 +160,18 @@ class KvCacheFull(EngineError):
     """llama_decode found no free cells for a step (the scheduler makes room and retries)."""
 
 
+class StepSkipped(EngineError):
+    """A step planned before an earlier step failed was not run: the memory is as it was
+    (the scheduler plans it again). `data.epoch` is the engine's epoch now."""
+
+
+class InternalError(ActordError):
+    """A request could not be carried on (a bug or an unexpected failure handling its
+    output); it ended, its slot is idle again, the other requests go on."""
+
+    http_status = 500
+
+
 class AskCycle(ActordError):
     """An ask would close a cycle of waits (a deadlock): refused at once, the chain named."""
 

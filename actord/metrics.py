@@ -30,6 +30,15 @@ class Metrics:
             "engine_step_tokens", "Tokens per llama_decode step", registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
         )
+        # Busy vs wall: the engine thread's time inside llama_decode + sampling, so a reader
+        # sees whether Python keeps the accelerator fed (busy/wall near 1 while work queues).
+        self.engine_busy_seconds_total = Counter(
+            "engine_busy_seconds", "Seconds the engine thread spent in decode steps (llama_decode + sampling)",
+            registry=r,
+        )
+        self.engine_steps_skipped_total = Counter(
+            "engine_steps_skipped", "Steps planned before a failed step and not run (replanned)", registry=r
+        )
         self.engine_jobs_failed_total = Counter("engine_jobs_failed", "Engine jobs that failed", registry=r)
         self.actor_failures_total = Counter("actor_failures", "Actors that raised", ["actor"], registry=r)
         self.slot_evictions_total = Counter(

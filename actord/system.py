@@ -63,9 +63,9 @@ class ActorSystem:
         self.recorder: Any = None
         trace = trace if trace is not None else self.config.trace
         if trace is not None and trace != "":
-            from actord.replay.trace import TraceRecorder
+            from actord.hooks import open_recorder
 
-            self.recorder = TraceRecorder(trace, self.config)
+            self.recorder = open_recorder(trace, self.config)
             self.recorder.attach(self.dispatcher)
         self.props: J.ModelProps | None = None
         self.slots: list[Slot] = []
@@ -502,9 +502,10 @@ class ActorSystem:
 
     def final_state(self) -> dict[str, Any]:
         """What a replay must reproduce: each actor's state that outlives a request."""
-        from actord.replay.trace import digest
+        from actord.hooks import state_digest as digest
 
-        metrics = {k: v for k, v in self.metrics.snapshot().items() if "_created" not in k}
+        # Wall-clock series (creation stamps, seconds busy) differ run to run: not state.
+        metrics = {k: v for k, v in self.metrics.snapshot().items() if "_created" not in k and "_seconds" not in k}
         return {
             "slots": [(s.id, digest(s.kv_tokens), s.resume_raw_lcp, [(c.pos, c.n_bytes) for c in s.checkpoints],
                        s.genes, s.mind) for s in self.slots],

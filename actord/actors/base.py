@@ -23,6 +23,14 @@ whom (an ask's reply, or room in a full mailbox) and refuses the wait that would
 cycle (`AskCycle`, with the chain), the moment it would close. Every ask also has a bound:
 past it the asker gets `AskTimeout` with the wait-for chain, logged, never a silent hang.
 
+Two lanes, one queue. What clients send (RPC connections, host calls) is bounded per actor
+(`capacity`): a client meets backpressure. What actors send each other is never refused
+and never waits for room: an actor's messages are bounded by what it was asked to do (one
+tell per step, per request end, per eviction), and an actor blocked on a peer's full
+mailbox turns backpressure into wait-for cycles under a burst (a slot telling the
+scheduler while the scheduler asks it). Both lanes share one FIFO queue, so a tell an
+actor sent before answering a client is delivered before the client's next message.
+
 Supervision: a handler that raises an `ActordError` simply answers that ask with the error
 (a refusal is not a crash). Any other exception is a crash: it is logged and counted, the
 failing ask and every queued ask get `ActorFailed`, later asks fail at once, and the rest of
@@ -93,13 +101,19 @@ class Reply:
 
 
 class Envelope(Generic[M]):
-    __slots__ = ("msg", "reply", "stream", "seq")
+    __slots__ = ("msg", "reply", "stream", "seq", "counted", "answer")
 
-    def __init__(self, msg: M, reply: Reply | None = None, stream: StreamSink | None = None) -> None:
+    def __init__(self, msg: M, reply: Reply | None = None, stream: StreamSink | None = None,
+                 answer: Any = None) -> None:
         self.msg = msg
         self.reply = reply
         self.stream = stream
         self.seq = 0
+        self.counted = False  # it holds a place in the client lane (see Actor._put)
+        # A value (or an exception) for `reply` that the receiver hands on once it has done
+        # its part; like the reply channel it is never part of the message, so a trace of
+        # deliveries does not depend on it (a result's timings differ run to run).
+        self.answer = answer
 
 
 class ActorStats(msgspec.Struct, frozen=True):
@@ -227,7 +241,10 @@ class Actor(Generic[M]):
         self.dispatcher = dispatcher
         self.name = name
         self.capacity = capacity
-        self._send, self._recv = anyio.create_memory_object_stream[Envelope[M]](capacity)
+        # The queue itself is unbounded; the client lane's bound is `_mailbox_used` vs capacity.
+        self._send, self._recv = anyio.create_memory_object_stream[Envelope[M]](math.inf)
+        self._mailbox_used = 0
+        self._mailbox_room = anyio.Event()
         self.delivered = 0
         self.failed = False
         self.failure: BaseException | None = None
@@ -269,34 +286,51 @@ class Actor(Generic[M]):
         """Hand on an envelope (its reply channel and stream travel with it)."""
         await self._put(env)
 
-    def tell_nowait(self, msg: M) -> None:
-        """For an actor messaging itself or a peer whose mailbox cannot be full by design."""
-        if self.failed:
-            raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
-        self._send.send_nowait(Envelope(msg))
+    def tell_nowait(self, msg: M, stream: StreamSink | None = None) -> None:
+        """An actor's tell on the control lane: never blocks, never refused for room."""
+        self.put_nowait(Envelope(msg, None, stream))
 
-    async def _put(self, env: Envelope[M], waiting: bool = True) -> None:
+    def put_nowait(self, env: Envelope[M]) -> None:
+        """Queue an envelope on the control lane (an actor's message: see the module docstring)."""
         PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         try:
-            try:
-                self._send.send_nowait(env)
-            except anyio.WouldBlock:
-                # A full mailbox is a wait like an ask: an actor blocked here is in the graph.
-                caller = CURRENT.get()
-                if caller is None or not waiting:
-                    await self._send.send(env)
-                else:
-                    self.dispatcher.wait_begin(caller.name, self.name, f"room for {type(env.msg).__name__}")
-                    try:
-                        await self._send.send(env)
-                    finally:
-                        self.dispatcher.wait_end(caller.name)
-            else:
-                await anyio.lowlevel.checkpoint()
+            self._send.send_nowait(env)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ShuttingDown(f"actor {self.name} is stopped", actor=self.name) from None
+
+    async def _put(self, env: Envelope[M], waiting: bool = True) -> None:
+        if CURRENT.get() is not None:
+            # From an actor: the control lane. Still a checkpoint, so a sender in a loop
+            # lets the receiver run.
+            self.put_nowait(env)
+            await anyio.lowlevel.checkpoint()
+            return
+        PROGRESS[0] += 1
+        if self.failed:
+            raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
+        while self._mailbox_used >= self.capacity:  # a client waits for room
+            if self._send._closed:
+                raise ShuttingDown(f"actor {self.name} is stopped", actor=self.name)
+            self._mailbox_room = self._mailbox_room if not self._mailbox_room.is_set() else anyio.Event()
+            await self._mailbox_room.wait()
+            if self.failed:
+                raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
+        env.counted = True
+        self._mailbox_used += 1
+        try:
+            self._send.send_nowait(env)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._mailbox_used -= 1
+            raise ShuttingDown(f"actor {self.name} is stopped", actor=self.name) from None
+        await anyio.lowlevel.checkpoint()
+
+    def _left_lane(self, env: Envelope[M]) -> None:
+        if env.counted:
+            env.counted = False
+            self._mailbox_used -= 1
+            self._mailbox_room.set()
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -327,6 +361,7 @@ class Actor(Generic[M]):
     async def deliver(self, env: Envelope[M]) -> None:
         """Deliver one envelope now. The real loop calls it; so can a deterministic one."""
         self.delivered += 1
+        self._left_lane(env)
         self.dispatcher.delivered(self, env)
         CURRENT.set(self)
         try:
@@ -354,8 +389,10 @@ class Actor(Generic[M]):
                 queued = self._recv.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
+            self._left_lane(queued)
             if queued.reply is not None:
                 queued.reply.fail(failed)
+        self._mailbox_room.set()  # clients waiting for room see the failure
         try:
             self.on_crash(failed)
         finally:
@@ -365,13 +402,14 @@ class Actor(Generic[M]):
 
     def close(self) -> None:
         self._send.close()
+        self._mailbox_room.set()
 
     def statistics(self) -> ActorStats:
         st = self._send.statistics()
         return ActorStats(
             name=self.name,
             queued=st.current_buffer_used,
-            capacity=int(st.max_buffer_size) if st.max_buffer_size != math.inf else -1,
+            capacity=self.capacity,
             delivered=self.delivered,
             deferred=self.deferred_count(),
             failed=self.failed,

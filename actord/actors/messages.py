@@ -1,6 +1,6 @@
 """Every message actors exchange: one tagged union per mailbox.
 
-Actors are nouns, messages are verbs (`Complete`, `PageOut`) or facts (`StepResult`).
+Actors are nouns, messages are verbs (`Complete`, `PageOut`) or facts (`Ended`).
 Messages are pure data; reply channels and stream sinks travel in the envelope.
 """
 
@@ -27,21 +27,23 @@ class CancelRequest(Msg):
     rid: int
 
 
-class StepResult(Msg):
-    """What the engine did for this slot in one step; the reply is a `SlotNext`."""
+class Ended(Msg):
+    """From the Scheduler: request `rid` is over and nothing of it is in flight. The
+    sequence's KV holds exactly `kv_tokens`, unless `cut_back`: a failed step may have left
+    cells past them, which the slot removes (or, where the memory refuses, erases)."""
 
-    step: int
-    fed: list[int]
-    token: int = -1
-    piece: bytes = b""
-    eog: bool = False
-    checkpoint: bytearray | None = None
-    checkpoint_pos: int = 0
+    rid: int
+    kv_tokens: list[int]
+    reason: str
+    cut_back: bool = False
 
 
-class StepFailed(Msg):
-    error_type: str
-    message: str
+class CheckpointTaken(Msg):
+    """From the Scheduler: the engine snapshotted request `rid`'s sequence at `pos`."""
+
+    rid: int
+    pos: int
+    data: bytearray
 
 
 class Erase(Msg):
@@ -98,32 +100,40 @@ class Evict(Msg):
     reason: str  # "device" | "kv"
 
 
-class NoRoom(Msg):
-    """From the Scheduler: no KV cell can be had for this slot's next step."""
-
-
 SlotInbox = (
-    Complete | CancelRequest | StepResult | StepFailed | Erase | Info | PageOutSlot | PageInSlot
-    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | NoRoom
+    Complete | CancelRequest | Ended | CheckpointTaken | Erase | Info | PageOutSlot | PageInSlot
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict
 )
-
-
-class SlotNext(msgspec.Struct, frozen=True):
-    action: str  # "feed" (decode `token` next), "continue" (prompt goes on), "done"
-    token: int = -1
-    checkpoint_at: list[int] = []
 
 
 # ---- Scheduler inbox -------------------------------------------------------------------
 
 
 class Enroll(Msg):
+    """From a slot: run request `rid` on its sequence. The sequence's KV holds
+    `prompt[:pos0]`; the envelope carries the client's reply channel and stream sink: the
+    scheduler answers the client itself and tells the slot `Ended`."""
+
+    rid: int
     slot: int
     seq: int
-    tokens: list[int]
+    prompt: list[int]
     pos0: int
+    n_predict: int
     genes: tuple[tuple[int, float], ...] = ()
     checkpoint_at: list[int] = []  # absolute positions after which to snapshot
+    stop: list[str] = []
+    stop_tokens: list[int] = []
+    ignore_eos: bool = False
+    stream: bool = False
+    resumed_from_checkpoint: bool = False
+    t_start: float = 0.0
+
+
+class Abort(Msg):
+    """End request `rid` at the next step (idempotent)."""
+
+    rid: int
 
 
 class RunStep(Msg):
@@ -145,4 +155,4 @@ class MakeRoom(Msg):
     cells: int
 
 
-SchedulerInbox = Enroll | RunStep | Cells | MakeRoom
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom

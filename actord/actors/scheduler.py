@@ -1,64 +1,62 @@
-"""The Scheduler: forms each engine step (continuous batching), grouped by gene set.
+"""The Scheduler actor: runs the pure scheduling core (actord/core/sched.py) against the engine.
 
-Each step is ONE `llama_decode` batch: one decode token per generating slot first (they are
-latency-bound), then prompt chunks in enrolment order until `n_batch` is full. A chunk is
-cut at a checkpoint position the slot asked for, so the engine can snapshot the sequence
-right after the decode that reaches it.
+The loop, one `RunStep` delivery at a time (its own tell, so every queued `Enroll`, `Abort`
+and `Cells` is delivered between two steps):
 
-LoRA adapters are set per context, so a step holds only slots with the same gene set (same
-ids, bit-identical scales). Groups take turns: a group keeps the engine for at most
-`group_quantum` consecutive steps while another group waits (fewer adapter switches), then
-the next group in round-robin order runs, so no group starves.
+    fill: while fewer than `depth` steps are in flight, core.schedule() and submit
+    wait for the oldest step in flight
+    core.update() -> events; fill again (the engine now holds the next step); route events
 
-The step loop is message driven (`RunStep` to itself), so between two steps every queued
-`Enroll` is delivered: a new request joins at the next step.
+So while the engine runs step k+1, step k's events are routed: tokens to the requests'
+stream sinks, final answers to their reply channels, `CheckpointTaken` and `Ended` to the
+slots (control-lane tells: they never block). Nothing per token is an ask. A sink that
+raises, or an output the core cannot handle, ends that request with a typed error; every
+other request goes on.
 
-KV cells are charged per slot: a slot's sequence holds one cell per token (unified KV), the
-scheduler counts what it feeds, and slots tell it (`Cells`) when their sequence changes
-outside a step. A step is planned within the free cells, so a prompt chunk is admitted
-knowing it fits. When work cannot get a cell, idle slots are asked to `Evict` (least
-recently stepped first: to the mind's page, else its file, else dropped); a slot with work
-refuses. When nothing can be freed and nothing can run, the youngest blocked request gets
-`NoRoom`: a generation stops with reason "context", a prompt fails with `ContextFull`.
+KV cells are charged per slot (unified KV): the core counts an enrolled slot's tokens and
+idle slots tell theirs (`Cells`). When the next step cannot get its cells, idle slots are
+asked to `Evict` (least recently stepped first: to the mind's page, else its file, else
+dropped); a slot with work refuses. When nothing can be freed and nothing can run, the
+youngest request gives way: a generation stops with "context", a prompt fails with
+`ContextFull`.
 
-In the ask order the scheduler sits above the slots: it asks them (`StepResult`, `Evict`,
-`NoRoom`); they only tell it (`Enroll`, `Cells`). A slot whose ask fails loses its work
-here; the step loop goes on for everyone else.
+In the ask order the scheduler sits above the slots: it asks them only `Evict`; they tell it
+(`Enroll`, `Abort`, `Cells`) and it tells them (`Ended`, `CheckpointTaken`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import collections
+import time
+from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import msgspec
 
-import anyio
-
-from actord.actors.base import Actor, Dispatcher, Envelope
+from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.messages import (
-    Cells, Enroll, Evict, MakeRoom, NoRoom, RunStep, SchedulerInbox, SlotNext, StepFailed, StepResult,
+    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, RunStep, SchedulerInbox,
 )
-from actord.engine import jobs as J
-from actord.errors import ActordError, KvCacheFull
+from actord.api import CompletionResult, Timings
+from actord.core.sched import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
+from actord.core.text import TextState
+from actord.errors import ActordError, ContextFull, InternalError, KvCacheFull, StepSkipped
 from actord.log import get
 from actord.metrics import Metrics
 
 log = get("actord.scheduler")
 
-GeneKey = tuple[tuple[int, float], ...]
 
+@dataclass(slots=True)
+class _Channel:
+    """Where one request's output goes (never serialized: it lives beside the core)."""
 
-@dataclass
-class _Work:
+    reply: Reply | None
+    stream: Any
+    t_start: float
+    resumed: bool
     slot: int
-    seq: int
-    pending: list[int]
-    pos: int
-    genes: GeneKey
-    checkpoint_at: list[int] = field(default_factory=list)
-    order: int = 0
-    prompt: bool = True  # False once the slot feeds sampled tokens back
 
 
 class SchedulerStats(msgspec.Struct, frozen=True):
@@ -66,6 +64,7 @@ class SchedulerStats(msgspec.Struct, frozen=True):
     groups: int
     steps: int
     group_switches: int
+    in_flight: int
 
 
 class Scheduler(Actor[SchedulerInbox]):
@@ -74,180 +73,223 @@ class Scheduler(Actor[SchedulerInbox]):
     def __init__(
         self, dispatcher: Dispatcher, engine: Any, slots: list[Actor[Any]], n_batch: int,
         metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0, piece_tile: int = 1,
+        depth: int = 2,
     ) -> None:
         super().__init__(dispatcher, "scheduler", capacity)
         self.engine = engine
         self.slots = slots
-        self.n_batch = n_batch
-        self.piece_tile = max(1, piece_tile)
-        self.n_ctx = n_ctx  # 0: cells are not charged (a test engine without a KV cache)
-        self.cells: dict[int, int] = {i: 0 for i in range(len(slots))}
-        self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
         self.metrics = metrics
-        self.group_quantum = group_quantum
-        self.work: dict[int, _Work] = {}
+        self.core = SchedulerCore(n_batch, n_ctx=n_ctx, piece_tile=piece_tile, group_quantum=group_quantum,
+                                  depth=depth)
+        self.core.cells.update({i: 0 for i in range(len(slots))})
+        self.channels: dict[int, _Channel] = {}
+        self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
-        self.steps = 0
-        self.group_switches = 0
-        self._enrolled = 0
-        self._current: GeneKey | None = None
-        self._run_length = 0
-        self._last_served: dict[GeneKey, int] = {}
+
+    @property
+    def n_ctx(self) -> int:
+        return self.core.n_ctx
+
+    @n_ctx.setter
+    def n_ctx(self, n: int) -> None:
+        self.core.n_ctx = n
+
+    @property
+    def free_cells(self) -> int:
+        return self.core.free_cells
+
+    def held(self, slot: int) -> int:
+        return self.core.held(slot)
+
+    @property
+    def work(self) -> dict[int, Request]:
+        """Enrolled requests by slot (what the simulation's invariants read)."""
+        return {r.slot: r for r in self.core.reqs.values()}
 
     async def handle(self, msg: SchedulerInbox, env: Envelope[SchedulerInbox]) -> None:
         match msg:
             case Enroll():
-                self._enrolled += 1
-                self.cells[msg.slot] = msg.pos0
-                self.work[msg.slot] = _Work(
-                    slot=msg.slot, seq=msg.seq, pending=list(msg.tokens), pos=msg.pos0,
-                    genes=msg.genes, checkpoint_at=sorted(p for p in msg.checkpoint_at if p > msg.pos0),
-                    order=self._enrolled,
-                )
-                if env.reply is not None:
-                    env.reply.send(None)
+                self._enroll(msg, env)
+            case Abort(rid=rid):
+                self._route(self.core.abort(rid))
             case Cells(slot=slot, n=n):
-                if slot not in self.work:  # while enrolled, the steps are the count
-                    self.cells[slot] = n
+                self.core.set_cells(slot, n)
             case MakeRoom(slot=slot, cells=n):
-                if self.n_ctx and slot not in self.work:
-                    short = n - (self.free_cells + self.cells.get(slot, 0))
+                if self.n_ctx and slot not in self.core.by_slot:
+                    short = n - (self.free_cells + self.held(slot))
                     if short > 0:
                         await self._make_room(short, exclude=slot)
                     # Held for the slot until it tells what it really holds (Cells).
-                    self.cells[slot] = min(n, self.free_cells + self.cells.get(slot, 0))
+                    self.core.cells[slot] = min(n, self.free_cells + self.held(slot))
                 if env.reply is not None:
                     env.reply.send(self.free_cells)
             case RunStep():
                 self.stepping = False
                 try:
-                    await self._step()
+                    await self._advance()
                 finally:
                     self._kick()
                 return
         self._kick()
 
+    def _enroll(self, m: Enroll, env: Envelope[Any]) -> None:
+        r = Request(
+            rid=m.rid, slot=m.slot, seq=m.seq, tokens=list(m.prompt), n_prompt=len(m.prompt), n_done=m.pos0,
+            n_predict=m.n_predict, genes=m.genes, stop_tokens=frozenset(m.stop_tokens), ignore_eos=m.ignore_eos,
+            checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
+        )
+        try:
+            self.core.add(r)
+        except ValueError as e:  # a second request on one slot: a protocol error by the slot
+            if env.reply is not None:
+                env.reply.fail(InternalError(str(e), slot=m.slot))
+            return
+        self.channels[m.rid] = _Channel(reply=env.reply, stream=env.stream if m.stream else None,
+                                        t_start=m.t_start or time.perf_counter(), resumed=m.resumed_from_checkpoint,
+                                        slot=m.slot)
+
     def _kick(self) -> None:
-        if self.work and not self.stepping:
+        if (self.core.reqs or self._pending) and not self.stepping:
             try:
                 self.tell_nowait(RunStep())
-            except anyio.WouldBlock:
-                return  # a full mailbox: the next delivery kicks again
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, ActordError):
+            except ActordError:
                 return  # shutting down
             self.stepping = True
 
-    @property
-    def free_cells(self) -> int:
-        return self.n_ctx - sum(self.cells.values()) if self.n_ctx else 1 << 30
+    # -- the loop ----------------------------------------------------------------------
 
-    # -- planning (pure given the work table) ------------------------------------------
-
-    def choose_group(self) -> GeneKey:
-        groups = sorted({w.genes for w in self.work.values()})
-        if self._current in groups and (self._run_length < self.group_quantum or len(groups) == 1):
-            return self._current  # type: ignore[return-value]
-        # The group served longest ago goes next; never-served groups first, in key order.
-        groups.sort(key=lambda g: (self._last_served.get(g, -1), g))
-        return groups[0]
-
-    def plan(self, group: GeneKey, free: int | None = None) -> list[tuple[_Work, J.StepEntry]]:
-        """The group's next step within n_batch tokens and `free` KV cells: decodes first."""
-        members = sorted((w for w in self.work.values() if w.genes == group), key=lambda w: (w.prompt, w.order))
-        budget = self.n_batch if free is None else min(self.n_batch, free)
-        plan: list[tuple[_Work, J.StepEntry]] = []
-        for w in members:
-            if budget <= 0:
+    async def _fill(self) -> None:
+        core = self.core
+        while len(self._pending) < core.depth:
+            if core.n_ctx and not self._pending:
+                want = core.wanted()
+                if want and core.free_cells < want:
+                    await self._make_room(want - core.free_cells)
+            plan = core.schedule()
+            if plan is None:
                 break
-            n = min(len(w.pending), budget)
-            ckpt = False
-            for p in w.checkpoint_at:
-                if w.pos < p <= w.pos + n:
-                    n, ckpt = p - w.pos, True
-                    break
-            if not ckpt and self.piece_tile <= n < len(w.pending):
-                # A piece cut short by the budget ends on a tile boundary, so the pieces
-                # after it (and grid checkpoints) are whole tiles, decoded at full speed.
-                aligned = (w.pos + n) // self.piece_tile * self.piece_tile - w.pos
-                if aligned > 0:
-                    n = aligned
-            finishes = n == len(w.pending)
-            plan.append((w, J.StepEntry(seq=w.seq, tokens=w.pending[:n], pos0=w.pos, sample=finishes, checkpoint=ckpt)))
-            budget -= n
-        return plan
+            self._pending.append((plan, self.engine.submit(plan.step)))
+        if not self._pending and core.runnable() and core.n_ctx and core.free_cells <= 0:
+            self._yield_youngest()
 
-    # -- one step ----------------------------------------------------------------------
-
-    async def _step(self) -> None:
-        if not self.work:
+    async def _advance(self) -> None:
+        await self._fill()
+        if not self._pending:
             return
-        group = self.choose_group()
-        if self.n_ctx:
-            want = min(self.n_batch, sum(len(w.pending) for w in self.work.values() if w.genes == group))
-            if self.free_cells < want:
-                await self._make_room(want - self.free_cells)
-            if self.free_cells <= 0:
-                await self._yield_youngest()
-                return
-        if group != self._current:
-            if self._current is not None:
-                self.group_switches += 1
-            self._current, self._run_length = group, 0
-        self._run_length += 1
-        self.steps += 1
-        self._last_served[group] = self.steps
-        plan = self.plan(group, self.free_cells if self.n_ctx else None)
+        plan, pending = self._pending.popleft()
+        core = self.core
         try:
-            out: J.StepOut = await self.engine.run(J.Step(entries=[e for _, e in plan], genes=group))
+            out = await self.engine.wait(pending)
+        except StepSkipped as e:
+            self.metrics.engine_steps_skipped_total.inc()
+            events = core.skipped(plan, int(e.data.get("epoch", core.epoch)))
         except KvCacheFull as e:
             # Our count said it fits; the cache disagreed (e.g. cells an SWA window still
-            # holds). Make room as if the step had not fitted, and try again next step.
+            # holds). Make room as if the step had not fitted, and plan again.
             log.warning("scheduler.kv_full", error=e.to_dict(), free=self.free_cells)
-            if await self._make_room(sum(len(en.tokens) for _, en in plan)) == 0:
-                await self._yield_youngest()
+            events = core.skipped(plan, int(e.data.get("epoch", core.epoch + 1)))
+            self._route(events)
+            if await self._make_room(sum(plan.fed)) == 0 and not self._pending:
+                self._yield_youngest()
             return
         except ActordError as e:
-            log.error("scheduler.step_failed", error=e.to_dict(), slots=[w.slot for w, _ in plan])
+            log.error("scheduler.step_failed", error=e.to_dict(), slots=[core.reqs[r].slot for r in plan.rids])
             self.metrics.engine_jobs_failed_total.inc()
-            for w, _ in plan:
-                del self.work[w.slot]
-                await self._ask_slot(w.slot, StepFailed(error_type=e.type, message=e.message))
-            return
-        self.metrics.engine_steps_total.inc()
-        self.metrics.engine_step_tokens.observe(out.n_tokens)
-        for (w, entry), res in zip(plan, out.entries):
-            n = len(entry.tokens)
-            w.pos += n
-            del w.pending[:n]
-            w.checkpoint_at = [p for p in w.checkpoint_at if p > w.pos]
-            self.cells[w.slot] = self.cells.get(w.slot, 0) + n
-            self.last_use[w.slot] = self.steps
-            nxt: SlotNext | None = await self._ask_slot(w.slot, StepResult(
-                step=out.step, fed=entry.tokens, token=res.token, piece=res.piece, eog=res.eog,
-                checkpoint=res.checkpoint, checkpoint_pos=res.checkpoint_pos,
-            ))
-            if nxt is None:
-                self.work.pop(w.slot, None)
-            elif nxt.action == "feed":
-                w.pending, w.prompt = [nxt.token], False
-            elif nxt.action == "done":
-                del self.work[w.slot]
-            elif not w.pending:  # "continue" with nothing left: a protocol error by the slot
-                del self.work[w.slot]
+            events = core.fail(plan, e)
+        else:
+            events = core.update(plan, out, time.perf_counter())
+            self.metrics.engine_steps_total.inc()
+            self.metrics.engine_step_tokens.observe(out.n_tokens)
+            self.metrics.engine_busy_seconds_total.inc((out.t_decode_ms + out.t_sample_ms) / 1e3)
+        await self._fill()  # the engine gets its next step before Python routes this one's output
+        self._route(events)
 
-    async def _ask_slot(self, slot: int, msg: Any) -> Any:
-        """Ask a slot; a failure costs that slot its work, never the step loop."""
+    # -- routing -----------------------------------------------------------------------
+
+    def _route(self, events: list[Event]) -> None:
+        queue = collections.deque(events)
+        while queue:
+            ev = queue.popleft()
+            if isinstance(ev, Delta):
+                ch = self.channels.get(ev.rid)
+                if ch is None or ch.stream is None:
+                    continue
+                try:
+                    ch.stream({"slot": ch.slot, "content": ev.text, "tokens": [ev.token]})
+                except Exception as e:  # the sink failed: this request ends, nobody else's
+                    log.warning("scheduler.sink_failed", rid=ev.rid, error=repr(e))
+                    queue.extend(self.core.fail_request(ev.rid, InternalError(f"stream sink failed: {e!r}")))
+            elif isinstance(ev, Checkpoint):
+                self._tell_slot(ev.slot, CheckpointTaken(rid=ev.rid, pos=ev.pos, data=ev.data))
+            elif isinstance(ev, Finished):
+                self._finish(ev)
+
+    def _tell_slot(self, slot: int, msg: Any) -> None:
         try:
-            return await self.slots[slot].ask(msg)
-        except ActordError as e:
-            log.error("scheduler.slot_failed", slot=slot, msg=type(msg).__name__, error=e.to_dict())
-            self.work.pop(slot, None)
-            return None
+            self.slots[slot].tell_nowait(msg)
+        except ActordError as e:  # a failed or stopped slot: nothing to tell
+            log.info("scheduler.slot_gone", slot=slot, msg=type(msg).__name__, error=e.to_dict())
+
+    def _finish(self, ev: Finished) -> None:
+        """The final answer goes to the client through the slot: `Ended` carries it, and the
+        slot hands it on after its own end-of-request work (gene lease, cells), so a client
+        that hears back finds the slot, the residency and the cell count settled."""
+        r = ev.req
+        ch = self.channels.pop(r.rid, None)
+        m = self.metrics
+        m.requests_in_flight.dec()
+        m.requests_total.labels(outcome=r.reason).inc()
+        answer: Any = None
+        if r.reason == "error":
+            answer = r.error if isinstance(r.error, ActordError) else InternalError(f"{r.error!r}")
+        elif ch is not None:
+            m.predicted_tokens_total.inc(len(r.out))
+            if ch.stream is not None and r.tail:
+                try:
+                    ch.stream({"slot": r.slot, "content": r.tail, "tokens": []})
+                except Exception as e:
+                    log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
+            answer = self._result(r, ch)
+        reply = ch.reply if ch is not None else None
+        cut_back = r.reason == "error" and not isinstance(r.error, ContextFull)
+        env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back),
+                       reply, answer=answer)
+        try:
+            self.slots[r.slot].put_nowait(env)
+        except ActordError as e:  # a failed or stopped slot: answer here
+            log.info("scheduler.slot_gone", slot=r.slot, error=e.to_dict())
+            if reply is not None:
+                if isinstance(answer, BaseException):
+                    reply.fail(answer)
+                elif answer is not None:
+                    reply.send(answer)
+                else:
+                    reply.fail(e)
+
+    def _result(self, r: Request, ch: _Channel) -> CompletionResult:
+        now = time.perf_counter()
+        t_first = r.t_first or now
+        prompt_ms = (t_first - ch.t_start) * 1e3
+        predicted_ms = (now - t_first) * 1e3
+        n_proc = r.n_prompt - r.n_cached
+        assert r.text is not None
+        return CompletionResult(
+            content=r.text.text, tokens=list(r.out), n_prompt_tokens=r.n_prompt, n_prompt_processed=n_proc,
+            n_cached=r.n_cached, slot=r.slot, stop_reason=r.reason or "", resumed_from_checkpoint=ch.resumed,
+            timings=Timings(
+                prompt_ms=prompt_ms, predicted_ms=predicted_ms,
+                prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+                predicted_per_second=len(r.out) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+            ),
+        )
+
+    # -- memory pressure ---------------------------------------------------------------
 
     async def _make_room(self, need: int, exclude: int | None = None) -> int:
         """Ask idle slots, least recently stepped first, to give up their cells."""
-        victims = sorted((s for s, n in self.cells.items() if n > 0 and s not in self.work and s != exclude),
-                         key=lambda s: (self.last_use.get(s, 0), s))
+        core = self.core
+        victims = sorted((s for s, n in core.cells.items() if n > 0 and s not in core.by_slot and s != exclude),
+                         key=lambda s: (core.last_use.get(s, 0), s))
         freed = 0
         for s in victims:
             if freed >= need:
@@ -257,22 +299,37 @@ class Scheduler(Actor[SchedulerInbox]):
             except ActordError as e:  # it has work coming (busy), or it failed
                 log.info("scheduler.evict_refused", slot=s, error=e.to_dict())
                 continue
-            self.cells[s] = 0
+            if s not in core.by_slot:
+                core.cells[s] = 0
             freed += n
             self.metrics.kv_evictions_total.inc()
         if freed:
             log.info("scheduler.made_room", freed=freed, need=need, free=self.free_cells)
         return freed
 
-    async def _yield_youngest(self) -> None:
+    def _yield_youngest(self) -> None:
         """Nothing can be freed and nothing can run: the youngest request gives way."""
-        w = max(self.work.values(), key=lambda w: w.order)
-        log.warning("scheduler.no_room", slot=w.slot, n_ctx=self.n_ctx, cells=dict(self.cells))
-        del self.work[w.slot]
-        await self._ask_slot(w.slot, NoRoom())
+        r = self.core.youngest()
+        if r is None:
+            return
+        log.warning("scheduler.no_room", slot=r.slot, n_ctx=self.n_ctx, cells=dict(self.core.cells))
+        if r.out:
+            self._route(self.core.abort(r.rid, "context"))
+        else:
+            self._route(self.core.abort(r.rid, "error", ContextFull(
+                f"no KV cells for slot {r.slot}'s prompt: the shared cache (n_ctx {self.n_ctx}) is held by "
+                "requests in flight", slot=r.slot, n_ctx=self.n_ctx, n_prompt_tokens=r.n_prompt)))
+
+    def on_crash(self, error: BaseException) -> None:
+        """Every request the scheduler holds gets its one answer (the error)."""
+        for ch in self.channels.values():
+            if ch.reply is not None:
+                ch.reply.fail(error)
+        self.channels.clear()
 
     def stats(self) -> SchedulerStats:
+        live = self.core.runnable()
         return SchedulerStats(
-            enrolled=len(self.work), groups=len({w.genes for w in self.work.values()}),
-            steps=self.steps, group_switches=self.group_switches,
+            enrolled=len(self.core.reqs), groups=len({r.genes for r in live}), steps=self.core.steps,
+            group_switches=self.core.group_switches, in_flight=len(self._pending),
         )

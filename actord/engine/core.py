@@ -21,7 +21,7 @@ from actord.config import Config, engine_threads
 from actord.engine import jobs as J
 from actord.engine.genes import GeneCatalog
 from actord.engine.llama import lib
-from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit
+from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit, StepSkipped
 from actord.policy.swa import choose_swa_full
 
 _log_cb: Any = None
@@ -82,6 +82,8 @@ class Engine:
         self.samplers: dict[int, Any] = {}
         self.genes = GeneCatalog(self.model, self.ctx)
         self.step_no = 0
+        self.epoch = 0  # bumped by a failed step: steps planned before it are skipped
+        self.last_sampled: dict[int, int] = {}  # seq -> its token sampled in the last step
         self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
         self._piece_buf = ctypes.create_string_buffer(256)
         self.props = self._props()
@@ -262,22 +264,38 @@ class Engine:
     # -- the step ----------------------------------------------------------------------
 
     def step(self, job: J.Step) -> J.StepOut:
-        n = sum(len(e.tokens) for e in job.entries)
+        if job.epoch != self.epoch:
+            raise StepSkipped("planned before a failed step; nothing ran", epoch=self.epoch)
+        try:
+            return self._step(job)
+        except BaseException as e:
+            # Whatever failed, the steps queued behind this one were planned assuming it
+            # ran (they may feed its samples): they are skipped, not run on a guess.
+            self.epoch += 1
+            if isinstance(e, ActordError):
+                e.data.setdefault("epoch", self.epoch)
+            raise
+
+    def _step(self, job: J.Step) -> J.StepOut:
+        n = sum(len(e.tokens) + e.feed_last for e in job.entries)
         if n == 0:
             raise InvalidParams("empty step")
         if n > self.n_batch:
             raise InvalidParams(f"step of {n} tokens exceeds n_batch {self.n_batch}")
+        last = self.last_sampled
         for e in job.entries:
             self._check_seq(e.seq)
             if e.sample and e.seq not in self.samplers:
                 raise InvalidParams(f"sequence {e.seq} has no sampler", seq=e.seq)
+            if e.feed_last and e.seq not in last:
+                raise InvalidParams(f"sequence {e.seq} sampled nothing in the last step", seq=e.seq)
         self.genes.apply(job.genes)
         b = self.batch
         k = 0
         last_index: list[int] = []
         for e in job.entries:
             pos = e.pos0
-            for t in e.tokens:
+            for t in ((last[e.seq],) if e.feed_last else e.tokens):
                 b.token[k] = t
                 b.pos[k] = pos
                 b.n_seq_id[k] = 1
@@ -297,11 +315,13 @@ class Engine:
         if rc != 0:
             raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
         out: list[J.EntryOut] = []
+        last.clear()
         for e, idx in zip(job.entries, last_index):
             ckpt = self.state_get(e.seq, True).data if e.checkpoint else None
-            ckpt_pos = e.pos0 + len(e.tokens) if e.checkpoint else 0
+            ckpt_pos = e.pos0 + len(e.tokens) + e.feed_last if e.checkpoint else 0
             if e.sample:
                 tok = int(lib.llama_sampler_sample(self.samplers[e.seq], self.ctx, idx))
+                last[e.seq] = tok
                 out.append(J.EntryOut(
                     seq=e.seq, token=tok, piece=self.piece(tok),
                     eog=bool(lib.llama_vocab_is_eog(self.vocab, tok)),
@@ -316,7 +336,7 @@ class Engine:
         ))
         return J.StepOut(
             step=self.step_no, entries=out, n_tokens=k,
-            t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3,
+            t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3, epoch=self.epoch,
         )
 
     # -- state copies ------------------------------------------------------------------

@@ -52,19 +52,27 @@ class FreeSampler(Job):
     seq: int
 
 
-class StepEntry(msgspec.Struct, frozen=True):
+class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     seq: int
     tokens: list[int]
     pos0: int
     sample: bool  # take logits for the last token and sample from the seq's sampler
     checkpoint: bool = False  # snapshot the seq's partial state right after this decode
+    # Decode the token this seq sampled in the engine's previous step (then `tokens` is
+    # empty): the scheduler plans step k+1 before step k's sample reaches Python, so the
+    # engine never waits for Python between two steps.
+    feed_last: bool = False
 
 
 class Step(Job):
-    """One llama_decode over every entry (continuous batching), then sampling."""
+    """One llama_decode over every entry (continuous batching), then sampling.
+
+    `epoch` is the engine epoch the plan was made in: a failed step ends the epoch, and the
+    steps planned before anyone knew are skipped (`StepSkipped`), changing nothing."""
 
     entries: list[StepEntry]
     genes: tuple[tuple[int, float], ...] = ()
+    epoch: int = 0
 
 
 class StateSize(Job):
@@ -143,7 +151,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
 
 
-class EntryOut(msgspec.Struct, frozen=True):
+class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     seq: int
     token: int = -1  # sampled token, -1 when the entry did not sample
     piece: bytes = b""
@@ -158,6 +166,7 @@ class StepOut(msgspec.Struct, frozen=True):
     n_tokens: int
     t_decode_ms: float
     t_sample_ms: float
+    epoch: int = 0
 
 
 class StepRecord(msgspec.Struct, frozen=True):

@@ -39,19 +39,27 @@ def _loop_waker() -> Callable[[Callable[[], None]], None]:
 
 
 class _Pending:
-    __slots__ = ("event", "wake", "value", "error")
+    """One submitted job: the engine thread fills it, the loop side awaits it."""
 
-    def __init__(self) -> None:
+    __slots__ = ("job", "event", "wake", "value", "error", "owner")
+
+    def __init__(self, job: Any, owner: "EngineThread") -> None:
+        self.job = job
         self.event = anyio.Event()
         self.wake = _loop_waker()
         self.value: Any = None
         self.error: BaseException | None = None
+        self.owner = owner
 
     def finish(self) -> None:
         try:
-            self.wake(self.event.set)
+            self.wake(self._done)
         except RuntimeError:  # the loop is gone: nobody is waiting any more
             pass
+
+    def _done(self) -> None:  # on the loop
+        self.owner.inflight -= 1
+        self.event.set()
 
 
 class EngineThread:
@@ -78,7 +86,7 @@ class EngineThread:
         self.ident: int | None = None
         self.jobs_done = 0
         self.jobs_failed = 0
-        self.inflight = 0  # submitted jobs whose waiter has not resumed yet
+        self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
         self.on_done: Callable[[Any, Any, BaseException | None], Awaitable[None]] | None = None
 
     # -- loop side ---------------------------------------------------------------------
@@ -90,19 +98,25 @@ class EngineThread:
             raise self._start_error
 
     async def run(self, job: Any) -> Any:
+        return await self.wait(self.submit(job))
+
+    def submit(self, job: Any) -> _Pending:
+        """Queue a job without waiting: the scheduler keeps the next step queued behind the
+        running one, so the engine thread goes from one step to the next without a loop
+        round trip in between. Await it with `wait`, exactly once."""
         if self._stopping:
             raise ShuttingDown("engine is shutting down")
-        p = _Pending()
+        p = _Pending(job, self)
         self.inflight += 1
         self._q.put((job, p))
+        return p
+
+    async def wait(self, p: _Pending) -> Any:
         # A cancelled waiter does not cancel the job: libllama work is not interruptible,
         # and the actor that sent it re-synchronises from its own state.
-        try:
-            await p.event.wait()
-        finally:
-            self.inflight -= 1
+        await p.event.wait()
         if self.on_done is not None:
-            await self.on_done(job, p.value, p.error)
+            await self.on_done(p.job, p.value, p.error)
         if p.error is not None:
             raise p.error
         return p.value

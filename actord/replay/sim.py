@@ -69,11 +69,11 @@ class _FlakyEngine(Engine):
 
     fail_steps: set[int] = set()
 
-    def handle(self, job: J.Job) -> Any:
-        if isinstance(job, J.Step) and (self.step_no + 1) in self.fail_steps:
+    def _step(self, job: J.Step) -> Any:
+        if (self.step_no + 1) in self.fail_steps:
             self.step_no += 1
             raise EngineError("injected step failure", step=self.step_no)
-        return super().handle(job)
+        return super()._step(job)
 
 
 def repro(seed: int, steps: int, model: str) -> str:
@@ -196,13 +196,13 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         if cb.used > cb.budget:
             raise InvariantViolated(f"seed {seed}: checkpoint bytes {cb.used} over the budget {cb.budget}")
         for s in system.slots:
-            # (While the scheduler still awaits the slot's answer to a step, the slot may
-            # already have ended the request: the answer will say so.)
-            if s.active is None and s.id in system.scheduler.work and disp.waits.get("scheduler", ("",))[0] != s.name:
+            # The scheduler lets go of a request before it tells the slot `Ended`.
+            if s.active is None and s.id in system.scheduler.work:
                 raise InvariantViolated(f"seed {seed}: idle slot {s.id} is still enrolled")
         sch = system.scheduler
-        if sum(sch.cells.values()) > sch.n_ctx:
-            raise InvariantViolated(f"seed {seed}: KV cells charged {dict(sch.cells)} exceed n_ctx {sch.n_ctx}")
+        cells = {s.id: sch.held(s.id) for s in system.slots}
+        if sum(cells.values()) > sch.n_ctx:
+            raise InvariantViolated(f"seed {seed}: KV cells charged {cells} exceed n_ctx {sch.n_ctx}")
         res = system.residency
         quiet = res.name in disp._gates  # not in the middle of a handler (a page move under way)
         idle = not any(s.active for s in system.slots)

@@ -8,26 +8,27 @@ a tile is used as it is.
 
 from __future__ import annotations
 
-from actord.actors.base import Dispatcher
-from actord.actors.scheduler import Scheduler, _Work
-from actord.metrics import Metrics
+from actord.core.sched import Request, SchedulerCore
+from actord.core.text import TextState
+from actord.engine import jobs as J
 
 
-def sched(n_batch: int, tile: int) -> Scheduler:
-    return Scheduler(Dispatcher(), engine=None, slots=[], n_batch=n_batch, metrics=Metrics(), piece_tile=tile)
+def sched(n_batch: int, tile: int) -> SchedulerCore:
+    return SchedulerCore(n_batch, piece_tile=tile, depth=1)
 
 
-def pieces(s: Scheduler, pos0: int, n: int, checkpoint_at: list[int] = ()) -> list[tuple[int, int]]:
-    """(start, length) of each step's piece for one prompt, stepping the work table by hand."""
-    w = _Work(slot=0, seq=0, pending=list(range(n)), pos=pos0, genes=(), checkpoint_at=list(checkpoint_at))
-    s.work = {0: w}
+def pieces(s: SchedulerCore, pos0: int, n: int, checkpoint_at: list[int] = ()) -> list[tuple[int, int]]:
+    """(start, length) of each step's piece for one prompt, stepping the core by hand."""
+    r = Request(rid=1, slot=0, seq=0, tokens=list(range(pos0 + n)), n_prompt=pos0 + n, n_done=pos0, n_predict=1,
+                checkpoint_at=list(checkpoint_at), text=TextState([], False))
+    s.add(r)
     out = []
-    while w.pending:
-        [(_, entry)] = s.plan(())
+    while r.n_done < r.n_prompt:
+        plan = s.schedule()
+        [entry] = plan.step.entries
         out.append((entry.pos0, len(entry.tokens)))
-        w.pos += len(entry.tokens)
-        del w.pending[:len(entry.tokens)]
-        w.checkpoint_at = [p for p in w.checkpoint_at if p > w.pos]
+        s.update(plan, J.StepOut(step=1, entries=[J.EntryOut(seq=0, token=7 if entry.sample else -1)], n_tokens=0,
+                                 t_decode_ms=0, t_sample_ms=0))
     return out
 
 

@@ -1,0 +1,228 @@
+"""What a slot does with its whole sequence: page it out and in, save it to and restore it
+from a page file, and what a page or file records about the model it came from.
+
+A mixin of `Slot` (actors/slot.py), kept apart because it is the slot's second job: moving
+memory between a sequence, the PageStore and page files. Nothing is ever half-moved: a
+refused or failed page_out leaves the sequence intact, a failed page_in leaves the page in
+the store, a failed restore leaves the slot empty and usable.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from actord.actors.base import Envelope
+from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
+from actord.actors.pages import Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take
+from actord.actors.slot_memory import SlotCheckpoint
+from actord.engine import jobs as J
+from actord.errors import EngineError, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.log import get
+from actord.policy.placement import Divergence
+from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+
+log = get("actord.slot")
+
+
+class SlotPages:
+    """Page and file moves of a slot's sequence (see the module docstring)."""
+
+    # Provided by Slot.
+    id: int
+    seq: int
+    engine: Any
+    props: J.ModelProps
+    metrics: Any
+    pages: Any
+    files: Any
+    ckpt: Any
+    kv_tokens: list[int]
+    resume_raw_lcp: int | None
+    checkpoints: list[SlotCheckpoint]
+    genes: tuple[tuple[int, float], ...]
+    mind: str | None
+
+    async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        match msg:
+            case PageOutSlot(page=name):
+                out = await self.page_out(name)
+            case PageInSlot(page=name, evict_first=evict_first):
+                if evict_first and self.kv_tokens:
+                    await self.evict("placer")
+                out = await self.page_in(name)
+            case SaveSlot(file=file):
+                out = await self.save(file)
+            case RestoreSlot(file=file):
+                out = await self.restore(file)
+            case _:
+                raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+        if env.reply is not None:
+            env.reply.send(out)
+
+    def page_checkpoints(self) -> list[SlotCheckpoint]:
+        """What a page or file keeps: the policy's choice (placement: the best subset for
+        the mind's forecast; divergence/oldest: the seed's count rule)."""
+        idx = self.ckpt.keep_indices(self.checkpoints, self.resume_raw_lcp, len(self.kv_tokens))
+        return [self.checkpoints[i] for i in idx]
+
+    def selection_lcp(self) -> int | None:
+        """The raw lcp the seed's selection may use; 'oldest' ignores it on purpose."""
+        return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
+
+    async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
+        if not self.kv_tokens:
+            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
+
+    async def page_out(self, name: str) -> dict[str, Any]:
+        if self.pages is None:
+            raise InvalidParams("no page store on this system")
+        name = name or self.mind or f"evicted-slot{self.id}"
+        if not self.kv_tokens:
+            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        t0 = time.perf_counter()
+        ckpts = self.page_checkpoints()
+        n_state = await self.engine.run(J.StateSize(seq=self.seq))
+        n_bytes = n_state + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+        reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+        try:
+            st = await self.engine.run(J.StateGet(seq=self.seq))
+            if st.n_bytes != n_state:
+                raise EngineError("sequence state changed size between admission and copy", slot=self.id)
+            page = Page(
+                gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
+                checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
+                divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
+            )
+            info = await self.pages.ask(Commit(reservation=reservation, page=page))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.pages.tell(CancelReservation(reservation=reservation))
+            self.metrics.page_failed_total.inc()
+            raise
+        # The page is whole in the store; only now is the slot freed.
+        await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+        n_tokens = len(self.kv_tokens)
+        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.ckpt.reset()
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_out_total.inc()
+        await self.footprint_changed()
+        await self._tell_cells()
+        log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
+                 copy_ms=round(st.t_ms, 3))
+        return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms}
+
+    async def page_in(self, name: str) -> dict[str, Any]:
+        if self.pages is None:
+            raise InvalidParams("no page store on this system")
+        if self.kv_tokens:
+            raise SlotBusy(f"slot {self.id} holds a sequence: page it out or erase it first", slot=self.id)
+        t0 = time.perf_counter()
+        page: Page = await self.pages.ask(Take(name=name))
+        try:
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=page.state))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.pages.tell(Return(gen=page.gen))
+                await self._tell_cells()
+            self.metrics.page_failed_total.inc()
+            log.warning("page.in_failed", slot=self.id, page=name)
+            raise
+        self.kv_tokens = list(page.tokens)
+        self.genes = page.genes
+        self.resume_raw_lcp = None
+        self.mind = name
+        self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
+        await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
+        await self.pages.tell(Release(gen=page.gen))
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_in_total.inc()
+        await self.footprint_changed()
+        await self._tell_cells()
+        log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
+                 t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
+        return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+
+    async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
+        """Checkpoints arriving with a page or file enter the budget one by one, oldest first."""
+        self.checkpoints = []
+        await self._sync_budget([])
+        if self.ckpt_budget is None:
+            return
+        for ck in ckpts:
+            await self.on_checkpoint(ck.pos, ck.data)
+
+    async def save(self, file: str) -> dict[str, Any]:
+        if self.files is None:
+            raise InvalidParams("no page folder on this system")
+        self.files.check(file)
+        t0 = time.perf_counter()
+        st, ckpts = await self._capture()
+        stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
+                                                          self.ckpt.history, self.ckpt.prompt_end))
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
+        return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
+                "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
+
+    async def restore(self, file: str) -> dict[str, Any]:
+        if self.files is None:
+            raise InvalidParams("no page folder on this system")
+        t0 = time.perf_counter()
+        image = await self.files.read(file)
+        check_fingerprint(image, self.props, file)
+        # The slot's old content goes; a failed restore leaves the slot empty and usable.
+        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        try:
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.footprint_changed()
+                await self._tell_cells()
+            raise
+        self.kv_tokens = list(image.tokens)
+        self.genes = tuple((g.id, g.scale) for g in image.genes)
+        self.mind = file[: -len(".page")] if file.endswith(".page") else file
+        self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
+        await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
+        await self.footprint_changed()
+        await self._tell_cells()
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
+                 draft="cold" if image.draft is None else "warm")
+        return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+
+
+def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
+               genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
+               prompt_end: int = 0) -> PageImage:
+    """A slot or a page as one page-file generation (the state bytes are not copied)."""
+    return PageImage(
+        tokens=list(tokens), state=state,
+        checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
+        genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
+        meta=model_fingerprint(props),
+        divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
+    )
+
+
+def model_fingerprint(props: J.ModelProps) -> dict[str, Any]:
+    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa}
+
+
+def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
+    want = model_fingerprint(props)
+    got = {k: image.meta.get(k) for k in want}
+    if got != want:
+        raise PageDoesNotFit(f"{file} was saved from another model", file=file, saved=got, model=want)

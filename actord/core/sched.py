@@ -1,0 +1,367 @@
+"""The per-token path as a pure, synchronous scheduling core (vLLM v1's shape).
+
+Why this exists: a generated token used to cross an actor round trip, slot by slot, and
+step k+1 waited until every slot had answered step k. Here one record per running request
+holds everything a step needs (THE token list, how much of it the KV holds, what is in
+flight, sampling limits, stop conditions, the incremental text, checkpoint positions, the
+gene group), and the Scheduler actor drives three calls:
+
+    plan = core.schedule(free_cells)   # the next engine step, or None
+    events = core.update(plan, out, now)   # what step `plan` produced
+    events = core.abort(rid)           # idempotent
+
+No anyio, no threads, no libllama here (the layering test checks it): the tests drive it with
+hand-built `StepOut`s and no model.
+
+Overlap (SGLang's): `schedule` may plan step k+1 while step k runs. A request whose step-k
+entry samples is planned in k+1 with `feed_last`: the engine decodes the token it sampled
+for that sequence in step k, so the engine goes from step to step without waiting for
+Python. If step k then ends the request (end of generation, a stop string, a cancel), its
+k+1 entry has fed one more token: that token is in the KV and in `kv_tokens`, and the k+1
+sample is dropped. The request is answered, and its slot released, when nothing of it is in
+flight any more (one step later). At most `depth` steps are in flight.
+
+Accounting is vLLM's: `n_done` tokens are in the KV (confirmed by step outputs), `n_sched`
+more are in steps in flight; a failed or skipped step gives its tokens back (`unschedule`).
+KV cells: an enrolled slot holds `n_done + n_sched` cells; idle slots hold what they last
+told (`set_cells`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actord.core.text import TextState
+from actord.engine import jobs as J
+
+GeneKey = tuple[tuple[int, float], ...]
+
+
+@dataclass(slots=True)
+class Request:
+    rid: int
+    slot: int
+    seq: int
+    tokens: list[int]  # the prompt, then every token sampled (fed or to be fed)
+    n_prompt: int
+    n_done: int  # tokens[:n_done] are in the KV
+    n_predict: int
+    genes: GeneKey = ()
+    stop_tokens: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    checkpoint_at: list[int] = field(default_factory=list)  # absolute positions, ascending
+    text: TextState | None = None
+    order: int = 0
+    n_sched: int = 0  # tokens in steps in flight
+    samples: int = 0  # steps in flight that sample for this request
+    out: list[int] = field(default_factory=list)
+    reason: str | None = None  # why it ended ("eos", "stop", "length", "context", "cancelled", "error")
+    error: Any = None  # the typed error when reason == "error"
+    tail: str = ""  # text not streamed yet, fixed when it ended
+    t_first: float = 0.0
+    n_cached: int = 0
+
+    @property
+    def ended(self) -> bool:
+        return self.reason is not None
+
+
+@dataclass(slots=True)
+class Plan:
+    step: J.Step
+    rids: list[int]
+    fed: list[int]  # tokens each entry decodes
+
+
+# ---- events (the actor routes them) -----------------------------------------------------
+
+
+@dataclass(slots=True)
+class Delta:
+    rid: int
+    text: str
+    token: int
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    rid: int
+    slot: int
+    pos: int
+    data: Any
+
+
+@dataclass(slots=True)
+class Finished:
+    """The request ended and nothing of it is in flight: its answer is due and its slot is
+    told (the answer waits for a speculative step in flight, so a client that hears back
+    finds its slot idle)."""
+
+    req: Request
+    kv_tokens: list[int]  # exactly what the sequence's KV holds
+
+
+Event = Delta | Checkpoint | Finished
+
+
+class SchedulerCore:
+    def __init__(self, n_batch: int, n_ctx: int = 0, piece_tile: int = 1, group_quantum: int = 4,
+                 depth: int = 2) -> None:
+        self.n_batch = n_batch
+        self.n_ctx = n_ctx  # 0: cells are not charged (an engine without a KV cache)
+        self.piece_tile = max(1, piece_tile)
+        self.group_quantum = group_quantum
+        self.depth = depth
+        self.reqs: dict[int, Request] = {}  # rid -> record, enrolled until drained
+        self.by_slot: dict[int, int] = {}  # slot -> rid
+        self.cells: dict[int, int] = {}  # idle slots' cells, as they told
+        self.inflight: list[Plan] = []  # submitted, oldest first
+        self.epoch = 0
+        self.steps = 0
+        self.group_switches = 0
+        self.last_use: dict[int, int] = {}
+        self._enrolled = 0
+        self._current: GeneKey | None = None
+        self._run_length = 0
+        self._last_served: dict[GeneKey, int] = {}
+
+    # -- enrolment and cells -------------------------------------------------------------
+
+    def add(self, r: Request) -> None:
+        if r.slot in self.by_slot:
+            raise ValueError(f"slot {r.slot} already has request {self.by_slot[r.slot]} enrolled")
+        self._enrolled += 1
+        r.order = self._enrolled
+        r.checkpoint_at = sorted(p for p in r.checkpoint_at if p > r.n_done)
+        self.reqs[r.rid] = r
+        self.by_slot[r.slot] = r.rid
+        self.cells.pop(r.slot, None)
+
+    def set_cells(self, slot: int, n: int) -> None:
+        if slot not in self.by_slot:  # while enrolled, the record is the count
+            self.cells[slot] = n
+
+    def held(self, slot: int) -> int:
+        rid = self.by_slot.get(slot)
+        if rid is None:
+            return self.cells.get(slot, 0)
+        r = self.reqs[rid]
+        return r.n_done + r.n_sched
+
+    @property
+    def free_cells(self) -> int:
+        if not self.n_ctx:
+            return 1 << 30
+        return self.n_ctx - sum(self.cells.values()) - sum(r.n_done + r.n_sched for r in self.reqs.values())
+
+    def runnable(self) -> list[Request]:
+        return [r for r in self.reqs.values() if not r.ended]
+
+    def wanted(self) -> int:
+        """Cells the next step of the group that would run wants (for making room)."""
+        group = self.choose_group()
+        if group is None:
+            return 0
+        return min(self.n_batch, sum(self._want(r) for r in self.runnable() if r.genes == group))
+
+    def _want(self, r: Request) -> int:
+        p = r.n_done + r.n_sched
+        return r.n_prompt - p if p < r.n_prompt else 1
+
+    # -- planning ------------------------------------------------------------------------
+
+    def choose_group(self) -> GeneKey | None:
+        groups = sorted({r.genes for r in self.reqs.values() if not r.ended})
+        if not groups:
+            return None
+        if self._current in groups and (self._run_length < self.group_quantum or len(groups) == 1):
+            return self._current
+        # The group served longest ago goes next; never-served groups first, in key order.
+        groups.sort(key=lambda g: (self._last_served.get(g, -1), g))
+        return groups[0]
+
+    def schedule(self, free: int | None = None) -> Plan | None:
+        """The next step within n_batch tokens and `free` KV cells (default: the free
+        cells), decodes first; None when nothing can run now."""
+        if len(self.inflight) >= self.depth:
+            return None
+        if self.inflight and self.inflight[-1].step.epoch != self.epoch:
+            return None  # a step of an ended epoch is still out: its tokens are not in the KV
+        group = self.choose_group()
+        if group is None:
+            return None
+        budget = self.n_batch if free is None and not self.n_ctx else min(
+            self.n_batch, self.free_cells if free is None else free)
+        last = self.inflight[-1].rids if self.inflight else ()
+        members = sorted((r for r in self.reqs.values() if r.genes == group and not r.ended),
+                         key=lambda r: (r.n_done + r.n_sched < r.n_prompt, r.order))
+        entries: list[J.StepEntry] = []
+        rids: list[int] = []
+        fed: list[int] = []
+        for r in members:
+            if budget <= 0:
+                break
+            e = self._entry(r, budget, last)
+            if e is None:
+                continue
+            n = len(e.tokens) + e.feed_last
+            r.n_sched += n
+            r.samples += e.sample
+            entries.append(e)
+            rids.append(r.rid)
+            fed.append(n)
+            budget -= n
+        if not entries:
+            return None
+        if group != self._current:
+            if self._current is not None:
+                self.group_switches += 1
+            self._current, self._run_length = group, 0
+        self._run_length += 1
+        self.steps += 1
+        self._last_served[group] = self.steps
+        plan = Plan(step=J.Step(entries=entries, genes=group, epoch=self.epoch), rids=rids, fed=fed)
+        self.inflight.append(plan)
+        return plan
+
+    def _entry(self, r: Request, budget: int, last: Any) -> J.StepEntry | None:
+        p = r.n_done + r.n_sched
+        if p < r.n_prompt:
+            n = min(r.n_prompt - p, budget)
+            ckpt = False
+            for c in r.checkpoint_at:
+                if p < c <= p + n:
+                    n, ckpt = c - p, True
+                    break
+            if not ckpt and self.piece_tile <= n < r.n_prompt - p:
+                # A piece cut short by the budget ends on a tile boundary, so the pieces
+                # after it (and grid checkpoints) are whole tiles, decoded at full speed.
+                aligned = (p + n) // self.piece_tile * self.piece_tile - p
+                if aligned > 0:
+                    n = aligned
+            finishes = p + n == r.n_prompt
+            return J.StepEntry(seq=r.seq, tokens=r.tokens[p:p + n], pos0=p,
+                               sample=finishes and r.n_predict > 0, checkpoint=ckpt)
+        if self.n_ctx and p + 1 >= self.n_ctx:
+            return None  # update() ends it with "context" when its sample arrives
+        if p < len(r.tokens):  # the token to feed is known
+            return J.StepEntry(seq=r.seq, tokens=[r.tokens[p]], pos0=p, sample=True)
+        # The token to feed is being sampled by the newest step in flight: the engine feeds
+        # it, unless that sample is the request's last (n_predict).
+        if r.samples != 1 or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
+            return None
+        return J.StepEntry(seq=r.seq, tokens=[], pos0=p, sample=True, feed_last=True)
+
+    # -- results -------------------------------------------------------------------------
+
+    def _pop(self, plan: Plan) -> None:
+        if not self.inflight or self.inflight[0] is not plan:
+            raise ValueError("step results arrive in the order the steps were submitted")
+        self.inflight.pop(0)
+
+    def update(self, plan: Plan, out: J.StepOut, now: float = 0.0) -> list[Event]:
+        """Step `plan` ran; advance its requests. A request whose output cannot be handled
+        ends with an error (`fail_request`); the others go on."""
+        self._pop(plan)
+        events: list[Event] = []
+        for rid, n, entry, res in zip(plan.rids, plan.fed, plan.step.entries, out.entries):
+            r = self.reqs[rid]
+            r.n_sched -= n
+            r.n_done += n
+            self.last_use[r.slot] = self.steps
+            if r.checkpoint_at and r.checkpoint_at[0] <= r.n_done:
+                r.checkpoint_at = [c for c in r.checkpoint_at if c > r.n_done]
+            if res.checkpoint is not None:
+                events.append(Checkpoint(rid=rid, slot=r.slot, pos=res.checkpoint_pos, data=res.checkpoint))
+            if entry.sample:
+                r.samples -= 1
+                if not r.ended:
+                    try:
+                        self._sampled(r, res, now, events)
+                    except Exception as e:  # one request's output, never the step
+                        self._end(r, "error", events, error=e)
+            elif r.n_predict == 0 and r.n_done >= r.n_prompt:
+                self._end(r, "length", events)  # a prompt decoded for its KV only
+            self._maybe_drained(r, events)
+        return events
+
+    def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
+        tok = res.token
+        r.tokens.append(tok)  # the KV may take it (a step in flight feeds it), output or not
+        if not r.out and not r.t_first:
+            r.t_first = now
+        if (res.eog and not r.ignore_eos) or tok in r.stop_tokens:
+            self._end(r, "eos" if res.eog else "stop", events)
+            return
+        r.out.append(tok)
+        assert r.text is not None
+        delta, stopped = r.text.push(res.piece)
+        if stopped:
+            self._end(r, "stop", events)
+            return
+        if delta:
+            events.append(Delta(rid=r.rid, text=delta, token=tok))
+        if len(r.out) >= r.n_predict:
+            self._end(r, "length", events)
+        elif self.n_ctx and len(r.tokens) >= self.n_ctx:
+            self._end(r, "context", events)
+
+    def _end(self, r: Request, reason: str, events: list[Event], error: Any = None) -> None:
+        if r.ended:
+            return
+        r.reason, r.error = reason, error
+        r.tail = r.text.finish() if r.text is not None and reason != "error" else ""
+
+    def _maybe_drained(self, r: Request, events: list[Event]) -> None:
+        if r.ended and r.n_sched == 0:
+            del self.reqs[r.rid]
+            del self.by_slot[r.slot]
+            self.cells[r.slot] = r.n_done
+            events.append(Finished(req=r, kv_tokens=r.tokens[:r.n_done]))
+
+    def unschedule(self, plan: Plan) -> list[Event]:
+        """Step `plan` did not run (skipped, or no KV cells): its tokens go back."""
+        self._pop(plan)
+        events: list[Event] = []
+        for rid, n, entry in zip(plan.rids, plan.fed, plan.step.entries):
+            r = self.reqs[rid]
+            r.n_sched -= n
+            r.samples -= entry.sample
+            self._maybe_drained(r, events)
+        return events
+
+    def fail(self, plan: Plan, error: Any) -> list[Event]:
+        """Step `plan` failed: its requests end with `error` (their KV past n_done is
+        unknown: the slot cuts it back); later steps were skipped by the engine."""
+        self._pop(plan)
+        self.epoch = int(getattr(error, "data", {}).get("epoch", self.epoch + 1))
+        events: list[Event] = []
+        for rid, n, entry in zip(plan.rids, plan.fed, plan.step.entries):
+            r = self.reqs[rid]
+            r.n_sched -= n
+            r.samples -= entry.sample
+            self._end(r, "error", events, error=error)
+            self._maybe_drained(r, events)
+        return events
+
+    def skipped(self, plan: Plan, epoch: int) -> list[Event]:
+        self.epoch = epoch
+        return self.unschedule(plan)
+
+    def abort(self, rid: int, reason: str = "cancelled", error: Any = None) -> list[Event]:
+        """End a request (idempotent: an ended or unknown rid changes nothing)."""
+        r = self.reqs.get(rid)
+        events: list[Event] = []
+        if r is None or r.ended:
+            return events
+        self._end(r, reason, events, error=error)
+        self._maybe_drained(r, events)
+        return events
+
+    def fail_request(self, rid: int, error: Any) -> list[Event]:
+        return self.abort(rid, "error", error)
+
+    def youngest(self) -> Request | None:
+        live = self.runnable()
+        return max(live, key=lambda r: r.order) if live else None
