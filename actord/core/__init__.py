@@ -1,0 +1,1 @@
+"""The scheduler core: pure, synchronous pieces of a generating request (no actors, no engine)."""
