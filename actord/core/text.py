@@ -37,7 +37,7 @@ __all__ = ["TextState"]
 class TextState:
     """The text of one generating request, fed one token's bytes at a time."""
 
-    __slots__ = ("_buf", "_stops", "_longest", "_hold", "_scanned", "_stream", "_decoder",
+    __slots__ = ("_buf", "_stops", "_longest", "_hold", "_scanned", "_decoder",
                  "_pending", "_cut", "_finished")
 
     def __init__(self, stop: list[str], stream: bool) -> None:
@@ -47,7 +47,7 @@ class TextState:
         # Characters, and counted over `stop` as given, exactly as slot.py holds back.
         self._hold = max(0, max((len(s) for s in stop), default=1) - 1)
         self._scanned = 0  # bytes already searched for stop strings
-        self._stream = stream
+        # Only a streaming request needs text before the end: None means not streaming.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace") if stream else None
         self._pending = ""  # decoded, not streamed yet: at most hold + one piece's characters
         self._cut: int | None = None  # byte offset of the first stop match, once one hit
@@ -60,6 +60,7 @@ class TextState:
 
     @property
     def stopped(self) -> bool:
+        """A stop string hit: the text is cut and pushes are errors."""
         return self._cut is not None
 
     def push(self, piece: bytes) -> tuple[str, bool]:
@@ -86,7 +87,8 @@ class TextState:
         return delta, False
 
     def finish(self) -> str:
-        """The final text delta not streamed yet (everything held back, minus what a stop cut off). Idempotent: a second call returns ''."""
+        """The final text delta not streamed yet (everything held back, minus what a stop
+        cut off). Idempotent: a second call returns ''."""
         if self._finished:
             return ""
         self._finished = True
