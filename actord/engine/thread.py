@@ -80,6 +80,9 @@ class EngineThread:
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose waiter has not resumed yet
         self.on_done: Callable[[Any, Any, BaseException | None], Awaitable[None]] | None = None
+        # Called on the loop as each waiter resumes, however its job ended (even cancelled,
+        # when on_done is skipped): a deterministic dispatcher waits on it for quiet.
+        self.on_settled: Callable[[], None] | None = None
 
     # -- loop side ---------------------------------------------------------------------
 
@@ -101,6 +104,8 @@ class EngineThread:
             await p.event.wait()
         finally:
             self.inflight -= 1
+            if self.on_settled is not None:
+                self.on_settled()
         if self.on_done is not None:
             await self.on_done(job, p.value, p.error)
         if p.error is not None:
