@@ -135,10 +135,12 @@ REQUEST_TEMPLATE_BUDGET = 2_000_000
 class ChatTemplate:
     """One compiled template plus the special-token texts it may refer to."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", budget: int = 0) -> None:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", budget: int = 0,
+                 run_sync: Callable[..., Awaitable[Any]] | None = None) -> None:
         import jinja2
 
         self.budget = budget  # 0: trusted, unbounded; else the most traced events one render may take
+        self._run_sync = run_sync  # anyio.to_thread.run_sync's signature (a dispatcher's, to count it)
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -184,7 +186,7 @@ class ChatTemplate:
             return self.render(messages, add_generation_prompt=add_generation_prompt)
         import anyio
 
-        return await anyio.to_thread.run_sync(
+        return await (self._run_sync or anyio.to_thread.run_sync)(
             functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt))
 
 
@@ -253,16 +255,18 @@ Tokenize = Callable[[str], Awaitable[list[int]]]
 class ChatPrompter:
     """Builds a conversation's prompt tokens, reusing the exact tokens of turns it served."""
 
-    def __init__(self, info: TemplateInfo, tokenize: Tokenize, *, memory_tokens: int = 1 << 22) -> None:
+    def __init__(self, info: TemplateInfo, tokenize: Tokenize, *, memory_tokens: int = 1 << 22,
+                 run_sync: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.info = info
         self._tokenize = tokenize
+        self._run_sync = run_sync  # for a request's template, which renders on a worker thread
         self.memory = TurnMemory(memory_tokens)
         self._default: ChatTemplate | None = None
 
     def template(self, source: str | None = None) -> ChatTemplate:
         if source is not None:
             return ChatTemplate(source, bos_token=self.info.bos_text, eos_token=self.info.eos_text,
-                                budget=REQUEST_TEMPLATE_BUDGET)
+                                budget=REQUEST_TEMPLATE_BUDGET, run_sync=self._run_sync)
         if self.info.template is None:
             raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
         if self._default is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import anyio
@@ -78,10 +79,14 @@ class ActorSystem:
         self._rids = itertools.count(1)
         self._limits = self.config.request_limits()
         c = self.config
+        # Thread work that is no event of its own (a gene file read, a client's chat template)
+        # goes through a deterministic dispatcher's run_sync: it must know the work is in
+        # flight to tell when the system is quiet. The plain dispatcher has no such seam.
+        self._run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
         self.client_files = ClientFiles(root=c.gene_dir, max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
-                                        threads=c.client_file_threads)
+                                        threads=c.client_file_threads, run_sync=self._run_sync)
         self.operator_files = ClientFiles(max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
-                                          threads=c.client_file_threads)
+                                          threads=c.client_file_threads, run_sync=self._run_sync)
         self._tg: Any = None
         self._started = time.time()
         self.closing = False
@@ -308,7 +313,7 @@ class ActorSystem:
             info = await self.engine.run(J.ChatInfo())
             if self.config.chat_template_file:
                 try:
-                    source = await anyio.Path(self.config.chat_template_file).read_text()
+                    source = await self._run_sync(Path(self.config.chat_template_file).read_text)
                 except (OSError, UnicodeDecodeError) as e:
                     from actord.errors import FileNotFound
 
@@ -319,7 +324,8 @@ class ActorSystem:
             async def tokenize(text: str) -> list[int]:
                 return await self.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
 
-            prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens)
+            prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens,
+                                                          run_sync=self._run_sync)
         prompt = await prompter.build(request.messages, template=request.template,
                                       add_generation_prompt=request.add_generation_prompt)
         completion = CompletionRequest(

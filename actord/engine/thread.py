@@ -60,6 +60,8 @@ class _Pending:
     def _done(self) -> None:  # on the loop
         self.owner.inflight -= 1
         self.event.set()
+        if self.owner.on_settled is not None:
+            self.owner.on_settled()
 
 
 class EngineThread:
@@ -88,6 +90,9 @@ class EngineThread:
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
         self.on_done: Callable[[Any, Any, BaseException | None], Awaitable[None]] | None = None
+        # Called on the loop as each job's completion arrives, however it ended and whether
+        # or not anyone waits for it yet: a deterministic dispatcher waits on it for quiet.
+        self.on_settled: Callable[[], None] | None = None
 
     # -- loop side ---------------------------------------------------------------------
 

@@ -37,7 +37,10 @@ def main(cmd: str, argv: list[str]) -> int:
     ap.add_argument("--device-budgets", action=argparse.BooleanOptionalAction, default=True,
                     help="seeded tight device budgets shared by genes and slot states (default on)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (seeds are split between them)")
+    ap.add_argument("--verbose", "-v", action=argparse.BooleanOptionalAction, default=None,
+                    help="a line per seed with its trace hash (default: with one job and at most 20 seeds)")
     ns = ap.parse_args(argv)
+    verbose = ns.verbose if ns.verbose is not None else ns.jobs <= 1 and ns.seeds <= 20
 
     tmpdir = None
     if ns.model is not None:
@@ -64,9 +67,9 @@ def main(cmd: str, argv: list[str]) -> int:
         chunks = [seeds[i::ns.jobs] for i in range(ns.jobs)]
         with ProcessPoolExecutor(ns.jobs) as pool:
             outs = list(pool.map(_run_seeds, chunks, [ns.steps] * ns.jobs, [models] * ns.jobs,
-                                 [ns.backend] * ns.jobs, [ns.device_budgets] * ns.jobs, [False] * ns.jobs))
+                                 [ns.backend] * ns.jobs, [ns.device_budgets] * ns.jobs, [verbose] * ns.jobs))
     else:
-        outs = [_run_seeds(seeds, ns.steps, models, ns.backend, ns.device_budgets, ns.seeds <= 20)]
+        outs = [_run_seeds(seeds, ns.steps, models, ns.backend, ns.device_budgets, verbose)]
     failed = sorted((o for o in outs if o[0] is not None), key=lambda o: o[0])
     if failed:
         seed, msg = failed[0]
@@ -96,7 +99,8 @@ def _run_seeds(seeds: list[int], steps: int, models: list[tuple[str, list[str]]]
                 print(f"FAILED: {e}", file=sys.stderr, flush=True)  # now, not when every worker is done
                 return seed, str(e)
             if verbose:
-                print(f"seed {seed}: {r.ops} ops, {r.events} events, trace {r.trace_hash}, refusals {r.errors}")
+                print(f"seed {seed}: {r.ops} ops, {r.events} events, trace {r.trace_hash}, refusals {r.errors}",
+                      flush=True)
         return None, ""
 
     return anyio.run(run, backend=backend)

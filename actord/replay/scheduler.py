@@ -9,9 +9,30 @@ random pick among the ready events (exploration, the way trio shuffles its run q
 purpose so no code relies on an accidental order). Everything between two events runs
 single-threaded on the loop, so a seed fixes the whole run.
 
-Quiet is detected with a progress counter bumped at every instrumented step (mailbox put,
-delivery, reply) and the engine/worker in-flight counts: the loop is yielded until the
-counter stops moving for a few rounds with nothing in flight.
+Quiet is detected exactly, in two halves.
+
+- The loop: no task can run. On trio, `wait_all_tasks_blocked` is exact (trio wakes it only
+  when its run queue is empty after an I/O poll). On asyncio anyio's version polls with
+  0.1 s sleeps, so we yield one loop pass at a time and look at the loop's ready queue: a
+  task that can run always has a handle there (its next step or its wakeup), and so does a
+  callback that is about to wake one (a finished task's done callbacks, anyio's cancellation
+  delivery), so an empty queue while we run means nothing else can. (uvloop hides its
+  queue: this dispatcher runs on asyncio's own loop or on trio.)
+- The threads: a task blocked on a thread looks exactly like an idle one, so every thread
+  job the system awaits is counted from submit until its waiting task has resumed: engine
+  jobs (`EngineThread.inflight`), disk work (`offload`) and untraced thread work such as a
+  gene file read or a client's chat template (`run_sync`, which the system routes through
+  here). Each resumption calls `_settle`, which sets the event quiesce waits on while a job
+  is out, so no time passes between a job's end and the next look.
+
+Timers are not activity: nothing in a run waits on a short timer (asks have bounds of
+seconds), so a step that finds the system quiet with nothing ready returns False at once,
+for nothing ever will be.
+
+This replaced a progress counter (six `sleep(0)` rounds without an instrumented step, 0.2 ms
+sleeps while a job was out, a 20 ms "longer look" when nothing was ready). It gave the same
+event order, but it guessed that the counter saw every step, a simulation spent more than
+half its wall time asleep in it, and its longer look hid the thread jobs nobody counted.
 """
 
 from __future__ import annotations
@@ -22,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import anyio
+import sniffio
 
-from actord.actors.base import PROGRESS, Actor, Dispatcher, Envelope
-from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, deliver_event, digest
+from actord.actors.base import Actor, Dispatcher, Envelope
+from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, canonical, deliver_event, digest
 
 
 # Who is asking: a simulated client sets it, so two identical inputs stay distinguishable.
@@ -92,12 +114,13 @@ def _matches(r: Ready, want: Event) -> bool:
 
 
 class DeterministicDispatcher(Dispatcher):
-    def __init__(self, policy: Any, *, quiet_rounds: int = 6) -> None:
+    def __init__(self, policy: Any) -> None:
         super().__init__()
         self.policy = policy
-        self.quiet_rounds = quiet_rounds
-        self.engine: Any = None  # EngineThread: its in-flight count
-        self.workers_inflight = 0
+        self.engine = None  # EngineThread: its in-flight count (see the property)
+        self.workers_inflight = 0  # thread jobs through offload and run_sync
+        self._settled: anyio.Event | None = None  # set when a thread job's waiter resumes
+        self._loop_ready: Any = None  # asyncio's ready queue, once looked up
         self._gates: dict[str, tuple[Actor[Any], anyio.Event]] = {}
         self._handoff: dict[str, Envelope[Any] | None] = {}
         self._peeked: dict[str, list[Envelope[Any]]] = {}
@@ -109,6 +132,18 @@ class DeterministicDispatcher(Dispatcher):
         self.live = False  # until the driver starts stepping, engine/worker/input events pass
         self.reseed: Callable[[int], None] | None = None  # per-step reseed of a backend's shuffle
         self.choices: list[str] = []
+        self._shut = 0  # actors released because their mailbox closed (not a choice)
+
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        # The system hands us its engine thread; its waiters tell us when they resume.
+        self._engine = engine
+        if engine is not None:
+            engine.on_settled = self._settle
 
     # -- seams -------------------------------------------------------------------------
 
@@ -121,7 +156,6 @@ class DeterministicDispatcher(Dispatcher):
             if env is None:
                 return
             await actor.deliver(env)
-            PROGRESS[0] += 1
 
     async def _hold(self, kind: str, event: Event | None) -> None:
         if not self.live:
@@ -131,7 +165,6 @@ class DeterministicDispatcher(Dispatcher):
         # within one step can depend on a backend's run-queue order.
         key = f"{CLIENT.get()}:{digest(event)}"
         self._held.append(Ready(kind, key, event, gate.set))
-        PROGRESS[0] += 1
         await gate.wait()
 
     async def engine_done(self, job: Any, value: Any, error: BaseException | None) -> None:
@@ -141,14 +174,10 @@ class DeterministicDispatcher(Dispatcher):
         await super().engine_done(job, value, error)
 
     async def offload(self, op: str, fn: Callable[..., Any], *args: Any, limiter: Any = None) -> Any:
-        self.workers_inflight += 1
         try:
-            try:
-                result, error = await anyio.to_thread.run_sync(fn, *args, limiter=limiter), None
-            except Exception as e:
-                result, error = None, e
-        finally:
-            self.workers_inflight -= 1
+            result, error = await self.run_sync(fn, *args, limiter=limiter), None
+        except Exception as e:
+            result, error = None, e
         await self._hold("worker", WorkerDone(op=op, result=digest(error if error is not None else result)))
         if self.event_hooks:
             self.event("worker", op=op, value=result, error=error)
@@ -156,25 +185,64 @@ class DeterministicDispatcher(Dispatcher):
             raise error
         return result
 
+    async def run_sync(self, fn: Callable[..., Any], *args: Any, limiter: Any = None,
+                       abandon_on_cancel: bool = False) -> Any:
+        """Thread work that is no event of its own (a gene file read, a client's chat
+        template): it leaves no trace line, but quiet must wait for it all the same."""
+        self.workers_inflight += 1
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)
+        finally:
+            self.workers_inflight -= 1
+            self._settle()
+
     async def input(self, method: str, params: Any) -> None:
         import msgspec
 
-        await self._hold("input", Input(method=method, params=msgspec.to_builtins(params)))
+        # As the recorder writes it (paths relative to their folders), or a replay could never
+        # match an input that names a file beside the model (a gene.load).
+        await self._hold("input", Input(method=method, params=canonical(msgspec.to_builtins(params))))
         await super().input(method, params)
 
     # -- the loop ------------------------------------------------------------------------
 
     async def quiesce(self) -> None:
-        quiet = 0
-        while quiet < self.quiet_rounds:
-            before = PROGRESS[0]
-            busy = self.workers_inflight or (self.engine is not None and self.engine.inflight)
-            if busy:
-                quiet = 0
-                await anyio.sleep(0.0002)
-                continue
-            await anyio.sleep(0)
-            quiet = quiet + 1 if PROGRESS[0] == before else 0
+        """Return once no task can run and no thread job is in flight."""
+        while True:
+            await self._loop_blocked()
+            if not (self.workers_inflight or (self.engine is not None and self.engine.inflight)):
+                return
+            # Only a job's end can change anything now: its waiter resumes on the loop and
+            # calls _settle (no await between this check and the wait, so none is missed).
+            self._settled = anyio.Event()
+            await self._settled.wait()
+
+    def _settle(self) -> None:
+        if self._settled is not None:
+            self._settled.set()
+
+    async def _loop_blocked(self) -> None:
+        """Return when every other task on the loop is blocked (see the module docstring)."""
+        if self._loop_ready is None:
+            if sniffio.current_async_library() == "trio":
+                self._loop_ready = False
+            else:
+                import asyncio
+
+                ready = getattr(asyncio.get_running_loop(), "_ready", None)
+                if ready is None:
+                    raise RuntimeError("the deterministic dispatcher needs asyncio's own event loop or trio: "
+                                       "this loop does not show its ready queue")
+                self._loop_ready = ready
+        if self._loop_ready is False:
+            await anyio.wait_all_tasks_blocked()
+            return
+        ready = self._loop_ready
+        await anyio.lowlevel.checkpoint()
+        # The loop took our own handle off the queue to run us: whatever is left is another
+        # task's step or wakeup, or a callback that leads to one.
+        while ready:
+            await anyio.lowlevel.checkpoint()
 
     def ready(self) -> list[Ready]:
         out = list(self._held)
@@ -193,6 +261,7 @@ class DeterministicDispatcher(Dispatcher):
             if not queue:
                 if closed:
                     self._release_actor(name, None)  # shutdown is not a choice
+                    self._shut += 1
                 continue
             # Seeded exploration keeps mailboxes FIFO. A replay may take any queued message:
             # in the recorded run, puts from concurrent handlers could land in another order.
@@ -212,17 +281,18 @@ class DeterministicDispatcher(Dispatcher):
         self._release_actor(name, env)
 
     async def step(self) -> bool:
-        """Let one event go. False when nothing is ready (after a longer look)."""
+        """Let one event go. False when the system is quiet and nothing is ready: then
+        nothing ever will be."""
         if self.reseed is not None:
             self.reseed(self.position)
-        await self.quiesce()
-        ready = self.ready()
-        for _ in range(20):
-            if ready:
-                break
-            await anyio.sleep(0.001)
+        while True:
             await self.quiesce()
+            shut = self._shut
             ready = self.ready()
+            # An actor let go because its mailbox closed runs its stop (failing what it
+            # held, answering clients): that can make events, so look again once it is done.
+            if ready or self._shut == shut:
+                break
         if not ready:
             return False
         pick = self.policy.choose(ready, self.position)

@@ -36,7 +36,7 @@ import os
 import stat
 import threading
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 import anyio
 
@@ -66,13 +66,17 @@ def _kind(mode: int) -> str:
 class ClientFiles:
     def __init__(self, *, root: str | None = None, max_bytes: int = 4 << 30, timeout: float = 60.0,
                  threads: int = 4, what: str = "gene file",
-                 read_fd: Callable[[int, int], bytes] | None = None) -> None:
+                 read_fd: Callable[[int, int], bytes] | None = None,
+                 run_sync: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.root = Path(root).resolve() if root else None
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.threads = threads
         self.what = what
         self._read_fd = read_fd or read_fd_bounded  # a seam: tests make a read hang
+        # anyio.to_thread.run_sync's signature; a deterministic dispatcher passes its own so
+        # that it counts the read as in flight.
+        self._run_sync = run_sync or anyio.to_thread.run_sync
         self._limiter = anyio.CapacityLimiter(threads)
         self._lock = threading.Lock()
         self.stuck = 0  # reads whose caller timed out and whose thread has not returned
@@ -87,8 +91,8 @@ class ClientFiles:
         state = {"done": False, "abandoned": False}
         try:
             with anyio.fail_after(self.timeout):
-                return await anyio.to_thread.run_sync(self._read_tracked, name, state, abandon_on_cancel=True,
-                                                      limiter=self._limiter)
+                return await self._run_sync(self._read_tracked, name, state, abandon_on_cancel=True,
+                                            limiter=self._limiter)
         except TimeoutError:
             with self._lock:
                 if not state["done"]:  # its thread runs on: count it until it returns

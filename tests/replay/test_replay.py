@@ -33,6 +33,24 @@ def test_same_seed_gives_a_bit_identical_trace_ten_times_out_of_ten(tiny_model, 
     assert other not in hashes
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_quiet_detection_needs_no_sleep_polling(tiny_model, sim_lora, backend, monkeypatch):
+    """The dispatcher tells quiet from the loop's own state and from thread jobs' ends, never
+    by sleeping and looking again: a run (a gene load, faults, a stop) sleeps not once."""
+    real_sleep = anyio.sleep
+    slept: list[float] = []
+
+    async def sleep(delay, *args, **kwargs):
+        if delay > 0:
+            slept.append(delay)
+        return await real_sleep(delay, *args, **kwargs)
+
+    monkeypatch.setattr(anyio, "sleep", sleep)
+    for seed in (1, 3, 7):  # 1 fails a disk op and stops mid-run, 3 crashes mid-publication, 7 fails a step
+        anyio.run(simulate, seed, 6, tiny_model, [sim_lora], backend=backend)
+    assert slept == []
+
+
 def test_a_few_hundred_seeds_keep_every_invariant(tiny_model, sim_lora):
     async def run():
         for seed in range(200):
@@ -134,3 +152,28 @@ def test_a_trace_with_chat_turns_replays(models_dir, tmp_path):
     assert [e.method for e in events if type(e).__name__ == "Input"] == ["chat", "chat"]
     r = anyio.run(replay, events, model)
     assert r.ok, r
+
+
+def test_a_trace_whose_thread_work_leaves_no_event_replays(tiny_model, sim_lora, tmp_path):
+    """A gene file read and a client's chat template run on worker threads but are no events
+    of their own: the replay must wait for them (they count as in flight), not find the
+    system quiet with nothing ready and report a divergence."""
+    from actord.config import Config
+    from actord.replay.replay import replay
+    from actord.system import ActorSystem
+
+    events: list = []
+
+    async def run():
+        async with ActorSystem(Config(model=tiny_model, slots=2, ctx=512, page_dir=str(tmp_path / "p")),
+                               trace=events) as s:
+            gene = await s.gene_load(sim_lora)
+            await s.complete(prompt=[1, 5, 9], n_predict=3, ignore_eos=True, genes=[{"id": gene.id}])
+            await s.chat(messages=[{"role": "user", "content": "hello"}], n_predict=3,
+                         template="{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+
+    anyio.run(run)
+    assert [e.method for e in events if type(e).__name__ == "Input"] == ["gene.load", "completion", "chat"]
+    for backend in ("asyncio", "trio"):
+        r = anyio.run(replay, events, tiny_model, backend=backend)
+        assert r.ok, r
