@@ -232,13 +232,43 @@ def bounded_protocol(gate: Gate) -> tuple[type, dict[str, Any]]:
         HttpToolsProtocol = None  # type: ignore[assignment,misc]
     if HttpToolsProtocol is not None:
         class BoundedHttpTools(_Bounds, HttpToolsProtocol):  # type: ignore[misc,valid-type]
+            # A head that arrives whole in one read is measured exactly (request line and
+            # header lines as sent), so the limit means the same however the bytes came.
+            _b_exact = 0
+            _b_oversized = False
+
+            def on_message_begin(self) -> None:
+                super().on_message_begin()
+                self._b_exact = 0
+
+            def on_url(self, url: bytes) -> None:
+                super().on_url(url)
+                self._b_exact += len(url) + 16  # the method, the version, the line's spaces and CRLF
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                super().on_header(name, value)
+                self._b_exact += len(name) + len(value) + 4  # ": " and CRLF
+
             def on_headers_complete(self) -> None:
+                if self._b_exact > self.gate.max_header_bytes:
+                    self._b_oversized = True  # refused after this read (data_received): no request runs
+                    return
                 super().on_headers_complete()
                 self._b_head_done()
 
+            def on_body(self, body: bytes) -> None:
+                if not self._b_oversized:
+                    super().on_body(body)
+
             def on_message_complete(self) -> None:
+                if self._b_oversized:
+                    return
                 super().on_message_complete()
                 self._b_message_done()
+
+            def _b_parsed(self) -> None:
+                if self._b_oversized and not self.transport.is_closing() and self._b_drain < 0:
+                    self._b_head_bytes = self._b_exact  # let the common check refuse it
 
         BoundedHttpTools.gate = gate
         return BoundedHttpTools, {}

@@ -177,3 +177,15 @@ def test_another_uids_tcp_socket_is_that_uid():
         lst.close()
         os.close(r)
         os.close(w)
+
+
+def test_a_front_without_key_refuses_to_start_where_peers_cannot_be_told(monkeypatch, tmp_path):
+    from actord.config import Config
+    from actord.http import app
+
+    monkeypatch.setattr(app, "check_tcp_peers", lambda host: "this platform cannot tell (test)")
+    front = app.HttpFront(None, Config(model=str(tmp_path / "m.gguf"), http="127.0.0.1:0"))
+    with pytest.raises(InvalidParams, match="set --api-key"):
+        front.bind()
+    keyed = app.HttpFront(None, Config(model=str(tmp_path / "m.gguf"), http="127.0.0.1:0", api_key="k"))
+    keyed.bind().close()  # with a key the key is the gate: no peer lookup needed
