@@ -98,7 +98,8 @@ class _Bounds:
         self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
         self._b_cycle = None
         if g.policy is not None:
-            peer = tcp_peer(transport.get_extra_info("sockname"), transport.get_extra_info("peername"))
+            peer = tcp_peer(transport.get_extra_info("sockname"), transport.get_extra_info("peername"),
+                            gid=bool(g.policy.allow_gid))
             if not g.policy.allows(peer):
                 log.warning("http.peer_refused", uid=peer and peer.uid, client=_addr(transport))
                 self._b_refuse(403, "this daemon serves its own uid and the allowed uids/gids only "

@@ -150,9 +150,11 @@ def _primary_gid(uid: int) -> int:
         return -1  # no such user in the database: matches no allow_gid
 
 
-def tcp_peer(local: tuple, remote: tuple) -> Peer | None:
+def tcp_peer(local: tuple, remote: tuple, *, gid: bool = True) -> Peer | None:
     """The owner of the client socket at `remote` (on this host) connected to our `local`,
-    or None where it cannot be told. pid is 0: a TCP socket does not name a process."""
+    or None where it cannot be told. pid is 0: a TCP socket does not name a process; gid is
+    the uid's primary group, looked up only when asked for (`gid=False`: -1), because the
+    user database may be a network service and this runs on the event loop."""
     if not sys.platform.startswith("linux"):
         return None
     family = socket.AF_INET6 if ":" in local[0] else socket.AF_INET
@@ -168,7 +170,7 @@ def tcp_peer(local: tuple, remote: tuple) -> Peer | None:
     state, uid, inode = found
     if inode == 0 or state == _TCP_TIME_WAIT:
         return None  # an orphan or a TIME_WAIT stub: no process owns it any more
-    return Peer(0, uid, _primary_gid(uid))
+    return Peer(0, uid, _primary_gid(uid) if gid else -1)
 
 
 def check_tcp_peers(host: str) -> str | None:
