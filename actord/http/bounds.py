@@ -19,8 +19,9 @@ the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
   opened, or after its first byte once a keep-alive answer ended; data does not extend it.
   A connection that sent nothing is closed quietly, one with part of a head gets 408;
 - idle keep-alive: uvicorn's own `timeout_keep_alive` (`http_idle_timeout_s`);
-- connections: beyond `http_max_connections` open at once, a new connection is answered
-  503 at once and closed; the daemon raises its fd limit above both this cap and the
+- connections: beyond `http_max_connections` served at once, a new connection is answered
+  503 at once and closed (a refused connection stops counting against the cap: its short
+  linger is bounded by MAX_LINGERING instead); the daemon raises its fd limit above both this cap and the
   socket's (`actord/daemon.py`), so neither kind of client can run the process out of fds;
 - peers: without an API key, the client socket's owner (`actord.rpc.peers.tcp_peer`) must
   pass the socket's `PeerPolicy`, else 403, decided once per connection when it opens
@@ -109,6 +110,8 @@ class _Bounds:
             if not g.full:
                 g.full = True
                 log.warning("http.too_many_connections", open=g.open - 1, max=g.max_connections)
+            else:
+                log.debug("http.too_many_connections", open=g.open - 1, max=g.max_connections)
             self._b_refuse(503, f"the HTTP front serves at most {g.max_connections} connections at once",
                            "Overloaded", "connections", retry_after=1)
             return
@@ -118,10 +121,7 @@ class _Bounds:
 
     def connection_lost(self, exc: Exception | None) -> None:
         g = self.gate
-        if self._b_counted:
-            self._b_counted = False
-            g.open -= 1
-            g.opened(g.open)
+        self._b_uncount()
         self._b_disarm()
         if self._b_linger is not None:
             self._b_linger.cancel()
@@ -195,9 +195,18 @@ class _Bounds:
         self._b_refuse(408, f"the request head did not arrive within {self.gate.header_timeout_s:g} s",
                        "header_timeout", "header_timeout")
 
+    def _b_uncount(self) -> None:
+        if self._b_counted:
+            self._b_counted = False
+            self.gate.open -= 1
+            self.gate.opened(self.gate.open)
+
     def _b_refuse(self, status: int, message: str, code: str, reason: str, *, retry_after: int | None = None) -> None:
         g = self.gate
         g.refused(reason)
+        # A refused connection no longer takes a served one's place: while it lingers it is
+        # bounded by MAX_LINGERING instead (so refused floods cannot fill the cap).
+        self._b_uncount()
         self._b_disarm()
         self._b_drain = LINGER_BYTES
         t = self.transport
@@ -289,4 +298,6 @@ def bounded_protocol(gate: Gate) -> tuple[type, dict[str, Any]]:
 
     BoundedH11.gate = gate
     # h11's own bound, set above ours so that ours (431, JSON) answers first.
+    # (On h11 a head that arrives whole in one read is bounded by that read, 256 KiB, not
+    # measured exactly as on httptools.)
     return BoundedH11, {"h11_max_incomplete_event_size": gate.max_header_bytes + (256 << 10)}
