@@ -65,7 +65,8 @@ class Gate:
     opened: Callable[[int], None] = lambda n: None  # reports the open count (metrics)
     open: int = 0
     lingering: int = 0
-    full: bool = field(default=False)  # at the cap now: warn once per episode, not per connection
+    full: bool = False  # at the cap now: warn once per episode, not per connection
+    warned: set[int | None] = field(default_factory=set)  # peers refused: warn once per uid, not per connection
 
 
 def answer(status: int, message: str, code: str, *, retry_after: int | None = None) -> bytes:
@@ -97,12 +98,16 @@ class _Bounds:
         self._b_timer: asyncio.TimerHandle | None = None
         self._b_linger: asyncio.TimerHandle | None = None
         self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
-        self._b_cycle = None
         if g.policy is not None:
             peer = tcp_peer(transport.get_extra_info("sockname"), transport.get_extra_info("peername"),
                             gid=bool(g.policy.allow_gid))
             if not g.policy.allows(peer):
-                log.warning("http.peer_refused", uid=peer and peer.uid, client=_addr(transport))
+                uid = peer.uid if peer is not None else None
+                if uid not in g.warned and len(g.warned) < 1024:
+                    g.warned.add(uid)
+                    log.warning("http.peer_refused", uid=uid, client=_addr(transport))
+                else:
+                    log.debug("http.peer_refused", uid=uid, client=_addr(transport))
                 self._b_refuse(403, "this daemon serves its own uid and the allowed uids/gids only "
                                "(or set --api-key)", "PeerRefused", "peer")
                 return
