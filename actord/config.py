@@ -62,6 +62,23 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http: str | None = None  # "127.0.0.1:8080"; port 0 picks a free one (props reports it)
     api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
     http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
+    # The front's own bounds (actord/http/bounds.py), beside the socket's below. A request
+    # line + headers over http_max_header_bytes get 431 before more is read; a request head
+    # not in within http_header_timeout_s of the connection (or of its first byte after a
+    # keep-alive answer) gets 408; a keep-alive connection idle for http_idle_timeout_s is
+    # closed; a body not in within http_body_timeout_s gets 408; connections beyond
+    # http_max_connections get 503 and are closed (the fd limit is raised to cover them).
+    http_max_header_bytes: int = 64 << 10
+    http_header_timeout_s: float = 10.0
+    http_idle_timeout_s: float = 5.0
+    http_body_timeout_s: float = 60.0
+    http_max_connections: int = 256
+    # A chat completion naming no max_tokens generates at most this many (capped by ctx),
+    # not the whole context: a model that never emits EOS would otherwise hold its slot
+    # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
+    http_default_max_tokens: int = 2048
+    model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
+    cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
     chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
     trace: str | None = None
@@ -115,6 +132,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
         if self.http_max_body_bytes < 1 or self.chat_memory_tokens < 0:
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
+        if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
+            raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_header_bytes < 1024:
+            raise InvalidParams("http_max_header_bytes must be >= 1024")
+        if self.http_max_connections < 1 or self.http_default_max_tokens < 1:
+            raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
+        if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):
+            raise InvalidParams("model_alias and cors_origin values must not be empty")
         if self.http is not None:
             host, port = http_address(self.http)
             if not is_loopback(host) and not self.api_key:

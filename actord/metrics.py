@@ -87,17 +87,29 @@ class Metrics:
             "rpc_refused", "Requests and connections refused by a bound or a check, by reason", ["reason"], registry=r
         )
 
+        # Clients (the HTTP front): its own bounds, apart from the socket's
+        self.http_connections = Gauge("http_connections", "Open HTTP connections", registry=r)
+        self.http_refused_total = Counter(
+            "http_refused", "HTTP connections and requests refused by a bound or a check, by reason", ["reason"],
+            registry=r,
+        )
+        self.http_client_gone_total = Counter(
+            "http_client_gone", "HTTP clients that hung up before their answer ended, by phase", ["phase"],
+            registry=r,
+        )
+
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()
 
     def snapshot(self, *, clients: bool = False) -> dict[str, float]:
         """Flat name -> value, for tests, traces and the final-state check of a replay.
 
-        The socket server's `rpc_*` metrics are left out unless asked for: they count
-        connections, which a replay (no socket, no clients) cannot reproduce."""
+        The socket server's `rpc_*` and the HTTP front's `http_*` metrics are left out unless
+        asked for: they count connections, which a replay (no socket, no clients) cannot
+        reproduce."""
         out: dict[str, float] = {}
         for family in self.registry.collect():
-            if not clients and family.name.startswith("rpc_"):
+            if not clients and family.name.startswith(("rpc_", "http_")):
                 continue
             for s in family.samples:
                 if s.name.endswith("_created"):

@@ -6,29 +6,43 @@ socket server and await the same `ActorSystem`; uvicorn is the most used ASGI se
 can be run as one coroutine inside a loop it did not create (`Server.serve(sockets=...)`),
 which is what "same process, same event loop" needs. FastAPI would add pydantic and a
 second validation layer beside msgspec; aiohttp brings its own loop conventions and no ASGI.
+uvicorn runs its own protocol subclassed with the front's bounds (`bounds.py`: header
+bytes and deadline, connections, peers), which it has no settings for.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics (Prometheus text). With an API key every route but /health needs
-`Authorization: Bearer KEY`.
+Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
+/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}, GET
+/health and /v1/health, GET /metrics (Prometheus text). (Bare /completions is llama-server's
+native completion API, not the OpenAI one, so it is not served under the OpenAI shape.)
+With an API key every route but the health ones needs `Authorization: Bearer KEY`; without
+one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer that
+is not a 200 is OpenAI's error object, unknown routes included. A request carrying an
+`Origin` header (a browser) is refused unless `--cors-origin` allows that origin: a page on
+any website could otherwise drive a loopback daemon through its user's browser, which runs
+as the daemon's own uid.
 
 A generation runs inside the response (`_Generation`), where the ASGI `receive` channel is
 at hand: a watcher awaits `http.disconnect` beside the work, and a client that goes away
 cancels the awaiting task, which the system turns into a slot CancelRequest (streaming or
 not). A streamed answer sends its headers only when its first chunk (or its error) is
-ready, so an error found while the prompt is placed or decoded (413 prompt too long, 503
-overloaded) still arrives as an HTTP status with OpenAI's error object. A client too slow
-to drain its bounded chunk queue is cut off, as on the socket.
+ready, so an error found while the prompt is placed or decoded (400
+context_length_exceeded, 503 overloaded) still arrives as an HTTP status with OpenAI's error
+object. A client too slow to drain its bounded chunk queue is cut off, as on the socket.
 
-The mind is named by the `X-Actord-Mind` header or the body's `user` field; the header
-wins, because `user` has an OpenAI meaning of its own (an end-user id) that a client may set
-for other reasons, while the header is an explicit instruction to actord. With neither,
-a request is placed like llama-server's: the idle slot sharing the longest prefix.
+The mind is named by the `X-Actord-Mind` header (used as given: it must be a valid mind
+name), else by `prompt_cache_key`, else by `user`, both free-form and mapped to a mind name
+through a digest (`openai.mind_for`). The header wins, because it is an explicit
+instruction to actord; `prompt_cache_key` beats `user` because it is OpenAI's field for
+exactly this (cache routing), while `user` is an end-user id a client may set for other
+reasons. With none, a request is placed like llama-server's: the idle slot sharing the
+longest prefix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
+import logging
 import socket
 import time
 from pathlib import Path
@@ -37,7 +51,10 @@ from typing import Any, Awaitable, Callable
 import anyio
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -46,7 +63,9 @@ from actord.chat import ChatRequest
 from actord.config import Config, http_address
 from actord.errors import ActordError, InvalidParams, ModelNotFound
 from actord.http import openai as O
+from actord.http.bounds import Gate, bounded_protocol
 from actord.log import get
+from actord.rpc.peers import PeerPolicy, check_tcp_peers
 
 log = get("actord.http")
 
@@ -62,6 +81,24 @@ class HttpError(Exception):
         self.status, self.message, self.code, self.param = status, message, code, param
 
 
+class _ClientGone(Exception):
+    """The client hung up before its request was read: nobody to answer."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+class _Silent(Response):
+    """The answer to a client that is gone: nothing."""
+
+    def __init__(self) -> None:
+        self.background = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+
 def json_response(obj: Any, status: int = 200) -> Response:
     return Response(_enc.encode(obj), status_code=status, media_type="application/json")
 
@@ -69,7 +106,7 @@ def json_response(obj: Any, status: int = 200) -> Response:
 def error_response(e: HttpError | ActordError) -> Response:
     if isinstance(e, ActordError):
         status = O.error_status(e)
-        return json_response(O.error_body(status, e.message, e.type, e.data.get("param")), status)
+        return json_response(O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param")), status)
     return json_response(O.error_body(e.status, e.message, e.code, e.param), e.status)
 
 
@@ -90,9 +127,9 @@ async def _until_disconnect(receive: Any) -> None:
 class _Generation(Response):
     """Runs one generation in the response, so a disconnect can cancel it."""
 
-    def __init__(self, front: "HttpFront", run: Callable[[Any], Awaitable[Any]], *, chat: bool,
+    def __init__(self, front: "HttpFront", run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
                  stream: bool, include_usage: bool) -> None:
-        self.front, self.run, self.chat, self.stream = front, run, chat, stream
+        self.front, self.run, self.chat, self.model, self.stream = front, run, chat, model, stream
         self.include_usage = include_usage
         self.background = None
 
@@ -124,24 +161,29 @@ class _Generation(Response):
 
             tg.start_soon(work)
             await _until_disconnect(receive)
-            self.front.disconnects += 1
-            log.info("http.client_gone", stream=False)
+            if not outcome:  # the work was still running: the client is gone
+                self.front.client_gone("generation", stream=False)
             tg.cancel_scope.cancel()
         if "error" in outcome:
             response = error_response(outcome["error"])
         elif "result" in outcome:
             r = outcome["result"]
             created = int(time.time())
-            body = (O.chat_completion(O.new_id("chatcmpl"), self.front.model_id, r, created) if self.chat
-                    else O.text_completion(O.new_id("cmpl"), self.front.model_id, r, created))
+            fp = self.front.fingerprint
+            body = (O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp) if self.chat
+                    else O.text_completion(O.new_id("cmpl"), self.model, r, created, fp))
             response = json_response(body)
         else:
             return  # the client went away: nothing to answer
         await response(scope, receive, send)
 
     async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
-        chunks = O.Chunks(self.chat, self.front.model_id)
+        chunks = O.Chunks(self.chat, self.model, self.front.fingerprint)
         tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
+        # Set before the answer's last write: from then on, the http.disconnect that
+        # uvicorn reports once a response is complete is the end of a stream, not a client
+        # that went away.
+        finished = False
 
         async with anyio.create_task_group() as tg:
             def on_token(chunk: dict[str, Any]) -> None:
@@ -166,9 +208,9 @@ class _Generation(Response):
 
             async def watch() -> None:
                 await _until_disconnect(receive)
-                self.front.disconnects += 1
-                log.info("http.client_gone", stream=True)
-                tg.cancel_scope.cancel()
+                if not finished:
+                    self.front.client_gone("generation", stream=True)
+                    tg.cancel_scope.cancel()
 
             tg.start_soon(work)
             tg.start_soon(watch)
@@ -177,6 +219,7 @@ class _Generation(Response):
                 async for kind, payload in rx:
                     if not started:
                         if kind == "error":
+                            finished = True
                             await error_response(payload)(scope, receive, send)
                             break
                         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
@@ -199,44 +242,179 @@ class _Generation(Response):
                     await send({"type": "http.response.body", "body": payload, "more_body": True})
                 else:
                     if started:
+                        finished = True
                         await send({"type": "http.response.body", "body": _DONE, "more_body": False})
             tg.cancel_scope.cancel()
 
 
+class _OriginGate:
+    """Refuses browser requests from origins `--cors-origin` does not list (see the module
+    docstring); non-browser clients send no Origin header and pass."""
+
+    def __init__(self, app: Any, front: "HttpFront") -> None:
+        self.app, self.front = app, front
+        self.allowed = frozenset(front.config.cors_origin)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and "*" not in self.allowed:
+            origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+            if origin is not None and origin.decode("latin-1") not in self.allowed:
+                self.front.refused("origin")
+                log.info("http.origin_refused", origin=origin.decode("latin-1")[:200])
+                response = json_response(O.error_body(
+                    403, "requests from this origin are not allowed (see --cors-origin)", "origin_not_allowed"), 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _UvicornLog(logging.Handler):
+    """uvicorn's own log lines, into structlog: what it warns about is a client's doing
+    (a malformed request), info for us; errors stay errors."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.levelno >= logging.ERROR:
+                log.error("http.server_error", message=record.getMessage(), exc_info=record.exc_info or None)
+            else:
+                log.info("http.server", message=record.getMessage())
+        except Exception:  # a log line must never take the server down
+            pass
+
+
+def _bridge_uvicorn_logs() -> None:
+    lg = logging.getLogger("uvicorn.error")
+    if not any(isinstance(h, _UvicornLog) for h in lg.handlers):
+        lg.addHandler(_UvicornLog())
+    lg.setLevel(logging.WARNING)
+    lg.propagate = False
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("actord")
+    except Exception:
+        return "0"
+
+
 class HttpFront:
     def __init__(self, system: Any, config: Config) -> None:
-        self.system = system
         self.config = config
         self.model_id = Path(config.model).stem
-        self._model_names = {self.model_id, Path(config.model).name, config.model}
+        self.names = list(dict.fromkeys([self.model_id, *config.model_alias]))  # listed by /v1/models
+        self._known = {*self.names, Path(config.model).name, config.model}
         self._key = config.api_key.encode() if config.api_key else None
         self.disconnects = 0
         self.address: str | None = None
         self.created = int(time.time())
+        self.fingerprint = ""
+        self._developer: bool | None = None  # whether the chat template names the developer role
+        self._sock: socket.socket | None = None
+        policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
+                                                    allow_gid=frozenset(config.allow_gid))
+        self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
+                         header_timeout_s=config.http_header_timeout_s, policy=policy,
+                         refused=self.refused, opened=self._opened)
+        self.system: Any = None
+        if system is not None:
+            self.attach(system)
+        chat = self._guard(self.chat_completions)
+        models = self._guard(self.models)
+        model = self._guard(self.model)
+        middleware = [Middleware(_OriginGate, front=self)]
+        if config.cors_origin:
+            middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
+                                         allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600))
         self.app = Starlette(routes=[
-            Route("/v1/chat/completions", self._guard(self.chat_completions), methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
-            Route("/v1/models", self._guard(self.models), methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/models", models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+            Route("/models/{model_id:path}", model, methods=["GET"]),
             Route("/metrics", self._guard(self.metrics), methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
-        ])
+            Route("/v1/health", self.health, methods=["GET"]),
+        ], middleware=middleware, exception_handlers={
+            HTTPException: self._http_exception, Exception: self._server_error})
+
+    def attach(self, system: Any) -> None:
+        """The system this front serves (the daemon binds the front before the model loads)."""
+        self.system = system
+        props = system.props
+        h = hashlib.blake2b(digest_size=6)
+        try:
+            size = Path(self.config.model).stat().st_size
+        except OSError:
+            size = -1
+        h.update(_enc.encode([_version(), size, getattr(props, "desc", ""), getattr(props, "n_ctx", 0),
+                              self.config.slots, getattr(props, "swa_full", False)]))
+        # OpenAI's "backend configuration" id: the same code, model and context shape give
+        # the same value, so a client can tell when a seed's output may change.
+        self.fingerprint = "fp_" + h.hexdigest()
 
     # -- plumbing ----------------------------------------------------------------------
+
+    @property
+    def _metrics(self) -> Any:
+        return getattr(self.system, "metrics", None)
+
+    def refused(self, reason: str) -> None:
+        m = self._metrics
+        if m is not None:
+            m.http_refused_total.labels(reason=reason).inc()
+
+    def _opened(self, n: int) -> None:
+        m = self._metrics
+        if m is not None:
+            m.http_connections.set(n)
+
+    def client_gone(self, phase: str, **fields: Any) -> None:
+        self.disconnects += 1
+        log.info("http.client_gone", phase=phase, **fields)
+        m = self._metrics
+        if m is not None:
+            m.http_client_gone_total.labels(phase=phase).inc()
 
     def _guard(self, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
             try:
                 self._authorize(request)
                 return await endpoint(request)
-            except HttpError as e:
-                return error_response(e)
-            except ActordError as e:
+            except _ClientGone as e:
+                self.client_gone(e.phase)
+                return _Silent()
+            except (HttpError, ActordError) as e:
                 return error_response(e)
         return guarded
 
+    async def _http_exception(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        status = exc.status_code
+        if status == 404:
+            path = request.url.path
+            hint = " (llama-server's native completion API is not served: use /v1/completions)" \
+                if path.rstrip("/") in ("/completion", "/completions") else ""
+            body = O.error_body(404, f"no route {request.method} {path[:200]}{hint}", "not_found")
+        elif status == 405:
+            body = O.error_body(405, f"method {request.method} is not allowed on {request.url.path[:200]}",
+                                "method_not_allowed")
+        else:
+            body = O.error_body(status, str(exc.detail), "http_error")
+        response = json_response(body, status)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        return json_response(O.error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
+
     def _authorize(self, request: Request) -> None:
         if self._key is None:
-            return
+            return  # the connection's peer was checked when it opened (bounds.py)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._key):
             raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_api_key")
@@ -248,10 +426,19 @@ class HttpFront:
             raise HttpError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
                             "body_too_large")
         buf = bytearray()
-        async for part in request.stream():
-            buf += part
-            if len(buf) > limit:
-                raise HttpError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
+        timeout = self.config.http_body_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                async for part in request.stream():
+                    buf += part
+                    if len(buf) > limit:
+                        raise HttpError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
+        except ClientDisconnect:
+            raise _ClientGone("body") from None
+        except TimeoutError:
+            self.refused("body_timeout")
+            log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
+            raise HttpError(408, f"the request body did not arrive within {timeout:g} s", "body_timeout") from None
         try:
             return msgspec.json.decode(bytes(buf), type=typ)
         except msgspec.ValidationError as e:
@@ -259,28 +446,47 @@ class HttpFront:
         except msgspec.DecodeError as e:
             raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
 
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model not in self._model_names:
-            raise ModelNotFound(f"the model {model!r} does not exist; this daemon serves {self.model_id!r}",
-                                param="model")
-
     @staticmethod
-    def _mind(request: Request, user: str | None) -> str | None:
-        return request.headers.get("x-actord-mind") or user or None
+    def _mind(request: Request, req: O._Common) -> str | None:
+        header = request.headers.get("x-actord-mind")
+        if header:
+            return header  # as given: CompletionRequest.check refuses a name that is not one
+        if req.prompt_cache_key:
+            return O.mind_for("k", req.prompt_cache_key)
+        if req.user:
+            return O.mind_for("u", req.user)
+        return None
+
+    async def _template_names_developer(self) -> bool:
+        """Whether the chat template handles the `developer` role itself (it names it)."""
+        if self._developer is None:
+            source: str | None = None
+            try:
+                if self.config.chat_template_file:
+                    source = await anyio.Path(self.config.chat_template_file).read_text()
+                else:
+                    from actord.engine.jobs import ChatInfo
+
+                    source = (await self.system.engine.run(ChatInfo())).template
+            except (OSError, UnicodeDecodeError, AttributeError, ActordError):
+                source = None  # the chat itself reports a template it cannot read
+            self._developer = bool(source) and "developer" in source  # type: ignore[operator]
+        return self._developer
 
     # -- routes ------------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
-        self._check_model(req.model)
         O.refuse_unsupported(req)
         if not req.messages:
             raise InvalidParams("messages is empty", param="messages")
+        developer = any(m.role == "developer" for m in req.messages) and await self._template_names_developer()
         n = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if n is None:
+            n = min(self.config.http_default_max_tokens, self.system.props.n_ctx)
         chat = ChatRequest(
-            messages=O.chat_messages(req.messages),
-            n_predict=n if n is not None else self.system.props.n_ctx,
-            mind=self._mind(request, req.user),
+            messages=O.chat_messages(req.messages, developer_is_system=not developer),
+            n_predict=n, mind=self._mind(request, req),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes,
@@ -290,16 +496,15 @@ class HttpFront:
         async def run(on_token: Any) -> Any:
             return (await self.system.chat(chat, on_token=on_token)).completion
 
-        return _Generation(self, run, chat=True, stream=req.stream,
+        return _Generation(self, run, chat=True, model=req.model or self.model_id, stream=req.stream,
                            include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
-        self._check_model(req.model)
         O.refuse_unsupported(req)
         comp = CompletionRequest(
-            prompt=req.prompt, n_predict=req.max_tokens if req.max_tokens is not None else 16,
-            mind=self._mind(request, req.user),
+            prompt=O.text_prompt(req.prompt), n_predict=req.max_tokens if req.max_tokens is not None else 16,
+            mind=self._mind(request, req),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes,
@@ -308,7 +513,7 @@ class HttpFront:
         async def run(on_token: Any) -> Any:
             return await self.system.complete(comp, on_token=on_token)
 
-        return _Generation(self, run, chat=False, stream=req.stream,
+        return _Generation(self, run, chat=False, model=req.model or self.model_id, stream=req.stream,
                            include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     @staticmethod
@@ -317,10 +522,20 @@ class HttpFront:
         CompletionRequest(prompt=[0], n_predict=n_predict, mind=mind, temperature=temperature,
                           top_k=top_k, top_p=top_p).check()
 
+    def _model_object(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "actord"}
+
     async def models(self, request: Request) -> Response:
-        return json_response({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "actord"},
-        ]})
+        return json_response({"object": "list", "data": [self._model_object(n) for n in self.names]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name not in self._known:
+            # Requests may name any model (they are all served by this one), but a lookup
+            # answers only for the names /v1/models lists, so the list and lookups agree.
+            raise ModelNotFound(f"the model {name[:200]!r} does not exist; this daemon lists {self.names!r}",
+                                param="model")
+        return json_response(self._model_object(name))
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.system.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -332,7 +547,16 @@ class HttpFront:
     # -- serving -----------------------------------------------------------------------
 
     def bind(self) -> socket.socket:
-        host, port = http_address(self.config.http or "127.0.0.1:0")
+        """Listen (the daemon calls this before the model loads, so a refusal is quick)."""
+        if self._sock is not None:
+            return self._sock
+        spec = self.config.http or "127.0.0.1:0"
+        host, port = http_address(spec)
+        if self._key is None:
+            why = check_tcp_peers(host)
+            if why is not None:
+                raise InvalidParams(f"--http {spec} without --api-key serves this uid only, and {why}: "
+                                    f"set --api-key", http=spec)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -340,11 +564,12 @@ class HttpFront:
             sock.bind((host, port))
         except OSError as e:
             sock.close()
-            raise InvalidParams(f"cannot listen on {self.config.http}: {e.strerror}", http=self.config.http) from None
+            raise InvalidParams(f"cannot listen on {spec}: {e.strerror}", http=spec) from None
         sock.listen(1024)
         sock.setblocking(False)
         bound = sock.getsockname()
         self.address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"
+        self._sock = sock
         return sock
 
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -359,8 +584,14 @@ class HttpFront:
                 yield
 
         sock = self.bind()
-        config = uvicorn.Config(self.app, lifespan="off", log_config=None, access_log=False,
-                                timeout_graceful_shutdown=5, server_header=False)
+        _bridge_uvicorn_logs()
+        protocol, extra = bounded_protocol(self.gate)
+        # proxy_headers off: no proxy stands in front by design, and a client's
+        # X-Forwarded-For must not rewrite who it is. ws off: no route speaks WebSocket.
+        config = uvicorn.Config(self.app, http=protocol, ws="none", lifespan="off", log_config=None,
+                                access_log=False, timeout_graceful_shutdown=5, server_header=False,
+                                proxy_headers=False, timeout_keep_alive=self.config.http_idle_timeout_s,  # type: ignore[arg-type]
+                                **extra)
         server = _InLoopServer(config)
         try:
             async with anyio.create_task_group() as tg:
@@ -378,7 +609,8 @@ class HttpFront:
                     if ended.is_set():
                         raise InvalidParams(f"the HTTP front on {self.address} did not start")
                     await anyio.sleep(0.005)
-                log.info("http.listening", address=self.address, api_key=self._key is not None)
+                log.info("http.listening", address=self.address, api_key=self._key is not None,
+                         peers="checked" if self._key is None else "key")
                 task_status.started(self.address)
                 try:
                     await anyio.sleep_forever()
@@ -386,3 +618,4 @@ class HttpFront:
                     server.should_exit = True
         finally:
             sock.close()
+            self._sock = None

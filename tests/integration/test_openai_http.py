@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from actord.client import Client
+from actord.http import openai as O
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 from tests.integration.test_daemon import _wait_for
 
@@ -58,7 +59,7 @@ def chat_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def front(chat_model, tmp_path_factory):
-    proc, sock, url = _start(chat_model, tmp_path_factory.mktemp("d"), "--api-key", KEY)
+    proc, sock, url = _start(chat_model, tmp_path_factory.mktemp("d"), "--api-key", KEY, "--model-alias", "tiny-alias")
     try:
         yield sock, url, proc
     finally:
@@ -108,7 +109,12 @@ def test_streamed_deltas_join_to_the_whole_answer_under_greedy_sampling(client):
 
 def test_text_completions_and_models(client):
     models = client.models.list()
-    assert [m.id for m in models.data] == ["tiny-chat"]
+    assert [m.id for m in models.data] == ["tiny-chat", "tiny-alias"]
+    assert client.models.retrieve("tiny-chat").id == "tiny-chat"
+    assert client.models.retrieve("tiny-alias").id == "tiny-alias"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o-mini")  # served when asked for, but not listed, so not found
+    assert e.value.code == "model_not_found"
     r = client.completions.create(model="tiny-chat", prompt="hello world", max_tokens=5, temperature=0)
     assert r.choices[0].text and r.usage.completion_tokens == 5
     streamed = "".join(c.choices[0].text for c in client.completions.create(
@@ -116,24 +122,34 @@ def test_text_completions_and_models(client):
     assert streamed == r.choices[0].text
 
 
-def test_wrong_key_unknown_model_and_long_prompt_get_openai_errors(front, client):
+def test_wrong_key_gets_an_authentication_error(front):
     _, url, _ = front
-    msgs = [{"role": "user", "content": "hi"}]
     bad = openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
-        bad.chat.completions.create(model="tiny-chat", messages=msgs)
-    with pytest.raises(openai.NotFoundError, match="no-such-model"):
-        client.chat.completions.create(model="no-such-model", messages=msgs)
-    with pytest.raises(openai.APIStatusError) as e:
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.code == "invalid_api_key"
+
+
+def test_placeholder_model_name_is_served(client):
+    msgs = [{"role": "user", "content": "hello world"}]
+    r = client.chat.completions.create(model="gpt-4o-mini", messages=msgs, max_tokens=4, temperature=0)
+    assert r.model == "gpt-4o-mini" and r.usage.completion_tokens == 4  # echoed, as llama-server does
+    same = client.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=4, temperature=0)
+    assert same.choices[0].message.content == r.choices[0].message.content
+    t = client.completions.create(model="text-davinci-003", prompt="hello", max_tokens=2, temperature=0)
+    assert t.model == "text-davinci-003" and t.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_context_overflow_is_400_context_length_exceeded(client, stream):
+    with pytest.raises(openai.BadRequestError) as e:  # streamed too: a status, not a broken stream
         client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "the " * 5000}],
-                                       max_tokens=4)
-    assert e.value.status_code in (400, 413) and "does not fit" in e.value.message
-    with pytest.raises(openai.APIStatusError) as e:  # streamed: still a status, not a broken stream
-        client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "the " * 5000}],
-                                       max_tokens=4, stream=True)
-    assert e.value.status_code == 413
-    with pytest.raises(openai.BadRequestError, match="alternate|unsupported|n=1"):
-        client.chat.completions.create(model="tiny-chat", messages=msgs, n=2)
+                                       max_tokens=4, stream=stream)
+    assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
+    assert "maximum context length is 4096 tokens" in e.value.message and "does not fit" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-chat", prompt=list(range(3, 4103)), max_tokens=4, stream=stream)
+    assert e.value.code == "context_length_exceeded"
 
 
 def test_health_is_public_and_metrics_need_the_key(front):
@@ -153,7 +169,6 @@ def test_bad_http_input_gets_openai_errors_and_the_daemon_keeps_serving(front, c
         (b'{"model": "tiny-chat"}', 400, "messages"),
         (b'{"messages": []}', 400, "empty"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "user": "../etc"}', 400, "mind"),
         (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "text content"),
         (b'{"messages": [{"role": "user", "content": "' + b"a" * (BODY_LIMIT + 10) + b'"}]}', 413, "limit"),
     ]
@@ -162,6 +177,10 @@ def test_bad_http_input_gets_openai_errors_and_the_daemon_keeps_serving(front, c
         assert r.status_code == status, (body[:60], r.text)
         err = r.json()["error"]
         assert words in err["message"] and err["type"] and err["code"], (body[:60], err)
+    # The header names a mind as given: it must be a valid name (user and prompt_cache_key are free-form).
+    r = httpx.post(url + "/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "x"}]}',
+                   headers={**h, "x-actord-mind": "../etc"}, timeout=30)
+    assert r.status_code == 400 and "mind" in r.json()["error"]["message"]
     # A chunked body (no Content-Length) is held to the same limit.
     def gen():
         for _ in range(BODY_LIMIT // 1024 + 2):
@@ -187,7 +206,8 @@ def _wait_metric(url: str, name: str, above: float, timeout: float = 20) -> floa
 def test_a_client_that_disconnects_cancels_its_generation(front, stream):
     _, url, _ = front
     name = 'requests_total{outcome="cancelled"}'
-    before = _metric(url, name)
+    gone = 'http_client_gone_total{phase="generation"}'
+    before, gone_before = _metric(url, name), _metric(url, gone)
     body = {"model": "tiny-chat", "messages": [{"role": "user", "content": f"go on {stream}"}], "max_tokens": 3800,
             "temperature": 0, "stream": stream}
     h = {"authorization": f"Bearer {KEY}"}
@@ -201,6 +221,7 @@ def test_a_client_that_disconnects_cancels_its_generation(front, stream):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/v1/chat/completions", json=body, headers=h, timeout=httpx.Timeout(30, read=0.3))
     _wait_metric(url, name, before)
+    assert _wait_metric(url, gone, gone_before) == gone_before + 1
     # The slot is free again and generation stopped well short of 3800 tokens.
     assert _metric(url, "requests_in_flight") == 0
 
@@ -247,3 +268,173 @@ def test_many_minds_page_the_same_through_http_as_through_the_socket(chat_model,
         finally:
             _stop(proc)
     assert counts[0] == counts[1] and counts[0][0] >= 8 and counts[0][1] >= 6, counts
+
+
+# -- names, routes, fields (issue 17 points 3-6) --------------------------------------------
+
+
+def _minds(sock: Path) -> set[str]:
+    with Client(str(sock), timeout=30) as c:
+        return {s["mind"] for s in c.call("slot.list") if s["mind"]} | {p["page"] for p in c.call("page.list")}
+
+
+def test_user_with_spaces_maps_to_a_stable_mind(front, client):
+    sock, _, _ = front
+    user = "Ada Lovelace: analyst/engine " + "x" * 200  # a space, ':', '/', over 128 characters
+    msgs = [{"role": "user", "content": "a mind with a free-form name"}]
+    r1 = client.chat.completions.create(model="m", messages=msgs, max_tokens=4, temperature=0, user=user)
+    assert O.mind_for("u", user) in _minds(sock)
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "again"}]
+    r2 = client.chat.completions.create(model="m", messages=msgs, max_tokens=4, temperature=0, user=user)
+    # The same mind served turn 2: everything of turn 1 but at most its last token was cached.
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
+
+
+def test_prompt_cache_key_takes_precedence_over_user(front, client):
+    sock, _, _ = front
+    msgs = [{"role": "user", "content": "cache routing by key"}]
+    client.chat.completions.create(model="m", messages=msgs, max_tokens=2, temperature=0, user="someone",
+                                   prompt_cache_key="conversation 7")
+    minds = _minds(sock)
+    assert O.mind_for("k", "conversation 7") in minds and O.mind_for("u", "someone") not in minds
+
+
+def test_unknown_route_is_json_404(front):
+    _, url, _ = front
+    h = {"authorization": f"Bearer {KEY}"}
+    for method, path in [("GET", "/nope"), ("POST", "/v1/responses/x"), ("GET", "/v1/chat"), ("POST", "/completions")]:
+        r = httpx.request(method, url + path, headers=h, json={})
+        assert r.status_code == 404 and r.headers["content-type"] == "application/json", (path, r.text)
+        assert r.json()["error"]["type"] == "not_found_error" and path in r.json()["error"]["message"]
+    r = httpx.get(url + "/v1/chat/completions", headers=h)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_bare_paths_are_served_as_llama_server_does(front):
+    _, url, _ = front
+    bare = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)  # no /v1
+    r = bare.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.usage.completion_tokens == 2
+    assert [m.id for m in bare.models.list().data] == ["tiny-chat", "tiny-alias"]
+    assert httpx.get(url + "/v1/health").json()["status"] == "ok"
+
+
+def test_finished_stream_is_not_counted_as_client_gone(front, client):
+    _, url, _ = front
+    before = _metric(url, 'http_client_gone_total{phase="generation"}')
+    msgs = [{"role": "user", "content": "finish normally"}]
+    for stream in (True, False):
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=3, temperature=0, stream=stream)
+        if stream:
+            assert [c.choices[0].finish_reason for c in r if c.choices][-1] == "length"
+    for c in client.completions.create(model="m", prompt="hello", max_tokens=3, stream=True):
+        pass
+    assert _metric(url, 'http_client_gone_total{phase="generation"}') == before
+
+
+def test_developer_role_is_rendered_as_system_for_a_template_without_it(client):
+    def tokens(role):
+        return client.chat.completions.create(model="m", messages=[{"role": role, "content": "be brief"},
+                                                                   {"role": "user", "content": "hi"}],
+                                              max_tokens=3, temperature=0)
+    dev, sys_ = tokens("developer"), tokens("system")
+    assert dev.usage.prompt_tokens == sys_.usage.prompt_tokens
+    assert dev.choices[0].message.content == sys_.choices[0].message.content
+
+
+def test_developer_role_reaches_gemma_template_as_system(chat_model, tmp_path):
+    from actord.testing.models import GEMMA3_CHAT_TEMPLATE
+
+    tpl = tmp_path / "gemma.jinja"
+    tpl.write_text(GEMMA3_CHAT_TEMPLATE)
+    proc, _, url = _start(chat_model, tmp_path / "d", "--chat-template-file", str(tpl))
+    try:
+        oa = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        r = oa.chat.completions.create(model="m", messages=[{"role": "developer", "content": "be brief"},
+                                                            {"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.usage.completion_tokens == 2  # Gemma's template would refuse an unknown first role
+    finally:
+        _stop(proc)
+
+
+def test_text_content_parts_join_with_a_newline(client):
+    parts = client.chat.completions.create(
+        model="m", max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}])
+    joined = client.chat.completions.create(model="m", max_tokens=4, temperature=0,
+                                            messages=[{"role": "user", "content": "hello\nworld"}])
+    assert parts.usage.prompt_tokens == joined.usage.prompt_tokens
+    assert parts.choices[0].message.content == joined.choices[0].message.content
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_zero_is_refused_naming_it(client, field):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], **{field: 0})
+    assert e.value.param == field
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n", 2), ("logprobs", True), ("top_logprobs", 2), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
+    ("logit_bias", {"5": -100}), ("response_format", {"type": "json_object"}), ("tool_choice", "none"),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+])
+def test_a_field_actord_cannot_honour_is_a_400_naming_it(client, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body={field: value})
+    assert e.value.param == field and field in e.value.message
+
+
+def test_completions_take_one_prompt_in_a_list_and_refuse_several(client):
+    one = client.completions.create(model="m", prompt=["hello world"], max_tokens=3, temperature=0)
+    plain = client.completions.create(model="m", prompt="hello world", max_tokens=3, temperature=0)
+    assert one.choices[0].text == plain.choices[0].text
+    for field, kw in [("prompt", {"prompt": ["a", "b"]}), ("echo", {"prompt": "a", "echo": True}),
+                      ("suffix", {"prompt": "a", "suffix": "z"})]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="m", max_tokens=2, **kw)
+        assert e.value.param == field
+
+
+def test_system_fingerprint_is_on_every_answer(client):
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+    assert r.system_fingerprint and r.system_fingerprint.startswith("fp_")
+    chunks = list(client.chat.completions.create(model="m", messages=msgs, max_tokens=2, stream=True))
+    assert {c.system_fingerprint for c in chunks} == {r.system_fingerprint}
+    assert client.completions.create(model="m", prompt="hi", max_tokens=2).system_fingerprint == r.system_fingerprint
+
+
+def test_chat_default_max_tokens_is_bounded_not_the_context(chat_model, tmp_path):
+    proc, _, url = _start(chat_model, tmp_path / "d", "--http-default-max-tokens", "7")
+    try:
+        oa = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "go on and on"}],
+                                       temperature=0)
+        assert r.usage.completion_tokens <= 7
+    finally:
+        _stop(proc)
+
+
+def test_cors_preflight_for_an_allowed_origin_and_refusal_for_others(chat_model, tmp_path):
+    ui = "http://ui.example"
+    proc, _, url = _start(chat_model, tmp_path / "d", "--cors-origin", ui)
+    try:
+        pre = httpx.options(url + "/v1/chat/completions", headers={
+            "origin": ui, "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ui
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        ok = httpx.post(url + "/v1/chat/completions", json=body, headers={"origin": ui}, timeout=60)
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ui
+        # Any other page is refused, a preflight or not: a website must not drive a loopback
+        # daemon through its user's browser.
+        for method in ("POST", "OPTIONS"):
+            r = httpx.request(method, url + "/v1/chat/completions", json=body, headers={
+                "origin": "http://evil.example", "access-control-request-method": "POST"}, timeout=60)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200  # no Origin
+    finally:
+        _stop(proc)

@@ -1,0 +1,191 @@
+"""The HTTP front's pure parts: OpenAI field handling, mind names, error mapping, and the
+TCP peer lookup the front's peer check stands on."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgspec
+import pytest
+
+from actord.errors import InvalidParams, PromptTooLong
+from actord.http import openai as O
+from actord.rpc.peers import PeerPolicy, check_tcp_peers, tcp_peer
+from actord.storage.paths import check_part
+
+
+def _chat(**body) -> O.ChatCompletionRequest:
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return msgspec.convert(body, O.ChatCompletionRequest)
+
+
+def _text(**body) -> O.TextCompletionRequest:
+    body.setdefault("prompt", "hi")
+    return msgspec.convert(body, O.TextCompletionRequest)
+
+
+@pytest.mark.parametrize("value", ["ada", "a b:c/d", "../../etc/passwd", "", "x" * 5000, "日本語", "\x00\n"])
+def test_user_with_spaces_maps_to_a_stable_mind(value):
+    name = O.mind_for("u", value)
+    assert name == O.mind_for("u", value)  # stable
+    assert check_part(name) is None  # one confined page-name component, whatever the input
+    assert name.startswith("u-") and len(name) == 34
+    assert O.mind_for("k", value) != name  # a cache key and an end-user id never share a mind
+
+
+def test_distinct_users_get_distinct_minds():
+    names = {O.mind_for("u", f"user {i}") for i in range(1000)}
+    assert len(names) == 1000
+
+
+REFUSED_CHAT = [
+    ("n", 2), ("logprobs", True), ("top_logprobs", 3), ("presence_penalty", 0.5), ("frequency_penalty", -1),
+    ("logit_bias", {"42": -100}), ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "none"), ("tool_choice", "auto"),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("modalities", ["text", "audio"]),
+    ("audio", {"voice": "x"}), ("reasoning_effort", "low"), ("verbosity", "low"), ("web_search_options", {}),
+    ("grammar", "root ::= \"a\""), ("json_schema", {}), ("min_p", 0.1), ("repeat_penalty", 1.3), ("n_probs", 2),
+    ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
+]
+
+
+@pytest.mark.parametrize("field,value", REFUSED_CHAT)
+def test_a_refused_chat_field_is_named(field, value):
+    with pytest.raises(InvalidParams) as e:
+        O.refuse_unsupported(_chat(**{field: value}))
+    assert e.value.data["param"] == field and field in e.value.message
+
+
+@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "x"), ("best_of", 3), ("logprobs", 2),
+                                         ("n", 3), ("max_tokens", 0)])
+def test_a_refused_completion_field_is_named(field, value):
+    with pytest.raises(InvalidParams) as e:
+        O.refuse_unsupported(_text(**{field: value}))
+    assert e.value.data["param"] == field
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"n": 1}, {"logprobs": False}, {"top_logprobs": 0}, {"presence_penalty": 0}, {"logit_bias": {}},
+    {"response_format": {"type": "text"}}, {"tools": []}, {"repeat_penalty": 1.0}, {"modalities": ["text"]},
+    {"store": True, "metadata": {"a": "b"}, "service_tier": "auto", "parallel_tool_calls": False,
+     "prediction": {"type": "content", "content": "x"}, "some_future_field": 1},
+])
+def test_fields_that_ask_for_nothing_or_change_nothing_pass(body):
+    O.refuse_unsupported(_chat(**body))
+
+
+def test_one_prompt_in_a_list_is_that_prompt_and_several_are_refused():
+    assert O.text_prompt("a") == "a"
+    assert O.text_prompt([5, 6]) == [5, 6]
+    assert O.text_prompt(["a"]) == "a"
+    assert O.text_prompt([[5, 6]]) == [5, 6]
+    with pytest.raises(InvalidParams) as e:
+        O.text_prompt(["a", "b"])
+    assert e.value.data["param"] == "prompt" and "2 prompts" in e.value.message
+    with pytest.raises(InvalidParams):
+        O.text_prompt([{"x": 1}])
+
+
+def test_text_parts_join_with_a_newline_and_other_parts_are_refused_by_index():
+    msgs = [O.Message(role="user", content=[O.ContentPart(type="text", text="a"), O.ContentPart(type="text", text="b")])]
+    assert O.chat_messages(msgs)[0].content == "a\nb"
+    bad = [O.Message(role="user", content=[O.ContentPart(type="text", text="a"), O.ContentPart(type="image_url")])]
+    with pytest.raises(InvalidParams) as e:
+        O.chat_messages(bad)
+    assert e.value.data["param"] == "messages[0].content[1].type"
+
+
+def test_developer_is_system_unless_the_template_names_it():
+    msgs = [O.Message(role="developer", content="be brief"), O.Message(role="user", content="hi")]
+    assert [m.role for m in O.chat_messages(msgs)] == ["system", "user"]
+    assert [m.role for m in O.chat_messages(msgs, developer_is_system=False)] == ["developer", "user"]
+
+
+def test_tool_history_is_refused_naming_the_message():
+    with pytest.raises(InvalidParams) as e:
+        O.chat_messages([O.Message(role="user", content="x"), O.Message(role="tool", content="42")])
+    assert e.value.data["param"] == "messages[1].role"
+
+
+def test_context_overflow_maps_to_400_context_length_exceeded():
+    e = PromptTooLong("prompt of 5000 tokens does not fit n_ctx 4096", n_prompt_tokens=5000, n_ctx=4096)
+    assert O.error_status(e) == 400 and O.error_code(e) == "context_length_exceeded"
+    assert "maximum context length is 4096 tokens" in O.error_message(e)
+    assert O.error_body(400, O.error_message(e), O.error_code(e))["error"]["type"] == "invalid_request_error"
+
+
+def _pair(family: int = socket.AF_INET, host: str = "127.0.0.1"):
+    lst = socket.socket(family)
+    lst.bind((host, 0))
+    lst.listen(4)
+    cli = socket.socket(family)
+    cli.connect(lst.getsockname())
+    conn, _ = lst.accept()
+    return lst, cli, conn
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_a_loopback_tcp_peer_is_this_uid(family, host):
+    try:
+        lst, cli, conn = _pair(family, host)
+    except OSError as e:
+        pytest.skip(f"no {host}: {e}")
+    with lst, cli, conn:
+        peer = tcp_peer(conn.getsockname(), conn.getpeername())
+        assert peer is not None and peer.uid == os.geteuid()
+        assert PeerPolicy().allows(peer)
+    assert check_tcp_peers(host) is None
+
+
+def test_a_closed_client_socket_proves_nothing():
+    lst, cli, conn = _pair()
+    with lst, conn:
+        cli.close()  # its end is now an orphan (or a TIME_WAIT stub the kernel reports as uid 0)
+        assert tcp_peer(conn.getsockname(), conn.getpeername()) is None
+
+
+def test_another_uids_tcp_socket_is_that_uid():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to open a socket as another uid")
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(4)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, connect, wait for the parent's verdict
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            c = socket.socket()
+            c.connect(lst.getsockname())
+            os.write(w, b"x")
+            c.recv(1)
+        finally:
+            os._exit(0)
+    try:
+        os.read(r, 1)
+        conn, _ = lst.accept()
+        with conn:
+            peer = tcp_peer(conn.getsockname(), conn.getpeername())
+            assert peer is not None and peer.uid == 65534
+            assert not PeerPolicy().allows(peer)
+            assert PeerPolicy(allow_uid=frozenset({65534})).allows(peer)
+    finally:
+        os.waitpid(pid, 0)
+        lst.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_a_front_without_key_refuses_to_start_where_peers_cannot_be_told(monkeypatch, tmp_path):
+    from actord.config import Config
+    from actord.http import app
+
+    monkeypatch.setattr(app, "check_tcp_peers", lambda host: "this platform cannot tell (test)")
+    front = app.HttpFront(None, Config(model=str(tmp_path / "m.gguf"), http="127.0.0.1:0"))
+    with pytest.raises(InvalidParams, match="set --api-key"):
+        front.bind()
+    keyed = app.HttpFront(None, Config(model=str(tmp_path / "m.gguf"), http="127.0.0.1:0", api_key="k"))
+    keyed.bind().close()  # with a key the key is the gate: no peer lookup needed
