@@ -201,6 +201,7 @@ class ActorSystem:
                                  self.metrics, capacity=max(cap, 256))
         self.placer.scheduler = self.scheduler
         for s in self.slots:
+            s.placer = self.placer
             s.files = self.files
             s.ckpt_budget = self.ckpt_budget
             s.ckpt = CheckpointPlan(
@@ -421,13 +422,21 @@ class ActorSystem:
         t0 = time.perf_counter()
         held = await self.pages.ask(SpillBegin(name=page))
         dropped = False
+        durable = False
         try:
             stats = await self.files.publish(
                 file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
                                  held.divergences, held.prompt_end))
+            durable = True  # publish returns only once every file and folder is fsynced
+        except ActordError as e:
+            self.metrics.page_failed_total.inc()
+            log.warning("page.spill_failed", page=page, file=file, kept=True, error=e.to_dict())
+            raise
         finally:
+            # The RAM page goes only once its file is durable: a failed or cancelled spill
+            # (a full or read-only page folder, EIO) leaves the page where it was.
             with anyio.CancelScope(shield=True):
-                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))
+                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop and durable))
         self.metrics.page_spill_total.inc()
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("page.spilled", page=page, file=file, n_bytes=stats.n_bytes, dropped=dropped, t_ms=round(t_ms, 3))

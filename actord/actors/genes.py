@@ -137,6 +137,10 @@ class GeneResidency(Actor[GeneInbox]):
         self.pending: list[_Pending] = []
         self.running: set[int] = set()  # slots granted their genes, until Finish
         self.evicting: set[int] = set()  # slots told to Evict, until EvictDone
+        # Slots that refused an eviction (a mind whose state had no durable place to go):
+        # not asked again until their state changes (a turn ends, a page move) or new work
+        # arrives (the disk may be back), or room would be planned on them again and again.
+        self.kept: set[int] = set()
 
     # -- views for the policy ----------------------------------------------------------
 
@@ -159,7 +163,7 @@ class GeneResidency(Actor[GeneInbox]):
         """The policy's view. Only running slots (and the one being served) are untouchable:
         a slot still waiting for its genes has a quiet sequence, which it can give up."""
         gv = [GeneView(id=g.id, n_bytes=g.n_bytes, resident=g.resident, uses=g.uses) for g in self.genes.values()]
-        sv = [SlotView(id=s, n_bytes=n, processing=s in self.running or s == for_slot,
+        sv = [SlotView(id=s, n_bytes=n, processing=s in self.running or s == for_slot or s in self.kept,
                        last_use=self.slot_use.get(s, 0))
               for s, n in self.slot_bytes.items()]
         return gv, sv
@@ -172,6 +176,8 @@ class GeneResidency(Actor[GeneInbox]):
 
     async def handle(self, msg: GeneInbox, env: Envelope[GeneInbox]) -> None:
         out: Any = None
+        if isinstance(msg, (LoadGene, PageInGene, Acquire)):
+            self.kept.clear()
         match msg:
             case LoadGene():
                 self.pending.append(_Pending("load", protect=set(), env=env, msg=msg))
@@ -193,6 +199,7 @@ class GeneResidency(Actor[GeneInbox]):
             case Acquire(slot=slot, genes=genes, ticket=ticket):
                 await self._acquire(slot, genes, ticket)
             case Finish(slot=slot, n_bytes=n):
+                self.kept.discard(slot)
                 self.processing.pop(slot, None)
                 self.running.discard(slot)
                 # An acquisition still pending for this slot was withdrawn (cancelled).
@@ -201,6 +208,7 @@ class GeneResidency(Actor[GeneInbox]):
                 await self._shrink_to_budget()
                 self._queue_reconcile()
             case SlotFootprint(slot=slot, n_bytes=n):
+                self.kept.discard(slot)
                 grew = n > self.slot_bytes.get(slot, 0)
                 self.slot_bytes[slot] = n
                 if n == 0:
@@ -211,6 +219,8 @@ class GeneResidency(Actor[GeneInbox]):
                     await self._shrink_to_budget()
             case EvictDone(slot=slot, freed=freed):
                 self.evicting.discard(slot)
+                if not freed:
+                    self.kept.add(slot)
                 # Still over (a growth the eviction did not cover)? Go on, but only once the
                 # slot's state is gone from our view: never tell the same slot again and again.
                 if freed and not self.slot_bytes.get(slot, 0):

@@ -40,6 +40,7 @@ from actord.actors.messages import (
     Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, GenesGranted,
     GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox,
 )
+from actord.actors.placer import SlotIdle
 from actord.actors.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
 from actord.actors.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
@@ -84,6 +85,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.metrics = metrics
         self.default_seed = default_seed
         self.scheduler: Actor[Any] | None = None
+        self.placer: Actor[Any] | None = None  # told SlotIdle when a request ends
         self.pages: Actor[Any] | None = None
         self.residency: Actor[Any] | None = None
         self.ckpt_budget: Actor[Any] | None = None
@@ -174,6 +176,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             except ActordError as e:
                 if env.reply is not None:
                     env.reply.fail(e)
+        if not self.busy and self.placer is not None:
+            try:  # a placement may be parked for want of an idle slot (actors/placer.py)
+                self.placer.tell_nowait(SlotIdle(slot=self.id))
+            except ActordError:
+                pass  # the placer is stopping or failed
 
     def _drop_deferred(self, rid: int) -> None:
         for env in list(self.deferred):

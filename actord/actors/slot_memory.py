@@ -98,11 +98,16 @@ class SlotMemory:
             env.reply.send(freed)
 
     async def evict(self, reason: str) -> int:
-        """Give up an idle sequence: to the mind's page, else its file, else dropped.
+        """Give up an idle sequence: to the mind's page, else its file; a sequence without a
+        mind (a slot-addressed cache) is dropped.
 
-        Returns the cells freed. A slot with a running request refuses: eviction never
-        touches work in flight. A request still waiting for its genes has a quiet sequence;
-        if that goes to the mind's page, it comes back when the genes are granted.
+        Returns the cells freed. A mind's state goes only once a copy of it is whole in the
+        page store or durable in its page file: when the page RAM refuses and the file cannot
+        be written (a full or read-only page folder, EIO), the eviction is refused with that
+        error and the sequence stays as it was. A slot with a running request refuses too:
+        eviction never touches work in flight. A request still waiting for its genes has a
+        quiet sequence; if that goes to the mind's page, it comes back when the genes are
+        granted.
         """
         a = self.active
         if a is not None and a.running:
@@ -118,21 +123,24 @@ class SlotMemory:
                 await self.page_out(mind)
                 how = "paged_out"
             except PageRamExceeded:
-                if self.files is not None:
-                    from actord.actors.placer import mind_file
+                if self.files is None:
+                    raise
+                from actord.actors.placer import mind_file
 
-                    try:
-                        await self.save(mind_file(mind))
-                        how = "spilled"
-                    except ActordError as e:
-                        log.warning("slot.evict_spill_failed", slot=self.id, mind=mind, error=e.to_dict())
+                try:
+                    await self.save(mind_file(mind))
+                except ActordError as e:
+                    self.metrics.slot_evictions_refused_total.labels(reason=reason).inc()
+                    log.warning("slot.evict_refused", slot=self.id, mind=mind, reason=reason, n_tokens=n,
+                                why="no room in page RAM and its page file cannot be written", error=e.to_dict())
+                    raise
+                how = "spilled"
         if how != "paged_out":
             await self.erase()
         elif a is not None:
             a.evicted_mind = mind
         self.metrics.slot_evictions_total.labels(reason=reason, how=how).inc()
-        (log.warning if how == "dropped" else log.info)(
-            "slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
+        log.info("slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
         return n
 
     async def release_checkpoints(self, dropped: list[SlotCheckpoint]) -> None:

@@ -46,19 +46,27 @@ class SlotPages:
     mind: str | None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
-        match msg:
-            case PageOutSlot(page=name):
-                out = await self.page_out(name)
-            case PageInSlot(page=name, evict_first=evict_first):
-                if evict_first and self.kv_tokens:
-                    await self.evict("placer")
-                out = await self.page_in(name)
-            case SaveSlot(file=file):
-                out = await self.save(file)
-            case RestoreSlot(file=file):
-                out = await self.restore(file)
-            case _:
-                raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+        try:
+            match msg:
+                case PageOutSlot(page=name):
+                    out = await self.page_out(name)
+                case PageInSlot(page=name, evict_first=evict_first):
+                    if evict_first and self.kv_tokens:
+                        await self.evict("placer")
+                    out = await self.page_in(name)
+                case SaveSlot(file=file):
+                    out = await self.save(file)
+                case RestoreSlot(file=file):
+                    out = await self.restore(file)
+                case _:
+                    raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+        except BaseException:
+            # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
+            # or restore): a refused or failed move tells what the sequence really holds, so
+            # no false count is left to evict other clients' caches.
+            with anyio.CancelScope(shield=True):
+                await self._tell_cells()  # type: ignore[attr-defined]
+            raise
         if env.reply is not None:
             env.reply.send(out)
 

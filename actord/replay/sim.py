@@ -206,7 +206,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         res = system.residency
         quiet = res.name in disp._gates  # not in the middle of a handler (a page move under way)
         idle = not any(s.active for s in system.slots)
-        if (res.budget and quiet and idle and not (res.running or res.pending or res.evicting)
+        if (res.budget and quiet and idle and not (res.running or res.pending or res.evicting or res.kept)
                 and res.device_bytes() > res.budget):
             raise InvariantViolated(f"seed {seed}: device bytes {res.device_bytes()} over the budget {res.budget} "
                                     "with nothing running")

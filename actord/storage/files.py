@@ -34,7 +34,7 @@ class PageFiles:
 
     def check(self, name: str) -> Path:
         """Refuse a name that escapes the page folder before any work is done."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.fs.makedirs(self.root)  # StorageError (typed) on a read-only or failing disk
         return confine(self.root, name)
 
     async def publish(self, name: str, image: PageImage) -> PublishStats:
@@ -44,6 +44,17 @@ class PageFiles:
     async def exists(self, name: str) -> bool:
         path = self.check(name)
         return await self._run(f"exists:{name}", lambda: self.fs.stat(path) is not None)
+
+    async def signature(self, name: str) -> tuple[int, int, int] | None:
+        """(inode, mtime ns, size) of the committed main file, or None when there is none:
+        tells whether a generation was published since it was last looked at."""
+        path = self.check(name)
+
+        def sig() -> tuple[int, int, int] | None:
+            st = self.fs.stat(path)
+            return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_size)
+
+        return await self._run(f"exists:{name}", sig)
 
     async def read(self, name: str) -> PageImage:
         self.check(name)
