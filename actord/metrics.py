@@ -59,7 +59,10 @@ class Metrics:
         self.page_store_pages = Gauge("page_store_pages", "Pages in the page store", registry=r)
         self.page_out_total = Counter("page_out", "Slot page-outs", registry=r)
         self.page_in_total = Counter("page_in", "Slot page-ins", registry=r)
-        self.page_failed_total = Counter("page_failed", "Failed or refused page moves", registry=r)
+        self.page_failed_total = Counter("page_failed", "Page moves and spills that failed (engine, disk)", registry=r)
+        self.page_refused_total = Counter(
+            "page_refused", "Page admissions refused by the page RAM ceiling (expected: callers spill)", registry=r
+        )
         self.page_spill_total = Counter("page_spill", "Pages spilled to disk", registry=r)
         self.mind_files_refused_total = Counter(
             "mind_files_refused", "Minds whose page file could not be restored (corrupt, another model): "

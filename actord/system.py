@@ -116,8 +116,9 @@ class ActorSystem:
                     s.default_genes.append(info.id)
         except BaseException:
             # A failed start leaves nothing running: actors stopped, engine thread joined.
-            with anyio.CancelScope(shield=True):
-                await self.__aexit__(None, None, None)
+            # (Not inside a shielding scope of ours: the task group's own scope must be the
+            # current one when it exits; the engine's stop is shielded in __aexit__.)
+            await self.__aexit__(None, None, None)
             raise
         log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx,
                  swa_full=self.props.swa_full, swa_full_reason=self.props.swa_full_reason,

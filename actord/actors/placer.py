@@ -24,6 +24,7 @@ from actord.errors import (
 )
 from actord.log import get
 from actord.metrics import Metrics
+from actord.storage.paths import MIND_FILE_SUFFIX
 
 log = get("actord.placer")
 
@@ -58,7 +59,7 @@ class _Parked:
 
 
 def mind_file(mind: str) -> str:
-    return f"{mind}.page"
+    return f"{mind}{MIND_FILE_SUFFIX}"
 
 
 class MindPlacer(Actor[PlacerInbox]):

@@ -301,8 +301,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
         )))
         self.genes = genes
-        if req.mind is not None:
-            self.mind = req.mind
+        if self.mind is not None and req.mind != self.mind:
+            log.info("slot.mind_overwritten", slot=self.id, mind=self.mind, by="slot request")
+        # A slot-addressed request writes over whatever the sequence held: it is no longer
+        # the mind's state, so it no longer carries her name (nobody pages it in as hers).
+        self.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
         self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
         if req.n_predict == 0 and usable == len(prompt):

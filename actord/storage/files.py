@@ -15,7 +15,7 @@ import anyio
 
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
-from actord.storage.paths import confine
+from actord.storage.paths import confine_file
 from actord.storage.publish import PublishStats, publish_generation, read_generation
 
 
@@ -35,7 +35,7 @@ class PageFiles:
     def check(self, name: str) -> Path:
         """Refuse a name that escapes the page folder before any work is done."""
         self.fs.makedirs(self.root)  # StorageError (typed) on a read-only or failing disk
-        return confine(self.root, name)
+        return confine_file(self.root, name)
 
     async def publish(self, name: str, image: PageImage) -> PublishStats:
         self.check(name)

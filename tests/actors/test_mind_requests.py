@@ -85,3 +85,31 @@ async def test_a_mind_whose_page_file_is_corrupt_is_refused_once_and_starts_fres
         r = await s.complete(prompt=_prompt(6, 40) + [3, 4, 5], n_predict=2, mind="ada", ignore_eos=True)
         assert r.n_cached >= 40  # her new file (written over the corrupt one) restores
         assert s.metrics.snapshot()["mind_files_refused_total"] == 1
+
+
+@pytest.mark.parametrize("n", [118, 119, 124, 128])
+async def test_a_mind_name_too_long_for_its_page_file_is_refused_up_front(tiny_model, tmp_path, n):
+    from actord.errors import InvalidParams
+
+    cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path), page_ram_bytes=0)
+    async with ActorSystem(cfg) as s:
+        mind = "m" * n
+        if n > 118:
+            with pytest.raises(InvalidParams, match="at most 118"):
+                await s.complete(prompt=[1, 2, 3], n_predict=1, mind=mind)
+            return
+        await s.complete(prompt=[1, 2, 3], n_predict=1, mind=mind, ignore_eos=True)
+        # No page RAM: the next mind sends this one to its file, which must be writable.
+        await s.complete(prompt=[1, 4, 5], n_predict=1, mind="other", ignore_eos=True)
+        assert (tmp_path / f"{mind}.page").exists()
+
+
+async def test_a_slot_request_on_a_slot_holding_a_mind_takes_its_name_away(tiny_model, tmp_path):
+    cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path))
+    async with ActorSystem(cfg) as s:
+        await s.complete(prompt=_prompt(9, 20), n_predict=2, mind="ada", ignore_eos=True)
+        assert (await s.slot_list())[0].mind == "ada"
+        await s.complete(prompt=_prompt(10, 20), n_predict=2, slot=0, ignore_eos=True)
+        assert (await s.slot_list())[0].mind is None  # the state is no longer hers
+        await s.complete(prompt=_prompt(11, 5), n_predict=2, mind="bo", ignore_eos=True)
+        assert [p.page for p in await s.page_list()] == []  # nobody paged it out as "ada"
