@@ -95,6 +95,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_requests_in_flight: int = 64  # per connection (a batch counts each element)
     max_inflight_bytes: int = 16 << 20  # per connection: bytes of request lines being served
     max_outbox_bytes: int = 8 << 20  # per connection: answers and chunks queued for a slow reader
+    # Control calls (slot.*, page.*, gene.*, the stats: everything but completion, chat and
+    # the cheap props/health/metrics) served at once, per connection and in all: more wait
+    # their turn, in order, so a flood of them cannot take the event loop and the actors'
+    # mailboxes from generation (actord/rpc/server.py).
+    max_control_in_flight: int = 4
+    max_control_total: int = 16
     max_prompt_bytes: int = 0  # UTF-8 bytes of a text prompt, checked before tokenizing; 0 = 32 x ctx
     max_stop: int = 32  # stop strings per request
     max_stop_bytes: int = 256  # UTF-8 bytes of one stop string
@@ -146,7 +152,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
                 raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
                                     http=self.http)
         positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
-                    "max_outbox_bytes", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
+                    "max_outbox_bytes", "max_control_in_flight", "max_control_total", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
         for name in positive:
             if getattr(self, name) < 1:
                 raise InvalidParams(f"{name} must be >= 1")
