@@ -327,7 +327,8 @@ class ActorSystem:
                 return await self.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
 
             prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens,
-                                                          run_sync=self._run_sync)
+                                                          run_sync=self._run_sync,
+                                                          max_bytes=self._limits.max_prompt_bytes)
         prompt = await prompter.build(request.messages, template=request.template,
                                       add_generation_prompt=request.add_generation_prompt)
         completion = CompletionRequest(

@@ -406,3 +406,24 @@ def test_cli_verbs_still_work_with_the_peer_check(daemons, tiny_model):
     out = subprocess.run([PY, "-m", "actord.cli", "--socket", str(d.sock), "health"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "ok"
+
+
+# ---- a chat's own template is bounded as it renders (issue 19.6) ----------------------------
+
+
+def test_a_chat_template_that_multiplies_a_message_past_the_prompt_limit_is_refused_before_tokenizing(
+        daemons, tiny_model):
+    from actord.errors import PromptTooLong
+
+    d = daemons(tiny_model)  # ctx 4096: --max-prompt-bytes defaults to 128 KiB
+    _peer_completes(d)
+    rss0, before = d.rss_mb(), d.metric("prompt_tokens_total")
+    with d.client() as c:
+        for _ in range(3):
+            with pytest.raises(PromptTooLong):
+                c.call("chat", {"messages": [{"role": "user", "content": "x" * 12_000}], "n_predict": 1,
+                                "template": "{{ messages[0]['content'] * 1500 }}"})
+    assert d.metric("prompt_tokens_total") == before  # nothing reached the tokenizer
+    assert d.rss_mb() - rss0 < 50  # the 18 MB rendering never existed (it took 1 GB of RSS)
+    assert _peer_completes(d) == 8
+    d.assert_clean_log()
