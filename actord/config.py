@@ -107,6 +107,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_stop_tokens: int = 1024  # stop token ids per request
     max_request_genes: int = 64  # genes one request may apply
     max_gene_bytes: int = 4 << 30  # a gene file larger than this is refused before reading
+    # Bytes of gene files being read or loaded at once, across all gene.load calls: more wait
+    # their turn (within client_file_timeout). At least max_gene_bytes.
+    max_gene_read_bytes: int = 4 << 30
     gene_dir: str | None = None  # confine gene.load to files under this folder (as page_dir confines pages)
     client_file_timeout: float = 60.0  # seconds to read one client-named file
     client_file_threads: int = 4  # worker threads reading client-named files, hung ones included
@@ -160,6 +163,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         for name in counts:
             if getattr(self, name) < 0:
                 raise InvalidParams(f"{name} must be >= 0")
+        if self.max_gene_read_bytes < self.max_gene_bytes:
+            raise InvalidParams("max_gene_read_bytes must be >= max_gene_bytes (a file of the largest size must fit)")
         if not self.client_file_timeout > 0:
             raise InvalidParams("client_file_timeout must be > 0")
         return self

@@ -41,7 +41,7 @@ from actord.engine.thread import EngineThread
 from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
-from actord.storage.clientfiles import ClientFiles
+from actord.storage.clientfiles import ByteBudget, ClientFiles
 from actord.storage.files import PageFiles
 
 log = get("actord.system")
@@ -83,10 +83,15 @@ class ActorSystem:
         # goes through a deterministic dispatcher's run_sync: it must know the work is in
         # flight to tell when the system is quiet. The plain dispatcher has no such seam.
         self._run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
+        # Gene files being read or loaded hold at most max_gene_read_bytes in all, whoever
+        # named them; a file must be a GGUF to be read at all.
+        self.gene_read_budget = ByteBudget(c.max_gene_read_bytes)
         self.client_files = ClientFiles(root=c.gene_dir, max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
-                                        threads=c.client_file_threads, run_sync=self._run_sync)
+                                        threads=c.client_file_threads, run_sync=self._run_sync,
+                                        budget=self.gene_read_budget, magic=b"GGUF")
         self.operator_files = ClientFiles(max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
-                                          threads=c.client_file_threads, run_sync=self._run_sync)
+                                          threads=c.client_file_threads, run_sync=self._run_sync,
+                                          budget=self.gene_read_budget, magic=b"GGUF")
         self._tg: Any = None
         self._started = time.time()
         self.closing = False
@@ -468,8 +473,17 @@ class ActorSystem:
         # A client-named file: regular, bounded, timed, confined to --gene-dir when set
         # (storage/clientfiles.py). Files the operator listed with --gene are not confined.
         files = self.operator_files if path in self.config.gene else self.client_files
-        image = await files.read(path)
-        return await self.residency.ask(LoadGene(path=path, image=image, default=default))
+        async with files.reading(path) as image:  # counted against --max-gene-read-bytes until loaded
+            msg = LoadGene(path=path, image=image, default=default)
+            del image
+            try:
+                return await self.residency.ask(msg)
+            except ActordError as e:
+                # A refusal's traceback runs through every frame that held the image (the
+                # engine's, the residency's, ours): cut it, so the bytes go now, not whenever
+                # the cycle collector next looks.
+                del msg
+                raise e.with_traceback(None) from None
 
     async def gene_unload(self, gene_id: int) -> Any:
         self._check_open()

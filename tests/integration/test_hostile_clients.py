@@ -70,6 +70,60 @@ def test_devices_and_a_20gb_sparse_file_are_refused_without_reading(daemons, tin
     assert d.rss_mb() < rss0 + 20  # nothing was read into memory (it was 2 GB within seconds)
 
 
+def _hwm_mb(d) -> float:
+    for line in Path(f"/proc/{d.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+def _load_at_once(d, paths: list[str]) -> list[str]:
+    out: list[str] = []
+
+    def one(path: str) -> None:
+        try:
+            with d.client(timeout=300) as c:
+                c.call("gene.load", {"path": path})
+                out.append("ok")
+        except Exception as e:  # noqa: BLE001 - the test inspects the types
+            out.append(type(e).__name__)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+def test_concurrent_loads_of_big_files_hold_at_most_the_read_budget_and_release_it_when_refused(
+        daemons, tiny_model, tmp_path):
+    """Four 1 GB sparse files at once: without the magic they are refused before a byte is
+    read; with a GGUF header (so they are read, then refused by the loader) they hold at
+    most the read budget between them, and nothing after."""
+    mb = 1 << 20
+    d = daemons(tiny_model, "--max-gene-bytes", str(300 * mb), "--max-gene-read-bytes", str(300 * mb))
+    zeros, headed = [], []
+    for i in range(4):
+        for kind, out in (("zeros", zeros), ("headed", headed)):
+            p = tmp_path / f"{kind}{i}.gguf"
+            with open(p, "wb") as f:
+                if kind == "headed":
+                    f.write(b"GGUF\x03\x00\x00\x00")
+                f.truncate(256 * mb)
+            out.append(str(p))
+    hwm0 = _hwm_mb(d)
+    assert _load_at_once(d, zeros) == ["InvalidParams"] * 4
+    assert _hwm_mb(d) < hwm0 + 20  # refused by their first 4 bytes
+    assert _load_at_once(d, headed) == ["InvalidParams"] * 4  # "not a LoRA adapter"
+    # Read one at a time under the 300 MB budget: one file's 256 MB at most (it was 4 x the
+    # file and kept after the refusals).
+    assert _hwm_mb(d) < hwm0 + 256 + 150
+    assert d.rss_mb() < hwm0 + 30
+    assert _peer_completes(d) == 8
+    d.assert_clean_log()
+
+
 def test_fifos_are_refused_at_once_and_sigterm_still_stops_the_daemon(daemons, tiny_model, tmp_path, lora):
     d = daemons(tiny_model)
     fifos = []
