@@ -116,7 +116,7 @@ class Reply:
 
 
 class Envelope(Generic[M]):
-    __slots__ = ("msg", "reply", "stream", "seq", "counted", "answer", "overtakes")
+    __slots__ = ("msg", "reply", "stream", "seq", "counted", "answer", "overtakes", "client")
 
     def __init__(self, msg: M, reply: Reply | None = None, stream: StreamSink | None = None,
                  answer: Any = None) -> None:
@@ -126,6 +126,7 @@ class Envelope(Generic[M]):
         self.seq = 0
         self.counted = False  # it holds a place in the client lane (see Actor._put)
         self.overtakes = False  # picked ahead of an older client message (see Actor.pick)
+        self.client = False  # it came on the client lane (kept after delivery, for observers)
         # A value (or an exception) for `reply` that the receiver hands on once it has done
         # its part; like the reply channel it is never part of the message, so a trace of
         # deliveries does not depend on it (a result's timings differ run to run).
@@ -343,7 +344,7 @@ class Actor(Generic[M]):
             await self._mailbox_room.wait()
             if self.failed:
                 raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
-        env.counted = True
+        env.counted = env.client = True
         self._mailbox_used += 1
         try:
             self._send.send_nowait(env)
