@@ -27,7 +27,7 @@ from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
@@ -38,7 +38,9 @@ from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
+from actord.errors import (
+    ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound,
+)
 from actord.log import get
 from actord.metrics import Metrics
 from actord.storage.clientfiles import ByteBudget, ClientFiles
@@ -392,9 +394,21 @@ class ActorSystem:
         target = self._slot(slot)
         assert self.pages is not None and self.scheduler is not None
         held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
-        if page in held:  # KV cells for the page, from idle slots if need be
-            await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
-        return await target.ask(PageInSlot(page=page))
+        if page not in held:
+            return await target.ask(PageInSlot(page=page))  # refused by the slot, typed
+        # KV cells for the page, from idle slots if need be, held for this move until it is
+        # over, however it ends (no count is left behind by a refused page-in).
+        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
+        try:
+            if room.cells < held[page]:
+                raise ContextFull(f"no KV cells for page {page!r} now: it needs {held[page]}, the shared cache "
+                                  f"(n_ctx {self.props.n_ctx}) has {room.cells} free for slot {slot}",
+                                  page=page, slot=slot, n_tokens=held[page], free=room.cells)
+            return await target.ask(PageInSlot(page=page))
+        finally:
+            if room.token:
+                with anyio.CancelScope(shield=True):
+                    await self.scheduler.tell(ReleaseRoom(token=room.token))
 
     async def page_drop(self, page: str) -> Any:
         self._check_open()
@@ -427,23 +441,25 @@ class ActorSystem:
         assert self.pages is not None
         self.files.check(file)
         t0 = time.perf_counter()
-        held = await self.pages.ask(SpillBegin(name=page))
-        dropped = False
-        durable = False
-        try:
-            stats = await self.files.publish(
-                file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
-                                 held.divergences, held.prompt_end))
-            durable = True  # publish returns only once every file and folder is fsynced
-        except ActordError as e:
-            self.metrics.page_failed_total.inc()
-            log.warning("page.spill_failed", page=page, file=file, kept=True, error=e.to_dict())
-            raise
-        finally:
-            # The RAM page goes only once its file is durable: a failed or cancelled spill
-            # (a full or read-only page folder, EIO) leaves the page where it was.
-            with anyio.CancelScope(shield=True):
-                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop and durable))
+        async with self.files.holding(file):  # no other publication of `file` until the drop
+            held = await self.pages.ask(SpillBegin(name=page))
+            dropped = False
+            durable = False
+            try:
+                stats = await self.files.publish(
+                    file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
+                                     held.divergences, held.prompt_end), held=True)
+                durable = True  # publish returns only once every file and folder is fsynced
+            except ActordError as e:
+                self.metrics.page_failed_total.inc()
+                log.warning("page.spill_failed", page=page, file=file, kept=True, error=e.to_dict())
+                raise
+            finally:
+                # The RAM page goes only once its file is durable, and before anyone can
+                # publish over that file: a failed or cancelled spill (a full or read-only
+                # page folder, EIO) leaves the page where it was.
+                with anyio.CancelScope(shield=True):
+                    dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop and durable))
         self.metrics.page_spill_total.inc()
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("page.spilled", page=page, file=file, n_bytes=stats.n_bytes, dropped=dropped, t_ms=round(t_ms, 3))

@@ -149,10 +149,21 @@ class Cells(Msg):
 
 class MakeRoom(Msg):
     """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
-    a restore): evict idle slots until they are free, and hold them for it."""
+    a restore): evict idle slots until they are free, and hold them for it. The reply is a
+    `Room`: the cells held and the token that `ReleaseRoom` gives back once the move is over
+    (however it ended)."""
 
     slot: int
     cells: int
 
 
-SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom
+class ReleaseRoom(Msg):
+    token: int
+
+
+class Room(Msg):
+    token: int
+    cells: int
+
+
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom

@@ -16,7 +16,7 @@ from typing import Any
 
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import ListPages
 from actord.errors import (
@@ -212,14 +212,22 @@ class MindPlacer(Actor[PlacerInbox]):
                     raise
                 self.paged.remove(victim)
 
-    async def _room(self, slot: int, cells: int) -> None:
-        if self.scheduler is not None:
-            await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
+    async def _room(self, slot: int, cells: int) -> int:
+        """Cells held for a page-in or restore into `slot`: the token to `_unroom`."""
+        if self.scheduler is None:
+            return 0
+        return (await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))).token
+
+    def _unroom(self, token: int) -> None:
+        if token and self.scheduler is not None:
+            try:
+                self.scheduler.tell_nowait(ReleaseRoom(token=token))
+            except ActordError:
+                pass  # stopping
 
     async def _bring_in(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
-        if mind in pages:
-            await self._room(slot, pages[mind].n_tokens)
+        token = await self._room(slot, pages[mind].n_tokens) if mind in pages else 0
         try:
             await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
             if mind in self.paged:
@@ -227,6 +235,8 @@ class MindPlacer(Actor[PlacerInbox]):
             return "page_in"
         except PageNotFound:
             pass
+        finally:
+            self._unroom(token)
         sig = await self.files.signature(mind_file(mind))
         if sig is not None and self.unreadable.get(mind) != sig:
             try:
@@ -236,8 +246,11 @@ class MindPlacer(Actor[PlacerInbox]):
                     if "saved" in e.data:  # another model's file: no room makes it fit
                         raise
                     # Its size is known only once read: free the whole cache, once.
-                    await self._room(slot, 1 << 30)
-                    await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                    token = await self._room(slot, 1 << 30)
+                    try:
+                        await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                    finally:
+                        self._unroom(token)
             except (CorruptPageFile, PageDoesNotFit) as e:
                 if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
                     raise  # whole but larger than this context: the request is refused, the file kept

@@ -36,7 +36,7 @@ import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.messages import (
-    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, RunStep, SchedulerInbox,
+    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
 )
 from actord.api import CompletionResult, Timings
 from actord.core.sched import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
@@ -115,14 +115,20 @@ class Scheduler(Actor[SchedulerInbox]):
             case Cells(slot=slot, n=n):
                 self.core.set_cells(slot, n)
             case MakeRoom(slot=slot, cells=n):
+                room = Room(token=0, cells=n)
                 if self.n_ctx and slot not in self.core.by_slot:
                     short = n - (self.free_cells + self.held(slot))
                     if short > 0:
                         await self._make_room(short, exclude=slot)
-                    # Held for the slot until it tells what it really holds (Cells).
-                    self.core.cells[slot] = min(n, self.free_cells + self.held(slot))
+                    # Held for the slot until whoever asked releases it (ReleaseRoom).
+                    granted = min(n, self.free_cells + self.held(slot))
+                    room = Room(token=self.core.reserve(slot, granted), cells=granted)
                 if env.reply is not None:
-                    env.reply.send(self.free_cells)
+                    env.reply.send(room)
+                else:
+                    self.core.release(room.token)
+            case ReleaseRoom(token=token):
+                self.core.release(token)
             case RunStep():
                 self.stepping = False
                 try:

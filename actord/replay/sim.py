@@ -264,8 +264,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     def watch_durability() -> None:
         publish = system.files.publish
 
-        async def durable_publish(name: str, image: Any) -> Any:
-            stats = await publish(name, image)
+        async def durable_publish(name: str, image: Any, **kw: Any) -> Any:
+            stats = await publish(name, image, **kw)
             durable[name] = tuple(image.tokens)  # publish returns once every file is fsynced
             return stats
 

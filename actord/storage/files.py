@@ -9,7 +9,8 @@ call is shielded from cancellation by anyio: an fsync that has started finishes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+import contextlib
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
@@ -26,6 +27,7 @@ class PageFiles:
         self.fs = fs or OsFs()
         self.limiter = anyio.CapacityLimiter(threads)
         self._offload = offload  # the dispatcher's seam: it may order worker completions
+        self._locks: dict[str, list[Any]] = {}  # path -> [lock, holders and waiters]
 
     async def _run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         if self._offload is not None:
@@ -37,9 +39,28 @@ class PageFiles:
         self.fs.makedirs(self.root)  # StorageError (typed) on a read-only or failing disk
         return confine_file(self.root, name)
 
-    async def publish(self, name: str, image: PageImage) -> PublishStats:
+    @contextlib.asynccontextmanager
+    async def holding(self, name: str) -> AsyncIterator[None]:
+        """Publications of `name` wait while this is held: a spill holds it from its write to
+        its drop, so the file it dropped its page for is still that page when it drops."""
+        key = str(self.check(name))
+        entry = self._locks.setdefault(key, [anyio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._locks[key]
+
+    async def publish(self, name: str, image: PageImage, *, held: bool = False) -> PublishStats:
+        """Publish one generation; `held`: the caller holds `holding(name)` already."""
         self.check(name)
-        return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+        if held:
+            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+        async with self.holding(name):
+            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
 
     async def exists(self, name: str) -> bool:
         path = self.check(name)
