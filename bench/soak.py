@@ -74,7 +74,7 @@ class Soak:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096",
              "--batch", "64", "--threads", "1", "--socket", str(self.sock), "--page-dir", str(self.folder / "pages"),
-             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info"],
+             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info", *self.args.daemon_arg],
             stdout=log, stderr=log, cwd=str(ROOT))
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120:
@@ -351,6 +351,7 @@ def main() -> None:
     ap.add_argument("--hang-s", type=float, default=120.0, help="a request not answered within this is a hang")
     ap.add_argument("--flood-connections", type=int, default=8)
     ap.add_argument("--json", help="write the summary here too")
+    ap.add_argument("--daemon-arg", action="append", default=[], help="one more `actord serve` argument")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="actord-soak-") as tmp:
         soak = Soak(args, Path(tmp))

@@ -153,7 +153,7 @@ class MindPlacer(Actor[PlacerInbox]):
                     self.last_use[slot] = self.clock
                     return slot
                 self.slot_mind[slot] = None
-                self.paged.append(mind)
+                self._note_paged(mind)
         # An idle slot, one without a mind first, then the least recently placed. With
         # every slot busy the placement waits (parked), rather than hold this mailbox.
         infos = {i: await self.slots[i].ask(Info()) for i in self.slot_mind}
@@ -170,7 +170,7 @@ class MindPlacer(Actor[PlacerInbox]):
         else:
             await self.slots[slot].ask(Erase())
         if old is not None and old != held_mind:  # moved meanwhile (the residency pages idle slots out by name)
-            self.paged.append(old)
+            self._note_paged(old)
         self.slot_mind[slot] = None
         how = await self._bring_in(slot, mind)
         self.slot_mind[slot] = mind
@@ -189,10 +189,10 @@ class MindPlacer(Actor[PlacerInbox]):
         while True:
             try:
                 await self.slots[slot].ask(PageOutSlot(page=mind))
-                self.paged.append(mind)
+                self._note_paged(mind)
                 return
             except SlotEmpty:  # moved meanwhile (the residency evicts idle slots by name)
-                self.paged.append(mind)
+                self._note_paged(mind)
                 return
             except PageRamExceeded:
                 live = {p.page for p in await self.pages.ask(ListPages())}
@@ -200,7 +200,7 @@ class MindPlacer(Actor[PlacerInbox]):
                 if not victims:  # nothing to spill: the slot goes straight to its file
                     await self.slots[slot].ask(SaveSlot(file=mind_file(mind)))
                     await self.slots[slot].ask(Erase())
-                    self.paged.append(mind)
+                    self._note_paged(mind)
                     return
                 victim = victims[0]
                 try:
@@ -210,13 +210,21 @@ class MindPlacer(Actor[PlacerInbox]):
                 except ActordError as e:
                     log.warning("mind.spill_failed", mind=victim, placing_for=mind, kept=True, error=e.to_dict())
                     raise
-                self.paged.remove(victim)
+                if victim in self.paged:
+                    self.paged.remove(victim)
 
     async def _room(self, slot: int, cells: int) -> int:
         """Cells held for a page-in or restore into `slot`: the token to `_unroom`."""
         if self.scheduler is None:
             return 0
         return (await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))).token
+
+    def _note_paged(self, mind: str) -> None:
+        """`mind` was paged out (or moved by someone else) just now: the newest victim. Once
+        per mind, so the list stays as long as the minds are many."""
+        if mind in self.paged:
+            self.paged.remove(mind)
+        self.paged.append(mind)
 
     def _unroom(self, token: int) -> None:
         if token and self.scheduler is not None:
