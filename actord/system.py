@@ -406,9 +406,12 @@ class ActorSystem:
                                   page=page, slot=slot, n_tokens=held[page], free=room.cells)
             return await target.ask(PageInSlot(page=page))
         finally:
-            if room.token:
-                with anyio.CancelScope(shield=True):
-                    await self.scheduler.tell(ReleaseRoom(token=room.token))
+            if room.token:  # answered once the count is the slot's own again
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.ask_timeout_s):
+                    try:
+                        await self.scheduler.ask(ReleaseRoom(token=room.token))
+                    except ActordError:
+                        pass  # stopping
 
     async def page_drop(self, page: str) -> Any:
         self._check_open()

@@ -423,10 +423,28 @@ class Actor(Generic[M]):
             await self.dispatcher.actor_loop(self)
         except BaseException as e:
             if not isinstance(e, Exception):
+                # Cancelled (the system is going down) or killed: nobody waits on us in vain.
+                self._stopped(ShuttingDown(f"actor {self.name} stopped", actor=self.name))
                 raise
             self._crash(e, None)
         else:
             self.on_stop()
+
+    def _stopped(self, error: ActordError) -> None:
+        """The loop ended without a crash of ours: close the mailbox, fail every ask still
+        queued and whatever the actor holds, so askers hear at once instead of at their bound."""
+        self._send.close()
+        self.drain()
+        while self._arrived:
+            env = self._arrived.popleft()
+            self._left_lane(env)
+            if env.reply is not None:
+                env.reply.fail(error)
+        self._mailbox_room.set()
+        try:
+            self.on_crash(error)
+        except Exception as e:  # noqa: BLE001 - stopping must not raise over the cancellation
+            log.error("actor.stop_failed", actor=self.name, error=repr(e))
 
     async def deliver(self, env: Envelope[M]) -> None:
         """Deliver one envelope now. The real loop calls it; so can a deterministic one."""
@@ -447,6 +465,10 @@ class Actor(Generic[M]):
                 log.warning("actor.refused_tell", actor=self.name, msg=type(env.msg).__name__, error=e.to_dict())
         except Exception as e:
             self._crash(e, env)
+            raise
+        except BaseException:  # cancelled mid-handler (the system is going down)
+            if env.reply is not None:
+                env.reply.fail(ShuttingDown(f"actor {self.name} stopped", actor=self.name))
             raise
 
     def _crash(self, error: BaseException, env: Envelope[M] | None) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from actord.actors.base import Actor, Dispatcher, Envelope
 from actord.actors.messages import (
     CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot, SaveSlot,
@@ -226,12 +228,13 @@ class MindPlacer(Actor[PlacerInbox]):
             self.paged.remove(mind)
         self.paged.append(mind)
 
-    def _unroom(self, token: int) -> None:
+    async def _unroom(self, token: int) -> None:
         if token and self.scheduler is not None:
-            try:
-                self.scheduler.tell_nowait(ReleaseRoom(token=token))
-            except ActordError:
-                pass  # stopping
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.scheduler.ask(ReleaseRoom(token=token))
+                except ActordError:
+                    pass  # stopping
 
     async def _bring_in(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
@@ -244,7 +247,7 @@ class MindPlacer(Actor[PlacerInbox]):
         except PageNotFound:
             pass
         finally:
-            self._unroom(token)
+            await self._unroom(token)
         sig = await self.files.signature(mind_file(mind))
         if sig is not None and self.unreadable.get(mind) != sig:
             try:
@@ -258,7 +261,7 @@ class MindPlacer(Actor[PlacerInbox]):
                     try:
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
                     finally:
-                        self._unroom(token)
+                        await self._unroom(token)
             except (CorruptPageFile, PageDoesNotFit) as e:
                 if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
                     raise  # whole but larger than this context: the request is refused, the file kept

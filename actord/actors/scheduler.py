@@ -129,6 +129,8 @@ class Scheduler(Actor[SchedulerInbox]):
                     self.core.release(room.token)
             case ReleaseRoom(token=token):
                 self.core.release(token)
+                if env.reply is not None:
+                    env.reply.send(self.free_cells)
             case RunStep():
                 self.stepping = False
                 try:

@@ -147,14 +147,25 @@ class DeterministicDispatcher(Dispatcher):
     # -- seams -------------------------------------------------------------------------
 
     async def actor_loop(self, actor: Actor[Any]) -> None:
-        while True:
-            ev = anyio.Event()
-            self._gates[actor.name] = (actor, ev)
-            await ev.wait()
-            env = self._handoff.pop(actor.name)
-            if env is None:
-                return
-            await actor.deliver(env)
+        try:
+            while True:
+                ev = anyio.Event()
+                self._gates[actor.name] = (actor, ev)
+                await ev.wait()
+                env = self._handoff.pop(actor.name)
+                if env is None:
+                    return
+                await actor.deliver(env)
+        except BaseException:
+            # Killed at the gate (a simulated crash, a cancelled system): an envelope released
+            # to us and not delivered still gets its answer.
+            self._gates.pop(actor.name, None)
+            env = self._handoff.pop(actor.name, None)
+            if env is not None and env.reply is not None:
+                from actord.errors import ShuttingDown
+
+                env.reply.fail(ShuttingDown(f"actor {actor.name} stopped", actor=actor.name))
+            raise
 
     async def _hold(self, kind: str, event: Event | None) -> None:
         if not self.live:

@@ -192,6 +192,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 g = r.choice(gene_ids)
                 await (system.gene_page_out(g) if r.random() < 0.5 else system.gene_page_in(g))
         except ActordError as e:
+            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+                # The process "died" mid-publication (possibly in an actor's own save): what
+                # its clients hear afterwards is moot; the run ends as a crash.
+                raise SimulatedCrash(f"after a simulated crash, {kind} got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: {kind} failed with {e.type}: {e.message}") from e
             if e.type == "ShuttingDown" and not stopping["on"]:
@@ -218,6 +222,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             else:
                 await system.gene_list()
         except ActordError as e:
+            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+                raise SimulatedCrash(f"after a simulated crash, a flood call got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: flood {flood_method} failed with {e.type}: {e.message}") from e
             errors[e.type] = errors.get(e.type, 0) + 1
