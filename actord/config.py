@@ -34,6 +34,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # matmuls run whole tiles at full speed (a 135-token piece ran ~11% slower than one of
     # 128 or 192 on Gemma 3 270M); grid checkpoints sit on the same boundaries. 1: off.
     piece_tile: int = 64
+    # Engine steps in flight at once: step k+1 (and more) is planned before step k's samples
+    # reach Python, and the engine feeds them itself, so it never waits for Python. A
+    # request that ends by its sample (end of generation, a stop string) has up to depth-1
+    # extra tokens in its KV and is answered that many steps later.
+    pipeline_depth: int = 2
     threads: int = 0  # 0 = all CPUs but one (llama.cpp's threads spin; the loop needs a core)
     seed: int = 0  # default sampling seed when a request names none
     # Pages
@@ -116,6 +121,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("ctx must be >= 16")
         if self.piece_tile < 1:
             raise InvalidParams("piece_tile must be >= 1")
+        if not 1 <= self.pipeline_depth <= 8:
+            raise InvalidParams("pipeline_depth is between 1 and 8")
         if self.batch < 1:
             raise InvalidParams("batch must be >= 1")
         if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:

@@ -67,6 +67,8 @@ class ActorSystem:
             from actord.hooks import open_recorder
 
             self.recorder = open_recorder(trace, self.config)
+            # A replay delivers every step as a message: record the run the same way.
+            self.dispatcher.loop_in_handler = False
             self.recorder.attach(self.dispatcher)
         self.props: J.ModelProps | None = None
         self.slots: list[Slot] = []
@@ -187,7 +189,7 @@ class ActorSystem:
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
             capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.n_ctx,
-            piece_tile=self.config.piece_tile,
+            piece_tile=self.config.piece_tile, depth=self.config.pipeline_depth,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
         self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,

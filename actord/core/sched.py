@@ -249,7 +249,7 @@ class SchedulerCore:
             return J.StepEntry(seq=r.seq, tokens=[r.tokens[p]], pos0=p, sample=True)
         # The token to feed is being sampled by the newest step in flight: the engine feeds
         # it, unless that sample is the request's last (n_predict).
-        if r.samples != 1 or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
+        if not r.samples or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
             return None
         return J.StepEntry(seq=r.seq, tokens=[], pos0=p, sample=True, feed_last=True)
 

@@ -79,11 +79,18 @@ class Engine:
         self.n_batch = lib.llama_n_batch(self.ctx)
         self.n_seq_max = config.slots
         self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        b = self.batch
+        # The batch's arrays never move: bind them once, not per token per step.
+        self._batch_views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
+        self._decode = lib.raw("llama_decode")
+        self._sample = lib.raw("llama_sampler_sample")
+        self._token_text: dict[int, tuple[bytes, bool]] = {}  # a vocab's pieces never change
         self.samplers: dict[int, Any] = {}
         self.genes = GeneCatalog(self.model, self.ctx)
         self.step_no = 0
         self.epoch = 0  # bumped by a failed step: steps planned before it are skipped
         self.last_sampled: dict[int, int] = {}  # seq -> its token sampled in the last step
+        self.before_decode: Any = None  # set by the engine thread: called right before llama_decode
         self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
         self._piece_buf = ctypes.create_string_buffer(256)
         self.props = self._props()
@@ -290,25 +297,29 @@ class Engine:
             if e.feed_last and e.seq not in last:
                 raise InvalidParams(f"sequence {e.seq} sampled nothing in the last step", seq=e.seq)
         self.genes.apply(job.genes)
-        b = self.batch
+        lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
+        token, position, n_seq_id, seq_id, logits = self._batch_views
         k = 0
         last_index: list[int] = []
         for e in job.entries:
             pos = e.pos0
-            for t in ((last[e.seq],) if e.feed_last else e.tokens):
-                b.token[k] = t
-                b.pos[k] = pos
-                b.n_seq_id[k] = 1
-                b.seq_id[k][0] = e.seq
-                b.logits[k] = 0
+            seq = e.seq
+            for t in ((last[seq],) if e.feed_last else e.tokens):
+                token[k] = t
+                position[k] = pos
+                n_seq_id[k] = 1
+                seq_id[k][0] = seq
+                logits[k] = 0
                 pos += 1
                 k += 1
             if e.sample:
-                b.logits[k - 1] = 1
+                logits[k - 1] = 1
             last_index.append(k - 1)
-        b.n_tokens = k
+        self.batch.n_tokens = k
+        if self.before_decode is not None:
+            self.before_decode()
         t0 = time.perf_counter()
-        rc = lib.llama_decode(self.ctx, b)
+        rc = self._decode(self.ctx, self.batch)
         t1 = time.perf_counter()
         if rc == 1:  # no cells for this batch; libllama left the memory as it was
             raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
@@ -316,19 +327,23 @@ class Engine:
             raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
         out: list[J.EntryOut] = []
         last.clear()
+        sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
+        EntryOut = J.EntryOut
         for e, idx in zip(job.entries, last_index):
-            ckpt = self.state_get(e.seq, True).data if e.checkpoint else None
-            ckpt_pos = e.pos0 + len(e.tokens) + e.feed_last if e.checkpoint else 0
-            if e.sample:
-                tok = int(lib.llama_sampler_sample(self.samplers[e.seq], self.ctx, idx))
-                last[e.seq] = tok
-                out.append(J.EntryOut(
-                    seq=e.seq, token=tok, piece=self.piece(tok),
-                    eog=bool(lib.llama_vocab_is_eog(self.vocab, tok)),
-                    checkpoint=ckpt, checkpoint_pos=ckpt_pos,
-                ))
+            if e.checkpoint:
+                ckpt, ckpt_pos = self.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
             else:
-                out.append(J.EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
+                ckpt, ckpt_pos = None, 0
+            if e.sample:
+                tok = sample(samplers[e.seq], ctx, idx)
+                last[e.seq] = tok
+                known = text.get(tok)
+                if known is None:
+                    known = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+                out.append(EntryOut(seq=e.seq, token=tok, piece=known[0], eog=known[1], checkpoint=ckpt,
+                                    checkpoint_pos=ckpt_pos))
+            else:
+                out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
         t2 = time.perf_counter()
         self.step_no += 1
         self.records.append(J.StepRecord(

@@ -74,6 +74,9 @@ class Step(Job):
     genes: tuple[tuple[int, float], ...] = ()
     epoch: int = 0
 
+    # Steps overlap the loop's work on the step before (engine/thread.py).
+    overlaps = True
+
 
 class StateSize(Job):
     seq: int

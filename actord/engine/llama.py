@@ -48,6 +48,19 @@ def _is_c_call(attr: Any) -> bool:
 
 
 class _GuardedLib:
+    def check_owner(self) -> None:
+        """Raise WrongThread unless the calling thread owns libllama (a hot loop checks once,
+        then calls functions got from `raw`)."""
+        ident = threading.get_ident()
+        if ident != _owner:
+            raise WrongThread("libllama used off the engine thread")
+        if _observer is not None:
+            _observer("check_owner", ident)
+
+    def raw(self, name: str) -> Any:
+        """The unguarded function, for a hot loop that called `check_owner` first."""
+        return getattr(_llama_cpp, name)
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(_llama_cpp, name)
         if not (_is_c_call(attr) and (name.startswith("llama_") or name.startswith("ggml_"))):

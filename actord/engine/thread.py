@@ -46,7 +46,7 @@ class _Pending:
     def __init__(self, job: Any, owner: "EngineThread") -> None:
         self.job = job
         self.event = anyio.Event()
-        self.wake = _loop_waker()
+        self.wake = owner.wake
         self.value: Any = None
         self.error: BaseException | None = None
         self.owner = owner
@@ -86,6 +86,7 @@ class EngineThread:
         self._start_error: BaseException | None = None
         self._stopping = False
         self.ident: int | None = None
+        self._held: _Pending | None = None  # a finished step whose completion waits (see _main)
         self.jobs_done = 0
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
@@ -97,6 +98,9 @@ class EngineThread:
     # -- loop side ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        # The loop that started the thread is the one its jobs wake (looked up once: a
+        # step's hand-off is on the per-token path).
+        self.wake = _loop_waker()
         self._thread.start()
         await anyio.to_thread.run_sync(self._ready.wait)
         if self._start_error is not None:
@@ -139,6 +143,11 @@ class EngineThread:
 
     # -- engine thread side ------------------------------------------------------------
 
+    def _release_held(self) -> None:
+        p, self._held = self._held, None
+        if p is not None:
+            p.finish()
+
     def _main(self) -> None:
         from actord.engine import llama
 
@@ -157,20 +166,33 @@ class EngineThread:
             self._ready.set()
             return
         self._ready.set()
+        # A finished step's completion is held back while the next step is already queued,
+        # and let go right before that step enters llama_decode (the engine calls
+        # `before_decode`): the loop then routes step k while step k+1 runs without the GIL,
+        # instead of both threads' Python contending for the GIL between two decodes.
+        if hasattr(engine, "before_decode"):
+            engine.before_decode = self._release_held
         try:
             while True:
                 item = self._q.get()
                 if item is _STOP:
                     break
                 job, p = item
+                if not getattr(job, "overlaps", False):
+                    self._release_held()
                 try:
                     p.value = self._runner(engine, job)
                     self.jobs_done += 1
                 except BaseException as e:
                     self.jobs_failed += 1
                     p.error = e if isinstance(e, ActordError) else EngineError(str(e))
-                p.finish()
+                self._release_held()
+                if getattr(job, "overlaps", False) and not self._q.empty():
+                    self._held = p
+                else:
+                    p.finish()
         finally:
+            self._release_held()
             while True:  # fail whatever was queued behind the stop marker
                 try:
                     item = self._q.get_nowait()
