@@ -238,7 +238,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             self._tickets += 1
             self.active.ticket = self._tickets
             self._acquired = True
-            await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+            try:
+                await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+            except ActordError as e:  # the residency is gone: this request ends, the slot stays usable
+                self._acquired = False
+                await self._abort(e)
             return  # continued by GenesGranted / GenesRefused
         await self._run_active()
 
@@ -277,6 +281,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             with anyio.CancelScope(shield=True):
                 await self.finish_genes()
                 await self._tell_cells()
+        except ActordError as e:  # a peer that is gone does not keep the slot busy
+            log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
         finally:
             if a.reply is not None:
                 a.reply.fail(error)
@@ -344,6 +350,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         try:
             await self.finish_genes()
             await self._tell_cells()
+        except ActordError as e:
+            log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
         finally:
             if a.reply is not None:
                 a.reply.send(result)
