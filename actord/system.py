@@ -27,7 +27,7 @@ from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    SlotLost, CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
@@ -38,7 +38,7 @@ from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.errors import ActordError, AskTimeout, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
+from actord.errors import ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
 from actord.log import get
 from actord.metrics import Metrics
 from actord.storage.clientfiles import ClientFiles
@@ -226,6 +226,11 @@ class ActorSystem:
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
         self.metrics.actor_failures_total.labels(actor=actor.name).inc()
+        if isinstance(actor, Slot) and self.scheduler is not None and not self.scheduler.failed:
+            try:  # its cells must not stay charged for good
+                self.scheduler.tell_nowait(SlotLost(slot=actor.id))
+            except ActordError:
+                pass
 
     # -- completions -------------------------------------------------------------------
 
@@ -387,7 +392,11 @@ class ActorSystem:
         assert self.pages is not None and self.scheduler is not None
         held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
         if page in held:  # KV cells for the page, from idle slots if need be
-            await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
+            granted = await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
+            if granted < held[page]:
+                raise ContextFull(f"no room in the KV cache for page {page!r} ({held[page]} tokens, {granted} free "
+                                  "for it): requests in flight hold the rest; retry", page=page,
+                                  n_tokens=held[page], free=granted)
         return await target.ask(PageInSlot(page=page))
 
     async def page_drop(self, page: str) -> Any:

@@ -155,4 +155,11 @@ class MakeRoom(Msg):
     cells: int
 
 
-SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom
+class SlotLost(Msg):
+    """Slot `slot`'s actor crashed: its request ends, and once nothing of it is in flight
+    its sequence is cleared and its cells are free again (nobody owns them any more)."""
+
+    slot: int
+
+
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | SlotLost

@@ -121,14 +121,18 @@ class MindPlacer(Actor[PlacerInbox]):
                 self.paged.remove(victim)
                 await self.spill(victim, mind_file(victim), True)
 
-    async def _room(self, slot: int, cells: int) -> None:
-        if self.scheduler is not None:
-            await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
+    async def _room(self, slot: int, cells: int) -> bool:
+        """Cells for a sequence about to move in; False when requests in flight hold them."""
+        if self.scheduler is None:
+            return True
+        return await self.scheduler.ask(MakeRoom(slot=slot, cells=cells)) >= cells
 
     async def _bring_in(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
-        if mind in pages:
-            await self._room(slot, pages[mind].n_tokens)
+        if mind in pages and not await self._room(slot, pages[mind].n_tokens):
+            # The page stays whole in the store for a later turn; this one starts fresh.
+            log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=pages[mind].n_tokens)
+            return "fresh"
         try:
             await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
             if mind in self.paged:

@@ -36,12 +36,13 @@ import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.messages import (
-    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, RunStep, SchedulerInbox,
+    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, RunStep, SchedulerInbox, SlotLost,
 )
 from actord.api import CompletionResult, Timings
 from actord.core.sched import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
 from actord.core.text import TextState
-from actord.errors import ActordError, ContextFull, InternalError, KvCacheFull, StepSkipped
+from actord.engine import jobs as J
+from actord.errors import ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, StepSkipped
 from actord.log import get
 from actord.metrics import Metrics
 
@@ -85,6 +86,8 @@ class Scheduler(Actor[SchedulerInbox]):
         self.channels: dict[int, _Channel] = {}
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
+        self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
+        self.reserved: set[int] = set()  # slots holding cells granted by MakeRoom, not yet filled
         self._tallied: list[Any] = [0, 0.0]  # steps, busy seconds not yet in the registry
         self._step_tokens: list[int] = []
 
@@ -115,16 +118,31 @@ class Scheduler(Actor[SchedulerInbox]):
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
             case Cells(slot=slot, n=n):
-                self.core.set_cells(slot, n)
+                self.reserved.discard(slot)
+                if slot not in self.lost:
+                    self.core.set_cells(slot, n)
+            case SlotLost(slot=slot):
+                self.lost.add(slot)
+                rid = self.core.by_slot.get(slot)
+                if rid is not None:
+                    self._route(self.core.abort(rid, "error", ActorFailed(f"slot {slot} crashed", slot=slot)))
+                await self._reclaim()
             case MakeRoom(slot=slot, cells=n):
+                # The reply is the cells free for the slot (at most n), held only when all n
+                # are: a caller that got fewer must not move a sequence in (it would
+                # over-commit the cache that the steps in flight are counted against).
+                granted = n
                 if self.n_ctx and slot not in self.core.by_slot:
                     short = n - (self.free_cells + self.held(slot))
                     if short > 0:
                         await self._make_room(short, exclude=slot)
                     # Held for the slot until it tells what it really holds (Cells).
-                    self.core.cells[slot] = min(n, self.free_cells + self.held(slot))
+                    granted = min(n, self.free_cells + self.held(slot))
+                    if granted == n:  # held for it, and no victim for room, until it tells its Cells
+                        self.core.cells[slot] = n
+                        self.reserved.add(slot)
                 if env.reply is not None:
-                    env.reply.send(self.free_cells)
+                    env.reply.send(granted)
             case RunStep():
                 self.stepping = False
                 try:
@@ -208,6 +226,21 @@ class Scheduler(Actor[SchedulerInbox]):
         self._route(events)
         if not self._pending:
             self._flush_tally()
+        if self.lost:
+            await self._reclaim()
+
+    async def _reclaim(self) -> None:
+        """Clear the sequences of crashed slots once nothing of theirs is in flight."""
+        for slot in sorted(self.lost):
+            if slot in self.core.by_slot or self.core.cells.get(slot, 0) == 0:
+                continue
+            try:
+                await self.engine.run(J.SeqRm(seq=slot, p0=-1, p1=-1))
+            except ActordError as e:
+                log.error("scheduler.reclaim_failed", slot=slot, error=e.to_dict())
+                continue
+            self.core.cells[slot] = 0
+            log.warning("scheduler.slot_reclaimed", slot=slot)
 
     def _tally(self, out: Any) -> None:
         """Per-step metrics are summed here and written to the registry every few steps
@@ -279,6 +312,8 @@ class Scheduler(Actor[SchedulerInbox]):
         env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back),
                        reply, answer=answer)
         try:
+            if r.slot in self.lost:
+                raise ActorFailed(f"slot {r.slot} crashed", slot=r.slot)
             self.slots[r.slot].put_nowait(env)
         except ActordError as e:  # a failed or stopped slot: answer here
             log.info("scheduler.slot_gone", slot=r.slot, error=e.to_dict())
@@ -312,7 +347,8 @@ class Scheduler(Actor[SchedulerInbox]):
     async def _make_room(self, need: int, exclude: int | None = None) -> int:
         """Ask idle slots, least recently stepped first, to give up their cells."""
         core = self.core
-        victims = sorted((s for s, n in core.cells.items() if n > 0 and s not in core.by_slot and s != exclude),
+        victims = sorted((s for s, n in core.cells.items()
+                          if n > 0 and s not in core.by_slot and s != exclude and s not in self.reserved),
                          key=lambda s: (core.last_use.get(s, 0), s))
         freed = 0
         for s in victims:

@@ -193,11 +193,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             if env.reply is not None:
                 env.reply.fail(error)
         self.deferred.clear()
-        if self.scheduler is not None and self.active is not None and self.active.enrolled:
-            try:  # the scheduler answers it; its cells stay charged until the slot is gone
-                self.scheduler.tell_nowait(Abort(rid=self.active.rid))
-            except ActordError:
-                pass
+        # An enrolled request is the scheduler's to answer: the system tells it `SlotLost`.
 
     def info(self) -> SlotInfo:
         return SlotInfo(

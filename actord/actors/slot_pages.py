@@ -19,7 +19,7 @@ from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlo
 from actord.actors.pages import Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take
 from actord.actors.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
-from actord.errors import EngineError, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.errors import ActordError, EngineError, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
 from actord.log import get
 from actord.policy.placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
@@ -50,9 +50,14 @@ class SlotPages:
             case PageOutSlot(page=name):
                 out = await self.page_out(name)
             case PageInSlot(page=name, evict_first=evict_first):
-                if evict_first and self.kv_tokens:
-                    await self.evict("placer")
-                out = await self.page_in(name)
+                try:
+                    if evict_first and self.kv_tokens:
+                        await self.evict("placer")
+                    out = await self.page_in(name)
+                except ActordError:
+                    # The scheduler held cells for this page-in: a refusal says what we hold.
+                    await self._tell_cells()
+                    raise
             case SaveSlot(file=file):
                 out = await self.save(file)
             case RestoreSlot(file=file):

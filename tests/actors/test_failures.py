@@ -190,3 +190,24 @@ async def test_a_burst_of_200_requests_on_2_slots_is_answered_without_an_ask_cyc
         assert len(answers) == 200
         assert answers.count("length") == 200, {a: answers.count(a) for a in set(answers)}
         assert s.dispatcher.cycles == [] and not any(a.failed for a in s.actors())
+
+
+async def test_a_crashed_slot_answers_its_request_and_gives_its_cells_back(tiny_model, tmp_path):
+    from actord.actors.messages import CheckpointTaken
+
+    async with ActorSystem(Config(model=tiny_model, slots=2, ctx=1024, page_dir=str(tmp_path))) as s:
+        await s.complete(prompt=prompt(300), n_predict=2, slot=0, ignore_eos=True)
+        assert s.scheduler.held(0) > 0
+        real = s.slots[0].handle
+
+        async def crash(msg, env):
+            if isinstance(msg, CheckpointTaken):
+                raise RuntimeError("planted slot crash")
+            return await real(msg, env)
+
+        s.slots[0].handle = crash  # type: ignore[method-assign]
+        s.slots[0].tell_nowait(CheckpointTaken(rid=0, pos=1, data=bytearray()))
+        await wait_for(lambda: s.slots[0].failed and s.scheduler.held(0) == 0, "cells given back")
+        r = await s.complete(prompt=prompt(900, 5), n_predict=4, slot=1, ignore_eos=True)  # needs slot 0's cells
+        assert r.stop_reason == "length"
+        assert (await s.health())["failed_actors"] == ["slot0"]
