@@ -203,7 +203,8 @@ def test_seed_reproduces_a_sampled_completion(server):
 
 @pytest.mark.parametrize("field,value", [
     ("min_p", 0.05), ("repeat_penalty", 1.1), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
-    ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("mirostat", 2), ("typical_p", 0.9), ("grammar", "root ::= \"a\""),
+    ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("mirostat", 2), ("typical_p", 0.9),
+    ("grammar", "root ::= \"a\""),
     ("json_schema", {}), ("logit_bias", [[15, -1.0]]), ("n_probs", 3), ("samplers", ["top_k"]), ("n_cmpl", 2),
 ])
 def test_a_sampler_actord_lacks_is_a_400_naming_it(server, field, value):
@@ -493,6 +494,11 @@ def test_bad_input_gets_llama_server_errors_and_the_daemon_keeps_serving(server)
     err = assert_error(server.post("/completion", {"prompt": list(range(3, 4103)), "n_predict": 1}), 400,
                        kind="exceed_context_size_error")
     assert err["n_ctx"] == 4096 and err["n_prompt_tokens"] == 4100
+    # found by the slot while the streamed response runs, before its first chunk: still a status
+    full = [3 + i % 500 for i in range(4096)]
+    err = assert_error(server.post("/completion", {"prompt": full, "n_predict": 1, "stream": True}), 400,
+                       "PromptTooLong", "exceed_context_size_error")
+    assert err["n_ctx"] == 4096 and err["n_prompt_tokens"] == 4096
     r = server.post("/completion", {"prompt": "x", "n_predict": 1}, headers={**AUTH, "x-actord-mind": "../etc"})
     assert_error(r, 400, "InvalidParams")
     assert server.proc.poll() is None
