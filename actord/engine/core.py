@@ -164,6 +164,12 @@ class Engine:
                 return self.tokenize(text, add, parse)
             case J.Detokenize(tokens=tokens):
                 return b"".join(self.piece(t) for t in tokens).decode(errors="replace")
+            case J.Pieces(tokens=tokens, special=special):
+                n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+                bad = [t for t in tokens if not 0 <= t < n_vocab]
+                if bad:  # libllama would read out of bounds
+                    raise InvalidParams(f"token ids out of range [0, {n_vocab})", bad=bad[:8])
+                return [self.piece(t, special) for t in tokens]
             case J.SeqRm(seq=seq, p0=p0, p1=p1):
                 self._check_seq(seq)
                 return bool(lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
@@ -223,11 +229,11 @@ class Engine:
             raise EngineError("tokenization failed")
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        n = lib.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, False)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        n = lib.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
             return buf.raw[:n]
         return self._piece_buf.raw[:n]
 

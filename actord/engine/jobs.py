@@ -35,6 +35,14 @@ class Detokenize(Job):
     tokens: list[int]
 
 
+class Pieces(Job):
+    """Each token's bytes (llama_token_to_piece); `special`: control tokens as their text,
+    as llama-server's /tokenize pieces and /detokenize render them."""
+
+    tokens: list[int]
+    special: bool = True
+
+
 class SeqRm(Job):
     """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
 

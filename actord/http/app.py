@@ -10,13 +10,15 @@ uvicorn runs its own protocol subclassed with the front's bounds (`bounds.py`: h
 bytes and deadline, connections, peers), which it has no settings for.
 
 Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
-/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}, GET
-/health and /v1/health, GET /metrics (Prometheus text). (Bare /completions is llama-server's
-native completion API, not the OpenAI one, so it is not served under the OpenAI shape.)
+/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}; and
+llama-server's native API with the seed's page and gene verbs (`native.py`: /completion,
+/completions, /tokenize, /detokenize, /apply-template, /props, /slots, /lora-adapters,
+/health and /v1/health, /metrics), whose errors are llama-server's error object.
 With an API key every route but the health ones needs `Authorization: Bearer KEY`; without
-one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer that
-is not a 200 is OpenAI's error object, unknown routes included. A request carrying an
-`Origin` header (a browser) is refused unless `--cors-origin` allows that origin: a page on
+one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer of
+an OpenAI route that is not a 200 is OpenAI's error object, unknown routes included. A
+request carrying an `Origin` header (a browser) is refused unless `--cors-origin` allows
+that origin: a page on
 any website could otherwise drive a loopback daemon through its user's browser, which runs
 as the daemon's own uid.
 
@@ -327,6 +329,8 @@ class HttpFront:
         if config.cors_origin:
             middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
                                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600))
+        from actord.http.native import Native
+
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/chat/completions", chat, methods=["POST"]),
@@ -335,9 +339,9 @@ class HttpFront:
             Route("/models", models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", model, methods=["GET"]),
             Route("/models/{model_id:path}", model, methods=["GET"]),
-            Route("/metrics", self._guard(self.metrics), methods=["GET"]),
-            Route("/health", self.health, methods=["GET"]),
-            Route("/v1/health", self.health, methods=["GET"]),
+            # llama-server's native API and the seed's verbs (native.py), /health and
+            # /metrics included: llama-server answers those the same on both APIs.
+            *Native(self).routes(),
         ], middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
 
@@ -395,10 +399,7 @@ class HttpFront:
         assert isinstance(exc, HTTPException)
         status = exc.status_code
         if status == 404:
-            path = request.url.path
-            hint = " (llama-server's native completion API is not served: use /v1/completions)" \
-                if path.rstrip("/") in ("/completion", "/completions") else ""
-            body = O.error_body(404, f"no route {request.method} {path[:200]}{hint}", "not_found")
+            body = O.error_body(404, f"no route {request.method} {request.url.path[:200]}", "not_found")
         elif status == 405:
             body = O.error_body(405, f"method {request.method} is not allowed on {request.url.path[:200]}",
                                 "method_not_allowed")
@@ -420,6 +421,16 @@ class HttpFront:
             raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_api_key")
 
     async def _body(self, request: Request, typ: type) -> Any:
+        buf = await self.read_body(request)
+        try:
+            return msgspec.json.decode(buf, type=typ)
+        except msgspec.ValidationError as e:
+            raise HttpError(400, f"invalid request: {e}", "invalid_params") from None
+        except msgspec.DecodeError as e:
+            raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, held to the front's bounds (size: 413, arrival time: 408)."""
         limit = self.config.http_max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -439,12 +450,7 @@ class HttpFront:
             self.refused("body_timeout")
             log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
             raise HttpError(408, f"the request body did not arrive within {timeout:g} s", "body_timeout") from None
-        try:
-            return msgspec.json.decode(bytes(buf), type=typ)
-        except msgspec.ValidationError as e:
-            raise HttpError(400, f"invalid request: {e}", "invalid_params") from None
-        except msgspec.DecodeError as e:
-            raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+        return bytes(buf)
 
     @staticmethod
     def _mind(request: Request, req: O._Common) -> str | None:
@@ -536,13 +542,6 @@ class HttpFront:
             raise ModelNotFound(f"the model {name[:200]!r} does not exist; this daemon lists {self.names!r}",
                                 param="model")
         return json_response(self._model_object(name))
-
-    async def metrics(self, request: Request) -> Response:
-        return Response(self.system.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    async def health(self, request: Request) -> Response:
-        h = await self.system.health()
-        return json_response(h, 200 if h["status"] == "ok" else 503)
 
     # -- serving -----------------------------------------------------------------------
 
