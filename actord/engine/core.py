@@ -20,8 +20,9 @@ import numpy as np
 from actord.config import Config, engine_threads
 from actord.engine import jobs as J
 from actord.engine.genes import GeneCatalog
+from actord.engine.step_contract import check_step, run_in_epoch
 from actord.engine.llama import lib
-from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit, StepSkipped
+from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit
 from actord.policy.swa import choose_swa_full
 
 _log_cb: Any = None
@@ -277,31 +278,11 @@ class Engine:
     # -- the step ----------------------------------------------------------------------
 
     def step(self, job: J.Step) -> J.StepOut:
-        if job.epoch != self.epoch:
-            raise StepSkipped("planned before a failed step; nothing ran", epoch=self.epoch)
-        try:
-            return self._step(job)
-        except BaseException as e:
-            # Whatever failed, the steps queued behind this one were planned assuming it
-            # ran (they may feed its samples): they are skipped, not run on a guess.
-            self.epoch += 1
-            if isinstance(e, ActordError):
-                e.data.setdefault("epoch", self.epoch)
-            raise
+        return run_in_epoch(self, job, self._step)
 
     def _step(self, job: J.Step) -> J.StepOut:
-        n = sum(len(e.tokens) + e.feed_last for e in job.entries)
-        if n == 0:
-            raise InvalidParams("empty step")
-        if n > self.n_batch:
-            raise InvalidParams(f"step of {n} tokens exceeds n_batch {self.n_batch}")
         last = self.last_sampled
-        for e in job.entries:
-            self._check_seq(e.seq)
-            if e.sample and e.seq not in self.samplers:
-                raise InvalidParams(f"sequence {e.seq} has no sampler", seq=e.seq)
-            if e.feed_last and e.seq not in last:
-                raise InvalidParams(f"sequence {e.seq} sampled nothing in the last step", seq=e.seq)
+        check_step(job, self.n_batch, self.n_seq_max, self.samplers, last)
         self.genes.apply(job.genes)
         lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
         token, position, n_seq_id, seq_id, logits = self._batch_views

@@ -14,7 +14,8 @@ from typing import Any
 
 from actord.config import Config
 from actord.engine import jobs as J
-from actord.errors import ActordError, InvalidParams, StepSkipped
+from actord.engine.step_contract import check_step, run_in_epoch
+from actord.errors import InvalidParams
 
 
 class FakeEngine:
@@ -46,14 +47,7 @@ class FakeEngine:
     def handle(self, job: J.Job) -> Any:
         match job:
             case J.Step():
-                if job.epoch != self.epoch:
-                    raise StepSkipped("planned before a failed step; nothing ran", epoch=self.epoch)
-                try:
-                    return self._step(job)
-                except ActordError as e:
-                    self.epoch += 1
-                    e.data.setdefault("epoch", self.epoch)
-                    raise
+                return run_in_epoch(self, job, self._step)
             case J.ModelInfo():
                 return self.props
             case J.Tokenize(text=text):
@@ -94,20 +88,10 @@ class FakeEngine:
                 raise InvalidParams(f"the fake engine does not run {type(job).__name__}")
 
     def _step(self, job: J.Step) -> J.StepOut:
-        n = sum(len(e.tokens) + e.feed_last for e in job.entries)
-        if n == 0:
-            raise InvalidParams("empty step")
-        if n > self.n_batch:
-            raise InvalidParams(f"step of {n} tokens exceeds n_batch {self.n_batch}")
-        last = self.last_sampled
+        n = check_step(job, self.n_batch, self.n_seq_max, self.samplers, self.last_sampled)
         out: list[J.EntryOut] = []
         sampled: dict[int, int] = {}
         for e in job.entries:
-            self._check_seq(e.seq)
-            if e.feed_last and e.seq not in last:
-                raise InvalidParams(f"sequence {e.seq} sampled nothing in the last step", seq=e.seq)
-            if e.sample and e.seq not in self.samplers:
-                raise InvalidParams(f"sequence {e.seq} has no sampler", seq=e.seq)
             end = e.pos0 + len(e.tokens) + e.feed_last
             self.held[e.seq] = end
             if e.sample:
