@@ -379,7 +379,7 @@ def write_tiny_qwen35(
 
     Weights are scaled for long memory: DeltaNet decays exp(softplus(dt_bias) * ssm_a) lie in
     about 0.94..0.998 per token, so a token changed 64+ positions back still changes greedy
-    output (tests/unit/test_tiny_models.py pins it), and output rows as write_tiny_llama's.
+    output (tests/actors/test_tiny_models.py pins it), and output rows as write_tiny_llama's.
     """
     import gguf
     import numpy as np

@@ -199,3 +199,44 @@ async def test_two_clients_at_once_get_what_each_gets_alone(kind, model, tmp_pat
             for i in range(2):
                 tg.start_soon(one, i)
         assert [out[0], out[1]] == alone
+
+
+class _FailsAfterDecode:
+    """An engine whose next resumed prompt piece is decoded, then reported failed: the
+    sequence holds more than the slot knows, as after a decode that failed part-way."""
+
+    armed = False
+
+    @classmethod
+    def make(cls, config: Config):
+        from actord.engine.core import Engine
+        from actord.errors import EngineError
+
+        class E(Engine):
+            def _step(self, job):
+                out = super()._step(job)
+                if cls.armed and any(e.pos0 > 0 and len(e.tokens) > 1 for e in job.entries):
+                    cls.armed = False
+                    raise EngineError("injected: failed after the decode")
+                return out
+
+        return E(config)
+
+
+async def test_after_a_step_failed_past_what_the_slot_knows_the_slot_serves_right(kind, model, tmp_path):
+    """Attention memory is cut back to the tokens the slot knows; recurrent and hybrid memory
+    refuse that cut, so the sequence is erased (never a token list that is not its state)."""
+    from actord.errors import EngineError
+
+    async with ActorSystem(cfg(model, tmp_path), engine_factory=_FailsAfterDecode.make) as s:
+        first = await turn(s, 0, LONG[:200], n=4)
+        nxt = LONG[:200] + first.tokens + LONG[200:300]
+        _FailsAfterDecode.armed = True
+        with pytest.raises(EngineError):
+            await turn(s, 0, nxt)
+        held = (await s.slot_list())[0].n_tokens
+        assert held == (0 if kind in ("hybrid", "recurrent") else 200 + 3)
+        again = await turn(s, 0, nxt)
+        assert again.n_cached == held or (kind == "swa" and again.n_cached <= held)
+        ref = await turn(s, 1, nxt)
+        assert again.tokens == ref.tokens
