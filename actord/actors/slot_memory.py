@@ -172,7 +172,10 @@ class SlotMemory:
         if n >= len(self.kv_tokens):
             return len(self.kv_tokens), False
         p = self.props
-        if not p.needs_checkpoints or await self._memory_holds(n):
+        # Even a full SWA cache is checked: libllama 0.3.36 writes a sequence's state without
+        # its SWA-masked cells (llama_kv_cache::state_write), so after a page-in or restore
+        # the SWA layers hold only the last window, and pos_min says so.
+        if (not p.needs_checkpoints and p.n_swa == 0) or await self._memory_holds(n):
             if await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1)):
                 self.kv_tokens = self.kv_tokens[:n]
                 return n, False

@@ -240,3 +240,29 @@ async def test_after_a_step_failed_past_what_the_slot_knows_the_slot_serves_righ
         assert again.n_cached == held or (kind == "swa" and again.n_cached <= held)
         ref = await turn(s, 1, nxt)
         assert again.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("move", ["page", "file"])
+async def test_a_full_swa_cache_moved_elsewhere_does_not_claim_positions_below_its_window(tiny_swa_model, tmp_path,
+                                                                                          move):
+    """libllama 0.3.36 writes a sequence's state without its SWA-masked cells even from a full
+    SWA cache, so a moved sequence's SWA layers hold only the last window: a divergence below
+    it must re-prefill (it used to cut back and decode from a state missing those cells)."""
+    async with ActorSystem(cfg(tiny_swa_model, tmp_path, swa_full="on")) as s:
+        assert s.props.swa_full and not s.props.needs_checkpoints
+        await turn(s, 0, LONG, n=4)
+        if move == "page":
+            await s.page_out(0, "m")
+            await s.page_in(1, "m")
+        else:
+            await s.slot_save(0, "m.page")
+            await s.slot_erase(0)
+            await s.slot_restore(1, "m.page")
+        diverged = LONG[:150] + [7, 8, 9]
+        r = await turn(s, 1, diverged)
+        assert r.n_cached == 0
+        assert r.tokens == (await turn(s, 0, diverged)).tokens
+        # Near the end, inside the window the state holds, the cut is still served.
+        near = LONG[:590] + [7, 8]
+        await turn(s, 1, LONG, n=4)
+        assert (await turn(s, 1, near)).n_cached == 590
