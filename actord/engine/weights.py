@@ -14,9 +14,9 @@ or a new chat template leaves the weights, and so the pages, valid.
 Why sampled and not the whole data region: the cost. Measured on the registry's Gemma 3
 270M (Q4_K_M, 253 MB, 236 tensors; 2 shared cores, file in the page cache): the whole data
 region hashes in 250-370 ms (~700-1000 MB/s), which on a 20 GB model is ~20-30 s added to
-every start; the sample reads 1.8 MB and the digest takes ~30 ms, nearly all of it walking
-the 262k-token vocabulary in the metadata to find the tensor table, so it grows with the
-tensor and vocab counts, not with the bytes. Any two trainings, fine-tunes or quantizations
+every start; the sample reads 1.8 MB and the digest takes 30-60 ms, nearly all of it
+walking the 262k-token vocabulary in the metadata to find the tensor table, so it grows with
+the tensor and vocab counts, not with the bytes (bench/weights_digest.py). Any two trainings, fine-tunes or quantizations
 differ in every tensor's first bytes; what the sample cannot see is a file patched in place
 between samples, which is not another model. `full=True` hashes everything (benches only).
 
