@@ -91,8 +91,14 @@ class Engine:
         self.n_rs_seq = int(lib.llama_n_rs_seq(self.ctx))
         self.recurrent = bool(lib.llama_model_is_recurrent(self.model))
         self.hybrid = bool(lib.llama_model_is_hybrid(self.model))
-        self.memory = self._measure_memory()
-        self.weights_digest = self._weights_digest(config.model)
+        try:
+            self.memory = self._measure_memory()
+            self.weights_digest = self._weights_digest(config.model)
+        except BaseException:
+            lib.llama_batch_free(self.batch)
+            lib.llama_free(self.ctx)
+            lib.llama_model_free(self.model)
+            raise
         self.samplers: dict[int, Any] = {}
         self.genes = GeneCatalog(self.model, self.ctx)
         self.step_no = 0

@@ -133,3 +133,18 @@ async def test_the_engine_refuses_every_partial_cut_of_recurrent_memory_but_the_
         assert (await s.engine.run(J.MemoryRange(seq=0))).pos_max == 99
         assert await s.engine.run(J.SeqRm(seq=0, p0=-1, p1=-1)) is True
         assert (await s.engine.run(J.MemoryRange(seq=0))).pos_max == -1
+
+
+async def test_the_device_budget_counts_the_rollback_snapshots_a_sequence_holds(tiny_hybrid_model, tmp_path):
+    """With n_rs_seq snapshots libllama keeps (1 + n_rs_seq) recurrent rows per sequence on the
+    device; a page still copies one (llama_state_seq_get_size does not grow)."""
+    out = {}
+    for n_rs in (0, 2):
+        c = cfg(tiny_hybrid_model, tmp_path, device_bytes=10**9)
+        async with ActorSystem(c, engine_factory=lambda c, n=n_rs: RawEngine(c, n_rs_seq=n)) as s:
+            await s.complete(prompt=P, n_predict=4, slot=0, ignore_eos=True)
+            state = await s.engine.run(J.StateSize(seq=0))
+            out[n_rs] = (state, s.residency.slot_bytes.get(0), s.props.recurrent_state_bytes)
+    (s0, dev0, rec), (s2, dev2, _) = out[0], out[2]
+    assert s0 == s2 and dev0 == s0
+    assert dev2 == s2 + 2 * rec
