@@ -101,6 +101,8 @@ class ActorSystem:
         await self.engine.start()
         try:
             self.props = await self.engine.run(J.ModelInfo())
+            if not self.props.kv_cells:  # pure recurrent: a prompt is not bounded by n_ctx
+                self._limits = msgspec.structs.replace(self._limits, max_prompt_tokens=self._limits.max_prompt_bytes)
             self._build_actors()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -188,7 +190,7 @@ class ActorSystem:
         ]
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
-            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.n_ctx,
+            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.kv_cells,  # 0: cells not charged
             piece_tile=self.config.piece_tile, depth=self.config.pipeline_depth,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))

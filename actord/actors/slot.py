@@ -219,10 +219,13 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         req = msg.req
         t_start = time.perf_counter()
         prompt = await self._tokens_of(req)
-        if len(prompt) + 1 > self.props.n_ctx:
+        # Only attention layers take a cell per token: a pure recurrent model (kv_cells 0)
+        # runs sequences past n_ctx (libllama 0.3.36: its memory is one state per sequence).
+        cells = self.props.kv_cells
+        if cells and len(prompt) + 1 > cells:
             raise PromptTooLong(
-                f"prompt of {len(prompt)} tokens does not fit n_ctx {self.props.n_ctx}",
-                n_prompt_tokens=len(prompt), n_ctx=self.props.n_ctx,
+                f"prompt of {len(prompt)} tokens does not fit n_ctx {cells}",
+                n_prompt_tokens=len(prompt), n_ctx=cells,
             )
         genes = self.gene_set(req)
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,

@@ -159,7 +159,23 @@ class ModelProps(msgspec.Struct, frozen=True):
     desc: str
     swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
     swa_full_reason: str = ""  # why (actord.policy.swa)
-    kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
+    # Measured on the context (Engine._measure_memory): a sequence of n tokens holds
+    # recurrent_state_bytes + n * kv_bytes_per_token bytes of state (what a page copies).
+    kv_bytes_per_token: int = 0  # attention layers only (SWA layers included, as a full cache)
+    kv_swa_bytes_per_token: int = 0  # the SWA layers' part of it (bounded by the window unless swa_full)
+    recurrent_state_bytes: int = 0  # fixed per sequence (recurrent/hybrid), whatever its length
+    # Cells a token takes in the attention KV cache's n_ctx (the scheduler's charge); 0 when
+    # nothing does (pure recurrent: sequences are not bounded by n_ctx).
+    kv_cells: int = 0
+    n_rs_seq: int = 0  # recurrent snapshots per sequence (device rows x (1 + n_rs_seq)); 0 in actord
+    n_layer_nextn: int = 0  # MTP (nextn) layers in the model file
+    weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
+
+
+class MemoryLayout(msgspec.Struct, frozen=True):
+    kv_bytes_per_token: int
+    kv_swa_bytes_per_token: int
+    recurrent_state_bytes: int
 
 
 class EntryOut(msgspec.Struct, frozen=True, array_like=True):
