@@ -315,7 +315,7 @@ class Engine:
         """Batch row `idx`'s logits as a numpy view (no copy)."""
         return np.ctypeslib.as_array(lib.llama_get_logits_ith(self.ctx, idx), shape=(self.props.n_vocab,))
 
-    def _candidates(self) -> tuple[Any, Any, Any, Any, Any]:
+    def _candidates(self) -> tuple[Any, Any, Any, Any, Any, Any]:
         """The engine's one candidate buffer (n_vocab llama_token_data, with a numpy view) and
         a one-token array for grammar checks; made on the first constrained sample."""
         if self._cand is None:
@@ -328,12 +328,12 @@ class Engine:
             one_data = (lib.llama_token_data * 1)()
             one = lib.llama_token_data_array(data=ctypes.cast(one_data, ctypes.POINTER(lib.llama_token_data)),
                                              size=1, selected=-1, sorted=False)
-            self._cand = (data, view, cur, one_data, one)
+            self._cand = (data, view, cur, one_data, one, ptr)
             self._ids = np.arange(n_vocab, dtype=np.int32)
         return self._cand
 
     def _allows(self, grammar: Any, tok: int) -> bool:
-        _, _, _, one_data, one = self._candidates()
+        _, _, _, one_data, one, _ = self._candidates()
         one_data[0].id, one_data[0].logit, one_data[0].p = tok, 1.0, 0.0
         one.size, one.selected, one.sorted = 1, -1, False
         lib.llama_sampler_apply(grammar, ctypes.byref(one))
@@ -354,13 +354,14 @@ class Engine:
         on that): when nothing the grammar allows survives the chain (a logit_bias banning
         every token the grammar allows), the request ends with an error instead."""
         chain, grammar = self.samplers[seq], self.grammars[seq]
-        data, view, cur, _, _ = self._candidates()
+        _, view, cur, _, _, ptr = self._candidates()
 
         def run(first: Any = None) -> int:
             view["id"] = self._ids
             view["logit"] = row
             view["p"] = 0.0
-            cur.size, cur.selected, cur.sorted = len(self._ids), -1, False
+            # A sampler may have pointed `data` at its own buffer: ours again, whole.
+            cur.data, cur.size, cur.selected, cur.sorted = ptr, len(self._ids), -1, False
             if first is not None:
                 lib.llama_sampler_apply(first, ctypes.byref(cur))
             lib.llama_sampler_apply(chain, ctypes.byref(cur))
