@@ -299,12 +299,12 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
 
     async def _begin(self, a: _Active) -> None:
         req, prompt, genes = a.req, a.prompt, a.genes
-        raw = common_prefix(self.kv_tokens, prompt)
-        self.resume_raw_lcp = raw
         # The sampler first: a grammar libllama cannot parse fails here, before the
         # sequence is cut back, so a refused request changes nothing.
         seed = req.seed if req.seed is not None else self.default_seed
         await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
+        raw = common_prefix(self.kv_tokens, prompt)
+        self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
         if usable == 0 and raw > 0:
             self.metrics.full_reprefills_total.inc()
