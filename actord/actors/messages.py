@@ -128,6 +128,7 @@ class Enroll(Msg):
     stream: bool = False
     resumed_from_checkpoint: bool = False
     t_start: float = 0.0
+    logprobs: bool = False  # the engine returns logprobs: collect them for the answer and the stream
 
 
 class Abort(Msg):

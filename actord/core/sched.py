@@ -32,8 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from actord.api import TokenLogprob, TopLogprob
 from actord.core.text import TextState
 from actord.engine import jobs as J
+from actord.errors import InvalidParams
 
 GeneKey = tuple[tuple[int, float], ...]
 
@@ -61,10 +63,28 @@ class Request:
     tail: str = ""  # text not streamed yet, fixed when it ended
     t_first: float = 0.0
     n_cached: int = 0
+    logprobs: list[TokenLogprob] | None = None  # asked for: one per token of `out`
+    lp_sent: int = 0  # logprobs[:lp_sent] went out with a Delta
 
     @property
     def ended(self) -> bool:
         return self.reason is not None
+
+    def unsent_logprobs(self) -> list[TokenLogprob] | None:
+        if self.logprobs is None:
+            return None
+        out = self.logprobs[self.lp_sent:]
+        self.lp_sent = len(self.logprobs)
+        return out
+
+
+def _token_logprob(tok: int, res: J.EntryOut) -> TokenLogprob:
+    """The engine's raw (logprob, top) for a sampled token, as the answer carries it."""
+    return TokenLogprob(
+        token=tok, text=res.piece.decode(errors="replace"), bytes=list(res.piece),
+        logprob=res.logprob if res.logprob is not None else 0.0,
+        top=[TopLogprob(token=t, text=p.decode(errors="replace"), bytes=list(p), logprob=lp) for t, lp, p in res.top],
+    )
 
 
 @dataclass(slots=True)
@@ -82,6 +102,10 @@ class Delta:
     rid: int
     text: str
     token: int
+    # The logprobs of the tokens since the last Delta (a delta's text may hold several
+    # tokens: the text state holds back a partial stop string or UTF-8 sequence); None
+    # when the request did not ask for them.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -289,19 +313,23 @@ class SchedulerCore:
     def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
         tok = res.token
         r.tokens.append(tok)  # the KV may take it (a step in flight feeds it), output or not
+        if res.refused:
+            raise InvalidParams(res.refused)
         if not r.out and not r.t_first:
             r.t_first = now
         if (res.eog and not r.ignore_eos) or tok in r.stop_tokens:
             self._end(r, "eos" if res.eog else "stop", events)
             return
         r.out.append(tok)
+        if r.logprobs is not None:
+            r.logprobs.append(_token_logprob(tok, res))
         assert r.text is not None
         delta, stopped = r.text.push(res.piece)
         if stopped:
             self._end(r, "stop", events)
             return
         if delta:
-            events.append(Delta(rid=r.rid, text=delta, token=tok))
+            events.append(Delta(rid=r.rid, text=delta, token=tok, logprobs=r.unsent_logprobs()))
         if len(r.out) >= r.n_predict:
             self._end(r, "length", events)
         elif self.n_ctx and len(r.tokens) >= self.n_ctx:

@@ -15,10 +15,24 @@ class Job(msgspec.Struct, tag=True, frozen=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
+    """One sequence's samplers: a grammar (beside the chain: Engine._sample_constrained),
+    then the chain in this order: logit biases, penalties, then greedy or
+    top_k/top_p/min_p/temperature/dist."""
+
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int = 0
+    grammar: str = ""  # GBNF, root rule "root"; "" = unconstrained
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
+    penalty_last_n: int = 0  # how many of the last sampled tokens the penalties count (0 = off)
+    repeat_penalty: float = 1.0  # 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0  # 0 = off
+    # Log probabilities of each sampled token (and of the `top_logprobs` likeliest ones),
+    # from the step's raw logits; -1 = not asked (nothing computed).
+    top_logprobs: int = -1
 
 
 class ModelInfo(Job):
@@ -185,6 +199,15 @@ class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     eog: bool = False
     checkpoint: bytearray | None = None  # partial state after this entry's decode
     checkpoint_pos: int = 0
+    # Asked for (SamplingParams.top_logprobs >= 0): the sampled token's log probability
+    # under the model (log-softmax of the raw logits) and the likeliest tokens' (token,
+    # logprob, piece), most likely first.
+    logprob: float | None = None
+    top: list[tuple[int, float, bytes]] = []
+    # Why the sample is not usable ("" = it is): the sequence's grammar allowed no token
+    # its other samplers left. The request ends with an InvalidParams; `token` is what the
+    # engine feeds if a step in flight feeds it.
+    refused: str = ""
 
 
 class StepOut(msgspec.Struct, frozen=True):
