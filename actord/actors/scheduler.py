@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
