@@ -38,6 +38,19 @@ DEFAULT_LIMITS = RequestLimits()
 BAN = -100.0  # a logit bias at or below this bans the token (OpenAI's -100), as -inf
 
 
+class Trigger(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a lazy grammar starts applying: at the first occurrence of `text` in the
+    output, or (`at_start`) only where it opens the output (after whitespace). The grammar's
+    sentences start with the trigger's text."""
+
+    text: str
+    at_start: bool = False
+
+
+MAX_TRIGGERS = 8
+MAX_TRIGGER_BYTES = 64
+
+
 class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     """Samplers beyond temperature/top_k/top_p, shared by `completion` and `chat` (names as
     llama-server's /completion and OpenAI's, where they exist).
@@ -52,6 +65,10 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     - `min_p`: llama-server's min-p (with temperature > 0).
     - `logprobs`: each generated token's log probability under the model, with the
       `top_logprobs` likeliest tokens' (CompletionResult.logprobs; chunks carry theirs).
+    - `grammar_triggers`: the grammar is lazy: the output is free until one of these
+      texts appears in it, and held to the grammar from there (tool calls: actord.tools).
+    - `preserve`: texts of control tokens the output keeps (a control token's text is
+      otherwise left out of the content), so markers such as `[TOOL_CALLS]` can be parsed.
     """
 
     grammar: str = ""
@@ -64,6 +81,8 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     min_p: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar_triggers: list[Trigger] = []
+    preserve: list[str] = []
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """The logit biases as (token, bias), a ban as -inf; checked (`check_sampling`)."""
@@ -103,6 +122,13 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("top_logprobs needs logprobs", param="top_logprobs")
         if self.grammar and self.json_schema is not None:
             raise InvalidParams("name a grammar or a json_schema, not both", param="json_schema")
+        if self.grammar_triggers and not (self.grammar or self.json_schema is not None):
+            raise InvalidParams("grammar_triggers need a grammar", param="grammar_triggers")
+        for name, texts in (("grammar_triggers", [t.text for t in self.grammar_triggers]), ("preserve", self.preserve)):
+            if len(texts) > MAX_TRIGGERS or any(not t or len(t.encode("utf-8", "surrogatepass")) > MAX_TRIGGER_BYTES
+                                                for t in texts):
+                raise InvalidParams(f"{name}: at most {MAX_TRIGGERS} non-empty texts of at most "
+                                    f"{MAX_TRIGGER_BYTES} bytes", param=name)
 
     def with_grammar(self) -> str:
         """The GBNF this request samples under ("" for none): its grammar, or its

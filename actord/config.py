@@ -86,6 +86,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
     chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
+    # Tool calling's output format (actord.tools): "auto" reads it from the chat template;
+    # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
+    tool_format: str = "auto"
+    # The Responses API (POST /v1/responses) remembers this many responses, oldest dropped
+    # first, for `previous_response_id` and GET /v1/responses/{id}, in at most
+    # http_responses_max_bytes of conversation text.
+    http_responses_max: int = 1024
+    http_responses_max_bytes: int = 64 << 20
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
@@ -145,6 +153,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_header_bytes must be >= 1024")
         if self.http_max_connections < 1 or self.http_default_max_tokens < 1:
             raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
+        if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):
+            raise InvalidParams("tool_format is one of auto, hermes, mistral, llama3, generic")
+        if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
+            raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):
             raise InvalidParams("model_alias and cors_origin values must not be empty")
         if self.http is not None:

@@ -301,7 +301,8 @@ class ActorSystem:
         last prompt + reply, so its mind decodes only the new messages. Returns a
         `ChatResult` (the reply message, the completion's result and usage).
         """
-        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult
+        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult, has_tools
+        from actord.tools import StreamAdapter
 
         if request is None:
             try:
@@ -313,6 +314,9 @@ class ActorSystem:
         # The bytes a client sends are bounded before anything renders or tokenizes them.
         n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
         n += len(request.template.encode()) if request.template else 0
+        if request.tools or has_tools(request.messages):
+            n += len(msgspec.json.encode(request.tools)) + sum(
+                len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
         if n > self._limits.max_prompt_bytes:
             raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
                                 n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
@@ -335,21 +339,56 @@ class ActorSystem:
 
             prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens,
                                                           run_sync=self._run_sync)
+        fields = {f: getattr(request, f) for f in SamplingFields.__struct_fields__}
+        turn = None
+        if request.tools or has_tools(request.messages):  # tool calling: actord.tools
+            turn = self._tool_turn(request, prompter)
+            if turn.grammar:
+                if request.grammar or request.json_schema is not None:
+                    raise InvalidParams("a grammar (response_format) and tools both constrain the output: "
+                                        "send one, or tool_choice none", param="response_format")
+                fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
         prompt = await prompter.build(request.messages, template=request.template,
-                                      add_generation_prompt=request.add_generation_prompt)
+                                      add_generation_prompt=request.add_generation_prompt,
+                                      render=turn.render if turn else None,
+                                      tools=turn.template_tools if turn else None)
         completion = CompletionRequest(
             prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
-            stop=request.stop, stream=request.stream, genes=request.genes,
-            **{f: getattr(request, f) for f in SamplingFields.__struct_fields__},
+            stop=request.stop, stream=request.stream, genes=request.genes, **fields,
         )
-        result = await self.complete(completion, on_token=on_token, _input=False)
+        scanner = turn.scanner() if turn is not None and turn.parses else None
+        sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
+        result = await self.complete(completion, on_token=sink, _input=False)
+        if scanner is None:
+            message = ChatMessage(role="assistant", content=result.content)
+        else:
+            if isinstance(sink, StreamAdapter):
+                sink.finish(result.slot)
+            else:
+                scanner.feed(result.content)
+                scanner.finish()
+            message = ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
         if result.stop_reason != "cancelled" and (
             not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
         ):  # a reply cut at a stop string no longer matches its tokens: not reusable
-            prompter.remember(prompt, result.content, result)
-        return ChatResult(message=ChatMessage(role="assistant", content=result.content), completion=result,
-                          reused_turn=prompt.reused_turn)
+            prompter.remember(prompt, message, result)
+        return ChatResult(message=message, completion=result, reused_turn=prompt.reused_turn)
+
+    def _tool_turn(self, request: Any, prompter: Any) -> Any:
+        """What a chat turn with tools renders and samples under (actord.tools), in the format
+        the request, the daemon's --tool-format or the template names."""
+        from actord import tools as T
+
+        mode, name = T.check_tools(request.tools, request.tool_choice)
+        fmt = request.tool_format or self.config.tool_format
+        if fmt == "auto":
+            source = request.template if request.template is not None else prompter.info.template
+            fmt, why = T.detect_format(source)
+            if getattr(self, "_tool_format_logged", None) != (fmt, source):
+                self._tool_format_logged = (fmt, source)
+                log.info("chat.tool_format", format=fmt, why=why)
+        return T.plan_turn(fmt, request.messages, request.tools, mode, name, request.parallel_tool_calls)
 
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""

@@ -110,6 +110,7 @@ class Engine(Sampling):
         self.samplers: dict[int, Any] = {}
         self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
+        self.watches: dict[int, Any] = {}  # seq -> its lazy grammar / preserved tokens (sampling.Watch)
         self.grammar_first = False  # bench seam: apply the grammar to every candidate, every token
         self.grammar_samples = 0  # constrained samples, and those that masked the whole vocabulary
         self.grammar_masked = 0
@@ -403,7 +404,7 @@ class Engine(Sampling):
         out: list[J.EntryOut] = []
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
-        grammars, logprobs = self.grammars, self.logprobs
+        grammars, logprobs, watches = self.grammars, self.logprobs, self.watches
         EntryOut = J.EntryOut
         for e, idx in zip(job.entries, last_index):
             if e.checkpoint:
@@ -422,12 +423,15 @@ class Engine(Sampling):
                 known = text.get(tok)
                 if known is None:
                     known = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+                piece = known[0]
+                if watches and seq in watches:  # a lazy grammar or preserved tokens (tool calls)
+                    piece = self._watch(seq, watches[seq], tok, piece)
                 if n_top is None and not refused:  # the common case: no extras to build
-                    out.append(EntryOut(seq=seq, token=tok, piece=known[0], eog=known[1], checkpoint=ckpt,
+                    out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
                                         checkpoint_pos=ckpt_pos))
                 else:
                     lp, top = self._logprobs(idx, tok, n_top) if n_top is not None else (None, [])
-                    out.append(EntryOut(seq=seq, token=tok, piece=known[0], eog=known[1], checkpoint=ckpt,
+                    out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
                                         checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
             else:
                 out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))

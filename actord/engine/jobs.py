@@ -33,6 +33,11 @@ class SamplingParams(msgspec.Struct, frozen=True):
     # Log probabilities of each sampled token (and of the `top_logprobs` likeliest ones),
     # from the step's raw logits; -1 = not asked (nothing computed).
     top_logprobs: int = -1
+    # A lazy grammar: free sampling until one of these (text, at_start) appears in the output,
+    # then the grammar, fed from the trigger's start (Engine._watch). () = from the first token.
+    grammar_triggers: tuple[tuple[str, bool], ...] = ()
+    # Control tokens (by their text) whose text the output's pieces keep.
+    preserve: tuple[str, ...] = ()
 
 
 class ModelInfo(Job):

@@ -20,6 +20,20 @@ from actord.engine.llama import lib
 from actord.errors import InvalidParams
 
 
+class Watch:
+    """One sequence's lazy grammar (waiting for a trigger) and preserved control tokens."""
+
+    __slots__ = ("pending", "triggers", "window", "head_open", "keep", "preserve")
+
+    def __init__(self, pending: Any, triggers: tuple[tuple[bytes, bool], ...], preserve: frozenset[int]) -> None:
+        self.pending = pending  # the grammar sampler, not applied until a trigger shows
+        self.triggers = triggers
+        self.window = bytearray()  # the output so far while its head may open with a trigger, else its tail
+        self.head_open = any(at for _, at in triggers)
+        self.keep = max((len(t) for t, _ in triggers), default=1) - 1
+        self.preserve = preserve
+
+
 class Sampling:
     """Sampler chains and what they need (see the module docstring)."""
 
@@ -28,6 +42,7 @@ class Sampling:
     model: Any
     vocab: Any
     samplers: dict[int, Any]
+    watches: dict[int, Watch]
 
     def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
         """Build sequence `seq`'s sampler chain (see J.SamplingParams for the order).
@@ -77,8 +92,13 @@ class Sampling:
             raise
         self._free_sampler(seq)
         self.samplers[seq] = chain
-        if grammar:
+        preserve = frozenset(self._special_token(t) for t in p.preserve) - {-1}
+        if grammar and p.grammar_triggers:
+            self.watches[seq] = Watch(grammar, tuple((t.encode(), at) for t, at in p.grammar_triggers), preserve)
+        elif grammar:
             self.grammars[seq] = grammar
+        if preserve and seq not in self.watches:
+            self.watches[seq] = Watch(None, (), preserve)
         if p.top_logprobs >= 0:
             self.logprobs[seq] = min(p.top_logprobs, n_vocab)
         else:
@@ -89,7 +109,66 @@ class Sampling:
             smpl = table.pop(seq, None)
             if smpl is not None:
                 lib.llama_sampler_free(smpl)
+        w = self.watches.pop(seq, None)
+        if w is not None and w.pending is not None:
+            lib.llama_sampler_free(w.pending)
         self.logprobs.pop(seq, None)
+
+    def _special_token(self, text: str) -> int:
+        """The control token whose text is `text`, or -1 (none, or its text shows anyway)."""
+        toks = self.tokenize(text, False, True)
+        if len(toks) != 1 or self.piece(toks[0], False) == self.piece(toks[0], True):
+            return -1
+        return toks[0]
+
+    def _watch(self, seq: int, w: Watch, tok: int, piece: bytes) -> bytes:
+        """After sequence `seq` sampled `tok` (unconstrained or under its grammar): its piece
+        as the output shows it, and its lazy grammar started when a trigger just showed.
+
+        The grammar is fed the output from the trigger's first byte, tokenized, each token
+        checked before it is accepted (libllama aborts the process on a token its grammar
+        refuses): output the grammar cannot take leaves the sequence unconstrained (the
+        parser then keeps that text as text). Cost while waiting: one append and a find in
+        a window of the longest trigger's length, per token."""
+        if tok in w.preserve:
+            piece = self.piece(tok, True)
+        if w.pending is None:
+            return piece
+        win = w.window
+        win += piece
+        hit = -1
+        if w.head_open:
+            head = bytes(win).lstrip(b" \t\r\n")
+            still = False
+            for trig, at in w.triggers:
+                if not at:
+                    continue
+                if head.startswith(trig):
+                    hit = len(win) - len(head)
+                elif trig.startswith(head):
+                    still = True
+            w.head_open = still and hit < 0
+        for trig, at in w.triggers:
+            if not at:
+                i = win.find(trig)
+                if i >= 0 and (hit < 0 or i < hit):
+                    hit = i
+        if hit < 0:
+            if not w.head_open and len(win) > w.keep:
+                del win[:len(win) - w.keep]
+            return piece
+        grammar, w.pending = w.pending, None
+        fed = self.tokenize(bytes(win[hit:]).decode("utf-8", "ignore"), False, True)
+        for t in fed:
+            if not self._allows(grammar, t):
+                lib.llama_sampler_free(grammar)
+                break
+            lib.llama_sampler_accept(grammar, t)
+        else:
+            self.grammars[seq] = grammar
+        if not w.preserve:
+            del self.watches[seq]
+        return piece
 
     def _row(self, idx: int) -> Any:
         """Batch row `idx`'s logits as a numpy view (no copy)."""

@@ -40,6 +40,7 @@ __all__ = [
     "gemma3_270m_path",
     "TINY_CHAT_TEMPLATE",
     "GEMMA3_CHAT_TEMPLATE",
+    "HERMES_TOOL_TEMPLATE",
 ]
 
 # A small chat template in the Hugging Face style (Jinja2, the GGUF key
@@ -93,6 +94,44 @@ GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
     {{'<start_of_turn>model\n'}}
 {%- endif -%}
 """
+
+# A Hermes/Qwen 2.5-style tool-calling template (for tests: the tiny models' tokens are
+# random, so what matters is the markup): tools in a system turn, calls in <tool_call>
+# tags, results in <tool_response> tags in a user turn.
+HERMES_TOOL_TEMPLATE = """{%- if tools %}<|im_start|>system
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}
+
+{% endif %}# Tools
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message['role'] == 'system' and loop.first %}
+{%- elif message['role'] == 'assistant' and message['tool_calls'] %}<|im_start|>assistant
+{% if message['content'] %}{{ message['content'] }}
+{% endif %}{% for tc in message['tool_calls'] %}<tool_call>
+{"name": "{{ tc['function']['name'] }}", "arguments": {{ tc['function']['arguments'] | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message['role'] == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message['content'] }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
 
 UNK_ID = 0
 BOS_ID = 1
@@ -154,13 +193,18 @@ def _spm_vocab() -> tuple[tuple[str, ...], tuple[float, ...], tuple[int, ...]]:
     return tuple(tokens), tuple(scores), tuple(types)
 
 
-def _add_spm_tokenizer(w: Any) -> None:
-    tokens, scores, types = _spm_vocab()
+def _add_spm_tokenizer(w: Any, control: Sequence[str] = ()) -> None:
+    tokens, scores, types = (list(x) for x in _spm_vocab())
+    # Extra control tokens (e.g. a tool-call marker, one token as in Qwen's vocab) take the
+    # places of the last padding pieces.
+    for i, text in enumerate(control):
+        j = TINY_VOCAB_SIZE - len(control) + i
+        tokens[j], types[j], scores[j] = text, _CONTROL, 0.0
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
-    w.add_token_list(list(tokens))
-    w.add_token_scores(list(scores))
-    w.add_token_types(list(types))
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
@@ -204,10 +248,13 @@ def write_tiny_llama(
     n_ff: int = 128,
     n_ctx_train: int = 4096,
     chat_template: str | None = None,
+    control_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a random f32 llama-architecture GGUF with a 512-token SPM vocab; return its path.
 
-    `chat_template` (e.g. TINY_CHAT_TEMPLATE) is stored as tokenizer.chat_template."""
+    `chat_template` (e.g. TINY_CHAT_TEMPLATE) is stored as tokenizer.chat_template;
+    `control_tokens` (e.g. "<tool_call>") become control tokens at the vocab's end, whose
+    output rows are zero like the other specials' (never picked greedily unless biased)."""
     import gguf
     import numpy as np
 
@@ -236,7 +283,7 @@ def write_tiny_llama(
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_spm_tokenizer(w)
+    _add_spm_tokenizer(w, control_tokens)
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
@@ -254,7 +301,10 @@ def write_tiny_llama(
         w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
         w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=f32))
-    w.add_tensor("output.weight", _output_matrix(rng, n_vocab, n_embd, gain=4.0))
+    out = _output_matrix(rng, n_vocab, n_embd, gain=4.0)
+    if control_tokens:
+        out[n_vocab - len(control_tokens):] = 0.0
+    w.add_tensor("output.weight", out)
     return _write(w, path)
 
 
