@@ -130,9 +130,10 @@ class _Generation(Response):
     """Runs one generation in the response, so a disconnect can cancel it."""
 
     def __init__(self, front: "HttpFront", run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
-                 stream: bool, include_usage: bool, logprobs: bool = False) -> None:
+                 stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False) -> None:
         self.front, self.run, self.chat, self.model, self.stream = front, run, chat, model, stream
         self.include_usage, self.logprobs = include_usage, logprobs
+        self.functions = functions  # legacy function calling: the answer carries function_call
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -172,7 +173,8 @@ class _Generation(Response):
             r = outcome["result"]
             created = int(time.time())
             fp = self.front.fingerprint
-            body = (O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs) if self.chat
+            body = (O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs, self.functions)
+                    if self.chat
                     else O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs))
             response = json_response(body)
         else:
@@ -180,7 +182,7 @@ class _Generation(Response):
         await response(scope, receive, send)
 
     async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
-        chunks = O.Chunks(self.chat, self.model, self.front.fingerprint, self.logprobs)
+        chunks = O.Chunks(self.chat, self.model, self.front.fingerprint, self.logprobs, self.functions)
         tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
         # Set before the answer's last write: from then on, the http.disconnect that
         # uvicorn reports once a response is complete is the end of a stream, not a client
@@ -190,7 +192,8 @@ class _Generation(Response):
         async with anyio.create_task_group() as tg:
             def on_token(chunk: dict[str, Any]) -> None:
                 try:
-                    tx.send_nowait(("data", _sse(chunks.delta(chunk["content"], chunk.get("logprobs")))))
+                    tx.send_nowait(("data", _sse(chunks.delta(chunk["content"], chunk.get("logprobs"),
+                                                              chunk.get("tool_calls")))))
                 except anyio.WouldBlock:
                     log.warning("http.client_too_slow")
                     tg.cancel_scope.cancel()
@@ -485,6 +488,7 @@ class HttpFront:
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
         O.refuse_unsupported(req)
         fields = O.sampling(req, self.system.props.n_vocab)
+        tool_fields = O.chat_tools(req)  # tools, tool_choice, parallel_tool_calls (actord.tools)
         if not req.messages:
             raise InvalidParams("messages is empty", param="messages")
         developer = any(m.role == "developer" for m in req.messages) and await self._template_names_developer()
@@ -496,16 +500,17 @@ class HttpFront:
             n_predict=n, mind=self._mind(request, req),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
-            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
+            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
         ).check()
         self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
 
         async def run(on_token: Any) -> Any:
-            return (await self.system.chat(chat, on_token=on_token)).completion
+            return await self.system.chat(chat, on_token=on_token)  # a ChatResult: the message and its calls
 
         return _Generation(self, run, chat=True, model=req.model or self.model_id, stream=req.stream,
                            include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                           logprobs=fields["logprobs"])
+                           logprobs=fields["logprobs"],
+                           functions=req.functions is not None or req.function_call is not None)
 
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)

@@ -72,8 +72,10 @@ class ContentPart(msgspec.Struct, frozen=True):
 class Message(msgspec.Struct, frozen=True):
     role: str
     content: str | list[ContentPart] | None = None
-    name: str | None = None  # ignored by design: few templates read it, and none needs it
-    tool_calls: list[Any] | None = None
+    name: str | None = None  # passed to the template (a tool result's function name, where it reads it)
+    tool_calls: Any = None
+    tool_call_id: str | None = None
+    function_call: Any = None  # legacy: an assistant message's one call
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -115,6 +117,7 @@ class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
     max_completion_tokens: int | None = None
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
     modalities: Any = None
@@ -146,13 +149,6 @@ def refuse_unsupported(req: _Common) -> None:
     if not _zero(req.n_probs):
         raise _refuse("n_probs", "llama-server's n_probs is its native API's: use logprobs and top_logprobs")
     if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            raise _refuse("tools", "tool calling is not supported")
-        if req.tool_choice is not None:
-            raise _refuse("tool_choice", "tool calling is not supported (and there are no tools)")
-        for name in ("functions", "function_call"):
-            if getattr(req, name) is not None:
-                raise _refuse(name, "function calling is not supported")
         if req.modalities not in (None, ["text"]) or req.audio is not None:
             raise _refuse("audio" if req.audio is not None else "modalities", "only text output is supported")
         for name in ("reasoning_effort", "verbosity", "web_search_options"):
@@ -296,13 +292,47 @@ def text_prompt(prompt: str | list[Any]) -> str | list[int]:
                         param="prompt")
 
 
+def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The ChatRequest's tool fields (actord.tools) from `tools` / `tool_choice` /
+    `parallel_tool_calls`, or from the legacy `functions` / `function_call` (then the answer
+    carries `function_call`, one call). A bad value is a 400 naming its field."""
+    from actord import tools as T
+
+    if req.functions is not None or req.function_call is not None:
+        if req.tools is not None or req.tool_choice is not None:
+            raise _refuse("functions", "send tools or the legacy functions, not both")
+        tools, choice = T.functions_from_openai(req.functions or [], req.function_call)
+        parallel = False
+    else:
+        tools, choice = T.tools_from_openai(req.tools), req.tool_choice
+        parallel = req.parallel_tool_calls is not False
+    if choice is not None and not tools and choice not in ("none", "auto"):
+        raise InvalidParams("tool_choice names a tool, but there are no tools", param="tool_choice")
+    if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
+        raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    T.check_tools(tools, choice)
+    return {"tools": tools, "tool_choice": choice if choice is not None else "auto", "parallel_tool_calls": parallel}
+
+
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
+    from actord import tools as T
+
     out = []
     for i, m in enumerate(msgs):
-        if m.role in ("tool", "function"):
-            raise _refuse(f"messages[{i}].role", f"{m.role!r} messages need tool calling, which is not supported")
+        calls = None
         if m.tool_calls:
-            raise _refuse(f"messages[{i}].tool_calls", "tool calls are not supported")
+            if m.role != "assistant":
+                raise InvalidParams(f"messages[{i}]: only assistant messages carry tool_calls",
+                                    param=f"messages[{i}].tool_calls")
+            calls = T.calls_from_openai(m.tool_calls, f"messages[{i}].tool_calls")
+        elif m.function_call is not None and m.role == "assistant":  # legacy: one call, no id
+            calls = T.calls_from_openai([{"id": "call_0", "function": m.function_call}], f"messages[{i}].function_call")
+        role = m.role
+        call_id = m.tool_call_id
+        if role == "function":  # legacy: a function's result, named
+            role, call_id = "tool", call_id or "call_0"
+        if role == "tool" and not call_id:
+            raise InvalidParams(f"messages[{i}]: a tool message needs tool_call_id", param=f"messages[{i}].tool_call_id")
         if isinstance(m.content, list):
             texts = []
             for j, part in enumerate(m.content):
@@ -313,8 +343,9 @@ def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> l
             content = "\n".join(texts)
         else:
             content = m.content or ""
-        role = "system" if m.role == "developer" and developer_is_system else m.role
-        out.append(ChatMessage(role=role, content=content))
+        role = "system" if role == "developer" and developer_is_system else role
+        out.append(ChatMessage(role=role, content=content, tool_calls=calls, tool_call_id=call_id if role == "tool" else None,
+                               name=m.name))
     return out
 
 
@@ -332,11 +363,36 @@ def stops(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def finish_reason(stop_reason: str) -> str:
+def finish_reason(stop_reason: str, calls: bool = False, functions: bool = False) -> str:
+    if calls and stop_reason in ("eos", "stop"):
+        return "function_call" if functions else "tool_calls"
     return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, "stop")
 
 
-def usage(r: CompletionResult) -> dict[str, Any]:
+def _split(r: Any) -> tuple[CompletionResult, Any]:
+    """(completion, reply message or None): a chat's run returns its ChatResult."""
+    if isinstance(r, CompletionResult):
+        return r, None
+    return r.completion, r.message
+
+
+def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, Any]:
+    """The answer's `message`: with tool calls, `tool_calls` (and `content` null when the
+    model wrote no text), or the legacy `function_call` (the first call)."""
+    from actord.tools import call_to_openai
+
+    calls = msg.tool_calls if msg is not None else None
+    if not calls:
+        return {"role": "assistant", "content": content}
+    text = msg.content or None
+    if functions:
+        return {"role": "assistant", "content": text,
+                "function_call": {"name": calls[0].name, "arguments": calls[0].arguments}}
+    return {"role": "assistant", "content": text, "tool_calls": [call_to_openai(c) for c in calls]}
+
+
+def usage(r: Any) -> dict[str, Any]:
+    r, _ = _split(r)
     n_out = len(r.tokens)
     return {
         "prompt_tokens": r.n_prompt_tokens,
@@ -373,22 +429,26 @@ def text_logprobs(lps: list[TokenLogprob] | None, offset: int = 0) -> dict[str, 
     }
 
 
-def chat_completion(rid: str, model: str, r: CompletionResult, created: int, fingerprint: str,
-                    logprobs: bool = False) -> dict[str, Any]:
+def chat_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
+                    logprobs: bool = False, functions: bool = False) -> dict[str, Any]:
+    """`r`: the chat's ChatResult (a CompletionResult: its text only)."""
+    c, msg = _split(r)
+    calls = bool(msg is not None and msg.tool_calls)
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": fingerprint,
         "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": r.content},
-            "finish_reason": finish_reason(r.stop_reason),
-            "logprobs": chat_logprobs(r.logprobs) if logprobs else None,
+            "index": 0, "message": chat_message(msg, msg.content if msg is not None else c.content, functions),
+            "finish_reason": finish_reason(c.stop_reason, calls, functions),
+            "logprobs": chat_logprobs(c.logprobs) if logprobs else None,
         }],
-        "usage": usage(r),
+        "usage": usage(c),
     }
 
 
-def text_completion(rid: str, model: str, r: CompletionResult, created: int, fingerprint: str,
+def text_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
                     logprobs: bool = False) -> dict[str, Any]:
+    r, _ = _split(r)
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "system_fingerprint": fingerprint,
@@ -401,8 +461,11 @@ def text_completion(rid: str, model: str, r: CompletionResult, created: int, fin
 class Chunks:
     """Builds the SSE `data:` payloads of one streamed answer, in OpenAI's chunk format."""
 
-    def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False) -> None:
+    def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False,
+                 functions: bool = False) -> None:
         self.chat = chat
+        self.functions = functions  # legacy function calling: `function_call` deltas
+        self.n_calls = 0
         self.model = model
         self.fingerprint = fingerprint
         self.logprobs = logprobs
@@ -420,10 +483,20 @@ class Chunks:
             return None
         return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
-    def delta(self, text: str, lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        """One chunk: `text` and, when asked, the logprobs of the tokens it holds."""
+    def delta(self, text: str, lps: list[TokenLogprob] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One chunk: `text` and, when asked, the logprobs of the tokens it holds; a chat's
+        `tool_calls` deltas (actord.tools.events_to_deltas: each call whole, by index)."""
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+            if tool_calls:
+                self.n_calls += len(tool_calls)
+                if self.functions:  # legacy: the first call only, as `function_call`
+                    first = tool_calls[0]
+                    choice["delta"] = {"content": text or None, "function_call": dict(first["function"])} \
+                        if first["index"] == 0 else {"content": text or None}
+                else:
+                    choice["delta"] = {"content": text or None, "tool_calls": tool_calls}
             if self.logprobs:
                 choice["logprobs"] = chat_logprobs(lps)
             return self._chunk(choice)
@@ -433,13 +506,14 @@ class Chunks:
             self.offset += sum(len(t.text) for t in lps or [])
         return self._chunk(choice)
 
-    def last(self, r: CompletionResult) -> dict[str, Any]:
-        reason = finish_reason(r.stop_reason)
+    def last(self, r: Any) -> dict[str, Any]:
+        r, msg = _split(r)
+        reason = finish_reason(r.stop_reason, bool(msg is not None and msg.tool_calls), self.functions)
         if self.chat:
             return self._chunk({"index": 0, "delta": {}, "finish_reason": reason})
         return self._chunk({"index": 0, "text": "", "finish_reason": reason})
 
-    def usage(self, r: CompletionResult) -> dict[str, Any]:
+    def usage(self, r: Any) -> dict[str, Any]:
         return self._chunk(None, usage=usage(r))
 
 

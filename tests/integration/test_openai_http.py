@@ -375,14 +375,14 @@ def test_max_tokens_zero_is_refused_naming_it(client, field):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("n_probs", 2), ("tool_choice", "none"),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("n", 2), ("n_probs", 2), ("tool_choice", "required"),
+    ("tools", [{"type": "retrieval"}]),
 ])
 def test_a_field_actord_cannot_honour_is_a_400_naming_it(client, field, value):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
                                        extra_body={field: value})
-    assert e.value.param == field and field in e.value.message
+    assert e.value.param.split("[")[0] == field and field in e.value.message
 
 
 def test_completions_take_one_prompt_in_a_list_and_refuse_several(client):

@@ -40,8 +40,7 @@ def test_distinct_users_get_distinct_minds():
 
 
 REFUSED_CHAT = [
-    ("n", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "none"),
-    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+    ("n", 2),
     ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}), ("reasoning_effort", "low"), ("verbosity", "low"),
     ("web_search_options", {}), ("n_probs", 2), ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
 ]
@@ -172,10 +171,42 @@ def test_developer_is_system_unless_the_template_names_it():
     assert [m.role for m in O.chat_messages(msgs, developer_is_system=False)] == ["developer", "user"]
 
 
-def test_tool_history_is_refused_naming_the_message():
+def test_a_tool_result_without_its_call_id_is_refused_naming_the_message():
     with pytest.raises(InvalidParams) as e:
         O.chat_messages([O.Message(role="user", content="x"), O.Message(role="tool", content="42")])
-    assert e.value.data["param"] == "messages[1].role"
+    assert e.value.data["param"] == "messages[1].tool_call_id"
+
+
+def test_a_tool_history_maps_onto_chat_messages():
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    out = O.chat_messages([O.Message(role="user", content="x"), O.Message(role="assistant", tool_calls=calls),
+                           O.Message(role="tool", content="42", tool_call_id="call_1"),
+                           O.Message(role="assistant", function_call={"name": "g", "arguments": "{}"}),
+                           O.Message(role="function", name="g", content="ok")])
+    assert out[1].content == "" and [(c.id, c.name, c.arguments) for c in out[1].tool_calls] == [("call_1", "f", '{"a": 1}')]
+    assert (out[2].role, out[2].tool_call_id, out[2].content) == ("tool", "call_1", "42")
+    assert out[3].tool_calls[0].name == "g" and (out[4].role, out[4].name) == ("tool", "g")
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"functions": [{"name": "f"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "functions"),
+    ({"functions": [{"name": "f"}], "function_call": "always"}, "function_call"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1}, "parallel_tool_calls"),
+])
+def test_a_bad_tool_field_is_refused_naming_it(body, param):
+    with pytest.raises(InvalidParams) as e:
+        O.chat_tools(_chat(**body))
+    assert e.value.data["param"] == param
+
+
+def test_legacy_functions_become_one_tool_call_at_most():
+    f = O.chat_tools(_chat(functions=[{"name": "f", "parameters": {"type": "object"}}], function_call={"name": "f"}))
+    assert [t.name for t in f["tools"]] == ["f"] and f["parallel_tool_calls"] is False
+    assert f["tool_choice"] == {"type": "function", "function": {"name": "f"}}
 
 
 def test_context_overflow_maps_to_400_context_length_exceeded():
