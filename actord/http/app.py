@@ -333,6 +333,9 @@ class HttpFront:
             middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
                                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600))
         from actord.http.native import Native
+        from actord.http.responses import Responses
+
+        self.responses = Responses(self)  # POST /v1/responses, GET/DELETE /v1/responses/{id} (responses.py)
 
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -342,6 +345,7 @@ class HttpFront:
             Route("/models", models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", model, methods=["GET"]),
             Route("/models/{model_id:path}", model, methods=["GET"]),
+            *self.responses.routes(),
             # llama-server's native API and the seed's verbs (native.py), /health and
             # /metrics included: llama-server answers those the same on both APIs.
             *Native(self).routes(),
