@@ -19,6 +19,7 @@ import numpy as np
 
 from actord.config import Config, engine_threads
 from actord.engine import jobs as J
+from actord.engine.embed import Embedding
 from actord.engine.genes import GeneCatalog
 from actord.engine.sampling import Sampling
 from actord.engine.step_contract import check_step, run_in_epoch
@@ -43,7 +44,7 @@ def _host_bytes() -> int:
         return 0
 
 
-class Engine(Sampling):
+class Engine(Sampling, Embedding):
     def __init__(self, config: Config, *, n_rs_seq: int = 0) -> None:
         """`n_rs_seq`: recurrent-state snapshots per sequence for rollback (libllama's
         experimental cparam). 0, the default, is what actord runs: the rollback it allows is
@@ -71,7 +72,7 @@ class Engine(Sampling):
         cparams.n_batch = config.batch
         cparams.n_ubatch = config.batch
         cparams.n_seq_max = config.slots
-        threads = engine_threads(config.threads)
+        threads = self.threads = engine_threads(config.threads)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True
@@ -130,6 +131,7 @@ class Engine(Sampling):
     def close(self) -> None:
         for seq in list(self.samplers):
             self._free_sampler(seq)
+        self.close_embed()
         self.genes.close()
         lib.llama_batch_free(self.batch)
         lib.llama_free(self.ctx)
@@ -166,6 +168,7 @@ class Engine(Sampling):
             n_rs_seq=self.n_rs_seq,
             n_layer_nextn=int(lib.llama_model_n_layer_nextn(self.model)),
             weights_digest=self.weights_digest,
+            pooling=self.pooling(),
         )
 
     def _meta_str(self, key: str) -> str | None:
@@ -308,6 +311,8 @@ class Engine(Sampling):
                 return self.props
             case J.ChatInfo():
                 return self.chat_info()
+            case J.Embed(inputs=inputs):
+                return self.embed(inputs, self.threads)
             case J.GeneLoad() | J.GeneUnload() | J.GenePageOut() | J.GenePageIn() | J.GeneList():
                 return self.genes.handle(job)
             case J.Fail(reason=reason):

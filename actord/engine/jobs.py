@@ -154,6 +154,12 @@ class ChatInfo(Job):
     """What chat rendering needs from the model: its template and special-token texts."""
 
 
+class Embed(Job):
+    """One pooled, L2-normalized vector per input (token lists): Engine.embed (engine/embed.py)."""
+
+    inputs: list[list[int]]
+
+
 class Fail(Job):
     """Test and simulation seam: a job that fails on the engine thread."""
 
@@ -189,6 +195,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     n_rs_seq: int = 0  # recurrent snapshots per sequence (device rows x (1 + n_rs_seq)); 0 in actord
     n_layer_nextn: int = 0  # MTP (nextn) layers in the model file
     weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
+    pooling: int = 0  # libllama's pooling type (0 none: no embeddings; 1 mean, 2 cls, 3 last: engine/embed.py)
 
 
 class MemoryLayout(msgspec.Struct, frozen=True):

@@ -336,6 +336,7 @@ class HttpFront:
         from actord.http.responses import Responses
 
         self.responses = Responses(self)  # POST /v1/responses, GET/DELETE /v1/responses/{id} (responses.py)
+        from actord.http.embeddings import Embeddings
 
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -346,6 +347,7 @@ class HttpFront:
             Route("/v1/models/{model_id:path}", model, methods=["GET"]),
             Route("/models/{model_id:path}", model, methods=["GET"]),
             *self.responses.routes(),
+            *Embeddings(self).routes(),  # POST /v1/embeddings (embeddings.py)
             # llama-server's native API and the seed's verbs (native.py), /health and
             # /metrics included: llama-server answers those the same on both APIs.
             *Native(self).routes(),

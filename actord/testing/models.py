@@ -249,12 +249,14 @@ def write_tiny_llama(
     n_ctx_train: int = 4096,
     chat_template: str | None = None,
     control_tokens: Sequence[str] = (),
+    pooling: int | None = None,
 ) -> Path:
     """Write a random f32 llama-architecture GGUF with a 512-token SPM vocab; return its path.
 
     `chat_template` (e.g. TINY_CHAT_TEMPLATE) is stored as tokenizer.chat_template;
     `control_tokens` (e.g. "<tool_call>") become control tokens at the vocab's end, whose
-    output rows are zero like the other specials' (never picked greedily unless biased)."""
+    output rows are zero like the other specials' (never picked greedily unless biased);
+    `pooling` names a pooling type, as embedding models do."""
     import gguf
     import numpy as np
 
@@ -284,6 +286,8 @@ def write_tiny_llama(
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_spm_tokenizer(w, control_tokens)
+    if pooling is not None:  # 1 mean, 2 cls, 3 last: an embedding model (libllama pools its output)
+        w.add_pooling_type(gguf.PoolingType(pooling))
     if chat_template is not None:
         w.add_chat_template(chat_template)
 

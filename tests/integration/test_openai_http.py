@@ -302,7 +302,7 @@ def test_prompt_cache_key_takes_precedence_over_user(front, client):
 def test_unknown_route_is_json_404(front):
     _, url, _ = front
     h = {"authorization": f"Bearer {KEY}"}
-    for method, path in [("GET", "/nope"), ("POST", "/v1/responses/x"), ("GET", "/v1/chat"), ("POST", "/completion/x")]:
+    for method, path in [("GET", "/nope"), ("POST", "/v1/responses/x/cancel"), ("GET", "/v1/chat"), ("POST", "/completion/x")]:
         r = httpx.request(method, url + path, headers=h, json={})
         assert r.status_code == 404 and r.headers["content-type"] == "application/json", (path, r.text)
         assert r.json()["error"]["type"] == "not_found_error" and path in r.json()["error"]["message"]
