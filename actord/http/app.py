@@ -10,7 +10,9 @@ uvicorn runs its own protocol subclassed with the front's bounds (`bounds.py`: h
 bytes and deadline, connections, peers), which it has no settings for.
 
 Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
-/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}; and
+/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}; the
+Responses API (`responses.py`: POST /v1/responses, GET/DELETE /v1/responses/{id}) and
+embeddings (`embeddings.py`: POST /v1/embeddings), each with its bare path too; and
 llama-server's native API with the seed's page and gene verbs (`native.py`: /completion,
 /completions, /tokenize, /detokenize, /apply-template, /props, /slots, /lora-adapters,
 /health and /v1/health, /metrics), whose errors are llama-server's error object.

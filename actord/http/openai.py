@@ -4,18 +4,20 @@ Pure data and pure functions, no I/O, so the shapes can be tested without a serv
 decode with msgspec at the edge (a wrong type names its JSON path in the 400's message).
 
 Every field falls in one of three kinds, and `refuse_unsupported` is where the line is drawn:
-honoured (`model` as any name, `messages`, `prompt`, `max_tokens`/`max_completion_tokens`,
+honoured (`model` as any name, `messages` (tool calls and results included), `tools`,
+`tool_choice`, `parallel_tool_calls`, legacy `functions`/`function_call` (actord.tools),
+`prompt`, `max_tokens`/`max_completion_tokens`,
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
 `prompt_cache_key`, `n: 1`, `response_format` text/json_object/json_schema (grammar-
 constrained decoding), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
 `repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n` > 1,
-`tools`, `tool_choice`, `functions`, `function_call`, audio output, `reasoning_effort`,
-`verbosity`, `web_search_options`, `echo`, `suffix`, `best_of` > 1, several prompts, and
-llama-server's `n_probs`); and ignored by design, because they change nothing in the answer
-(`store`, `metadata`, `service_tier`, `safety_identifier`, `prediction`,
-`parallel_tool_calls` without tools, a message's `name`), plus unknown fields, as
+audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
+`best_of` > 1, several prompts, and llama-server's `n_probs`; tools that are not functions
+and bad tool fields, `chat_tools`); and ignored by design, because they change nothing in
+the answer (`store`, `metadata`, `service_tier`, `safety_identifier`, `prediction`), plus
+unknown fields, as
 OpenAI-compatible servers do, because SDKs add optional fields faster than servers learn
 them.
 
