@@ -120,6 +120,7 @@ class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    tool_format: str | None = None  # extension: hermes, mistral, llama3, generic (default: the daemon's)
     functions: Any = None
     function_call: Any = None
     modalities: Any = None
@@ -313,7 +314,10 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
     if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
         raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     T.check_tools(tools, choice)
-    return {"tools": tools, "tool_choice": choice if choice is not None else "auto", "parallel_tool_calls": parallel}
+    if req.tool_format is not None and req.tool_format not in T.FORMATS:
+        raise InvalidParams(f"tool_format is one of {', '.join(T.FORMATS)}", param="tool_format")
+    return {"tools": tools, "tool_choice": choice if choice is not None else "auto", "parallel_tool_calls": parallel,
+            "tool_format": req.tool_format or ""}
 
 
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
