@@ -43,7 +43,7 @@ def front(tmp_path_factory):
         with Client(str(sock), timeout=30) as c:
             marker = c.call("tokenize", {"content": "<tool_call>", "parse_special": True})["tokens"]
         assert len(marker) == 1
-        yield url, marker[0]
+        yield url, marker[0], sock
     finally:
         _stop(proc)
 
@@ -114,7 +114,7 @@ def test_required_tool_call_round_trip_on_a_hermes_template(client, stream):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_tool_call_when_the_model_writes_the_marker(client, front, stream):
-    _, marker = front
+    _, marker, _ = front
     bias = {str(marker): 100}
     msg, reason, chunks = _create(client, stream, messages=ASK, tools=[WEATHER], tool_choice="auto",
                                   parallel_tool_calls=False, max_tokens=200, logit_bias=bias)
@@ -240,3 +240,24 @@ def test_gemma_generic_auto_on_a_fresh_conversation_may_answer_in_text(gemma):
     m = r.choices[0].message
     assert m.content and not m.content.startswith("{") and not m.tool_calls  # text: it opens with no '{'
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3", "generic"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_format_holds_a_required_call_to_its_grammar_and_parses_it(client, fmt, stream):
+    msg, reason, _ = _create(client, stream, messages=ASK, tools=[WEATHER, ADD], tool_choice="required",
+                             parallel_tool_calls=False, max_tokens=200, extra_body={"tool_format": fmt})
+    [(name, args)] = _calls(msg)
+    assert reason == "tool_calls" and name in ("get_weather", "add")
+    assert _weather_ok(args) if name == "get_weather" else set(args) == {"a", "b"}
+    if fmt == "mistral":
+        assert len(msg.tool_calls[0].id) == 9 and msg.tool_calls[0].id.isalnum()
+
+
+def test_llama3_auto_starts_its_grammar_at_an_opening_brace(client, front):
+    with Client(str(front[2]), timeout=30) as c:
+        [brace] = c.call("tokenize", {"content": "{", "add_special": False})["tokens"]
+    msg, reason, _ = _create(client, False, messages=ASK, tools=[WEATHER], parallel_tool_calls=False, max_tokens=200,
+                             logit_bias={str(brace): 100}, extra_body={"tool_format": "llama3"})
+    [(name, args)] = _calls(msg)
+    assert reason == "tool_calls" and name == "get_weather" and _weather_ok(args)
