@@ -333,12 +333,12 @@ class HttpFront:
         middleware = [Middleware(_OriginGate, front=self)]
         if config.cors_origin:
             middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
-                                         allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600))
+                                         allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"], max_age=600))
+        from actord.http.embeddings import Embeddings
         from actord.http.native import Native
         from actord.http.responses import Responses
 
         self.responses = Responses(self)  # POST /v1/responses, GET/DELETE /v1/responses/{id} (responses.py)
-        from actord.http.embeddings import Embeddings
 
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
