@@ -22,7 +22,8 @@ that origin: a page on
 any website could otherwise drive a loopback daemon through its user's browser, which runs
 as the daemon's own uid.
 
-A generation runs inside the response (`_Generation`), where the ASGI `receive` channel is
+A generation runs inside the response (`streaming.Generation`, shared with the native
+/completion; `OpenAIAnswer` is OpenAI's framing of it), where the ASGI `receive` channel is
 at hand: a watcher awaits `http.disconnect` beside the work, and a client that goes away
 cancels the awaiting task, which the system turns into a slot CancelRequest (streaming or
 not). A streamed answer sends its headers only when its first chunk (or its error) is
@@ -66,187 +67,55 @@ from actord.config import Config, http_address
 from actord.errors import ActordError, InvalidParams, ModelNotFound
 from actord.http import openai as O
 from actord.http.bounds import Gate, bounded_protocol
+from actord.http.responses import ClientGone, HttpError, Silent, error_object, error_response, json_response
+from actord.http.streaming import DONE, Generation
 from actord.log import get
 from actord.rpc.peers import PeerPolicy, check_tcp_peers
 
 log = get("actord.http")
-
-OUTBOX = 8192  # queued chunks per streamed answer before the client counts as too slow
 _enc = msgspec.json.Encoder()
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no")]
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+class OpenAIAnswer:
+    """OpenAI's framing of a generation (`streaming.Answer`): a chat.completion or
+    text_completion body; streamed, OpenAI's chunks (the chat's role first), the last with
+    the finish reason, the usage chunk when asked, then `data: [DONE]`."""
 
-
-class _ClientGone(Exception):
-    """The client hung up before its request was read: nobody to answer."""
-
-    def __init__(self, phase: str) -> None:
-        super().__init__(phase)
-        self.phase = phase
-
-
-class _Silent(Response):
-    """The answer to a client that is gone: nothing."""
-
-    def __init__(self) -> None:
-        self.background = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        return None
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
-
-
-def error_response(e: HttpError | ActordError) -> Response:
-    if isinstance(e, ActordError):
-        status = O.error_status(e)
-        return json_response(O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param")), status)
-    return json_response(O.error_body(e.status, e.message, e.code, e.param), e.status)
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + _enc.encode(obj) + b"\n\n"
-
-
-_DONE = b"data: [DONE]\n\n"
-
-
-async def _until_disconnect(receive: Any) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-class _Generation(Response):
-    """Runs one generation in the response, so a disconnect can cancel it."""
+    done = DONE
+    error_object = staticmethod(error_object)
 
     def __init__(self, front: "HttpFront", run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
-                 stream: bool, include_usage: bool, logprobs: bool = False) -> None:
-        self.front, self.run, self.chat, self.model, self.stream = front, run, chat, model, stream
+                 stream: bool, include_usage: bool, logprobs: bool) -> None:
+        self.front, self.run, self.chat, self.model = front, run, chat, model
         self.include_usage, self.logprobs = include_usage, logprobs
-        self.background = None
+        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs) if stream else None
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.stream:
-            await self._streamed(scope, receive, send)
-        else:
-            await self._whole(scope, receive, send)
+    @classmethod
+    def response(cls, front: "HttpFront", run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
+                 stream: bool, include_usage: bool, logprobs: bool = False) -> Generation:
+        answer = cls(front, run, chat=chat, model=model, stream=stream, include_usage=include_usage,
+                     logprobs=logprobs)
+        return Generation(front, answer, stream=stream)
 
-    async def _run(self, on_token: Any) -> Any:
-        try:
-            return await self.run(on_token)
-        except ActordError:
-            raise
-        except Exception as e:  # a bug in one request must not take down its peers
-            log.exception("http.internal_error", error=repr(e))
-            raise HttpError(500, f"internal error: {type(e).__name__}", "internal_error") from None
+    async def whole(self) -> Any:
+        r = await self.run(None)
+        created, fp = int(time.time()), self.front.fingerprint
+        if self.chat:
+            return O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs)
+        return O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs)
 
-    async def _whole(self, scope: Any, receive: Any, send: Any) -> None:
-        outcome: dict[str, Any] = {}
-        async with anyio.create_task_group() as tg:
-            async def work() -> None:
-                try:
-                    outcome["result"] = await self._run(None)
-                except (ActordError, HttpError) as e:
-                    outcome["error"] = e
-                finally:
-                    tg.cancel_scope.cancel()
+    async def streamed(self, on_token: Any) -> list[Any]:
+        assert self.chunks is not None
+        r = await self.run(on_token)
+        return [self.chunks.last(r), *([self.chunks.usage(r)] if self.include_usage else [])]
 
-            tg.start_soon(work)
-            await _until_disconnect(receive)
-            if not outcome:  # the work was still running: the client is gone
-                self.front.client_gone("generation", stream=False)
-            tg.cancel_scope.cancel()
-        if "error" in outcome:
-            response = error_response(outcome["error"])
-        elif "result" in outcome:
-            r = outcome["result"]
-            created = int(time.time())
-            fp = self.front.fingerprint
-            body = (O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs) if self.chat
-                    else O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs))
-            response = json_response(body)
-        else:
-            return  # the client went away: nothing to answer
-        await response(scope, receive, send)
+    def first(self) -> Any | None:
+        assert self.chunks is not None
+        return self.chunks.first()
 
-    async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
-        chunks = O.Chunks(self.chat, self.model, self.front.fingerprint, self.logprobs)
-        tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
-        # Set before the answer's last write: from then on, the http.disconnect that
-        # uvicorn reports once a response is complete is the end of a stream, not a client
-        # that went away.
-        finished = False
-
-        async with anyio.create_task_group() as tg:
-            def on_token(chunk: dict[str, Any]) -> None:
-                try:
-                    tx.send_nowait(("data", _sse(chunks.delta(chunk["content"], chunk.get("logprobs")))))
-                except anyio.WouldBlock:
-                    log.warning("http.client_too_slow")
-                    tg.cancel_scope.cancel()
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
-
-            async def work() -> None:
-                async with tx:
-                    try:
-                        r = await self._run(on_token)
-                    except (ActordError, HttpError) as e:
-                        await tx.send(("error", e))
-                        return
-                    await tx.send(("data", _sse(chunks.last(r))))
-                    if self.include_usage:
-                        await tx.send(("data", _sse(chunks.usage(r))))
-
-            async def watch() -> None:
-                await _until_disconnect(receive)
-                if not finished:
-                    self.front.client_gone("generation", stream=True)
-                    tg.cancel_scope.cancel()
-
-            tg.start_soon(work)
-            tg.start_soon(watch)
-            started = False
-            async with rx:
-                async for kind, payload in rx:
-                    if not started:
-                        if kind == "error":
-                            finished = True
-                            await error_response(payload)(scope, receive, send)
-                            break
-                        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                        started = True
-                        first = chunks.first()
-                        if first is not None:
-                            await send({"type": "http.response.body", "body": _sse(first), "more_body": True})
-                    if kind == "error":
-                        payload = _sse(msgspec.json.decode(error_response(payload).body))
-                    else:  # coalesce what queued while the last write was under way: one write
-                        while True:
-                            try:
-                                more_kind, more = rx.receive_nowait()
-                            except (anyio.WouldBlock, anyio.EndOfStream):
-                                break
-                            if more_kind != "data":
-                                payload += _sse(msgspec.json.decode(error_response(more).body))
-                                break
-                            payload += more
-                    await send({"type": "http.response.body", "body": payload, "more_body": True})
-                else:
-                    if started:
-                        finished = True
-                        await send({"type": "http.response.body", "body": _DONE, "more_body": False})
-            tg.cancel_scope.cancel()
+    def chunk(self, chunk: dict[str, Any]) -> Any:
+        assert self.chunks is not None
+        return self.chunks.delta(chunk["content"], chunk.get("logprobs"))
 
 
 class _OriginGate:
@@ -322,9 +191,9 @@ class HttpFront:
         self.system: Any = None
         if system is not None:
             self.attach(system)
-        chat = self._guard(self.chat_completions)
-        models = self._guard(self.models)
-        model = self._guard(self.model)
+        chat = self.guard(self.chat_completions)
+        models = self.guard(self.models)
+        model = self.guard(self.model)
         middleware = [Middleware(_OriginGate, front=self)]
         if config.cors_origin:
             middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
@@ -334,7 +203,7 @@ class HttpFront:
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
+            Route("/v1/completions", self.guard(self.completions), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", model, methods=["GET"]),
@@ -383,16 +252,21 @@ class HttpFront:
         if m is not None:
             m.http_client_gone_total.labels(phase=phase).inc()
 
-    def _guard(self, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def guard(self, endpoint: Callable[[Request], Awaitable[Response]], *,
+              errors: Callable[[Any], Response] = error_response,
+              public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """`endpoint` behind the key (unless `public`), its typed errors answered with
+        `errors` (OpenAI's object by default), a client gone mid-body answered with nothing."""
         async def guarded(request: Request) -> Response:
             try:
-                self._authorize(request)
+                if not public:
+                    self._authorize(request)
                 return await endpoint(request)
-            except _ClientGone as e:
+            except ClientGone as e:
                 self.client_gone(e.phase)
-                return _Silent()
+                return Silent()
             except (HttpError, ActordError) as e:
-                return error_response(e)
+                return errors(e)
         return guarded
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
@@ -445,7 +319,7 @@ class HttpFront:
                     if len(buf) > limit:
                         raise HttpError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
         except ClientDisconnect:
-            raise _ClientGone("body") from None
+            raise ClientGone("body") from None
         except TimeoutError:
             self.refused("body_timeout")
             log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
@@ -503,7 +377,7 @@ class HttpFront:
         async def run(on_token: Any) -> Any:
             return (await self.system.chat(chat, on_token=on_token)).completion
 
-        return _Generation(self, run, chat=True, model=req.model or self.model_id, stream=req.stream,
+        return OpenAIAnswer.response(self, run, chat=True, model=req.model or self.model_id, stream=req.stream,
                            include_usage=bool(req.stream_options and req.stream_options.include_usage),
                            logprobs=fields["logprobs"])
 
@@ -522,7 +396,7 @@ class HttpFront:
         async def run(on_token: Any) -> Any:
             return await self.system.complete(comp, on_token=on_token)
 
-        return _Generation(self, run, chat=False, model=req.model or self.model_id, stream=req.stream,
+        return OpenAIAnswer.response(self, run, chat=False, model=req.model or self.model_id, stream=req.stream,
                            include_usage=bool(req.stream_options and req.stream_options.include_usage),
                            logprobs=fields["logprobs"])
 

@@ -67,6 +67,8 @@ from actord.api import CompletionRequest, CompletionResult
 from actord.errors import ActordError, InvalidParams, PathRefused, PromptTooLong
 from actord.http import app as A
 from actord.http import openai as O
+from actord.http.responses import HttpError, json_response
+from actord.http.streaming import Generation, guarded
 from actord.log import get
 from actord.rpc.methods import METHODS
 
@@ -93,7 +95,7 @@ def error_body(status: int, message: str, kind: str | None = None, **extra: Any)
     return {"error": {"code": status, "message": message, "type": kind or error_type(status), **extra}}
 
 
-def error_object(e: A.HttpError | ActordError) -> tuple[int, dict[str, Any]]:
+def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
     if isinstance(e, ActordError):
         status = error_status(e)
         extra: dict[str, Any] = {"actord": e.to_dict()}
@@ -105,9 +107,9 @@ def error_object(e: A.HttpError | ActordError) -> tuple[int, dict[str, Any]]:
     return e.status, error_body(e.status, e.message, actord={"type": e.code, "message": e.message})
 
 
-def error_response(e: A.HttpError | ActordError) -> Response:
+def error_response(e: HttpError | ActordError) -> Response:
     status, body = error_object(e)
-    return A.json_response(body, status)
+    return json_response(body, status)
 
 
 def _refuse(field: str, why: str) -> InvalidParams:
@@ -304,46 +306,39 @@ SEED_SERIES: list[tuple[str, str]] = [
 ]
 
 
-# -- a generation in the response ------------------------------------------------------------
+# -- a completion in the response (streaming.Generation) ---------------------------------------
 
 
 Job = Callable[[Any], Awaitable[CompletionResult]]
 Finish = Callable[[int, CompletionResult], Awaitable[dict[str, Any]]]
 
 
-class _Completion(Response):
-    """Runs the completions inside the response, so a client that hangs up cancels them
-    (as `app._Generation` does for the OpenAI routes), and answers llama-server's way: one
-    object (or an array, for several prompts), or SSE chunks whose last is the result."""
+class NativeAnswer:
+    """llama-server's framing of a completion (`streaming.Answer`): one object (or an
+    array, for several prompts, run side by side: one fails, the request fails); streamed,
+    SSE chunks with the text and tokens so far, whose last is the whole result, and no
+    `[DONE]`."""
 
-    def __init__(self, front: Any, jobs: list[Job], finish: Finish, *, stream: bool) -> None:
-        self.front, self.jobs, self.finish, self.stream = front, jobs, finish, stream
-        self.background = None
+    done = b""
+    error_object = staticmethod(error_object)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.stream:
-            await self._streamed(scope, receive, send)
-        else:
-            await self._whole(scope, receive, send)
+    def __init__(self, jobs: list[Job], finish: Finish) -> None:
+        self.jobs, self.finish = jobs, finish
+        self.n_predicted = 0
 
-    async def _run(self, job: Job, on_token: Any) -> CompletionResult:
-        try:
-            return await job(on_token)
-        except ActordError:
-            raise
-        except Exception as e:  # a bug in one request must not take down its peers
-            log.exception("http.internal_error", error=repr(e))
-            raise A.HttpError(500, f"internal error: {type(e).__name__}", "internal_error") from None
+    @classmethod
+    def response(cls, front: Any, jobs: list[Job], finish: Finish, *, stream: bool) -> Generation:
+        return Generation(front, cls(jobs, finish), stream=stream)
 
-    async def _all(self) -> Any:
+    async def whole(self) -> Any:
         results: list[CompletionResult | None] = [None] * len(self.jobs)
         errors: list[BaseException] = []
         async with anyio.create_task_group() as tg:
             for i, job in enumerate(self.jobs):
                 async def one(i: int = i, job: Job = job) -> None:
                     try:
-                        results[i] = await self._run(job, None)
-                    except (ActordError, A.HttpError) as e:
+                        results[i] = await guarded(lambda: job(None))
+                    except (ActordError, HttpError) as e:
                         errors.append(e)
                         tg.cancel_scope.cancel()  # one fails, the request fails: the rest stop
 
@@ -353,96 +348,17 @@ class _Completion(Response):
         bodies = [await self.finish(i, r) for i, r in enumerate(results) if r is not None]
         return bodies[0] if len(bodies) == 1 else bodies
 
-    async def _whole(self, scope: Any, receive: Any, send: Any) -> None:
-        outcome: dict[str, Any] = {}
-        async with anyio.create_task_group() as tg:
-            async def work() -> None:
-                try:
-                    outcome["result"] = await self._all()
-                except (ActordError, A.HttpError) as e:
-                    outcome["error"] = e
-                finally:
-                    tg.cancel_scope.cancel()
+    async def streamed(self, on_token: Any) -> list[Any]:
+        r = await self.jobs[0](on_token)
+        return [await self.finish(0, r)]
 
-            tg.start_soon(work)
-            await A._until_disconnect(receive)
-            if not outcome:
-                self.front.client_gone("generation", stream=False)
-            tg.cancel_scope.cancel()
-        if "error" in outcome:
-            response = error_response(outcome["error"])
-        elif "result" in outcome:
-            response = A.json_response(outcome["result"])
-        else:
-            return  # the client went away: nobody to answer
-        await response(scope, receive, send)
+    def first(self) -> Any | None:
+        return None
 
-    async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
-        job = self.jobs[0]
-        tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](A.OUTBOX)
-        finished = False  # from then on, http.disconnect is the end of the answer
-        n_predicted = 0
-
-        async with anyio.create_task_group() as tg:
-            def on_token(chunk: dict[str, Any]) -> None:
-                nonlocal n_predicted
-                n_predicted += len(chunk.get("tokens", ()))
-                partial = {"index": 0, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
-                           "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": n_predicted}
-                try:
-                    tx.send_nowait(("data", A._sse(partial)))
-                except anyio.WouldBlock:
-                    log.warning("http.client_too_slow")
-                    tg.cancel_scope.cancel()
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
-
-            async def work() -> None:
-                async with tx:
-                    try:
-                        r = await self._run(job, on_token)
-                        last = await self.finish(0, r)
-                    except (ActordError, A.HttpError) as e:
-                        await tx.send(("error", e))
-                        return
-                    await tx.send(("data", A._sse(last)))
-
-            async def watch() -> None:
-                await A._until_disconnect(receive)
-                if not finished:
-                    self.front.client_gone("generation", stream=True)
-                    tg.cancel_scope.cancel()
-
-            tg.start_soon(work)
-            tg.start_soon(watch)
-            started = False
-            async with rx:
-                async for kind, payload in rx:
-                    if not started:
-                        if kind == "error":  # before the first chunk: still an HTTP status
-                            finished = True
-                            await error_response(payload)(scope, receive, send)
-                            break
-                        await send({"type": "http.response.start", "status": 200, "headers": A._SSE_HEADERS})
-                        started = True
-                    if kind == "error":
-                        payload = A._sse(error_object(payload)[1])
-                    else:  # what queued while the last write was under way goes in one write
-                        while True:
-                            try:
-                                more_kind, more = rx.receive_nowait()
-                            except (anyio.WouldBlock, anyio.EndOfStream):
-                                break
-                            if more_kind != "data":
-                                payload += A._sse(error_object(more)[1])
-                                break
-                            payload += more
-                    await send({"type": "http.response.body", "body": payload, "more_body": True})
-                else:
-                    if started:
-                        finished = True
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
-            tg.cancel_scope.cancel()
+    def chunk(self, chunk: dict[str, Any]) -> Any:
+        self.n_predicted += len(chunk.get("tokens", ()))
+        return {"index": 0, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
+                "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": self.n_predicted}
 
 
 # -- the routes ----------------------------------------------------------------------------------
@@ -482,17 +398,7 @@ class Native:
 
     def _guard(self, endpoint: Callable[[Request], Awaitable[Response]], *,
                public: bool = False) -> Callable[[Request], Awaitable[Response]]:
-        async def guarded(request: Request) -> Response:
-            try:
-                if not public:
-                    self.front._authorize(request)
-                return await endpoint(request)
-            except A._ClientGone as e:
-                self.front.client_gone(e.phase)
-                return A._Silent()
-            except (A.HttpError, ActordError) as e:
-                return error_response(e)
-        return guarded
+        return self.front.guard(endpoint, errors=error_response, public=public)
 
     async def _json(self, request: Request) -> Any:
         """The body as JSON (an empty body is `{}`: llama-server's erase sends none)."""
@@ -502,7 +408,7 @@ class Native:
         try:
             return msgspec.json.decode(raw)
         except msgspec.DecodeError as e:
-            raise A.HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+            raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
 
     async def _decode(self, request: Request, typ: type) -> Any:
         obj = await self._json(request)
@@ -613,7 +519,7 @@ class Native:
         async def finish(i: int, r: CompletionResult) -> dict[str, Any]:
             return await self._result(i, r, reqs[i], prompts[i], body, settings)
 
-        return _Completion(self.front, [job(r) for r in reqs], finish, stream=body.stream)
+        return NativeAnswer.response(self.front, [job(r) for r in reqs], finish, stream=body.stream)
 
     async def _mixed(self, prompt: list[int | str]) -> list[int]:
         """Token ids mixed with strings: each string tokenized in place; a leading string
@@ -679,20 +585,20 @@ class Native:
             raise InvalidParams("the request body must be a JSON object")
         content = obj.get("content")
         if content is None:
-            return A.json_response({"tokens": []})  # llama-server: no content, no tokens
+            return json_response({"tokens": []})  # llama-server: no content, no tokens
         if isinstance(content, list):  # llama-server tokenizes a mixed list too
             tokens = await self._mixed(self._convert(content, list[int | str]))
-            return A.json_response({"tokens": tokens})
+            return json_response({"tokens": tokens})
         params = {k: obj[k] for k in ("content", "add_special", "parse_special", "with_pieces") if k in obj}
-        return A.json_response(await self._call("tokenize", params))
+        return json_response(await self._call("tokenize", params))
 
     async def detokenize(self, request: Request) -> Response:
         obj = await self._json(request)
         if not isinstance(obj, dict):
             raise InvalidParams("the request body must be a JSON object")
         if "tokens" not in obj:
-            return A.json_response({"content": ""})
-        return A.json_response(await self._call("detokenize", {"tokens": obj["tokens"]}))
+            return json_response({"content": ""})
+        return json_response(await self._call("detokenize", {"tokens": obj["tokens"]}))
 
     async def apply_template(self, request: Request) -> Response:
         obj = await self._json(request)
@@ -710,7 +616,7 @@ class Native:
         params: dict[str, Any] = {"messages": messages}
         if "add_generation_prompt" in obj:
             params["add_generation_prompt"] = obj["add_generation_prompt"]
-        return A.json_response(await self._call("apply_template", params))
+        return json_response(await self._call("apply_template", params))
 
     # -- props, slots ----------------------------------------------------------------------
 
@@ -736,7 +642,7 @@ class Native:
             "is_sleeping": False,
             "slot_page_version": 1, "lora_page_version": 1,
         }
-        return A.json_response(out)
+        return json_response(out)
 
     async def slots(self, request: Request) -> Response:
         infos = await self.system.slot_list()
@@ -744,8 +650,8 @@ class Native:
         out = [{"id": i.id, "id_task": -1, "n_ctx": n_ctx, "speculative": False,
                 "is_processing": i.state == "processing", **msgspec.to_builtins(i)} for i in infos]
         if request.query_params.get("fail_on_no_slot") and not any(i.state == "idle" for i in infos):
-            raise A.HttpError(503, "no slot available", "unavailable")
-        return A.json_response(out)
+            raise HttpError(503, "no slot available", "unavailable")
+        return json_response(out)
 
     async def slot_action(self, request: Request) -> Response:
         try:
@@ -773,7 +679,7 @@ class Native:
         if action == "erase":
             held = next((i.n_tokens for i in await self.system.slot_list() if i.id == slot), 0)
             await self._call("slot.erase", {"slot": slot})
-            return A.json_response({"id_slot": slot, "n_erased": held, "erased": True})
+            return json_response({"id_slot": slot, "n_erased": held, "erased": True})
         if action in ("save", "restore"):
             filename = field("filename", alias="file")
             r = await self._call(f"slot.{action}", {"slot": slot, "file": filename})
@@ -781,19 +687,19 @@ class Native:
                 shaped = {"n_saved": r["n_tokens"], "n_written": r["n_bytes"], "timings": {"save_ms": r["t_ms"]}}
             else:
                 shaped = {"n_restored": r["n_tokens"], "n_read": r["n_bytes"], "timings": {"restore_ms": r["t_ms"]}}
-            return A.json_response({"id_slot": slot, "filename": filename, **shaped, **r})
+            return json_response({"id_slot": slot, "filename": filename, **shaped, **r})
         page = field("page", query=True)
         if action in ("page_out", "page_in"):
             r = await self._call(f"page.{action[5:]}", {"slot": slot, "page": page})
-            return A.json_response({"id_slot": slot, **r, "timings": {f"{action}_ms": r["t_ms"]}})
+            return json_response({"id_slot": slot, **r, "timings": {f"{action}_ms": r["t_ms"]}})
         if action == "page_drop":
             r = await self._call("page.drop", {"page": page})
-            return A.json_response({"id_slot": slot, **r, "dropped": True})
+            return json_response({"id_slot": slot, **r, "dropped": True})
         drop = obj.get("drop", request.query_params.get("drop", False))
         if isinstance(drop, str):
             drop = drop.lower() in ("1", "true", "yes")
         r = await self._call("page.spill", {"page": page, "file": field("filename", alias="file"), "drop": drop})
-        return A.json_response({"id_slot": slot, "filename": r["file"], **r, "timings": {"spill_ms": r["t_ms"]}})
+        return json_response({"id_slot": slot, "filename": r["file"], **r, "timings": {"spill_ms": r["t_ms"]}})
 
     # -- LoRA adapters (genes) ---------------------------------------------------------
 
@@ -804,7 +710,7 @@ class Native:
                  "default": g["id"] in defaults} for g in await self._call("gene.list", {})]
 
     async def lora_adapters(self, request: Request) -> Response:
-        return A.json_response(await self._genes())
+        return json_response(await self._genes())
 
     async def lora_scales(self, request: Request) -> Response:
         obj = await self._json(request)
@@ -816,14 +722,14 @@ class Native:
         if unknown:
             raise InvalidParams(f"no adapter {unknown[0]}", param="id")
         if any(want.get(gid, 0.0) != scale for gid, scale in now.items()):
-            raise A.HttpError(501, "global adapter scales are fixed at start (the --gene adapters at 1, the "
+            raise HttpError(501, "global adapter scales are fixed at start (the --gene adapters at 1, the "
                                    "others at 0): set a request's own with its \"lora\" field", "not_supported")
-        return A.json_response({"success": True})
+        return json_response({"success": True})
 
     async def lora_verb(self, request: Request) -> Response:
         verb = request.path_params["verb"]
         if verb not in ("load", "unload", "page_out", "page_in"):
-            raise A.HttpError(404, f"no route POST /lora-adapters/{verb[:64]} (load, unload, page_out, page_in)",
+            raise HttpError(404, f"no route POST /lora-adapters/{verb[:64]} (load, unload, page_out, page_in)",
                               "not_found")
         obj = await self._json(request)
         if not isinstance(obj, dict):
@@ -836,20 +742,20 @@ class Native:
             if "id" not in obj:
                 raise InvalidParams('"id" is required', param="id")
             r = await self._call(f"gene.{verb}", {"id": obj["id"]})
-        return A.json_response({"success": True, **r} if verb == "unload" else r)
+        return json_response({"success": True, **r} if verb == "unload" else r)
 
     # -- health, metrics -----------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
         if self.system is None:
-            return A.json_response(error_body(503, "Loading model"), 503)
+            return json_response(error_body(503, "Loading model"), 503)
         h = await self.system.health()
         if getattr(self.system, "closing", False):
-            return A.json_response({**error_body(503, "shutting down"), **h, "status": "shutting_down"}, 503)
+            return json_response({**error_body(503, "shutting down"), **h, "status": "shutting_down"}, 503)
         if h["status"] != "ok":
             why = f"actors failed: {', '.join(h['failed_actors'])}"
-            return A.json_response({**error_body(503, why), **h}, 503)
-        return A.json_response(h)
+            return json_response({**error_body(503, why), **h}, 503)
+        return json_response(h)
 
     async def metrics(self, request: Request) -> Response:
         text = self.system.metrics_text() + llama_metrics(self.system)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -516,16 +517,28 @@ def test_a_mind_header_places_the_completion_and_pages_it(server):
                              headers={**AUTH, "x-actord-mind": "zed"}), 400, "InvalidParams")
 
 
-def test_a_client_that_hangs_up_mid_stream_cancels_its_generation(server):
-    name = 'requests_total{outcome="cancelled"}'
-    before = server.metric(name)
-    body = {"prompt": "go on and on", "n_predict": 3800, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/completion", json=body, headers=AUTH) as r:
-        assert r.status_code == 200
-        lines = r.iter_lines()
-        assert any(next(lines).startswith("data: ") for _ in range(4))
-    eventually(lambda: server.metric(name) > before)
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_cancels_its_generation_and_is_counted_once(server, stream):
+    cancelled, gone = 'requests_total{outcome="cancelled"}', 'http_client_gone_total{phase="generation"}'
+    before, gone_before = server.metric(cancelled), server.metric(gone)
+    body = {"prompt": f"go on and on {stream}", "n_predict": 3800, "ignore_eos": True, "stream": stream}
+    if stream:  # a few chunks arrive, then the client hangs up
+        with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/completion", json=body,
+                                                       headers=AUTH) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert any(next(lines).startswith("data: ") for _ in range(4))
+    else:  # the request is in, its generation runs, and the client hangs up before the answer
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        payload = json.dumps(body).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + KEY.encode()
+                      + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(payload)).encode()
+                      + b"\r\n\r\n" + payload)
+            eventually(lambda: server.metric("requests_in_flight") >= 1)
+    eventually(lambda: server.metric(cancelled) > before)
     eventually(lambda: server.metric("requests_in_flight") == 0)
+    assert server.metric(gone) == gone_before + 1
 
 
 def test_the_text_verbs_record_their_inputs_so_a_trace_replays(tmp_path):
