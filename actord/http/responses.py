@@ -6,6 +6,7 @@ import another for them. `HttpError` is an error of the HTTP layer itself (a mis
 body over its limit); `ClientGone` a client that hung up before its request was read;
 `Silent` the answer to it (nothing). `error_response` is OpenAI's error object, which the
 front answers with on every route that is not llama-server's, unknown routes included.
+`RouteGroup` is what a group of routes holds: the front it stands behind.
 """
 
 from __future__ import annotations
@@ -60,3 +61,18 @@ def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
 def error_response(e: HttpError | ActordError) -> Response:
     status, body = error_object(e)
     return json_response(body, status)
+
+
+class RouteGroup:
+    """A group of routes on one front (`app.HttpFront`): its system and configuration."""
+
+    def __init__(self, front: Any) -> None:
+        self.front = front
+
+    @property
+    def system(self) -> Any:
+        return self.front.system
+
+    @property
+    def config(self) -> Any:
+        return self.front.config

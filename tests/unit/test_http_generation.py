@@ -40,13 +40,13 @@ def _result(content: str = "ab", tokens: tuple[int, ...] = (5, 6)) -> Completion
 def _answer(kind: str, front: FakeFront, run: Any, *, stream: bool, include_usage: bool = False) -> Any:
     """The response a route hands Starlette, for one kind of front."""
     if kind == "native":
-        from actord.http.native import NativeAnswer
+        from actord.http.native_completion import NativeAnswer
 
         async def finish(i: int, r: CompletionResult) -> dict:
             return {"index": i, "content": "" if stream else r.content, "stop": True, "tokens_predicted": len(r.tokens)}
 
         return NativeAnswer.response(front, [run], finish, stream=stream)
-    from actord.http.app import OpenAIAnswer
+    from actord.http.openai_routes import OpenAIAnswer
 
     return OpenAIAnswer.response(front, run, chat=kind == "chat", model="m", stream=stream,
                                  include_usage=include_usage)
