@@ -7,5 +7,6 @@ one Starlette app in the daemon's event loop.
 - `streaming.py`: a generation inside a response, whole or streamed, for both APIs
 - `openai.py`: OpenAI's wire shapes (pure); `openai_routes.py`: its routes
 - `native.py`: llama-server's route table, text verbs, props, health, metrics;
-  `native_base.py` (shared), `native_completion.py`, `native_slots.py`, `native_genes.py`
+  `native_base.py` (shared), `native_completion.py`, `native_sampling.py`, `native_slots.py`,
+  `native_genes.py`
 """

@@ -7,17 +7,20 @@ and what is refused (`_NEUTRAL`), its prompt shapes, its answer (`NativeAnswer`,
 
 Fields: `prompt` (a string, token ids, ids mixed with strings, or several prompts),
 `n_predict` (`max_tokens`), `stream` (SSE `data:` chunks, the last one the whole result,
-no `[DONE]`, as llama-server), `id_slot`, `seed`, `temperature`, `top_k`, `top_p`, `stop`,
-`ignore_eos`, `lora`, `return_tokens`, `response_fields`; the answer has `content`,
-`tokens`, `id_slot`, `stop`, `stop_type`, `stopping_word`, `tokens_predicted`,
-`tokens_evaluated`, `tokens_cached`, `truncated`, `generation_settings`, `timings`.
+no `[DONE]`, as llama-server), `id_slot`, `stop`, `ignore_eos`, `lora`, `return_tokens`,
+`response_fields`, and the sampling fields, with llama-server's defaults
+(`native_sampling.py`: `seed`, `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
+`repeat_last_n`, `presence_penalty`, `frequency_penalty`, `grammar`, `json_schema`,
+`logit_bias`, `n_probs`); the answer has `content`, `tokens`, `id_slot`, `stop`,
+`stop_type`, `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`,
+`truncated`, `generation_settings`, `timings`, and `completion_probabilities` when
+`n_probs` asks for them.
 
 Choices where llama-server and actord differ, stated:
-- Sampling defaults are llama-server's where actord has the sampler (temperature 0.8, top_k
-  40, top_p 0.95); llama-server's default min_p 0.05 is not applied (there is no min-p
-  sampler). A field naming a sampler actord lacks (min_p, penalties, DRY, XTC, mirostat,
-  typical_p, dynatemp, grammar, json_schema, logit_bias, n_probs, samplers, ...) is refused
-  with a 400 naming it unless it asks for the neutral value, never ignored.
+- A field naming a sampler or feature actord lacks (DRY, XTC, mirostat, typical_p,
+  dynatemp, top_n_sigma, min_keep, post_sampling_probs, samplers, n_cmpl, n_indent,
+  t_max_predict_ms, timings_per_token, return_progress, multimodal data) is refused with a
+  400 naming it unless it asks for the neutral value, never ignored (`_NEUTRAL`).
 - `seed` absent: the daemon's `--seed` (reproducible); `-1` (or 4294967295): a fresh random
   seed, as llama-server's default does.
 - `n_predict` absent: `--http-default-max-tokens` (the analogue of llama-server's `-n`);
@@ -32,8 +35,6 @@ Choices where llama-server and actord differ, stated:
 
 from __future__ import annotations
 
-import math
-import secrets
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -44,13 +45,12 @@ from starlette.routing import Route
 
 from actord.api import CompletionRequest, CompletionResult
 from actord.errors import ActordError, InvalidParams
+from actord.http import native_sampling as S
 from actord.http import openai as O
 from actord.http.native_base import LoraRef, NativeRoutes, error_object, is_token, unsupported
 from actord.http.responses import HttpError
 from actord.http.streaming import Generation, guarded
 
-DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P = 0.8, 40, 0.95
-_RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama-server's LLAMA_DEFAULT_SEED: "pick one"
 
 
 # -- the request ---------------------------------------------------------------------------------
@@ -72,12 +72,19 @@ class CompletionBody(msgspec.Struct, kw_only=True, frozen=True):
     return_tokens: bool = False
     response_fields: list[str] | None = None
     lora: list[LoraRef] | None = None
-    # Refused unless they ask for the neutral value: typed Any so that the 400 names the
-    # field whatever its value.
+    # Sampling (native_sampling), typed Any so that a bad value's 400 names the field.
     min_p: Any = None
     repeat_penalty: Any = None
+    repeat_last_n: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
+    grammar: Any = None
+    json_schema: Any = None
+    logit_bias: Any = None
+    n_probs: Any = None
+    logprobs: Any = None  # llama-server's alias of n_probs, read when n_probs is absent
+    # Refused unless they ask for the neutral value: typed Any so that the 400 names the
+    # field whatever its value.
     dry_multiplier: Any = None
     xtc_probability: Any = None
     mirostat: Any = None
@@ -85,10 +92,6 @@ class CompletionBody(msgspec.Struct, kw_only=True, frozen=True):
     dynatemp_range: Any = None
     top_n_sigma: Any = None
     min_keep: Any = None
-    grammar: Any = None
-    json_schema: Any = None
-    logit_bias: Any = None
-    n_probs: Any = None
     post_sampling_probs: Any = None
     samplers: Any = None
     n_cmpl: Any = None
@@ -104,10 +107,6 @@ def _off(v: Any) -> bool:
 
 
 _NEUTRAL: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("min_p", _off, "there is no min-p sampler"),
-    ("repeat_penalty", lambda v: v is None or v == 1, "repetition penalties are not supported"),
-    ("presence_penalty", _off, "repetition penalties are not supported"),
-    ("frequency_penalty", _off, "repetition penalties are not supported"),
     ("dry_multiplier", _off, "the DRY sampler is not supported"),
     ("xtc_probability", _off, "the XTC sampler is not supported"),
     ("mirostat", _off, "mirostat is not supported"),
@@ -115,12 +114,8 @@ _NEUTRAL: list[tuple[str, Callable[[Any], bool], str]] = [
     ("dynatemp_range", _off, "dynamic temperature is not supported"),
     ("top_n_sigma", lambda v: v is None or (isinstance(v, (int, float)) and v <= 0), "top-n-sigma is not supported"),
     ("min_keep", _off, "min_keep is not supported"),
-    ("grammar", _off, "constrained decoding is not supported"),
-    ("json_schema", lambda v: v is None, "constrained decoding is not supported"),
-    ("logit_bias", _off, "logit biases are not supported"),
-    ("n_probs", _off, "token probabilities are not supported"),
-    ("post_sampling_probs", _off, "token probabilities are not supported"),
-    ("samplers", lambda v: v is None, "the sampler order is fixed (top_k, top_p, temperature)"),
+    ("post_sampling_probs", _off, "post-sampling probabilities are not supported (n_probs gives the model's)"),
+    ("samplers", lambda v: v is None, f"the sampler order is fixed ({', '.join(S.SAMPLERS)})"),
     ("n_cmpl", lambda v: v is None or v == 1, "one completion per prompt"),
     ("n_indent", _off, "indentation limits are not supported"),
     ("t_max_predict_ms", _off, "prediction time limits are not supported"),
@@ -195,14 +190,8 @@ def nested_fields(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:
 
 def generation_defaults(config: Any, n_ctx: int) -> dict[str, Any]:
     """What a /completion naming nothing gets (llama-server's `params` shape)."""
-    return {
-        "n_predict": min(config.http_default_max_tokens, n_ctx),
-        "seed": config.seed, "temperature": DEFAULT_TEMPERATURE, "top_k": DEFAULT_TOP_K,
-        "top_p": DEFAULT_TOP_P, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
-        "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat": 0, "stop": [],
-        "ignore_eos": False, "stream": False, "n_probs": 0, "grammar": "",
-        "samplers": ["top_k", "top_p", "temperature"], "lora": [],
-    }
+    return {"n_predict": min(config.http_default_max_tokens, n_ctx), **S.defaults(config.seed), "stop": [],
+            "ignore_eos": False, "stream": False, "lora": []}
 
 
 # -- the answer (run by streaming.Generation) ------------------------------------------------------
@@ -256,8 +245,11 @@ class NativeAnswer:
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         self.n_predicted += len(chunk.get("tokens", ()))
-        return {"index": 0, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
-                "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": self.n_predicted}
+        out = {"index": 0, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
+               "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": self.n_predicted}
+        if chunk.get("logprobs"):  # n_probs asked for: this chunk's tokens' (llama-server's shape)
+            out["completion_probabilities"] = S.probabilities(chunk["logprobs"])
+        return out
 
 
 # -- the route -----------------------------------------------------------------------------------
@@ -271,6 +263,11 @@ class CompletionRoutes(NativeRoutes):
 
     def _mind(self, request: Request) -> str | None:
         return request.headers.get("x-actord-mind") or None
+
+    async def _bias_tokens(self, text: str) -> list[int]:
+        """A logit_bias text's tokens: no BOS, special tokens as plain text (llama-server's)."""
+        r = await self._call("tokenize", {"content": text, "add_special": False, "parse_special": False})
+        return list(r["tokens"])
 
     async def completion(self, request: Request) -> Response:
         body: CompletionBody = await self._decode(request, CompletionBody)
@@ -291,22 +288,9 @@ class CompletionRoutes(NativeRoutes):
             n = n_ctx  # until EOS, a stop, or the context is full
         elif n < -1:
             raise InvalidParams(f"n_predict must be >= -1, got {n}", param="n_predict")
-        temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
-        if not math.isfinite(temperature):
-            raise InvalidParams("temperature must be finite", param="temperature")
-        temperature = max(0.0, temperature)  # llama-server: <= 0 is greedy
-        top_k = DEFAULT_TOP_K if body.top_k is None else max(0, body.top_k)  # <= 0: off
-        top_p = DEFAULT_TOP_P if body.top_p is None else body.top_p
-        if not math.isfinite(top_p):
-            raise InvalidParams("top_p must be finite", param="top_p")
-        if top_p <= 0:
-            temperature, top_p = 0.0, 1.0  # keeps the one most likely token: greedy
-        top_p = min(top_p, 1.0)
-        seed = body.seed
-        if seed in _RANDOM_SEEDS:
-            seed = secrets.randbelow(0xFFFFFFFF)
-        elif seed is not None and not 0 <= seed < 0xFFFFFFFF:
-            raise InvalidParams(f"seed must be -1 or in [0, 2^32 - 1), got {seed}", param="seed")
+        fields, sampling = await S.sampling(body, default_seed=self.config.seed, n_vocab=self.system.props.n_vocab,
+                                            max_top=self.config.request_limits().max_top_logprobs,
+                                            tokenize=self._bias_tokens)
         genes: list[dict[str, Any]] = []
         if body.lora is not None:
             listed = {g.id: g.scale for g in body.lora}
@@ -323,15 +307,14 @@ class CompletionRoutes(NativeRoutes):
             prompt: str | list[int] = p if isinstance(p, str) else await self._mixed(p)
             try:
                 reqs.append(msgspec.convert(dict(
-                    prompt=prompt, n_predict=n, slot=slot, mind=mind, temperature=temperature, top_k=top_k,
-                    top_p=top_p, seed=seed, stop=stops, ignore_eos=body.ignore_eos, stream=body.stream,
-                    genes=genes), CompletionRequest).check(self.config.request_limits()))
+                    prompt=prompt, n_predict=n, slot=slot, mind=mind, stop=stops, ignore_eos=body.ignore_eos,
+                    stream=body.stream, genes=genes, **fields), CompletionRequest).check(self.config.request_limits()))
             except msgspec.ValidationError as e:
                 raise InvalidParams(f"invalid request: {e}") from None
         settings = {
-            **generation_defaults(self.config, n_ctx), "n_predict": n, "seed": self.config.seed if seed is None else seed,
-            "temperature": temperature, "top_k": top_k, "top_p": top_p, "stop": stops, "ignore_eos": body.ignore_eos,
-            "stream": body.stream, "lora": genes, "id_slot": body.id_slot, "mind": mind, "n_ctx": n_ctx,
+            **generation_defaults(self.config, n_ctx), **sampling, "n_predict": n, "stop": stops,
+            "ignore_eos": body.ignore_eos, "stream": body.stream, "lora": genes, "id_slot": body.id_slot, "mind": mind,
+            "n_ctx": n_ctx,
         }
         system = self.system
 
@@ -386,4 +369,6 @@ class CompletionRoutes(NativeRoutes):
             "stop_reason": r.stop_reason,  # actord's own words, beside stop_type
             "resumed_from_checkpoint": r.resumed_from_checkpoint,
         }
+        if not body.stream and r.logprobs:  # streamed, each chunk carried its tokens'
+            out["completion_probabilities"] = S.probabilities(r.logprobs)
         return out if fields is None else nested_fields(fields, out)
