@@ -150,7 +150,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
-        ).check()
+        ).check(self.config.request_limits())
 
         async def run(on_token: Any) -> Any:
             return await self.system.complete(comp, on_token=on_token)
@@ -159,12 +159,12 @@ class OpenAIRoutes(RouteGroup):
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
-    @staticmethod
-    def _precheck(mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
+    def _precheck(self, mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
                   fields: dict[str, Any]) -> None:
-        # The same checks a completion makes, before any rendering work.
+        # The same checks a completion makes, before any rendering work, under this
+        # daemon's limits (the defaults' are a 4096-token context's).
         CompletionRequest(prompt=[0], n_predict=n_predict, mind=mind, temperature=temperature,
-                          top_k=top_k, top_p=top_p, **fields).check()
+                          top_k=top_k, top_p=top_p, **fields).check(self.config.request_limits())
 
     def _model_object(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.front.created, "owned_by": "actord"}
