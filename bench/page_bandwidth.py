@@ -274,6 +274,9 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
             "Gemma 3 270M: page_out / page_in vs memcpy", rows, refs).items()})
         del refs
 
+        if a.skip_files_and_turns:
+            return results
+
         # 2. files: save, restore, spill
         saves, restores, spills = [], [], []
         for _ in range(a.reps):
@@ -424,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--big-tokens", type=int, default=1024, help="synthetic prompt length (state ~ 128 KiB/token)")
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-big", action="store_true")
+    p.add_argument("--skip-files-and-turns", action="store_true",
+                   help="real model: only the page_out/page_in cycles (no save/restore/spill, no re-prefills)")
     a = p.parse_args(argv)
     if a.reps < 1 or a.memcpy_reps < 1 or a.prompt_tokens < 2 or a.big_tokens < 2:
         p.error("--reps, --memcpy-reps >= 1 and prompt lengths >= 2")
