@@ -16,7 +16,9 @@ import anyio
 
 from actord.actors.base import Envelope
 from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
-from actord.actors.pages import Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take
+from actord.actors.pages import (
+    Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+)
 from actord.actors.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
 from actord.errors import ActordError, EngineError, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
@@ -92,9 +94,12 @@ class SlotPages:
         ckpts = self.page_checkpoints()
         n_state = await self.engine.run(J.StateSize(seq=self.seq))
         n_bytes = n_state + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
-        reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+        # The store admits the page and hands out the buffer the state goes into (a warm one
+        # from its pool when one fits); libllama writes the state there, the one copy.
+        adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        reservation, n_bytes = adm.reservation, adm.n_bytes
         try:
-            st = await self.engine.run(J.StateGet(seq=self.seq))
+            st = await self.engine.run(J.StateGet(seq=self.seq, into=adm.into, capacity=adm.capacity))
             if st.n_bytes != n_state:
                 raise EngineError("sequence state changed size between admission and copy", slot=self.id)
             page = Page(
@@ -217,7 +222,7 @@ def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[i
         tokens=list(tokens), state=state,
         checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
         genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
-        meta=model_fingerprint(props),
+        meta={**model_fingerprint(props), **state_layout(props)},
         divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
     )
 
@@ -231,3 +236,26 @@ def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
     got = {k: image.meta.get(k) for k in want}
     if got != want:
         raise PageDoesNotFit(f"{file} was saved from another model", file=file, saved=got, model=want)
+    check_state_layout(image, props, file)
+
+
+def state_layout(props: J.ModelProps) -> dict[str, Any]:
+    """What a state's bytes need of the context they go into, beyond the model: the V cache's
+    layout. libllama refuses a state whose V transposition differs ("incompatible V
+    transposition"); it is transposed only where flash attention is off outright."""
+    return {"v_trans": props.device.v_trans}
+
+
+def check_state_layout(image: PageImage, props: J.ModelProps, file: str) -> None:
+    # A file from before the layout was recorded was written with flash attention "auto",
+    # the only setting there was: V not transposed.
+    saved = bool(image.meta.get("v_trans", False))
+    if saved != props.device.v_trans:
+        def fa(v: bool) -> str:
+            return "off" if v else "auto or on"
+
+        raise PageDoesNotFit(
+            f"{file} holds a state taken with flash attention {fa(saved)}, and this daemon runs with "
+            f"--flash-attn {props.device.flash_attn}: its V cache layout differs; restore it under "
+            f"--flash-attn {'off' if saved else 'auto'}",
+            file=file, saved_v_trans=saved, v_trans=props.device.v_trans)

@@ -7,6 +7,8 @@ Being msgspec Structs, jobs and results can be digested into a trace and replaye
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -91,9 +93,34 @@ class StateSize(Job):
     partial: bool = False
 
 
+class HostBuffer:
+    """A host buffer a state is copied into: pre-faulted memory from the page store's pool
+    (actors/buffer_pool.py), so a page_out writes warm pages instead of faulting fresh ones.
+
+    Its content before the copy is stale and no part of a job: a trace digests only its
+    capacity (repr)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array  # a writable, C-contiguous numpy uint8 array
+
+    @property
+    def capacity(self) -> int:
+        return int(self.array.nbytes)
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({self.capacity})"
+
+
 class StateGet(Job):
+    """Copy a sequence's state into host memory, once: libllama writes it into `into` when
+    given (and large enough), else into a fresh buffer of at least `capacity` bytes."""
+
     seq: int
     partial: bool = False
+    into: Any = None  # HostBuffer | None
+    capacity: int = 0
 
 
 class StateSet(Job):
@@ -144,6 +171,38 @@ class Fail(Job):
 # ---- results -------------------------------------------------------------------------
 
 
+class DeviceInfo(msgspec.Struct, frozen=True):
+    """One ggml backend device (ggml_backend_dev_*), its memory when read."""
+
+    name: str  # "CUDA0", "Metal", "CPU"
+    description: str  # "NVIDIA H200", the CPU's model name
+    type: str  # cpu | gpu | igpu | accel | meta
+    backend: str  # the backend registry's name: "CUDA", "Metal", "CPU"
+    free_bytes: int
+    total_bytes: int
+
+
+class DeviceReport(msgspec.Struct, frozen=True):
+    """Where the engine computes and what that leaves (props["device"])."""
+
+    backend: str = "CPU"  # the backend of the device the model runs on
+    device: str = ""  # that device's name and description
+    gpu_offload: bool = False  # llama_supports_gpu_offload(): a GPU backend is present
+    n_gpu_layers: int = 0  # layers asked to be offloaded (-1 = all); 0 where no GPU backend
+    main_gpu: int = 0
+    flash_attn: str = "auto"  # as asked: auto | on | off
+    flash_attn_used: str = ""  # what libllama resolved: on | off ("" = not reported)
+    # The KV cache's V layout: transposed when flash attention is off outright (libllama
+    # sizes V so only the non-FA path reads it transposed; "auto" keeps it untransposed). A
+    # state taken from one layout does not restore into the other: page files record it.
+    v_trans: bool = False
+    free_bytes: int = 0  # the main device's free memory after the model and context (0: CPU)
+    total_bytes: int = 0
+    budget_bytes: int = 0  # what --device-bytes resolved to (0 = unlimited; actord.policy.device)
+    budget_reason: str = ""
+    devices: list[DeviceInfo] = []
+
+
 class ModelProps(msgspec.Struct, frozen=True):
     n_ctx: int
     n_batch: int
@@ -160,6 +219,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
     swa_full_reason: str = ""  # why (actord.policy.swa)
     kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
+    device: DeviceReport = DeviceReport()  # backend, devices, offload, flash attention, budget
 
 
 class EntryOut(msgspec.Struct, frozen=True, array_like=True):

@@ -81,3 +81,12 @@ class _GuardedLib:
 
 
 lib: Any = _GuardedLib()
+
+
+def ggml_library() -> Any:
+    """The libggml that llama_cpp loaded, as a raw ctypes library: llama_cpp binds none of
+    ggml's backend-device registry. Unguarded: its one user (engine/devices.py) checks the
+    owner before every call."""
+    from llama_cpp._ggml import libggml
+
+    return libggml
