@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from actord.actors.base import Envelope
+from actord.actors.checkpoints import AdmitCheckpoint, AdmitCheckpoints, Decision
 from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
 from actord.actors.pages import (
     Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
@@ -162,13 +163,24 @@ class SlotPages:
                 "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
-        """Checkpoints arriving with a page or file enter the budget one by one, oldest first."""
+        """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
+        in one ask (a page_in's actor hops, not one per checkpoint)."""
         self.checkpoints = []
         await self._sync_budget([])
-        if self.ckpt_budget is None:
+        if self.ckpt_budget is None or not ckpts:
             return
+        items = []
         for ck in ckpts:
-            await self.on_checkpoint(ck.pos, ck.data)
+            self.ckpt.ckpt_bytes = len(ck.data)
+            history, n, population = self.ckpt.view(len(self.kv_tokens))
+            items.append(AdmitCheckpoint(slot=self.id, pos=ck.pos, n_bytes=len(ck.data), raw_lcp=self.selection_lcp(),
+                                         history=history, n_tokens=n, population=population))
+        decisions: list[Decision] = await self.ckpt_budget.ask(AdmitCheckpoints(items=items))
+        for ck, d in zip(ckpts, decisions):
+            if d.drop_own:
+                self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
+            if d.admit:
+                self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
 
     async def save(self, file: str) -> dict[str, Any]:
         if self.files is None:
