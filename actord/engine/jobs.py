@@ -92,6 +92,10 @@ class StateSize(Job):
     seq: int
     partial: bool = False
 
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
+
 
 class HostBuffer:
     """A host buffer a state is copied into: pre-faulted memory from the page store's pool
@@ -122,11 +126,19 @@ class StateGet(Job):
     into: Any = None  # HostBuffer | None
     capacity: int = 0
 
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
+
 
 class StateSet(Job):
     seq: int
     data: bytes | bytearray | memoryview
     partial: bool = False
+
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
 
 
 class MemoryRange(Job):
