@@ -32,9 +32,13 @@ class Tokenize(Job):
     add_special: bool = True
     parse_special: bool = True
 
+    between_steps = True  # the vocabulary only: no sequence, no context state
+
 
 class Detokenize(Job):
     tokens: list[int]
+
+    between_steps = True
 
 
 class Pieces(Job):
@@ -44,6 +48,8 @@ class Pieces(Job):
     tokens: list[int]
     special: bool = True
 
+    between_steps = True
+
 
 class SeqRm(Job):
     """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
@@ -52,10 +58,17 @@ class SeqRm(Job):
     p0: int = 0
     p1: int = -1
 
+    # Sent only for a sequence that no queued step holds (an idle slot's; a lost slot's once
+    # nothing of it is in flight), so it runs at the next step boundary (engine/thread.py).
+    # A rollback of a sequence with steps in flight must be a job of its own, in order.
+    between_steps = True
+
 
 class SetSampler(Job):
     seq: int
     params: SamplingParams
+
+    between_steps = True  # a request's start, before any step holds its sequence
 
 
 class FreeSampler(Job):
@@ -143,6 +156,8 @@ class StateSet(Job):
 
 class MemoryRange(Job):
     seq: int
+
+    between_steps = True  # read-only, an idle slot's sequence (a resume's check)
 
 
 class StepRecords(Job):

@@ -6,12 +6,14 @@ queued with a completion handle, the thread runs it and wakes the waiting task t
 loop's thread-safe hook (`call_soon_threadsafe` on asyncio, the trio token's
 `run_sync_soon` on trio), without waiting for the loop to run the callback.
 
-A job whose class says `between_steps` (a sequence-state move of an idle slot: page_in,
-page_out, restore) runs at the next step boundary, ahead of steps already queued: a mind's
-page moves in while another slot's step runs, instead of after every step the scheduler had
-planned before it (up to `--pipeline-depth`). Safe because such a job touches only a
-sequence that no queued step holds (an idle slot's), within cells the scheduler granted
-before it was sent; everything else keeps submission order.
+A job whose class says `between_steps` runs at the next step boundary, ahead of steps
+already queued: a slot's work on its own idle sequence (page_in, page_out, restore, a
+resume's cut and sampler) and vocabulary lookups. A mind's page moves in, and a request
+starts, while another slot's step runs, instead of after every step the scheduler had
+planned before each of its jobs (up to `--pipeline-depth` steps per job: measured here, a
+turn starting beside a decoding mind waited ~4 steps for its cut, sampler and page-in).
+Safe because such a job touches only a sequence that no queued step holds, within cells the
+scheduler granted before it was sent; everything else keeps submission order.
 
 Shutdown drains nothing it cannot finish: queued jobs behind the stop marker fail with
 `ShuttingDown`, the engine frees its context and model on its own thread, and the thread

@@ -27,9 +27,12 @@ class Recorder:
         return name
 
 
-def test_state_moves_are_between_steps_and_nothing_else_is() -> None:
-    assert all(getattr(c, "between_steps", False) for c in (J.StateSize, J.StateGet, J.StateSet))
-    assert not any(getattr(c, "between_steps", False) for c in (J.Step, J.SeqRm, J.GenePageIn, J.Tokenize))
+def test_idle_sequence_work_is_between_steps_and_nothing_else_is() -> None:
+    idle = (J.StateSize, J.StateGet, J.StateSet, J.SeqRm, J.SetSampler, J.MemoryRange, J.Tokenize,
+            J.Detokenize, J.Pieces)
+    assert all(getattr(c, "between_steps", False) for c in idle)
+    assert not any(getattr(c, "between_steps", False) for c in (J.Step, J.GenePageIn, J.GenePageOut, J.GeneLoad,
+                                                                  J.FreeSampler, J.Fail, J.StepRecords))
 
 
 async def test_a_page_in_jumps_the_steps_already_queued() -> None:
@@ -39,12 +42,12 @@ async def test_a_page_in_jumps_the_steps_already_queued() -> None:
     try:
         pend = [t.submit(J.Step(entries=[], epoch=i)) for i in (1, 2, 3)]  # step 1 runs, 2 and 3 wait
         await anyio.sleep(0.05)
-        pend.append(t.submit(J.SeqRm(seq=0)))  # in order, behind the steps
+        pend.append(t.submit(J.GenePageIn(id=1)))  # in order, behind the steps
         pend.append(t.submit(J.StateSet(seq=1, data=b"x")))  # the page_in: next boundary
         pend.append(t.submit(J.StateGet(seq=1)))
         rec.gate.set()
         for p in pend:
             await t.wait(p)
-        assert rec.order == ["Step1", "StateSet", "StateGet", "Step2", "Step3", "SeqRm"]
+        assert rec.order == ["Step1", "StateSet", "StateGet", "Step2", "Step3", "GenePageIn"]
     finally:
         await t.stop()
