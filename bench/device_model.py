@@ -45,7 +45,7 @@ FLOATS = {0: "float32", 1: "float16"}  # generated as small normals when not car
 CARRY_MAX = 1 << 20  # float tensors up to this size travel as they are (norms, biases)
 
 
-def skeleton(src: Path, out: Path) -> dict:
+def skeleton(src: Path, out: Path, preset: int = 9) -> dict:
     from gguf import GGUFReader
 
     r = GGUFReader(str(src))
@@ -65,7 +65,7 @@ def skeleton(src: Path, out: Path) -> dict:
             carried += raw[off: off + n]
     meta = json.dumps(manifest).encode()
     body = MAGIC + struct.pack("<Q", len(meta)) + meta + raw[:header_len] + bytes(carried)
-    out.write_bytes(lzma.compress(body, preset=9))
+    out.write_bytes(lzma.compress(body, preset=preset))
     return manifest
 
 
