@@ -33,10 +33,11 @@ References, measured between the page operations (interleaved, same process):
 * memcpy: numpy.copyto between two preallocated, pre-faulted buffers of the same size
   (a cold copy is dominated by page faults), median of `--memcpy-reps` per cycle.
 * cold-dst copy: memmove into a freshly mmap'd, never-touched buffer (page faults
-  included). page_out allocates a new bytearray for every copy on the engine thread, and
-  at these sizes glibc hands out fresh pages each time, so this is the ceiling of the
-  present design; page_out / cold-dst near 1 means the gap to memcpy is first-touch faults,
-  not the copy itself.
+  included): what a page_out into fresh memory pays. The page store hands page_out a warm
+  buffer from its pool (the one the previous page_in released: actors/buffer_pool.py), so
+  from the second cycle on page_out / cold-dst should be well above 1.
+
+--skip-files-and-turns runs part 1 (and 4) only: a short run (~1 minute here).
 
 Run: .venv/bin/python bench/page_bandwidth.py   (about 4-5 minutes on 2 busy cores; most of
 it is the re-prefills, ~35 s each). --skip-real / --skip-big run one half only.
