@@ -76,10 +76,10 @@ def _flash_attn_resolved(asked: str, log_lines: list[str]) -> str:
 _FLASH_ATTN_TYPE = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
 
 
-def _main_device(devices: list[J.DeviceInfo], main_gpu: int) -> tuple[str, int, int] | None:
+def _main_device(devs: list[J.DeviceInfo], main_gpu: int) -> tuple[str, int, int] | None:
     """(name, free, total) of the GPU(s) the model runs on, None for the CPU alone: GPU
     `main_gpu`, or every GPU together when layers are split between them (-1)."""
-    gpus = [d for d in devices if d.type in ("gpu", "igpu")]
+    gpus = [d for d in devs if d.type in ("gpu", "igpu")]
     if not gpus:
         return None
     if main_gpu >= 0:
@@ -111,11 +111,13 @@ class Engine:
         if config.main_gpu >= 0:  # the whole model on that GPU
             mparams.split_mode = lib.LLAMA_SPLIT_MODE_NONE
             mparams.main_gpu = config.main_gpu
-        gpu = _main_device(devices.probe(), config.main_gpu) if offload and config.n_gpu_layers != 0 else None
+        # On a GPU when the build offloads, a layer is asked to, and a GPU is there (a bad
+        # --main-gpu is refused here, before the model loads).
+        on_gpu = offload and config.n_gpu_layers != 0 and _main_device(devices.probe(), config.main_gpu) is not None
         self.model = lib.llama_model_load_from_file(config.model.encode(), mparams)
         if not self.model:
             raise EngineError(f"could not load model {config.model}")
-        after_model = _main_device(devices.probe(), config.main_gpu) if gpu else None
+        after_model = _main_device(devices.probe(), config.main_gpu) if on_gpu else None
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0

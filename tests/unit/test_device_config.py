@@ -108,3 +108,33 @@ async def test_the_system_budgets_genes_and_slots_with_the_engine_resolved_bytes
         else:
             assert s.residency.budget == 0 and props["device"]["budget_bytes"] == 0
             assert not any(slot.track_footprint for slot in s.slots)
+
+
+# ---- what the engine reads off libllama (pure helpers, fed what libllama reports) ------------
+
+
+def dev(name: str, typ: str, free: int, total: int) -> J.DeviceInfo:
+    return J.DeviceInfo(name=name, description=f"{name} desc", type=typ, backend=name.rstrip("0123456789"),
+                        free_bytes=free, total_bytes=total)
+
+
+def test_the_main_device_is_the_asked_gpu_or_every_gpu_split() -> None:
+    from actord.engine.core import _main_device
+
+    cpu = dev("CPU", "cpu", 10 * GIB, 10 * GIB)
+    gpus = [cpu, dev("CUDA0", "gpu", 100 * GIB, 141 * GIB), dev("CUDA1", "gpu", 50 * GIB, 141 * GIB)]
+    assert _main_device([cpu], -1) is None
+    name, free, total = _main_device(gpus, -1)  # type: ignore[misc]
+    assert "CUDA0" in name and "CUDA1" in name and (free, total) == (150 * GIB, 282 * GIB)
+    assert _main_device(gpus, 1) == ("CUDA1 (CUDA1 desc)", 50 * GIB, 141 * GIB)
+    with pytest.raises(InvalidParams):
+        _main_device(gpus, 2)
+
+
+def test_how_auto_flash_attention_resolved_is_read_from_libllama_log() -> None:
+    from actord.engine.core import _flash_attn_resolved
+
+    assert _flash_attn_resolved("auto", ["llama_context: ...\n", "resolve_fused_ops: Flash Attention enabled\n"]) == "on"
+    assert _flash_attn_resolved("auto", ["resolve_fused_ops: Flash Attention not supported, set to disabled\n"]) == "off"
+    assert _flash_attn_resolved("auto", []) == ""  # not said: reported as unknown, never guessed
+    assert _flash_attn_resolved("off", ["Flash Attention enabled"]) == "off"
