@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from actord.config import Config
+from actord.config import FLASH_ATTN_MODES, Config
 from actord.policy.swa import MODES as SWA_FULL_MODES
 
 _VERBS = {
@@ -44,6 +44,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
         typ = f.type
         if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
             p.add_argument(flag, nargs="?", const="on", choices=SWA_FULL_MODES, default=None)
+        elif f.name == "flash_attn":  # a mode, as llama-server's -fa; a bare `--flash-attn` means "on"
+            p.add_argument(flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, default=None)
         elif typ is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif typ == list[str]:

@@ -13,6 +13,8 @@ import msgspec
 from actord.policy.checkpoints import POLICIES as CHECKPOINT_POLICIES
 from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 
+FLASH_ATTN_MODES = ("auto", "on", "off")
+
 if TYPE_CHECKING:
     from actord.api import RequestLimits
 
@@ -57,8 +59,20 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # (device_bytes, else the host's memory), "on"/"off" decide outright.
     swa_full: str = "auto"
     swa_full_share: float = SWA_FULL_SHARE
+    # The accelerator (llama-server's flags of the same names). n_gpu_layers: layers whose
+    # weights and KV cache go to the GPU, -1 = all of them (libllama ignores it where the
+    # build has no GPU backend: props report 0 there). flash_attn: auto lets libllama use
+    # flash attention wherever the backend has it (its V cache is then not transposed, so
+    # state copies are contiguous rows); on/off decide outright. main_gpu: -1 = every GPU,
+    # layers split between them (libllama's default); N = the whole model on GPU N.
+    n_gpu_layers: int = -1
+    flash_attn: str = "auto"
+    main_gpu: int = -1
     # Genes
-    device_bytes: int = 0  # one budget for resident genes and occupied slots' state; 0 = unlimited
+    # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
+    # GPU, what it has free at start less a margin (actord.policy.device says which; props
+    # report the figure and why).
+    device_bytes: int = 0
     gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
     # Daemon
     socket: str = "./actord.sock"
@@ -139,6 +153,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams(f"swa_full is one of {SWA_FULL_MODES}")
         if not 0 <= self.swa_full_share <= 1:
             raise InvalidParams("swa_full_share is a fraction in [0, 1]")
+        if self.n_gpu_layers < -1:
+            raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.main_gpu < -1:
+            raise InvalidParams("main_gpu is -1 (split across every GPU) or a GPU index >= 0", main_gpu=self.main_gpu)
         if self.checkpoint_policy not in CHECKPOINT_POLICIES:
             raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:

@@ -123,6 +123,10 @@ class ActorSystem:
             with anyio.CancelScope(shield=True):
                 await self.__aexit__(None, None, None)
             raise
+        dev = self.props.device
+        log.info("system.device", backend=dev.backend, device=dev.device, n_gpu_layers=dev.n_gpu_layers,
+                 flash_attn=dev.flash_attn, flash_attn_used=dev.flash_attn_used, free_bytes=dev.free_bytes,
+                 device_budget=dev.budget_bytes, device_budget_reason=dev.budget_reason)
         log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx,
                  swa_full=self.props.swa_full, swa_full_reason=self.props.swa_full_reason,
                  needs_checkpoints=self.props.needs_checkpoints, checkpoint_policy=self.config.checkpoint_policy)
@@ -194,7 +198,9 @@ class ActorSystem:
             piece_tile=self.config.piece_tile, depth=self.config.pipeline_depth,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
-        self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
+        # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).
+        device_budget = self.props.device.budget_bytes
+        self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, device_budget,
                                        self.metrics, capacity=max(cap, 256))
         self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
                                             self.metrics, capacity=max(cap, 256),
@@ -215,7 +221,7 @@ class ActorSystem:
             s.scheduler = self.scheduler
             s.pages = self.pages
             s.residency = self.residency
-            s.track_footprint = self.config.device_bytes > 0
+            s.track_footprint = device_budget > 0
 
     def make_slot(self, i: int) -> Slot:
         assert self.props is not None

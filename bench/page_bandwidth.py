@@ -33,10 +33,11 @@ References, measured between the page operations (interleaved, same process):
 * memcpy: numpy.copyto between two preallocated, pre-faulted buffers of the same size
   (a cold copy is dominated by page faults), median of `--memcpy-reps` per cycle.
 * cold-dst copy: memmove into a freshly mmap'd, never-touched buffer (page faults
-  included). page_out allocates a new bytearray for every copy on the engine thread, and
-  at these sizes glibc hands out fresh pages each time, so this is the ceiling of the
-  present design; page_out / cold-dst near 1 means the gap to memcpy is first-touch faults,
-  not the copy itself.
+  included): what a page_out into fresh memory pays. The page store hands page_out a warm
+  buffer from its pool (the one the previous page_in released: actors/buffer_pool.py), so
+  from the second cycle on page_out / cold-dst should be well above 1.
+
+--skip-files-and-turns runs part 1 (and 4) only: a short run (~1 minute here).
 
 Run: .venv/bin/python bench/page_bandwidth.py   (about 4-5 minutes on 2 busy cores; most of
 it is the re-prefills, ~35 s each). --skip-real / --skip-big run one half only.
@@ -274,6 +275,9 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
             "Gemma 3 270M: page_out / page_in vs memcpy", rows, refs).items()})
         del refs
 
+        if a.skip_files_and_turns:
+            return results
+
         # 2. files: save, restore, spill
         saves, restores, spills = [], [], []
         for _ in range(a.reps):
@@ -424,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--big-tokens", type=int, default=1024, help="synthetic prompt length (state ~ 128 KiB/token)")
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-big", action="store_true")
+    p.add_argument("--skip-files-and-turns", action="store_true",
+                   help="real model: only the page_out/page_in cycles (no save/restore/spill, no re-prefills)")
     a = p.parse_args(argv)
     if a.reps < 1 or a.memcpy_reps < 1 or a.prompt_tokens < 2 or a.big_tokens < 2:
         p.error("--reps, --memcpy-reps >= 1 and prompt lengths >= 2")

@@ -15,11 +15,14 @@ from typing import Any
 import anyio
 
 from actord.actors.base import Envelope
+from actord.actors.checkpoints import AdmitCheckpoint, AdmitCheckpoints, Decision
 from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
-from actord.actors.pages import Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take
+from actord.actors.pages import (
+    Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+)
 from actord.actors.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
-from actord.errors import ActordError, EngineError, ForeignPage, InvalidParams, SlotBusy, SlotEmpty
+from actord.errors import ActordError, EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
 from actord.log import get
 from actord.policy.placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
@@ -92,9 +95,12 @@ class SlotPages:
         ckpts = self.page_checkpoints()
         n_state = await self.engine.run(J.StateSize(seq=self.seq))
         n_bytes = n_state + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
-        reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+        # The store admits the page and hands out the buffer the state goes into (a warm one
+        # from its pool when one fits); libllama writes the state there, the one copy.
+        adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        reservation, n_bytes = adm.reservation, adm.n_bytes
         try:
-            st = await self.engine.run(J.StateGet(seq=self.seq))
+            st = await self.engine.run(J.StateGet(seq=self.seq, into=adm.into, capacity=adm.capacity))
             if st.n_bytes != n_state:
                 raise EngineError("sequence state changed size between admission and copy", slot=self.id)
             page = Page(
@@ -157,13 +163,24 @@ class SlotPages:
                 "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
-        """Checkpoints arriving with a page or file enter the budget one by one, oldest first."""
+        """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
+        in one ask (a page_in's actor hops, not one per checkpoint)."""
         self.checkpoints = []
         await self._sync_budget([])
-        if self.ckpt_budget is None:
+        if self.ckpt_budget is None or not ckpts:
             return
+        items = []
         for ck in ckpts:
-            await self.on_checkpoint(ck.pos, ck.data)
+            self.ckpt.ckpt_bytes = len(ck.data)
+            history, n, population = self.ckpt.view(len(self.kv_tokens))
+            items.append(AdmitCheckpoint(slot=self.id, pos=ck.pos, n_bytes=len(ck.data), raw_lcp=self.selection_lcp(),
+                                         history=history, n_tokens=n, population=population))
+        decisions: list[Decision] = await self.ckpt_budget.ask(AdmitCheckpoints(items=items))
+        for ck, d in zip(ckpts, decisions):
+            if d.drop_own:
+                self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
+            if d.admit:
+                self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
 
     async def save(self, file: str) -> dict[str, Any]:
         if self.files is None:
@@ -217,7 +234,7 @@ def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[i
         tokens=list(tokens), state=state,
         checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
         genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
-        meta=model_fingerprint(props),
+        meta={**model_fingerprint(props), **state_layout(props)},
         divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
     )
 
@@ -239,3 +256,26 @@ def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
         differs = sorted(k for k in want if got[k] != want[k])
         raise ForeignPage(f"{file} was saved from another model ({', '.join(differs)} differ)", file=file,
                           saved=got, model=want, differs=differs)
+    check_state_layout(image, props, file)
+
+
+def state_layout(props: J.ModelProps) -> dict[str, Any]:
+    """What a state's bytes need of the context they go into, beyond the model: the V cache's
+    layout. libllama refuses a state whose V transposition differs ("incompatible V
+    transposition"); it is transposed only where flash attention is off outright."""
+    return {"v_trans": props.device.v_trans}
+
+
+def check_state_layout(image: PageImage, props: J.ModelProps, file: str) -> None:
+    # A file from before the layout was recorded was written with flash attention "auto",
+    # the only setting there was: V not transposed.
+    saved = bool(image.meta.get("v_trans", False))
+    if saved != props.device.v_trans:
+        def fa(v: bool) -> str:
+            return "off" if v else "auto or on"
+
+        raise PageDoesNotFit(
+            f"{file} holds a state taken with flash attention {fa(saved)}, and this daemon runs with "
+            f"--flash-attn {props.device.flash_attn}: its V cache layout differs; restore it under "
+            f"--flash-attn {'off' if saved else 'auto'}",
+            file=file, saved_v_trans=saved, v_trans=props.device.v_trans)

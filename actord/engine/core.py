@@ -15,9 +15,11 @@ import os
 import time
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from actord.config import Config, engine_threads
+from actord.engine import devices
 from actord.engine import jobs as J
 from actord.engine.embed import Embedding
 from actord.engine.genes import GeneCatalog
@@ -25,16 +27,70 @@ from actord.engine.sampling import Sampling
 from actord.engine.step_contract import check_step, run_in_epoch
 from actord.engine.llama import lib
 from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit
+from actord.policy import device as device_policy
 from actord.policy.swa import choose_swa_full
 
 _log_cb: Any = None
+_quiet_cb: Any = None
+# While capturing, libllama's log lines are kept here (context creation: how "auto" flash
+# attention resolved is only ever logged); otherwise they are dropped without reaching
+# Python: a Python callback costs a GIL round trip per line, and an adapter build alone logs
+# ~160 lines (measured: a gene page_in 2.9 ms with a Python no-op callback, 1.9 ms without).
+_log_capture: list[str] | None = None
+
+
+def _on_llama_log(level: int, text: bytes | None, data: Any) -> None:
+    if _log_capture is not None and text:
+        _log_capture.append(text.decode(errors="replace"))
 
 
 def _silence_llama_logs() -> None:
-    global _log_cb
+    """Drop libllama's logs in C: libc's abs() serves as the no-op callback (it reads its
+    first, integer argument only, and the caller ignores its result: harmless under every
+    C calling convention libllama is built for); a Python no-op where libc has none."""
+    global _log_cb, _quiet_cb
     if _log_cb is None:
-        _log_cb = lib.llama_log_callback(lambda level, text, data: None)
-        lib.llama_log_set(_log_cb, ctypes.c_void_p())
+        _log_cb = lib.llama_log_callback(_on_llama_log)
+        try:
+            _quiet_cb = ctypes.cast(ctypes.cast(ctypes.CDLL(None).abs, ctypes.c_void_p), lib.llama_log_callback)
+        except (AttributeError, OSError):
+            _quiet_cb = _log_cb
+    lib.llama_log_set(_quiet_cb, ctypes.c_void_p())
+
+
+def _capture_llama_logs() -> None:
+    lib.llama_log_set(_log_cb, ctypes.c_void_p())
+
+
+def _flash_attn_resolved(asked: str, log_lines: list[str]) -> str:
+    """What libllama made of flash attention: asked outright, or how "auto" resolved (it says
+    so in its log only: "Flash Attention enabled" / "... not supported, set to disabled")."""
+    if asked != "auto":
+        return asked
+    text = "".join(log_lines)
+    if "Flash Attention enabled" in text:
+        return "on"
+    if "Flash Attention not supported" in text:
+        return "off"
+    return ""
+
+
+_FLASH_ATTN_TYPE = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
+
+
+def _main_device(devs: list[J.DeviceInfo], main_gpu: int) -> tuple[str, int, int] | None:
+    """(name, free, total) of the GPU(s) the model runs on, None for the CPU alone: GPU
+    `main_gpu`, or every GPU together when layers are split between them (-1)."""
+    gpus = [d for d in devs if d.type in ("gpu", "igpu")]
+    if not gpus:
+        return None
+    if main_gpu >= 0:
+        if main_gpu >= len(gpus):
+            raise InvalidParams(f"main_gpu {main_gpu}: this machine has {len(gpus)} GPU(s)",
+                                main_gpu=main_gpu, gpus=[d.name for d in gpus])
+        gpus = [gpus[main_gpu]]
+    name = "+".join(f"{d.name} ({d.description})" for d in gpus)
+    return name, sum(d.free_bytes for d in gpus), sum(d.total_bytes for d in gpus)
 
 
 def _host_bytes() -> int:
@@ -54,20 +110,35 @@ class Engine(Sampling, Embedding):
             raise InvalidParams(f"model file not found: {config.model}", path=config.model)
         if n_rs_seq < 0:
             raise InvalidParams("n_rs_seq must be >= 0", n_rs_seq=n_rs_seq)
+        global _log_capture
         _silence_llama_logs()
         lib.llama_backend_init()
+        offload = devices.gpu_offload()
         mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        if config.main_gpu >= 0:  # the whole model on that GPU
+            mparams.split_mode = lib.LLAMA_SPLIT_MODE_NONE
+            mparams.main_gpu = config.main_gpu
+        # On a GPU when the build offloads, a layer is asked to, and a GPU is there (a bad
+        # --main-gpu is refused here, before the model loads).
+        on_gpu = offload and config.n_gpu_layers != 0 and _main_device(devices.probe(), config.main_gpu) is not None
         self.model = lib.llama_model_load_from_file(config.model.encode(), mparams)
         if not self.model:
             raise EngineError(f"could not load model {config.model}")
+        after_model = _main_device(devices.probe(), config.main_gpu) if on_gpu else None
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0
+        swa_budget = device_policy.swa_budget(
+            config.device_bytes, gpu=after_model[0] if after_model else None,
+            total_bytes=after_model[2] if after_model else 0, free_after_model=after_model[1] if after_model else 0)
         self.swa = choose_swa_full(
             config.swa_full, n_swa=n_swa, bytes_per_token=self.kv_bytes_per_token, n_ctx=config.ctx,
-            device_bytes=config.device_bytes, host_bytes=_host_bytes(), share=config.swa_full_share,
+            device_bytes=swa_budget, host_bytes=_host_bytes(), share=config.swa_full_share,
+            device_name="--device-bytes" if config.device_bytes or not after_model else f"{after_model[0]} free memory",
         )
         cparams = lib.llama_context_default_params()
+        cparams.flash_attn_type = _FLASH_ATTN_TYPE[config.flash_attn]
         cparams.n_ctx = config.ctx
         cparams.n_batch = config.batch
         cparams.n_ubatch = config.batch
@@ -81,10 +152,17 @@ class Engine(Sampling, Embedding):
         # libllama 0.3.36 clamps it to 0 for architectures without recurrent rollback
         # (llm_arch_supports_rs_rollback: qwen35 has it, mamba2 and attention-only models not).
         cparams.n_rs_seq = n_rs_seq
-        self.ctx = lib.llama_init_from_model(self.model, cparams)
+        _log_capture = []
+        _capture_llama_logs()
+        try:
+            self.ctx = lib.llama_init_from_model(self.model, cparams)
+        finally:
+            ctx_log, _log_capture = _log_capture, None
+            _silence_llama_logs()
         if not self.ctx:
             lib.llama_model_free(self.model)
             raise EngineError("could not create a llama context (ctx too large?)")
+        self.device_report = self._device_report(config, offload, after_model, ctx_log)
         self.mem = lib.llama_get_memory(self.ctx)
         self.swa_full = self.swa.full
         self.n_ctx = lib.llama_n_ctx(self.ctx)
@@ -124,7 +202,28 @@ class Engine(Sampling, Embedding):
         self.before_decode: Any = None  # set by the engine thread: called right before llama_decode
         self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
         self._piece_buf = ctypes.create_string_buffer(256)
-        self.props = self._props()
+        self.props = msgspec.structs.replace(self._props(), device=self.device_report)
+
+    def _device_report(self, config: Config, offload: bool, after_model: tuple[str, int, int] | None,
+                       ctx_log: list[str]) -> J.DeviceReport:
+        """Where the model runs, how flash attention resolved, and what --device-bytes means here."""
+        devs = devices.probe()
+        after_ctx = _main_device(devs, config.main_gpu) if after_model else None
+        name, free, total = after_ctx if after_ctx else ("", 0, 0)
+        budget = device_policy.device_budget(
+            config.device_bytes, gpu=name or None, total_bytes=total,
+            free_after_model=after_model[1] if after_model else 0, free_after_context=free,
+            kv_bytes=self.kv_bytes_per_token * config.ctx,
+        )
+        main = next((d for d in devs if after_ctx and d.name in name), devs[0] if devs else None)
+        return J.DeviceReport(
+            backend=main.backend if main else "CPU",
+            device=f"{main.name} ({main.description})" if main and not after_ctx else name,
+            gpu_offload=offload, n_gpu_layers=config.n_gpu_layers if offload else 0, main_gpu=config.main_gpu,
+            flash_attn=config.flash_attn, flash_attn_used=_flash_attn_resolved(config.flash_attn, ctx_log),
+            v_trans=config.flash_attn == "off", free_bytes=free, total_bytes=total,
+            budget_bytes=budget.bytes, budget_reason=budget.reason, devices=devs,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -295,8 +394,8 @@ class Engine(Sampling, Embedding):
             case J.StateSize(seq=seq, partial=partial):
                 self._check_seq(seq)
                 return int(lib.llama_state_seq_get_size_ext(self.ctx, seq, self._flags(partial)))
-            case J.StateGet(seq=seq, partial=partial):
-                return self.state_get(seq, partial)
+            case J.StateGet(seq=seq, partial=partial, into=into, capacity=capacity):
+                return self.state_get(seq, partial, into, capacity)
             case J.StateSet(seq=seq, data=data, partial=partial):
                 return self.state_set(seq, data, partial)
             case J.MemoryRange(seq=seq):
@@ -452,16 +551,21 @@ class Engine(Sampling, Embedding):
 
     # -- state copies ------------------------------------------------------------------
 
-    def state_get(self, seq: int, partial: bool) -> J.StateData:
-        """Copy a sequence's state into one fresh host buffer: libllama writes it in place."""
+    def state_get(self, seq: int, partial: bool, into: J.HostBuffer | None = None, capacity: int = 0) -> J.StateData:
+        """Copy a sequence's state into host memory, once: libllama writes it straight into
+        `into` (a pooled, already-faulted buffer) when that is large enough, else into a
+        fresh buffer of at least `capacity` bytes. The result views that very buffer."""
         self._check_seq(seq)
         t0 = time.perf_counter()
         flags = self._flags(partial)
         size = int(lib.llama_state_seq_get_size_ext(self.ctx, seq, flags))
-        # np.empty, not bytearray: a bytearray is zero-filled first, a second pass over
-        # every page of a multi-MB buffer (measured: 7.2 ms vs 4.0 ms for 20.5 MB, where a
-        # copy into a warm buffer took 4.1 ms).
-        arr = np.empty(max(size, 1), dtype=np.uint8)
+        if into is not None and into.capacity >= size:
+            arr = into.array
+        else:
+            # np.empty, not bytearray: a bytearray is zero-filled first, a second pass over
+            # every page of a multi-MB buffer (measured: 7.2 ms vs 4.0 ms for 20.5 MB, where a
+            # copy into a warm buffer took 4.1 ms).
+            arr = np.empty(max(size, capacity, 1), dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = int(lib.llama_state_seq_get_data_ext(self.ctx, ptr, size, seq, flags))
         if n != size:
@@ -469,16 +573,17 @@ class Engine(Sampling, Embedding):
         return J.StateData(data=memoryview(arr)[:size], n_bytes=size, t_ms=(time.perf_counter() - t0) * 1e3)
 
     def state_set(self, seq: int, data: Any, partial: bool) -> J.StateData:
+        """Set a sequence's state from host memory, read in place: libllama is handed the
+        buffer's own address (a read-only buffer too, a mapped page file say), no copy."""
         self._check_seq(seq)
         t0 = time.perf_counter()
         view = memoryview(data).cast("B")
         size = view.nbytes
-        if view.readonly:
-            src = ctypes.cast(ctypes.c_char_p(bytes(view)), ctypes.POINTER(ctypes.c_uint8))
-        else:
-            src = (ctypes.c_uint8 * size).from_buffer(view)
+        # numpy takes any contiguous buffer, read-only ones included, without copying.
+        src_arr = np.frombuffer(view, dtype=np.uint8) if size else np.empty(1, dtype=np.uint8)
+        src = ctypes.cast(src_arr.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
         n = int(lib.llama_state_seq_set_data_ext(self.ctx, src, size, seq, self._flags(partial)))
-        del src
+        del src, src_arr
         if n == 0:
             # libllama clears the destination sequence when a restore fails part-way.
             lib.llama_memory_seq_rm(self.mem, seq, -1, -1)

@@ -4,8 +4,9 @@ Which converter, and why: `llama_cpp.llama_grammar.json_schema_to_gbnf` (0.3.36)
 Python port of llama.cpp's `json_schema_to_grammar.py` that llama-cpp-python keeps in step
 with upstream: `$ref`/`$defs`, `allOf`/`anyOf`/`oneOf`, `enum`/`const`, `required` and
 optional properties, `additionalProperties`, `prefixItems`, `minItems`/`maxItems`,
-`minLength`/`maxLength`, integer `minimum`/`maximum`, string formats (date, time,
-date-time, uuid) and `pattern` (an anchored regex subset). JSON mode (`json_object`) is the
+`minLength`/`maxLength`, string formats (date, time, date-time, uuid) and `pattern` (an
+anchored regex subset); integer `minimum`/`maximum` it accepts but ignores (any integer
+passes: its own TODO). JSON mode (`json_object`) is the
 same module's `JSON_GBNF` (root ::= object). The converter is pure Python: no libllama call,
 so it runs on the event loop, where a bad schema becomes a typed 400 before a request runs.
 

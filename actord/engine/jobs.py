@@ -7,6 +7,8 @@ Being msgspec Structs, jobs and results can be digested into a trace and replaye
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -49,9 +51,13 @@ class Tokenize(Job):
     add_special: bool = True
     parse_special: bool = True
 
+    between_steps = True  # the vocabulary only: no sequence, no context state
+
 
 class Detokenize(Job):
     tokens: list[int]
+
+    between_steps = True
 
 
 class Pieces(Job):
@@ -61,6 +67,8 @@ class Pieces(Job):
     tokens: list[int]
     special: bool = True
 
+    between_steps = True
+
 
 class SeqRm(Job):
     """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
@@ -69,10 +77,17 @@ class SeqRm(Job):
     p0: int = 0
     p1: int = -1
 
+    # Sent only for a sequence that no queued step holds (an idle slot's; a lost slot's once
+    # nothing of it is in flight), so it runs at the next step boundary (engine/thread.py).
+    # A rollback of a sequence with steps in flight must be a job of its own, in order.
+    between_steps = True
+
 
 class SetSampler(Job):
     seq: int
     params: SamplingParams
+
+    between_steps = True  # a request's start, before any step holds its sequence
 
 
 class FreeSampler(Job):
@@ -109,10 +124,43 @@ class StateSize(Job):
     seq: int
     partial: bool = False
 
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
+
+
+class HostBuffer:
+    """A host buffer a state is copied into: pre-faulted memory from the page store's pool
+    (actors/buffer_pool.py), so a page_out writes warm pages instead of faulting fresh ones.
+
+    Its content before the copy is stale and no part of a job: a trace digests only its
+    capacity (repr)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array  # a writable, C-contiguous numpy uint8 array
+
+    @property
+    def capacity(self) -> int:
+        return int(self.array.nbytes)
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({self.capacity})"
+
 
 class StateGet(Job):
+    """Copy a sequence's state into host memory, once: libllama writes it into `into` when
+    given (and large enough), else into a fresh buffer of at least `capacity` bytes."""
+
     seq: int
     partial: bool = False
+    into: Any = None  # HostBuffer | None
+    capacity: int = 0
+
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
 
 
 class StateSet(Job):
@@ -120,9 +168,15 @@ class StateSet(Job):
     data: bytes | bytearray | memoryview
     partial: bool = False
 
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
+
 
 class MemoryRange(Job):
     seq: int
+
+    between_steps = True  # read-only, an idle slot's sequence (a resume's check)
 
 
 class StepRecords(Job):
@@ -169,6 +223,38 @@ class Fail(Job):
 # ---- results -------------------------------------------------------------------------
 
 
+class DeviceInfo(msgspec.Struct, frozen=True):
+    """One ggml backend device (ggml_backend_dev_*), its memory when read."""
+
+    name: str  # "CUDA0", "Metal", "CPU"
+    description: str  # "NVIDIA H200", the CPU's model name
+    type: str  # cpu | gpu | igpu | accel | meta
+    backend: str  # the backend registry's name: "CUDA", "Metal", "CPU"
+    free_bytes: int
+    total_bytes: int
+
+
+class DeviceReport(msgspec.Struct, frozen=True):
+    """Where the engine computes and what that leaves (props["device"])."""
+
+    backend: str = "CPU"  # the backend of the device the model runs on
+    device: str = ""  # that device's name and description
+    gpu_offload: bool = False  # llama_supports_gpu_offload(): a GPU backend is present
+    n_gpu_layers: int = 0  # layers asked to be offloaded (-1 = all); 0 where no GPU backend
+    main_gpu: int = 0
+    flash_attn: str = "auto"  # as asked: auto | on | off
+    flash_attn_used: str = ""  # what libllama resolved: on | off ("" = not reported)
+    # The KV cache's V layout: transposed when flash attention is off outright (libllama
+    # sizes V so only the non-FA path reads it transposed; "auto" keeps it untransposed). A
+    # state taken from one layout does not restore into the other: page files record it.
+    v_trans: bool = False
+    free_bytes: int = 0  # the main device's free memory after the model and context (0: CPU)
+    total_bytes: int = 0
+    budget_bytes: int = 0  # what --device-bytes resolved to (0 = unlimited; actord.policy.device)
+    budget_reason: str = ""
+    devices: list[DeviceInfo] = []
+
+
 class ModelProps(msgspec.Struct, frozen=True):
     n_ctx: int
     n_batch: int
@@ -196,6 +282,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     n_layer_nextn: int = 0  # MTP (nextn) layers in the model file
     weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
     pooling: int = 0  # libllama's pooling type (0 none: no embeddings; 1 mean, 2 cls, 3 last: engine/embed.py)
+    device: DeviceReport = DeviceReport()  # backend, devices, offload, flash attention, budget
 
 
 class MemoryLayout(msgspec.Struct, frozen=True):

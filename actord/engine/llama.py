@@ -86,3 +86,12 @@ lib: Any = _GuardedLib()
 # llama-cpp-python's pure-Python GBNF helpers (JSON-schema-to-GBNF converter, JSON_GBNF):
 # no libllama call, safe on any thread. actord.engine.grammar is their one user.
 from llama_cpp import llama_grammar as grammar_lib  # noqa: E402
+
+
+def ggml_library() -> Any:
+    """The libggml that llama_cpp loaded, as a raw ctypes library: llama_cpp binds none of
+    ggml's backend-device registry. Unguarded: its one user (engine/devices.py) checks the
+    owner before every call."""
+    from llama_cpp._ggml import libggml
+
+    return libggml

@@ -6,6 +6,15 @@ queued with a completion handle, the thread runs it and wakes the waiting task t
 loop's thread-safe hook (`call_soon_threadsafe` on asyncio, the trio token's
 `run_sync_soon` on trio), without waiting for the loop to run the callback.
 
+A job whose class says `between_steps` runs at the next step boundary, ahead of steps
+already queued: a slot's work on its own idle sequence (page_in, page_out, restore, a
+resume's cut and sampler) and vocabulary lookups. A mind's page moves in, and a request
+starts, while another slot's step runs, instead of after every step the scheduler had
+planned before each of its jobs (up to `--pipeline-depth` steps per job: measured here, a
+turn starting beside a decoding mind waited ~4 steps for its cut, sampler and page-in).
+Safe because such a job touches only a sequence that no queued step holds, within cells the
+scheduler granted before it was sent; everything else keeps submission order.
+
 Shutdown drains nothing it cannot finish: queued jobs behind the stop marker fail with
 `ShuttingDown`, the engine frees its context and model on its own thread, and the thread
 exits.
@@ -13,7 +22,7 @@ exits.
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from typing import Any, Awaitable, Callable
 
@@ -80,7 +89,11 @@ class EngineThread:
         self._factory = factory
         self._runner = runner
         self._closer = closer
-        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Two lanes under one condition: jobs in submission order, and between-steps jobs
+        # (taken first at each job boundary).
+        self._cond = threading.Condition()
+        self._jobs: collections.deque[Any] = collections.deque()
+        self._urgent: collections.deque[Any] = collections.deque()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
@@ -117,7 +130,9 @@ class EngineThread:
             raise ShuttingDown("engine is shutting down")
         p = _Pending(job, self)
         self.inflight += 1
-        self._q.put((job, p))
+        with self._cond:
+            (self._urgent if getattr(job, "between_steps", False) else self._jobs).append((job, p))
+            self._cond.notify()
         return p
 
     async def wait(self, p: _Pending) -> Any:
@@ -134,12 +149,25 @@ class EngineThread:
         if not self._thread.is_alive():
             return
         self._stopping = True
-        self._q.put(_STOP)
+        with self._cond:
+            self._jobs.append(_STOP)
+            self._cond.notify()
         await anyio.to_thread.run_sync(self._thread.join)
 
     @property
     def queued(self) -> int:
-        return self._q.qsize()
+        return len(self._jobs) + len(self._urgent)
+
+    def _next(self) -> Any:
+        """The next job: a between-steps one first, else the oldest queued."""
+        with self._cond:
+            while not (self._urgent or self._jobs):
+                self._cond.wait()
+            return self._urgent.popleft() if self._urgent else self._jobs.popleft()
+
+    def _more_waiting(self) -> bool:
+        with self._cond:
+            return bool(self._jobs or self._urgent)
 
     # -- engine thread side ------------------------------------------------------------
 
@@ -174,7 +202,7 @@ class EngineThread:
             engine.before_decode = self._release_held
         try:
             while True:
-                item = self._q.get()
+                item = self._next()
                 if item is _STOP:
                     break
                 job, p = item
@@ -187,17 +215,17 @@ class EngineThread:
                     self.jobs_failed += 1
                     p.error = e if isinstance(e, ActordError) else EngineError(str(e))
                 self._release_held()
-                if getattr(job, "overlaps", False) and not self._q.empty():
+                if getattr(job, "overlaps", False) and self._more_waiting():
                     self._held = p
                 else:
                     p.finish()
         finally:
             self._release_held()
             while True:  # fail whatever was queued behind the stop marker
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
+                with self._cond:
+                    if not (self._urgent or self._jobs):
+                        break
+                    item = self._urgent.popleft() if self._urgent else self._jobs.popleft()
                 if item is not _STOP:
                     item[1].error = ShuttingDown("engine stopped before this job ran")
                     item[1].finish()

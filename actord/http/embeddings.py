@@ -22,7 +22,8 @@ from starlette.routing import Route
 
 from actord.engine import jobs as J
 from actord.errors import InvalidParams
-from actord.http import app as A
+from actord.http.openai_routes import decode_body
+from actord.http.responses import RouteGroup, json_response
 
 MAX_INPUTS = 256
 
@@ -55,17 +56,14 @@ def _inputs(v: Any) -> list[str | list[int]]:
     return items
 
 
-class Embeddings:
-    def __init__(self, front: Any) -> None:
-        self.front = front
-
+class Embeddings(RouteGroup):
     def routes(self) -> list[Route]:
-        g = self.front._guard(self.create)
+        g = self.front.guard(self.create)
         return [Route(p, g, methods=["POST"]) for p in ("/v1/embeddings", "/embeddings")]
 
     async def create(self, request: Request) -> Response:
         front = self.front
-        req: EmbeddingsRequest = await front._body(request, EmbeddingsRequest)
+        req: EmbeddingsRequest = await decode_body(front, request, EmbeddingsRequest)
         if req.dimensions is not None:
             raise InvalidParams("unsupported parameter 'dimensions': the vectors are the model's, whole",
                                 param="dimensions")
@@ -95,5 +93,5 @@ class Embeddings:
                 base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode()
             data.append({"object": "embedding", "index": i, "embedding": emb})
         n = sum(len(t) for t in toks)
-        return A.json_response({"object": "list", "data": data, "model": req.model or front.model_id,
+        return json_response({"object": "list", "data": data, "model": req.model or front.model_id,
                                 "usage": {"prompt_tokens": n, "total_tokens": n}})

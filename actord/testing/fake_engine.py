@@ -19,7 +19,7 @@ from actord.errors import InvalidParams
 
 
 class FakeEngine:
-    def __init__(self, config: Config, n_vocab: int = 512) -> None:
+    def __init__(self, config: Config, n_vocab: int = 512, device: J.DeviceReport | None = None) -> None:
         self.n_ctx = config.ctx
         self.n_batch = config.batch
         self.n_seq_max = config.slots
@@ -34,6 +34,8 @@ class FakeEngine:
             n_ctx=self.n_ctx, n_batch=self.n_batch, n_seq_max=self.n_seq_max, n_vocab=n_vocab, n_ctx_train=self.n_ctx,
             n_swa=0, recurrent=False, hybrid=False, needs_checkpoints=False, bos=1, eos=2, desc="fake engine",
             kv_bytes_per_token=64,
+            # A test stands in a GPU here (its budget included); the default is the CPU's.
+            device=device or J.DeviceReport(budget_bytes=config.device_bytes),
         )
         self._pieces = [b"t%d " % t for t in range(n_vocab)]
 
@@ -68,9 +70,12 @@ class FakeEngine:
             case J.StateSize(seq=seq):
                 self._check_seq(seq)
                 return 16 + 4 * self.held.get(seq, 0)
-            case J.StateGet(seq=seq):
+            case J.StateGet(seq=seq, into=into):
                 self._check_seq(seq)
                 n = 16 + 4 * self.held.get(seq, 0)
+                if into is not None and into.capacity >= n:  # as the engine: written in place
+                    into.array[:n] = 0
+                    return J.StateData(data=memoryview(into.array)[:n], n_bytes=n, t_ms=0.0)
                 return J.StateData(data=bytearray(n), n_bytes=n, t_ms=0.0)
             case J.StateSet(seq=seq, data=data):
                 self._check_seq(seq)

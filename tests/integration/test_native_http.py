@@ -11,7 +11,9 @@ page-RAM ceiling small enough that a long prompt's page goes over it. No network
 from __future__ import annotations
 
 import json
+import math
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -202,10 +204,8 @@ def test_seed_reproduces_a_sampled_completion(server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("min_p", 0.05), ("repeat_penalty", 1.1), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
-    ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("mirostat", 2), ("typical_p", 0.9),
-    ("grammar", "root ::= \"a\""),
-    ("json_schema", {}), ("logit_bias", [[15, -1.0]]), ("n_probs", 3), ("samplers", ["top_k"]), ("n_cmpl", 2),
+    ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("mirostat", 2), ("typical_p", 0.9), ("dynatemp_range", 0.5),
+    ("top_n_sigma", 1.0), ("min_keep", 3), ("post_sampling_probs", True), ("samplers", ["top_k"]), ("n_cmpl", 2),
 ])
 def test_a_sampler_actord_lacks_is_a_400_naming_it(server, field, value):
     err = assert_error(server.post("/completion", {"prompt": "hi", "n_predict": 2, field: value}), 400)
@@ -217,6 +217,134 @@ def test_neutral_values_of_missing_samplers_are_accepted(server):
                                           "presence_penalty": 0, "grammar": "", "n_probs": 0, "logit_bias": [],
                                           "cache_prompt": False, "n_keep": -1, "model": "anything"})
     assert r["tokens_predicted"] == 2
+
+
+GREEDY = {"prompt": "hello world", "n_predict": 6, "temperature": 0, "return_tokens": True}
+
+
+def test_sampling_defaults_are_llama_servers_min_p_and_penalty_window_included(server):
+    settings = server.ok("POST", "/completion", {"prompt": "hi", "n_predict": 1})["generation_settings"]
+    assert {k: settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_last_n", "repeat_penalty",
+                                     "presence_penalty", "frequency_penalty", "n_probs", "grammar", "logit_bias")} == {
+        "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_last_n": 64, "repeat_penalty": 1.0,
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_probs": 0, "grammar": "", "logit_bias": []}
+    assert server.ok("GET", "/props")["default_generation_settings"]["params"]["min_p"] == 0.05
+
+
+def test_min_p_defaults_to_005_and_min_p_1_keeps_only_the_likeliest_token(server):
+    body = {"prompt": "hello world", "n_predict": 24, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 11}
+    absent = server.ok("POST", "/completion", body)["content"]
+    assert server.ok("POST", "/completion", {**body, "min_p": 0.05})["content"] == absent  # the default, applied
+    assert server.ok("POST", "/completion", {**body, "min_p": 0})["content"] != absent
+    greedy = server.ok("POST", "/completion", {**body, "temperature": 0})["content"]
+    assert server.ok("POST", "/completion", {**body, "min_p": 1})["content"] == greedy
+    clamped = server.ok("POST", "/completion", {**body, "min_p": 7})  # llama-server clamps to [0, 1]
+    assert clamped["generation_settings"]["min_p"] == 1.0 and clamped["content"] == greedy
+    assert_error(server.post("/completion", {**body, "min_p": "high"}), 400)["actord"]["param"] == "min_p"
+
+
+@pytest.mark.parametrize("field", ["repeat_penalty", "presence_penalty", "frequency_penalty"])
+def test_a_penalty_changes_the_greedy_output(server, field):
+    body = {"prompt": "the model and the cache", "n_predict": 96, "temperature": 0}
+    base = server.ok("POST", "/completion", body)["content"]
+    r = server.ok("POST", "/completion", {**body, field: 1.5})
+    assert r["content"] != base and r["generation_settings"][field] == 1.5
+    assert_error(server.post("/completion", {**body, field: "x"}), 400)["actord"]["param"] == field
+
+
+def test_repeat_last_n_zero_turns_the_penalties_off(server):
+    body = {"prompt": "the model and the cache", "n_predict": 96, "temperature": 0, "repeat_penalty": 1.5}
+    base = server.ok("POST", "/completion", {**body, "repeat_penalty": 1.0})["content"]
+    assert server.ok("POST", "/completion", {**body, "repeat_last_n": 0})["content"] == base
+    whole = server.ok("POST", "/completion", {**body, "repeat_last_n": -1})  # the whole context
+    assert whole["content"] != base and whole["generation_settings"]["repeat_last_n"] == -1
+    for bad in (-2, 1.5, "64"):
+        assert_error(server.post("/completion", {**body, "repeat_last_n": bad}), 400)["actord"]["param"] == \
+            "repeat_last_n"
+    assert_error(server.post("/completion", {**body, "repeat_penalty": 0}), 400)["actord"]["param"] == \
+        "repeat_penalty"
+
+
+def test_grammar_constrains_the_completion(server):
+    grammar = 'root ::= "yes" | "no"'
+    r = server.ok("POST", "/completion", {"prompt": "hi", "n_predict": 20, "temperature": 0, "grammar": grammar})
+    assert r["content"] in ("yes", "no") and r["stop_type"] == "eos" and r["generation_settings"]["grammar"] == grammar
+    events = server.stream({"prompt": "hi", "n_predict": 20, "temperature": 1.0, "seed": 3, "grammar": grammar,
+                            "stream": True})
+    assert "".join(e["content"] for e in events[:-1]) in ("yes", "no")
+    assert_error(server.post("/completion", {"prompt": "hi", "grammar": "root ::= ("}), 400)["actord"]["param"] == \
+        "grammar"
+    assert_error(server.post("/completion", {"prompt": "hi", "grammar": 5}), 400)["actord"]["param"] == "grammar"
+
+
+def test_json_schema_constrains_the_completion_and_an_empty_one_is_any_object(server):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    r = server.ok("POST", "/completion", {"prompt": "hi", "n_predict": 60, "temperature": 0, "json_schema": schema})
+    assert r["stop_type"] == "eos" and isinstance(json.loads(r["content"])["ok"], bool)
+    assert "root" in r["generation_settings"]["grammar"]  # llama-server shows the schema's grammar
+    anything = server.ok("POST", "/completion", {"prompt": "hi", "n_predict": 200, "temperature": 0,
+                                                 "json_schema": {}})
+    if anything["stop_type"] == "eos":
+        assert isinstance(json.loads(anything["content"]), dict)
+    else:  # a free object may run past n_predict; what there is is a JSON object's start
+        assert anything["content"].lstrip().startswith("{")
+    for bad in ({"type": "frob"}, [1], "x"):
+        err = assert_error(server.post("/completion", {"prompt": "hi", "json_schema": bad}), 400)
+        assert err["actord"]["param"] == "json_schema"
+    both = server.post("/completion", {"prompt": "hi", "json_schema": schema, "grammar": 'root ::= "a"'})
+    assert assert_error(both, 400)["actord"]["param"] == "json_schema"
+
+
+def test_logit_bias_in_llama_servers_shapes_bans_and_biases_tokens(server):
+    first = server.ok("POST", "/completion", GREEDY)["tokens"][0]
+    for ban in ([[first, False]], {str(first): False}, [[first, -100]]):
+        r = server.ok("POST", "/completion", {**GREEDY, "logit_bias": ban})
+        assert r["tokens"][0] != first, ban
+    assert server.ok("POST", "/completion", {**GREEDY, "logit_bias": [[first, False]]})["generation_settings"][
+        "logit_bias"] == [{"bias": None, "token": first}]  # a ban shows as llama-server's -inf does: null
+    text = server.ok("POST", "/tokenize", {"content": " world", "add_special": False, "parse_special": False})["tokens"]
+    r = server.ok("POST", "/completion", {**GREEDY, "n_predict": 1, "logit_bias": [[" world", -0.5], [7, 1], [7, 2]]})
+    want = {t: -0.5 for t in text}
+    want[7] = want.get(7, 0.0) + 3.0  # a token named twice gets the sum, as libllama adds each entry
+    assert r["generation_settings"]["logit_bias"] == [{"bias": b, "token": t} for t, b in sorted(want.items())]
+    as_object = server.ok("POST", "/completion", {**GREEDY, "n_predict": 1, "logit_bias": {" world": -0.5}})
+    assert as_object["generation_settings"]["logit_bias"] == [{"bias": -0.5, "token": t} for t in sorted(set(text))]
+
+
+@pytest.mark.parametrize("bias", [[[1]], [[512, 1.0]], [[-1, 1.0]], {"99999": 1}, [[5, True]], [[5, "x"]], 5, "x"])
+def test_a_bad_logit_bias_is_a_400_naming_it_and_nothing_runs(server, bias):
+    before = server.metric('requests_total{outcome="ok"}')
+    err = assert_error(server.post("/completion", {"prompt": "hi", "n_predict": 1, "logit_bias": bias}), 400)
+    assert err["actord"]["param"] == "logit_bias"
+    assert server.metric('requests_total{outcome="ok"}') == before
+
+
+def test_n_probs_gives_completion_probabilities_in_llama_servers_shape(server):
+    r = server.ok("POST", "/completion", {**GREEDY, "n_probs": 3})
+    probs = r["completion_probabilities"]
+    assert [p["id"] for p in probs] == r["tokens"] and r["generation_settings"]["n_probs"] == 3
+    assert b"".join(bytes(p["bytes"]) for p in probs).decode() == r["content"]
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"} and p["logprob"] <= 0
+        assert len(p["top_logprobs"]) == 3 and set(p["top_logprobs"][0]) == {"id", "token", "bytes", "logprob"}
+        assert p["top_logprobs"][0]["id"] == p["id"] and p["top_logprobs"][0]["logprob"] == p["logprob"]  # greedy
+        assert sum(math.exp(a["logprob"]) for a in p["top_logprobs"]) <= 1 + 1e-6
+    assert "completion_probabilities" not in server.ok("POST", "/completion", GREEDY)
+    assert "completion_probabilities" not in server.ok("POST", "/completion", {**GREEDY, "n_predict": 0, "n_probs": 3})
+    alias = server.ok("POST", "/completion", {**GREEDY, "logprobs": 2})  # llama-server's alias
+    assert [len(p["top_logprobs"]) for p in alias["completion_probabilities"]] == [2] * 6
+    for name, bad in (("n_probs", 21), ("n_probs", -1), ("n_probs", 1.5), ("logprobs", "yes")):
+        assert_error(server.post("/completion", {**GREEDY, name: bad}), 400)["actord"]["param"] == name
+
+
+def test_streamed_chunks_carry_their_tokens_probabilities_and_the_last_none(server):
+    whole = server.ok("POST", "/completion", {**GREEDY, "n_probs": 2})
+    events = server.stream({**GREEDY, "n_probs": 2, "stream": True})
+    streamed = [p for e in events[:-1] for p in e.get("completion_probabilities", [])]
+    assert [p["id"] for p in streamed] == [p["id"] for p in whole["completion_probabilities"]]
+    assert [p["logprob"] for p in streamed] == pytest.approx([p["logprob"] for p in whole["completion_probabilities"]],
+                                                             abs=1e-4)
+    assert "completion_probabilities" not in events[-1]
 
 
 # -- /tokenize, /detokenize, /apply-template -----------------------------------------------
@@ -516,16 +644,28 @@ def test_a_mind_header_places_the_completion_and_pages_it(server):
                              headers={**AUTH, "x-actord-mind": "zed"}), 400, "InvalidParams")
 
 
-def test_a_client_that_hangs_up_mid_stream_cancels_its_generation(server):
-    name = 'requests_total{outcome="cancelled"}'
-    before = server.metric(name)
-    body = {"prompt": "go on and on", "n_predict": 3800, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/completion", json=body, headers=AUTH) as r:
-        assert r.status_code == 200
-        lines = r.iter_lines()
-        assert any(next(lines).startswith("data: ") for _ in range(4))
-    eventually(lambda: server.metric(name) > before)
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_cancels_its_generation_and_is_counted_once(server, stream):
+    cancelled, gone = 'requests_total{outcome="cancelled"}', 'http_client_gone_total{phase="generation"}'
+    before, gone_before = server.metric(cancelled), server.metric(gone)
+    body = {"prompt": f"go on and on {stream}", "n_predict": 3800, "ignore_eos": True, "stream": stream}
+    if stream:  # a few chunks arrive, then the client hangs up
+        with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/completion", json=body,
+                                                       headers=AUTH) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert any(next(lines).startswith("data: ") for _ in range(4))
+    else:  # the request is in, its generation runs, and the client hangs up before the answer
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        payload = json.dumps(body).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + KEY.encode()
+                      + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(payload)).encode()
+                      + b"\r\n\r\n" + payload)
+            eventually(lambda: server.metric("requests_in_flight") >= 1)
+    eventually(lambda: server.metric(cancelled) > before)
     eventually(lambda: server.metric("requests_in_flight") == 0)
+    assert server.metric(gone) == gone_before + 1
 
 
 def test_the_text_verbs_record_their_inputs_so_a_trace_replays(tmp_path):

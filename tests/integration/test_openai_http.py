@@ -416,6 +416,21 @@ def test_chat_default_max_tokens_is_bounded_not_the_context(chat_model, tmp_path
         _stop(proc)
 
 
+def test_a_prompt_longer_than_4096_tokens_fits_a_larger_context(chat_model, tmp_path):
+    """The edge checks a request under this daemon's limits, not the defaults' (4096)."""
+    proc, _, url = _start(chat_model, tmp_path / "d", "--ctx", "8192")
+    try:
+        oa = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        prompt = [3 + i % 500 for i in range(5000)]
+        r = oa.completions.create(model="m", prompt=prompt, max_tokens=1)
+        assert r.usage.prompt_tokens == 5000 and r.usage.completion_tokens == 1
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.completions.create(model="m", prompt=[3 + i % 500 for i in range(8200)], max_tokens=1)
+        assert e.value.code == "context_length_exceeded" and "8192" in e.value.message
+    finally:
+        _stop(proc)
+
+
 def test_cors_preflight_for_an_allowed_origin_and_refusal_for_others(chat_model, tmp_path):
     ui = "http://ui.example"
     proc, _, url = _start(chat_model, tmp_path / "d", "--cors-origin", ui)

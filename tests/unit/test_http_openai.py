@@ -289,3 +289,41 @@ def test_a_front_without_key_refuses_to_start_where_peers_cannot_be_told(monkeyp
         front.bind()
     keyed = app.HttpFront(None, Config(model=str(tmp_path / "m.gguf"), http="127.0.0.1:0", api_key="k"))
     keyed.bind().close()  # with a key the key is the gate: no peer lookup needed
+
+
+# -- llama-server's sampling fields on the native /completion (native_sampling) ----------------
+
+
+def test_completion_probabilities_cut_a_partial_utf8_character_as_llama_server_does():
+    from actord.api import TokenLogprob, TopLogprob
+    from actord.http.native_sampling import probabilities
+
+    a_acute = list("á".encode())
+    lps = [TokenLogprob(token=7, text="\ufffd", bytes=a_acute[:1], logprob=-0.5,
+                        top=[TopLogprob(token=7, text="\ufffd", bytes=a_acute[:1], logprob=-0.5),
+                             TopLogprob(token=9, text="á", bytes=a_acute, logprob=float("-inf"))])]
+    [p] = probabilities(lps)
+    assert p == {"id": 7, "token": "", "bytes": a_acute[:1], "logprob": -0.5, "top_logprobs": [
+        {"id": 7, "token": "", "bytes": a_acute[:1], "logprob": -0.5},
+        {"id": 9, "token": "á", "bytes": a_acute, "logprob": -3.4028234663852886e38}]}  # p = 0: float's lowest
+
+
+def test_logit_bias_takes_llama_servers_shapes_sums_repeats_and_refuses_the_rest():
+    import anyio
+
+    from actord.http.native_sampling import _logit_bias
+
+    async def tokenize(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def bias(v):
+        return anyio.run(_logit_bias, v, 512, tokenize)
+
+    assert bias([[5, 1.0], ["ab", -2], [5, False]]) == [(5, float("-inf")), (97, -2.0), (98, -2.0)]
+    assert bias({"5": 1, "aa": 0.5, "-0": 2}) == [(0, 2.0), (5, 1.0), (97, 1.0)]
+    assert bias([]) == bias({}) == bias(None) == []
+    for bad in ([[1]], [[512, 1]], {"-3": 1}, [[True, 1]], [[5, True]], [[5, None]], [[5, 1e400]], 5, "x",
+                [["a" * 70000, 1]]):
+        with pytest.raises(InvalidParams) as e:
+            bias(bad)
+        assert e.value.data["param"] == "logit_bias", bad
