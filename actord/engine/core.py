@@ -15,10 +15,13 @@ import os
 import time
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from actord.config import Config, engine_threads
+from actord.core import spec as S
 from actord.engine import jobs as J
+from actord.engine.draft import Drafter, open_drafter
 from actord.engine.genes import GeneCatalog
 from actord.engine.step_contract import check_step, run_in_epoch
 from actord.engine.llama import lib
@@ -94,7 +97,17 @@ class Engine:
         self.before_decode: Any = None  # set by the engine thread: called right before llama_decode
         self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self.drafter: Drafter | None = None
+        try:
+            self.drafter = open_drafter(config, self.model, self.vocab, swa_full=self.swa.full, threads=threads)
+        except BaseException:
+            self.close()
+            raise
         self.props = self._props()
+        if self.drafter is not None:
+            self.props = msgspec.structs.replace(self.props, spec="draft", spec_n_max=self.drafter.n_max,
+                                                 draft_desc=self.drafter.desc, draft_n_vocab=self.drafter.n_vocab,
+                                                 draft_digest=self.drafter.digest)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -102,6 +115,9 @@ class Engine:
         for chain in self.samplers.values():
             lib.llama_sampler_free(chain)
         self.samplers.clear()
+        if getattr(self, "drafter", None) is not None:
+            self.drafter.close()
+            self.drafter = None
         self.genes.close()
         lib.llama_batch_free(self.batch)
         lib.llama_free(self.ctx)
@@ -171,8 +187,12 @@ class Engine:
                 if bad:  # libllama would read out of bounds
                     raise InvalidParams(f"token ids out of range [0, {n_vocab})", bad=bad[:8])
                 return [self.piece(t, special) for t in tokens]
-            case J.SeqRm(seq=seq, p0=p0, p1=p1):
+            case J.SeqRm(seq=seq, p0=p0, p1=p1, draft=draft_only):
                 self._check_seq(seq)
+                if self.drafter is not None:  # the draft sequence never holds more than the target's
+                    self.drafter.seq_rm(seq, p0, p1)
+                if draft_only:
+                    return True
                 return bool(lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
@@ -181,6 +201,8 @@ class Engine:
                 if chain is not None:
                     lib.llama_sampler_free(chain)
                 return None
+            case J.StateSize(draft=True) | J.StateGet(draft=True) | J.StateSet(draft=True) | J.MemoryRange(draft=True):
+                return self._draft_job(job)
             case J.StateSize(seq=seq, partial=partial):
                 self._check_seq(seq)
                 return int(lib.llama_state_seq_get_size_ext(self.ctx, seq, self._flags(partial)))
@@ -206,6 +228,32 @@ class Engine:
                 raise EngineError(f"injected engine failure: {reason}")
             case _:
                 raise InvalidParams(f"unknown engine job {type(job).__name__}")
+
+    def _draft_job(self, job: Any) -> Any:
+        """A state job on the draft context's sequence. Without a draft context there is no
+        draft state: size 0, nothing to copy, a set that changes nothing."""
+        self._check_seq(job.seq)
+        d = self.drafter
+        match job:
+            case J.StateSize():
+                return int(lib.llama_state_seq_get_size_ext(d.ctx, job.seq, 0)) if d is not None else 0
+            case J.StateGet():
+                if d is None:
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+                return self.state_get(job.seq, False, ctx=d.ctx)
+            case J.StateSet():
+                if d is None:
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+                try:
+                    return self.state_set(job.seq, job.data, False, ctx=d.ctx, mem=d.mem)
+                except PageDoesNotFit:  # the sequence was cleared: a cold draft, not an error
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+            case J.MemoryRange():
+                if d is None:
+                    return J.SeqRange(pos_min=-1, pos_max=-1)
+                return J.SeqRange(pos_min=int(lib.llama_memory_seq_pos_min(d.mem, job.seq)),
+                                  pos_max=int(lib.llama_memory_seq_pos_max(d.mem, job.seq)))
+        raise InvalidParams(f"not a draft job: {type(job).__name__}")
 
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq_max:
@@ -285,10 +333,15 @@ class Engine:
         check_step(job, self.n_batch, self.n_seq_max, self.samplers, last)
         self.genes.apply(job.genes)
         lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
+        # Speculation (engine/draft.py): the draft context catches up and proposes first.
+        drafts: dict[int, list[int]] = {}
+        extent: dict[int, int] = {}
+        if self.drafter is not None and any(e.draft_tokens or e.draft for e in job.entries):
+            drafts, extent = self.drafter.draft(job.entries)
         token, position, n_seq_id, seq_id, logits = self._batch_views
         k = 0
         last_index: list[int] = []
-        for e in job.entries:
+        for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
             for t in ((last[seq],) if e.feed_last else e.tokens):
@@ -302,12 +355,19 @@ class Engine:
             if e.sample:
                 logits[k - 1] = 1
             last_index.append(k - 1)
+            for t in drafts.get(i, ()):  # verified in this same decode: logits on each
+                token[k], position[k], n_seq_id[k], logits[k] = t, pos, 1, 1
+                seq_id[k][0] = seq
+                pos += 1
+                k += 1
         self.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
         t0 = time.perf_counter()
         rc = self._decode(self.ctx, self.batch)
         t1 = time.perf_counter()
+        if rc != 0 and extent:
+            self.drafter.undo(job.entries, extent)  # type: ignore[union-attr]
         if rc == 1:  # no cells for this batch; libllama left the memory as it was
             raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
         if rc != 0:
@@ -316,7 +376,10 @@ class Engine:
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
         EntryOut = J.EntryOut
-        for e, idx in zip(job.entries, last_index):
+        for i, (e, idx) in enumerate(zip(job.entries, last_index)):
+            if i in drafts:
+                out.append(self._verify(e, idx, drafts[i], extent[i]))
+                continue
             if e.checkpoint:
                 ckpt, ckpt_pos = self.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
             else:
@@ -331,36 +394,64 @@ class Engine:
                                     checkpoint_pos=ckpt_pos))
             else:
                 out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
+        for i, n in extent.items():  # entries that touched the draft but did not draft
+            if i not in drafts:
+                out[i] = msgspec.structs.replace(out[i], draft_n=n)
         t2 = time.perf_counter()
         self.step_no += 1
         self.records.append(J.StepRecord(
-            step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes
+            step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes,
+            drafts=[drafts.get(i, []) for i in range(len(job.entries))] if drafts else [],
         ))
         return J.StepOut(
             step=self.step_no, entries=out, n_tokens=k,
             t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3, epoch=self.epoch,
         )
 
+    def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int) -> J.EntryOut:
+        """A drafted entry after the decode: the request's own sampler runs at each position
+        in order while it picks the draft (core/spec.py `accept`); the rejected positions
+        leave the target's and the draft's memory in this same job."""
+        chain, text = self.samplers[e.seq], self._token_text
+
+        def known(tok: int) -> tuple[bytes, bool]:
+            k = text.get(tok)
+            if k is None:
+                k = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+            return k
+
+        toks = S.accept(draft, lambda j: int(self._sample(chain, self.ctx, idx + j)), lambda t: known(t)[1])
+        keep = e.pos0 + len(e.tokens) + len(toks) - 1  # the entry's tokens and the accepted drafts
+        if len(toks) - 1 < len(draft) and not lib.llama_memory_seq_rm(self.mem, e.seq, keep, -1):
+            raise EngineError("the target refused to cut back a rejected draft", seq=e.seq, pos=keep)
+        n = self.drafter.keep(e.seq, keep, extent)  # type: ignore[union-attr]
+        self.last_sampled[e.seq] = toks[-1]
+        first = known(toks[0])
+        return J.EntryOut(seq=e.seq, token=toks[0], piece=first[0], eog=first[1], draft_n=n, drafted=len(draft),
+                          more=[J.Sampled(token=t, piece=known(t)[0], eog=known(t)[1]) for t in toks[1:]])
+
     # -- state copies ------------------------------------------------------------------
 
-    def state_get(self, seq: int, partial: bool) -> J.StateData:
+    def state_get(self, seq: int, partial: bool, ctx: Any = None) -> J.StateData:
         """Copy a sequence's state into one fresh host buffer: libllama writes it in place."""
         self._check_seq(seq)
+        ctx = ctx or self.ctx
         t0 = time.perf_counter()
         flags = self._flags(partial)
-        size = int(lib.llama_state_seq_get_size_ext(self.ctx, seq, flags))
+        size = int(lib.llama_state_seq_get_size_ext(ctx, seq, flags))
         # np.empty, not bytearray: a bytearray is zero-filled first, a second pass over
         # every page of a multi-MB buffer (measured: 7.2 ms vs 4.0 ms for 20.5 MB, where a
         # copy into a warm buffer took 4.1 ms).
         arr = np.empty(max(size, 1), dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        n = int(lib.llama_state_seq_get_data_ext(self.ctx, ptr, size, seq, flags))
+        n = int(lib.llama_state_seq_get_data_ext(ctx, ptr, size, seq, flags))
         if n != size:
             raise EngineError(f"state copy wrote {n} of {size} bytes", seq=seq)
         return J.StateData(data=memoryview(arr)[:size], n_bytes=size, t_ms=(time.perf_counter() - t0) * 1e3)
 
-    def state_set(self, seq: int, data: Any, partial: bool) -> J.StateData:
+    def state_set(self, seq: int, data: Any, partial: bool, ctx: Any = None, mem: Any = None) -> J.StateData:
         self._check_seq(seq)
+        ctx, mem = ctx or self.ctx, mem or self.mem
         t0 = time.perf_counter()
         view = memoryview(data).cast("B")
         size = view.nbytes
@@ -368,11 +459,11 @@ class Engine:
             src = ctypes.cast(ctypes.c_char_p(bytes(view)), ctypes.POINTER(ctypes.c_uint8))
         else:
             src = (ctypes.c_uint8 * size).from_buffer(view)
-        n = int(lib.llama_state_seq_set_data_ext(self.ctx, src, size, seq, self._flags(partial)))
+        n = int(lib.llama_state_seq_set_data_ext(ctx, src, size, seq, self._flags(partial)))
         del src
         if n == 0:
             # libllama clears the destination sequence when a restore fails part-way.
-            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            lib.llama_memory_seq_rm(mem, seq, -1, -1)
             raise PageDoesNotFit(
                 "the state does not fit this context (or was taken from another model)",
                 seq=seq, n_bytes=size,

@@ -44,11 +44,13 @@ class Pieces(Job):
 
 
 class SeqRm(Job):
-    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
+    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end. The draft
+    context's sequence (speculation) is cut alike; with `draft`, only it is."""
 
     seq: int
     p0: int = 0
     p1: int = -1
+    draft: bool = False
 
 
 class SetSampler(Job):
@@ -70,6 +72,14 @@ class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     # empty): the scheduler plans step k+1 before step k's sample reaches Python, so the
     # engine never waits for Python between two steps.
     feed_last: bool = False
+    # Speculative decoding (engine/draft.py, core/spec.py). `draft_tokens` go into the draft
+    # context's sequence at `draft_pos0` before the step (the draft catching up with what
+    # the target holds); then, with `draft` = k > 0, the draft model proposes k tokens after
+    # the entry's last token, which the target decodes in this same batch and verifies
+    # (a k-token draft needs draft_pos0 + len(draft_tokens) == pos0 + len(tokens)).
+    draft_tokens: list[int] = []
+    draft_pos0: int = 0
+    draft: int = 0
 
 
 class Step(Job):
@@ -89,21 +99,27 @@ class Step(Job):
 class StateSize(Job):
     seq: int
     partial: bool = False
+    draft: bool = False  # the draft context's sequence, not the target's
 
 
 class StateGet(Job):
     seq: int
     partial: bool = False
+    draft: bool = False
 
 
 class StateSet(Job):
     seq: int
     data: bytes | bytearray | memoryview
     partial: bool = False
+    # The draft context's sequence. A refused draft state clears that sequence and answers
+    # n_bytes 0 (a cold draft), never an error: the target's state is what matters.
+    draft: bool = False
 
 
 class MemoryRange(Job):
     seq: int
+    draft: bool = False
 
 
 class StepRecords(Job):
@@ -160,6 +176,19 @@ class ModelProps(msgspec.Struct, frozen=True):
     swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
     swa_full_reason: str = ""  # why (actord.policy.swa)
     kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
+    # Speculative decoding as started: "" (none) or "draft" (a separate draft model), with
+    # at most spec_n_max draft tokens per step and the draft model's description.
+    spec: str = ""
+    spec_n_max: int = 0
+    draft_desc: str = ""
+    draft_n_vocab: int = 0
+    draft_digest: str = ""  # the draft model file's (sampled) digest: a page's draft state names it
+
+
+class Sampled(msgspec.Struct, frozen=True, array_like=True):
+    token: int
+    piece: bytes
+    eog: bool
 
 
 class EntryOut(msgspec.Struct, frozen=True, array_like=True):
@@ -169,6 +198,13 @@ class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     eog: bool = False
     checkpoint: bytearray | None = None  # partial state after this entry's decode
     checkpoint_pos: int = 0
+    # A speculating entry: the draft tokens the target accepted, as the target sampled them
+    # after `token` (its KV holds the entry's tokens and these), how far the draft context's
+    # sequence reaches after the step (-1: the entry did not touch it), and how many tokens
+    # were drafted (fewer than the entry's `draft` when the draft context could not).
+    more: list[Sampled] = []
+    draft_n: int = -1
+    drafted: int = 0  # tokens the draft model proposed for this entry (the target verified them)
 
 
 class StepOut(msgspec.Struct, frozen=True):
@@ -185,6 +221,7 @@ class StepRecord(msgspec.Struct, frozen=True):
     seqs: list[int]
     n_tokens: int
     genes: tuple[tuple[int, float], ...]
+    drafts: list[list[int]] = []  # per entry, the tokens the draft model proposed (speculation)
 
 
 class SeqRange(msgspec.Struct, frozen=True):

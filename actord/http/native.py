@@ -236,6 +236,7 @@ def stop_type(stop_reason: str) -> str:
 
 def timings(r: CompletionResult) -> dict[str, Any]:
     t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
+    spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
     return {
         "cache_n": r.n_cached,
         "prompt_n": n_proc,
@@ -246,6 +247,7 @@ def timings(r: CompletionResult) -> dict[str, Any]:
         "predicted_ms": t.predicted_ms,
         "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
         "predicted_per_second": t.predicted_per_second,
+        **spec,
     }
 
 
@@ -282,6 +284,12 @@ def llama_metrics(system: Any) -> str:
         ("n_decode_total", "counter", "Total number of llama_decode() calls", v("engine_steps_total")),
         ("requests_processing", "gauge", "Number of requests processing", v("requests_in_flight")),
         ("requests_deferred", "gauge", "Number of requests deferred", deferred),
+        ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated",
+         v("spec_decode_num_draft_tokens_total")),
+        ("spec_decode_num_accepted_tokens_total", "counter",
+         "Speculative: Total draft tokens accepted by the target model", v("spec_decode_num_accepted_tokens_total")),
+        ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps",
+         v("spec_decode_num_drafts_total")),
     ]
     for name, kind in SEED_SERIES:
         family = name[: -len("_total")] if kind == "counter" else name
