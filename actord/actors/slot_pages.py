@@ -137,7 +137,8 @@ class SlotPages:
         log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
                  copy_ms=round(st.t_ms, 3), draft_bytes=n_draft)
         return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
-                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms,
+                **({"draft_bytes": n_draft} if self.drafting else {})}
 
     async def page_in(self, name: str) -> dict[str, Any]:
         if self.pages is None:
@@ -170,12 +171,19 @@ class SlotPages:
         log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
                  t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
 
     @property
     def drafting(self) -> bool:
         """This system runs a draft context (speculative decoding)."""
         return bool(self.props.spec)
+
+    def _draft_info(self) -> dict[str, Any]:
+        """What a page-in or restore answers about the draft: the tokens its state holds
+        ("warm") or none ("cold": it catches up at the next request)."""
+        if not self.drafting:
+            return {}
+        return {"draft": "warm" if self.draft_n else "cold", "draft_n_tokens": self.draft_n}
 
     async def _adopt_draft(self, data: Any, n: int, source: str) -> None:
         """The draft context's sequence takes a page's or file's draft state; without one (or
@@ -250,7 +258,7 @@ class SlotPages:
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
                  draft="warm" if self.draft_n else "cold")
         return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
 
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],

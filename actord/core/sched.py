@@ -287,8 +287,8 @@ class SchedulerCore:
         end = e.pos0 + len(e.tokens)
         start, stop = S.catch_up(r.draft_done, end, draft_budget)
         k = 0
-        if stop == end and e.sample and len(e.tokens) == 1 and e.pos0 >= r.n_prompt:
-            k = S.draft_len(r.spec, len(r.out), r.n_predict, e.pos0, self.n_ctx, budget)
+        if stop == end and e.sample and not e.checkpoint:
+            k = S.draft_len(r.spec, len(r.out), r.n_predict, end, self.n_ctx, budget - len(e.tokens))
         if stop == start and not k:
             return e
         return J.StepEntry(seq=e.seq, tokens=e.tokens, pos0=e.pos0, sample=e.sample, checkpoint=e.checkpoint,

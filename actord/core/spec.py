@@ -5,10 +5,10 @@ Why these live apart from the engine: they are policy over token lists and posit
 same for the real engine and any stand-in, and they are easiest to pin with no model.
 
 The shape (llama-server's draft-simple, fitted to actord's step):
-- A speculating request's step entry feeds its last token t at position p. The draft
-  context first catches up (`draft_tokens`: what the target holds that the draft does not,
-  ending with t), then proposes d1..dk greedily; the target decodes [t, d1..dk] in the same
-  batch as every other slot's entry, with logits on all k+1.
+- A speculating request's step entry feeds its last token t at position p (or the last
+  piece of its prompt). The draft context first catches up (`draft_tokens`: what the target
+  holds that the draft does not, ending with t), then proposes d1..dk greedily; the target
+  decodes [t, d1..dk] in the same batch as every other slot's entry, with logits on all k+1.
 - Acceptance (`accept`) runs the request's OWN sampler chain at positions 0..k in order and
   stops at the first sample that differs from the draft: the samples g0..ga are exactly the
   tokens the chain would have produced one step at a time (each is taken in the state the
@@ -31,13 +31,14 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 
-def draft_len(k_max: int, n_out: int, n_predict: int, p: int, n_ctx: int, budget: int) -> int:
-    """Draft tokens for an entry feeding position p: at most k_max; never more than the
-    request may still output less the target's own token (n_predict); within the context
-    (the step feeds p..p+k and the next step one more) and the step's token budget."""
-    k = min(k_max, n_predict - n_out - 1, budget - 1)
+def draft_len(k_max: int, n_out: int, n_predict: int, end: int, n_ctx: int, room: int) -> int:
+    """Draft tokens after an entry whose tokens end at position `end`: at most k_max; never
+    more than the request may still output less the target's own token (n_predict); within
+    the context (the step holds end + k positions and the next step feeds one more) and the
+    `room` left in the step's batch after the entry's own tokens."""
+    k = min(k_max, n_predict - n_out - 1, room)
     if n_ctx:
-        k = min(k, n_ctx - p - 2)
+        k = min(k, n_ctx - end - 1)
     return max(0, k)
 
 

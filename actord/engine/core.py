@@ -402,6 +402,7 @@ class Engine:
         self.records.append(J.StepRecord(
             step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes,
             drafts=[drafts.get(i, []) for i in range(len(job.entries))] if drafts else [],
+            draft_in=sum(len(e.draft_tokens) for e in job.entries) if extent else 0,
         ))
         return J.StepOut(
             step=self.step_no, entries=out, n_tokens=k,

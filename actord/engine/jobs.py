@@ -222,6 +222,7 @@ class StepRecord(msgspec.Struct, frozen=True):
     n_tokens: int
     genes: tuple[tuple[int, float], ...]
     drafts: list[list[int]] = []  # per entry, the tokens the draft model proposed (speculation)
+    draft_in: int = 0  # tokens the draft context caught up on before drafting
 
 
 class SeqRange(msgspec.Struct, frozen=True):
