@@ -78,6 +78,8 @@ class Request:
     n_drafted: int = 0
     n_accepted: int = 0
     n_spec_steps: int = 0
+    spec_misses: int = 0  # verifies in a row that accepted nothing
+    spec_pause: int = 0  # steps left without drafting (core/spec.py `pause_after`)
 
     @property
     def ended(self) -> bool:
@@ -284,6 +286,9 @@ class SchedulerCore:
         after the entry's tokens, and drafts after a generation token when it is caught up."""
         if e.feed_last:  # never planned for a speculating request (depth 1); no draft
             return e
+        if r.spec_pause > 0:  # the draft keeps missing: neither draft nor catch up for now
+            r.spec_pause -= 1
+            return e
         end = e.pos0 + len(e.tokens)
         start, stop = S.catch_up(r.draft_done, end, draft_budget)
         k = 0
@@ -317,6 +322,8 @@ class SchedulerCore:
                 r.n_drafted += res.drafted
                 r.n_accepted += len(res.more)
                 r.n_spec_steps += 1
+                r.spec_misses = 0 if res.more else r.spec_misses + 1
+                r.spec_pause = S.pause_after(r.spec_misses)
             self.last_use[r.slot] = self.steps
             if r.checkpoint_at and r.checkpoint_at[0] <= r.n_done:
                 r.checkpoint_at = [c for c in r.checkpoint_at if c > r.n_done]

@@ -24,6 +24,12 @@ The shape (llama-server's draft-simple, fitted to actord's step):
   or draft whose memory cannot be cut back is refused at start).
 
 A speculating request steps at depth 1: its next entry needs the tokens this one accepts.
+
+A draft that keeps missing pauses (`pause_after`): after verifies in a row that accepted
+nothing, the request stops drafting, and its draft stops catching up, for a growing number
+of steps, then probes again; one accepted token ends the pause. On a CPU, where a verify of
+k+1 rows costs more than k+1 single steps, a useless draft otherwise costs several times
+the plain decode; paused, it costs a catch-up of the tokens it missed, in one batch.
 """
 
 from __future__ import annotations
@@ -60,6 +66,12 @@ def accept(draft: Sequence[int], sample: Callable[[int], int], is_end: Callable[
         if i == len(draft) or g != draft[i] or is_end(g):
             break
     return out
+
+
+def pause_after(misses: int) -> int:
+    """Steps without drafting after `misses` verifies in a row accepted nothing: none after
+    the first, then 2, 4, 8, ... up to 32."""
+    return 0 if misses < 2 else min(32, 1 << (misses - 1))
 
 
 def draft_after(p: int, k: int, accepted: int) -> int:

@@ -337,6 +337,8 @@ class Engine:
         drafts: dict[int, list[int]] = {}
         extent: dict[int, int] = {}
         if self.drafter is not None and any(e.draft_tokens or e.draft for e in job.entries):
+            if self.before_decode is not None:  # the draft's decodes are this step's first
+                self.before_decode()
             drafts, extent = self.drafter.draft(job.entries)
         token, position, n_seq_id, seq_id, logits = self._batch_views
         k = 0

@@ -100,14 +100,25 @@ async def test_greedy_output_is_identical_with_and_without_speculation(tiny_mode
 
 
 async def test_sampled_output_is_identical_for_the_same_seed(tiny_model, drafts):
+    """The request's own sampler chain runs at each drafted position in order, so it draws
+    its random numbers as it would one token at a time. One slot, turns in order: with two
+    slots racing, the cells a sequence's KV lands in vary from run to run, and a sampled
+    token can flip on the last bits of its logits (as without speculation)."""
     kw = dict(temperature=0.9, top_k=40, top_p=0.95, seed=11)
+
+    async def turns(s):
+        a = await _turn(s, 0, P1, **kw)
+        b = await _turn(s, 0, P1 + a.tokens + [7, 8, 9], n=24, **kw)
+        c = await _turn(s, 0, P2, **kw)
+        return [a, b, c]
+
     async with ActorSystem(cfg(tiny_model)) as s:
-        plain = await _conversation(s, **kw)
-    async with ActorSystem(cfg(tiny_model, drafts["same"])) as s:
-        spec = await _conversation(s, **kw)
-    for slot in (0, 1):
-        assert [r.tokens for r in spec[slot]] == [r.tokens for r in plain[slot]]
-    assert sum(r.timings.draft_n_accepted for rs in spec.values() for r in rs) > 0
+        plain = await turns(s)
+    for which in ("same", "pruned"):
+        async with ActorSystem(cfg(tiny_model, drafts[which])) as s:
+            spec = await turns(s)
+        assert [r.tokens for r in spec] == [r.tokens for r in plain]
+        assert sum(r.timings.draft_n_accepted for r in spec) > 0
 
 
 async def test_metrics_and_timings_carry_llama_servers_names(tiny_model, drafts):
@@ -150,10 +161,10 @@ async def test_speculation_on_memory_that_cannot_be_cut_back_is_refused_at_start
 async def _paged_run(s, move, slot_after: int):
     """R1 on slot 0, `move` the slot's state away and back, R2 on `slot_after`; returns R2
     and the drafts the engine made for it, step by step."""
-    r1 = await _turn(s, 0, P1, n=30)
+    r1 = await _turn(s, 0, P1, n=60)
     await move(s)
     before = len(await s.engine.run(J.StepRecords()))
-    r2 = await _turn(s, slot_after, P1 + r1.tokens + [5, 6, 7], n=30)
+    r2 = await _turn(s, slot_after, P1 + r1.tokens + [5, 6, 7], n=60)
     return r1, r2, await _drafts_since(s, before)
 
 
@@ -162,7 +173,7 @@ async def _no_move(s):
 
 
 async def test_page_out_in_keeps_output_and_the_drafts_and_acceptance_of_a_never_paged_slot(tiny_model, drafts):
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"])) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2)) as s:
         base = await _paged_run(s, _no_move, 0)
     moved: dict = {}
 
@@ -170,7 +181,7 @@ async def test_page_out_in_keeps_output_and_the_drafts_and_acceptance_of_a_never
         moved["out"] = await s.page_out(0, "ada")
         moved["in"] = await s.page_in(1, "ada")
 
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"])) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2)) as s:
         paged = await _paged_run(s, page, 1)
     assert moved["out"]["draft_bytes"] > 0 and moved["in"]["draft"] == "warm"
     assert paged[1].tokens == base[1].tokens and paged[1].n_prompt_processed == base[1].n_prompt_processed == 4
@@ -181,18 +192,18 @@ async def test_page_out_in_keeps_output_and_the_drafts_and_acceptance_of_a_never
 
 
 async def test_spill_and_restore_carry_the_draft_state_in_the_dft_sidecar(tiny_model, drafts, tmp_path):
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"], page_dir=str(tmp_path / "a"))) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2, page_dir=str(tmp_path / "a"))) as s:
         base = await _paged_run(s, _no_move, 0)
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"], page_dir=str(tmp_path / "b"))) as s:
-        r1 = await _turn(s, 0, P1, n=30)
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2, page_dir=str(tmp_path / "b"))) as s:
+        r1 = await _turn(s, 0, P1, n=60)
         await s.page_out(0, "ada")
         await s.page_spill("ada", "ada.page", drop=True)
     assert (tmp_path / "b" / "ada.page.dft").exists()
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"], page_dir=str(tmp_path / "b"))) as s:  # a restart
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2, page_dir=str(tmp_path / "b"))) as s:  # a restart
         r = await s.slot_restore(1, "ada.page")
         assert r["draft"] == "warm" and r["draft_n_tokens"] > 0
         before = len(await s.engine.run(J.StepRecords()))
-        r2 = await _turn(s, 1, P1 + r1.tokens + [5, 6, 7], n=30)
+        r2 = await _turn(s, 1, P1 + r1.tokens + [5, 6, 7], n=60)
         got = await _drafts_since(s, before)
     assert r1.tokens == base[0].tokens and r2.tokens == base[1].tokens
     assert got == base[2]  # the same drafts, and no more to catch up on than a never-paged slot
@@ -201,32 +212,33 @@ async def test_spill_and_restore_carry_the_draft_state_in_the_dft_sidecar(tiny_m
 
 
 async def test_a_file_without_a_draft_state_starts_the_draft_cold(tiny_model, drafts, tmp_path):
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"])) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2)) as s:
         base = await _paged_run(s, _no_move, 0)
     async with ActorSystem(cfg(tiny_model, page_dir=str(tmp_path))) as s:  # no speculation: no .dft
-        r1 = await _turn(s, 0, P1, n=30)
+        r1 = await _turn(s, 0, P1, n=60)
         await s.slot_save(0, "plain.page")
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"], page_dir=str(tmp_path))) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2, page_dir=str(tmp_path))) as s:
         r = await s.slot_restore(1, "plain.page")
         assert (r["draft"], r["draft_n_tokens"]) == ("cold", 0)
         before = len(await s.engine.run(J.StepRecords()))
-        r2 = await _turn(s, 1, P1 + r1.tokens + [5, 6, 7], n=30)
+        r2 = await _turn(s, 1, P1 + r1.tokens + [5, 6, 7], n=60)
         got = await _drafts_since(s, before)
     assert not Path(tmp_path / "plain.page.dft").exists()
     assert r2.tokens == base[1].tokens and r2.n_prompt_processed == 4
-    # The draft caught up on all the slot's tokens in the first step (one batch), then
-    # drafted exactly as a warm one does.
-    assert got[0] == base[2][0] and r2.timings.draft_n == base[1].timings.draft_n
-    assert got[1] > base[2][1] + len(P1)  # the warm one held all but the last few tokens
+    # The draft caught up on the slot's tokens first (in pieces within the draft's batch,
+    # drafting nothing meanwhile), then drafted again.
+    assert got[0][0] == [] and base[2][0][0] != []
+    assert got[1] > base[2][1] + len(P1)  # it decoded the slot's tokens again, the warm one did not
+    assert r2.timings.draft_n > 0
 
 
 async def test_a_missing_dft_sidecar_is_a_cold_draft_not_an_error(tiny_model, drafts, tmp_path):
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"], page_dir=str(tmp_path))) as s:
-        r1 = await _turn(s, 0, P1, n=30)
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2, page_dir=str(tmp_path))) as s:
+        r1 = await _turn(s, 0, P1, n=60)
         await s.slot_save(0, "m.page")
         fresh = await _turn(s, 0, P1 + r1.tokens + [5], n=12)
     (tmp_path / "m.page.dft").unlink()
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"], page_dir=str(tmp_path))) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2, page_dir=str(tmp_path))) as s:
         r = await s.slot_restore(0, "m.page")
         assert r["draft"] == "cold"
         again = await _turn(s, 0, P1 + r1.tokens + [5], n=12)
@@ -237,7 +249,7 @@ async def test_the_page_ram_ceiling_counts_the_draft_state(tiny_model, drafts):
     async with ActorSystem(cfg(tiny_model)) as s:
         await _turn(s, 0, P1, n=30)
         plain = await s.page_out(0, "a")
-    async with ActorSystem(cfg(tiny_model, drafts["pruned"])) as s:
+    async with ActorSystem(cfg(tiny_model, drafts["pruned"], spec_n_max=2)) as s:
         await _turn(s, 0, P1, n=30)
         spec = await s.page_out(0, "a")
         assert spec["n_bytes"] == plain["n_bytes"] + spec["draft_bytes"] and spec["draft_bytes"] > 0

@@ -159,3 +159,22 @@ def test_a_skipped_speculating_step_gives_its_cells_back():
     assert core.free_cells == 100 - 7
     core.unschedule(plan)
     assert core.free_cells == 100 and core.reqs[1].draft_done == 0
+
+
+def test_a_draft_that_keeps_missing_pauses_then_probes_and_one_hit_ends_the_pause():
+    assert [S.pause_after(m) for m in range(8)] == [0, 0, 2, 4, 8, 16, 32, 32]
+    core = SchedulerCore(n_batch=64, depth=1)
+    core.add(req(1, 0, prompt=4, n_predict=100, spec=2, pos0=3, draft_done=3))
+    drafted = []
+    for i in range(8):
+        plan = core.schedule()
+        [e] = plan.step.entries
+        drafted.append(e.draft)
+        hit = i == 4
+        core.update(plan, out(plan, [sampled(e, [7, 8] if hit and e.draft else [9]) if e.draft or e.draft_tokens
+                                     else J.EntryOut(seq=0, token=9, piece=b"x")]))
+    # miss, miss (pause 2), two plain steps (nothing caught up), a probe that hits, then
+    # miss, miss (pause 2) again
+    assert drafted == [2, 2, 0, 0, 2, 2, 2, 0]
+    r = core.reqs[1]
+    assert r.spec_misses == 2 and r.spec_pause == 1 and r.n_accepted == 1
