@@ -25,7 +25,7 @@ The shape (llama-server's draft-simple, fitted to actord's step):
 
 A speculating request steps at depth 1: its next entry needs the tokens this one accepts.
 
-A draft that keeps missing pauses (`pause_after`): after verifies in a row that accepted
+A draft that keeps missing pauses (`pause_after`): after 4 verifies in a row that accepted
 nothing, the request stops drafting, and its draft stops catching up, for a growing number
 of steps, then probes again; one accepted token ends the pause. On a CPU, where a verify of
 k+1 rows costs more than k+1 single steps, a useless draft otherwise costs several times
@@ -69,9 +69,11 @@ def accept(draft: Sequence[int], sample: Callable[[int], int], is_end: Callable[
 
 
 def pause_after(misses: int) -> int:
-    """Steps without drafting after `misses` verifies in a row accepted nothing: none after
-    the first, then 2, 4, 8, ... up to 32."""
-    return 0 if misses < 2 else min(32, 1 << (misses - 1))
+    """Steps without drafting after `misses` verifies in a row accepted nothing: none for up
+    to 3, then 2, 4, 8, ... up to 32. A draft whose tokens are each accepted half the time
+    misses 4 verifies in a row 1 time in 16 (and one hit resets the count); one that never
+    agrees probes about log2 of the steps it is given."""
+    return 0 if misses < 4 else min(32, 1 << (misses - 3))
 
 
 def draft_after(p: int, k: int, accepted: int) -> int:

@@ -162,19 +162,19 @@ def test_a_skipped_speculating_step_gives_its_cells_back():
 
 
 def test_a_draft_that_keeps_missing_pauses_then_probes_and_one_hit_ends_the_pause():
-    assert [S.pause_after(m) for m in range(8)] == [0, 0, 2, 4, 8, 16, 32, 32]
+    assert [S.pause_after(m) for m in range(10)] == [0, 0, 0, 0, 2, 4, 8, 16, 32, 32]
     core = SchedulerCore(n_batch=64, depth=1)
     core.add(req(1, 0, prompt=4, n_predict=100, spec=2, pos0=3, draft_done=3))
     drafted = []
-    for i in range(8):
+    for i in range(14):
         plan = core.schedule()
         [e] = plan.step.entries
         drafted.append(e.draft)
-        hit = i == 4
+        hit = i == 6
         core.update(plan, out(plan, [sampled(e, [7, 8] if hit and e.draft else [9]) if e.draft or e.draft_tokens
                                      else J.EntryOut(seq=0, token=9, piece=b"x")]))
-    # miss, miss (pause 2), two plain steps (nothing caught up), a probe that hits, then
-    # miss, miss (pause 2) again
-    assert drafted == [2, 2, 0, 0, 2, 2, 2, 0]
+    # four misses (pause 2), two plain steps (nothing caught up), a probe that hits, then
+    # four misses and a pause again
+    assert drafted == [2, 2, 2, 2, 0, 0, 2, 2, 2, 2, 2, 0, 0, 2]
     r = core.reqs[1]
-    assert r.spec_misses == 2 and r.spec_pause == 1 and r.n_accepted == 1
+    assert r.spec_misses == 5 and r.spec_pause == 4 and r.n_accepted == 1
