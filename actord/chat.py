@@ -53,7 +53,7 @@ from typing import Any, Awaitable, Callable
 
 import msgspec
 
-from actord.api import CompletionResult, GeneRef
+from actord.api import CompletionResult, GeneRef, SamplingFields
 from actord.engine.jobs import ChatTemplateInfo as TemplateInfo
 from actord.errors import ChatTemplateError, InvalidParams, NoChatTemplate
 
@@ -65,7 +65,7 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     content: str = ""
 
 
-class ChatRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     n_predict: int = 256
     slot: int | None = None

@@ -90,6 +90,13 @@ class PageDoesNotFit(ActordError):
     http_status = 507
 
 
+class ForeignPage(ActordError):
+    """A page file was saved from another model (other weights, shapes or vocab): refused
+    before anything changes. Not a PageDoesNotFit: no amount of room would make it fit."""
+
+    http_status = 409
+
+
 class FileNotFound(ActordError):
     http_status = 404
 

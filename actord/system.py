@@ -33,7 +33,7 @@ from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, Spil
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix, page_image
-from actord.api import CompletionRequest, CompletionResult, SlotInfo
+from actord.api import CompletionRequest, CompletionResult, SamplingFields, SlotInfo
 from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
@@ -101,6 +101,8 @@ class ActorSystem:
         await self.engine.start()
         try:
             self.props = await self.engine.run(J.ModelInfo())
+            if not self.props.kv_cells:  # pure recurrent: a prompt is not bounded by n_ctx
+                self._limits = msgspec.structs.replace(self._limits, max_prompt_tokens=self._limits.max_prompt_bytes)
             self._build_actors()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -188,7 +190,7 @@ class ActorSystem:
         ]
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
-            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.n_ctx,
+            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.kv_cells,  # 0: cells not charged
             piece_tile=self.config.piece_tile, depth=self.config.pipeline_depth,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
@@ -252,7 +254,7 @@ class ActorSystem:
                 request = msgspec.convert(params, CompletionRequest)
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
-        request.check(self._limits)
+        request = request.check(self._limits)  # a json_schema comes back as its grammar
         self._check_open()
         if _input:
             await self.dispatcher.input("completion", request)
@@ -339,6 +341,7 @@ class ActorSystem:
             prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
             stop=request.stop, stream=request.stream, genes=request.genes,
+            **{f: getattr(request, f) for f in SamplingFields.__struct_fields__},
         )
         result = await self.complete(completion, on_token=on_token, _input=False)
         if result.stop_reason != "cancelled" and (

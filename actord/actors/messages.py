@@ -131,6 +131,7 @@ class Enroll(Msg):
     t_start: float = 0.0
     spec: int = 0  # draft up to this many tokens per step (0: no speculation)
     draft_pos0: int = 0  # the draft context's sequence holds prompt[:draft_pos0]
+    logprobs: bool = False  # the engine returns logprobs: collect them for the answer and the stream
 
 
 class Abort(Msg):

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
@@ -161,6 +160,7 @@ class Scheduler(Actor[SchedulerInbox]):
             n_predict=m.n_predict, genes=m.genes, stop_tokens=frozenset(m.stop_tokens), ignore_eos=m.ignore_eos,
             checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
             spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
+            logprobs=[] if m.logprobs else None,
         )
         try:
             self.core.add(r)
@@ -272,8 +272,11 @@ class Scheduler(Actor[SchedulerInbox]):
                 ch = self.channels.get(ev.rid)
                 if ch is None or ch.stream is None:
                     continue
+                chunk: dict[str, Any] = {"slot": ch.slot, "content": ev.text, "tokens": [ev.token]}
+                if ev.logprobs is not None:
+                    chunk["logprobs"] = ev.logprobs
                 try:
-                    ch.stream({"slot": ch.slot, "content": ev.text, "tokens": [ev.token]})
+                    ch.stream(chunk)
                 except Exception as e:  # the sink failed: this request ends, nobody else's
                     log.warning("scheduler.sink_failed", rid=ev.rid, error=repr(e))
                     queue.extend(self.core.fail_request(ev.rid, InternalError(f"stream sink failed: {e!r}")))
@@ -306,9 +309,13 @@ class Scheduler(Actor[SchedulerInbox]):
             answer = r.error if isinstance(r.error, ActordError) else InternalError(f"{r.error!r}")
         elif ch is not None:
             m.predicted_tokens_total.inc(len(r.out))
-            if ch.stream is not None and r.tail:
+            rest = r.unsent_logprobs()
+            if ch.stream is not None and (r.tail or rest):
+                chunk: dict[str, Any] = {"slot": r.slot, "content": r.tail, "tokens": []}
+                if rest is not None:
+                    chunk["logprobs"] = rest
                 try:
-                    ch.stream({"slot": r.slot, "content": r.tail, "tokens": []})
+                    ch.stream(chunk)
                 except Exception as e:
                     log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
             answer = self._result(r, ch)
@@ -340,6 +347,7 @@ class Scheduler(Actor[SchedulerInbox]):
         return CompletionResult(
             content=r.text.text, tokens=list(r.out), n_prompt_tokens=r.n_prompt, n_prompt_processed=n_proc,
             n_cached=r.n_cached, slot=r.slot, stop_reason=r.reason or "", resumed_from_checkpoint=ch.resumed,
+            logprobs=r.logprobs,
             timings=Timings(
                 prompt_ms=prompt_ms, predicted_ms=predicted_ms,
                 prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,

@@ -27,7 +27,7 @@ from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlo
 from actord.actors.pages import Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take
 from actord.actors.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
-from actord.errors import ActordError, EngineError, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.errors import ActordError, EngineError, ForeignPage, InvalidParams, SlotBusy, SlotEmpty
 from actord.log import get
 from actord.policy.placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
@@ -281,11 +281,19 @@ def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[i
 
 
 def model_fingerprint(props: J.ModelProps) -> dict[str, Any]:
-    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa}
+    """What a page file records about its model: the description and shapes, and the digest
+    of its weights (actord/engine/weights.py), without which two models of one architecture
+    and shape (two fine-tunes, two seeds) would take each other's pages and decode garbage."""
+    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa,
+            "weights": props.weights_digest}
 
 
 def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
+    """Refuse a file from another model (ForeignPage) before anything changes. A file with
+    no weights digest (written before actord recorded one) cannot prove its model: refused."""
     want = model_fingerprint(props)
     got = {k: image.meta.get(k) for k in want}
     if got != want:
-        raise PageDoesNotFit(f"{file} was saved from another model", file=file, saved=got, model=want)
+        differs = sorted(k for k in want if got[k] != want[k])
+        raise ForeignPage(f"{file} was saved from another model ({', '.join(differs)} differ)", file=file,
+                          saved=got, model=want, differs=differs)

@@ -41,9 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from actord.api import TokenLogprob, TopLogprob
 from actord.core import spec as S
 from actord.core.text import TextState
 from actord.engine import jobs as J
+from actord.errors import InvalidParams
 
 GeneKey = tuple[tuple[int, float], ...]
 
@@ -71,6 +73,8 @@ class Request:
     tail: str = ""  # text not streamed yet, fixed when it ended
     t_first: float = 0.0
     n_cached: int = 0
+    logprobs: list[TokenLogprob] | None = None  # asked for: one per token of `out`
+    lp_sent: int = 0  # logprobs[:lp_sent] went out with a Delta
     # Speculation: at most `spec` draft tokens per step (0: none); the draft context's
     # sequence holds tokens[:draft_done]; what was drafted and accepted, and in how many steps.
     spec: int = 0
@@ -84,6 +88,22 @@ class Request:
     @property
     def ended(self) -> bool:
         return self.reason is not None
+
+    def unsent_logprobs(self) -> list[TokenLogprob] | None:
+        if self.logprobs is None:
+            return None
+        out = self.logprobs[self.lp_sent:]
+        self.lp_sent = len(self.logprobs)
+        return out
+
+
+def _token_logprob(tok: int, res: J.EntryOut | J.Sampled) -> TokenLogprob:
+    """The engine's raw (logprob, top) for a sampled token, as the answer carries it."""
+    return TokenLogprob(
+        token=tok, text=res.piece.decode(errors="replace"), bytes=list(res.piece),
+        logprob=res.logprob if res.logprob is not None else 0.0,
+        top=[TopLogprob(token=t, text=p.decode(errors="replace"), bytes=list(p), logprob=lp) for t, lp, p in res.top],
+    )
 
 
 @dataclass(slots=True)
@@ -101,6 +121,10 @@ class Delta:
     rid: int
     text: str
     token: int
+    # The logprobs of the tokens since the last Delta (a delta's text may hold several
+    # tokens: the text state holds back a partial stop string or UTF-8 sequence); None
+    # when the request did not ask for them.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -342,32 +366,37 @@ class SchedulerCore:
         return events
 
     def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
-        if res.more:  # every token the target sampled is in the KV or fed next, output or not
-            r.tokens.append(res.token)
-            r.tokens.extend(m.token for m in res.more)
-            self._emit(r, res.token, res.piece, res.eog, now, events)
-            for m in res.more:
-                if r.ended:
-                    break
-                self._emit(r, m.token, m.piece, m.eog, now, events)
-            return
-        r.tokens.append(res.token)  # the KV may take it (a step in flight feeds it), output or not
-        self._emit(r, res.token, res.piece, res.eog, now, events)
+        # A speculating entry sampled several tokens: every one is in the KV or fed next,
+        # output or not; the first that ends the request ends its output.
+        refused = ""
+        for x in (res, *res.more) if res.more else (res,):
+            r.tokens.append(x.token)  # the KV may take it (a step in flight feeds it), output or not
+            if r.ended or refused:
+                continue
+            if x.refused:
+                refused = x.refused
+                continue
+            self._emit(r, x, now, events)
+        if refused:
+            raise InvalidParams(refused)
 
-    def _emit(self, r: Request, tok: int, piece: bytes, eog: bool, now: float, events: list[Event]) -> None:
+    def _emit(self, r: Request, x: J.EntryOut | J.Sampled, now: float, events: list[Event]) -> None:
+        tok, eog, piece = x.token, x.eog, x.piece
         if not r.out and not r.t_first:
             r.t_first = now
         if (eog and not r.ignore_eos) or tok in r.stop_tokens:
             self._end(r, "eos" if eog else "stop", events)
             return
         r.out.append(tok)
+        if r.logprobs is not None:
+            r.logprobs.append(_token_logprob(tok, x))
         assert r.text is not None
         delta, stopped = r.text.push(piece)
         if stopped:
             self._end(r, "stop", events)
             return
         if delta:
-            events.append(Delta(rid=r.rid, text=delta, token=tok))
+            events.append(Delta(rid=r.rid, text=delta, token=tok, logprobs=r.unsent_logprobs()))
         if len(r.out) >= r.n_predict:
             self._end(r, "length", events)
         elif self.n_ctx and len(r.tokens) >= self.n_ctx:

@@ -23,6 +23,7 @@ from actord.core import spec as S
 from actord.engine import jobs as J
 from actord.engine.draft import Drafter, open_drafter
 from actord.engine.genes import GeneCatalog
+from actord.engine.sampling import Sampling
 from actord.engine.step_contract import check_step, run_in_epoch
 from actord.engine.llama import lib
 from actord.errors import ActordError, EngineError, InvalidParams, KvCacheFull, PageDoesNotFit
@@ -45,10 +46,16 @@ def _host_bytes() -> int:
         return 0
 
 
-class Engine:
-    def __init__(self, config: Config) -> None:
+class Engine(Sampling):
+    def __init__(self, config: Config, *, n_rs_seq: int = 0) -> None:
+        """`n_rs_seq`: recurrent-state snapshots per sequence for rollback (libllama's
+        experimental cparam). 0, the default, is what actord runs: the rollback it allows is
+        right only inside the batch just decoded (see `seq_rm`), which a job between steps
+        never is; a speculative verify step would roll back inside its own job."""
         if not os.path.exists(config.model):
             raise InvalidParams(f"model file not found: {config.model}", path=config.model)
+        if n_rs_seq < 0:
+            raise InvalidParams("n_rs_seq must be >= 0", n_rs_seq=n_rs_seq)
         _silence_llama_logs()
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
@@ -73,6 +80,9 @@ class Engine:
         cparams.kv_unified = True
         cparams.swa_full = self.swa.full
         cparams.no_perf = True
+        # libllama 0.3.36 clamps it to 0 for architectures without recurrent rollback
+        # (llm_arch_supports_rs_rollback: qwen35 has it, mamba2 and attention-only models not).
+        cparams.n_rs_seq = n_rs_seq
         self.ctx = lib.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             lib.llama_model_free(self.model)
@@ -89,7 +99,25 @@ class Engine:
         self._decode = lib.raw("llama_decode")
         self._sample = lib.raw("llama_sampler_sample")
         self._token_text: dict[int, tuple[bytes, bool]] = {}  # a vocab's pieces never change
+        self.n_rs_seq = int(lib.llama_n_rs_seq(self.ctx))
+        self.recurrent = bool(lib.llama_model_is_recurrent(self.model))
+        self.hybrid = bool(lib.llama_model_is_hybrid(self.model))
+        try:
+            self.memory = self._measure_memory()
+            self.weights_digest = self._weights_digest(config.model)
+        except BaseException:
+            lib.llama_batch_free(self.batch)
+            lib.llama_free(self.ctx)
+            lib.llama_model_free(self.model)
+            raise
         self.samplers: dict[int, Any] = {}
+        self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
+        self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
+        self.grammar_first = False  # bench seam: apply the grammar to every candidate, every token
+        self.grammar_samples = 0  # constrained samples, and those that masked the whole vocabulary
+        self.grammar_masked = 0
+        self._cand: Any = None
+        self._ids: Any = None
         self.genes = GeneCatalog(self.model, self.ctx)
         self.step_no = 0
         self.epoch = 0  # bumped by a failed step: steps planned before it are skipped
@@ -112,9 +140,8 @@ class Engine:
     # -- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:
-        for chain in self.samplers.values():
-            lib.llama_sampler_free(chain)
-        self.samplers.clear()
+        for seq in list(self.samplers):
+            self._free_sampler(seq)
         if getattr(self, "drafter", None) is not None:
             self.drafter.close()
             self.drafter = None
@@ -146,7 +173,14 @@ class Engine:
             desc=desc.value.decode(errors="replace"),
             swa_full=self.swa_full and n_swa > 0,
             swa_full_reason=self.swa.reason,
-            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_bytes_per_token=self.memory.kv_bytes_per_token,
+            kv_swa_bytes_per_token=self.memory.kv_swa_bytes_per_token,
+            recurrent_state_bytes=self.memory.recurrent_state_bytes,
+            # A pure recurrent model has no attention layer: nothing holds a cell per token.
+            kv_cells=0 if recurrent and not hybrid and self.memory.kv_bytes_per_token == 0 else self.n_ctx,
+            n_rs_seq=self.n_rs_seq,
+            n_layer_nextn=int(lib.llama_model_n_layer_nextn(self.model)),
+            weights_digest=self.weights_digest,
         )
 
     def _meta_str(self, key: str) -> str | None:
@@ -162,7 +196,10 @@ class Engine:
             return None
 
     def _kv_bytes_per_token(self) -> int:
-        """A full KV cache's bytes per token: every layer's K and V at f16 (the default type)."""
+        """An estimate before the context exists (for the --swa-full choice): every layer's K
+        and V at f16 (the default type). Right for attention-only models, the only ones with a
+        sliding window here; it counts a hybrid's recurrent layers as attention (4x too much on
+        Qwen3.5) and is 0 on Mamba (no KV heads). Props report `_measure_memory`'s figures."""
         arch = self._meta_str("general.architecture") or ""
         n_layer = int(lib.llama_model_n_layer(self.model))
         n_head_kv = int(lib.llama_model_n_head_kv(self.model))
@@ -170,6 +207,79 @@ class Engine:
         k = self._meta_int(f"{arch}.attention.key_length") or head
         v = self._meta_int(f"{arch}.attention.value_length") or head
         return n_layer * n_head_kv * (k + v) * 2
+
+    def _measure_memory(self) -> J.MemoryLayout:
+        """What one sequence really holds, measured once on the fresh context.
+
+        Decodes one token, then a second, on sequence 0 (llama_state_seq_get_size after each,
+        full and LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), then erases it; the cell layout after is
+        what it was before. libllama 0.3.36's per-sequence state is: per attention cell its
+        pos/seq meta and every attention layer's K and V rows (the KV cache; SWA layers in a
+        second cache on iSWA models), plus, on recurrent/hybrid memory, one fixed state (conv +
+        SSM rows of every recurrent layer) whatever the length. PARTIAL_ONLY writes only the
+        SWA cache on iSWA, only the recurrent part on hybrid memory, and everything on plain
+        attention or pure recurrent memory. So: the per-token growth is the attention layers'
+        bytes (0 on Mamba), the one-token state less one token's growth is the fixed part.
+        Two one-token decodes: ~47 ms at start on Gemma 3 270M, microseconds on the tiny models.
+        """
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = lambda f: int(lib.llama_state_seq_get_size_ext(self.ctx, 0, f))  # noqa: E731
+        b = self.batch
+        sizes: list[tuple[int, int]] = []
+        tok = max(0, int(lib.llama_vocab_bos(self.vocab)))
+        try:
+            for pos in (0, 1):
+                b.token[0], b.pos[0], b.n_seq_id[0], b.logits[0] = tok, pos, 1, 1
+                b.seq_id[0][0] = 0
+                b.n_tokens = 1
+                rc = lib.llama_decode(self.ctx, b)
+                if rc != 0:
+                    raise EngineError("the memory probe's decode failed", rc=rc)
+                sizes.append((size(0), size(flags)))
+        finally:
+            lib.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        (s1, p1), (s2, p2) = sizes
+        kv = s2 - s1
+        n_swa = int(lib.llama_model_n_swa(self.model))
+        return J.MemoryLayout(
+            kv_bytes_per_token=kv,
+            kv_swa_bytes_per_token=(p2 - p1) if n_swa > 0 and not (self.recurrent or self.hybrid) else 0,
+            recurrent_state_bytes=(s1 - kv) if self.recurrent or self.hybrid else 0,
+        )
+
+    @staticmethod
+    def _weights_digest(path: str) -> str:
+        """Once at start: a digest of the weights (actord/engine/weights.py: sampled, 30-60 ms
+        on Gemma 3 270M, not growing with the weights' bytes), cached in props and in every
+        page file."""
+        from actord.engine.weights import weights_digest
+
+        try:
+            return weights_digest(path)
+        except (OSError, ValueError) as e:
+            raise EngineError(f"could not digest the model's weights: {e}", path=path) from e
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        """llama_memory_seq_rm, refusing what recurrent memory only pretends to do.
+
+        libllama 0.3.36 on recurrent state (llama_memory_recurrent::seq_rm; hybrid memory asks
+        the recurrent part first): erasing a whole sequence works; cutting at or past its end
+        changes nothing and returns True; cutting into it returns False when n_rs_seq == 0, and
+        with n_rs_seq > 0 returns True for a rollback of up to n_rs_seq tokens (once: the
+        snapshot index is single-use), but the snapshots hold the states after the last
+        n_rs_seq + 1 tokens of the last ubatch decoded, so the state is right only when the
+        position rolled back to lies inside the batch just decoded: after one-token steps it
+        is accepted and wrong. A range in the middle [p0, p1) with p1 at or below the end
+        returns True and removes nothing. A SeqRm job runs between steps (two steps may be in
+        flight), never inside the batch just decoded: on recurrent or hybrid memory it does
+        only the whole erase and the cut at the end; any other cut is refused (False) here.
+        """
+        self._check_seq(seq)
+        if (self.recurrent or self.hybrid) and not (p0 <= 0 and p1 < 0):
+            end = int(lib.llama_memory_seq_pos_max(self.mem, seq)) + 1  # 0 when empty
+            if not (p0 >= end and (p1 < 0 or p1 >= p0)):
+                return False
+        return bool(lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -191,15 +301,11 @@ class Engine:
                 self._check_seq(seq)
                 if self.drafter is not None:  # the draft sequence never holds more than the target's
                     self.drafter.seq_rm(seq, p0, p1)
-                if draft_only:
-                    return True
-                return bool(lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
+                return True if draft_only else self.seq_rm(seq, p0, p1)
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):
-                chain = self.samplers.pop(seq, None)
-                if chain is not None:
-                    lib.llama_sampler_free(chain)
+                self._free_sampler(seq)
                 return None
             case J.StateSize(draft=True) | J.StateGet(draft=True) | J.StateSet(draft=True) | J.MemoryRange(draft=True):
                 return self._draft_job(job)
@@ -304,25 +410,6 @@ class Engine:
             bos=bos,
         )
 
-    # -- sampling ----------------------------------------------------------------------
-
-    def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
-        self._check_seq(seq)
-        old = self.samplers.pop(seq, None)
-        if old is not None:
-            lib.llama_sampler_free(old)
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        if p.temperature <= 0:
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
-        else:
-            if p.top_k > 0:
-                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(p.top_k))
-            if p.top_p < 1.0:
-                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(p.top_p, 1))
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(p.temperature))
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
-        self.samplers[seq] = chain
-
     # -- the step ----------------------------------------------------------------------
 
     def step(self, job: J.Step) -> J.StepOut:
@@ -377,6 +464,7 @@ class Engine:
         out: list[J.EntryOut] = []
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
+        grammars, logprobs = self.grammars, self.logprobs
         EntryOut = J.EntryOut
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
             if i in drafts:
@@ -387,13 +475,24 @@ class Engine:
             else:
                 ckpt, ckpt_pos = None, 0
             if e.sample:
-                tok = sample(samplers[e.seq], ctx, idx)
-                last[e.seq] = tok
+                seq = e.seq
+                grammar, n_top = seq in grammars, logprobs.get(seq)
+                refused = ""
+                if grammar:
+                    tok, refused = self._sample_constrained(seq, idx, self._row(idx))
+                else:
+                    tok = sample(samplers[seq], ctx, idx)
+                last[seq] = tok
                 known = text.get(tok)
                 if known is None:
                     known = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
-                out.append(EntryOut(seq=e.seq, token=tok, piece=known[0], eog=known[1], checkpoint=ckpt,
-                                    checkpoint_pos=ckpt_pos))
+                if n_top is None and not refused:  # the common case: no extras to build
+                    out.append(EntryOut(seq=seq, token=tok, piece=known[0], eog=known[1], checkpoint=ckpt,
+                                        checkpoint_pos=ckpt_pos))
+                else:
+                    lp, top = self._logprobs(idx, tok, n_top) if n_top is not None else (None, [])
+                    out.append(EntryOut(seq=seq, token=tok, piece=known[0], eog=known[1], checkpoint=ckpt,
+                                        checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
             else:
                 out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
         for i, n in extent.items():  # entries that touched the draft but did not draft
@@ -412,10 +511,13 @@ class Engine:
         )
 
     def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int) -> J.EntryOut:
-        """A drafted entry after the decode: the request's own sampler runs at each position
-        in order while it picks the draft (core/spec.py `accept`); the rejected positions
-        leave the target's and the draft's memory in this same job."""
-        chain, text = self.samplers[e.seq], self._token_text
+        """A drafted entry after the decode: the request's own sampling (its chain, its
+        grammar, its logprobs: as the plain path in `_step`) runs at each position in order
+        while it picks the draft (core/spec.py `accept`); the rejected positions leave the
+        target's and the draft's memory in this same job."""
+        seq, text = e.seq, self._token_text
+        chain, constrained, n_top = self.samplers[seq], seq in self.grammars, self.logprobs.get(seq)
+        refused: dict[int, str] = {}
 
         def known(tok: int) -> tuple[bytes, bool]:
             k = text.get(tok)
@@ -423,15 +525,28 @@ class Engine:
                 k = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
             return k
 
-        toks = S.accept(draft, lambda j: int(self._sample(chain, self.ctx, idx + j)), lambda t: known(t)[1])
+        def sample(j: int) -> int:
+            if not constrained:
+                return int(self._sample(chain, self.ctx, idx + j))
+            tok, why = self._sample_constrained(seq, idx + j, self._row(idx + j))
+            if why:
+                refused[j] = why
+            return tok
+
+        toks = S.accept(draft, sample, lambda t: known(t)[1] or bool(refused))
         keep = e.pos0 + len(e.tokens) + len(toks) - 1  # the entry's tokens and the accepted drafts
-        if len(toks) - 1 < len(draft) and not lib.llama_memory_seq_rm(self.mem, e.seq, keep, -1):
-            raise EngineError("the target refused to cut back a rejected draft", seq=e.seq, pos=keep)
-        n = self.drafter.keep(e.seq, keep, extent)  # type: ignore[union-attr]
-        self.last_sampled[e.seq] = toks[-1]
-        first = known(toks[0])
-        return J.EntryOut(seq=e.seq, token=toks[0], piece=first[0], eog=first[1], draft_n=n, drafted=len(draft),
-                          more=[J.Sampled(token=t, piece=known(t)[0], eog=known(t)[1]) for t in toks[1:]])
+        if len(toks) - 1 < len(draft) and not lib.llama_memory_seq_rm(self.mem, seq, keep, -1):
+            raise EngineError("the target refused to cut back a rejected draft", seq=seq, pos=keep)
+        n = self.drafter.keep(seq, keep, extent)  # type: ignore[union-attr]
+        self.last_sampled[seq] = toks[-1]
+        rows = []
+        for j, t in enumerate(toks):
+            piece, eog = known(t)
+            lp, top = self._logprobs(idx + j, t, n_top) if n_top is not None else (None, [])
+            rows.append(J.Sampled(token=t, piece=piece, eog=eog, logprob=lp, top=top, refused=refused.get(j, "")))
+        f = rows[0]
+        return J.EntryOut(seq=seq, token=f.token, piece=f.piece, eog=f.eog, logprob=f.logprob, top=f.top,
+                          refused=f.refused, draft_n=n, drafted=len(draft), more=rows[1:])
 
     # -- state copies ------------------------------------------------------------------
 

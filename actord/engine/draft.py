@@ -121,7 +121,7 @@ class Drafter:
             desc = ctypes.create_string_buffer(256)
             lib.llama_model_desc(self.model, desc, 256)
             self.desc = desc.value.decode(errors="replace")
-            self.digest = file_digest(path)
+            self.digest = draft_digest(path)
         except BaseException:
             self.close()
             raise
@@ -262,23 +262,16 @@ class Drafter:
             lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
 
-def file_digest(path: str, span: int = 4 << 20) -> str:
-    """A digest of a model file's size, first and last `span` bytes (its header, metadata and
-    some weights): what a page's draft state was made with. A wrong match costs only
-    acceptance (the target verifies every draft); a state of another shape is refused by
-    libllama and starts the draft cold."""
-    import hashlib
-    import os
+def draft_digest(path: str) -> str:
+    """What a page's draft state was made with (actord/engine/weights.py's sampled digest of
+    the draft model's weights). A wrong match would cost only acceptance (the target
+    verifies every draft); a state of another shape is refused by libllama and starts cold."""
+    from actord.engine.weights import weights_digest
 
-    h = hashlib.blake2b(digest_size=16)
-    size = os.path.getsize(path)
-    h.update(size.to_bytes(8, "little"))
-    with open(path, "rb") as f:
-        h.update(f.read(span))
-        if size > span:
-            f.seek(max(span, size - span))
-            h.update(f.read(span))
-    return h.hexdigest()
+    try:
+        return weights_digest(path)
+    except (OSError, ValueError):
+        return ""
 
 
 def open_drafter(config: Any, model: Any, vocab: Any, *, swa_full: bool, threads: int) -> Drafter | None:

@@ -15,10 +15,24 @@ class Job(msgspec.Struct, tag=True, frozen=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
+    """One sequence's samplers: a grammar (beside the chain: Engine._sample_constrained),
+    then the chain in this order: logit biases, penalties, then greedy or
+    top_k/top_p/min_p/temperature/dist."""
+
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int = 0
+    grammar: str = ""  # GBNF, root rule "root"; "" = unconstrained
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
+    penalty_last_n: int = 0  # how many of the last sampled tokens the penalties count (0 = off)
+    repeat_penalty: float = 1.0  # 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0  # 0 = off
+    # Log probabilities of each sampled token (and of the `top_logprobs` likeliest ones),
+    # from the step's raw logits; -1 = not asked (nothing computed).
+    top_logprobs: int = -1
 
 
 class ModelInfo(Job):
@@ -175,20 +189,41 @@ class ModelProps(msgspec.Struct, frozen=True):
     desc: str
     swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
     swa_full_reason: str = ""  # why (actord.policy.swa)
-    kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
+    # Measured on the context (Engine._measure_memory): a sequence of n tokens holds
+    # recurrent_state_bytes + n * kv_bytes_per_token bytes of state (what a page copies).
+    kv_bytes_per_token: int = 0  # attention layers only (SWA layers included, as a full cache)
+    kv_swa_bytes_per_token: int = 0  # the SWA layers' part of it (bounded by the window unless swa_full)
+    recurrent_state_bytes: int = 0  # fixed per sequence (recurrent/hybrid), whatever its length
+    # Cells a token takes in the attention KV cache's n_ctx (the scheduler's charge); 0 when
+    # nothing does (pure recurrent: sequences are not bounded by n_ctx).
+    kv_cells: int = 0
+    n_rs_seq: int = 0  # recurrent snapshots per sequence (device rows x (1 + n_rs_seq)); 0 in actord
+    n_layer_nextn: int = 0  # MTP (nextn) layers in the model file
+    weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
     # Speculative decoding as started: "" (none) or "draft" (a separate draft model), with
     # at most spec_n_max draft tokens per step and the draft model's description.
     spec: str = ""
     spec_n_max: int = 0
     draft_desc: str = ""
     draft_n_vocab: int = 0
-    draft_digest: str = ""  # the draft model file's (sampled) digest: a page's draft state names it
+    draft_digest: str = ""  # the draft model's weights digest: a page's draft state names it
+
+
+class MemoryLayout(msgspec.Struct, frozen=True):
+    kv_bytes_per_token: int
+    kv_swa_bytes_per_token: int
+    recurrent_state_bytes: int
 
 
 class Sampled(msgspec.Struct, frozen=True, array_like=True):
+    """One more token a speculating entry's target sampled (as EntryOut's own fields)."""
+
     token: int
     piece: bytes
     eog: bool
+    logprob: float | None = None
+    top: list[tuple[int, float, bytes]] = []
+    refused: str = ""
 
 
 class EntryOut(msgspec.Struct, frozen=True, array_like=True):
@@ -198,6 +233,15 @@ class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     eog: bool = False
     checkpoint: bytearray | None = None  # partial state after this entry's decode
     checkpoint_pos: int = 0
+    # Asked for (SamplingParams.top_logprobs >= 0): the sampled token's log probability
+    # under the model (log-softmax of the raw logits) and the likeliest tokens' (token,
+    # logprob, piece), most likely first.
+    logprob: float | None = None
+    top: list[tuple[int, float, bytes]] = []
+    # Why the sample is not usable ("" = it is): the sequence's grammar allowed no token
+    # its other samplers left. The request ends with an InvalidParams; `token` is what the
+    # engine feeds if a step in flight feeds it.
+    refused: str = ""
     # A speculating entry: the draft tokens the target accepted, as the target sampled them
     # after `token` (its KV holds the entry's tokens and these), how far the draft context's
     # sequence reaches after the step (-1: the entry did not touch it), and how many tokens

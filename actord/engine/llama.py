@@ -81,3 +81,8 @@ class _GuardedLib:
 
 
 lib: Any = _GuardedLib()
+
+
+# llama-cpp-python's pure-Python GBNF helpers (JSON-schema-to-GBNF converter, JSON_GBNF):
+# no libllama call, safe on any thread. actord.engine.grammar is their one user.
+from llama_cpp import llama_grammar as grammar_lib  # noqa: E402

@@ -130,9 +130,9 @@ class _Generation(Response):
     """Runs one generation in the response, so a disconnect can cancel it."""
 
     def __init__(self, front: "HttpFront", run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
-                 stream: bool, include_usage: bool) -> None:
+                 stream: bool, include_usage: bool, logprobs: bool = False) -> None:
         self.front, self.run, self.chat, self.model, self.stream = front, run, chat, model, stream
-        self.include_usage = include_usage
+        self.include_usage, self.logprobs = include_usage, logprobs
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -172,15 +172,15 @@ class _Generation(Response):
             r = outcome["result"]
             created = int(time.time())
             fp = self.front.fingerprint
-            body = (O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp) if self.chat
-                    else O.text_completion(O.new_id("cmpl"), self.model, r, created, fp))
+            body = (O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs) if self.chat
+                    else O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs))
             response = json_response(body)
         else:
             return  # the client went away: nothing to answer
         await response(scope, receive, send)
 
     async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
-        chunks = O.Chunks(self.chat, self.model, self.front.fingerprint)
+        chunks = O.Chunks(self.chat, self.model, self.front.fingerprint, self.logprobs)
         tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
         # Set before the answer's last write: from then on, the http.disconnect that
         # uvicorn reports once a response is complete is the end of a stream, not a client
@@ -190,7 +190,7 @@ class _Generation(Response):
         async with anyio.create_task_group() as tg:
             def on_token(chunk: dict[str, Any]) -> None:
                 try:
-                    tx.send_nowait(("data", _sse(chunks.delta(chunk["content"]))))
+                    tx.send_nowait(("data", _sse(chunks.delta(chunk["content"], chunk.get("logprobs")))))
                 except anyio.WouldBlock:
                     log.warning("http.client_too_slow")
                     tg.cancel_scope.cancel()
@@ -484,6 +484,7 @@ class HttpFront:
     async def chat_completions(self, request: Request) -> Response:
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
         O.refuse_unsupported(req)
+        fields = O.sampling(req, self.system.props.n_vocab)
         if not req.messages:
             raise InvalidParams("messages is empty", param="messages")
         developer = any(m.role == "developer" for m in req.messages) and await self._template_names_developer()
@@ -495,38 +496,42 @@ class HttpFront:
             n_predict=n, mind=self._mind(request, req),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
-            stop=O.stops(req.stop), stream=req.stream, genes=req.genes,
+            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
         ).check()
-        self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p)
+        self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
 
         async def run(on_token: Any) -> Any:
             return (await self.system.chat(chat, on_token=on_token)).completion
 
         return _Generation(self, run, chat=True, model=req.model or self.model_id, stream=req.stream,
-                           include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                           logprobs=fields["logprobs"])
 
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
         O.refuse_unsupported(req)
+        fields = O.sampling(req, self.system.props.n_vocab)
         comp = CompletionRequest(
             prompt=O.text_prompt(req.prompt), n_predict=req.max_tokens if req.max_tokens is not None else 16,
             mind=self._mind(request, req),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
-            stop=O.stops(req.stop), stream=req.stream, genes=req.genes,
+            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
         ).check()
 
         async def run(on_token: Any) -> Any:
             return await self.system.complete(comp, on_token=on_token)
 
         return _Generation(self, run, chat=False, model=req.model or self.model_id, stream=req.stream,
-                           include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                           logprobs=fields["logprobs"])
 
     @staticmethod
-    def _precheck(mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float) -> None:
+    def _precheck(mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
+                  fields: dict[str, Any]) -> None:
         # The same checks a completion makes, before any rendering work.
         CompletionRequest(prompt=[0], n_predict=n_predict, mind=mind, temperature=temperature,
-                          top_k=top_k, top_p=top_p).check()
+                          top_k=top_k, top_p=top_p, **fields).check()
 
     def _model_object(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "actord"}

@@ -49,18 +49,26 @@ def main(cmd: str, argv: list[str]) -> int:
     if ns.model is not None:
         models = [(ns.model, ns.lora or [])]
     else:
-        # Two generated models, alternating by seed: a plain llama and an SWA one (whose
-        # memory cannot be cut back, so checkpoints, their budget and resumes are exercised).
+        # Four generated models, one per memory kind, rotating by seed: a plain llama, an SWA
+        # one and a hybrid one (memory that cannot be cut back, so checkpoints, their budget
+        # and resumes are exercised) and a pure recurrent one (no KV cells at all).
         import tempfile
 
-        from actord.testing.models import write_tiny_llama, write_tiny_lora, write_tiny_swa
+        from actord.testing.models import (
+            write_tiny_llama, write_tiny_lora, write_tiny_mamba2, write_tiny_qwen35, write_tiny_swa,
+        )
 
         tmpdir = tempfile.TemporaryDirectory(prefix="actord-simmodel-")
         d = tmpdir.name
         models = []
-        for name, m in (("tiny", write_tiny_llama(f"{d}/tiny.gguf", seed=1)),
-                        ("swa", write_tiny_swa(f"{d}/swa.gguf", seed=2))):
-            models.append((str(m), [str(write_tiny_lora(f"{d}/{name}-lora{i}.gguf", str(m), seed=3 + i))
+        for name, m, targets in (
+            ("tiny", write_tiny_llama(f"{d}/tiny.gguf", seed=1), None),
+            ("swa", write_tiny_swa(f"{d}/swa.gguf", seed=2), None),
+            ("hybrid", write_tiny_qwen35(f"{d}/hybrid.gguf", seed=3), None),
+            ("recurrent", write_tiny_mamba2(f"{d}/recurrent.gguf", seed=5), ["ssm_in", "ssm_out"]),
+        ):
+            kw = {"targets": targets} if targets else {}
+            models.append((str(m), [str(write_tiny_lora(f"{d}/{name}-lora{i}.gguf", str(m), seed=3 + i, **kw))
                                     for i in range(3)]))
     if ns.spec:
         import tempfile

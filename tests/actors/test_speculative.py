@@ -152,9 +152,24 @@ async def test_spec_mtp_on_a_model_without_an_mtp_layer_is_refused_at_start(tiny
             pass
 
 
-async def test_speculation_on_memory_that_cannot_be_cut_back_is_refused_at_start(tiny_swa_model, tiny_model):
+async def test_spec_mtp_on_a_model_with_an_mtp_layer_is_refused_naming_what_is_missing(tiny_hybrid_mtp_model):
+    with pytest.raises(SpecUnsupported, match="1 MTP layer.*hybrid memory"):
+        async with ActorSystem(cfg(tiny_hybrid_mtp_model, spec="mtp")):
+            pass
+
+
+async def test_speculation_on_memory_that_cannot_be_cut_back_is_refused_at_start(
+        tiny_swa_model, tiny_hybrid_model, tiny_recurrent_model, tiny_model):
     with pytest.raises(SpecUnsupported, match="sliding-window"):
         async with ActorSystem(cfg(tiny_swa_model, tiny_model, swa_full="off")):
+            pass
+    for target, kind in ((tiny_hybrid_model, "hybrid"), (tiny_recurrent_model, "recurrent memory")):
+        with pytest.raises(SpecUnsupported, match=kind):
+            async with ActorSystem(cfg(target, tiny_model)):
+                pass
+    # ... and a draft model whose memory cannot be cut back (the target's is fine)
+    with pytest.raises(SpecUnsupported, match="draft model .* recurrent memory"):
+        async with ActorSystem(cfg(tiny_model, tiny_recurrent_model)):
             pass
 
 
@@ -259,3 +274,43 @@ async def test_the_page_ram_ceiling_counts_the_draft_state(tiny_model, drafts):
         with pytest.raises(PageRamExceeded):
             await s.page_out(0, "a")
         assert (await s.slot_list())[0].n_tokens > 0 and (await s.page_stats()).charged == 0
+
+
+async def test_speculation_keeps_grammar_logprobs_biases_and_penalties_as_they_are(tiny_model, drafts):
+    """The verify samples each position as the plain path does: the grammar checks and
+    accepts there, logprobs are taken from that position's row, the chain's biases and
+    penalties see the same tokens in the same order."""
+    from tests.actors.test_sampling import SCHEMA
+
+    asks = [
+        dict(json_schema=SCHEMA, n=120),
+        dict(json_schema=SCHEMA, n=120, temperature=0.9, seed=3),
+        dict(logprobs=True, top_logprobs=3, n=30),
+        dict(logit_bias=[[300, 5.0], [301, -100.0]], repeat_penalty=1.3, repeat_last_n=16, frequency_penalty=0.2, n=30),
+    ]
+
+    async def run(s):
+        out = []
+        for a in asks:
+            a = dict(a)
+            n = a.pop("n")
+            r = await s.complete(prompt=P1, n_predict=n, slot=0, **a)
+            out.append(r)
+        return out
+
+    async with ActorSystem(cfg(tiny_model, ctx=1024)) as s:
+        plain = await run(s)
+    async with ActorSystem(cfg(tiny_model, drafts["same"], ctx=1024)) as s:
+        spec = await run(s)
+    for p, q in zip(plain, spec):
+        assert (q.tokens, q.content, q.stop_reason) == (p.tokens, p.content, p.stop_reason)
+        # The same tokens and top lists; the values to float noise (a verify's rows go
+        # through the matmuls in another batch shape than one token's).
+        assert (q.logprobs is None) == (p.logprobs is None)
+        for a, b in zip(q.logprobs or [], p.logprobs or []):
+            assert a.token == b.token and [t.token for t in a.top] == [t.token for t in b.top]
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+    assert spec[0].stop_reason == "eos" and spec[2].logprobs and len(spec[2].logprobs) == 30
+    # The draft knows no grammar (as llama-server's): it proposes free text, and the target
+    # under the grammar rejects most of it; elsewhere it agrees.
+    assert all(r.timings.draft_n > 0 for r in spec) and spec[2].timings.draft_n_accepted > 0

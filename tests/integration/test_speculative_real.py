@@ -31,7 +31,10 @@ def anyio_backend():
 def pruned_draft(real_model, tmp_path_factory) -> str:
     from actord.testing.draft_models import write_pruned_draft
 
-    return str(write_pruned_draft(real_model, tmp_path_factory.mktemp("drafts") / "gemma-10+2.gguf", 10, 2))
+    # Gemma 3 270M's first blocks alone never agree with it (its first 4: 0 of 279 drafted
+    # tokens accepted; its first 12 write "gradually gradually ..."), its first 10 + last 2
+    # a few percent; its first 14 + last 2 about half of the drafted tokens at k=2.
+    return str(write_pruned_draft(real_model, tmp_path_factory.mktemp("drafts") / "gemma-14+2.gguf", 14, 2))
 
 
 def cfg(model, **kw):

@@ -4,7 +4,6 @@ typed errors (a feed_last with nothing sampled, a stale epoch, a sequence out of
 
 from __future__ import annotations
 
-import anyio
 import pytest
 
 from actord.config import Config
