@@ -39,7 +39,8 @@ def main(cmd: str, argv: list[str]) -> int:
                     help="seeded tight device budgets shared by genes and slot states (default on)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (seeds are split between them)")
     ap.add_argument("--spec", action="store_true",
-                    help="speculative decoding on, drafted by each model's first block (write_pruned_draft)")
+                    help="speculative decoding on where the memory kind allows it (llama, SWA), each model "
+                         "drafted by its first block (write_pruned_draft)")
     ap.add_argument("--verbose", "-v", action=argparse.BooleanOptionalAction, default=None,
                     help="a line per seed with its trace hash (default: with one job and at most 20 seeds)")
     ns = ap.parse_args(argv)
@@ -73,10 +74,13 @@ def main(cmd: str, argv: list[str]) -> int:
     if ns.spec:
         import tempfile
 
-        from actord.testing.draft_models import write_pruned_draft
+        from actord.testing.draft_models import has_recurrent_layers, write_pruned_draft
 
+        # Memory that cannot be cut back (hybrid, recurrent) does not speculate: those seeds run
+        # without a draft.
         spec_dir = tempfile.TemporaryDirectory(prefix="actord-simdraft-")
-        models = [(m, loras, str(write_pruned_draft(m, f"{spec_dir.name}/draft{i}.gguf", 1)))
+        models = [(m, loras, None if has_recurrent_layers(m) else
+                   str(write_pruned_draft(m, f"{spec_dir.name}/draft{i}.gguf", 1)))
                   for i, (m, loras, *_) in enumerate(models)]
     seeds = list(range(ns.seed, ns.seed + ns.seeds))
     t0 = time.perf_counter()
