@@ -166,6 +166,7 @@ class SchedulerCore:
         self.group_switches = 0
         self.last_use: dict[int, int] = {}
         self._enrolled = 0
+        self._n_spec = 0  # enrolled speculating requests (the hold below costs nothing without)
         self._current: GeneKey | None = None
         self._run_length = 0
         self._last_served: dict[GeneKey, int] = {}
@@ -176,6 +177,7 @@ class SchedulerCore:
         if r.slot in self.by_slot:
             raise ValueError(f"slot {r.slot} already has request {self.by_slot[r.slot]} enrolled")
         self._enrolled += 1
+        self._n_spec += r.spec > 0
         r.order = self._enrolled
         r.checkpoint_at = sorted(p for p in r.checkpoint_at if p > r.n_done)
         self.reqs[r.rid] = r
@@ -232,7 +234,7 @@ class SchedulerCore:
             return None
         if self.inflight and self.inflight[-1].step.epoch != self.epoch:
             return None  # a step of an ended epoch is still out: its tokens are not in the KV
-        if self.inflight and any(r.spec and r.samples and not r.ended for r in self.reqs.values()):
+        if self._n_spec and self.inflight and any(r.spec and r.samples and not r.ended for r in self.reqs.values()):
             return None  # a speculating request waits for its acceptance: depth 1 (see above)
         group = self.choose_group()
         if group is None:
@@ -368,8 +370,14 @@ class SchedulerCore:
     def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
         # A speculating entry sampled several tokens: every one is in the KV or fed next,
         # output or not; the first that ends the request ends its output.
+        if not res.more:  # one token: the common case
+            r.tokens.append(res.token)  # the KV may take it (a step in flight feeds it), output or not
+            if res.refused:
+                raise InvalidParams(res.refused)
+            self._emit(r, res, now, events)
+            return
         refused = ""
-        for x in (res, *res.more) if res.more else (res,):
+        for x in (res, *res.more):
             r.tokens.append(x.token)  # the KV may take it (a step in flight feeds it), output or not
             if r.ended or refused:
                 continue
@@ -412,6 +420,7 @@ class SchedulerCore:
         if r.ended and r.n_sched == 0:
             del self.reqs[r.rid]
             del self.by_slot[r.slot]
+            self._n_spec -= r.spec > 0
             self.cells[r.slot] = r.n_done
             events.append(Finished(req=r, kv_tokens=r.tokens[:r.n_done], draft_n=min(r.draft_done, r.n_done)))
 
