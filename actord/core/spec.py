@@ -18,7 +18,9 @@ The shape (llama-server's draft-simple, fitted to actord's step):
   draws its random numbers in the same order): not only the same distribution, the same
   tokens. The price at temperature > 0 is a lower acceptance than the speculative-sampling
   rule (min(1, p/q)), which would keep only the distribution; we keep the stronger
-  guarantee.
+  guarantee. "Identical" holds to the last bits of the logits, which a verify's batch shape
+  can move as any batching does (bit-equal on the f32 test models; on a quantized model a
+  verify of 4+ rows takes other kernels: see the README's known limits).
 - The target's KV then holds t, d1..da (p+1+a positions), the draft's t, d1..d_min(a,k-1);
   the engine cuts the rest in both contexts (attention memory only: a speculating target
   or draft whose memory cannot be cut back is refused at start).
