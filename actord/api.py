@@ -230,6 +230,11 @@ class Timings(msgspec.Struct, frozen=True):
     prompt_per_second: float
     predicted_per_second: float
     queued_ms: float = 0.0
+    # Speculative decoding (llama-server's timings.draft_n / draft_n_accepted): tokens the
+    # draft model proposed for this request, how many the target accepted, in how many steps.
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    draft_steps: int = 0
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

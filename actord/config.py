@@ -14,6 +14,7 @@ from actord.policy.checkpoints import POLICIES as CHECKPOINT_POLICIES
 from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 
 FLASH_ATTN_MODES = ("auto", "on", "off")
+SPEC_MODES = ("", "off", "draft", "mtp")
 
 if TYPE_CHECKING:
     from actord.api import RequestLimits
@@ -42,6 +43,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # extra tokens in its KV and is answered that many steps later.
     pipeline_depth: int = 2
     threads: int = 0  # 0 = all CPUs but one (llama.cpp's threads spin; the loop needs a core)
+    # Speculative decoding (engine/draft.py, core/spec.py): a draft model with the target's
+    # vocabulary proposes up to spec_n_max tokens per step for each generating request, which
+    # the target verifies in the same batched step. spec: "" = "draft" when
+    # spec_draft_model is named, else off; "mtp" = the model's own MTP head (refused at start,
+    # see README). A draft token is kept only while the request's own sampler, run at each
+    # position, picks it: output is the same as without speculation. spec_p_min > 0 stops a
+    # draft at its first token whose draft probability is below it (llama-server's p_min).
+    spec: str = ""
+    spec_draft_model: str | None = None
+    spec_n_max: int = 4
+    spec_p_min: float = 0.0
     seed: int = 0  # default sampling seed when a request names none
     # Pages
     page_ram_bytes: int = 2 << 30
@@ -147,6 +159,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("pipeline_depth is between 1 and 8")
         if self.batch < 1:
             raise InvalidParams("batch must be >= 1")
+        if self.spec not in SPEC_MODES:
+            raise InvalidParams(f"spec is one of {SPEC_MODES}", spec=self.spec)
+        if self.spec == "draft" and not self.spec_draft_model:
+            raise InvalidParams("--spec draft needs --spec-draft-model PATH")
+        if self.spec in ("mtp", "off") and self.spec_draft_model:
+            raise InvalidParams(f"--spec {self.spec} and --spec-draft-model exclude each other")
+        if not 1 <= self.spec_n_max <= 32 or not 0 <= self.spec_p_min <= 1:
+            raise InvalidParams("spec_n_max is between 1 and 32, spec_p_min a probability in [0, 1]")
         if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
             raise InvalidParams("byte budgets must be >= 0")
         if self.swa_full not in SWA_FULL_MODES:
@@ -196,6 +216,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if not self.client_file_timeout > 0:
             raise InvalidParams("client_file_timeout must be > 0")
         return self
+
+    @property
+    def spec_mode(self) -> str:
+        """What speculative decoding runs: "" (none), "draft" or "mtp"."""
+        if self.spec == "off":
+            return ""
+        return self.spec or ("draft" if self.spec_draft_model else "")
 
     def request_limits(self) -> "RequestLimits":
         """The bounds `CompletionRequest.check` applies, from this configuration."""

@@ -247,6 +247,16 @@ class FileReadTimeout(ActordError):
     http_status = 504
 
 
+class DraftVocabMismatch(InvalidParams):
+    """The draft model's vocabulary is not the target's (speculative decoding needs the
+    same token ids with the same texts): refused at start."""
+
+
+class SpecUnsupported(InvalidParams):
+    """Speculative decoding as configured cannot run on this model (its memory cannot be cut
+    back, it has no MTP layer, ...): refused at start, naming what is missing."""
+
+
 ERROR_TYPES: dict[str, type[ActordError]] = {
     cls.__name__: cls
     for cls in list(globals().values())

@@ -483,7 +483,7 @@ class ActorSystem:
         try:
             stats = await self.files.publish(
                 file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
-                                 held.divergences, held.prompt_end))
+                                 held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n))
         finally:
             with anyio.CancelScope(shield=True):
                 dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))

@@ -56,7 +56,8 @@ class Page(msgspec.Struct, frozen=True):
     tokens: list[int]
     checkpoints: list[PageCheckpoint] = []
     genes: tuple[tuple[int, float], ...] = ()
-    draft: bytearray | None = None
+    draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
+    draft_n: int = 0  # how many of `tokens` that state holds
     # The mind's divergence history and where its last prompt ended (checkpoint placement).
     divergences: list[Divergence] = []
     prompt_end: int = 0

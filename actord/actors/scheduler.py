@@ -159,6 +159,7 @@ class Scheduler(Actor[SchedulerInbox]):
             rid=m.rid, slot=m.slot, seq=m.seq, tokens=list(m.prompt), n_prompt=len(m.prompt), n_done=m.pos0,
             n_predict=m.n_predict, genes=m.genes, stop_tokens=frozenset(m.stop_tokens), ignore_eos=m.ignore_eos,
             checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
+            spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
             logprobs=[] if m.logprobs else None,
         )
         try:
@@ -299,6 +300,10 @@ class Scheduler(Actor[SchedulerInbox]):
         m = self.metrics
         m.requests_in_flight.dec()
         m.requests_total.labels(outcome=r.reason).inc()
+        if r.n_drafted:  # llama-server's counters, for every request that drafted
+            m.spec_decode_num_draft_tokens_total.inc(r.n_drafted)
+            m.spec_decode_num_accepted_tokens_total.inc(r.n_accepted)
+            m.spec_decode_num_drafts_total.inc(r.n_spec_steps)
         answer: Any = None
         if r.reason == "error":
             answer = r.error if isinstance(r.error, ActordError) else InternalError(f"{r.error!r}")
@@ -316,8 +321,8 @@ class Scheduler(Actor[SchedulerInbox]):
             answer = self._result(r, ch)
         reply = ch.reply if ch is not None else None
         cut_back = r.reason == "error" and not isinstance(r.error, ContextFull)
-        env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back),
-                       reply, answer=answer)
+        env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back,
+                             draft_n=ev.draft_n), reply, answer=answer)
         try:
             if r.slot in self.lost:
                 raise ActorFailed(f"slot {r.slot} crashed", slot=r.slot)
@@ -347,6 +352,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 prompt_ms=prompt_ms, predicted_ms=predicted_ms,
                 prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
                 predicted_per_second=len(r.out) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+                draft_n=r.n_drafted, draft_n_accepted=r.n_accepted, draft_steps=r.n_spec_steps,
             ),
         )
 

@@ -109,6 +109,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.checkpoints: list[SlotCheckpoint] = []
         self.genes: tuple[tuple[int, float], ...] = ()
         self.mind: str | None = None
+        self.draft_n = 0  # kv_tokens[:draft_n] are in the draft context's sequence (speculation)
         self.active: _Active | None = None
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
@@ -312,6 +313,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         raw = common_prefix(self.kv_tokens, prompt)
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
+        self.draft_n = min(self.draft_n, usable)  # every cut of the sequence cuts the draft's too
         if usable == 0 and raw > 0:
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
@@ -332,6 +334,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             genes=self.genes, checkpoint_at=self.checkpoint_positions(usable, len(prompt)), stop=list(req.stop),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
+            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on
@@ -341,6 +344,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         if a is None or a.rid != msg.rid:
             return
         self.kv_tokens = list(msg.kv_tokens)
+        self.draft_n = min(msg.draft_n, len(self.kv_tokens))
         self.active = None
         try:
             if msg.cut_back:

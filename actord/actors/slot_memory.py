@@ -63,6 +63,7 @@ class SlotMemory:
     track_footprint: bool
     _acquired: bool
     kv_tokens: list[int]
+    draft_n: int
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     mind: str | None
@@ -70,6 +71,7 @@ class SlotMemory:
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         self.kv_tokens = []
+        self.draft_n = 0
         self.resume_raw_lcp = None
         self.mind = None
         self.ckpt.reset()

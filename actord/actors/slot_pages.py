@@ -5,6 +5,14 @@ A mixin of `Slot` (actors/slot.py), kept apart because it is the slot's second j
 memory between a sequence, the PageStore and page files. Nothing is ever half-moved: a
 refused or failed page_out leaves the sequence intact, a failed page_in leaves the page in
 the store, a failed restore leaves the slot empty and usable.
+
+With speculative decoding on, the draft context's sequence for this slot travels with it:
+a page carries its state (`Page.draft`, charged against the page RAM ceiling with the rest)
+and how many tokens it holds; a page file carries it in the `.dft` sidecar of the same
+generation, with the draft model's digest in the main file's meta. A page or file without
+one (saved with speculation off, or from another draft model) starts the draft cold: the
+draft context catches up on the slot's tokens at its next request (logged, not an error).
+The target verifies every draft, so a cold or stale draft costs acceptance, never output.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class SlotPages:
     files: Any
     ckpt: Any
     kv_tokens: list[int]
+    draft_n: int
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     genes: tuple[tuple[int, float], ...]
@@ -94,7 +103,8 @@ class SlotPages:
         t0 = time.perf_counter()
         ckpts = self.page_checkpoints()
         n_state = await self.engine.run(J.StateSize(seq=self.seq))
-        n_bytes = n_state + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+        n_draft = await self.engine.run(J.StateSize(seq=self.seq, draft=True)) if self.drafting and self.draft_n else 0
+        n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
         # The store admits the page and hands out the buffer the state goes into (a warm one
         # from its pool when one fits); libllama writes the state there, the one copy.
         adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
@@ -103,10 +113,14 @@ class SlotPages:
             st = await self.engine.run(J.StateGet(seq=self.seq, into=adm.into, capacity=adm.capacity))
             if st.n_bytes != n_state:
                 raise EngineError("sequence state changed size between admission and copy", slot=self.id)
+            draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if n_draft else None
+            if draft is not None and draft.n_bytes != n_draft:
+                raise EngineError("draft state changed size between admission and copy", slot=self.id)
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
                 checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
                 divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
+                draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
             )
             info = await self.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException:
@@ -118,6 +132,7 @@ class SlotPages:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         n_tokens = len(self.kv_tokens)
         self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.draft_n = 0
         self.ckpt.reset()
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
@@ -126,9 +141,10 @@ class SlotPages:
         await self.footprint_changed()
         await self._tell_cells()
         log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
-                 copy_ms=round(st.t_ms, 3))
+                 copy_ms=round(st.t_ms, 3), draft_bytes=n_draft)
         return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
-                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms,
+                **({"draft_bytes": n_draft} if self.drafting else {})}
 
     async def page_in(self, name: str) -> dict[str, Any]:
         if self.pages is None:
@@ -150,6 +166,7 @@ class SlotPages:
         self.genes = page.genes
         self.resume_raw_lcp = None
         self.mind = name
+        await self._adopt_draft(page.draft, page.draft_n, f"page {name}")
         self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
         await self.pages.tell(Release(gen=page.gen))
@@ -160,7 +177,36 @@ class SlotPages:
         log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
                  t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
+
+    @property
+    def drafting(self) -> bool:
+        """This system runs a draft context (speculative decoding)."""
+        return bool(self.props.spec)
+
+    def _draft_info(self) -> dict[str, Any]:
+        """What a page-in or restore answers about the draft: the tokens its state holds
+        ("warm") or none ("cold": it catches up at the next request)."""
+        if not self.drafting:
+            return {}
+        return {"draft": "warm" if self.draft_n else "cold", "draft_n_tokens": self.draft_n}
+
+    async def _adopt_draft(self, data: Any, n: int, source: str) -> None:
+        """The draft context's sequence takes a page's or file's draft state; without one (or
+        one libllama refuses) the draft starts cold, which is logged, never an error."""
+        self.draft_n = 0
+        if not self.drafting:
+            return
+        if data is not None and 0 < n <= len(self.kv_tokens):
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=data, draft=True))
+            if st.n_bytes:
+                self.draft_n = n
+                return
+            why = "the draft context refused the state"
+        else:
+            why = "no draft state" if data is None else f"draft state of {n} tokens does not fit {len(self.kv_tokens)}"
+            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1, draft=True))
+        log.info("slot.draft_cold", slot=self.id, source=source, reason=why, n_tokens=len(self.kv_tokens))
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
         """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
@@ -188,8 +234,10 @@ class SlotPages:
         self.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
+        draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
         stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
-                                                          self.ckpt.history, self.ckpt.prompt_end))
+                                                          self.ckpt.history, self.ckpt.prompt_end,
+                                                          draft=draft.data if draft else None, draft_n=self.draft_n))
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -202,7 +250,7 @@ class SlotPages:
         image = await self.files.read(file)
         check_fingerprint(image, self.props, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.
-        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.kv_tokens, self.resume_raw_lcp, self.mind, self.draft_n = [], None, None, 0
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
         try:
@@ -213,6 +261,10 @@ class SlotPages:
                 await self._tell_cells()
             raise
         self.kv_tokens = list(image.tokens)
+        draft, draft_n = image.draft, int(image.meta.get("draft_n", 0) or 0)
+        if draft is not None and image.meta.get("draft_digest") != self.props.draft_digest:
+            draft = None  # made by another draft model (or with speculation off here)
+        await self._adopt_draft(draft, draft_n, f"file {file}")
         self.genes = tuple((g.id, g.scale) for g in image.genes)
         self.mind = file[: -len(".page")] if file.endswith(".page") else file
         self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
@@ -221,20 +273,26 @@ class SlotPages:
         await self._tell_cells()
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
-                 draft="cold" if image.draft is None else "warm")
+                 draft="warm" if self.draft_n else "cold")
         return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
 
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
                genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
-               prompt_end: int = 0) -> PageImage:
-    """A slot or a page as one page-file generation (the state bytes are not copied)."""
+               prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0) -> PageImage:
+    """A slot or a page as one page-file generation (the state bytes are not copied). A draft
+    state goes to the `.dft` sidecar, with its token count and draft model in the meta."""
+    meta = model_fingerprint(props)
+    if draft is not None and draft_n > 0:
+        meta.update(draft_n=draft_n, draft_digest=props.draft_digest, draft_model=props.draft_desc)
+    else:
+        draft = None
     return PageImage(
         tokens=list(tokens), state=state,
         checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
         genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
-        meta={**model_fingerprint(props), **state_layout(props)},
+        meta={**meta, **state_layout(props)}, draft=draft,
         divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
     )
 

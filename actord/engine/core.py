@@ -19,8 +19,10 @@ import msgspec
 import numpy as np
 
 from actord.config import Config, engine_threads
+from actord.core import spec as S
 from actord.engine import devices
 from actord.engine import jobs as J
+from actord.engine.draft import Drafter, open_drafter
 from actord.engine.embed import Embedding
 from actord.engine.genes import GeneCatalog
 from actord.engine.sampling import Sampling
@@ -202,7 +204,17 @@ class Engine(Sampling, Embedding):
         self.before_decode: Any = None  # set by the engine thread: called right before llama_decode
         self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self.drafter: Drafter | None = None
+        try:
+            self.drafter = open_drafter(config, self.model, self.vocab, swa_full=self.swa.full, threads=threads)
+        except BaseException:
+            self.close()
+            raise
         self.props = msgspec.structs.replace(self._props(), device=self.device_report)
+        if self.drafter is not None:
+            self.props = msgspec.structs.replace(self.props, spec="draft", spec_n_max=self.drafter.n_max,
+                                                 draft_desc=self.drafter.desc, draft_n_vocab=self.drafter.n_vocab,
+                                                 draft_digest=self.drafter.digest)
 
     def _device_report(self, config: Config, offload: bool, after_model: tuple[str, int, int] | None,
                        ctx_log: list[str]) -> J.DeviceReport:
@@ -231,6 +243,9 @@ class Engine(Sampling, Embedding):
         for seq in list(self.samplers):
             self._free_sampler(seq)
         self.close_embed()
+        if getattr(self, "drafter", None) is not None:
+            self.drafter.close()
+            self.drafter = None
         self.genes.close()
         lib.llama_batch_free(self.batch)
         lib.llama_free(self.ctx)
@@ -384,13 +399,18 @@ class Engine(Sampling, Embedding):
                 if bad:  # libllama would read out of bounds
                     raise InvalidParams(f"token ids out of range [0, {n_vocab})", bad=bad[:8])
                 return [self.piece(t, special) for t in tokens]
-            case J.SeqRm(seq=seq, p0=p0, p1=p1):
-                return self.seq_rm(seq, p0, p1)
+            case J.SeqRm(seq=seq, p0=p0, p1=p1, draft=draft_only):
+                self._check_seq(seq)
+                if self.drafter is not None:  # the draft sequence never holds more than the target's
+                    self.drafter.seq_rm(seq, p0, p1)
+                return True if draft_only else self.seq_rm(seq, p0, p1)
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):
                 self._free_sampler(seq)
                 return None
+            case J.StateSize(draft=True) | J.StateGet(draft=True) | J.StateSet(draft=True) | J.MemoryRange(draft=True):
+                return self._draft_job(job)
             case J.StateSize(seq=seq, partial=partial):
                 self._check_seq(seq)
                 return int(lib.llama_state_seq_get_size_ext(self.ctx, seq, self._flags(partial)))
@@ -418,6 +438,32 @@ class Engine(Sampling, Embedding):
                 raise EngineError(f"injected engine failure: {reason}")
             case _:
                 raise InvalidParams(f"unknown engine job {type(job).__name__}")
+
+    def _draft_job(self, job: Any) -> Any:
+        """A state job on the draft context's sequence. Without a draft context there is no
+        draft state: size 0, nothing to copy, a set that changes nothing."""
+        self._check_seq(job.seq)
+        d = self.drafter
+        match job:
+            case J.StateSize():
+                return int(lib.llama_state_seq_get_size_ext(d.ctx, job.seq, 0)) if d is not None else 0
+            case J.StateGet():
+                if d is None:
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+                return self.state_get(job.seq, False, ctx=d.ctx)
+            case J.StateSet():
+                if d is None:
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+                try:
+                    return self.state_set(job.seq, job.data, False, ctx=d.ctx, mem=d.mem)
+                except PageDoesNotFit:  # the sequence was cleared: a cold draft, not an error
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+            case J.MemoryRange():
+                if d is None:
+                    return J.SeqRange(pos_min=-1, pos_max=-1)
+                return J.SeqRange(pos_min=int(lib.llama_memory_seq_pos_min(d.mem, job.seq)),
+                                  pos_max=int(lib.llama_memory_seq_pos_max(d.mem, job.seq)))
+        raise InvalidParams(f"not a draft job: {type(job).__name__}")
 
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq_max:
@@ -478,10 +524,17 @@ class Engine(Sampling, Embedding):
         check_step(job, self.n_batch, self.n_seq_max, self.samplers, last)
         self.genes.apply(job.genes)
         lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
+        # Speculation (engine/draft.py): the draft context catches up and proposes first.
+        drafts: dict[int, list[int]] = {}
+        extent: dict[int, int] = {}
+        if self.drafter is not None and any(e.draft_tokens or e.draft for e in job.entries):
+            if self.before_decode is not None:  # the draft's decodes are this step's first
+                self.before_decode()
+            drafts, extent = self.drafter.draft(job.entries)
         token, position, n_seq_id, seq_id, logits = self._batch_views
         k = 0
         last_index: list[int] = []
-        for e in job.entries:
+        for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
             for t in ((last[seq],) if e.feed_last else e.tokens):
@@ -495,12 +548,19 @@ class Engine(Sampling, Embedding):
             if e.sample:
                 logits[k - 1] = 1
             last_index.append(k - 1)
+            for t in drafts.get(i, ()):  # verified in this same decode: logits on each
+                token[k], position[k], n_seq_id[k], logits[k] = t, pos, 1, 1
+                seq_id[k][0] = seq
+                pos += 1
+                k += 1
         self.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
         t0 = time.perf_counter()
         rc = self._decode(self.ctx, self.batch)
         t1 = time.perf_counter()
+        if rc != 0 and extent:
+            self.drafter.undo(job.entries, extent)  # type: ignore[union-attr]
         if rc == 1:  # no cells for this batch; libllama left the memory as it was
             raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
         if rc != 0:
@@ -510,7 +570,10 @@ class Engine(Sampling, Embedding):
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
         grammars, logprobs, watches = self.grammars, self.logprobs, self.watches
         EntryOut = J.EntryOut
-        for e, idx in zip(job.entries, last_index):
+        for i, (e, idx) in enumerate(zip(job.entries, last_index)):
+            if i in drafts:
+                out.append(self._verify(e, idx, drafts[i], extent[i]))
+                continue
             if e.checkpoint:
                 ckpt, ckpt_pos = self.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
             else:
@@ -539,26 +602,72 @@ class Engine(Sampling, Embedding):
                                         checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
             else:
                 out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
+        for i, n in extent.items():  # entries that touched the draft but did not draft
+            if i not in drafts:
+                out[i] = msgspec.structs.replace(out[i], draft_n=n)
         t2 = time.perf_counter()
         self.step_no += 1
         self.records.append(J.StepRecord(
-            step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes
+            step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes,
+            drafts=[drafts.get(i, []) for i in range(len(job.entries))] if drafts else [],
+            draft_in=sum(len(e.draft_tokens) for e in job.entries) if extent else 0,
         ))
         return J.StepOut(
             step=self.step_no, entries=out, n_tokens=k,
             t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3, epoch=self.epoch,
         )
 
+    def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int) -> J.EntryOut:
+        """A drafted entry after the decode: the request's own sampling (its chain, its
+        grammar, its logprobs: as the plain path in `_step`) runs at each position in order
+        while it picks the draft (core/spec.py `accept`); the rejected positions leave the
+        target's and the draft's memory in this same job."""
+        seq, text = e.seq, self._token_text
+        chain, constrained, n_top = self.samplers[seq], seq in self.grammars, self.logprobs.get(seq)
+        refused: dict[int, str] = {}
+
+        def known(tok: int) -> tuple[bytes, bool]:
+            k = text.get(tok)
+            if k is None:
+                k = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+            return k
+
+        def sample(j: int) -> int:
+            if not constrained:
+                return int(self._sample(chain, self.ctx, idx + j))
+            tok, why = self._sample_constrained(seq, idx + j, self._row(idx + j))
+            if why:
+                refused[j] = why
+            return tok
+
+        toks = S.accept(draft, sample, lambda t: known(t)[1] or bool(refused))
+        keep = e.pos0 + len(e.tokens) + len(toks) - 1  # the entry's tokens and the accepted drafts
+        if len(toks) - 1 < len(draft) and not lib.llama_memory_seq_rm(self.mem, seq, keep, -1):
+            raise EngineError("the target refused to cut back a rejected draft", seq=seq, pos=keep)
+        n = self.drafter.keep(seq, keep, extent)  # type: ignore[union-attr]
+        self.last_sampled[seq] = toks[-1]
+        rows = []
+        for j, t in enumerate(toks):
+            piece, eog = known(t)
+            lp, top = self._logprobs(idx + j, t, n_top) if n_top is not None else (None, [])
+            rows.append(J.Sampled(token=t, piece=piece, eog=eog, logprob=lp, top=top, refused=refused.get(j, "")))
+        f = rows[0]
+        return J.EntryOut(seq=seq, token=f.token, piece=f.piece, eog=f.eog, logprob=f.logprob, top=f.top,
+                          refused=f.refused, draft_n=n, drafted=len(draft), more=rows[1:])
+
     # -- state copies ------------------------------------------------------------------
 
-    def state_get(self, seq: int, partial: bool, into: J.HostBuffer | None = None, capacity: int = 0) -> J.StateData:
+    def state_get(self, seq: int, partial: bool, into: J.HostBuffer | None = None, capacity: int = 0,
+                  ctx: Any = None) -> J.StateData:
         """Copy a sequence's state into host memory, once: libllama writes it straight into
         `into` (a pooled, already-faulted buffer) when that is large enough, else into a
-        fresh buffer of at least `capacity` bytes. The result views that very buffer."""
+        fresh buffer of at least `capacity` bytes. The result views that very buffer. `ctx`:
+        another context's sequence (the draft's)."""
         self._check_seq(seq)
+        ctx = ctx or self.ctx
         t0 = time.perf_counter()
         flags = self._flags(partial)
-        size = int(lib.llama_state_seq_get_size_ext(self.ctx, seq, flags))
+        size = int(lib.llama_state_seq_get_size_ext(ctx, seq, flags))
         if into is not None and into.capacity >= size:
             arr = into.array
         else:
@@ -567,26 +676,27 @@ class Engine(Sampling, Embedding):
             # copy into a warm buffer took 4.1 ms).
             arr = np.empty(max(size, capacity, 1), dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        n = int(lib.llama_state_seq_get_data_ext(self.ctx, ptr, size, seq, flags))
+        n = int(lib.llama_state_seq_get_data_ext(ctx, ptr, size, seq, flags))
         if n != size:
             raise EngineError(f"state copy wrote {n} of {size} bytes", seq=seq)
         return J.StateData(data=memoryview(arr)[:size], n_bytes=size, t_ms=(time.perf_counter() - t0) * 1e3)
 
-    def state_set(self, seq: int, data: Any, partial: bool) -> J.StateData:
+    def state_set(self, seq: int, data: Any, partial: bool, ctx: Any = None, mem: Any = None) -> J.StateData:
         """Set a sequence's state from host memory, read in place: libllama is handed the
         buffer's own address (a read-only buffer too, a mapped page file say), no copy."""
         self._check_seq(seq)
+        ctx, mem = ctx or self.ctx, mem or self.mem
         t0 = time.perf_counter()
         view = memoryview(data).cast("B")
         size = view.nbytes
         # numpy takes any contiguous buffer, read-only ones included, without copying.
         src_arr = np.frombuffer(view, dtype=np.uint8) if size else np.empty(1, dtype=np.uint8)
         src = ctypes.cast(src_arr.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
-        n = int(lib.llama_state_seq_set_data_ext(self.ctx, src, size, seq, self._flags(partial)))
+        n = int(lib.llama_state_seq_set_data_ext(ctx, src, size, seq, self._flags(partial)))
         del src, src_arr
         if n == 0:
             # libllama clears the destination sequence when a restore fails part-way.
-            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            lib.llama_memory_seq_rm(mem, seq, -1, -1)
             raise PageDoesNotFit(
                 "the state does not fit this context (or was taken from another model)",
                 seq=seq, n_bytes=size,

@@ -71,11 +71,13 @@ class Pieces(Job):
 
 
 class SeqRm(Job):
-    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
+    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end. The draft
+    context's sequence (speculation) is cut alike; with `draft`, only it is."""
 
     seq: int
     p0: int = 0
     p1: int = -1
+    draft: bool = False
 
     # Sent only for a sequence that no queued step holds (an idle slot's; a lost slot's once
     # nothing of it is in flight), so it runs at the next step boundary (engine/thread.py).
@@ -104,6 +106,14 @@ class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     # empty): the scheduler plans step k+1 before step k's sample reaches Python, so the
     # engine never waits for Python between two steps.
     feed_last: bool = False
+    # Speculative decoding (engine/draft.py, core/spec.py). `draft_tokens` go into the draft
+    # context's sequence at `draft_pos0` before the step (the draft catching up with what
+    # the target holds); then, with `draft` = k > 0, the draft model proposes k tokens after
+    # the entry's last token, which the target decodes in this same batch and verifies
+    # (a k-token draft needs draft_pos0 + len(draft_tokens) == pos0 + len(tokens)).
+    draft_tokens: list[int] = []
+    draft_pos0: int = 0
+    draft: int = 0
 
 
 class Step(Job):
@@ -123,6 +133,7 @@ class Step(Job):
 class StateSize(Job):
     seq: int
     partial: bool = False
+    draft: bool = False  # the draft context's sequence, not the target's
 
     # A state move of an idle slot's sequence (no queued step holds it): runs at the next
     # step boundary, ahead of steps already queued (engine/thread.py).
@@ -157,6 +168,7 @@ class StateGet(Job):
     partial: bool = False
     into: Any = None  # HostBuffer | None
     capacity: int = 0
+    draft: bool = False  # the draft context's sequence instead (speculative decoding)
 
     # A state move of an idle slot's sequence (no queued step holds it): runs at the next
     # step boundary, ahead of steps already queued (engine/thread.py).
@@ -167,6 +179,9 @@ class StateSet(Job):
     seq: int
     data: bytes | bytearray | memoryview
     partial: bool = False
+    # The draft context's sequence. A refused draft state clears that sequence and answers
+    # n_bytes 0 (a cold draft), never an error: the target's state is what matters.
+    draft: bool = False
 
     # A state move of an idle slot's sequence (no queued step holds it): runs at the next
     # step boundary, ahead of steps already queued (engine/thread.py).
@@ -175,6 +190,7 @@ class StateSet(Job):
 
 class MemoryRange(Job):
     seq: int
+    draft: bool = False
 
     between_steps = True  # read-only, an idle slot's sequence (a resume's check)
 
@@ -283,12 +299,30 @@ class ModelProps(msgspec.Struct, frozen=True):
     weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
     pooling: int = 0  # libllama's pooling type (0 none: no embeddings; 1 mean, 2 cls, 3 last: engine/embed.py)
     device: DeviceReport = DeviceReport()  # backend, devices, offload, flash attention, budget
+    # Speculative decoding as started: "" (none) or "draft" (a separate draft model), with
+    # at most spec_n_max draft tokens per step and the draft model's description.
+    spec: str = ""
+    spec_n_max: int = 0
+    draft_desc: str = ""
+    draft_n_vocab: int = 0
+    draft_digest: str = ""  # the draft model's weights digest: a page's draft state names it
 
 
 class MemoryLayout(msgspec.Struct, frozen=True):
     kv_bytes_per_token: int
     kv_swa_bytes_per_token: int
     recurrent_state_bytes: int
+
+
+class Sampled(msgspec.Struct, frozen=True, array_like=True):
+    """One more token a speculating entry's target sampled (as EntryOut's own fields)."""
+
+    token: int
+    piece: bytes
+    eog: bool
+    logprob: float | None = None
+    top: list[tuple[int, float, bytes]] = []
+    refused: str = ""
 
 
 class EntryOut(msgspec.Struct, frozen=True, array_like=True):
@@ -307,6 +341,13 @@ class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     # its other samplers left. The request ends with an InvalidParams; `token` is what the
     # engine feeds if a step in flight feeds it.
     refused: str = ""
+    # A speculating entry: the draft tokens the target accepted, as the target sampled them
+    # after `token` (its KV holds the entry's tokens and these), how far the draft context's
+    # sequence reaches after the step (-1: the entry did not touch it), and how many tokens
+    # were drafted (fewer than the entry's `draft` when the draft context could not).
+    more: list[Sampled] = []
+    draft_n: int = -1
+    drafted: int = 0  # tokens the draft model proposed for this entry (the target verified them)
 
 
 class StepOut(msgspec.Struct, frozen=True):
@@ -323,6 +364,8 @@ class StepRecord(msgspec.Struct, frozen=True):
     seqs: list[int]
     n_tokens: int
     genes: tuple[tuple[int, float], ...]
+    drafts: list[list[int]] = []  # per entry, the tokens the draft model proposed (speculation)
+    draft_in: int = 0  # tokens the draft context caught up on before drafting
 
 
 class SeqRange(msgspec.Struct, frozen=True):

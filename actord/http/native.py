@@ -65,6 +65,12 @@ def llama_metrics(system: Any) -> str:
         ("n_decode_total", "counter", "Total number of llama_decode() calls", v("engine_steps_total")),
         ("requests_processing", "gauge", "Number of requests processing", v("requests_in_flight")),
         ("requests_deferred", "gauge", "Number of requests deferred", deferred),
+        ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated",
+         v("spec_decode_num_draft_tokens_total")),
+        ("spec_decode_num_accepted_tokens_total", "counter",
+         "Speculative: Total draft tokens accepted by the target model", v("spec_decode_num_accepted_tokens_total")),
+        ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps",
+         v("spec_decode_num_drafts_total")),
     ]
     for name, kind in SEED_SERIES:
         family = name[: -len("_total")] if kind == "counter" else name

@@ -161,6 +161,7 @@ def stop_type(stop_reason: str) -> str:
 
 def timings(r: CompletionResult) -> dict[str, Any]:
     t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
+    spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
     return {
         "cache_n": r.n_cached,
         "prompt_n": n_proc,
@@ -171,6 +172,7 @@ def timings(r: CompletionResult) -> dict[str, Any]:
         "predicted_ms": t.predicted_ms,
         "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
         "predicted_per_second": t.predicted_per_second,
+        **spec,
     }
 
 

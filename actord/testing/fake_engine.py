@@ -63,6 +63,9 @@ class FakeEngine:
             case J.FreeSampler(seq=seq):
                 self.samplers.discard(seq)
                 return None
+            case J.SeqRm(seq=seq, draft=True):
+                self._check_seq(seq)
+                return True
             case J.SeqRm(seq=seq, p0=p0):
                 self._check_seq(seq)
                 self.held[seq] = 0 if p0 < 0 else min(self.held.get(seq, 0), p0)
