@@ -122,7 +122,8 @@ async def test_sampled_output_is_identical_for_the_same_seed(tiny_model, drafts)
 
 
 async def test_metrics_and_timings_carry_llama_servers_names(tiny_model, drafts):
-    from actord.http.native import llama_metrics, timings
+    from actord.http.native import llama_metrics
+    from actord.http.native_completion import timings
 
     async with ActorSystem(cfg(tiny_model, drafts["same"], spec_n_max=3)) as s:
         r = await _turn(s, 0, P1, n=20)
