@@ -55,9 +55,10 @@ from typing import Any, Awaitable, Callable
 
 import msgspec
 
-from actord.api import CompletionResult, GeneRef
+from actord.api import CompletionResult, GeneRef, SamplingFields
 from actord.engine.jobs import ChatTemplateInfo as TemplateInfo
 from actord.errors import ChatTemplateError, InvalidParams, NoChatTemplate, PromptTooLong
+from actord.tools import Tool, ToolCall
 
 # -- request and result shapes ---------------------------------------------------------
 
@@ -65,9 +66,14 @@ from actord.errors import ChatTemplateError, InvalidParams, NoChatTemplate, Prom
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     role: str
     content: str = ""
+    # Tool calling (actord.tools): an assistant turn's calls, a `tool` result's call id,
+    # and a message's name (a tool result's function, where the template reads it).
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
-class ChatRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     n_predict: int = 256
     slot: int | None = None
@@ -81,6 +87,13 @@ class ChatRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     genes: list[GeneRef] = []
     template: str | None = None  # Jinja2 source; default: the model's tokenizer.chat_template
     add_generation_prompt: bool = True
+    # Tool calling (actord.tools): the functions offered, auto | none | required | a named
+    # function ({"type": "function", "function": {"name": ...}}), and the output format
+    # ("" = the daemon's --tool-format, which by default reads it from the template).
+    tools: list[Tool] = []
+    tool_choice: str | dict = "auto"
+    parallel_tool_calls: bool = True
+    tool_format: str = ""
 
     def check(self) -> "ChatRequest":
         if not self.messages:
@@ -320,7 +333,8 @@ class ChatTemplate:
         finally:
             _BOUND.reset(token)
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
         import jinja2
 
         previous = sys.gettrace()
@@ -336,11 +350,12 @@ class ChatTemplate:
             sys.settrace(tracer)
         token = _BOUND.set(self.max_bytes)
         try:
+            extra = {"tools": tools} if tools is not None else {}
             out: list[str] = []
             n = 0
             for chunk in self._tpl.generate(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token,
+                bos_token=self.bos_token, eos_token=self.eos_token, **extra,
             ):
                 n += len(chunk.encode("utf-8", "surrogatepass"))
                 if self.max_bytes and n > self.max_bytes:
@@ -361,18 +376,24 @@ class ChatTemplate:
             if self.budget:
                 sys.settrace(previous)
 
-    async def render_async(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    async def render_async(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                           tools: list[dict[str, Any]] | None = None) -> str:
         """A budgeted (client) template renders on a worker thread; the trusted one inline."""
         if not self.budget:
-            return self.render(messages, add_generation_prompt=add_generation_prompt)
+            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         import anyio
 
         return await (self._run_sync or anyio.to_thread.run_sync)(
-            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt))
+            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools))
 
 
 def as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def has_tools(messages: list[ChatMessage]) -> bool:
+    """Whether a conversation holds tool calls or results (it then renders through actord.tools)."""
+    return any(m.tool_calls or m.role == "tool" for m in messages)
 
 
 # -- prompts ---------------------------------------------------------------------------
@@ -387,7 +408,9 @@ class Prompt(msgspec.Struct):
 
 def _digest(template_id: str, messages: list[ChatMessage]) -> bytes:
     h = hashlib.sha256(template_id.encode())
-    h.update(msgspec.msgpack.encode([(m.role, m.content) for m in messages]))
+    h.update(msgspec.msgpack.encode([(m.role, m.content) if not (m.tool_calls or m.tool_call_id) else
+                                     (m.role, m.content, [(c.id, c.name, c.arguments) for c in m.tool_calls or []],
+                                      m.tool_call_id) for m in messages]))
     return h.digest()
 
 
@@ -465,38 +488,47 @@ class ChatPrompter:
         return tokens
 
     async def build(self, messages: list[ChatMessage], *, template: str | None = None,
-                    add_generation_prompt: bool = True) -> Prompt:
+                    add_generation_prompt: bool = True, render: list[dict[str, Any]] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> Prompt:
+        """`render`: the messages as the template gets them, when they differ from `messages`
+        (actord.tools rewrites a history for templates without tool support; each assistant
+        message stays one assistant message); `tools`: the template's `tools`."""
         tpl = self.template(template)
-        dicts = as_dicts(messages)
+        dicts = as_dicts(messages) if render is None else render
         k = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
-        if k > 0 and add_generation_prompt:
+        kr = max((i for i, d in enumerate(dicts) if d["role"] == "assistant"), default=-1)
+        if k > 0 and kr > 0 and add_generation_prompt:
             known = self.memory.get(_digest(tpl.id, messages[: k + 1]))
             if known is not None:
-                tail = await self._tail_after(tpl, dicts, k)
+                tail = await self._tail_after(tpl, dicts, kr, tools)
                 if tail is not None:
                     tokens = known + (await self.tokens_of(tail, first=False) if tail else [])
                     return Prompt(tokens=tokens, key_messages=list(messages), template_id=tpl.id,
                                   reused_turn=True)
-        text = await tpl.render_async(dicts, add_generation_prompt=add_generation_prompt)
+        text = await tpl.render_async(dicts, add_generation_prompt=add_generation_prompt, tools=tools)
         if not text:
             raise ChatTemplateError("the chat template rendered an empty prompt")
         return Prompt(tokens=await self.tokens_of(text, first=True), key_messages=list(messages),
                       template_id=tpl.id, reused_turn=False)
 
     @staticmethod
-    async def _tail_after(tpl: ChatTemplate, dicts: list[dict[str, Any]], k: int) -> str | None:
+    async def _tail_after(tpl: ChatTemplate, dicts: list[dict[str, Any]], k: int,
+                          tools: list[dict[str, Any]] | None = None) -> str | None:
         """What the template renders after message k's content (its closing markup and every
-        later message), found by rendering a sentinel in the content's place."""
+        later message), found by rendering a sentinel in the content's place (a reply that
+        made tool calls is probed as text: the tokens kept hold the calls as generated)."""
         sentinel = f"@@actord-reply-{secrets.token_hex(8)}@@"
         probe = [dict(d) for d in dicts]
-        probe[k]["content"] = sentinel
-        text = await tpl.render_async(probe, add_generation_prompt=True)
+        probe[k] = {"role": probe[k]["role"], "content": sentinel}
+        text = await tpl.render_async(probe, add_generation_prompt=True, tools=tools)
         i = text.find(sentinel)
         if i < 0 or text.find(sentinel, i + 1) >= 0:
             return None  # the template does not place the reply verbatim, once
         return text[i + len(sentinel):]
 
-    def remember(self, prompt: Prompt, reply_text: str, result: CompletionResult) -> None:
-        """Keep prompt + reply tokens for the conversation's next turn."""
-        convo = [*prompt.key_messages, ChatMessage(role="assistant", content=reply_text)]
+    def remember(self, prompt: Prompt, reply: str | ChatMessage, result: CompletionResult) -> None:
+        """Keep prompt + reply tokens for the conversation's next turn (`reply`: its text, or
+        the message as the client will send it back, tool calls included)."""
+        msg = reply if isinstance(reply, ChatMessage) else ChatMessage(role="assistant", content=reply)
+        convo = [*prompt.key_messages, msg]
         self.memory.put(_digest(prompt.template_id, convo), prompt.tokens + result.tokens)

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from actord.config import Config
+from actord.config import FLASH_ATTN_MODES, Config
 from actord.policy.swa import MODES as SWA_FULL_MODES
 
 _VERBS = {
@@ -41,7 +41,7 @@ _VERBS = {
 # llama-server's names for the same settings, accepted as aliases so a habit does not start
 # a daemon that is not what was asked. Only exact equivalents: `--lora` loads an adapter
 # active at scale 1 (as `--gene` does); llama-server flags with no actord meaning
-# (`--port`, `--n-gpu-layers`, ...) are refused like any unknown flag.
+# (`--port`, `--mlock`, ...) are refused like any unknown flag.
 LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
     "model": ["-m"],
     "ctx": ["--ctx-size", "-c"],
@@ -60,6 +60,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
         kw = {"dest": f.name, "default": None}
         if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
             p.add_argument(*flag, nargs="?", const="on", choices=SWA_FULL_MODES, **kw)
+        elif f.name == "flash_attn":  # a mode, as llama-server's -fa; a bare `--flash-attn` means "on"
+            p.add_argument(*flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, **kw)
         elif typ is bool:
             p.add_argument(*flag, action=argparse.BooleanOptionalAction, **kw)
         elif typ == list[str]:

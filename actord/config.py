@@ -13,6 +13,9 @@ import msgspec
 from actord.policy.checkpoints import POLICIES as CHECKPOINT_POLICIES
 from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 
+FLASH_ATTN_MODES = ("auto", "on", "off")
+SPEC_MODES = ("", "off", "draft", "mtp")
+
 if TYPE_CHECKING:
     from actord.api import RequestLimits
 
@@ -34,7 +37,23 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # matmuls run whole tiles at full speed (a 135-token piece ran ~11% slower than one of
     # 128 or 192 on Gemma 3 270M); grid checkpoints sit on the same boundaries. 1: off.
     piece_tile: int = 64
+    # Engine steps in flight at once: step k+1 (and more) is planned before step k's samples
+    # reach Python, and the engine feeds them itself, so it never waits for Python. A
+    # request that ends by its sample (end of generation, a stop string) has up to depth-1
+    # extra tokens in its KV and is answered that many steps later.
+    pipeline_depth: int = 2
     threads: int = 0  # 0 = all CPUs but one (llama.cpp's threads spin; the loop needs a core)
+    # Speculative decoding (engine/draft.py, core/spec.py): a draft model with the target's
+    # vocabulary proposes up to spec_n_max tokens per step for each generating request, which
+    # the target verifies in the same batched step. spec: "" = "draft" when
+    # spec_draft_model is named, else off; "mtp" = the model's own MTP head (refused at start,
+    # see README). A draft token is kept only while the request's own sampler, run at each
+    # position, picks it: output is the same as without speculation. spec_p_min > 0 stops a
+    # draft at its first token whose draft probability is below it (llama-server's p_min).
+    spec: str = ""
+    spec_draft_model: str | None = None
+    spec_n_max: int = 4
+    spec_p_min: float = 0.0
     seed: int = 0  # default sampling seed when a request names none
     # Pages
     page_ram_bytes: int = 2 << 30
@@ -52,8 +71,20 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # (device_bytes, else the host's memory), "on"/"off" decide outright.
     swa_full: str = "auto"
     swa_full_share: float = SWA_FULL_SHARE
+    # The accelerator (llama-server's flags of the same names). n_gpu_layers: layers whose
+    # weights and KV cache go to the GPU, -1 = all of them (libllama ignores it where the
+    # build has no GPU backend: props report 0 there). flash_attn: auto lets libllama use
+    # flash attention wherever the backend has it (its V cache is then not transposed, so
+    # state copies are contiguous rows); on/off decide outright. main_gpu: -1 = every GPU,
+    # layers split between them (libllama's default); N = the whole model on GPU N.
+    n_gpu_layers: int = -1
+    flash_attn: str = "auto"
+    main_gpu: int = -1
     # Genes
-    device_bytes: int = 0  # one budget for resident genes and occupied slots' state; 0 = unlimited
+    # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
+    # GPU, what it has free at start less a margin (actord.policy.device says which; props
+    # report the figure and why).
+    device_bytes: int = 0
     gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
     # Daemon
     socket: str = "./actord.sock"
@@ -81,6 +112,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
     chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
+    # Tool calling's output format (actord.tools): "auto" reads it from the chat template;
+    # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
+    tool_format: str = "auto"
+    # The Responses API (POST /v1/responses) remembers this many responses, oldest dropped
+    # first, for `previous_response_id` and GET /v1/responses/{id}, in at most
+    # http_responses_max_bytes of conversation text.
+    http_responses_max: int = 1024
+    http_responses_max_bytes: int = 64 << 20
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
@@ -125,14 +164,30 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("ctx must be >= 16")
         if self.piece_tile < 1:
             raise InvalidParams("piece_tile must be >= 1")
+        if not 1 <= self.pipeline_depth <= 8:
+            raise InvalidParams("pipeline_depth is between 1 and 8")
         if self.batch < 1:
             raise InvalidParams("batch must be >= 1")
+        if self.spec not in SPEC_MODES:
+            raise InvalidParams(f"spec is one of {SPEC_MODES}", spec=self.spec)
+        if self.spec == "draft" and not self.spec_draft_model:
+            raise InvalidParams("--spec draft needs --spec-draft-model PATH")
+        if self.spec in ("mtp", "off") and self.spec_draft_model:
+            raise InvalidParams(f"--spec {self.spec} and --spec-draft-model exclude each other")
+        if not 1 <= self.spec_n_max <= 32 or not 0 <= self.spec_p_min <= 1:
+            raise InvalidParams("spec_n_max is between 1 and 32, spec_p_min a probability in [0, 1]")
         if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
             raise InvalidParams("byte budgets must be >= 0")
         if self.swa_full not in SWA_FULL_MODES:
             raise InvalidParams(f"swa_full is one of {SWA_FULL_MODES}")
         if not 0 <= self.swa_full_share <= 1:
             raise InvalidParams("swa_full_share is a fraction in [0, 1]")
+        if self.n_gpu_layers < -1:
+            raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.main_gpu < -1:
+            raise InvalidParams("main_gpu is -1 (split across every GPU) or a GPU index >= 0", main_gpu=self.main_gpu)
         if self.checkpoint_policy not in CHECKPOINT_POLICIES:
             raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
@@ -147,6 +202,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_header_bytes must be >= 1024")
         if self.http_max_connections < 1 or self.http_default_max_tokens < 1:
             raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
+        if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):
+            raise InvalidParams("tool_format is one of auto, hermes, mistral, llama3, generic")
+        if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
+            raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):
             raise InvalidParams("model_alias and cors_origin values must not be empty")
         if self.http is not None:
@@ -168,6 +227,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if not self.client_file_timeout > 0:
             raise InvalidParams("client_file_timeout must be > 0")
         return self
+
+    @property
+    def spec_mode(self) -> str:
+        """What speculative decoding runs: "" (none), "draft" or "mtp"."""
+        if self.spec == "off":
+            return ""
+        return self.spec or ("draft" if self.spec_draft_model else "")
 
     def request_limits(self) -> "RequestLimits":
         """The bounds `CompletionRequest.check` applies, from this configuration."""

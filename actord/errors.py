@@ -90,6 +90,13 @@ class PageDoesNotFit(ActordError):
     http_status = 507
 
 
+class ForeignPage(ActordError):
+    """A page file was saved from another model (other weights, shapes or vocab): refused
+    before anything changes. Not a PageDoesNotFit: no amount of room would make it fit."""
+
+    http_status = 409
+
+
 class FileNotFound(ActordError):
     http_status = 404
 
@@ -238,6 +245,16 @@ class FileReadTimeout(ActordError):
     """Reading a client-named file took longer than `client_file_timeout` seconds."""
 
     http_status = 504
+
+
+class DraftVocabMismatch(InvalidParams):
+    """The draft model's vocabulary is not the target's (speculative decoding needs the
+    same token ids with the same texts): refused at start."""
+
+
+class SpecUnsupported(InvalidParams):
+    """Speculative decoding as configured cannot run on this model (its memory cannot be cut
+    back, it has no MTP layer, ...): refused at start, naming what is missing."""
 
 
 ERROR_TYPES: dict[str, type[ActordError]] = {

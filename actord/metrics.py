@@ -54,6 +54,17 @@ class Metrics:
         self.full_reprefills_total = Counter(
             "full_reprefills", "Requests that re-prefilled from zero despite a cached prefix", registry=r
         )
+        # Speculative decoding, as llama-server names them (Counter adds the _total)
+        self.spec_decode_num_draft_tokens_total = Counter(
+            "spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", registry=r
+        )
+        self.spec_decode_num_accepted_tokens_total = Counter(
+            "spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted by the target model",
+            registry=r,
+        )
+        self.spec_decode_num_drafts_total = Counter(
+            "spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps", registry=r
+        )
         # Pages
         self.page_store_bytes = Gauge("page_store_bytes", "Bytes charged by the page store", registry=r)
         self.page_store_pages = Gauge("page_store_pages", "Pages in the page store", registry=r)

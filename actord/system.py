@@ -27,13 +27,14 @@ from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
-    CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot, SaveSlot,
+    SlotLost, CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot,
+    SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix, page_image
-from actord.api import CompletionRequest, CompletionResult, SlotInfo
+from actord.api import CompletionRequest, CompletionResult, SamplingFields, SlotInfo
 from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
@@ -69,6 +70,8 @@ class ActorSystem:
             from actord.hooks import open_recorder
 
             self.recorder = open_recorder(trace, self.config)
+            # A replay delivers every step as a message: record the run the same way.
+            self.dispatcher.loop_in_handler = False
             self.recorder.attach(self.dispatcher)
         self.props: J.ModelProps | None = None
         self.slots: list[Slot] = []
@@ -106,6 +109,8 @@ class ActorSystem:
         await self.engine.start()
         try:
             self.props = await self.engine.run(J.ModelInfo())
+            if not self.props.kv_cells:  # pure recurrent: a prompt is not bounded by n_ctx
+                self._limits = msgspec.structs.replace(self._limits, max_prompt_tokens=self._limits.max_prompt_bytes)
             self._build_actors()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -127,6 +132,10 @@ class ActorSystem:
             # current one when it exits; the engine's stop is shielded in __aexit__.)
             await self.__aexit__(None, None, None)
             raise
+        dev = self.props.device
+        log.info("system.device", backend=dev.backend, device=dev.device, n_gpu_layers=dev.n_gpu_layers,
+                 flash_attn=dev.flash_attn, flash_attn_used=dev.flash_attn_used, free_bytes=dev.free_bytes,
+                 device_budget=dev.budget_bytes, device_budget_reason=dev.budget_reason)
         log.info("system.started", model=self.config.model, slots=self.config.slots, ctx=self.props.n_ctx,
                  swa_full=self.props.swa_full, swa_full_reason=self.props.swa_full_reason,
                  needs_checkpoints=self.props.needs_checkpoints, checkpoint_policy=self.config.checkpoint_policy)
@@ -194,11 +203,13 @@ class ActorSystem:
         ]
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
-            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.n_ctx,
-            piece_tile=self.config.piece_tile,
+            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.kv_cells,  # 0: cells not charged
+            piece_tile=self.config.piece_tile, depth=self.config.pipeline_depth,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
-        self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, self.config.device_bytes,
+        # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).
+        device_budget = self.props.device.budget_bytes
+        self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, device_budget,
                                        self.metrics, capacity=max(cap, 256))
         self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
                                             self.metrics, capacity=max(cap, 256),
@@ -220,7 +231,7 @@ class ActorSystem:
             s.scheduler = self.scheduler
             s.pages = self.pages
             s.residency = self.residency
-            s.track_footprint = self.config.device_bytes > 0
+            s.track_footprint = device_budget > 0
 
     def make_slot(self, i: int) -> Slot:
         assert self.props is not None
@@ -233,6 +244,11 @@ class ActorSystem:
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
         self.metrics.actor_failures_total.labels(actor=actor.name).inc()
+        if isinstance(actor, Slot) and self.scheduler is not None and not self.scheduler.failed:
+            try:  # its cells must not stay charged for good
+                self.scheduler.tell_nowait(SlotLost(slot=actor.id))
+            except ActordError:
+                pass
 
     # -- completions -------------------------------------------------------------------
 
@@ -254,7 +270,7 @@ class ActorSystem:
                 request = msgspec.convert(params, CompletionRequest)
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
-        request.check(self._limits)
+        request = request.check(self._limits)  # a json_schema comes back as its grammar
         self._check_open()
         if _input:
             await self.dispatcher.input("completion", request)
@@ -301,7 +317,8 @@ class ActorSystem:
         last prompt + reply, so its mind decodes only the new messages. Returns a
         `ChatResult` (the reply message, the completion's result and usage).
         """
-        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult
+        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult, has_tools
+        from actord.tools import StreamAdapter
 
         if request is None:
             try:
@@ -313,6 +330,9 @@ class ActorSystem:
         # The bytes a client sends are bounded before anything renders or tokenizes them.
         n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
         n += len(request.template.encode()) if request.template else 0
+        if request.tools or has_tools(request.messages):
+            n += len(msgspec.json.encode(request.tools)) + sum(
+                len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
         if n > self._limits.max_prompt_bytes:
             raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
                                 n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
@@ -336,20 +356,56 @@ class ActorSystem:
             prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens,
                                                           run_sync=self._run_sync,
                                                           max_bytes=self._limits.max_prompt_bytes)
+        fields = {f: getattr(request, f) for f in SamplingFields.__struct_fields__}
+        turn = None
+        if request.tools or has_tools(request.messages):  # tool calling: actord.tools
+            turn = self._tool_turn(request, prompter)
+            if turn.grammar:
+                if request.grammar or request.json_schema is not None:
+                    raise InvalidParams("a grammar (response_format) and tools both constrain the output: "
+                                        "send one, or tool_choice none", param="response_format")
+                fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
         prompt = await prompter.build(request.messages, template=request.template,
-                                      add_generation_prompt=request.add_generation_prompt)
+                                      add_generation_prompt=request.add_generation_prompt,
+                                      render=turn.render if turn else None,
+                                      tools=turn.template_tools if turn else None)
         completion = CompletionRequest(
             prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
-            stop=request.stop, stream=request.stream, genes=request.genes,
+            stop=request.stop, stream=request.stream, genes=request.genes, **fields,
         )
-        result = await self.complete(completion, on_token=on_token, _input=False)
+        scanner = turn.scanner() if turn is not None and turn.parses else None
+        sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
+        result = await self.complete(completion, on_token=sink, _input=False)
+        if scanner is None:
+            message = ChatMessage(role="assistant", content=result.content)
+        else:
+            if isinstance(sink, StreamAdapter):
+                sink.finish(result.slot)
+            else:
+                scanner.feed(result.content)
+                scanner.finish()
+            message = ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
         if result.stop_reason != "cancelled" and (
             not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
         ):  # a reply cut at a stop string no longer matches its tokens: not reusable
-            prompter.remember(prompt, result.content, result)
-        return ChatResult(message=ChatMessage(role="assistant", content=result.content), completion=result,
-                          reused_turn=prompt.reused_turn)
+            prompter.remember(prompt, message, result)
+        return ChatResult(message=message, completion=result, reused_turn=prompt.reused_turn)
+
+    def _tool_turn(self, request: Any, prompter: Any) -> Any:
+        """What a chat turn with tools renders and samples under (actord.tools), in the format
+        the request, the daemon's --tool-format or the template names."""
+        from actord import tools as T
+
+        mode, name = T.check_tools(request.tools, request.tool_choice)
+        fmt = request.tool_format or self.config.tool_format
+        if fmt == "auto":
+            source = request.template if request.template is not None else prompter.info.template
+            fmt, why = T.detect_format(source)
+            if getattr(self, "_tool_format_logged", None) != (fmt, source):
+                self._tool_format_logged = (fmt, source)
+                log.info("chat.tool_format", format=fmt, why=why)
+        return T.plan_turn(fmt, request.messages, request.tools, mode, name, request.parallel_tool_calls)
 
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
@@ -451,7 +507,8 @@ class ActorSystem:
             try:
                 stats = await self.files.publish(
                     file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
-                                     held.divergences, held.prompt_end), held=True)
+                                     held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n),
+                    held=True)
                 durable = True  # publish returns only once every file and folder is fsynced
             except ActordError as e:
                 self.metrics.page_failed_total.inc()

@@ -148,6 +148,10 @@ async def run(args: argparse.Namespace) -> None:
         print("  (vs memcpy = memcpy time / operation time: 1.0 means as fast as copying the bytes once;"
               " page_out frees the adapter, it copies nothing)")
 
+        if args.no_decode:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+
         # -- 2. two slots decoding together ---------------------------------------------
         genesets: dict[str, list[list[dict[str, Any]]]] = {
             "base": [[], []],
@@ -218,6 +222,7 @@ def main() -> int:
     ap.add_argument("--decode-reps", type=int, default=5, help="measured repetitions of the 4 decode cases")
     ap.add_argument("--decode-warmup", type=int, default=1)
     ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--no-decode", action="store_true", help="the paging measurements only (part 1)")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1,

@@ -28,15 +28,18 @@ What is measured:
 4. A generated f32 llama with a big per-token state (defaults: n_embd 1024, 32 layers,
    8 KV heads of 128 = Llama-3-8B's 128 KiB/token KV layout) and `--big-tokens` tokens,
    so the state is well past the CPU caches (~134 MB at the default), paged the same way.
+5. With speculative decoding on (a pruned copy of each model as its draft): the draft
+   state's share of a page and page_out / page_in times (--skip-draft leaves it out).
 
 References, measured between the page operations (interleaved, same process):
 * memcpy: numpy.copyto between two preallocated, pre-faulted buffers of the same size
   (a cold copy is dominated by page faults), median of `--memcpy-reps` per cycle.
 * cold-dst copy: memmove into a freshly mmap'd, never-touched buffer (page faults
-  included). page_out allocates a new bytearray for every copy on the engine thread, and
-  at these sizes glibc hands out fresh pages each time, so this is the ceiling of the
-  present design; page_out / cold-dst near 1 means the gap to memcpy is first-touch faults,
-  not the copy itself.
+  included): what a page_out into fresh memory pays. The page store hands page_out a warm
+  buffer from its pool (the one the previous page_in released: actors/buffer_pool.py), so
+  from the second cycle on page_out / cold-dst should be well above 1.
+
+--skip-files-and-turns runs part 1 (and 4) only: a short run (~1 minute here).
 
 Run: .venv/bin/python bench/page_bandwidth.py   (about 4-5 minutes on 2 busy cores; most of
 it is the re-prefills, ~35 s each). --skip-real / --skip-big run one half only.
@@ -274,6 +277,9 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
             "Gemma 3 270M: page_out / page_in vs memcpy", rows, refs).items()})
         del refs
 
+        if a.skip_files_and_turns:
+            return results
+
         # 2. files: save, restore, spill
         saves, restores, spills = [], [], []
         for _ in range(a.reps):
@@ -366,6 +372,51 @@ async def big_model(a: argparse.Namespace, page_dir: Path, tmp: Path) -> dict[st
     return {f"big_{k}": v for k, v in ratios.items()}
 
 
+async def draft_share(a: argparse.Namespace, page_dir: Path, tmp: Path) -> None:
+    """With speculative decoding on, a page also carries the draft context's sequence state:
+    its share of the page and what it adds to page_out / page_in, on Gemma 3 270M drafted by
+    its first 10 + last 2 blocks (the target with a full SWA cache: speculation needs one)
+    and on the synthetic llama drafted by its first 2 blocks."""
+    from actord.testing.draft_models import write_pruned_draft
+
+    cases = []
+    gemma = a.model or gemma3_270m_path()
+    if gemma is not None and not a.skip_real:
+        cases.append(("Gemma 3 270M", str(gemma), (10, 2), dict(swa_full="on"), a.prompt_tokens // 4))
+    if not a.skip_big:
+        big = write_tiny_llama(tmp / "big-llama.gguf", seed=3, n_embd=a.big_embd, n_layer=a.big_layers,
+                               n_head=a.big_heads, n_head_kv=a.big_heads, n_ff=128,
+                               n_ctx_train=max(4096, ctx_for(a.big_tokens + 8)))
+        cases.append(("synthetic llama", str(big), (2, 0), {}, a.big_tokens))
+    if not cases:
+        return
+    print("\n== the draft state's share of a page (speculative decoding on) ==")
+    print(f"{'model':<16} {'draft':<16} {'tokens':>6} {'page MB':>8} {'draft MB':>9} {'share':>6} "
+          f"{'page_out ms':>12} {'page_in ms':>11}")
+    for label, model, (n, last), extra, n_tokens in cases:
+        draft = write_pruned_draft(model, tmp / f"draft-{n}-{last}.gguf", n, last)
+        ctx = ctx_for(n_tokens + 16)
+        cfg = Config(model=model, slots=2, ctx=ctx, batch=a.batch, threads=a.threads, page_dir=str(page_dir),
+                     page_ram_bytes=a.page_ram_bytes, spec_draft_model=str(draft), spec_n_max=2, **extra)
+        async with ActorSystem(cfg) as s:
+            if label.startswith("Gemma"):
+                ids = await s.engine.run(J.Tokenize(text=natural_text()))
+                prompt = (ids * (1 + n_tokens // max(1, len(ids))))[:n_tokens]
+            else:
+                prompt = [1] + [259 + (i * 7919) % 253 for i in range(n_tokens - 1)]
+            await s.complete(prompt=prompt, n_predict=4, slot=0, ignore_eos=True)
+            outs, ins, holder = [], [], 0
+            for _ in range(a.reps):
+                outs.append(await s.page_out(holder, "dft"))
+                ins.append(await s.page_in(1 - holder, "dft"))
+                holder = 1 - holder
+        o = outs[0]
+        name = f"first {n}" + (f" + last {last}" if last else "")
+        print(f"{label:<16} {name:<16} {o['n_tokens']:>6} {o['n_bytes'] / 1e6:>8.1f} {o['draft_bytes'] / 1e6:>9.1f} "
+              f"{o['draft_bytes'] / o['n_bytes']:>6.1%} {med([x['t_ms'] for x in outs]):>12.1f} "
+              f"{med([x['t_ms'] for x in ins]):>11.1f}")
+
+
 # ---- main -----------------------------------------------------------------------------------
 
 
@@ -383,6 +434,8 @@ async def amain(a: argparse.Namespace) -> None:
             results.update(await real_model(a, page_dir / "real"))
         if not a.skip_big:
             results.update(await big_model(a, page_dir / "big", tmp))
+        if not a.skip_draft:
+            await draft_share(a, page_dir / "draft", tmp)
     finally:
         if not a.keep_files:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -424,6 +477,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--big-tokens", type=int, default=1024, help="synthetic prompt length (state ~ 128 KiB/token)")
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-big", action="store_true")
+    p.add_argument("--skip-files-and-turns", action="store_true",
+                   help="real model: only the page_out/page_in cycles (no save/restore/spill, no re-prefills)")
+    p.add_argument("--skip-draft", action="store_true", help="skip the draft state's share of a page")
     a = p.parse_args(argv)
     if a.reps < 1 or a.memcpy_reps < 1 or a.prompt_tokens < 2 or a.big_tokens < 2:
         p.error("--reps, --memcpy-reps >= 1 and prompt lengths >= 2")

@@ -1,4 +1,4 @@
-"""Shared fixtures: generated models (no network), the real Gemma 3 270M when installed,
+"""Shared fixtures: generated models (llama, SWA, hybrid, recurrent; no network), the real Gemma 3 270M when installed,
 and both anyio backends for every async test."""
 
 from __future__ import annotations
@@ -36,6 +36,30 @@ def tiny_swa_model(models_dir) -> str:
     from actord.testing.models import write_tiny_swa
 
     return str(write_tiny_swa(models_dir / "tiny-swa.gguf", seed=2))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_model(models_dir) -> str:
+    """Qwen3.5-shaped: 3 Gated DeltaNet layers + 1 full-attention layer, no MTP block."""
+    from actord.testing.models import write_tiny_qwen35
+
+    return str(write_tiny_qwen35(models_dir / "tiny-qwen35.gguf", seed=3, mtp=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_mtp_model(models_dir) -> str:
+    """The same trunk and head as tiny_hybrid_model (same seed), plus one nextn/MTP block."""
+    from actord.testing.models import write_tiny_qwen35
+
+    return str(write_tiny_qwen35(models_dir / "tiny-qwen35-mtp.gguf", seed=3, mtp=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_recurrent_model(models_dir) -> str:
+    """Mamba-2: pure recurrent, a fixed state per sequence and no KV cells."""
+    from actord.testing.models import write_tiny_mamba2
+
+    return str(write_tiny_mamba2(models_dir / "tiny-mamba2.gguf", seed=5))
 
 
 @pytest.fixture(scope="session")

@@ -159,6 +159,10 @@ class Dispatcher:
         self.event_hooks: list[EventHook] = []
         self.deliveries = 0
         self.ask_bound_s = ASK_BOUND_S
+        # May an actor go on with its own loop while its mailbox is empty, rather than tell
+        # itself to continue? (The scheduler's step loop does: one mailbox hop less per
+        # step.) A deterministic dispatcher says no: every step is then a delivery it orders.
+        self.loop_in_handler = True
         # Wait-for graph: actor name -> (the actor it awaits, what for). An actor runs one
         # handler at a time, so it waits on at most one other actor.
         self.waits: dict[str, tuple[str, str]] = {}
@@ -511,3 +515,6 @@ class Actor(Generic[M]):
 
     def deferred_count(self) -> int:
         return 0
+
+    def mail_waiting(self) -> bool:
+        return self._recv.statistics().current_buffer_used > 0

@@ -42,6 +42,12 @@ class AdmitCheckpoint(Msg):
     population: list[float] = []  # where the slot's other minds diverged (fractions)
 
 
+class AdmitCheckpoints(Msg):
+    """Several checkpoints arriving at once (a page_in's): admitted in order, one reply."""
+
+    items: list[AdmitCheckpoint]
+
+
 class SlotCheckpoints(Msg):
     """A slot's list changed by itself (resume, erase, page move): replace the mirror."""
 
@@ -57,7 +63,7 @@ class BudgetStats(Msg):
     pass
 
 
-CheckpointInbox = AdmitCheckpoint | SlotCheckpoints | BudgetStats
+CheckpointInbox = AdmitCheckpoint | AdmitCheckpoints | SlotCheckpoints | BudgetStats
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -100,6 +106,8 @@ class CheckpointBudget(Actor[CheckpointInbox]):
         match msg:
             case AdmitCheckpoint():
                 out = await self._admit(msg)
+            case AdmitCheckpoints(items=items):
+                out = [await self._admit(m) for m in items]
             case SlotCheckpoints(slot=slot, metas=metas, raw_lcp=raw):
                 self.lists[slot] = list(metas)
                 self.raw[slot] = raw

@@ -36,6 +36,7 @@ class Ended(Msg):
     kv_tokens: list[int]
     reason: str
     cut_back: bool = False
+    draft_n: int = 0  # how much of kv_tokens the draft context's sequence holds (speculation)
 
 
 class CheckpointTaken(Msg):
@@ -128,6 +129,9 @@ class Enroll(Msg):
     stream: bool = False
     resumed_from_checkpoint: bool = False
     t_start: float = 0.0
+    spec: int = 0  # draft up to this many tokens per step (0: no speculation)
+    draft_pos0: int = 0  # the draft context's sequence holds prompt[:draft_pos0]
+    logprobs: bool = False  # the engine returns logprobs: collect them for the answer and the stream
 
 
 class Abort(Msg):
@@ -166,4 +170,11 @@ class Room(Msg):
     cells: int
 
 
-SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom
+class SlotLost(Msg):
+    """Slot `slot`'s actor crashed: its request ends, and once nothing of it is in flight
+    its sequence is cleared and its cells are free again (nobody owns them any more)."""
+
+    slot: int
+
+
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom | SlotLost

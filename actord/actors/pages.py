@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope
+from actord.actors.buffer_pool import BufferPool, buffer_of, capacity_for
 from actord.actors.messages import Msg
 from actord.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.log import get
@@ -54,7 +56,8 @@ class Page(msgspec.Struct, frozen=True):
     tokens: list[int]
     checkpoints: list[PageCheckpoint] = []
     genes: tuple[tuple[int, float], ...] = ()
-    draft: bytearray | None = None
+    draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
+    draft_n: int = 0  # how many of `tokens` that state holds
     # The mind's divergence history and where its last prompt ended (checkpoint placement).
     divergences: list[Divergence] = []
     prompt_end: int = 0
@@ -75,6 +78,23 @@ class PageInfo(msgspec.Struct, frozen=True):
 class Admit(Msg):
     name: str
     n_bytes: int
+
+
+class AdmitState(Msg):
+    """Admit a page whose sequence state is `n_state` of its `n_bytes`, and hand out the
+    buffer the state is to be copied into (a warm one from the pool when one fits). The
+    page's charge is `n_bytes` plus the buffer's bytes beyond `n_state` (Admission.n_bytes)."""
+
+    name: str
+    n_bytes: int
+    n_state: int
+
+
+class Admission(msgspec.Struct, frozen=True):
+    reservation: int
+    n_bytes: int  # the charge: what the page's Commit must carry
+    into: Any = None  # HostBuffer from the pool, or None: the engine allocates `capacity`
+    capacity: int = 0
 
 
 class Commit(Msg):
@@ -122,7 +142,7 @@ class StoreStats(Msg):
 
 
 PageStoreInbox = (
-    Admit | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
+    Admit | AdmitState | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
     | SpillBegin | SpillEnd | StoreStats
 )
 
@@ -135,6 +155,10 @@ class PageStoreStats(msgspec.Struct, frozen=True):
     reservations: int
     live_bytes: int
     earmarked: int = 0
+    pooled: int = 0  # bytes of warm state buffers kept for the next page_out (within the ceiling)
+    pool_buffers: int = 0
+    pool_hits: int = 0
+    pool_misses: int = 0
 
 
 @dataclass
@@ -158,12 +182,17 @@ class PageStore(Actor[PageStoreInbox]):
         self.charged = 0
         self.earmarks: dict[int, int] = {}  # generation -> bytes a replacement counted as freed
         self._earmark_of: dict[int, int] = {}  # reservation -> the generation it earmarked
+        # Warm state buffers of pages gone (actors/buffer_pool.py), within the ceiling:
+        # effective + pool.bytes <= ceiling at every message boundary.
+        self.pool = BufferPool()
 
     async def handle(self, msg: PageStoreInbox, env: Envelope[PageStoreInbox]) -> None:
         reply = env.reply
         match msg:
             case Admit(name=name, n_bytes=n):
                 out = self.admit(name, n)
+            case AdmitState(name=name, n_bytes=n, n_state=n_state):
+                out = self.admit_state(name, n, n_state)
             case Commit(reservation=r, page=page):
                 out = self.commit(r, page)
             case CancelReservation(reservation=r):
@@ -195,10 +224,8 @@ class PageStore(Actor[PageStoreInbox]):
     def admit(self, name: str, n_bytes: int) -> int:
         if not name or len(name) > 255 or "\0" in name:
             raise InvalidParams("page names are 1-255 characters without NUL", page=name)
-        replaced = 0
         old = self.names.get(name)
-        if old is not None and self.gens[old].holders == 1 and old not in self.earmarks:
-            replaced = min(self.gens[old].n_bytes, n_bytes)
+        replaced = self._replaced(name, n_bytes)
         if self.effective - replaced + n_bytes > self.ceiling:
             # A refusal, not a failure: page RAM is a cache, and its callers (the placer, an
             # eviction) spill to a file when it is full. Counted apart, logged at info.
@@ -214,7 +241,29 @@ class PageStore(Actor[PageStoreInbox]):
         if replaced:
             self.earmarks[old] = replaced  # type: ignore[index]
             self._earmark_of[r] = old  # type: ignore[assignment]
+        self.pool.trim(self.ceiling - self.effective)  # the pages' bytes come first
         return r
+
+    def _replaced(self, name: str, n_bytes: int) -> int:
+        """The bytes an admission under `name` counts as freed: the old generation's, when the
+        store is its sole owner (and no other replacement counted them already)."""
+        old = self.names.get(name)
+        if old is not None and self.gens[old].holders == 1 and old not in self.earmarks:
+            return min(self.gens[old].n_bytes, n_bytes)
+        return 0
+
+    def admit_state(self, name: str, n_bytes: int, n_state: int) -> Admission:
+        """Admit, and choose the buffer the state goes into: a warm pooled one that fits, else
+        a fresh one with headroom. Its bytes beyond the state are charged with the page."""
+        buf = self.pool.take(n_state)
+        capacity = buf.capacity if buf is not None else capacity_for(n_state)
+        charge = n_bytes + capacity - n_state
+        if self.effective - self._replaced(name, charge) + charge > self.ceiling:
+            # The buffer's slack (pooled, or a fresh one's headroom) would pass the ceiling:
+            # the exact size may still fit, in a fresh buffer of just that size.
+            buf, capacity, charge = None, n_state, n_bytes
+        r = self.admit(name, charge)
+        return Admission(reservation=r, n_bytes=charge, into=buf, capacity=capacity)
 
     @property
     def earmarked(self) -> int:
@@ -244,6 +293,7 @@ class PageStore(Actor[PageStoreInbox]):
             gen = self._earmark_of.pop(reservation, None)
             if gen is not None:
                 self.earmarks.pop(gen, None)  # the old generation stays: it counts again
+                self.pool.trim(self.ceiling - self.effective)
 
     def take(self, name: str) -> Page:
         gen = self.names.pop(name, None)
@@ -291,6 +341,7 @@ class PageStore(Actor[PageStoreInbox]):
             for r, eg in list(self._earmark_of.items()):
                 if eg == gen:
                     del self._earmark_of[r]
+            self.pool.trim(self.ceiling - self.effective)
         g.holders += 1
         assert g.page is not None
         return g.page
@@ -314,6 +365,11 @@ class PageStore(Actor[PageStoreInbox]):
             del self.gens[gen]
             self.charged -= g.n_bytes
             self.earmarks.pop(gen, None)
+            # Nobody holds the page any more: its state buffer stays warm for the next
+            # page_out, if it fits beside the pages under the ceiling.
+            buf = buffer_of(g.page.state) if g.page is not None else None
+            if buf is not None:
+                self.pool.give(buf, self.ceiling - self.effective)
 
     # -- views -------------------------------------------------------------------------
 
@@ -332,7 +388,8 @@ class PageStore(Actor[PageStoreInbox]):
     def stats(self) -> PageStoreStats:
         return PageStoreStats(charged=self.charged, ceiling=self.ceiling, pages=len(self.names),
                               generations=len(self.gens), reservations=len(self.reserved),
-                              live_bytes=self.live_bytes(), earmarked=self.earmarked)
+                              live_bytes=self.live_bytes(), earmarked=self.earmarked, pooled=self.pool.bytes,
+                              pool_buffers=len(self.pool), pool_hits=self.pool.hits, pool_misses=self.pool.misses)
 
     def _publish_metrics(self) -> None:
         self.metrics.page_store_bytes.set(self.charged)

@@ -215,11 +215,13 @@ class MindPlacer(Actor[PlacerInbox]):
                 if victim in self.paged:
                     self.paged.remove(victim)
 
-    async def _room(self, slot: int, cells: int) -> int:
-        """Cells held for a page-in or restore into `slot`: the token to `_unroom`."""
+    async def _room(self, slot: int, cells: int) -> tuple[int, bool]:
+        """Cells held for a page-in or restore into `slot`: the token to `_unroom`, and
+        whether all `cells` are held (False when requests in flight hold them)."""
         if self.scheduler is None:
-            return 0
-        return (await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))).token
+            return 0, True
+        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
+        return room.token, room.cells >= cells
 
     def _note_paged(self, mind: str) -> None:
         """`mind` was paged out (or moved by someone else) just now: the newest victim. Once
@@ -238,7 +240,15 @@ class MindPlacer(Actor[PlacerInbox]):
 
     async def _bring_in(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
-        token = await self._room(slot, pages[mind].n_tokens) if mind in pages else 0
+        token = 0
+        if mind in pages:
+            token, whole = await self._room(slot, pages[mind].n_tokens)
+            if not whole:
+                # The page stays whole in the store for a later turn; this one starts fresh
+                # rather than over-commit the cache the steps in flight are counted against.
+                await self._unroom(token)
+                log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=pages[mind].n_tokens)
+                return "fresh"
         try:
             await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
             if mind in self.paged:
@@ -257,7 +267,7 @@ class MindPlacer(Actor[PlacerInbox]):
                     if "saved" in e.data:  # another model's file: no room makes it fit
                         raise
                     # Its size is known only once read: free the whole cache, once.
-                    token = await self._room(slot, 1 << 30)
+                    token, _ = await self._room(slot, 1 << 30)
                     try:
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
                     finally:

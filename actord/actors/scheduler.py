@@ -31,17 +31,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.messages import (
     Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
+    SlotLost,
 )
 from actord.api import CompletionResult, Timings
 from actord.core.sched import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
 from actord.core.text import TextState
-from actord.errors import ActordError, ContextFull, InternalError, KvCacheFull, StepSkipped
+from actord.engine import jobs as J
+from actord.errors import ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, StepSkipped
 from actord.log import get
 from actord.metrics import Metrics
 
@@ -85,6 +86,9 @@ class Scheduler(Actor[SchedulerInbox]):
         self.channels: dict[int, _Channel] = {}
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
+        self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
+        self._tallied: list[Any] = [0, 0.0]  # steps, busy seconds not yet in the registry
+        self._step_tokens: list[int] = []
 
     @property
     def n_ctx(self) -> int:
@@ -113,8 +117,18 @@ class Scheduler(Actor[SchedulerInbox]):
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
             case Cells(slot=slot, n=n):
-                self.core.set_cells(slot, n)
+                if slot not in self.lost:
+                    self.core.set_cells(slot, n)
+            case SlotLost(slot=slot):
+                self.lost.add(slot)
+                rid = self.core.by_slot.get(slot)
+                if rid is not None:
+                    self._route(self.core.abort(rid, "error", ActorFailed(f"slot {slot} crashed", slot=slot)))
+                await self._reclaim()
             case MakeRoom(slot=slot, cells=n):
+                # The reply is the cells free for the slot (at most n), held for it until the
+                # asker releases them: a caller that got fewer must not move a sequence in (it
+                # would over-commit the cache that the steps in flight are counted against).
                 room = Room(token=0, cells=n)
                 if self.n_ctx and slot not in self.core.by_slot:
                     short = n - (self.free_cells + self.held(slot))
@@ -135,6 +149,9 @@ class Scheduler(Actor[SchedulerInbox]):
                 self.stepping = False
                 try:
                     await self._advance()
+                    # While nothing else waits in the mailbox, go on stepping here (no hop).
+                    while self._pending and self.dispatcher.loop_in_handler and not self.mail_waiting():
+                        await self._advance()
                 finally:
                     self._kick()
                 return
@@ -145,6 +162,8 @@ class Scheduler(Actor[SchedulerInbox]):
             rid=m.rid, slot=m.slot, seq=m.seq, tokens=list(m.prompt), n_prompt=len(m.prompt), n_done=m.pos0,
             n_predict=m.n_predict, genes=m.genes, stop_tokens=frozenset(m.stop_tokens), ignore_eos=m.ignore_eos,
             checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
+            spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
+            logprobs=[] if m.logprobs else None,
         )
         try:
             self.core.add(r)
@@ -206,11 +225,45 @@ class Scheduler(Actor[SchedulerInbox]):
             events = core.fail(plan, e)
         else:
             events = core.update(plan, out, time.perf_counter())
-            self.metrics.engine_steps_total.inc()
-            self.metrics.engine_step_tokens.observe(out.n_tokens)
-            self.metrics.engine_busy_seconds_total.inc((out.t_decode_ms + out.t_sample_ms) / 1e3)
+            self._tally(out)
         await self._fill()  # the engine gets its next step before Python routes this one's output
         self._route(events)
+        if not self._pending:
+            self._flush_tally()
+        if self.lost:
+            await self._reclaim()
+
+    async def _reclaim(self) -> None:
+        """Clear the sequences of crashed slots once nothing of theirs is in flight."""
+        for slot in sorted(self.lost):
+            if slot in self.core.by_slot or self.core.cells.get(slot, 0) == 0:
+                continue
+            try:
+                await self.engine.run(J.SeqRm(seq=slot, p0=-1, p1=-1))
+            except ActordError as e:
+                log.error("scheduler.reclaim_failed", slot=slot, error=e.to_dict())
+                continue
+            self.core.cells[slot] = 0
+            log.warning("scheduler.slot_reclaimed", slot=slot)
+
+    def _tally(self, out: Any) -> None:
+        """Per-step metrics are summed here and written to the registry every few steps
+        (each registry write takes a lock: three per step showed in the profile)."""
+        t = self._tallied
+        t[0] += 1
+        t[1] += (out.t_decode_ms + out.t_sample_ms) / 1e3
+        self._step_tokens.append(out.n_tokens)
+        if t[0] >= 32:
+            self._flush_tally()
+
+    def _flush_tally(self) -> None:
+        t = self._tallied
+        if t[0]:
+            self.metrics.engine_steps_total.inc(t[0])
+            self.metrics.engine_busy_seconds_total.inc(t[1])
+            for n in self._step_tokens:
+                self.metrics.engine_step_tokens.observe(n)
+            self._tallied, self._step_tokens = [0, 0.0], []
 
     # -- routing -----------------------------------------------------------------------
 
@@ -222,8 +275,11 @@ class Scheduler(Actor[SchedulerInbox]):
                 ch = self.channels.get(ev.rid)
                 if ch is None or ch.stream is None:
                     continue
+                chunk: dict[str, Any] = {"slot": ch.slot, "content": ev.text, "tokens": [ev.token]}
+                if ev.logprobs is not None:
+                    chunk["logprobs"] = ev.logprobs
                 try:
-                    ch.stream({"slot": ch.slot, "content": ev.text, "tokens": [ev.token]})
+                    ch.stream(chunk)
                 except Exception as e:  # the sink failed: this request ends, nobody else's
                     log.warning("scheduler.sink_failed", rid=ev.rid, error=repr(e))
                     queue.extend(self.core.fail_request(ev.rid, InternalError(f"stream sink failed: {e!r}")))
@@ -247,22 +303,32 @@ class Scheduler(Actor[SchedulerInbox]):
         m = self.metrics
         m.requests_in_flight.dec()
         m.requests_total.labels(outcome=r.reason).inc()
+        if r.n_drafted:  # llama-server's counters, for every request that drafted
+            m.spec_decode_num_draft_tokens_total.inc(r.n_drafted)
+            m.spec_decode_num_accepted_tokens_total.inc(r.n_accepted)
+            m.spec_decode_num_drafts_total.inc(r.n_spec_steps)
         answer: Any = None
         if r.reason == "error":
             answer = r.error if isinstance(r.error, ActordError) else InternalError(f"{r.error!r}")
         elif ch is not None:
             m.predicted_tokens_total.inc(len(r.out))
-            if ch.stream is not None and r.tail:
+            rest = r.unsent_logprobs()
+            if ch.stream is not None and (r.tail or rest):
+                chunk: dict[str, Any] = {"slot": r.slot, "content": r.tail, "tokens": []}
+                if rest is not None:
+                    chunk["logprobs"] = rest
                 try:
-                    ch.stream({"slot": r.slot, "content": r.tail, "tokens": []})
+                    ch.stream(chunk)
                 except Exception as e:
                     log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
             answer = self._result(r, ch)
         reply = ch.reply if ch is not None else None
         cut_back = r.reason == "error" and not isinstance(r.error, ContextFull)
-        env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back),
-                       reply, answer=answer)
+        env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back,
+                             draft_n=ev.draft_n), reply, answer=answer)
         try:
+            if r.slot in self.lost:
+                raise ActorFailed(f"slot {r.slot} crashed", slot=r.slot)
             self.slots[r.slot].put_nowait(env)
         except ActordError as e:  # a failed or stopped slot: answer here
             log.info("scheduler.slot_gone", slot=r.slot, error=e.to_dict())
@@ -284,10 +350,12 @@ class Scheduler(Actor[SchedulerInbox]):
         return CompletionResult(
             content=r.text.text, tokens=list(r.out), n_prompt_tokens=r.n_prompt, n_prompt_processed=n_proc,
             n_cached=r.n_cached, slot=r.slot, stop_reason=r.reason or "", resumed_from_checkpoint=ch.resumed,
+            logprobs=r.logprobs,
             timings=Timings(
                 prompt_ms=prompt_ms, predicted_ms=predicted_ms,
                 prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
                 predicted_per_second=len(r.out) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+                draft_n=r.n_drafted, draft_n_accepted=r.n_accepted, draft_steps=r.n_spec_steps,
             ),
         )
 
@@ -296,7 +364,8 @@ class Scheduler(Actor[SchedulerInbox]):
     async def _make_room(self, need: int, exclude: int | None = None) -> int:
         """Ask idle slots, least recently stepped first, to give up their cells."""
         core = self.core
-        victims = sorted((s for s, n in core.cells.items() if n > 0 and s not in core.by_slot and s != exclude),
+        victims = sorted((s for s, n in core.cells.items()
+                          if n > 0 and s not in core.by_slot and s != exclude),
                          key=lambda s: (core.last_use.get(s, 0), s))
         freed = 0
         for s in victims:

@@ -70,6 +70,18 @@ class _Active:
     evicted_mind: str | None = None  # the mind this slot paged out while the request waited
 
 
+def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.SamplingParams:
+    """A request's sampler chain (its `grammar` is GBNF by now: check() converts a schema)."""
+    last_n = n_ctx if req.repeat_last_n < 0 else req.repeat_last_n
+    return J.SamplingParams(
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed, grammar=req.grammar,
+        logit_bias=req.bias_pairs(), penalty_last_n=last_n, repeat_penalty=req.repeat_penalty,
+        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty, min_p=req.min_p,
+        top_logprobs=req.top_logprobs if req.logprobs else -1,
+        grammar_triggers=tuple((t.text, t.at_start) for t in req.grammar_triggers), preserve=tuple(req.preserve),
+    )
+
+
 class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
     rank = 30
 
@@ -99,6 +111,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.checkpoints: list[SlotCheckpoint] = []
         self.genes: tuple[tuple[int, float], ...] = ()
         self.mind: str | None = None
+        self.draft_n = 0  # kv_tokens[:draft_n] are in the draft context's sequence (speculation)
         self.active: _Active | None = None
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
@@ -200,11 +213,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             if env.reply is not None:
                 env.reply.fail(error)
         self.deferred.clear()
-        if self.scheduler is not None and self.active is not None and self.active.enrolled:
-            try:  # the scheduler answers it; its cells stay charged until the slot is gone
-                self.scheduler.tell_nowait(Abort(rid=self.active.rid))
-            except ActordError:
-                pass
+        # An enrolled request is the scheduler's to answer: the system tells it `SlotLost`.
 
     def info(self) -> SlotInfo:
         return SlotInfo(
@@ -230,10 +239,18 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         req = msg.req
         t_start = time.perf_counter()
         prompt = await self._tokens_of(req)
-        if len(prompt) + 1 > self.props.n_ctx:
+        n_vocab = self.props.n_vocab
+        bad = [t for t, _ in req.bias_pairs() if t >= n_vocab]
+        if bad:
+            raise InvalidParams(f"logit_bias names token ids outside the vocab [0, {n_vocab})",
+                                param="logit_bias", bad=bad[:8])
+        # Only attention layers take a cell per token: a pure recurrent model (kv_cells 0)
+        # runs sequences past n_ctx (libllama 0.3.36: its memory is one state per sequence).
+        cells = self.props.kv_cells
+        if cells and len(prompt) + 1 > cells:
             raise PromptTooLong(
-                f"prompt of {len(prompt)} tokens does not fit n_ctx {self.props.n_ctx}",
-                n_prompt_tokens=len(prompt), n_ctx=self.props.n_ctx,
+                f"prompt of {len(prompt)} tokens does not fit n_ctx {cells}",
+                n_prompt_tokens=len(prompt), n_ctx=cells,
             )
         genes = self.gene_set(req)
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
@@ -245,7 +262,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             self._tickets += 1
             self.active.ticket = self._tickets
             self._acquired = True
-            await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+            try:
+                await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+            except ActordError as e:  # the residency is gone: this request ends, the slot stays usable
+                self._acquired = False
+                await self._abort(e)
             return  # continued by GenesGranted / GenesRefused
         await self._run_active()
 
@@ -284,22 +305,25 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             with anyio.CancelScope(shield=True):
                 await self.finish_genes()
                 await self._tell_cells()
+        except ActordError as e:  # a peer that is gone does not keep the slot busy
+            log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
         finally:
             if a.reply is not None:
                 a.reply.fail(error)
 
     async def _begin(self, a: _Active) -> None:
         req, prompt, genes = a.req, a.prompt, a.genes
+        # The sampler first: a grammar libllama cannot parse fails here, before the
+        # sequence is cut back, so a refused request changes nothing.
+        seed = req.seed if req.seed is not None else self.default_seed
+        await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
         raw = common_prefix(self.kv_tokens, prompt)
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
+        self.draft_n = min(self.draft_n, usable)  # every cut of the sequence cuts the draft's too
         if usable == 0 and raw > 0:
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
-        seed = req.seed if req.seed is not None else self.default_seed
-        await self.engine.run(J.SetSampler(seq=self.seq, params=J.SamplingParams(
-            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
-        )))
         self.genes = genes
         if self.mind is not None and req.mind != self.mind:
             log.info("slot.mind_overwritten", slot=self.id, mind=self.mind, by="slot request")
@@ -319,7 +343,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
             genes=self.genes, checkpoint_at=self.checkpoint_positions(usable, len(prompt)), stop=list(req.stop),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
-            resumed_from_checkpoint=from_ckpt, t_start=a.t_start,
+            resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
+            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on
@@ -329,6 +354,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         if a is None or a.rid != msg.rid:
             return
         self.kv_tokens = list(msg.kv_tokens)
+        self.draft_n = min(msg.draft_n, len(self.kv_tokens))
         self.active = None
         try:
             if msg.cut_back:
@@ -354,6 +380,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         try:
             await self.finish_genes()
             await self._tell_cells()
+        except ActordError as e:
+            log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
         finally:
             if a.reply is not None:
                 a.reply.send(result)

@@ -63,6 +63,7 @@ class SlotMemory:
     track_footprint: bool
     _acquired: bool
     kv_tokens: list[int]
+    draft_n: int
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     mind: str | None
@@ -70,6 +71,7 @@ class SlotMemory:
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         self.kv_tokens = []
+        self.draft_n = 0
         self.resume_raw_lcp = None
         self.mind = None
         self.ckpt.reset()
@@ -180,7 +182,10 @@ class SlotMemory:
         if n >= len(self.kv_tokens):
             return len(self.kv_tokens), False
         p = self.props
-        if not p.needs_checkpoints or await self._memory_holds(n):
+        # Even a full SWA cache is checked: libllama 0.3.36 writes a sequence's state without
+        # its SWA-masked cells (llama_kv_cache::state_write), so after a page-in or restore
+        # the SWA layers hold only the last window, and pos_min says so.
+        if (not p.needs_checkpoints and p.n_swa == 0) or await self._memory_holds(n):
             if await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1)):
                 self.kv_tokens = self.kv_tokens[:n]
                 return n, False
@@ -237,17 +242,25 @@ class SlotMemory:
         if d.admit:
             self.checkpoints.append(SlotCheckpoint(pos=pos, data=data))
 
+    async def device_bytes(self) -> int:
+        """What the sequence holds on the device: its state (the KV cells of its attention
+        layers plus, on recurrent/hybrid memory, its fixed recurrent state) and, when libllama
+        keeps rollback snapshots (n_rs_seq > 0), n_rs_seq more copies of the recurrent state."""
+        if not self.kv_tokens:
+            return 0
+        n = await self.engine.run(J.StateSize(seq=self.seq))
+        return n + self.props.n_rs_seq * self.props.recurrent_state_bytes
+
     async def finish_genes(self) -> None:
         if self.residency is None or not (self._acquired or self.track_footprint):
             return
         self._acquired = False
-        n = await self.engine.run(J.StateSize(seq=self.seq)) if self.track_footprint and self.kv_tokens else 0
+        n = await self.device_bytes() if self.track_footprint else 0
         await self.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
 
     async def footprint_changed(self) -> None:
         if self.residency is not None and self.track_footprint:
-            n = await self.engine.run(J.StateSize(seq=self.seq)) if self.kv_tokens else 0
-            await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=n))
+            await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=await self.device_bytes()))
 
     async def cut_back_after_failure(self) -> None:
         """A failed step may have left cells past what we know: cut back to kv_tokens. Memory

@@ -5,6 +5,14 @@ A mixin of `Slot` (actors/slot.py), kept apart because it is the slot's second j
 memory between a sequence, the PageStore and page files. Nothing is ever half-moved: a
 refused or failed page_out leaves the sequence intact, a failed page_in leaves the page in
 the store, a failed restore leaves the slot empty and usable.
+
+With speculative decoding on, the draft context's sequence for this slot travels with it:
+a page carries its state (`Page.draft`, charged against the page RAM ceiling with the rest)
+and how many tokens it holds; a page file carries it in the `.dft` sidecar of the same
+generation, with the draft model's digest in the main file's meta. A page or file without
+one (saved with speculation off, or from another draft model) starts the draft cold: the
+draft context catches up on the slot's tokens at its next request (logged, not an error).
+The target verifies every draft, so a cold or stale draft costs acceptance, never output.
 """
 
 from __future__ import annotations
@@ -15,11 +23,14 @@ from typing import Any
 import anyio
 
 from actord.actors.base import Envelope
+from actord.actors.checkpoints import AdmitCheckpoint, AdmitCheckpoints, Decision
 from actord.actors.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
-from actord.actors.pages import Admit, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take
+from actord.actors.pages import (
+    Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+)
 from actord.actors.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
-from actord.errors import EngineError, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.errors import EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
 from actord.log import get
 from actord.policy.placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
@@ -40,6 +51,7 @@ class SlotPages:
     files: Any
     ckpt: Any
     kv_tokens: list[int]
+    draft_n: int
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     genes: tuple[tuple[int, float], ...]
@@ -94,16 +106,24 @@ class SlotPages:
         t0 = time.perf_counter()
         ckpts = self.page_checkpoints()
         n_state = await self.engine.run(J.StateSize(seq=self.seq))
-        n_bytes = n_state + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
-        reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+        n_draft = await self.engine.run(J.StateSize(seq=self.seq, draft=True)) if self.drafting and self.draft_n else 0
+        n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+        # The store admits the page and hands out the buffer the state goes into (a warm one
+        # from its pool when one fits); libllama writes the state there, the one copy.
+        adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        reservation, n_bytes = adm.reservation, adm.n_bytes
         try:
-            st = await self.engine.run(J.StateGet(seq=self.seq))
+            st = await self.engine.run(J.StateGet(seq=self.seq, into=adm.into, capacity=adm.capacity))
             if st.n_bytes != n_state:
                 raise EngineError("sequence state changed size between admission and copy", slot=self.id)
+            draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if n_draft else None
+            if draft is not None and draft.n_bytes != n_draft:
+                raise EngineError("draft state changed size between admission and copy", slot=self.id)
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
                 checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
                 divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
+                draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
             )
             info = await self.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException:
@@ -115,6 +135,7 @@ class SlotPages:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         n_tokens = len(self.kv_tokens)
         self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.draft_n = 0
         self.ckpt.reset()
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
@@ -123,9 +144,10 @@ class SlotPages:
         await self.footprint_changed()
         await self._tell_cells()
         log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
-                 copy_ms=round(st.t_ms, 3))
+                 copy_ms=round(st.t_ms, 3), draft_bytes=n_draft)
         return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
-                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms,
+                **({"draft_bytes": n_draft} if self.drafting else {})}
 
     async def page_in(self, name: str) -> dict[str, Any]:
         if self.pages is None:
@@ -147,6 +169,7 @@ class SlotPages:
         self.genes = page.genes
         self.resume_raw_lcp = None
         self.mind = name
+        await self._adopt_draft(page.draft, page.draft_n, f"page {name}")
         self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
         await self.pages.tell(Release(gen=page.gen))
@@ -157,16 +180,56 @@ class SlotPages:
         log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
                  t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
         return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
+
+    @property
+    def drafting(self) -> bool:
+        """This system runs a draft context (speculative decoding)."""
+        return bool(self.props.spec)
+
+    def _draft_info(self) -> dict[str, Any]:
+        """What a page-in or restore answers about the draft: the tokens its state holds
+        ("warm") or none ("cold": it catches up at the next request)."""
+        if not self.drafting:
+            return {}
+        return {"draft": "warm" if self.draft_n else "cold", "draft_n_tokens": self.draft_n}
+
+    async def _adopt_draft(self, data: Any, n: int, source: str) -> None:
+        """The draft context's sequence takes a page's or file's draft state; without one (or
+        one libllama refuses) the draft starts cold, which is logged, never an error."""
+        self.draft_n = 0
+        if not self.drafting:
+            return
+        if data is not None and 0 < n <= len(self.kv_tokens):
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=data, draft=True))
+            if st.n_bytes:
+                self.draft_n = n
+                return
+            why = "the draft context refused the state"
+        else:
+            why = "no draft state" if data is None else f"draft state of {n} tokens does not fit {len(self.kv_tokens)}"
+            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1, draft=True))
+        log.info("slot.draft_cold", slot=self.id, source=source, reason=why, n_tokens=len(self.kv_tokens))
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
-        """Checkpoints arriving with a page or file enter the budget one by one, oldest first."""
+        """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
+        in one ask (a page_in's actor hops, not one per checkpoint)."""
         self.checkpoints = []
         await self._sync_budget([])
-        if self.ckpt_budget is None:
+        if self.ckpt_budget is None or not ckpts:
             return
+        items = []
         for ck in ckpts:
-            await self.on_checkpoint(ck.pos, ck.data)
+            self.ckpt.ckpt_bytes = len(ck.data)
+            history, n, population = self.ckpt.view(len(self.kv_tokens))
+            items.append(AdmitCheckpoint(slot=self.id, pos=ck.pos, n_bytes=len(ck.data), raw_lcp=self.selection_lcp(),
+                                         history=history, n_tokens=n, population=population))
+        decisions: list[Decision] = await self.ckpt_budget.ask(AdmitCheckpoints(items=items))
+        for ck, d in zip(ckpts, decisions):
+            if d.drop_own:
+                self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
+            if d.admit:
+                self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
 
     async def save(self, file: str) -> dict[str, Any]:
         if self.files is None:
@@ -174,8 +237,10 @@ class SlotPages:
         self.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
+        draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
         stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
-                                                          self.ckpt.history, self.ckpt.prompt_end))
+                                                          self.ckpt.history, self.ckpt.prompt_end,
+                                                          draft=draft.data if draft else None, draft_n=self.draft_n))
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -188,7 +253,7 @@ class SlotPages:
         image = await self.files.read(file)
         check_fingerprint(image, self.props, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.
-        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.kv_tokens, self.resume_raw_lcp, self.mind, self.draft_n = [], None, None, 0
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
         try:
@@ -199,6 +264,10 @@ class SlotPages:
                 await self._tell_cells()
             raise
         self.kv_tokens = list(image.tokens)
+        draft, draft_n = image.draft, int(image.meta.get("draft_n", 0) or 0)
+        if draft is not None and image.meta.get("draft_digest") != self.props.draft_digest:
+            draft = None  # made by another draft model (or with speculation off here)
+        await self._adopt_draft(draft, draft_n, f"file {file}")
         self.genes = tuple((g.id, g.scale) for g in image.genes)
         self.mind = file[: -len(".page")] if file.endswith(".page") else file
         self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
@@ -207,30 +276,67 @@ class SlotPages:
         await self._tell_cells()
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
-                 draft="cold" if image.draft is None else "warm")
+                 draft="warm" if self.draft_n else "cold")
         return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms}
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
 
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
                genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
-               prompt_end: int = 0) -> PageImage:
-    """A slot or a page as one page-file generation (the state bytes are not copied)."""
+               prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0) -> PageImage:
+    """A slot or a page as one page-file generation (the state bytes are not copied). A draft
+    state goes to the `.dft` sidecar, with its token count and draft model in the meta."""
+    meta = model_fingerprint(props)
+    if draft is not None and draft_n > 0:
+        meta.update(draft_n=draft_n, draft_digest=props.draft_digest, draft_model=props.draft_desc)
+    else:
+        draft = None
     return PageImage(
         tokens=list(tokens), state=state,
         checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
         genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
-        meta=model_fingerprint(props),
+        meta={**meta, **state_layout(props)}, draft=draft,
         divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
     )
 
 
 def model_fingerprint(props: J.ModelProps) -> dict[str, Any]:
-    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa}
+    """What a page file records about its model: the description and shapes, and the digest
+    of its weights (actord/engine/weights.py), without which two models of one architecture
+    and shape (two fine-tunes, two seeds) would take each other's pages and decode garbage."""
+    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa,
+            "weights": props.weights_digest}
 
 
 def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
+    """Refuse a file from another model (ForeignPage) before anything changes. A file with
+    no weights digest (written before actord recorded one) cannot prove its model: refused."""
     want = model_fingerprint(props)
     got = {k: image.meta.get(k) for k in want}
     if got != want:
-        raise PageDoesNotFit(f"{file} was saved from another model", file=file, saved=got, model=want)
+        differs = sorted(k for k in want if got[k] != want[k])
+        raise ForeignPage(f"{file} was saved from another model ({', '.join(differs)} differ)", file=file,
+                          saved=got, model=want, differs=differs)
+    check_state_layout(image, props, file)
+
+
+def state_layout(props: J.ModelProps) -> dict[str, Any]:
+    """What a state's bytes need of the context they go into, beyond the model: the V cache's
+    layout. libllama refuses a state whose V transposition differs ("incompatible V
+    transposition"); it is transposed only where flash attention is off outright."""
+    return {"v_trans": props.device.v_trans}
+
+
+def check_state_layout(image: PageImage, props: J.ModelProps, file: str) -> None:
+    # A file from before the layout was recorded was written with flash attention "auto",
+    # the only setting there was: V not transposed.
+    saved = bool(image.meta.get("v_trans", False))
+    if saved != props.device.v_trans:
+        def fa(v: bool) -> str:
+            return "off" if v else "auto or on"
+
+        raise PageDoesNotFit(
+            f"{file} holds a state taken with flash attention {fa(saved)}, and this daemon runs with "
+            f"--flash-attn {props.device.flash_attn}: its V cache layout differs; restore it under "
+            f"--flash-attn {'off' if saved else 'auto'}",
+            file=file, saved_v_trans=saved, v_trans=props.device.v_trans)

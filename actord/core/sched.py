@@ -28,6 +28,15 @@ told (`set_cells`), or more while a page-in or restore has cells reserved for th
 (`reserve` / `release`: the most of what they told and their reservations). A reservation
 is its own record, released by whoever made it once the move is over, however it ended: a
 slot's count never carries it, so none is left behind by a move that failed.
+
+Speculative decoding (core/spec.py): a request with `spec` = k_max > 0 drafts. Its entry
+carries what the draft context must catch up on and how many tokens to draft; `update`
+advances `n_done` by the tokens the target accepted plus its own (the engine has cut the
+rest in the same step job), and records how far the draft context reaches. Such a request
+steps at depth 1 (its next entry needs what this one accepts), and while one of its
+sampling entries is in flight no further step is planned: every request then steps once
+per engine step, instead of a speculating request joining only every other step. The
+others keep `feed_last` otherwise.
 """
 
 from __future__ import annotations
@@ -35,8 +44,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from actord.api import TokenLogprob, TopLogprob
+from actord.core import spec as S
 from actord.core.text import TextState
 from actord.engine import jobs as J
+from actord.errors import InvalidParams
 
 GeneKey = tuple[tuple[int, float], ...]
 
@@ -64,10 +76,37 @@ class Request:
     tail: str = ""  # text not streamed yet, fixed when it ended
     t_first: float = 0.0
     n_cached: int = 0
+    logprobs: list[TokenLogprob] | None = None  # asked for: one per token of `out`
+    lp_sent: int = 0  # logprobs[:lp_sent] went out with a Delta
+    # Speculation: at most `spec` draft tokens per step (0: none); the draft context's
+    # sequence holds tokens[:draft_done]; what was drafted and accepted, and in how many steps.
+    spec: int = 0
+    draft_done: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_spec_steps: int = 0
+    spec_misses: int = 0  # verifies in a row that accepted nothing
+    spec_pause: int = 0  # steps left without drafting (core/spec.py `pause_after`)
 
     @property
     def ended(self) -> bool:
         return self.reason is not None
+
+    def unsent_logprobs(self) -> list[TokenLogprob] | None:
+        if self.logprobs is None:
+            return None
+        out = self.logprobs[self.lp_sent:]
+        self.lp_sent = len(self.logprobs)
+        return out
+
+
+def _token_logprob(tok: int, res: J.EntryOut | J.Sampled) -> TokenLogprob:
+    """The engine's raw (logprob, top) for a sampled token, as the answer carries it."""
+    return TokenLogprob(
+        token=tok, text=res.piece.decode(errors="replace"), bytes=list(res.piece),
+        logprob=res.logprob if res.logprob is not None else 0.0,
+        top=[TopLogprob(token=t, text=p.decode(errors="replace"), bytes=list(p), logprob=lp) for t, lp, p in res.top],
+    )
 
 
 @dataclass(slots=True)
@@ -85,6 +124,10 @@ class Delta:
     rid: int
     text: str
     token: int
+    # The logprobs of the tokens since the last Delta (a delta's text may hold several
+    # tokens: the text state holds back a partial stop string or UTF-8 sequence); None
+    # when the request did not ask for them.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +146,7 @@ class Finished:
 
     req: Request
     kv_tokens: list[int]  # exactly what the sequence's KV holds
+    draft_n: int = 0  # how much of kv_tokens the draft context's sequence holds
 
 
 Event = Delta | Checkpoint | Finished
@@ -127,6 +171,7 @@ class SchedulerCore:
         self.group_switches = 0
         self.last_use: dict[int, int] = {}
         self._enrolled = 0
+        self._n_spec = 0  # enrolled speculating requests (the hold below costs nothing without)
         self._current: GeneKey | None = None
         self._run_length = 0
         self._last_served: dict[GeneKey, int] = {}
@@ -137,6 +182,7 @@ class SchedulerCore:
         if r.slot in self.by_slot:
             raise ValueError(f"slot {r.slot} already has request {self.by_slot[r.slot]} enrolled")
         self._enrolled += 1
+        self._n_spec += r.spec > 0
         r.order = self._enrolled
         r.checkpoint_at = sorted(p for p in r.checkpoint_at if p > r.n_done)
         self.reqs[r.rid] = r
@@ -209,6 +255,8 @@ class SchedulerCore:
             return None
         if self.inflight and self.inflight[-1].step.epoch != self.epoch:
             return None  # a step of an ended epoch is still out: its tokens are not in the KV
+        if self._n_spec and self.inflight and any(r.spec and r.samples and not r.ended for r in self.reqs.values()):
+            return None  # a speculating request waits for its acceptance: depth 1 (see above)
         group = self.choose_group()
         if group is None:
             return None
@@ -220,13 +268,17 @@ class SchedulerCore:
         entries: list[J.StepEntry] = []
         rids: list[int] = []
         fed: list[int] = []
+        draft_budget = self.n_batch  # the draft context's batch: what it catches up on
         for r in members:
             if budget <= 0:
                 break
             e = self._entry(r, budget, last)
             if e is None:
                 continue
-            n = len(e.tokens) + e.feed_last
+            if r.spec:
+                e = self._speculate(r, e, budget, draft_budget)
+                draft_budget -= len(e.draft_tokens)
+            n = len(e.tokens) + e.feed_last + e.draft
             r.n_sched += n
             r.samples += e.sample
             entries.append(e)
@@ -247,6 +299,8 @@ class SchedulerCore:
         return plan
 
     def _entry(self, r: Request, budget: int, last: Any) -> J.StepEntry | None:
+        if r.spec and r.n_sched:
+            return None  # a speculating request steps at depth 1 (its draft needs what the KV holds)
         p = r.n_done + r.n_sched
         if p < r.n_prompt:
             n = min(r.n_prompt - p, budget)
@@ -270,9 +324,27 @@ class SchedulerCore:
             return J.StepEntry(seq=r.seq, tokens=[r.tokens[p]], pos0=p, sample=True)
         # The token to feed is being sampled by the newest step in flight: the engine feeds
         # it, unless that sample is the request's last (n_predict).
-        if r.samples != 1 or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
+        if not r.samples or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
             return None
         return J.StepEntry(seq=r.seq, tokens=[], pos0=p, sample=True, feed_last=True)
+
+    def _speculate(self, r: Request, e: J.StepEntry, budget: int, draft_budget: int) -> J.StepEntry:
+        """A speculating request's entry: the draft catches up on what the target will hold
+        after the entry's tokens, and drafts after a generation token when it is caught up."""
+        if e.feed_last:  # never planned for a speculating request (depth 1); no draft
+            return e
+        if r.spec_pause > 0:  # the draft keeps missing: neither draft nor catch up for now
+            r.spec_pause -= 1
+            return e
+        end = e.pos0 + len(e.tokens)
+        start, stop = S.catch_up(r.draft_done, end, draft_budget)
+        k = 0
+        if stop == end and e.sample and not e.checkpoint:
+            k = S.draft_len(r.spec, len(r.out), r.n_predict, end, self.n_ctx, budget - len(e.tokens))
+        if stop == start and not k:
+            return e
+        return J.StepEntry(seq=e.seq, tokens=e.tokens, pos0=e.pos0, sample=e.sample, checkpoint=e.checkpoint,
+                           draft_tokens=r.tokens[start:stop], draft_pos0=start, draft=k)
 
     # -- results -------------------------------------------------------------------------
 
@@ -289,7 +361,16 @@ class SchedulerCore:
         for rid, n, entry, res in zip(plan.rids, plan.fed, plan.step.entries, out.entries):
             r = self.reqs[rid]
             r.n_sched -= n
-            r.n_done += n
+            # A speculating entry fed n = 1 + k tokens; its KV keeps 1 + the accepted ones.
+            r.n_done += n - entry.draft + len(res.more) if entry.draft else n
+            if res.draft_n >= 0:
+                r.draft_done = res.draft_n
+            if res.drafted:
+                r.n_drafted += res.drafted
+                r.n_accepted += len(res.more)
+                r.n_spec_steps += 1
+                r.spec_misses = 0 if res.more else r.spec_misses + 1
+                r.spec_pause = S.pause_after(r.spec_misses)
             self.last_use[r.slot] = self.steps
             if r.checkpoint_at and r.checkpoint_at[0] <= r.n_done:
                 r.checkpoint_at = [c for c in r.checkpoint_at if c > r.n_done]
@@ -308,21 +389,43 @@ class SchedulerCore:
         return events
 
     def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
-        tok = res.token
-        r.tokens.append(tok)  # the KV may take it (a step in flight feeds it), output or not
+        # A speculating entry sampled several tokens: every one is in the KV or fed next,
+        # output or not; the first that ends the request ends its output.
+        if not res.more:  # one token: the common case
+            r.tokens.append(res.token)  # the KV may take it (a step in flight feeds it), output or not
+            if res.refused:
+                raise InvalidParams(res.refused)
+            self._emit(r, res, now, events)
+            return
+        refused = ""
+        for x in (res, *res.more):
+            r.tokens.append(x.token)  # the KV may take it (a step in flight feeds it), output or not
+            if r.ended or refused:
+                continue
+            if x.refused:
+                refused = x.refused
+                continue
+            self._emit(r, x, now, events)
+        if refused:
+            raise InvalidParams(refused)
+
+    def _emit(self, r: Request, x: J.EntryOut | J.Sampled, now: float, events: list[Event]) -> None:
+        tok, eog, piece = x.token, x.eog, x.piece
         if not r.out and not r.t_first:
             r.t_first = now
-        if (res.eog and not r.ignore_eos) or tok in r.stop_tokens:
-            self._end(r, "eos" if res.eog else "stop", events)
+        if (eog and not r.ignore_eos) or tok in r.stop_tokens:
+            self._end(r, "eos" if eog else "stop", events)
             return
         r.out.append(tok)
+        if r.logprobs is not None:
+            r.logprobs.append(_token_logprob(tok, x))
         assert r.text is not None
-        delta, stopped = r.text.push(res.piece)
+        delta, stopped = r.text.push(piece)
         if stopped:
             self._end(r, "stop", events)
             return
         if delta:
-            events.append(Delta(rid=r.rid, text=delta, token=tok))
+            events.append(Delta(rid=r.rid, text=delta, token=tok, logprobs=r.unsent_logprobs()))
         if len(r.out) >= r.n_predict:
             self._end(r, "length", events)
         elif self.n_ctx and len(r.tokens) >= self.n_ctx:
@@ -338,8 +441,9 @@ class SchedulerCore:
         if r.ended and r.n_sched == 0:
             del self.reqs[r.rid]
             del self.by_slot[r.slot]
+            self._n_spec -= r.spec > 0
             self.cells[r.slot] = r.n_done
-            events.append(Finished(req=r, kv_tokens=r.tokens[:r.n_done]))
+            events.append(Finished(req=r, kv_tokens=r.tokens[:r.n_done], draft_n=min(r.draft_done, r.n_done)))
 
     def unschedule(self, plan: Plan) -> list[Event]:
         """Step `plan` did not run (skipped, or no KV cells): its tokens go back."""

@@ -7,6 +7,8 @@ Being msgspec Structs, jobs and results can be digested into a trace and replaye
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -15,10 +17,29 @@ class Job(msgspec.Struct, tag=True, frozen=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
+    """One sequence's samplers: a grammar (beside the chain: Engine._sample_constrained),
+    then the chain in this order: logit biases, penalties, then greedy or
+    top_k/top_p/min_p/temperature/dist."""
+
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int = 0
+    grammar: str = ""  # GBNF, root rule "root"; "" = unconstrained
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
+    penalty_last_n: int = 0  # how many of the last sampled tokens the penalties count (0 = off)
+    repeat_penalty: float = 1.0  # 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0  # 0 = off
+    # Log probabilities of each sampled token (and of the `top_logprobs` likeliest ones),
+    # from the step's raw logits; -1 = not asked (nothing computed).
+    top_logprobs: int = -1
+    # A lazy grammar: free sampling until one of these (text, at_start) appears in the output,
+    # then the grammar, fed from the trigger's start (Engine._watch). () = from the first token.
+    grammar_triggers: tuple[tuple[str, bool], ...] = ()
+    # Control tokens (by their text) whose text the output's pieces keep.
+    preserve: tuple[str, ...] = ()
 
 
 class ModelInfo(Job):
@@ -30,22 +51,45 @@ class Tokenize(Job):
     add_special: bool = True
     parse_special: bool = True
 
+    between_steps = True  # the vocabulary only: no sequence, no context state
+
 
 class Detokenize(Job):
     tokens: list[int]
 
+    between_steps = True
+
+
+class Pieces(Job):
+    """Each token's bytes (llama_token_to_piece); `special`: control tokens as their text,
+    as llama-server's /tokenize pieces and /detokenize render them."""
+
+    tokens: list[int]
+    special: bool = True
+
+    between_steps = True
+
 
 class SeqRm(Job):
-    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end."""
+    """Remove positions [p0, p1) of a sequence; p1 = -1 means to the end. The draft
+    context's sequence (speculation) is cut alike; with `draft`, only it is."""
 
     seq: int
     p0: int = 0
     p1: int = -1
+    draft: bool = False
+
+    # Sent only for a sequence that no queued step holds (an idle slot's; a lost slot's once
+    # nothing of it is in flight), so it runs at the next step boundary (engine/thread.py).
+    # A rollback of a sequence with steps in flight must be a job of its own, in order.
+    between_steps = True
 
 
 class SetSampler(Job):
     seq: int
     params: SamplingParams
+
+    between_steps = True  # a request's start, before any step holds its sequence
 
 
 class FreeSampler(Job):
@@ -62,6 +106,14 @@ class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     # empty): the scheduler plans step k+1 before step k's sample reaches Python, so the
     # engine never waits for Python between two steps.
     feed_last: bool = False
+    # Speculative decoding (engine/draft.py, core/spec.py). `draft_tokens` go into the draft
+    # context's sequence at `draft_pos0` before the step (the draft catching up with what
+    # the target holds); then, with `draft` = k > 0, the draft model proposes k tokens after
+    # the entry's last token, which the target decodes in this same batch and verifies
+    # (a k-token draft needs draft_pos0 + len(draft_tokens) == pos0 + len(tokens)).
+    draft_tokens: list[int] = []
+    draft_pos0: int = 0
+    draft: int = 0
 
 
 class Step(Job):
@@ -74,25 +126,73 @@ class Step(Job):
     genes: tuple[tuple[int, float], ...] = ()
     epoch: int = 0
 
+    # Steps overlap the loop's work on the step before (engine/thread.py).
+    overlaps = True
+
 
 class StateSize(Job):
     seq: int
     partial: bool = False
+    draft: bool = False  # the draft context's sequence, not the target's
+
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
+
+
+class HostBuffer:
+    """A host buffer a state is copied into: pre-faulted memory from the page store's pool
+    (actors/buffer_pool.py), so a page_out writes warm pages instead of faulting fresh ones.
+
+    Its content before the copy is stale and no part of a job: a trace digests only its
+    capacity (repr)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array  # a writable, C-contiguous numpy uint8 array
+
+    @property
+    def capacity(self) -> int:
+        return int(self.array.nbytes)
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({self.capacity})"
 
 
 class StateGet(Job):
+    """Copy a sequence's state into host memory, once: libllama writes it into `into` when
+    given (and large enough), else into a fresh buffer of at least `capacity` bytes."""
+
     seq: int
     partial: bool = False
+    into: Any = None  # HostBuffer | None
+    capacity: int = 0
+    draft: bool = False  # the draft context's sequence instead (speculative decoding)
+
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
 
 
 class StateSet(Job):
     seq: int
     data: bytes | bytearray | memoryview
     partial: bool = False
+    # The draft context's sequence. A refused draft state clears that sequence and answers
+    # n_bytes 0 (a cold draft), never an error: the target's state is what matters.
+    draft: bool = False
+
+    # A state move of an idle slot's sequence (no queued step holds it): runs at the next
+    # step boundary, ahead of steps already queued (engine/thread.py).
+    between_steps = True
 
 
 class MemoryRange(Job):
     seq: int
+    draft: bool = False
+
+    between_steps = True  # read-only, an idle slot's sequence (a resume's check)
 
 
 class StepRecords(Job):
@@ -124,6 +224,12 @@ class ChatInfo(Job):
     """What chat rendering needs from the model: its template and special-token texts."""
 
 
+class Embed(Job):
+    """One pooled, L2-normalized vector per input (token lists): Engine.embed (engine/embed.py)."""
+
+    inputs: list[list[int]]
+
+
 class Fail(Job):
     """Test and simulation seam: a job that fails on the engine thread."""
 
@@ -131,6 +237,38 @@ class Fail(Job):
 
 
 # ---- results -------------------------------------------------------------------------
+
+
+class DeviceInfo(msgspec.Struct, frozen=True):
+    """One ggml backend device (ggml_backend_dev_*), its memory when read."""
+
+    name: str  # "CUDA0", "Metal", "CPU"
+    description: str  # "NVIDIA H200", the CPU's model name
+    type: str  # cpu | gpu | igpu | accel | meta
+    backend: str  # the backend registry's name: "CUDA", "Metal", "CPU"
+    free_bytes: int
+    total_bytes: int
+
+
+class DeviceReport(msgspec.Struct, frozen=True):
+    """Where the engine computes and what that leaves (props["device"])."""
+
+    backend: str = "CPU"  # the backend of the device the model runs on
+    device: str = ""  # that device's name and description
+    gpu_offload: bool = False  # llama_supports_gpu_offload(): a GPU backend is present
+    n_gpu_layers: int = 0  # layers asked to be offloaded (-1 = all); 0 where no GPU backend
+    main_gpu: int = 0
+    flash_attn: str = "auto"  # as asked: auto | on | off
+    flash_attn_used: str = ""  # what libllama resolved: on | off ("" = not reported)
+    # The KV cache's V layout: transposed when flash attention is off outright (libllama
+    # sizes V so only the non-FA path reads it transposed; "auto" keeps it untransposed). A
+    # state taken from one layout does not restore into the other: page files record it.
+    v_trans: bool = False
+    free_bytes: int = 0  # the main device's free memory after the model and context (0: CPU)
+    total_bytes: int = 0
+    budget_bytes: int = 0  # what --device-bytes resolved to (0 = unlimited; actord.policy.device)
+    budget_reason: str = ""
+    devices: list[DeviceInfo] = []
 
 
 class ModelProps(msgspec.Struct, frozen=True):
@@ -148,7 +286,43 @@ class ModelProps(msgspec.Struct, frozen=True):
     desc: str
     swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
     swa_full_reason: str = ""  # why (actord.policy.swa)
-    kv_bytes_per_token: int = 0  # a full cache's state bytes per token, all layers
+    # Measured on the context (Engine._measure_memory): a sequence of n tokens holds
+    # recurrent_state_bytes + n * kv_bytes_per_token bytes of state (what a page copies).
+    kv_bytes_per_token: int = 0  # attention layers only (SWA layers included, as a full cache)
+    kv_swa_bytes_per_token: int = 0  # the SWA layers' part of it (bounded by the window unless swa_full)
+    recurrent_state_bytes: int = 0  # fixed per sequence (recurrent/hybrid), whatever its length
+    # Cells a token takes in the attention KV cache's n_ctx (the scheduler's charge); 0 when
+    # nothing does (pure recurrent: sequences are not bounded by n_ctx).
+    kv_cells: int = 0
+    n_rs_seq: int = 0  # recurrent snapshots per sequence (device rows x (1 + n_rs_seq)); 0 in actord
+    n_layer_nextn: int = 0  # MTP (nextn) layers in the model file
+    weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
+    pooling: int = 0  # libllama's pooling type (0 none: no embeddings; 1 mean, 2 cls, 3 last: engine/embed.py)
+    device: DeviceReport = DeviceReport()  # backend, devices, offload, flash attention, budget
+    # Speculative decoding as started: "" (none) or "draft" (a separate draft model), with
+    # at most spec_n_max draft tokens per step and the draft model's description.
+    spec: str = ""
+    spec_n_max: int = 0
+    draft_desc: str = ""
+    draft_n_vocab: int = 0
+    draft_digest: str = ""  # the draft model's weights digest: a page's draft state names it
+
+
+class MemoryLayout(msgspec.Struct, frozen=True):
+    kv_bytes_per_token: int
+    kv_swa_bytes_per_token: int
+    recurrent_state_bytes: int
+
+
+class Sampled(msgspec.Struct, frozen=True, array_like=True):
+    """One more token a speculating entry's target sampled (as EntryOut's own fields)."""
+
+    token: int
+    piece: bytes
+    eog: bool
+    logprob: float | None = None
+    top: list[tuple[int, float, bytes]] = []
+    refused: str = ""
 
 
 class EntryOut(msgspec.Struct, frozen=True, array_like=True):
@@ -158,6 +332,22 @@ class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     eog: bool = False
     checkpoint: bytearray | None = None  # partial state after this entry's decode
     checkpoint_pos: int = 0
+    # Asked for (SamplingParams.top_logprobs >= 0): the sampled token's log probability
+    # under the model (log-softmax of the raw logits) and the likeliest tokens' (token,
+    # logprob, piece), most likely first.
+    logprob: float | None = None
+    top: list[tuple[int, float, bytes]] = []
+    # Why the sample is not usable ("" = it is): the sequence's grammar allowed no token
+    # its other samplers left. The request ends with an InvalidParams; `token` is what the
+    # engine feeds if a step in flight feeds it.
+    refused: str = ""
+    # A speculating entry: the draft tokens the target accepted, as the target sampled them
+    # after `token` (its KV holds the entry's tokens and these), how far the draft context's
+    # sequence reaches after the step (-1: the entry did not touch it), and how many tokens
+    # were drafted (fewer than the entry's `draft` when the draft context could not).
+    more: list[Sampled] = []
+    draft_n: int = -1
+    drafted: int = 0  # tokens the draft model proposed for this entry (the target verified them)
 
 
 class StepOut(msgspec.Struct, frozen=True):
@@ -174,6 +364,8 @@ class StepRecord(msgspec.Struct, frozen=True):
     seqs: list[int]
     n_tokens: int
     genes: tuple[tuple[int, float], ...]
+    drafts: list[list[int]] = []  # per entry, the tokens the draft model proposed (speculation)
+    draft_in: int = 0  # tokens the draft context caught up on before drafting
 
 
 class SeqRange(msgspec.Struct, frozen=True):

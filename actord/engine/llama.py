@@ -48,6 +48,19 @@ def _is_c_call(attr: Any) -> bool:
 
 
 class _GuardedLib:
+    def check_owner(self) -> None:
+        """Raise WrongThread unless the calling thread owns libllama (a hot loop checks once,
+        then calls functions got from `raw`)."""
+        ident = threading.get_ident()
+        if ident != _owner:
+            raise WrongThread("libllama used off the engine thread")
+        if _observer is not None:
+            _observer("check_owner", ident)
+
+    def raw(self, name: str) -> Any:
+        """The unguarded function, for a hot loop that called `check_owner` first."""
+        return getattr(_llama_cpp, name)
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(_llama_cpp, name)
         if not (_is_c_call(attr) and (name.startswith("llama_") or name.startswith("ggml_"))):
@@ -68,3 +81,17 @@ class _GuardedLib:
 
 
 lib: Any = _GuardedLib()
+
+
+# llama-cpp-python's pure-Python GBNF helpers (JSON-schema-to-GBNF converter, JSON_GBNF):
+# no libllama call, safe on any thread. actord.engine.grammar is their one user.
+from llama_cpp import llama_grammar as grammar_lib  # noqa: E402
+
+
+def ggml_library() -> Any:
+    """The libggml that llama_cpp loaded, as a raw ctypes library: llama_cpp binds none of
+    ggml's backend-device registry. Unguarded: its one user (engine/devices.py) checks the
+    owner before every call."""
+    from llama_cpp._ggml import libggml
+
+    return libggml

@@ -6,6 +6,15 @@ queued with a completion handle, the thread runs it and wakes the waiting task t
 loop's thread-safe hook (`call_soon_threadsafe` on asyncio, the trio token's
 `run_sync_soon` on trio), without waiting for the loop to run the callback.
 
+A job whose class says `between_steps` runs at the next step boundary, ahead of steps
+already queued: a slot's work on its own idle sequence (page_in, page_out, restore, a
+resume's cut and sampler) and vocabulary lookups. A mind's page moves in, and a request
+starts, while another slot's step runs, instead of after every step the scheduler had
+planned before each of its jobs (up to `--pipeline-depth` steps per job: measured here, a
+turn starting beside a decoding mind waited ~4 steps for its cut, sampler and page-in).
+Safe because such a job touches only a sequence that no queued step holds, within cells the
+scheduler granted before it was sent; everything else keeps submission order.
+
 Shutdown drains nothing it cannot finish: queued jobs behind the stop marker fail with
 `ShuttingDown`, the engine frees its context and model on its own thread, and the thread
 exits.
@@ -13,7 +22,7 @@ exits.
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from typing import Any, Awaitable, Callable
 
@@ -46,7 +55,7 @@ class _Pending:
     def __init__(self, job: Any, owner: "EngineThread") -> None:
         self.job = job
         self.event = anyio.Event()
-        self.wake = _loop_waker()
+        self.wake = owner.wake
         self.value: Any = None
         self.error: BaseException | None = None
         self.owner = owner
@@ -80,12 +89,17 @@ class EngineThread:
         self._factory = factory
         self._runner = runner
         self._closer = closer
-        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Two lanes under one condition: jobs in submission order, and between-steps jobs
+        # (taken first at each job boundary).
+        self._cond = threading.Condition()
+        self._jobs: collections.deque[Any] = collections.deque()
+        self._urgent: collections.deque[Any] = collections.deque()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._stopping = False
         self.ident: int | None = None
+        self._held: _Pending | None = None  # a finished step whose completion waits (see _main)
         self.jobs_done = 0
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
@@ -97,6 +111,9 @@ class EngineThread:
     # -- loop side ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        # The loop that started the thread is the one its jobs wake (looked up once: a
+        # step's hand-off is on the per-token path).
+        self.wake = _loop_waker()
         self._thread.start()
         await anyio.to_thread.run_sync(self._ready.wait)
         if self._start_error is not None:
@@ -113,7 +130,9 @@ class EngineThread:
             raise ShuttingDown("engine is shutting down")
         p = _Pending(job, self)
         self.inflight += 1
-        self._q.put((job, p))
+        with self._cond:
+            (self._urgent if getattr(job, "between_steps", False) else self._jobs).append((job, p))
+            self._cond.notify()
         return p
 
     async def wait(self, p: _Pending) -> Any:
@@ -130,14 +149,32 @@ class EngineThread:
         if not self._thread.is_alive():
             return
         self._stopping = True
-        self._q.put(_STOP)
+        with self._cond:
+            self._jobs.append(_STOP)
+            self._cond.notify()
         await anyio.to_thread.run_sync(self._thread.join)
 
     @property
     def queued(self) -> int:
-        return self._q.qsize()
+        return len(self._jobs) + len(self._urgent)
+
+    def _next(self) -> Any:
+        """The next job: a between-steps one first, else the oldest queued."""
+        with self._cond:
+            while not (self._urgent or self._jobs):
+                self._cond.wait()
+            return self._urgent.popleft() if self._urgent else self._jobs.popleft()
+
+    def _more_waiting(self) -> bool:
+        with self._cond:
+            return bool(self._jobs or self._urgent)
 
     # -- engine thread side ------------------------------------------------------------
+
+    def _release_held(self) -> None:
+        p, self._held = self._held, None
+        if p is not None:
+            p.finish()
 
     def _main(self) -> None:
         from actord.engine import llama
@@ -157,12 +194,20 @@ class EngineThread:
             self._ready.set()
             return
         self._ready.set()
+        # A finished step's completion is held back while the next step is already queued,
+        # and let go right before that step enters llama_decode (the engine calls
+        # `before_decode`): the loop then routes step k while step k+1 runs without the GIL,
+        # instead of both threads' Python contending for the GIL between two decodes.
+        if hasattr(engine, "before_decode"):
+            engine.before_decode = self._release_held
         try:
             while True:
-                item = self._q.get()
+                item = self._next()
                 if item is _STOP:
                     break
                 job, p = item
+                if not getattr(job, "overlaps", False):
+                    self._release_held()
                 try:
                     p.value = self._runner(engine, job)
                     self.jobs_done += 1
@@ -173,14 +218,19 @@ class EngineThread:
                     # anyone keeps the error.
                     p.error = e.with_traceback(None) if isinstance(e, ActordError) else EngineError(str(e))
                     p.error.__cause__ = p.error.__context__ = None
-                p.finish()
+                self._release_held()
+                if getattr(job, "overlaps", False) and self._more_waiting():
+                    self._held = p
+                else:
+                    p.finish()
                 del item, job, p  # nor does an idle engine thread keep the last job alive
         finally:
+            self._release_held()
             while True:  # fail whatever was queued behind the stop marker
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
+                with self._cond:
+                    if not (self._urgent or self._jobs):
+                        break
+                    item = self._urgent.popleft() if self._urgent else self._jobs.popleft()
                 if item is not _STOP:
                     item[1].error = ShuttingDown("engine stopped before this job ran")
                     item[1].finish()

@@ -4,18 +4,22 @@ Pure data and pure functions, no I/O, so the shapes can be tested without a serv
 decode with msgspec at the edge (a wrong type names its JSON path in the 400's message).
 
 Every field falls in one of three kinds, and `refuse_unsupported` is where the line is drawn:
-honoured (`model` as any name, `messages`, `prompt`, `max_tokens`/`max_completion_tokens`,
+honoured (`model` as any name, `messages` (tool calls and results included), `tools`,
+`tool_choice`, `parallel_tool_calls`, legacy `functions`/`function_call` (actord.tools),
+`prompt`, `max_tokens`/`max_completion_tokens`,
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
-`prompt_cache_key`, `n: 1`, `response_format: {"type": "text"}`); refused with a 400 whose
-`param` names the field, because ignoring it would change what the caller gets without
-saying so (`n` > 1, `logprobs`, `top_logprobs`, penalties, `logit_bias`, `response_format`
-other than text, `tools`, `tool_choice`, `functions`, `function_call`, audio output,
-`reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`, `best_of` > 1,
-several prompts, and llama-server's `grammar`, `json_schema`, `min_p`, `repeat_penalty`,
-`n_probs`); and ignored by design, because they change nothing in the answer (`store`,
-`metadata`, `service_tier`, `safety_identifier`, `prediction`, `parallel_tool_calls` without
-tools, a message's `name`), plus unknown fields, as OpenAI-compatible servers do, because
-SDKs add optional fields faster than servers learn them.
+`prompt_cache_key`, `n: 1`, `response_format` text/json_object/json_schema (grammar-
+constrained decoding), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
+and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
+`repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
+the field, because ignoring it would change what the caller gets without saying so (`n` > 1,
+audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
+`best_of` > 1, several prompts, and llama-server's `n_probs`; tools that are not functions
+and bad tool fields, `chat_tools`); and ignored by design, because they change nothing in
+the answer (`store`, `metadata`, `service_tier`, `safety_identifier`, `prediction`), plus
+unknown fields, as
+OpenAI-compatible servers do, because SDKs add optional fields faster than servers learn
+them.
 
 Choices made here, stated:
 - `max_tokens: 0` is refused (400 naming it), as OpenAI does, rather than answered empty:
@@ -25,6 +29,20 @@ Choices made here, stated:
 - `developer` (OpenAI's newer name for `system`) reaches the template as `system` unless
   the template itself names the developer role: templates written before it (Gemma 3's)
   refuse or drop an unknown role.
+- `response_format` json_schema and json_object, and llama-server's `json_schema`, become a
+  GBNF grammar through llama-cpp-python's own converter (actord.engine.grammar), applied
+  first in the sampler chain: the output is JSON valid under the schema whenever the
+  generation ends by itself (a `length` finish cuts it). A schema it cannot convert is a
+  400 naming `response_format` (or `json_schema`) before anything runs. `strict` changes
+  nothing: the grammar is always strict.
+- `logprobs` are the model's: log-softmax of the step's raw logits, before biases,
+  penalties, grammar or temperature (OpenAI's and vLLM's meaning), so under greedy decoding
+  without biases the chosen token is the top-1. Legacy completions take `logprobs: N` as
+  "and the N likeliest" (0 included), chat takes `logprobs: true` + `top_logprobs: N`.
+- Penalties count the tokens this request generated (OpenAI's definition), not the prompt;
+  llama-server's `repeat_last_n` bounds the window (default: all of them).
+- `logit_bias` -100 bans the token (its logit becomes -inf, as OpenAI documents);
+  other values in [-100, 100] are added to the logit.
 - `user` and `prompt_cache_key` are free-form (OpenAI's end-user id and cache-routing key)
   and name a mind through a digest (`mind_for`): any string maps to the same valid,
   confined mind name every time, and two different strings never share one.
@@ -43,7 +61,7 @@ from typing import Any
 
 import msgspec
 
-from actord.api import CompletionResult, GeneRef
+from actord.api import CompletionResult, GeneRef, TokenLogprob
 from actord.chat import ChatMessage
 from actord.errors import ActordError, InvalidParams, PromptTooLong
 
@@ -56,8 +74,10 @@ class ContentPart(msgspec.Struct, frozen=True):
 class Message(msgspec.Struct, frozen=True):
     role: str
     content: str | list[ContentPart] | None = None
-    name: str | None = None  # ignored by design: few templates read it, and none needs it
-    tool_calls: list[Any] | None = None
+    name: str | None = None  # passed to the template (a tool result's function name, where it reads it)
+    tool_calls: Any = None
+    tool_call_id: str | None = None
+    function_call: Any = None  # legacy: an assistant message's one call
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -77,8 +97,9 @@ class _Common(msgspec.Struct, kw_only=True, frozen=True):
     user: str | None = None
     prompt_cache_key: str | None = None
     genes: list[GeneRef] = []
-    # Refused unless they ask for nothing: typed Any so that the 400 names the field
-    # whatever its value, rather than a type error at decode.
+    # Typed Any so that a wrong value gets a 400 naming the field (`sampling`,
+    # `refuse_unsupported`), rather than a type error at decode.
+    repeat_last_n: Any = None
     n: Any = None
     logprobs: Any = None
     top_logprobs: Any = None
@@ -98,6 +119,8 @@ class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
     max_completion_tokens: int | None = None
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    tool_format: str | None = None  # extension: hermes, mistral, llama3, generic (default: the daemon's)
     functions: Any = None
     function_call: Any = None
     modalities: Any = None
@@ -126,30 +149,9 @@ def refuse_unsupported(req: _Common) -> None:
     """A 400 naming the first field this front cannot honour (see the module docstring)."""
     if req.n not in (None, 1):
         raise _refuse("n", "only n=1 is supported (one choice per request)")
-    if not _zero(req.logprobs):
-        raise _refuse("logprobs", "log probabilities are not supported")
-    if not _zero(req.top_logprobs):
-        raise _refuse("top_logprobs", "log probabilities are not supported")
-    for name in ("presence_penalty", "frequency_penalty", "min_p", "n_probs"):
-        if not _zero(getattr(req, name)):
-            raise _refuse(name, "this sampler is not supported")
-    if req.repeat_penalty not in (None, 1, 1.0):
-        raise _refuse("repeat_penalty", "this sampler is not supported")
-    if req.logit_bias not in (None, {}):
-        raise _refuse("logit_bias", "logit biases are not supported")
-    if req.response_format is not None and req.response_format != {"type": "text"}:
-        raise _refuse("response_format", 'only {"type": "text"} is supported (no constrained decoding)')
-    for name in ("grammar", "json_schema"):
-        if getattr(req, name) not in (None, ""):
-            raise _refuse(name, "constrained decoding is not supported")
+    if not _zero(req.n_probs):
+        raise _refuse("n_probs", "llama-server's n_probs is its native API's: use logprobs and top_logprobs")
     if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            raise _refuse("tools", "tool calling is not supported")
-        if req.tool_choice is not None:
-            raise _refuse("tool_choice", "tool calling is not supported (and there are no tools)")
-        for name in ("functions", "function_call"):
-            if getattr(req, name) is not None:
-                raise _refuse(name, "function calling is not supported")
         if req.modalities not in (None, ["text"]) or req.audio is not None:
             raise _refuse("audio" if req.audio is not None else "modalities", "only text output is supported")
         for name in ("reasoning_effort", "verbosity", "web_search_options"):
@@ -169,6 +171,105 @@ def refuse_unsupported(req: _Common) -> None:
         raise InvalidParams("temperature must be in [0, 2]", param="temperature")
     if req.top_p is not None and not 0 < req.top_p <= 1:
         raise InvalidParams("top_p must be in (0, 1]", param="top_p")
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _number(req: _Common, name: str, lo: float, hi: float, default: float) -> float:
+    v = getattr(req, name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise InvalidParams(f"{name} must be a number in [{lo:g}, {hi:g}]", param=name)
+    return float(v)
+
+
+def _count(name: str, v: Any, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+        raise InvalidParams(f"{name} must be an integer in [0, {hi}]", param=name)
+    return v
+
+
+def _logit_bias(v: Any, n_vocab: int) -> dict[str, float]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise InvalidParams("logit_bias maps token ids (as strings) to biases in [-100, 100]", param="logit_bias")
+    out: dict[str, float] = {}
+    for key, bias in v.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < n_vocab):
+            raise InvalidParams(f"logit_bias key {key[:20]!r} is not a token id of this model (0..{n_vocab - 1})",
+                                param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise InvalidParams(f"logit_bias[{key!r}] must be a number in [-100, 100]", param="logit_bias")
+        out[str(int(key))] = float(bias)
+    return out
+
+
+def response_grammar(req: _Common) -> str:
+    """The GBNF `response_format` (or llama-server's `grammar` / `json_schema`) asks for,
+    "" for free text; a schema the converter cannot take is a 400 naming the field."""
+    from actord.engine.grammar import JSON_OBJECT_GBNF, check_grammar, schema_grammar
+
+    asked = [n for n in ("grammar", "json_schema") if getattr(req, n) not in (None, "")]
+    rf = req.response_format
+    if rf is not None and rf != {"type": "text"}:
+        asked.insert(0, "response_format")
+    if len(asked) > 1:
+        raise InvalidParams(f"{asked[0]} and {asked[1]} both constrain the output: send one", param=asked[1])
+    if not asked:
+        return ""
+    if asked[0] == "grammar":
+        if not isinstance(req.grammar, str):
+            raise InvalidParams("grammar is GBNF text", param="grammar")
+        return check_grammar(req.grammar)
+    if asked[0] == "json_schema":
+        return schema_grammar(req.json_schema, "json_schema")
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "json_object":
+        return JSON_OBJECT_GBNF
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict):
+            raise InvalidParams("response_format.json_schema must be an object with a schema",
+                                param="response_format")
+        schema = spec.get("schema")
+        # OpenAI's `schema` is optional: without one, any JSON object.
+        return JSON_OBJECT_GBNF if schema is None else schema_grammar(schema, "response_format")
+    raise _refuse("response_format", f"type {str(kind)[:40]!r} is not one of text, json_object, json_schema")
+
+
+def sampling(req: _Common, n_vocab: int) -> dict[str, Any]:
+    """The request's SamplingFields (actord.api) as keyword arguments: what the OpenAI
+    fields ask for, checked with OpenAI's ranges (400 naming the field)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.logprobs not in (None, True, False):
+            raise InvalidParams("logprobs must be a boolean", param="logprobs")
+        logprobs = bool(req.logprobs)
+        top = 0 if req.top_logprobs is None else _count("top_logprobs", req.top_logprobs, MAX_TOP_LOGPROBS)
+        if top and not logprobs:
+            raise InvalidParams("top_logprobs needs logprobs: true", param="top_logprobs")
+    else:  # legacy completions: logprobs is the number of alternatives (0 included)
+        logprobs = req.logprobs is not None and req.logprobs is not False
+        top = _count("logprobs", req.logprobs, MAX_TOP_LOGPROBS) if logprobs else 0
+        if req.top_logprobs is not None:
+            raise _refuse("top_logprobs", "completions take logprobs: N for N alternatives")
+    last_n = req.repeat_last_n
+    if last_n is not None and (isinstance(last_n, bool) or not isinstance(last_n, int) or last_n < -1):
+        raise InvalidParams("repeat_last_n must be an integer >= -1 (-1: every generated token)",
+                            param="repeat_last_n")
+    return {
+        "grammar": response_grammar(req),
+        "logit_bias": _logit_bias(req.logit_bias, n_vocab),
+        "presence_penalty": _number(req, "presence_penalty", -2, 2, 0.0),
+        "frequency_penalty": _number(req, "frequency_penalty", -2, 2, 0.0),
+        "repeat_penalty": _number(req, "repeat_penalty", 1e-6, 1e6, 1.0),
+        "repeat_last_n": -1 if last_n is None else last_n,
+        "min_p": _number(req, "min_p", 0, 1, 0.0),
+        "logprobs": logprobs,
+        "top_logprobs": top,
+    }
 
 
 def _check_max(name: str, v: int | None) -> None:
@@ -194,13 +295,50 @@ def text_prompt(prompt: str | list[Any]) -> str | list[int]:
                         param="prompt")
 
 
+def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The ChatRequest's tool fields (actord.tools) from `tools` / `tool_choice` /
+    `parallel_tool_calls`, or from the legacy `functions` / `function_call` (then the answer
+    carries `function_call`, one call). A bad value is a 400 naming its field."""
+    from actord import tools as T
+
+    if req.functions is not None or req.function_call is not None:
+        if req.tools is not None or req.tool_choice is not None:
+            raise _refuse("functions", "send tools or the legacy functions, not both")
+        tools, choice = T.functions_from_openai(req.functions or [], req.function_call)
+        parallel = False
+    else:
+        tools, choice = T.tools_from_openai(req.tools), req.tool_choice
+        parallel = req.parallel_tool_calls is not False
+    if choice is not None and not tools and choice not in ("none", "auto"):
+        raise InvalidParams("tool_choice names a tool, but there are no tools", param="tool_choice")
+    if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
+        raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    T.check_tools(tools, choice)
+    if req.tool_format is not None and req.tool_format not in T.FORMATS:
+        raise InvalidParams(f"tool_format is one of {', '.join(T.FORMATS)}", param="tool_format")
+    return {"tools": tools, "tool_choice": choice if choice is not None else "auto", "parallel_tool_calls": parallel,
+            "tool_format": req.tool_format or ""}
+
+
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
+    from actord import tools as T
+
     out = []
     for i, m in enumerate(msgs):
-        if m.role in ("tool", "function"):
-            raise _refuse(f"messages[{i}].role", f"{m.role!r} messages need tool calling, which is not supported")
+        calls = None
         if m.tool_calls:
-            raise _refuse(f"messages[{i}].tool_calls", "tool calls are not supported")
+            if m.role != "assistant":
+                raise InvalidParams(f"messages[{i}]: only assistant messages carry tool_calls",
+                                    param=f"messages[{i}].tool_calls")
+            calls = T.calls_from_openai(m.tool_calls, f"messages[{i}].tool_calls")
+        elif m.function_call is not None and m.role == "assistant":  # legacy: one call, no id
+            calls = T.calls_from_openai([{"id": "call_0", "function": m.function_call}], f"messages[{i}].function_call")
+        role = m.role
+        call_id = m.tool_call_id
+        if role == "function":  # legacy: a function's result, named
+            role, call_id = "tool", call_id or "call_0"
+        if role == "tool" and not call_id:
+            raise InvalidParams(f"messages[{i}]: a tool message needs tool_call_id", param=f"messages[{i}].tool_call_id")
         if isinstance(m.content, list):
             texts = []
             for j, part in enumerate(m.content):
@@ -211,8 +349,9 @@ def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> l
             content = "\n".join(texts)
         else:
             content = m.content or ""
-        role = "system" if m.role == "developer" and developer_is_system else m.role
-        out.append(ChatMessage(role=role, content=content))
+        role = "system" if role == "developer" and developer_is_system else role
+        out.append(ChatMessage(role=role, content=content, tool_calls=calls, tool_call_id=call_id if role == "tool" else None,
+                               name=m.name))
     return out
 
 
@@ -230,11 +369,36 @@ def stops(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def finish_reason(stop_reason: str) -> str:
+def finish_reason(stop_reason: str, calls: bool = False, functions: bool = False) -> str:
+    if calls and stop_reason in ("eos", "stop"):
+        return "function_call" if functions else "tool_calls"
     return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, "stop")
 
 
-def usage(r: CompletionResult) -> dict[str, Any]:
+def _split(r: Any) -> tuple[CompletionResult, Any]:
+    """(completion, reply message or None): a chat's run returns its ChatResult."""
+    if isinstance(r, CompletionResult):
+        return r, None
+    return r.completion, r.message
+
+
+def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, Any]:
+    """The answer's `message`: with tool calls, `tool_calls` (and `content` null when the
+    model wrote no text), or the legacy `function_call` (the first call)."""
+    from actord.tools import call_to_openai
+
+    calls = msg.tool_calls if msg is not None else None
+    if not calls:
+        return {"role": "assistant", "content": content}
+    text = msg.content or None
+    if functions:
+        return {"role": "assistant", "content": text,
+                "function_call": {"name": calls[0].name, "arguments": calls[0].arguments}}
+    return {"role": "assistant", "content": text, "tool_calls": [call_to_openai(c) for c in calls]}
+
+
+def usage(r: Any) -> dict[str, Any]:
+    r, _ = _split(r)
     n_out = len(r.tokens)
     return {
         "prompt_tokens": r.n_prompt_tokens,
@@ -248,23 +412,54 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def chat_completion(rid: str, model: str, r: CompletionResult, created: int, fingerprint: str) -> dict[str, Any]:
+def chat_logprobs(lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    """OpenAI's chat `choices[].logprobs`: `content[]` with token, logprob, bytes and top_logprobs."""
+    return {"content": [{
+        "token": t.text, "logprob": t.logprob, "bytes": t.bytes,
+        "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": a.bytes} for a in t.top],
+    } for t in lps or []], "refusal": None}
+
+
+def text_logprobs(lps: list[TokenLogprob] | None, offset: int = 0) -> dict[str, Any]:
+    """Legacy completions' `logprobs`: parallel lists, alternatives as {text: logprob}
+    (text_offset counts characters of the generated text, from `offset`)."""
+    offsets = []
+    for t in lps or []:
+        offsets.append(offset)
+        offset += len(t.text)
+    return {
+        "tokens": [t.text for t in lps or []],
+        "token_logprobs": [t.logprob for t in lps or []],
+        "top_logprobs": [{a.text: a.logprob for a in t.top} for t in lps or []],
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
+                    logprobs: bool = False, functions: bool = False) -> dict[str, Any]:
+    """`r`: the chat's ChatResult (a CompletionResult: its text only)."""
+    c, msg = _split(r)
+    calls = bool(msg is not None and msg.tool_calls)
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": fingerprint,
         "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": r.content},
-            "finish_reason": finish_reason(r.stop_reason), "logprobs": None,
+            "index": 0, "message": chat_message(msg, msg.content if msg is not None else c.content, functions),
+            "finish_reason": finish_reason(c.stop_reason, calls, functions),
+            "logprobs": chat_logprobs(c.logprobs) if logprobs else None,
         }],
-        "usage": usage(r),
+        "usage": usage(c),
     }
 
 
-def text_completion(rid: str, model: str, r: CompletionResult, created: int, fingerprint: str) -> dict[str, Any]:
+def text_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
+                    logprobs: bool = False) -> dict[str, Any]:
+    r, _ = _split(r)
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "text": r.content, "finish_reason": finish_reason(r.stop_reason), "logprobs": None}],
+        "choices": [{"index": 0, "text": r.content, "finish_reason": finish_reason(r.stop_reason),
+                     "logprobs": text_logprobs(r.logprobs) if logprobs else None}],
         "usage": usage(r),
     }
 
@@ -272,10 +467,15 @@ def text_completion(rid: str, model: str, r: CompletionResult, created: int, fin
 class Chunks:
     """Builds the SSE `data:` payloads of one streamed answer, in OpenAI's chunk format."""
 
-    def __init__(self, chat: bool, model: str, fingerprint: str = "") -> None:
+    def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False,
+                 functions: bool = False) -> None:
         self.chat = chat
+        self.functions = functions  # legacy function calling: `function_call` deltas
+        self.n_calls = 0
         self.model = model
         self.fingerprint = fingerprint
+        self.logprobs = logprobs
+        self.offset = 0  # text_offset so far (completions)
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.object = "chat.completion.chunk" if chat else "text_completion"
@@ -289,18 +489,37 @@ class Chunks:
             return None
         return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
-    def delta(self, text: str) -> dict[str, Any]:
+    def delta(self, text: str, lps: list[TokenLogprob] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One chunk: `text` and, when asked, the logprobs of the tokens it holds; a chat's
+        `tool_calls` deltas (actord.tools.events_to_deltas: each call whole, by index)."""
         if self.chat:
-            return self._chunk({"index": 0, "delta": {"content": text}, "finish_reason": None})
-        return self._chunk({"index": 0, "text": text, "finish_reason": None})
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+            if tool_calls:
+                self.n_calls += len(tool_calls)
+                if self.functions:  # legacy: the first call only, as `function_call`
+                    first = tool_calls[0]
+                    choice["delta"] = {"content": text or None, "function_call": dict(first["function"])} \
+                        if first["index"] == 0 else {"content": text or None}
+                else:
+                    choice["delta"] = {"content": text or None, "tool_calls": tool_calls}
+            if self.logprobs:
+                choice["logprobs"] = chat_logprobs(lps)
+            return self._chunk(choice)
+        choice = {"index": 0, "text": text, "finish_reason": None}
+        if self.logprobs:
+            choice["logprobs"] = text_logprobs(lps, self.offset)
+            self.offset += sum(len(t.text) for t in lps or [])
+        return self._chunk(choice)
 
-    def last(self, r: CompletionResult) -> dict[str, Any]:
-        reason = finish_reason(r.stop_reason)
+    def last(self, r: Any) -> dict[str, Any]:
+        r, msg = _split(r)
+        reason = finish_reason(r.stop_reason, bool(msg is not None and msg.tool_calls), self.functions)
         if self.chat:
             return self._chunk({"index": 0, "delta": {}, "finish_reason": reason})
         return self._chunk({"index": 0, "text": "", "finish_reason": reason})
 
-    def usage(self, r: CompletionResult) -> dict[str, Any]:
+    def usage(self, r: Any) -> dict[str, Any]:
         return self._chunk(None, usage=usage(r))
 
 

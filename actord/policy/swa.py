@@ -36,8 +36,9 @@ def _mb(n: float) -> str:
 
 
 def choose_swa_full(mode: str, *, n_swa: int, bytes_per_token: int, n_ctx: int, device_bytes: int,
-                    host_bytes: int, share: float = SHARE) -> SwaChoice:
-    """Decide; `device_bytes` 0 means no budget was given (the host's memory stands in)."""
+                    host_bytes: int, share: float = SHARE, device_name: str = "--device-bytes") -> SwaChoice:
+    """Decide; `device_bytes` 0 means no budget was given (the host's memory stands in).
+    `device_name` says what `device_bytes` is (a GPU's free memory when none was given)."""
     if mode not in MODES:
         raise ValueError(f"swa_full is one of {MODES}, got {mode!r}")
     need = bytes_per_token * n_ctx
@@ -48,7 +49,7 @@ def choose_swa_full(mode: str, *, n_swa: int, bytes_per_token: int, n_ctx: int, 
         return SwaChoice(full=True, reason="--swa-full on", need_bytes=need)
     if mode == "off":
         return SwaChoice(full=False, reason="--swa-full off: context checkpoints", need_bytes=need)
-    budget, what = (device_bytes, "--device-bytes") if device_bytes > 0 else (host_bytes, "host memory")
+    budget, what = (device_bytes, device_name) if device_bytes > 0 else (host_bytes, "host memory")
     limit = int(share * budget)
     figures = (f"{bytes_per_token:,} B/token x n_ctx {n_ctx:,} = {_mb(need)}, "
                f"{share:.0%} of {what} {_mb(budget)} = {_mb(limit)}")

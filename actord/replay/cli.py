@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import anyio
 
@@ -37,6 +38,9 @@ def main(cmd: str, argv: list[str]) -> int:
     ap.add_argument("--device-budgets", action=argparse.BooleanOptionalAction, default=True,
                     help="seeded tight device budgets shared by genes and slot states (default on)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (seeds are split between them)")
+    ap.add_argument("--spec", action="store_true",
+                    help="speculative decoding on where the memory kind allows it (llama, SWA), each model "
+                         "drafted by its first block (write_pruned_draft)")
     ap.add_argument("--verbose", "-v", action=argparse.BooleanOptionalAction, default=None,
                     help="a line per seed with its trace hash (default: with one job and at most 20 seeds)")
     ns = ap.parse_args(argv)
@@ -46,19 +50,38 @@ def main(cmd: str, argv: list[str]) -> int:
     if ns.model is not None:
         models = [(ns.model, ns.lora or [])]
     else:
-        # Two generated models, alternating by seed: a plain llama and an SWA one (whose
-        # memory cannot be cut back, so checkpoints, their budget and resumes are exercised).
+        # Four generated models, one per memory kind, rotating by seed: a plain llama, an SWA
+        # one and a hybrid one (memory that cannot be cut back, so checkpoints, their budget
+        # and resumes are exercised) and a pure recurrent one (no KV cells at all).
         import tempfile
 
-        from actord.testing.models import write_tiny_llama, write_tiny_lora, write_tiny_swa
+        from actord.testing.models import (
+            write_tiny_llama, write_tiny_lora, write_tiny_mamba2, write_tiny_qwen35, write_tiny_swa,
+        )
 
         tmpdir = tempfile.TemporaryDirectory(prefix="actord-simmodel-")
         d = tmpdir.name
         models = []
-        for name, m in (("tiny", write_tiny_llama(f"{d}/tiny.gguf", seed=1)),
-                        ("swa", write_tiny_swa(f"{d}/swa.gguf", seed=2))):
-            models.append((str(m), [str(write_tiny_lora(f"{d}/{name}-lora{i}.gguf", str(m), seed=3 + i))
+        for name, m, targets in (
+            ("tiny", write_tiny_llama(f"{d}/tiny.gguf", seed=1), None),
+            ("swa", write_tiny_swa(f"{d}/swa.gguf", seed=2), None),
+            ("hybrid", write_tiny_qwen35(f"{d}/hybrid.gguf", seed=3), None),
+            ("recurrent", write_tiny_mamba2(f"{d}/recurrent.gguf", seed=5), ["ssm_in", "ssm_out"]),
+        ):
+            kw = {"targets": targets} if targets else {}
+            models.append((str(m), [str(write_tiny_lora(f"{d}/{name}-lora{i}.gguf", str(m), seed=3 + i, **kw))
                                     for i in range(3)]))
+    if ns.spec:
+        import tempfile
+
+        from actord.testing.draft_models import has_recurrent_layers, write_pruned_draft
+
+        # Memory that cannot be cut back (hybrid, recurrent) does not speculate: those seeds run
+        # without a draft.
+        spec_dir = tempfile.TemporaryDirectory(prefix="actord-simdraft-")
+        models = [(m, loras, None if has_recurrent_layers(m) else
+                   str(write_pruned_draft(m, f"{spec_dir.name}/draft{i}.gguf", 1)))
+                  for i, (m, loras, *_) in enumerate(models)]
     seeds = list(range(ns.seed, ns.seed + ns.seeds))
     t0 = time.perf_counter()
     if ns.jobs > 1:
@@ -73,7 +96,7 @@ def main(cmd: str, argv: list[str]) -> int:
     failed = sorted((o for o in outs if o[0] is not None), key=lambda o: o[0])
     if failed:
         seed, msg = failed[0]
-        flags = "" if ns.device_budgets else " --no-device-budgets"
+        flags = ("" if ns.device_budgets else " --no-device-budgets") + (" --spec" if ns.spec else "")
         cmd = (f"actord simulate --seed {seed} --steps {ns.steps}{flags}"
                + (f" --model {ns.model}" + "".join(f" --lora {x}" for x in ns.lora or []) if ns.model else ""))
         print(f"FAILED: {msg}\nreproduce: {cmd}")
@@ -83,7 +106,7 @@ def main(cmd: str, argv: list[str]) -> int:
     return 0
 
 
-def _run_seeds(seeds: list[int], steps: int, models: list[tuple[str, list[str]]], backend: str, device: bool,
+def _run_seeds(seeds: list[int], steps: int, models: list[tuple[Any, ...]], backend: str, device: bool,
                verbose: bool) -> tuple[int | None, str]:
     """Run seeds in order (seed i on models[i % len(models)]); the first failure stops this
     worker: (seed, message)."""
@@ -92,9 +115,9 @@ def _run_seeds(seeds: list[int], steps: int, models: list[tuple[str, list[str]]]
 
     async def run() -> tuple[int | None, str]:
         for seed in seeds:
-            model, loras = models[seed % len(models)]
+            model, loras, *draft = models[seed % len(models)]
             try:
-                r = await simulate(seed, steps, model, loras, device=device)
+                r = await simulate(seed, steps, model, loras, device=device, draft=draft[0] if draft else None)
             except InvariantViolated as e:
                 print(f"FAILED: {e}", file=sys.stderr, flush=True)  # now, not when every worker is done
                 return seed, str(e)

@@ -116,6 +116,7 @@ def _matches(r: Ready, want: Event) -> bool:
 class DeterministicDispatcher(Dispatcher):
     def __init__(self, policy: Any) -> None:
         super().__init__()
+        self.loop_in_handler = False  # every step is a delivery this dispatcher orders
         self.policy = policy
         self.engine = None  # EngineThread: its in-flight count (see the property)
         self.workers_inflight = 0  # thread jobs through offload and run_sync

@@ -90,12 +90,12 @@ async def test_corrupt_or_missing_files_are_typed_and_the_system_serves_on(tiny_
 
 
 async def test_restoring_a_file_saved_from_another_model_is_refused(tiny_model, tiny_swa_model, tmp_path):
-    from actord.errors import PageDoesNotFit
+    from actord.errors import ForeignPage
 
     async with ActorSystem(cfg(tiny_swa_model, tmp_path)) as s:
         await _turn(s, 0, PROMPT)
         await s.slot_save(0, "swa.page")
     async with ActorSystem(cfg(tiny_model, tmp_path)) as s:
-        with pytest.raises(PageDoesNotFit):
+        with pytest.raises(ForeignPage):
             await s.slot_restore(0, "swa.page")
         assert (await _turn(s, 0, PROMPT)).n_prompt_processed == len(PROMPT)

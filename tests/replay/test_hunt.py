@@ -43,6 +43,23 @@ def test_the_deeper_tier_on_an_swa_model_exercises_checkpoints_and_keeps_every_i
     anyio.run(run)
 
 
+def test_the_deeper_tier_with_speculation_on_keeps_every_invariant(tiny_model, tiny_swa_model, sim_loras, swa_loras,
+                                                                   models_dir):
+    """Speculative decoding on (each model drafted by its first block): drafts rejected and
+    cut back, pages and files carrying draft state, under the same faults and pressure."""
+    from actord.testing.draft_models import write_pruned_draft
+
+    drafts = {m: str(write_pruned_draft(m, models_dir / f"hunt-draft{i}.gguf", 1))
+              for i, m in enumerate((tiny_model, tiny_swa_model))}
+
+    async def run():
+        for seed in range(3000, 3020):
+            model, loras = (tiny_model, sim_loras) if seed % 2 else (tiny_swa_model, swa_loras)
+            await simulate(seed, 30, model, loras, draft=drafts[model])
+
+    anyio.run(run)
+
+
 def test_the_trace_hash_depends_on_the_model_bytes_not_on_where_the_files_live(tiny_model, sim_loras, tmp_path):
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)

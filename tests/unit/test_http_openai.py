@@ -40,14 +40,9 @@ def test_distinct_users_get_distinct_minds():
 
 
 REFUSED_CHAT = [
-    ("n", 2), ("logprobs", True), ("top_logprobs", 3), ("presence_penalty", 0.5), ("frequency_penalty", -1),
-    ("logit_bias", {"42": -100}), ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "none"), ("tool_choice", "auto"),
-    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("modalities", ["text", "audio"]),
-    ("audio", {"voice": "x"}), ("reasoning_effort", "low"), ("verbosity", "low"), ("web_search_options", {}),
-    ("grammar", "root ::= \"a\""), ("json_schema", {}), ("min_p", 0.1), ("repeat_penalty", 1.3), ("n_probs", 2),
-    ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
+    ("n", 2),
+    ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}), ("reasoning_effort", "low"), ("verbosity", "low"),
+    ("web_search_options", {}), ("n_probs", 2), ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
 ]
 
 
@@ -58,8 +53,8 @@ def test_a_refused_chat_field_is_named(field, value):
     assert e.value.data["param"] == field and field in e.value.message
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "x"), ("best_of", 3), ("logprobs", 2),
-                                         ("n", 3), ("max_tokens", 0)])
+@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "x"), ("best_of", 3), ("n", 3),
+                                         ("max_tokens", 0)])
 def test_a_refused_completion_field_is_named(field, value):
     with pytest.raises(InvalidParams) as e:
         O.refuse_unsupported(_text(**{field: value}))
@@ -74,6 +69,79 @@ def test_a_refused_completion_field_is_named(field, value):
 ])
 def test_fields_that_ask_for_nothing_or_change_nothing_pass(body):
     O.refuse_unsupported(_chat(**body))
+    f = O.sampling(_chat(**body), 512)
+    assert f["grammar"] == "" and f["logit_bias"] == {} and not f["logprobs"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: refused, not ignored
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repeat_penalty": 0}, "repeat_penalty"), ({"repeat_last_n": -2}, "repeat_last_n"), ({"min_p": 1.5}, "min_p"),
+    ({"logit_bias": {"512": 5}}, "logit_bias"), ({"logit_bias": {"x": 5}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": [[5, 1]]}, "logit_bias"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "array", "minItems": 10**9}}}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "grammar"),
+    ({"json_schema": {"$ref": "#/nowhere"}}, "json_schema"), ({"grammar": 5}, "grammar"),
+])
+def test_a_sampling_field_out_of_range_is_a_400_naming_it(body, param):
+    with pytest.raises(InvalidParams) as e:
+        O.sampling(_chat(**body), 512)
+    assert e.value.data["param"] == param
+
+
+def test_sampling_fields_map_onto_the_completion_request():
+    from actord.api import CompletionRequest
+    from actord.engine.grammar import JSON_OBJECT_GBNF
+
+    f = O.sampling(_chat(logprobs=True, top_logprobs=3, logit_bias={"42": -100, "7": 2.5}, presence_penalty=0.5,
+                         frequency_penalty=-0.5, repeat_penalty=1.1, repeat_last_n=32, min_p=0.05,
+                         response_format={"type": "json_object"}), 512)
+    assert f == {"grammar": JSON_OBJECT_GBNF, "logit_bias": {"42": -100.0, "7": 2.5}, "presence_penalty": 0.5,
+                 "frequency_penalty": -0.5, "repeat_penalty": 1.1, "repeat_last_n": 32, "min_p": 0.05,
+                 "logprobs": True, "top_logprobs": 3}
+    req = CompletionRequest(prompt=[1], **f).check()
+    assert req.bias_pairs() == ((7, 2.5), (42, float("-inf")))  # -100 bans
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    g = O.sampling(_chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                             "strict": True}}), 512)["grammar"]
+    assert "root ::=" in g and '"\\"ok\\""' in g
+    assert O.sampling(_chat(json_schema=schema), 512)["grammar"] == g  # llama-server's field, same grammar
+    # Legacy completions: logprobs is how many alternatives, 0 included.
+    assert O.sampling(_text(logprobs=0), 512)["logprobs"] is True
+    assert O.sampling(_text(logprobs=4), 512)["top_logprobs"] == 4
+    assert O.sampling(_text(), 512)["logprobs"] is False
+
+
+def test_logprobs_take_openai_shapes_in_answers_and_chunks():
+    from actord.api import CompletionResult, Timings, TokenLogprob, TopLogprob
+
+    lps = [TokenLogprob(token=5, text="he", bytes=[104, 101], logprob=-0.5,
+                        top=[TopLogprob(token=5, text="he", bytes=[104, 101], logprob=-0.5),
+                             TopLogprob(token=9, text="x", bytes=[120], logprob=-1.5)]),
+           TokenLogprob(token=6, text="llo", bytes=[108, 108, 111], logprob=-0.25)]
+    r = CompletionResult(content="hello", tokens=[5, 6], n_prompt_tokens=3, n_prompt_processed=3, n_cached=0,
+                         slot=0, stop_reason="length", timings=Timings(0, 0, 0, 0), logprobs=lps)
+    chat = O.chat_completion("id", "m", r, 0, "fp", logprobs=True)["choices"][0]["logprobs"]
+    assert chat["content"][0] == {"token": "he", "logprob": -0.5, "bytes": [104, 101], "top_logprobs": [
+        {"token": "he", "logprob": -0.5, "bytes": [104, 101]}, {"token": "x", "logprob": -1.5, "bytes": [120]}]}
+    assert O.chat_completion("id", "m", r, 0, "fp")["choices"][0]["logprobs"] is None
+    text = O.text_completion("id", "m", r, 0, "fp", logprobs=True)["choices"][0]["logprobs"]
+    assert text == {"tokens": ["he", "llo"], "token_logprobs": [-0.5, -0.25],
+                    "top_logprobs": [{"he": -0.5, "x": -1.5}, {}], "text_offset": [0, 2]}
+    chunks = O.Chunks(False, "m", logprobs=True)
+    first, second = chunks.delta("he", lps[:1]), chunks.delta("llo", lps[1:])
+    assert second["choices"][0]["logprobs"]["text_offset"] == [2]  # offsets run on across chunks
+    assert first["choices"][0]["logprobs"]["tokens"] == ["he"]
+    c = O.Chunks(True, "m", logprobs=True).delta("he", lps[:1])
+    assert c["choices"][0]["logprobs"]["content"][0]["token"] == "he"
+    assert "logprobs" not in O.Chunks(True, "m").delta("he")["choices"][0]
 
 
 def test_one_prompt_in_a_list_is_that_prompt_and_several_are_refused():
@@ -103,10 +171,42 @@ def test_developer_is_system_unless_the_template_names_it():
     assert [m.role for m in O.chat_messages(msgs, developer_is_system=False)] == ["developer", "user"]
 
 
-def test_tool_history_is_refused_naming_the_message():
+def test_a_tool_result_without_its_call_id_is_refused_naming_the_message():
     with pytest.raises(InvalidParams) as e:
         O.chat_messages([O.Message(role="user", content="x"), O.Message(role="tool", content="42")])
-    assert e.value.data["param"] == "messages[1].role"
+    assert e.value.data["param"] == "messages[1].tool_call_id"
+
+
+def test_a_tool_history_maps_onto_chat_messages():
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    out = O.chat_messages([O.Message(role="user", content="x"), O.Message(role="assistant", tool_calls=calls),
+                           O.Message(role="tool", content="42", tool_call_id="call_1"),
+                           O.Message(role="assistant", function_call={"name": "g", "arguments": "{}"}),
+                           O.Message(role="function", name="g", content="ok")])
+    assert out[1].content == "" and [(c.id, c.name, c.arguments) for c in out[1].tool_calls] == [("call_1", "f", '{"a": 1}')]
+    assert (out[2].role, out[2].tool_call_id, out[2].content) == ("tool", "call_1", "42")
+    assert out[3].tool_calls[0].name == "g" and (out[4].role, out[4].name) == ("tool", "g")
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"functions": [{"name": "f"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "functions"),
+    ({"functions": [{"name": "f"}], "function_call": "always"}, "function_call"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1}, "parallel_tool_calls"),
+])
+def test_a_bad_tool_field_is_refused_naming_it(body, param):
+    with pytest.raises(InvalidParams) as e:
+        O.chat_tools(_chat(**body))
+    assert e.value.data["param"] == param
+
+
+def test_legacy_functions_become_one_tool_call_at_most():
+    f = O.chat_tools(_chat(functions=[{"name": "f", "parameters": {"type": "object"}}], function_call={"name": "f"}))
+    assert [t.name for t in f["tools"]] == ["f"] and f["parallel_tool_calls"] is False
+    assert f["tool_choice"] == {"type": "function", "function": {"name": "f"}}
 
 
 def test_context_overflow_maps_to_400_context_length_exceeded():
@@ -189,3 +289,41 @@ def test_a_front_without_key_refuses_to_start_where_peers_cannot_be_told(monkeyp
         front.bind()
     keyed = app.HttpFront(None, Config(model=str(tmp_path / "m.gguf"), http="127.0.0.1:0", api_key="k"))
     keyed.bind().close()  # with a key the key is the gate: no peer lookup needed
+
+
+# -- llama-server's sampling fields on the native /completion (native_sampling) ----------------
+
+
+def test_completion_probabilities_cut_a_partial_utf8_character_as_llama_server_does():
+    from actord.api import TokenLogprob, TopLogprob
+    from actord.http.native_sampling import probabilities
+
+    a_acute = list("á".encode())
+    lps = [TokenLogprob(token=7, text="\ufffd", bytes=a_acute[:1], logprob=-0.5,
+                        top=[TopLogprob(token=7, text="\ufffd", bytes=a_acute[:1], logprob=-0.5),
+                             TopLogprob(token=9, text="á", bytes=a_acute, logprob=float("-inf"))])]
+    [p] = probabilities(lps)
+    assert p == {"id": 7, "token": "", "bytes": a_acute[:1], "logprob": -0.5, "top_logprobs": [
+        {"id": 7, "token": "", "bytes": a_acute[:1], "logprob": -0.5},
+        {"id": 9, "token": "á", "bytes": a_acute, "logprob": -3.4028234663852886e38}]}  # p = 0: float's lowest
+
+
+def test_logit_bias_takes_llama_servers_shapes_sums_repeats_and_refuses_the_rest():
+    import anyio
+
+    from actord.http.native_sampling import _logit_bias
+
+    async def tokenize(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def bias(v):
+        return anyio.run(_logit_bias, v, 512, tokenize)
+
+    assert bias([[5, 1.0], ["ab", -2], [5, False]]) == [(5, float("-inf")), (97, -2.0), (98, -2.0)]
+    assert bias({"5": 1, "aa": 0.5, "-0": 2}) == [(0, 2.0), (5, 1.0), (97, 1.0)]
+    assert bias([]) == bias({}) == bias(None) == []
+    for bad in ([[1]], [[512, 1]], {"-3": 1}, [[True, 1]], [[5, True]], [[5, None]], [[5, 1e400]], 5, "x",
+                [["a" * 70000, 1]]):
+        with pytest.raises(InvalidParams) as e:
+            bias(bad)
+        assert e.value.data["param"] == "logit_bias", bad

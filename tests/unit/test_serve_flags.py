@@ -17,7 +17,7 @@ from actord.config import Config
     (["--slotz", "4"], "--slotz", "--slots"),
     (["--slot", "4"], "--slot", "--slots"),  # no abbreviations either
     (["--ctx-checkpoint-bytes=5"], "--ctx-checkpoint-bytes", "--ctx-checkpoints-bytes"),
-    (["--n-gpu-layers", "99"], "--n-gpu-layers", None),
+    (["--port", "8080"], "--port", None),
 ])
 def test_an_unknown_serve_flag_exits_non_zero_naming_it_and_the_closest_known_one(argv, named, suggested, capsys):
     assert main(["serve", *argv]) == 2

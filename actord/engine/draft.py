@@ -1,0 +1,300 @@
+"""The draft context of speculative decoding: a second model and llama context on the
+engine thread, one sequence per slot (sequence i drafts for slot i).
+
+Mechanism only, like engine/core.py: the scheduling core (core/sched.py, core/spec.py)
+decides what each entry catches up on and how many tokens it drafts; this module decodes
+the catch-up, proposes the draft tokens greedily (batched across every drafting sequence:
+one llama_decode per draft position, llama-server's draft-simple), and cuts its sequences
+back. The target verifies in the step's own llama_decode (engine/core.py `_step`).
+
+What makes it safe to share one engine step:
+- The draft's sequence for a slot always holds a prefix of the slot's tokens. The plan says
+  where it should start (`draft_pos0`); before decoding, the sequence is cut there if it
+  holds more (a step that failed after the draft ran), and an entry whose draft holds LESS
+  than the plan assumes (its state was lost) drafts nothing this step. Each entry's result
+  says how far the draft reaches (`EntryOut.draft_n`), so the core's count is corrected by
+  what the context really holds, every step.
+- A draft that cannot decode (no cells, a libllama failure) never fails the target's step:
+  its sequences are cut back to the plan's start and nothing is drafted this step.
+- Only memory that can be cut back at any position speculates: a target or draft model
+  with recurrent or hybrid memory, or a target with a sliding-window cache that is not full,
+  is refused at start (`SpecUnsupported`); the draft context always keeps a full SWA cache
+  (its model is small). A draft model whose vocabulary differs (type, BOS/EOS, size, any
+  token's text) is refused with `DraftVocabMismatch`.
+
+`--spec mtp` (the model's own MTP head): llama-cpp-python 0.3.36 binds what it takes
+(`LLAMA_CONTEXT_TYPE_MTP`, `llama_model_n_layer_nextn`, `llama_set_embeddings_nextn` /
+`llama_get_embeddings_nextn_ith` in llama_cpp_ext, `llama_batch_ext_set_embd` and
+`llama_process`), but the only MTP architecture it loads (qwen35) is hybrid: a rejected
+draft must roll back Gated DeltaNet state, which needs a snapshot before every verify (or
+`n_rs_seq` used strictly within the verify batch just decoded) and the MTP context's carried
+hidden row in every page. That is not built: a model without an MTP layer is refused with
+one `SpecUnsupported`, a model with one with another that says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import numpy as np
+
+from actord.engine import jobs as J
+from actord.engine.llama import lib
+from actord.errors import DraftVocabMismatch, EngineError, InvalidParams, SpecUnsupported
+
+
+def cuttable(model: Any, swa_full: bool) -> str:
+    """"" when the model's memory can be cut back at any position, else why not."""
+    if lib.llama_model_is_recurrent(model):
+        return "recurrent memory"
+    if hasattr(lib, "llama_model_is_hybrid") and lib.llama_model_is_hybrid(model):
+        return "hybrid (recurrent + attention) memory"
+    if int(lib.llama_model_n_swa(model)) > 0 and not swa_full:
+        return "a sliding-window cache that is not full (--swa-full on would allow it)"
+    return ""
+
+
+def vocab_mismatch(tgt: Any, dft: Any) -> str:
+    """"" when two vocabularies are the same for speculation, else the first difference."""
+    if lib.llama_vocab_type(tgt) != lib.llama_vocab_type(dft):
+        return "vocab type differs"
+    for name in ("bos", "eos"):
+        add_t = bool(getattr(lib, f"llama_vocab_get_add_{name}")(tgt))
+        add_d = bool(getattr(lib, f"llama_vocab_get_add_{name}")(dft))
+        id_t = int(getattr(lib, f"llama_vocab_{name}")(tgt))
+        id_d = int(getattr(lib, f"llama_vocab_{name}")(dft))
+        if add_t != add_d or id_t != id_d:
+            return f"{name.upper()} differs (add {add_t} vs {add_d}, id {id_t} vs {id_d})"
+    n_t, n_d = int(lib.llama_vocab_n_tokens(tgt)), int(lib.llama_vocab_n_tokens(dft))
+    if n_t != n_d:
+        return f"size differs ({n_t} vs {n_d} tokens)"
+    lib.check_owner()
+    text = lib.raw("llama_vocab_get_text")
+    for i in range(n_t):
+        if text(tgt, i) != text(dft, i):
+            return f"token {i} differs"
+    return ""
+
+
+class Drafter:
+    """A draft model's context: one sequence per slot, full attention memory."""
+
+    def __init__(self, path: str, target_model: Any, target_vocab: Any, *, n_ctx: int, n_batch: int,
+                 n_seq: int, threads: int, n_max: int, p_min: float = 0.0) -> None:
+        self.model = lib.llama_model_load_from_file(path.encode(), lib.llama_model_default_params())
+        if not self.model:
+            raise EngineError(f"could not load draft model {path}", path=path)
+        self.ctx: Any = None
+        self.batch: Any = None
+        try:
+            self.vocab = lib.llama_model_get_vocab(self.model)
+            why = vocab_mismatch(target_vocab, self.vocab)
+            if why:
+                raise DraftVocabMismatch(
+                    f"the draft model {path} does not share the target's vocabulary ({why}): speculative decoding "
+                    "needs the same token ids with the same texts", path=path, reason=why)
+            why = cuttable(self.model, True)
+            if why:
+                raise SpecUnsupported(f"the draft model {path} has {why}: its rejected drafts cannot be cut back",
+                                      path=path, reason=why)
+            cp = lib.llama_context_default_params()
+            cp.n_ctx = n_ctx
+            cp.n_batch = n_batch
+            cp.n_ubatch = n_batch
+            cp.n_seq_max = n_seq
+            cp.n_threads = threads
+            cp.n_threads_batch = threads
+            cp.kv_unified = True
+            cp.swa_full = True
+            cp.no_perf = True
+            self.ctx = lib.llama_init_from_model(self.model, cp)
+            if not self.ctx:
+                raise EngineError("could not create the draft model's context", path=path)
+            self.mem = lib.llama_get_memory(self.ctx)
+            self.n_batch = int(lib.llama_n_batch(self.ctx))
+            self.n_seq = n_seq
+            self.n_max = n_max
+            self.p_min = p_min
+            self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+            self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+            desc = ctypes.create_string_buffer(256)
+            lib.llama_model_desc(self.model, desc, 256)
+            self.desc = desc.value.decode(errors="replace")
+            self.digest = draft_digest(path)
+        except BaseException:
+            self.close()
+            raise
+        b = self.batch
+        self._views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
+        self._decode = lib.raw("llama_decode")
+        self._logits = lib.raw("llama_get_logits_ith")
+        self._pos_max = lib.raw("llama_memory_seq_pos_max")
+        self._seq_rm = lib.raw("llama_memory_seq_rm")
+        self.failures = 0  # draft decodes that failed (the step went on without drafts)
+
+    def close(self) -> None:
+        if self.batch is not None:
+            lib.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            lib.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            lib.llama_model_free(self.model)
+            self.model = None
+
+    # -- the step -------------------------------------------------------------------------
+
+    def extent(self, seq: int) -> int:
+        return int(self._pos_max(self.mem, seq)) + 1
+
+    def draft(self, entries: Sequence[J.StepEntry]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Catch up and draft for the step's entries (the caller checked the owner).
+
+        Returns ({entry index: proposed tokens} for entries that drafted, {entry index: the
+        draft sequence's extent after}) for every entry that touched the draft context."""
+        n_in = sum(len(e.draft_tokens) for e in entries)
+        if n_in > self.n_batch:  # refused before anything changes (the plan keeps within it)
+            raise InvalidParams(f"{n_in} draft catch-up tokens exceed the draft's n_batch {self.n_batch}")
+        token, pos, n_seq_id, seq_id, logits = self._views
+        extent: dict[int, int] = {}
+        want: dict[int, int] = {}  # entry index -> tokens to draft
+        out_at: dict[int, int] = {}  # entry index -> its output row in the batch
+        k = 0
+        for i, e in enumerate(entries):
+            if not e.draft_tokens and not e.draft:
+                continue
+            have = self.extent(e.seq)
+            if have < e.draft_pos0:  # the plan thinks the draft holds more than it does
+                extent[i] = have
+                continue
+            if have > e.draft_pos0:
+                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+            for j, t in enumerate(e.draft_tokens):
+                token[k] = t
+                pos[k] = e.draft_pos0 + j
+                n_seq_id[k] = 1
+                seq_id[k][0] = e.seq
+                logits[k] = 0
+                k += 1
+            extent[i] = e.draft_pos0 + len(e.draft_tokens)
+            if e.draft > 0 and e.draft_tokens and extent[i] == e.pos0 + len(e.tokens):
+                logits[k - 1] = 1
+                out_at[i] = k - 1
+                want[i] = min(e.draft, self.n_max)
+        proposed: dict[int, list[int]] = {}
+        if k == 0:
+            return proposed, extent
+        self.batch.n_tokens = k
+        if self._decode(self.ctx, self.batch) != 0:
+            self._fail(entries, extent)
+            return proposed, extent
+        live = []
+        for i, row in out_at.items():
+            t = self._pick(row)
+            if t >= 0:
+                proposed[i] = [t]
+                live.append(i)
+        while True:
+            live = [i for i in live if len(proposed[i]) < want[i]]
+            if not live:
+                break
+            for k, i in enumerate(live):
+                token[k] = proposed[i][-1]
+                pos[k] = extent[i]
+                n_seq_id[k] = 1
+                seq_id[k][0] = entries[i].seq
+                logits[k] = 1
+            self.batch.n_tokens = len(live)
+            if self._decode(self.ctx, self.batch) != 0:
+                self.failures += 1
+                for i in live:
+                    self._seq_rm(self.mem, entries[i].seq, extent[i], -1)
+                break
+            nxt = []
+            for k, i in enumerate(live):
+                extent[i] += 1
+                t = self._pick(k)
+                if t >= 0:
+                    proposed[i].append(t)
+                    nxt.append(i)
+            live = nxt
+        return proposed, extent
+
+    def _pick(self, row: int) -> int:
+        """The draft's greedy token at a batch row, or -1 under p_min."""
+        v = np.ctypeslib.as_array(self._logits(self.ctx, row), shape=(self.n_vocab,))
+        t = int(v.argmax())
+        if self.p_min > 0:
+            z = np.exp(v - v[t])
+            if 1.0 / float(z.sum()) < self.p_min:
+                return -1
+        return t
+
+    def _fail(self, entries: Sequence[J.StepEntry], extent: dict[int, int]) -> None:
+        """The catch-up did not decode: back to where the plan started, no drafts."""
+        self.failures += 1
+        for i in extent:
+            e = entries[i]
+            if self.extent(e.seq) >= e.draft_pos0:
+                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+            extent[i] = self.extent(e.seq)
+
+    def keep(self, seq: int, n: int, extent: int) -> int:
+        """After the verify: the draft keeps positions < n; returns its extent."""
+        if extent > n:
+            self._seq_rm(self.mem, seq, n, -1)
+            return n
+        return extent
+
+    def undo(self, entries: Sequence[J.StepEntry], extent: dict[int, int]) -> None:
+        """The target's decode failed: nothing of this step stays in the draft either."""
+        for i in extent:
+            e = entries[i]
+            if extent[i] > e.draft_pos0:
+                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+
+    # -- sequence edits and state (the slot's jobs) ---------------------------------------
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not lib.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+
+def draft_digest(path: str) -> str:
+    """What a page's draft state was made with (actord/engine/weights.py's sampled digest of
+    the draft model's weights). A wrong match would cost only acceptance (the target
+    verifies every draft); a state of another shape is refused by libllama and starts cold."""
+    from actord.engine.weights import weights_digest
+
+    try:
+        return weights_digest(path)
+    except (OSError, ValueError):
+        return ""
+
+
+def open_drafter(config: Any, model: Any, vocab: Any, *, swa_full: bool, threads: int) -> Drafter | None:
+    """The draft context `config` asks for, or None; a typed refusal when it cannot run."""
+    mode = config.spec_mode
+    if not mode:
+        return None
+    if mode == "mtp":
+        n_mtp = int(lib.llama_model_n_layer_nextn(model)) if hasattr(lib, "llama_model_n_layer_nextn") else 0
+        if n_mtp <= 0:
+            raise SpecUnsupported(f"--spec mtp: the model {config.model} has no MTP (nextn) layer", model=config.model)
+        raise SpecUnsupported(
+            f"--spec mtp: the model {config.model} has {n_mtp} MTP layer(s), but actord does not drive an MTP "
+            "context yet: its only MTP architecture (qwen35) has hybrid memory, whose rejected drafts need a "
+            "recurrent-state snapshot before each verify; use --spec-draft-model", model=config.model, n_mtp=n_mtp)
+    why = cuttable(model, swa_full)
+    if why:
+        raise SpecUnsupported(
+            f"speculative decoding needs a target whose memory can be cut back at any position; {config.model} "
+            f"has {why}", model=config.model, reason=why)
+    import os
+
+    if not os.path.exists(config.spec_draft_model):
+        raise InvalidParams(f"draft model file not found: {config.spec_draft_model}", path=config.spec_draft_model)
+    return Drafter(config.spec_draft_model, model, vocab, n_ctx=config.ctx, n_batch=config.batch, n_seq=config.slots,
+                   threads=threads, n_max=config.spec_n_max, p_min=config.spec_p_min)

@@ -1,0 +1,253 @@
+"""The engine's sampling: one libllama sampler chain per sequence, the grammar check,
+logprobs. A mixin of `Engine` (engine/core.py), on the engine thread only.
+
+Kept apart from the step because it is its own policy-free mechanism with its own costs:
+grammar is checked on the token the chain picked and the whole vocabulary is masked only
+when the grammar refuses it (llama-server's order; masking 262k logits per token first cost
+2.7-4.1x a Gemma 3 270M step), and logprobs are computed with numpy only when asked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import numpy as np
+
+from actord.engine import jobs as J
+from actord.engine.llama import lib
+from actord.errors import InvalidParams
+
+
+class Watch:
+    """One sequence's lazy grammar (waiting for a trigger) and preserved control tokens."""
+
+    __slots__ = ("pending", "triggers", "window", "head_open", "keep", "preserve")
+
+    def __init__(self, pending: Any, triggers: tuple[tuple[bytes, bool], ...], preserve: frozenset[int]) -> None:
+        self.pending = pending  # the grammar sampler, not applied until a trigger shows
+        self.triggers = triggers
+        self.window = bytearray()  # the output so far while its head may open with a trigger, else its tail
+        self.head_open = any(at for _, at in triggers)
+        self.keep = max((len(t) for t, _ in triggers), default=1) - 1
+        self.preserve = preserve
+
+
+class Sampling:
+    """Sampler chains and what they need (see the module docstring)."""
+
+    # Provided by Engine.
+    ctx: Any
+    model: Any
+    vocab: Any
+    samplers: dict[int, Any]
+    watches: dict[int, Watch]
+
+    def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
+        """Build sequence `seq`'s sampler chain (see J.SamplingParams for the order).
+
+        Built whole before the old chain is freed: a grammar that does not parse or a bias
+        on a token the vocab lacks is an InvalidParams and leaves the sequence as it was."""
+        self._check_seq(seq)
+        n_vocab = self.props.n_vocab
+        for tok, _ in p.logit_bias:
+            if not 0 <= tok < n_vocab:
+                raise InvalidParams(f"logit_bias names token {tok}, outside the vocab [0, {n_vocab})",
+                                    param="logit_bias", token=tok)
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        grammar: Any = None
+        add = lib.llama_sampler_chain_add
+        try:
+            if p.grammar:
+                # Kept beside the chain, not in it: see `_sample_constrained`.
+                grammar = lib.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+                if not grammar:
+                    raise InvalidParams("the grammar does not parse (GBNF with a 'root' rule expected)",
+                                        param="grammar")
+            if p.logit_bias:
+                arr = (lib.llama_logit_bias * len(p.logit_bias))()
+                for i, (tok, bias) in enumerate(p.logit_bias):
+                    arr[i].token, arr[i].bias = tok, bias
+                add(chain, lib.llama_sampler_init_logit_bias(n_vocab, len(p.logit_bias), arr))
+            if p.penalty_last_n and (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+                # Fed by the chain's accept: only the tokens this request samples count.
+                add(chain, lib.llama_sampler_init_penalties(
+                    n_vocab, p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+            if p.temperature <= 0:
+                add(chain, lib.llama_sampler_init_greedy())
+            else:
+                if p.top_k > 0:
+                    add(chain, lib.llama_sampler_init_top_k(p.top_k))
+                if p.top_p < 1.0:
+                    add(chain, lib.llama_sampler_init_top_p(p.top_p, 1))
+                if p.min_p > 0.0:
+                    add(chain, lib.llama_sampler_init_min_p(p.min_p, 1))
+                add(chain, lib.llama_sampler_init_temp(p.temperature))
+                add(chain, lib.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
+        except BaseException:
+            lib.llama_sampler_free(chain)
+            if grammar:
+                lib.llama_sampler_free(grammar)
+            raise
+        self._free_sampler(seq)
+        self.samplers[seq] = chain
+        preserve = frozenset(self._special_token(t) for t in p.preserve) - {-1}
+        if grammar and p.grammar_triggers:
+            self.watches[seq] = Watch(grammar, tuple((t.encode(), at) for t, at in p.grammar_triggers), preserve)
+        elif grammar:
+            self.grammars[seq] = grammar
+        if preserve and seq not in self.watches:
+            self.watches[seq] = Watch(None, (), preserve)
+        if p.top_logprobs >= 0:
+            self.logprobs[seq] = min(p.top_logprobs, n_vocab)
+        else:
+            self.logprobs.pop(seq, None)
+
+    def _free_sampler(self, seq: int) -> None:
+        for table in (self.samplers, self.grammars):
+            smpl = table.pop(seq, None)
+            if smpl is not None:
+                lib.llama_sampler_free(smpl)
+        w = self.watches.pop(seq, None)
+        if w is not None and w.pending is not None:
+            lib.llama_sampler_free(w.pending)
+        self.logprobs.pop(seq, None)
+
+    def _special_token(self, text: str) -> int:
+        """The control token whose text is `text`, or -1 (none, or its text shows anyway)."""
+        toks = self.tokenize(text, False, True)
+        if len(toks) != 1 or self.piece(toks[0], False) == self.piece(toks[0], True):
+            return -1
+        return toks[0]
+
+    def _watch(self, seq: int, w: Watch, tok: int, piece: bytes) -> bytes:
+        """After sequence `seq` sampled `tok` (unconstrained or under its grammar): its piece
+        as the output shows it, and its lazy grammar started when a trigger just showed.
+
+        The grammar is fed the output from the trigger's first byte, tokenized, each token
+        checked before it is accepted (libllama aborts the process on a token its grammar
+        refuses): output the grammar cannot take leaves the sequence unconstrained (the
+        parser then keeps that text as text). Cost while waiting: one append and a find in
+        a window of the longest trigger's length, per token."""
+        if tok in w.preserve:
+            piece = self.piece(tok, True)
+        if w.pending is None:
+            return piece
+        win = w.window
+        win += piece
+        hit = -1
+        if w.head_open:
+            head = bytes(win).lstrip(b" \t\r\n")
+            still = False
+            for trig, at in w.triggers:
+                if not at:
+                    continue
+                if head.startswith(trig):
+                    hit = len(win) - len(head)
+                elif trig.startswith(head):
+                    still = True
+            w.head_open = still and hit < 0
+        for trig, at in w.triggers:
+            if not at:
+                i = win.find(trig)
+                if i >= 0 and (hit < 0 or i < hit):
+                    hit = i
+        if hit < 0:
+            if not w.head_open and len(win) > w.keep:
+                del win[:len(win) - w.keep]
+            return piece
+        grammar, w.pending = w.pending, None
+        fed = self.tokenize(bytes(win[hit:]).decode("utf-8", "ignore"), False, True)
+        for t in fed:
+            if not self._allows(grammar, t):
+                lib.llama_sampler_free(grammar)
+                break
+            lib.llama_sampler_accept(grammar, t)
+        else:
+            self.grammars[seq] = grammar
+        if not w.preserve:
+            del self.watches[seq]
+        return piece
+
+    def _row(self, idx: int) -> Any:
+        """Batch row `idx`'s logits as a numpy view (no copy)."""
+        return np.ctypeslib.as_array(lib.llama_get_logits_ith(self.ctx, idx), shape=(self.props.n_vocab,))
+
+    def _candidates(self) -> tuple[Any, Any, Any, Any, Any, Any]:
+        """The engine's one candidate buffer (n_vocab llama_token_data, with a numpy view) and
+        a one-token array for grammar checks; made on the first constrained sample."""
+        if self._cand is None:
+            n_vocab = self.props.n_vocab
+            data = (lib.llama_token_data * n_vocab)()
+            assert ctypes.sizeof(lib.llama_token_data) == 12
+            view = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+            ptr = ctypes.cast(data, ctypes.POINTER(lib.llama_token_data))
+            cur = lib.llama_token_data_array(data=ptr, size=n_vocab, selected=-1, sorted=False)
+            one_data = (lib.llama_token_data * 1)()
+            one = lib.llama_token_data_array(data=ctypes.cast(one_data, ctypes.POINTER(lib.llama_token_data)),
+                                             size=1, selected=-1, sorted=False)
+            self._cand = (data, view, cur, one_data, one, ptr)
+            self._ids = np.arange(n_vocab, dtype=np.int32)
+        return self._cand
+
+    def _allows(self, grammar: Any, tok: int) -> bool:
+        _, _, _, one_data, one, _ = self._candidates()
+        one_data[0].id, one_data[0].logit, one_data[0].p = tok, 1.0, 0.0
+        one.size, one.selected, one.sorted = 1, -1, False
+        lib.llama_sampler_apply(grammar, ctypes.byref(one))
+        return bool(one_data[0].logit != -math.inf)
+
+    def _sample_constrained(self, seq: int, idx: int, row: Any) -> tuple[int, str]:
+        """Sample under sequence `seq`'s grammar, as llama-server's common_sampler does.
+
+        Applying a grammar to the whole vocabulary costs far more than a decode on a large
+        vocab (262,144 tokens for Gemma 3: bench/sampling_cost.py), so the chain samples
+        first and the grammar checks only that one token; only when it refuses is the
+        grammar applied to every candidate and the chain run again on what it allows.
+        Under greedy decoding this picks exactly what grammar-first would; under
+        temperature it is rejection sampling, which draws from the grammar-masked
+        distribution too (top_k/top_p truncate before the mask on the fast path).
+
+        A token the grammar refuses is never accepted into it (libllama aborts the process
+        on that): when nothing the grammar allows survives the chain (a logit_bias banning
+        every token the grammar allows), the request ends with an error instead."""
+        chain, grammar = self.samplers[seq], self.grammars[seq]
+        _, view, cur, _, _, ptr = self._candidates()
+
+        def run(first: Any = None) -> int:
+            view["id"] = self._ids
+            view["logit"] = row
+            view["p"] = 0.0
+            # A sampler may have pointed `data` at its own buffer: ours again, whole.
+            cur.data, cur.size, cur.selected, cur.sorted = ptr, len(self._ids), -1, False
+            if first is not None:
+                lib.llama_sampler_apply(first, ctypes.byref(cur))
+            lib.llama_sampler_apply(chain, ctypes.byref(cur))
+            return int(cur.data[cur.selected].id) if 0 <= cur.selected < cur.size else -1
+
+        tok = -1 if self.grammar_first else run()
+        self.grammar_samples += 1
+        if tok < 0 or not self._allows(grammar, tok):
+            self.grammar_masked += 1
+            tok = run(grammar)
+            if tok < 0 or not self._allows(grammar, tok):
+                return max(tok, 0), "the grammar allows no token that the other samplers (logit_bias) leave"
+        lib.llama_sampler_accept(grammar, tok)
+        lib.llama_sampler_accept(chain, tok)
+        return tok, ""
+
+    def _logprobs(self, idx: int, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
+        """Log-softmax of batch row `idx`'s raw logits: `tok`'s value and the top `k`'s.
+
+        numpy over the row in place (no copy): one max, one exp-sum, one argpartition."""
+        n_vocab = self.props.n_vocab
+        row = self._row(idx)
+        m = float(row.max())
+        lse = m + float(np.log(np.exp(row - m, dtype=np.float32).sum(dtype=np.float64)))
+        top: list[tuple[int, float, bytes]] = []
+        if k > 0:
+            best = np.argpartition(row, n_vocab - k)[n_vocab - k:] if k < n_vocab else np.arange(n_vocab)
+            best = best[np.argsort(-row[best], kind="stable")]
+            top = [(int(t), float(row[t]) - lse, self.piece(int(t))) for t in best]
+        return float(row[tok]) - lse, top

@@ -1,0 +1,53 @@
+"""The engine thread runs a between-steps job (an idle slot's state move: page_in, page_out)
+at the next step boundary, ahead of steps already queued, and everything else in order."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from actord.engine import jobs as J
+from actord.engine.thread import EngineThread
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.gate = threading.Event()
+
+    def run(self, job: J.Job) -> str:
+        if isinstance(job, J.Step) and not self.order:
+            self.gate.wait(10)  # the running step: everything else queues behind it
+        name = type(job).__name__ + (f"{job.epoch}" if isinstance(job, J.Step) else "")
+        self.order.append(name)
+        return name
+
+
+def test_idle_sequence_work_is_between_steps_and_nothing_else_is() -> None:
+    idle = (J.StateSize, J.StateGet, J.StateSet, J.SeqRm, J.SetSampler, J.MemoryRange, J.Tokenize,
+            J.Detokenize, J.Pieces)
+    assert all(getattr(c, "between_steps", False) for c in idle)
+    assert not any(getattr(c, "between_steps", False) for c in (J.Step, J.GenePageIn, J.GenePageOut, J.GeneLoad,
+                                                                  J.FreeSampler, J.Fail, J.StepRecords))
+
+
+async def test_a_page_in_jumps_the_steps_already_queued() -> None:
+    rec = Recorder()
+    t = EngineThread(lambda: rec, lambda e, job: e.run(job), lambda e: None)
+    await t.start()
+    try:
+        pend = [t.submit(J.Step(entries=[], epoch=i)) for i in (1, 2, 3)]  # step 1 runs, 2 and 3 wait
+        await anyio.sleep(0.05)
+        pend.append(t.submit(J.GenePageIn(id=1)))  # in order, behind the steps
+        pend.append(t.submit(J.StateSet(seq=1, data=b"x")))  # the page_in: next boundary
+        pend.append(t.submit(J.StateGet(seq=1)))
+        rec.gate.set()
+        for p in pend:
+            await t.wait(p)
+        assert rec.order == ["Step1", "StateSet", "StateGet", "Step2", "Step3", "GenePageIn"]
+    finally:
+        await t.stop()
