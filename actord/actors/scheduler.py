@@ -83,6 +83,7 @@ class Scheduler(Actor[SchedulerInbox]):
                                   depth=depth)
         self.core.cells.update({i: 0 for i in range(len(slots))})
         self.channels: dict[int, _Channel] = {}
+        self.cells_seq: dict[int, int] = {}  # the newest Cells tell applied, per slot
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
 
@@ -112,8 +113,10 @@ class Scheduler(Actor[SchedulerInbox]):
                 self._enroll(msg, env)
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
-            case Cells(slot=slot, n=n):
-                self.core.set_cells(slot, n)
+            case Cells(slot=slot, n=n, seq=seq):
+                if not seq or seq > self.cells_seq.get(slot, 0):  # a stale tell changes nothing
+                    self.cells_seq[slot] = seq
+                    self.core.set_cells(slot, n)
             case MakeRoom(slot=slot, cells=n):
                 room = Room(token=0, cells=n)
                 if self.n_ctx and slot not in self.core.by_slot:
@@ -303,11 +306,14 @@ class Scheduler(Actor[SchedulerInbox]):
             if freed >= need:
                 break
             try:
-                n = await self.slots[s].ask(Evict(reason="kv"))
+                n, seq = await self.slots[s].ask(Evict(reason="kv"))
             except ActordError as e:  # it has work coming (busy), or it failed
                 log.info("scheduler.evict_refused", slot=s, error=e.to_dict())
                 continue
-            if s not in core.by_slot:
+            if s not in core.by_slot and seq >= self.cells_seq.get(s, 0):
+                # What the slot holds now (its Cells tell of this eviction is on its way;
+                # anything it told before, still queued here, is older and is ignored).
+                self.cells_seq[s] = seq
                 core.cells[s] = 0
             freed += n
             self.metrics.kv_evictions_total.inc()
