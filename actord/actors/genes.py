@@ -85,6 +85,7 @@ class EvictDone(Msg):
 
     slot: int
     freed: bool
+    kept: bool = False  # refused because the state had no durable place to go (not: busy)
 
 
 GeneInbox = (
@@ -217,9 +218,9 @@ class GeneResidency(Actor[GeneInbox]):
                     self.clock += 1
                     self.slot_use[slot] = self.clock
                     await self._shrink_to_budget()
-            case EvictDone(slot=slot, freed=freed):
+            case EvictDone(slot=slot, freed=freed, kept=kept):
                 self.evicting.discard(slot)
-                if not freed:
+                if kept:
                     self.kept.add(slot)
                 # Still over (a growth the eviction did not cover)? Go on, but only once the
                 # slot's state is gone from our view: never tell the same slot again and again.

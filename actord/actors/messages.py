@@ -95,7 +95,8 @@ class Evict(Msg):
     """Give up the sequence if idle: to the mind's page, else its file, else dropped.
 
     Told by the GeneResidency (device room; the slot tells back `EvictDone`), asked by the
-    Scheduler (KV cells; the reply is the number of cells freed). A busy slot refuses.
+    Scheduler (KV cells; the reply is `(cells freed, the seq of its last Cells tell)`). A
+    busy slot refuses.
     """
 
     reason: str  # "device" | "kv"
@@ -145,10 +146,13 @@ class RunStep(Msg):
 
 
 class Cells(Msg):
-    """A slot's sequence now holds `n` KV cells (told after changes outside a step)."""
+    """A slot's sequence now holds `n` KV cells (told after changes outside a step). `seq`
+    counts the slot's tells: the scheduler ignores one older than what it already knows (an
+    eviction's answer carries the count it left, and a tell queued before it is stale)."""
 
     slot: int
     n: int
+    seq: int = 0
 
 
 class MakeRoom(Msg):

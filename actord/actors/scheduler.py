@@ -84,6 +84,7 @@ class Scheduler(Actor[SchedulerInbox]):
                                   depth=depth)
         self.core.cells.update({i: 0 for i in range(len(slots))})
         self.channels: dict[int, _Channel] = {}
+        self.cells_seq: dict[int, int] = {}  # the newest Cells tell applied, per slot
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
         self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
@@ -116,8 +117,10 @@ class Scheduler(Actor[SchedulerInbox]):
                 self._enroll(msg, env)
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
-            case Cells(slot=slot, n=n):
-                if slot not in self.lost:
+            case Cells(slot=slot, n=n, seq=seq):
+                # A stale tell (queued before an eviction's answer) changes nothing.
+                if slot not in self.lost and (not seq or seq > self.cells_seq.get(slot, 0)):
+                    self.cells_seq[slot] = seq
                     self.core.set_cells(slot, n)
             case SlotLost(slot=slot):
                 self.lost.add(slot)
@@ -372,11 +375,14 @@ class Scheduler(Actor[SchedulerInbox]):
             if freed >= need:
                 break
             try:
-                n = await self.slots[s].ask(Evict(reason="kv"))
+                n, seq = await self.slots[s].ask(Evict(reason="kv"))
             except ActordError as e:  # it has work coming (busy), or it failed
                 log.info("scheduler.evict_refused", slot=s, error=e.to_dict())
                 continue
-            if s not in core.by_slot:
+            if s not in core.by_slot and seq >= self.cells_seq.get(s, 0):
+                # What the slot holds now (its Cells tell of this eviction is on its way;
+                # anything it told before, still queued here, is older and is ignored).
+                self.cells_seq[s] = seq
                 core.cells[s] = 0
             freed += n
             self.metrics.kv_evictions_total.inc()

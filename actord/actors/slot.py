@@ -67,7 +67,6 @@ class _Active:
     ticket: int = 0  # the gene acquisition this request waits for (0: none)
     running: bool = False  # past gene acquisition
     enrolled: bool = False  # handed to the scheduler: it ends with `Ended`
-    evicted_mind: str | None = None  # the mind this slot paged out while the request waited
 
 
 def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.SamplingParams:
@@ -284,11 +283,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         assert a is not None
         a.running = True
         try:
-            if a.evicted_mind is not None and not self.kv_tokens:
-                try:  # evicted while waiting for genes: the mind comes back from its page
-                    await self.page_in(a.evicted_mind)
-                except ActordError as e:
-                    log.info("slot.evicted_mind_not_back", slot=self.id, mind=a.evicted_mind, error=e.to_dict())
+            # A slot evicted while its request waited for genes starts that request from what
+            # it holds now (nothing): it does not page the mind back in by itself, because
+            # cells that appear outside the scheduler's plan over-commit the shared cache
+            # (the scheduler alone admits cells; seed 8 x 60 steps charged 258 of 256). The
+            # mind's page stays in the store for the placer.
             await self._begin(a)
         except ActordError as e:
             await self._abort(e)

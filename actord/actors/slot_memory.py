@@ -83,21 +83,22 @@ class SlotMemory:
     async def _tell_cells(self) -> None:
         """The scheduler charges KV cells per slot; tell it after a change outside a step."""
         if self.scheduler is not None:
-            await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens)))
+            self._cells_seq = getattr(self, "_cells_seq", 0) + 1
+            await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq))
 
     async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
         try:
             freed = await self.evict(reason)
         except ActordError as e:
             if reason == "device" and self.residency is not None:
-                await self.residency.tell(EvictDone(slot=self.id, freed=False))
+                await self.residency.tell(EvictDone(slot=self.id, freed=False, kept=not isinstance(e, SlotBusy)))
             if env.reply is not None:
                 env.reply.fail(e)
             return
         if reason == "device" and self.residency is not None:
             await self.residency.tell(EvictDone(slot=self.id, freed=True))
         if env.reply is not None:
-            env.reply.send(freed)
+            env.reply.send((freed, getattr(self, "_cells_seq", 0)))
 
     async def evict(self, reason: str) -> int:
         """Give up an idle sequence: to the mind's page, else its file; a sequence without a
@@ -108,8 +109,7 @@ class SlotMemory:
         be written (a full or read-only page folder, EIO), the eviction is refused with that
         error and the sequence stays as it was. A slot with a running request refuses too:
         eviction never touches work in flight. A request still waiting for its genes has a
-        quiet sequence; if that goes to the mind's page, it comes back when the genes are
-        granted.
+        quiet sequence, which may go too (the request then decodes its prompt from zero).
         """
         a = self.active
         if a is not None and a.running:
@@ -139,8 +139,6 @@ class SlotMemory:
                 how = "spilled"
         if how != "paged_out":
             await self.erase()
-        elif a is not None:
-            a.evicted_mind = mind
         self.metrics.slot_evictions_total.labels(reason=reason, how=how).inc()
         log.info("slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
         return n
