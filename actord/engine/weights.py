@@ -43,11 +43,12 @@ class GGUFLayout:
     """A GGUF file's tensor table: [(name, dims, ggml type, offset)] and where data starts."""
 
     def __init__(self, tensors: list[tuple[str, tuple[int, ...], int, int]], data_start: int, size: int,
-                 table: bytes) -> None:
+                 table: bytes, arch: str = "") -> None:
         self.tensors = tensors
         self.data_start = data_start
         self.size = size
         self.table = table  # the raw tensor-info bytes (names, shapes, types, offsets)
+        self.arch = arch  # general.architecture ("" when absent)
 
 
 def read_layout(buf: mmap.mmap | bytes, path: str = "") -> GGUFLayout:
@@ -60,6 +61,7 @@ def read_layout(buf: mmap.mmap | bytes, path: str = "") -> GGUFLayout:
     u64 = struct.Struct("<Q").unpack_from
     off = 24
     alignment = 32
+    arch = ""
 
     def skip(t: int, o: int) -> int:
         if t in _SCALAR:
@@ -85,6 +87,9 @@ def read_layout(buf: mmap.mmap | bytes, path: str = "") -> GGUFLayout:
         off += 4
         if key == b"general.alignment" and t == 4:
             (alignment,) = u32(buf, off)
+        elif key == b"general.architecture" and t == _STRING:
+            (n,) = u64(buf, off)
+            arch = bytes(buf[off + 8: off + 8 + n]).decode("utf-8", "replace")
         off = skip(t, off)
     table_start = off
     tensors: list[tuple[str, tuple[int, ...], int, int]] = []
@@ -100,7 +105,7 @@ def read_layout(buf: mmap.mmap | bytes, path: str = "") -> GGUFLayout:
         tensors.append((name, tuple(dims), gtype, offset))
     table = bytes(buf[table_start:off])
     data_start = (off + alignment - 1) // alignment * alignment
-    return GGUFLayout(tensors, data_start, len(buf), table)
+    return GGUFLayout(tensors, data_start, len(buf), table, arch)
 
 
 def weights_digest(path: str | Path, *, full: bool = False) -> str:

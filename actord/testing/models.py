@@ -613,67 +613,18 @@ def write_tiny_mamba2(
 
 
 def _read_gguf_tensor_table(path: Path) -> tuple[str, list[tuple[str, list[int]]]]:
-    """(general.architecture, [(tensor name, ggml shape ne)]) from a GGUF file's header.
-
-    A minimal reader of the GGUF v2/v3 layout: it walks the key/value section without
-    decoding values it does not need. `gguf.GGUFReader` gives the same answer but decodes
-    every field, which takes ~20 s on a model with a 262k-token vocabulary (Gemma 3).
-    """
+    """(general.architecture, [(tensor name, ggml shape ne)]) from a GGUF file's header,
+    through the engine's header walk (actord/engine/weights.py): `gguf.GGUFReader` decodes
+    every field, ~20 s on a model with a 262k-token vocabulary (Gemma 3)."""
     import mmap
-    import struct
 
-    # Byte widths of the scalar GGUF value types (gguf.GGUFValueType numbering).
-    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    string_t, array_t = 8, 9
+    from actord.engine.weights import read_layout
+
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is not supported")
-        off = 24
-        u32 = struct.Struct("<I").unpack_from
-        u64 = struct.Struct("<Q").unpack_from
-
-        def read_str(o: int) -> tuple[str, int]:
-            (n,) = u64(buf, o)
-            return buf[o + 8 : o + 8 + n].decode("utf-8", "replace"), o + 8 + n
-
-        def skip_value(t: int, o: int) -> int:
-            if t in scalar:
-                return o + scalar[t]
-            if t == string_t:
-                return o + 8 + u64(buf, o)[0]
-            if t == array_t:
-                (et,) = u32(buf, o)
-                (n,) = u64(buf, o + 4)
-                o += 12
-                if et in scalar:
-                    return o + n * scalar[et]
-                for _ in range(n):
-                    o = skip_value(et, o)
-                return o
-            raise ValueError(f"{path}: unknown GGUF value type {t}")
-
-        arch = ""
-        for _ in range(n_kv):
-            key, off = read_str(off)
-            (t,) = u32(buf, off)
-            off += 4
-            if key == "general.architecture" and t == string_t:
-                arch, off = read_str(off)
-            else:
-                off = skip_value(t, off)
-        tensors: list[tuple[str, list[int]]] = []
-        for _ in range(n_tensors):
-            name, off = read_str(off)
-            (n_dims,) = u32(buf, off)
-            dims = list(struct.unpack_from(f"<{n_dims}Q", buf, off + 4))
-            off += 4 + 8 * n_dims + 4 + 8  # dims, ggml type, data offset
-            tensors.append((name, dims))
-    if not arch:
+        layout = read_layout(buf, str(path))
+    if not layout.arch:
         raise ValueError(f"{path}: no general.architecture")
-    return arch, tensors
+    return layout.arch, [(name, list(dims)) for name, dims, _, _ in layout.tensors]
 
 
 _DEFAULT_LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
