@@ -415,6 +415,9 @@ class ActorSystem:
         # placements cannot pick the same slot.
         bound_for = {s for s in self._inflight.values() if s is not None}
         idle = [i for i in infos if i.state == "idle" and i.deferred == 0 and i.id not in bound_for]
+        # A mind's resident state is not written over while another idle slot can serve: an
+        # unnamed request would cost the mind its cache (its next turn would prefill again).
+        idle = [i for i in idle if i.mind is None] or idle
         if isinstance(request.prompt, list) and idle:
             best = max(idle, key=lambda i: (common_prefix(self.slots[i.id].kv_tokens, request.prompt), -i.n_tokens))
             return self.slots[best.id]

@@ -113,3 +113,17 @@ async def test_a_slot_request_on_a_slot_holding_a_mind_takes_its_name_away(tiny_
         assert (await s.slot_list())[0].mind is None  # the state is no longer hers
         await s.complete(prompt=_prompt(11, 5), n_predict=2, mind="bo", ignore_eos=True)
         assert [p.page for p in await s.page_list()] == []  # nobody paged it out as "ada"
+
+
+async def test_an_unnamed_request_takes_a_free_slot_rather_than_write_over_a_mind(tiny_model, tmp_path):
+    """The mind's slot shares the unnamed prompt's longest prefix, but another slot is idle:
+    the mind keeps her state, and her next turn decodes only what is new."""
+    cfg = Config(model=tiny_model, slots=2, ctx=2048, batch=64, page_dir=str(tmp_path))
+    async with ActorSystem(cfg) as s:
+        turn1 = await s.complete(prompt=_prompt(5, 40), n_predict=4, mind="ada", ignore_eos=True)
+        held = _prompt(5, 40) + list(turn1.tokens)
+        await s.complete(prompt=_prompt(5, 40) + [7, 8], n_predict=2, ignore_eos=True)
+        infos = {i.mind: i for i in await s.slot_list()}
+        assert "ada" in infos and infos["ada"].n_tokens >= len(held) - 1
+        turn2 = await s.complete(prompt=held + [9], n_predict=1, mind="ada", ignore_eos=True)
+        assert turn2.n_cached >= len(held) - 1
