@@ -177,7 +177,9 @@ class GeneResidency(Actor[GeneInbox]):
 
     async def handle(self, msg: GeneInbox, env: Envelope[GeneInbox]) -> None:
         out: Any = None
-        if isinstance(msg, (LoadGene, PageInGene, Acquire)):
+        # New work may find the disk back: slots that refused an eviction may be asked again.
+        retry_kept = bool(self.kept) and isinstance(msg, (LoadGene, PageInGene, Acquire))
+        if retry_kept:
             self.kept.clear()
         match msg:
             case LoadGene():
@@ -223,8 +225,9 @@ class GeneResidency(Actor[GeneInbox]):
                 if kept:
                     self.kept.add(slot)
                 # Still over (a growth the eviction did not cover)? Go on, but only once the
-                # slot's state is gone from our view: never tell the same slot again and again.
-                if freed and not self.slot_bytes.get(slot, 0):
+                # slot's state is gone from our view, or the slot refused to go (it is kept
+                # now, so the next plan passes it over): never tell one slot again and again.
+                if (freed and not self.slot_bytes.get(slot, 0)) or kept:
                     await self._shrink_to_budget()
             case Reconcile():
                 self._reconcile_queued = False
@@ -232,6 +235,8 @@ class GeneResidency(Actor[GeneInbox]):
             case _:
                 raise InvalidParams(f"gene residency cannot handle {type(msg).__name__}")
         await self._serve()
+        if retry_kept and not self.evicting:
+            await self._shrink_to_budget()  # what the kept slots held still counts
         self._publish()
         if env.reply is not None and out is not _DEFERRED:
             env.reply.send(out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 
+import anyio
 import pytest
 
 from actord.config import Config
@@ -146,3 +147,35 @@ async def test_device_pressure_does_not_evict_a_mind_that_has_nowhere_durable_to
         assert (await s.gene_load(lora)).resident  # the disk is back: ada goes to her file
         r = await s.complete(prompt=_prompt(9, 100) + [4], n_predict=2, mind="ada", ignore_eos=True)
         assert r.n_cached >= 100
+
+
+async def test_a_slot_that_refuses_its_eviction_does_not_leave_the_device_over_budget(tiny_model, tmp_path):
+    """Over the device budget once two turns end: the coldest idle slot holds a mind whose
+    state has nowhere to go (page RAM too small, the disk refusing writes), so it refuses
+    to be evicted; the residency asks the other idle slot instead, and the budget holds."""
+    from actord.testing.models import write_tiny_lora
+
+    lora = str(write_tiny_lora(tmp_path / "fd-lora.gguf", tiny_model, seed=50))
+    probe = Config(model=tiny_model, slots=2, ctx=1024, batch=64, page_dir=str(tmp_path / "p0"),
+                   device_bytes=1 << 30)
+    async with ActorSystem(probe) as s:  # what one gene and one slot's state weigh here
+        gene = await s.gene_load(lora)
+        await s.complete(prompt=_prompt(2, 60), n_predict=4, slot=1, ignore_eos=True)
+        state = s.residency.slot_bytes[1]
+        gene_bytes = gene.n_bytes
+    cfg = Config(model=tiny_model, slots=2, ctx=1024, batch=64, page_dir=str(tmp_path / "p1"),
+                 page_ram_bytes=1024, device_bytes=gene_bytes + state + state // 2)
+    async with ActorSystem(cfg) as s:
+        gid = (await s.gene_load(lora)).id
+        s.files.fs = FaultyFs([Fault("write", errno=errno.ENOSPC, times=0)])
+        await s.complete(prompt=_prompt(1, 60), n_predict=4, mind="ada", ignore_eos=True)
+        ada = next(i.id for i in await s.slot_list() if i.mind == "ada")
+        await s.complete(prompt=_prompt(2, 60), n_predict=4, slot=1 - ada, ignore_eos=True,
+                         genes=[{"id": gid, "scale": 1.0}])
+        res = s.residency
+        with anyio.fail_after(30):  # a hang guard: the budget must come back by itself
+            while res.statistics().queued or res.evicting or res.device_bytes() > cfg.device_bytes:
+                await anyio.sleep(0.005)
+        infos = {i.id: i for i in await s.slot_list()}
+        assert infos[ada].mind == "ada" and infos[ada].n_tokens >= 60  # the mind kept her state
+        assert infos[1 - ada].n_tokens == 0

@@ -107,10 +107,12 @@ def test_the_simulation_finds_a_planted_upward_ask(tiny_model, sim_loras, monkey
     assert str(again.value) == found[1]
 
 
-@pytest.mark.parametrize("seed", [518])
+@pytest.mark.parametrize("seed", [518, 1612])
 def test_seeds_that_found_bugs_stay_fixed(tiny_model, sim_loras, seed):
     """518: an empty slot whose stale footprint the residency kept evicting (a livelock of
-    Evict / EvictDone, found by the 60-step run)."""
+    Evict / EvictDone, found by the 60-step run). 1612: over the device budget with nothing
+    running: a slot refused its eviction (a mind with no durable place: the disk failing)
+    and no other idle slot was asked, nor the refusing one once new work cleared it."""
     anyio.run(simulate, seed, 60, tiny_model, sim_loras)
 
 
