@@ -219,6 +219,7 @@ class ActorSystem:
                 share_bytes=self.config.ctx_checkpoints_bytes // max(1, self.config.slots),
             )
             s.scheduler = self.scheduler
+            s.peers = self.slots
             s.pages = self.pages
             s.residency = self.residency
             s.track_footprint = device_budget > 0
@@ -285,6 +286,27 @@ class ActorSystem:
             if not self._inflight and self._idle is not None:
                 self._idle.set()
 
+    async def complete_n(self, request: CompletionRequest, n: int, *,
+                         on_token: Callable[[Any], None] | None = None) -> list[CompletionResult]:
+        """n completions of one prompt, prefilled once (actord/choices.py), by index; each
+        streamed chunk carries its choice's `index`."""
+        from actord.choices import complete_choices
+
+        await self.dispatcher.input("completion", request)
+        return await complete_choices(self, request, n, on_token)
+
+    def hold_slots(self, slots: list[int]) -> list[int]:
+        """Mark slots as bound for work about to come (no placement picks them); the ids to release."""
+        rids = [next(self._rids) for _ in slots]
+        self._inflight.update(zip(rids, slots))
+        return rids
+
+    def release_slots(self, rids: list[int]) -> None:
+        for rid in rids:
+            self._inflight.pop(rid, None)
+        if not self._inflight and self._idle is not None:
+            self._idle.set()
+
     async def _cancel(self, rid: int, slot: int | None) -> None:
         """Tell whoever holds request `rid` to end it; bounded, and never raises."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
@@ -299,15 +321,17 @@ class ActorSystem:
                 pass
 
     async def chat(
-        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, **params: Any,
+        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, n: int = 1, **params: Any,
     ) -> Any:
         """Run one chat turn: messages rendered with the model's chat template (actord.chat).
 
         A conversation this system served before comes back as the exact tokens of its
         last prompt + reply, so its mind decodes only the new messages. Returns a
-        `ChatResult` (the reply message, the completion's result and usage).
+        `ChatResult` (the reply message, the completion's result and usage); with `n` > 1,
+        a list of n, one per choice (actord/choices.py: choice 0's reply is the one remembered).
         """
-        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult, has_tools
+        from actord.chat import ChatPrompter, ChatRequest, has_tools
+        from actord.choices import reply_message
         from actord.tools import StreamAdapter
 
         if request is None:
@@ -317,6 +341,10 @@ class ActorSystem:
                 raise InvalidParams(str(e)) from None
         request.check()
         self._check_open()
+        if n != 1:
+            from actord.choices import check_n
+
+            check_n(n, self.config.max_n)
         # The bytes a client sends are bounded before anything renders or tokenizes them.
         n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
         n += len(request.template.encode()) if request.template else 0
@@ -363,18 +391,21 @@ class ActorSystem:
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
             stop=request.stop, stream=request.stream, genes=request.genes, **fields,
         )
+        if n != 1:  # n choices of one prompt, prefilled once (actord/choices.py)
+            from actord.choices import chat_choices
+
+            return await chat_choices(self, completion, n, turn, on_token, lambda r, m: self._chat_end(
+                request, prompter, prompt, r, m))
         scanner = turn.scanner() if turn is not None and turn.parses else None
         sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
         result = await self.complete(completion, on_token=sink, _input=False)
-        if scanner is None:
-            message = ChatMessage(role="assistant", content=result.content)
-        else:
-            if isinstance(sink, StreamAdapter):
-                sink.finish(result.slot)
-            else:
-                scanner.feed(result.content)
-                scanner.finish()
-            message = ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
+        return await self._chat_end(request, prompter, prompt, result, reply_message(scanner, sink, result))
+
+    async def _chat_end(self, request: Any, prompter: Any, prompt: Any, result: CompletionResult,
+                        message: Any) -> Any:
+        """The turn's ChatResult; its reply remembered for the conversation's next turn."""
+        from actord.chat import ChatResult
+
         if result.stop_reason != "cancelled" and (
             not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
         ):  # a reply cut at a stop string no longer matches its tokens: not reusable

@@ -101,9 +101,19 @@ class Evict(Msg):
     reason: str  # "device" | "kv"
 
 
+class Fork(Msg):
+    """Asked by the system (n > 1 choices: actord/choices.py): when idle, hold a copy of
+    slot `src`'s sequence, which must be idle and hold exactly `tokens` (else nothing
+    changes and the reply is False). A mind this slot held goes to its page first (as an
+    eviction). The reply: whether the copy was made."""
+
+    src: int
+    tokens: list[int]
+
+
 SlotInbox = (
     Complete | CancelRequest | Ended | CheckpointTaken | Erase | Info | PageOutSlot | PageInSlot
-    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | Fork
 )
 
 

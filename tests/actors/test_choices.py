@@ -1,0 +1,135 @@
+"""n choices of one prompt (actord/choices.py): one prefill forked into idle slots, each
+choice its own seeded sample, the same answer as n separate seeded requests, on attention
+and recurrent memory; fewer slots than choices; a mind continues from choice 0; a failure or
+a cancel ends all n, and every slot is idle afterwards."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from actord.api import CompletionRequest
+from actord.config import Config
+from actord.errors import InvalidParams
+from actord.system import ActorSystem
+
+pytestmark = pytest.mark.anyio
+
+PROMPT = [1] + list(range(20, 60))
+
+
+def cfg(model: str, **kw) -> Config:
+    return Config(model=model, slots=kw.pop("slots", 4), ctx=kw.pop("ctx", 1024), batch=kw.pop("batch", 64), **kw)
+
+
+def req(**kw) -> CompletionRequest:
+    return CompletionRequest(**{"prompt": PROMPT, "n_predict": 10, "temperature": 1.0, "seed": 7,
+                                "ignore_eos": True, **kw})
+
+
+async def _solo(model: str, seeds: list[int]) -> list[list[int]]:
+    async with ActorSystem(cfg(model, slots=1)) as s:
+        out = []
+        for seed in seeds:
+            out.append((await s.complete(req(seed=seed, slot=0))).tokens)
+            await s.slot_erase(0)
+        return out
+
+
+async def _idle(s: ActorSystem) -> list:
+    with anyio.fail_after(30):
+        while True:
+            infos = await s.slot_list()
+            if all(i.state == "idle" and not i.deferred for i in infos):
+                return infos
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.parametrize("kind", ["tiny_model", "tiny_recurrent_model", "tiny_swa_model"])
+async def test_three_choices_prefill_once_and_equal_three_seeded_requests(kind, request):
+    model = request.getfixturevalue(kind)
+    async with ActorSystem(cfg(model)) as s:
+        rs = await s.complete_n(req(), 3)
+        m = s.metrics.snapshot()
+        infos = await _idle(s)
+    assert [r.tokens for r in rs] == await _solo(model, [7, 8, 9])
+    assert len({tuple(r.tokens) for r in rs}) == 3  # independent samples
+    assert len({r.slot for r in rs}) == 3  # forked: side by side on three slots
+    # The prompt but its last token once (the prefill), then one token per choice.
+    assert all(r.n_prompt_processed == 1 and r.n_cached == len(PROMPT) - 1 for r in rs)
+    assert m["prompt_tokens_processed_total"] == len(PROMPT) - 1 + 3
+    assert sum(i.n_tokens for i in infos) == 3 * (len(PROMPT) + 9)
+
+
+async def test_more_choices_than_slots_queue_on_the_prefix_and_choice_0_ends_the_slot(tiny_model):
+    async with ActorSystem(cfg(tiny_model, slots=2)) as s:
+        rs = await s.complete_n(req(), 5)
+        infos = await _idle(s)
+        source = rs[0].slot
+        assert s.slots[source].kv_tokens == PROMPT + rs[0].tokens[:-1]  # choice 0 ran last there
+    assert [r.tokens for r in rs] == await _solo(tiny_model, [7, 8, 9, 10, 11])
+    assert all(i.state == "idle" for i in infos)
+
+
+async def test_greedy_choices_and_a_text_prompt(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        rs = await s.complete_n(req(prompt="hello there, how are you", temperature=0.0), 3)
+        one = await s.complete(req(prompt="hello there, how are you", temperature=0.0))
+    assert [r.content for r in rs] == [one.content] * 3
+    assert rs[0].n_prompt_tokens == one.n_prompt_tokens
+
+
+async def test_a_mind_continues_from_choice_0(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        rs = await s.complete_n(req(mind="m1"), 3)
+        await _idle(s)
+        held = [sl for sl in s.slots if sl.mind == "m1"]
+        assert len(held) == 1 and held[0].kv_tokens == PROMPT + rs[0].tokens[:-1]
+        nxt = await s.complete(req(prompt=PROMPT + rs[0].tokens + [5], mind="m1"))
+        assert nxt.n_cached == len(PROMPT) + len(rs[0].tokens) - 1
+
+
+async def test_a_fork_pages_out_the_mind_it_displaces(tiny_model):
+    async with ActorSystem(cfg(tiny_model, slots=2)) as s:
+        other = await s.complete(req(prompt=[1, 9, 9, 9, 9], mind="keep"))
+        assert other.slot == 0
+        rs = await s.complete_n(req(slot=1), 2)  # the only other slot holds "keep": it is paged out first
+        assert [r.slot for r in rs] == [1, 0]
+        assert "keep" in {p.page for p in await s.page_list()}
+        back = await s.complete(req(prompt=[1, 9, 9, 9, 9] + other.tokens + [3], mind="keep"))
+        assert back.n_cached == 4 + len(other.tokens)
+
+
+async def test_n_over_the_bound_is_refused_and_changes_nothing(tiny_model):
+    async with ActorSystem(cfg(tiny_model, max_n=4)) as s:
+        for n in (0, 5, True, 2.0):
+            with pytest.raises(InvalidParams) as e:
+                await s.complete_n(req(), n)
+            assert e.value.data["param"] == "n"
+        assert all(i.n_tokens == 0 for i in await s.slot_list())
+        assert s.metrics.snapshot()["prompt_tokens_total"] == 0
+
+
+async def test_a_cancelled_caller_cancels_every_choice(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        seen: set[int] = set()
+        with anyio.CancelScope() as scope:
+            def on_token(chunk: dict) -> None:
+                seen.add(chunk["index"])
+                if len(seen) == 3:
+                    scope.cancel()
+
+            await s.complete_n(req(n_predict=4000, stream=True), 3, on_token=on_token)
+        assert scope.cancelled_caught and seen == {0, 1, 2}
+        await _idle(s)
+        m = s.metrics.snapshot()
+        assert m["requests_total{outcome=cancelled}"] == 3 and m["predicted_tokens_total"] < 3000
+        assert len((await s.complete(req(n_predict=4))).tokens) == 4
+
+
+async def test_a_failing_choice_fails_the_request_once(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        with pytest.raises(InvalidParams):  # every choice's sampler refuses the grammar
+            await s.complete_n(req(grammar="root ::= nope"), 3)
+        await _idle(s)
+        assert len((await s.complete_n(req(n_predict=3), 2))[1].tokens) == 3
