@@ -21,11 +21,18 @@ and choice 0's reply.
 Stated choices:
 - Seeds: choice i samples with seed + i (mod 2^32; the request's `seed`, else the daemon's
   `--seed`), as llama-server seeds its children; so with a seed every choice is
-  deterministic, and choice i of a seeded n-request is the n=1 answer for seed + i.
+  deterministic, and choice i of a seeded n-request is the n=1 answer for seed + i from the
+  same cache state. (A prompt whose KV came from a different history, a prefix cached by
+  another prompt's prefill, can differ in the last bits of its logits, as libllama's numbers
+  do with how a prompt was batched; that can change a temperature sample, never greedy's
+  choice short of a near tie. That holds for any actord request, n = 1 included.)
 - A mind (a named session: `X-Actord-Mind`, `user`, `prompt_cache_key`) continues from
   choice 0: choice 0 runs in the mind's slot and is the reply its history keeps (and the chat
   turn memory remembers); the other choices run on forked slots and are forgotten.
 - Usage counts the prompt once and sums the choices' generated tokens (`merge_usage`).
+  Choice 0's result carries the shared prefill (`shared_prefill`): its `n_cached` is what
+  the cache held before the request, its `n_prompt_processed` the prefill's tokens plus its
+  own one; every other choice's says 1 processed, the prompt but one token cached.
 - A typed error in any choice ends the whole request with that error (the other choices are
   cancelled); a caller that goes away cancels all n.
 - Cells: the scheduler charges each forked slot its prompt's cells, as if copied (a
@@ -143,12 +150,13 @@ async def complete_choices(system: Any, request: CompletionRequest, n: int, on_t
     mind, slot = request.mind, request.slot
     source: int | None = slot
     forks: list[int] = []
+    pre: CompletionResult | None = None
     if len(tokens) > 1:
         prefill = msgspec.structs.replace(
             request, prompt=tokens[:-1], n_predict=0, stream=False, logprobs=False, top_logprobs=0, grammar="",
             grammar_triggers=[], preserve=[], stop=[], stop_tokens=[], logit_bias=[], seed=seed)
-        r = await system.complete(prefill, _input=False)
-        source = r.slot
+        pre = await system.complete(prefill, _input=False)
+        source = pre.slot
         forks = await _fork(system, source, tokens[:-1], n - 1)
     base = msgspec.structs.replace(request, prompt=tokens, mind=None, slot=None)
     reqs = [msgspec.structs.replace(base, seed=choice_seed(seed, i)) for i in range(n)]
@@ -178,7 +186,17 @@ async def complete_choices(system: Any, request: CompletionRequest, n: int, on_t
     if failed:
         raise failed[0]
     log.debug("choices.done", n=n, source=source, forks=forks)
-    return [r for r in results if r is not None]
+    out = [r for r in results if r is not None]
+    return [shared_prefill(out[0], pre), *out[1:]] if pre is not None else out
+
+
+def shared_prefill(r0: CompletionResult, pre: CompletionResult) -> CompletionResult:
+    """Choice 0's result with the shared prefill in it: the prompt tokens the cache held
+    before the request (`n_cached`), those processed for it, and the time that took."""
+    ms = r0.timings.prompt_ms + pre.timings.prompt_ms
+    n = r0.n_prompt_processed + pre.n_prompt_processed
+    t = msgspec.structs.replace(r0.timings, prompt_ms=ms, prompt_per_second=n / ms * 1e3 if ms > 0 else 0.0)
+    return msgspec.structs.replace(r0, n_cached=pre.n_cached, n_prompt_processed=n, timings=t)
 
 
 def reply_message(scanner: Any, sink: Any, result: CompletionResult) -> Any:

@@ -346,14 +346,14 @@ class ActorSystem:
 
             check_n(n, self.config.max_n)
         # The bytes a client sends are bounded before anything renders or tokenizes them.
-        n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
-        n += len(request.template.encode()) if request.template else 0
+        size = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+        size += len(request.template.encode()) if request.template else 0
         if request.tools or has_tools(request.messages):
-            n += len(msgspec.json.encode(request.tools)) + sum(
+            size += len(msgspec.json.encode(request.tools)) + sum(
                 len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
-        if n > self._limits.max_prompt_bytes:
-            raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
-                                n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
+        if size > self._limits.max_prompt_bytes:
+            raise PromptTooLong(f"chat of {size} bytes is over the limit of {self._limits.max_prompt_bytes}",
+                                n_prompt_bytes=size, max_prompt_bytes=self._limits.max_prompt_bytes)
         await self.dispatcher.input("chat", request)
         prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
         if prompter is None:

@@ -55,8 +55,10 @@ async def test_three_choices_prefill_once_and_equal_three_seeded_requests(kind, 
     assert [r.tokens for r in rs] == await _solo(model, [7, 8, 9])
     assert len({tuple(r.tokens) for r in rs}) == 3  # independent samples
     assert len({r.slot for r in rs}) == 3  # forked: side by side on three slots
-    # The prompt but its last token once (the prefill), then one token per choice.
-    assert all(r.n_prompt_processed == 1 and r.n_cached == len(PROMPT) - 1 for r in rs)
+    # The prompt but its last token once (the prefill, which choice 0's result carries), then
+    # one token per choice.
+    assert (rs[0].n_prompt_processed, rs[0].n_cached) == (len(PROMPT), 0)
+    assert all(r.n_prompt_processed == 1 and r.n_cached == len(PROMPT) - 1 for r in rs[1:])
     assert m["prompt_tokens_processed_total"] == len(PROMPT) - 1 + 3
     assert sum(i.n_tokens for i in infos) == 3 * (len(PROMPT) + 9)
 
