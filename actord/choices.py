@@ -36,8 +36,11 @@ Stated choices:
 - A typed error in any choice ends the whole request with that error (the other choices are
   cancelled); a caller that goes away cancels all n.
 - Cells: the scheduler charges each forked slot its prompt's cells, as if copied (a
-  conservative count: the cells are shared), so a fork is made only where `MakeRoom` grants
-  them; a refused fork's choice queues on a slot that has the prefix.
+  conservative count: the cells are shared; counting them once would leave them uncharged
+  when the source lets go of its copy), so a fork is made only where `MakeRoom` grants them
+  from cells free now, evicting nobody (an eviction to make room for cells that are shared
+  anyway could even take the source's prefix); a refused fork's choice queues on a slot
+  that has the prefix.
 - Not replayed: a trace records the request once, as its verb (a replay runs it as n = 1).
 """
 
@@ -121,7 +124,7 @@ async def _fork(system: Any, source: int, prefix: list[int], want: int) -> list[
     try:
         for t in targets:
             if system.scheduler is not None and \
-                    await system.scheduler.ask(MakeRoom(slot=t, cells=len(prefix))) < len(prefix):
+                    await system.scheduler.ask(MakeRoom(slot=t, cells=len(prefix), evict=False)) < len(prefix):
                 log.info("choices.no_room_to_fork", slot=t, n_tokens=len(prefix))
                 continue
             if await system.slots[t].ask(Fork(src=source, tokens=prefix)):

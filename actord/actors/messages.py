@@ -163,10 +163,13 @@ class Cells(Msg):
 
 class MakeRoom(Msg):
     """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
-    a restore): evict idle slots until they are free, and hold them for it."""
+    a restore): evict idle slots until they are free (`evict`; without it, only what is
+    free now: a fork, actord/choices.py, never costs another slot its sequence), and hold
+    them for it."""
 
     slot: int
     cells: int
+    evict: bool = True
 
 
 class SlotLost(Msg):

@@ -135,3 +135,19 @@ async def test_a_failing_choice_fails_the_request_once(tiny_model):
             await s.complete_n(req(grammar="root ::= nope"), 3)
         await _idle(s)
         assert len((await s.complete_n(req(n_predict=3), 2))[1].tokens) == 3
+
+
+async def test_a_fork_evicts_nobody_for_cells_the_choice_queues_instead(tiny_model):
+    # 256 cells (libllama's least): a mind holds 178 of them, the prefill 40; a fork would
+    # need 40 more (the scheduler charges forked cells as if copied), and only 38 are free.
+    async with ActorSystem(cfg(tiny_model, slots=3, ctx=256)) as s:
+        assert s.props.kv_cells == 256
+        await s.complete(req(prompt=[1] + list(range(100, 270)), n_predict=9, mind="keep", temperature=0.0))
+        held = next(sl for sl in s.slots if sl.mind == "keep")
+        before = list(held.kv_tokens)
+        rs = await s.complete_n(req(slot=next(sl.id for sl in s.slots if sl is not held and not sl.kv_tokens)), 2)
+        await _idle(s)
+        assert rs[0].slot == rs[1].slot != held.id  # choice 1 ran on the prefix's slot, before choice 0
+        assert held.mind == "keep" and held.kv_tokens == before
+        assert not any(k.startswith("slot_evictions_total") and v for k, v in s.metrics.snapshot().items())
+    assert [r.tokens for r in rs] == await _solo(tiny_model, [7, 8])
