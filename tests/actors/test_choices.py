@@ -45,7 +45,7 @@ async def _idle(s: ActorSystem) -> list:
             await anyio.sleep(0.01)
 
 
-@pytest.mark.parametrize("kind", ["tiny_model", "tiny_recurrent_model", "tiny_swa_model"])
+@pytest.mark.parametrize("kind", ["tiny_model", "tiny_recurrent_model", "tiny_swa_model", "tiny_hybrid_model"])
 async def test_three_choices_prefill_once_and_equal_three_seeded_requests(kind, request):
     model = request.getfixturevalue(kind)
     async with ActorSystem(cfg(model)) as s:
@@ -63,7 +63,9 @@ async def test_three_choices_prefill_once_and_equal_three_seeded_requests(kind, 
     assert sum(i.n_tokens for i in infos) == 3 * (len(PROMPT) + 9)
 
 
-async def test_more_choices_than_slots_queue_on_the_prefix_and_choice_0_ends_the_slot(tiny_model):
+@pytest.mark.parametrize("kind", ["tiny_model", "tiny_recurrent_model", "tiny_swa_model"])
+async def test_more_choices_than_slots_queue_on_the_prefix_and_choice_0_ends_the_slot(kind, request):
+    tiny_model = request.getfixturevalue(kind)
     async with ActorSystem(cfg(tiny_model, slots=2)) as s:
         rs = await s.complete_n(req(), 5)
         infos = await _idle(s)
@@ -151,3 +153,24 @@ async def test_a_fork_evicts_nobody_for_cells_the_choice_queues_instead(tiny_mod
         assert held.mind == "keep" and held.kv_tokens == before
         assert not any(k.startswith("slot_evictions_total") and v for k, v in s.metrics.snapshot().items())
     assert [r.tokens for r in rs] == await _solo(tiny_model, [7, 8])
+
+
+async def test_choices_under_speculative_decoding_equal_the_plain_ones(tiny_model, models_dir):
+    from actord.testing.models import write_tiny_llama
+
+    draft = str(write_tiny_llama(models_dir / "tiny-llama-s2.gguf", seed=2))
+    want = {}
+    async with ActorSystem(cfg(tiny_model)) as plain:
+        for temperature in (0.0, 1.0):
+            want[temperature] = [r.tokens for r in await plain.complete_n(req(temperature=temperature, n_predict=24), 3)]
+            for sl in range(4):
+                await plain.slot_erase(sl)
+    async with ActorSystem(cfg(tiny_model, spec_draft_model=draft)) as s:
+        assert s.props.spec == "draft"
+        for temperature in (0.0, 1.0):
+            got = [r.tokens for r in await s.complete_n(req(temperature=temperature, n_predict=24), 3)]
+            assert got == want[temperature]
+            await _idle(s)
+            for sl in range(4):
+                await s.slot_erase(sl)
+        assert s.metrics.snapshot()["spec_decode_num_draft_tokens_total"] > 0
