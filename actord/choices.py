@@ -76,7 +76,8 @@ def choice_seed(seed: int, i: int) -> int:
 
 
 def merge_usage(results: list[CompletionResult]) -> dict[str, int]:
-    """The request's usage: the prompt once (as the first choice saw it), the completions summed."""
+    """The request's usage: the prompt once (from choice 0's result, which carries the shared
+    prefill: `cached_tokens` is what the cache held before the request), the completions summed."""
     r0 = results[0]
     n_out = sum(len(r.tokens) for r in results)
     return {"prompt_tokens": r0.n_prompt_tokens, "completion_tokens": n_out,
