@@ -108,6 +108,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # not the whole context: a model that never emits EOS would otherwise hold its slot
     # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
     http_default_max_tokens: int = 2048
+    # The most choices one request may ask for (OpenAI's `n`, llama-server's `n_cmpl`); over
+    # it, a 400 naming the field. Choices beyond the idle slots queue (actord/choices.py).
+    max_n: int = 8
     model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
     cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
     chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
@@ -200,6 +203,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
         if self.http_max_header_bytes < 1024:
             raise InvalidParams("http_max_header_bytes must be >= 1024")
+        if not 1 <= self.max_n <= 128:
+            raise InvalidParams("max_n is between 1 and 128", max_n=self.max_n)
         if self.http_max_connections < 1 or self.http_default_max_tokens < 1:
             raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
         if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import anyio
@@ -34,13 +33,13 @@ from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, Spil
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix, page_image
-from actord.api import CompletionRequest, CompletionResult, SamplingFields, SlotInfo
+from actord.api import CompletionRequest, CompletionResult, SlotInfo
 from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
 from actord.errors import (
-    ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound,
+    ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound,
 )
 from actord.log import get
 from actord.metrics import Metrics
@@ -229,6 +228,7 @@ class ActorSystem:
                 share_bytes=self.config.ctx_checkpoints_bytes // max(1, self.config.slots),
             )
             s.scheduler = self.scheduler
+            s.peers = self.slots
             s.pages = self.pages
             s.residency = self.residency
             s.track_footprint = device_budget > 0
@@ -295,6 +295,27 @@ class ActorSystem:
             if not self._inflight and self._idle is not None:
                 self._idle.set()
 
+    async def complete_n(self, request: CompletionRequest, n: int, *,
+                         on_token: Callable[[Any], None] | None = None) -> list[CompletionResult]:
+        """n completions of one prompt, prefilled once (actord/choices.py), by index; each
+        streamed chunk carries its choice's `index`."""
+        from actord.choices import complete_choices
+
+        await self.dispatcher.input("completion", request)
+        return await complete_choices(self, request, n, on_token)
+
+    def hold_slots(self, slots: list[int]) -> list[int]:
+        """Mark slots as bound for work about to come (no placement picks them); the ids to release."""
+        rids = [next(self._rids) for _ in slots]
+        self._inflight.update(zip(rids, slots))
+        return rids
+
+    def release_slots(self, rids: list[int]) -> None:
+        for rid in rids:
+            self._inflight.pop(rid, None)
+        if not self._inflight and self._idle is not None:
+            self._idle.set()
+
     async def _cancel(self, rid: int, slot: int | None) -> None:
         """Tell whoever holds request `rid` to end it; bounded, and never raises."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
@@ -309,103 +330,24 @@ class ActorSystem:
                 pass
 
     async def chat(
-        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, **params: Any,
+        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, n: int = 1, **params: Any,
     ) -> Any:
         """Run one chat turn: messages rendered with the model's chat template (actord.chat).
 
         A conversation this system served before comes back as the exact tokens of its
         last prompt + reply, so its mind decodes only the new messages. Returns a
-        `ChatResult` (the reply message, the completion's result and usage).
+        `ChatResult` (the reply message, the completion's result and usage); with `n` > 1,
+        a list of n, one per choice (actord/choices.py: choice 0's reply is the one remembered).
         """
-        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult, has_tools
-        from actord.tools import StreamAdapter
+        from actord.chat import ChatRequest
+        from actord.chat_turn import run_turn
 
         if request is None:
             try:
                 request = msgspec.convert(params, ChatRequest)
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
-        request.check()
-        self._check_open()
-        # The bytes a client sends are bounded before anything renders or tokenizes them.
-        n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
-        n += len(request.template.encode()) if request.template else 0
-        if request.tools or has_tools(request.messages):
-            n += len(msgspec.json.encode(request.tools)) + sum(
-                len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
-        if n > self._limits.max_prompt_bytes:
-            raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
-                                n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
-        await self.dispatcher.input("chat", request)
-        prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
-        if prompter is None:
-            info = await self.engine.run(J.ChatInfo())
-            if self.config.chat_template_file:
-                try:
-                    source = await self._run_sync(Path(self.config.chat_template_file).read_text)
-                except (OSError, UnicodeDecodeError) as e:
-                    from actord.errors import FileNotFound
-
-                    raise FileNotFound(f"cannot read chat template {self.config.chat_template_file}: {e}",
-                                       path=self.config.chat_template_file) from None
-                info = msgspec.structs.replace(info, template=source)
-
-            async def tokenize(text: str) -> list[int]:
-                return await self.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
-
-            prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens,
-                                                          run_sync=self._run_sync,
-                                                          max_bytes=self._limits.max_prompt_bytes)
-        fields = {f: getattr(request, f) for f in SamplingFields.__struct_fields__}
-        turn = None
-        if request.tools or has_tools(request.messages):  # tool calling: actord.tools
-            turn = self._tool_turn(request, prompter)
-            if turn.grammar:
-                if request.grammar or request.json_schema is not None:
-                    raise InvalidParams("a grammar (response_format) and tools both constrain the output: "
-                                        "send one, or tool_choice none", param="response_format")
-                fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
-        prompt = await prompter.build(request.messages, template=request.template,
-                                      add_generation_prompt=request.add_generation_prompt,
-                                      render=turn.render if turn else None,
-                                      tools=turn.template_tools if turn else None)
-        completion = CompletionRequest(
-            prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
-            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
-            stop=request.stop, stream=request.stream, genes=request.genes, **fields,
-        )
-        scanner = turn.scanner() if turn is not None and turn.parses else None
-        sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
-        result = await self.complete(completion, on_token=sink, _input=False)
-        if scanner is None:
-            message = ChatMessage(role="assistant", content=result.content)
-        else:
-            if isinstance(sink, StreamAdapter):
-                sink.finish(result.slot)
-            else:
-                scanner.feed(result.content)
-                scanner.finish()
-            message = ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
-        if result.stop_reason != "cancelled" and (
-            not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
-        ):  # a reply cut at a stop string no longer matches its tokens: not reusable
-            prompter.remember(prompt, message, result)
-        return ChatResult(message=message, completion=result, reused_turn=prompt.reused_turn)
-
-    def _tool_turn(self, request: Any, prompter: Any) -> Any:
-        """What a chat turn with tools renders and samples under (actord.tools), in the format
-        the request, the daemon's --tool-format or the template names."""
-        from actord import tools as T
-
-        mode, name = T.check_tools(request.tools, request.tool_choice)
-        fmt = request.tool_format or self.config.tool_format
-        if fmt == "auto":
-            source = request.template if request.template is not None else prompter.info.template
-            fmt, why = T.detect_format(source)
-            if getattr(self, "_tool_format_logged", None) != (fmt, source):
-                self._tool_format_logged = (fmt, source)
-                log.info("chat.tool_format", format=fmt, why=why)
-        return T.plan_turn(fmt, request.messages, request.tools, mode, name, request.parallel_tool_calls)
+        return await run_turn(self, request, on_token, n)
 
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""

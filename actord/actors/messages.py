@@ -102,9 +102,19 @@ class Evict(Msg):
     reason: str  # "device" | "kv"
 
 
+class Fork(Msg):
+    """Asked by the system (n > 1 choices: actord/choices.py): when idle, hold a copy of
+    slot `src`'s sequence, which must be idle and hold exactly `tokens` (else nothing
+    changes and the reply is False). A mind this slot held goes to its page first (as an
+    eviction). The reply: whether the copy was made."""
+
+    src: int
+    tokens: list[int]
+
+
 SlotInbox = (
     Complete | CancelRequest | Ended | CheckpointTaken | Erase | Info | PageOutSlot | PageInSlot
-    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | Fork
 )
 
 
@@ -157,12 +167,14 @@ class Cells(Msg):
 
 class MakeRoom(Msg):
     """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
-    a restore): evict idle slots until they are free, and hold them for it. The reply is a
-    `Room`: the cells held and the token that `ReleaseRoom` gives back once the move is over
-    (however it ended)."""
+    a restore): evict idle slots until they are free (`evict`; without it, only what is
+    free now: a fork, actord/choices.py, never costs another slot its sequence), and hold
+    them for it. The reply is a `Room`: the cells held and the token that `ReleaseRoom`
+    gives back once the move is over (however it ended)."""
 
     slot: int
     cells: int
+    evict: bool = True
 
 
 class ReleaseRoom(Msg):

@@ -128,14 +128,14 @@ class Scheduler(Actor[SchedulerInbox]):
                 if rid is not None:
                     self._route(self.core.abort(rid, "error", ActorFailed(f"slot {slot} crashed", slot=slot)))
                 await self._reclaim()
-            case MakeRoom(slot=slot, cells=n):
+            case MakeRoom(slot=slot, cells=n, evict=evict):
                 # The reply is the cells free for the slot (at most n), held for it until the
                 # asker releases them: a caller that got fewer must not move a sequence in (it
                 # would over-commit the cache that the steps in flight are counted against).
                 room = Room(token=0, cells=n)
                 if self.n_ctx and slot not in self.core.by_slot:
                     short = n - (self.free_cells + self.held(slot))
-                    if short > 0:
+                    if short > 0 and evict:
                         await self._make_room(short, exclude=slot)
                     # Held for the slot until whoever asked releases it (ReleaseRoom).
                     granted = min(n, self.free_cells + self.held(slot))

@@ -37,7 +37,7 @@ from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import Acquire as GeneAcquire
 from actord.actors.messages import (
-    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, GenesGranted,
+    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, GenesGranted,
     GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox,
 )
 from actord.actors.placer import SlotIdle
@@ -114,6 +114,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.active: _Active | None = None
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
+        self.handling = 0  # handlers at work (nested: deferred messages run inside one)
+        self.peers: list[Slot] = []  # every slot, by id (a Fork reads its source's tokens)
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -122,6 +124,13 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         return self.active is not None
 
     async def handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        self.handling += 1
+        try:
+            await self._handle(msg, env)
+        finally:
+            self.handling -= 1
+
+    async def _handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         match msg:
             case Ended():
                 try:
@@ -172,6 +181,10 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                 log.debug("slot.deferred", slot=self.id, msg=type(msg).__name__, queued=len(self.deferred))
             case Complete():
                 await self._start(msg, env)
+            case Fork(src=src, tokens=tokens):
+                if not 0 <= src < len(self.peers):
+                    raise InvalidParams(f"no slot {src} to fork from", slot=src)
+                env.reply.send(await self.fork_from(self.peers[src], tokens))  # type: ignore[union-attr]
             case Erase():
                 await self.erase()
                 env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]

@@ -67,6 +67,8 @@ class SlotMemory:
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     mind: str | None
+    genes: Any
+    handling: int
 
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
@@ -259,6 +261,43 @@ class SlotMemory:
     async def footprint_changed(self) -> None:
         if self.residency is not None and self.track_footprint:
             await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=await self.device_bytes()))
+
+    def quiet(self) -> bool:
+        """No request and no handler at work: every engine job of this sequence has returned,
+        so `kv_tokens` is what the sequence holds (a peer's fork reads it: `fork_from`)."""
+        return self.active is None and self.handling == 0
+
+    async def fork_from(self, src: Any, tokens: list[int]) -> bool:
+        """Hold a copy of slot `src`'s sequence (messages.Fork), which must be quiet and hold
+        exactly `tokens`; False, and nothing changed (but a mind this slot held paged out), when
+        it does not. The check and the copy's submission happen in one tick of the loop, so no
+        job of src's can come between them (the engine runs between-steps jobs in order)."""
+        def same() -> bool:
+            return src is not self and src.quiet() and src.kv_tokens == tokens
+
+        if not same():
+            return False
+        if self.mind is not None and self.kv_tokens:
+            await self.evict("fork")  # the mind keeps its history: to its page, else its file
+            if not same():
+                return False
+        job = self.engine.submit(J.SeqCopy(src=src.seq, dst=self.seq))
+        try:
+            await self.engine.wait(job)
+        except ActordError:
+            await self.erase()  # what the sequence holds is unknown: nothing
+            raise
+        self.kv_tokens = list(tokens)
+        self.genes = src.genes
+        self.draft_n = 0  # the draft context's copy was cleared: it catches up from zero
+        self.resume_raw_lcp = None
+        self.mind = None
+        self.ckpt.reset()
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        await self.footprint_changed()
+        await self._tell_cells()
+        return True
 
     async def cut_back_after_failure(self) -> None:
         """A failed step may have left cells past what we know: cut back to kv_tokens. Memory

@@ -404,6 +404,16 @@ class Engine(Sampling, Embedding):
                 if self.drafter is not None:  # the draft sequence never holds more than the target's
                     self.drafter.seq_rm(seq, p0, p1)
                 return True if draft_only else self.seq_rm(seq, p0, p1)
+            case J.SeqCopy(src=src, dst=dst):
+                self._check_seq(src)
+                self._check_seq(dst)
+                if src == dst:
+                    raise InvalidParams("a sequence cannot be copied onto itself", seq=src)
+                if self.drafter is not None:
+                    self.drafter.seq_rm(dst, -1, -1)
+                lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
+                lib.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+                return True
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):

@@ -85,6 +85,20 @@ class SeqRm(Job):
     between_steps = True
 
 
+class SeqCopy(Job):
+    """Make sequence `dst` hold what sequence `src` holds (llama_memory_seq_rm of dst, then
+    llama_memory_seq_cp src -> dst, as llama-server forks an `n_cmpl` prompt to its child
+    slots). With the unified KV cache the cells are shared, not copied; recurrent state
+    shares its cell until dst's next decode copies it. The draft context's dst sequence
+    (speculation) is cleared: it catches up from zero. Both sequences must be idle (no queued
+    step holds either), as for SeqRm."""
+
+    src: int
+    dst: int
+
+    between_steps = True
+
+
 class SetSampler(Job):
     seq: int
     params: SamplingParams
