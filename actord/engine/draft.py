@@ -80,6 +80,8 @@ def vocab_mismatch(tgt: Any, dft: Any) -> str:
 class Drafter:
     """A draft model's context: one sequence per slot, full attention memory."""
 
+    every_step = False  # it catches up on the plan's draft tokens, before the target decodes
+
     def __init__(self, path: str, target_model: Any, target_vocab: Any, *, n_ctx: int, n_batch: int,
                  n_seq: int, threads: int, n_max: int, p_min: float = 0.0) -> None:
         self.model = lib.llama_model_load_from_file(path.encode(), lib.llama_model_default_params())
@@ -192,7 +194,7 @@ class Drafter:
             return proposed, extent
         live = []
         for i, row in out_at.items():
-            t = self._pick(row)
+            t = self._pick(row, entries[i].seq, extent[i])
             if t >= 0:
                 proposed[i] = [t]
                 live.append(i)
@@ -215,15 +217,16 @@ class Drafter:
             nxt = []
             for k, i in enumerate(live):
                 extent[i] += 1
-                t = self._pick(k)
+                t = self._pick(k, entries[i].seq, extent[i])
                 if t >= 0:
                     proposed[i].append(t)
                     nxt.append(i)
             live = nxt
         return proposed, extent
 
-    def _pick(self, row: int) -> int:
-        """The draft's greedy token at a batch row, or -1 under p_min."""
+    def _pick(self, row: int, seq: int, pos: int) -> int:
+        """The draft's greedy token at a batch row (for sequence `seq`'s position `pos`), or
+        -1 under p_min."""
         v = np.ctypeslib.as_array(self._logits(self.ctx, row), shape=(self.n_vocab,))
         t = int(v.argmax())
         if self.p_min > 0:
@@ -279,16 +282,12 @@ def open_drafter(config: Any, model: Any, vocab: Any, *, swa_full: bool, threads
     mode = config.spec_mode
     if not mode:
         return None
-    if mode == "mtp":
-        n_mtp = int(lib.llama_model_n_layer_nextn(model)) if hasattr(lib, "llama_model_n_layer_nextn") else 0
-        if n_mtp <= 0:
-            raise SpecUnsupported(f"--spec mtp: the model {config.model} has no MTP (nextn) layer", model=config.model)
-        raise SpecUnsupported(
-            f"--spec mtp: the model {config.model} has {n_mtp} MTP layer(s), but actord does not drive an MTP "
-            "context yet: its only MTP architecture (qwen35) has hybrid memory, whose rejected drafts need a "
-            "recurrent-state snapshot before each verify; use --spec-draft-model", model=config.model, n_mtp=n_mtp)
-    why = cuttable(model, swa_full)
-    if why:
+    if mode == "mtp":  # engine/mtp.py
+        raise InvalidParams("open_drafter opens a draft model; --spec mtp is engine/mtp.py's open_mtp")
+    # A recurrent or hybrid target rolls rejected drafts back in the verify itself
+    # (engine/core.py `_verify`); a sliding window that is not full cannot be cut at all.
+    if int(lib.llama_model_n_swa(model)) > 0 and not swa_full:
+        why = "a sliding-window cache that is not full (--swa-full on would allow it)"
         raise SpecUnsupported(
             f"speculative decoding needs a target whose memory can be cut back at any position; {config.model} "
             f"has {why}", model=config.model, reason=why)

@@ -1,0 +1,230 @@
+"""Speculative decoding on recurrent and hybrid targets, and with the model's own MTP head.
+
+Targets: the tiny hybrid qwen35 (3 Gated DeltaNet layers + 1 attention layer; libllama has
+rollback snapshots for it, so a verify cuts rejected drafts with n_rs_seq = spec_n_max:
+rollback "rs"), the same with its nextn/MTP block (`--spec mtp`), and the tiny mamba2
+(recurrent, no rollback snapshots in libllama: a verify restores the state copied before it
+and decodes the accepted tokens again: rollback "replay"). Drafters: the tiny llama of the
+same vocabulary (a draft model), the MTP head, and an "oracle" seam over either that proposes
+the target's known greedy continuation with every third position wrong, so verifies accept
+0..k tokens and roll back the rest at every length (random weights alone reject nearly all).
+
+What these pin: greedy output identical with and without speculation across rejection,
+two slots batched, a second turn reusing the prefix; page out/in into another slot and
+spill/restore mid-conversation carry the drafter's state (the MTP head's KV and carried
+hidden row: the next drafts step by step equal a never-paged slot's); a file without a
+draft state starts the MTP head cold with the same output; what stays refused.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from actord.config import Config
+from actord.engine import jobs as J
+from actord.engine.core import Engine
+from actord.errors import SpecUnsupported
+from actord.system import ActorSystem
+
+pytestmark = pytest.mark.anyio
+
+P1 = [1, 50, 61, 72, 83, 94, 105, 116, 127, 138, 149, 160, 171, 182]
+P2 = [1, 300, 290, 280, 270, 260, 250, 240, 230]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def llama_draft(models_dir) -> str:
+    from actord.testing.models import write_tiny_llama
+
+    return str(write_tiny_llama(models_dir / "tiny-llama-s2.gguf", seed=2))
+
+
+def cfg(model: str, **kw) -> Config:
+    return Config(model=model, slots=2, ctx=512, batch=64, threads=1, **kw)
+
+
+def oracle_factory(truth: dict[int, list[int]]):
+    """An engine whose drafter proposes truth[seq][pos], wrong (+1) where pos % 3 == 0."""
+
+    def make(config: Config) -> Engine:
+        eng = Engine(config)
+        d = eng.drafter
+        real = d._pick
+
+        def pick(row: int, seq: int, pos: int) -> int:
+            real(row, seq, pos)  # the drafter's own work, as without the seam
+            t = truth.get(seq, [])
+            if pos >= len(t):
+                return 0
+            return t[pos] if pos % 3 else (t[pos] + 1) % 512
+
+        d._pick = pick
+        return eng
+
+    return make
+
+
+async def _conversation(s, n1=40, n2=24):
+    out: dict[int, list] = {}
+
+    async def one(slot, prompt):
+        a = await s.complete(prompt=prompt, n_predict=n1, slot=slot, ignore_eos=True)
+        b = await s.complete(prompt=prompt + a.tokens + [7, 8, 9], n_predict=n2, slot=slot, ignore_eos=True)
+        out[slot] = [a, b]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, 0, P1)
+        tg.start_soon(one, 1, P2)
+    return out
+
+
+def _truth(plain) -> dict[int, list[int]]:
+    prompts = {0: P1, 1: P2}
+    return {slot: prompts[slot] + a.tokens + [7, 8, 9] + b.tokens for slot, (a, b) in plain.items()}
+
+
+KINDS = [
+    ("tiny_hybrid_model", "draft", "rs"),
+    ("tiny_recurrent_model", "draft", "replay"),
+    ("tiny_hybrid_mtp_model", "mtp", "rs"),
+]
+
+
+def _spec_kw(mode: str, llama_draft: str) -> dict:
+    return dict(spec="mtp") if mode == "mtp" else dict(spec_draft_model=llama_draft)
+
+
+@pytest.mark.parametrize("fixture,mode,rollback", KINDS)
+@pytest.mark.parametrize("oracle", [False, True], ids=["own-drafts", "oracle"])
+async def test_greedy_output_is_identical_with_and_without_speculation(fixture, mode, rollback, oracle, request,
+                                                                       llama_draft):
+    target = request.getfixturevalue(fixture)
+    async with ActorSystem(cfg(target)) as s:
+        plain = await _conversation(s)
+    kw = _spec_kw(mode, llama_draft)
+    factory = oracle_factory(_truth(plain)) if oracle else None
+    async with ActorSystem(cfg(target, spec_n_max=4, **kw), engine_factory=factory) as s:
+        spec = await _conversation(s)
+        snap = s.metrics.snapshot()
+        props = await s.engine.run(J.ModelInfo())
+    assert (props.spec, props.spec_rollback) == (mode, rollback)
+    if rollback == "rs":
+        assert props.n_rs_seq == 4
+    for slot in (0, 1):
+        assert [r.tokens for r in spec[slot]] == [r.tokens for r in plain[slot]]
+        assert [r.n_prompt_processed for r in spec[slot]] == [r.n_prompt_processed for r in plain[slot]]
+    drafted = snap["spec_decode_num_draft_tokens_total"]
+    accepted = snap["spec_decode_num_accepted_tokens_total"]
+    assert drafted > 0
+    if oracle:  # every acceptance length: 0..k tokens kept, the rest rolled back
+        assert 0.3 * drafted < accepted < 0.9 * drafted
+        assert snap["engine_steps_total"] < plain_steps(plain) * 0.8
+
+
+def plain_steps(plain) -> int:
+    return sum(len(r.tokens) for rs in plain.values() for r in rs) // 2  # two slots step together
+
+
+async def _paged_run(s, move, slot_after: int, n=40, suffix=(5, 6, 7)):
+    """R1 on slot 0, `move` its state away and back, R2 on `slot_after` (R1's text and
+    `suffix`: with none, R2's first step drafts from the state R1 left); returns R1, R2 and
+    the drafts the engine made for R2 step by step."""
+    r1 = await s.complete(prompt=P1, n_predict=n, slot=0, ignore_eos=True)
+    await move(s)
+    before = len(await s.engine.run(J.StepRecords()))
+    r2 = await s.complete(prompt=P1 + r1.tokens + list(suffix), n_predict=n, slot=slot_after, ignore_eos=True)
+    records = await s.engine.run(J.StepRecords())
+    return r1, r2, [r.drafts for r in records[before:]]
+
+
+async def _no_move(s):
+    pass
+
+
+@pytest.mark.parametrize("fixture,mode,suffix", [
+    ("tiny_hybrid_mtp_model", "mtp", (5, 6, 7)), ("tiny_hybrid_mtp_model", "mtp", ()),
+    ("tiny_hybrid_model", "draft", (5, 6, 7)), ("tiny_recurrent_model", "draft", (5, 6, 7))])
+async def test_page_out_in_carries_the_drafters_state(fixture, mode, suffix, request, llama_draft):
+    target = request.getfixturevalue(fixture)
+    kw = dict(spec_n_max=3, **_spec_kw(mode, llama_draft))
+    async with ActorSystem(cfg(target, **kw)) as s:
+        base = await _paged_run(s, _no_move, 0, suffix=suffix)
+    moved: dict = {}
+
+    async def page(s):
+        moved["before"] = bytes((await s.engine.run(J.StateGet(seq=0, draft=True))).data)
+        moved["out"] = await s.page_out(0, "ada")
+        moved["in"] = await s.page_in(1, "ada")
+        moved["after"] = bytes((await s.engine.run(J.StateGet(seq=1, draft=True))).data)
+
+    async with ActorSystem(cfg(target, **kw)) as s:
+        paged = await _paged_run(s, page, 1, suffix=suffix)
+    assert moved["out"]["draft_bytes"] > 0 and moved["in"]["draft"] == "warm"
+    # The drafter's state in the other slot is the one it left: as long, and for the MTP
+    # head the same carried hidden row and position (libllama's sequence state names its
+    # sequence, so the KV part differs in that field).
+    assert len(moved["after"]) == len(moved["before"])
+    if mode == "mtp":
+        head = 12 + 4 * 64  # engine/mtp.py: magic, h_pos, n_embd, the row (the tiny model's n_embd 64)
+        assert moved["after"][:head] == moved["before"][:head] and moved["before"][:4] == b"MTPh"
+    assert paged[1].tokens == base[1].tokens
+    assert paged[2] == base[2] and any(base[2])  # the same drafts, step by step
+    assert (paged[1].timings.draft_n, paged[1].timings.draft_n_accepted) == (
+        base[1].timings.draft_n, base[1].timings.draft_n_accepted)
+
+
+async def test_spill_and_restore_carry_the_mtp_heads_state_in_the_dft_sidecar(tiny_hybrid_mtp_model, tmp_path):
+    kw = dict(spec="mtp", spec_n_max=3)
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path / "a"), **kw)) as s:
+        base = await _paged_run(s, _no_move, 0)
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path / "b"), **kw)) as s:
+        r1 = await s.complete(prompt=P1, n_predict=40, slot=0, ignore_eos=True)
+        await s.page_out(0, "ada")
+        await s.page_spill("ada", "ada.page", drop=True)
+    assert (tmp_path / "b" / "ada.page.dft").exists()
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path / "b"), **kw)) as s:  # a restart
+        r = await s.slot_restore(1, "ada.page")
+        assert r["draft"] == "warm" and r["draft_n_tokens"] > 0
+        before = len(await s.engine.run(J.StepRecords()))
+        r2 = await s.complete(prompt=P1 + r1.tokens + [5, 6, 7], n_predict=40, slot=1, ignore_eos=True)
+        got = [x.drafts for x in (await s.engine.run(J.StepRecords()))[before:]]
+    assert r1.tokens == base[0].tokens and r2.tokens == base[1].tokens
+    assert got == base[2]
+
+
+async def test_a_file_without_the_mtp_state_starts_the_head_cold(tiny_hybrid_mtp_model, tmp_path):
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, spec="mtp", page_dir=str(tmp_path))) as s:
+        base = await _paged_run(s, _no_move, 0)
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path))) as s:  # no speculation: no .dft
+        r1 = await s.complete(prompt=P1, n_predict=40, slot=0, ignore_eos=True)
+        await s.slot_save(0, "plain.page")
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, spec="mtp", page_dir=str(tmp_path))) as s:
+        r = await s.slot_restore(1, "plain.page")
+        assert (r["draft"], r["draft_n_tokens"]) == ("cold", 0)
+        r2 = await s.complete(prompt=P1 + r1.tokens + [5, 6, 7], n_predict=40, slot=1, ignore_eos=True)
+    assert r2.tokens == base[1].tokens and r2.timings.draft_n > 0
+
+
+async def test_what_stays_refused(tiny_hybrid_model, tiny_recurrent_model, tiny_model, tiny_swa_model):
+    # --spec mtp needs an MTP (nextn) layer: the hybrid without one is refused at start.
+    with pytest.raises(SpecUnsupported, match="no MTP"):
+        async with ActorSystem(cfg(tiny_hybrid_model, spec="mtp")):
+            pass
+    # A draft model whose own memory cannot be cut back (its drafts are one-token decodes,
+    # never a batch to roll back inside) is refused, whatever the target.
+    for draft, kind in ((tiny_recurrent_model, "recurrent memory"), (tiny_hybrid_model, "hybrid")):
+        with pytest.raises(SpecUnsupported, match=f"draft model .* {kind}"):
+            async with ActorSystem(cfg(tiny_hybrid_model, spec_draft_model=draft)):
+                pass
+    # A sliding-window cache that is not full cannot be cut back at all.
+    with pytest.raises(SpecUnsupported, match="sliding-window"):
+        async with ActorSystem(cfg(tiny_swa_model, spec_draft_model=tiny_model, swa_full="off")):
+            pass
+    async with ActorSystem(cfg(tiny_hybrid_model)) as s:  # nothing was left behind
+        assert (await s.complete(prompt=P1, n_predict=4, slot=0)).tokens
