@@ -644,7 +644,7 @@ class Engine(Sampling, Embedding):
                 out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
         if self._replay:
             self._replay_accepted()
-        if d is not None and d.every_step:
+        if d is not None:
             d.settle()
         for i, n in extent.items():  # entries that touched the draft but did not draft
             if i not in drafts:

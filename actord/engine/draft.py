@@ -96,10 +96,9 @@ class Drafter:
                 raise DraftVocabMismatch(
                     f"the draft model {path} does not share the target's vocabulary ({why}): speculative decoding "
                     "needs the same token ids with the same texts", path=path, reason=why)
-            why = cuttable(self.model, True)
-            if why:
-                raise SpecUnsupported(f"the draft model {path} has {why}: its rejected drafts cannot be cut back",
-                                      path=path, reason=why)
+            # Recurrent or hybrid memory: rejected drafts are taken back by restoring a copy
+            # of the state (`keep`, `settle`); a sliding window is always kept full here.
+            self.recurrent = bool(lib.llama_model_is_recurrent(self.model) or lib.llama_model_is_hybrid(self.model))
             cp = lib.llama_context_default_params()
             cp.n_ctx = n_ctx
             cp.n_batch = n_batch
@@ -134,6 +133,8 @@ class Drafter:
         self._pos_max = lib.raw("llama_memory_seq_pos_max")
         self._seq_rm = lib.raw("llama_memory_seq_rm")
         self.failures = 0  # draft decodes that failed (the step went on without drafts)
+        self._snap: dict[int, tuple[int, bytes, list[int]]] = {}  # seq -> (extent, state, drafts)
+        self._replays: list[tuple[int, int, bytes, list[int]]] = []
 
     def close(self) -> None:
         if self.batch is not None:
@@ -168,11 +169,11 @@ class Drafter:
             if not e.draft_tokens and not e.draft:
                 continue
             have = self.extent(e.seq)
+            if have > e.draft_pos0:
+                have = self._cut(e.seq, e.draft_pos0)
             if have < e.draft_pos0:  # the plan thinks the draft holds more than it does
                 extent[i] = have
                 continue
-            if have > e.draft_pos0:
-                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
             for j, t in enumerate(e.draft_tokens):
                 token[k] = t
                 pos[k] = e.draft_pos0 + j
@@ -198,6 +199,8 @@ class Drafter:
             if t >= 0:
                 proposed[i] = [t]
                 live.append(i)
+                if self.recurrent and want[i] > 1:  # the state after t, for `keep` to go back to
+                    self._snap[entries[i].seq] = (extent[i], self._copy(entries[i].seq), proposed[i])
         while True:
             live = [i for i in live if len(proposed[i]) < want[i]]
             if not live:
@@ -241,22 +244,77 @@ class Drafter:
         for i in extent:
             e = entries[i]
             if self.extent(e.seq) >= e.draft_pos0:
-                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+                self._cut(e.seq, e.draft_pos0)
             extent[i] = self.extent(e.seq)
 
+    def _cut(self, seq: int, p0: int) -> int:
+        """Cut the sequence at p0; where its memory refuses (recurrent state inside it), erase
+        it: a draft that starts cold is slower, never wrong. Returns its extent after."""
+        if not self._seq_rm(self.mem, seq, p0, -1):
+            self._seq_rm(self.mem, seq, -1, -1)
+        return self.extent(seq)
+
+    def _copy(self, seq: int) -> bytes:
+        """The sequence's recurrent state (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), copied."""
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(lib.llama_state_seq_get_size_ext(self.ctx, seq, flags))
+        buf = (ctypes.c_uint8 * max(1, size))()
+        n = int(lib.llama_state_seq_get_data_ext(self.ctx, buf, size, seq, flags))
+        return bytes(buf)[:n] if n == size else b""
+
     def keep(self, seq: int, n: int, extent: int) -> int:
-        """After the verify: the draft keeps positions < n; returns its extent."""
-        if extent > n:
+        """After the verify: the draft keeps positions < n; returns its extent. A draft model
+        with recurrent memory goes back to its state after the entry's token (copied in
+        `draft`) and decodes the accepted drafts again in `settle`, as the target's rollback
+        "replay" does (its own drafts are one-token decodes: no batch to roll back inside)."""
+        snap = self._snap.pop(seq, None)
+        if extent <= n:
+            return extent
+        if not self.recurrent:
             self._seq_rm(self.mem, seq, n, -1)
             return n
-        return extent
+        if snap is None or not snap[1] or snap[0] > n:
+            return self._cut(seq, n)  # nothing to go back to: erased, caught up again later
+        at, data, toks = snap
+        self._replays.append((seq, at, data, toks[:n - at]))
+        return n
+
+    def settle(self) -> None:
+        """After the step's verifies: the recurrent draft sequences that rejected drafts get
+        their copied state back and decode the accepted drafts again, in one decode."""
+        if not self._replays:
+            return
+        token, pos, n_seq_id, seq_id, logits = self._views
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        k = 0
+        seqs = []
+        for seq, at, data, toks in self._replays:
+            src = (ctypes.c_uint8 * max(1, len(data))).from_buffer_copy(data or b"\0")
+            if not lib.llama_state_seq_set_data_ext(self.ctx, src, len(data), seq, flags) or not self._seq_rm(
+                    self.mem, seq, at, -1):
+                self._seq_rm(self.mem, seq, -1, -1)  # cold: caught up again from the start
+                continue
+            seqs.append(seq)
+            for j, t in enumerate(toks):
+                token[k], pos[k], n_seq_id[k], logits[k] = t, at + j, 1, 0
+                seq_id[k][0] = seq
+                k += 1
+        self._replays = []
+        if k == 0:
+            return
+        self.batch.n_tokens = k
+        if self._decode(self.ctx, self.batch) != 0:
+            self.failures += 1
+            for seq in seqs:
+                self._seq_rm(self.mem, seq, -1, -1)
 
     def undo(self, entries: Sequence[J.StepEntry], extent: dict[int, int]) -> None:
         """The target's decode failed: nothing of this step stays in the draft either."""
+        self._snap.clear()
         for i in extent:
             e = entries[i]
             if extent[i] > e.draft_pos0:
-                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+                self._cut(e.seq, e.draft_pos0)
 
     # -- sequence edits and state (the slot's jobs) ---------------------------------------
 

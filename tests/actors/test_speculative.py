@@ -154,16 +154,11 @@ async def test_spec_mtp_on_a_model_without_an_mtp_layer_is_refused_at_start(tiny
             pass
 
 
-async def test_speculation_on_memory_that_cannot_be_cut_back_is_refused_at_start(
-        tiny_swa_model, tiny_recurrent_model, tiny_model):
-    """A sliding window that is not full cannot be cut at all, and a draft model's own
-    recurrent memory cannot be rolled back (its drafts are one-token decodes). Recurrent
-    and hybrid targets speculate: tests/actors/test_spec_memory_kinds.py."""
+async def test_speculation_on_a_sliding_window_that_is_not_full_is_refused_at_start(tiny_swa_model, tiny_model):
+    """A sliding window that is not full cannot be cut back at all. Recurrent and hybrid
+    targets and draft models speculate: tests/actors/test_spec_memory_kinds.py."""
     with pytest.raises(SpecUnsupported, match="sliding-window"):
         async with ActorSystem(cfg(tiny_swa_model, tiny_model, swa_full="off")):
-            pass
-    with pytest.raises(SpecUnsupported, match="draft model .* recurrent memory"):
-        async with ActorSystem(cfg(tiny_model, tiny_recurrent_model)):
             pass
 
 
