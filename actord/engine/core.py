@@ -106,9 +106,10 @@ def _host_bytes() -> int:
 class Engine(Sampling, Embedding):
     def __init__(self, config: Config, *, n_rs_seq: int = 0) -> None:
         """`n_rs_seq`: recurrent-state snapshots per sequence for rollback (libllama's
-        experimental cparam). 0, the default, is what actord runs: the rollback it allows is
-        right only inside the batch just decoded (see `seq_rm`), which a job between steps
-        never is; a speculative verify step would roll back inside its own job."""
+        experimental cparam). 0, the default, is what actord runs without speculation: the
+        rollback it allows is right only inside the batch just decoded (see `seq_rm`), which
+        a job between steps never is. With speculation on a recurrent or hybrid target it is
+        raised to spec_n_max: a verify rolls back inside its own batch (`_verify`)."""
         if not os.path.exists(config.model):
             raise InvalidParams(f"model file not found: {config.model}", path=config.model)
         if n_rs_seq < 0:

@@ -16,20 +16,17 @@ What makes it safe to share one engine step:
   what the context really holds, every step.
 - A draft that cannot decode (no cells, a libllama failure) never fails the target's step:
   its sequences are cut back to the plan's start and nothing is drafted this step.
-- Only memory that can be cut back at any position speculates: a target or draft model
-  with recurrent or hybrid memory, or a target with a sliding-window cache that is not full,
-  is refused at start (`SpecUnsupported`); the draft context always keeps a full SWA cache
-  (its model is small). A draft model whose vocabulary differs (type, BOS/EOS, size, any
-  token's text) is refused with `DraftVocabMismatch`.
+- Every memory kind speculates. A draft model's attention memory is cut back with seq_rm; a
+  draft model with recurrent or hybrid memory (its drafts are one-token decodes, so no
+  batch to roll back inside) copies its sequence's recurrent state after the entry's token
+  and, when drafts are rejected, restores it and decodes the accepted ones again (`keep`,
+  `settle`); a cut it cannot make erases the sequence, which then catches up cold. The
+  target's rollback is engine/core.py `_verify`'s (seq_rm, n_rs_seq snapshots, or replay).
+  The draft context always keeps a full SWA cache; a target with a sliding-window cache
+  that is not full is refused at start (`SpecUnsupported`). A draft model whose vocabulary
+  differs (type, BOS/EOS, size, any token's text) is refused with `DraftVocabMismatch`.
 
-`--spec mtp` (the model's own MTP head): llama-cpp-python 0.3.36 binds what it takes
-(`LLAMA_CONTEXT_TYPE_MTP`, `llama_model_n_layer_nextn`, `llama_set_embeddings_nextn` /
-`llama_get_embeddings_nextn_ith` in llama_cpp_ext, `llama_batch_ext_set_embd` and
-`llama_process`), but the only MTP architecture it loads (qwen35) is hybrid: a rejected
-draft must roll back Gated DeltaNet state, which needs a snapshot before every verify (or
-`n_rs_seq` used strictly within the verify batch just decoded) and the MTP context's carried
-hidden row in every page. That is not built: a model without an MTP layer is refused with
-one `SpecUnsupported`, a model with one with another that says so.
+`--spec mtp` (the model's own MTP head) is engine/mtp.py.
 """
 
 from __future__ import annotations
@@ -42,17 +39,6 @@ import numpy as np
 from actord.engine import jobs as J
 from actord.engine.llama import lib
 from actord.errors import DraftVocabMismatch, EngineError, InvalidParams, SpecUnsupported
-
-
-def cuttable(model: Any, swa_full: bool) -> str:
-    """"" when the model's memory can be cut back at any position, else why not."""
-    if lib.llama_model_is_recurrent(model):
-        return "recurrent memory"
-    if hasattr(lib, "llama_model_is_hybrid") and lib.llama_model_is_hybrid(model):
-        return "hybrid (recurrent + attention) memory"
-    if int(lib.llama_model_n_swa(model)) > 0 and not swa_full:
-        return "a sliding-window cache that is not full (--swa-full on would allow it)"
-    return ""
 
 
 def vocab_mismatch(tgt: Any, dft: Any) -> str:
