@@ -201,23 +201,26 @@ async def test_page_out_in_carries_the_drafters_state(fixture, mode, suffix, req
         base[1].timings.draft_n, base[1].timings.draft_n_accepted)
 
 
-async def test_spill_and_restore_carry_the_mtp_heads_state_in_the_dft_sidecar(tiny_hybrid_mtp_model, tmp_path):
-    kw = dict(spec="mtp", spec_n_max=3)
-    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path / "a"), **kw)) as s:
-        base = await _paged_run(s, _no_move, 0)
-    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path / "b"), **kw)) as s:
+@pytest.mark.parametrize("fixture,mode", [("tiny_hybrid_mtp_model", "mtp"), ("tiny_recurrent_model", "self")])
+async def test_spill_and_restore_carry_the_drafters_state_in_the_dft_sidecar(fixture, mode, request, llama_draft,
+                                                                             tmp_path):
+    target = request.getfixturevalue(fixture)
+    kw = dict(spec_n_max=3, **_spec_kw(mode, llama_draft, target))
+    async with ActorSystem(cfg(target, page_dir=str(tmp_path / "a"), **kw)) as s:
+        base = await _paged_run(s, _no_move, 0, suffix=())
+    async with ActorSystem(cfg(target, page_dir=str(tmp_path / "b"), **kw)) as s:
         r1 = await s.complete(prompt=P1, n_predict=40, slot=0, ignore_eos=True)
         await s.page_out(0, "ada")
         await s.page_spill("ada", "ada.page", drop=True)
     assert (tmp_path / "b" / "ada.page.dft").exists()
-    async with ActorSystem(cfg(tiny_hybrid_mtp_model, page_dir=str(tmp_path / "b"), **kw)) as s:  # a restart
+    async with ActorSystem(cfg(target, page_dir=str(tmp_path / "b"), **kw)) as s:  # a restart
         r = await s.slot_restore(1, "ada.page")
         assert r["draft"] == "warm" and r["draft_n_tokens"] > 0
         before = len(await s.engine.run(J.StepRecords()))
-        r2 = await s.complete(prompt=P1 + r1.tokens + [5, 6, 7], n_predict=40, slot=1, ignore_eos=True)
+        r2 = await s.complete(prompt=P1 + r1.tokens, n_predict=40, slot=1, ignore_eos=True)
         got = [x.drafts for x in (await s.engine.run(J.StepRecords()))[before:]]
     assert r1.tokens == base[0].tokens and r2.tokens == base[1].tokens
-    assert got == base[2]
+    assert got == base[2] and any(got)  # the same drafts step by step, from the first
 
 
 async def test_a_file_without_the_mtp_state_starts_the_head_cold(tiny_hybrid_mtp_model, tmp_path):
