@@ -103,6 +103,8 @@ def _host_bytes() -> int:
         return 0
 
 
+_NO_REPLAY: list = []  # never appended to: a step without rollback "replay" shares it
+
 class Engine(Sampling, Embedding):
     def __init__(self, config: Config, *, n_rs_seq: int = 0) -> None:
         """`n_rs_seq`: recurrent-state snapshots per sequence for rollback (libllama's
@@ -569,7 +571,8 @@ class Engine(Sampling, Embedding):
         token, position, n_seq_id, seq_id, logits = self._batch_views
         k = 0
         last_index: list[int] = []
-        spans: list[tuple[int, int]] = []  # each entry's first batch row and row count
+        follow = d is not None and d.every_step  # the MTP head reads this decode's hidden rows
+        spans: list[tuple[int, int]] = []  # each entry's first batch row and row count (MTP)
         for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
@@ -590,7 +593,8 @@ class Engine(Sampling, Embedding):
                 seq_id[k][0] = seq
                 pos += 1
                 k += 1
-            spans.append((start, k - start))
+            if follow:
+                spans.append((start, k - start))
         self.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
@@ -603,9 +607,9 @@ class Engine(Sampling, Embedding):
             raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
         if rc != 0:
             raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
-        if d is not None and d.every_step:  # the MTP head reads the target's hidden rows
-            d.decoded(job.entries, spans, token)
-        self._replay: list[tuple[int, Any, list[int], int]] = []
+        if follow:
+            d.decoded(job.entries, spans, token)  # type: ignore[union-attr]
+        self._replay: list[tuple[int, Any, list[int], int]] = [] if saved else _NO_REPLAY
         out: list[J.EntryOut] = []
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
