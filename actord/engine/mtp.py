@@ -244,7 +244,7 @@ class MtpDrafter:
             else:
                 if self.extent(seq) > pos0:
                     self._seq_rm(self.mem, seq, pos0, -1)
-                first = self._row_for(seq, pos0)
+                first = self._row_for(seq, pos0).copy()  # h[seq] is overwritten below, before the decode
                 for j in range(n_own):
                     items.append((seq, toks[j], pos0 + j, first if j == 0 else rows[j - 1], False))
                 firsts[seq] = pos0
