@@ -32,7 +32,7 @@ per configuration: output tokens, target forwards (engine steps), tokens per for
 accepted / drafted, tokens/s of generation, and the ratio of each to plain; "same" says
 whether the output tokens equal the plain run's.
 
-Run: .venv/bin/python bench/speculative.py   (about 3 minutes on 2 busy cores; --skip-gemma
+Run: .venv/bin/python bench/speculative.py   (about 4 minutes on 2 busy cores; --skip-gemma
 runs the tiny model only, --n-predict and --k shorten or widen it.)
 """
 

@@ -196,7 +196,7 @@ class Engine(Sampling, Embedding):
         # decode the accepted tokens again: recurrent memory without them, e.g. mamba2).
         self.rollback = "cut" if not (self.recurrent or self.hybrid) else (
             "rs" if self.n_rs_seq >= config.spec_n_max else "replay")
-        self.replays = 0  # verifies that restored and re-decoded (rollback "replay")
+        self.replays = 0  # steps that restored and re-decoded rejected verifies (rollback "replay")
         try:
             self.memory = self._measure_memory()
             self.weights_digest = self._weights_digest(config.model)
