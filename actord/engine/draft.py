@@ -64,7 +64,8 @@ def vocab_mismatch(tgt: Any, dft: Any) -> str:
 
 
 class Drafter:
-    """A draft model's context: one sequence per slot, full attention memory."""
+    """A draft model's context: one sequence per slot (attention, SWA kept full, recurrent or
+    hybrid memory)."""
 
     every_step = False  # it catches up on the plan's draft tokens, before the target decodes
 
