@@ -181,10 +181,13 @@ async def complete_choices(system: Any, request: CompletionRequest, n: int, on_t
         try:
             for i in ids:
                 req = reqs[i]
-                if slot_id is not None:
-                    req = msgspec.structs.replace(req, slot=slot_id)
-                elif i == 0 and mind is not None:
+                if mind is not None and (slot_id == source if slot_id is not None else i == 0):
+                    # On the mind's own slot every choice is a turn of hers (the same prompt;
+                    # choice 0 runs last, so hers is its reply): a slot-addressed request
+                    # would write over her state and drop her name.
                     req = msgspec.structs.replace(req, mind=mind)
+                elif slot_id is not None:
+                    req = msgspec.structs.replace(req, slot=slot_id)
                 results[i] = await system.complete(req, on_token=sinks[i], _input=False)
         except ActordError as e:
             failed.append(e)

@@ -94,7 +94,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                    faults: bool = True, work: str | None = None, device: bool = True, flood: bool = True,
                    draft: str | None = None) -> SimResult:
     """One seeded run; `draft` turns speculative decoding on with that draft model (a seeded
-    spec_n_max, and a full SWA cache: speculation needs memory that can be cut back)."""
+    spec_n_max, and a full SWA cache: speculation needs memory that can be cut back), or
+    "mtp" with the model's own MTP head."""
     rng = random.Random(seed)
     loras = [] if lora is None else [lora] if isinstance(lora, str) else list(lora)
     reseed: Any = None
@@ -129,7 +130,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0,
-                 **({"spec_draft_model": draft, "spec_n_max": rng.choice([1, 2, 4]), "swa_full": "on"} if draft else {}))
+                 **({} if not draft else {"spec": "mtp", "spec_n_max": rng.choice([1, 2, 4])} if draft == "mtp" else
+                    {"spec_draft_model": draft, "spec_n_max": rng.choice([1, 2, 4]), "swa_full": "on"}))
     # A flood client: bursts of many asks of one method in flight at once.
     flooding = flood and rng.random() < 0.5
     flood_method = rng.choice(FLOOD_METHODS)

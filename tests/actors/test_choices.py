@@ -174,3 +174,15 @@ async def test_choices_under_speculative_decoding_equal_the_plain_ones(tiny_mode
             for sl in range(4):
                 await s.slot_erase(sl)
         assert s.metrics.snapshot()["spec_decode_num_draft_tokens_total"] > 0
+
+
+async def test_choices_drafted_by_the_models_own_mtp_head_equal_the_plain_ones(tiny_hybrid_mtp_model):
+    """Forked slots of a hybrid model speculating with its MTP head: the head's carried row
+    is the source's, or cold; either way greedy choices are what plain decoding gives."""
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model)) as plain:
+        want = [r.tokens for r in await plain.complete_n(req(temperature=0.0, n_predict=16), 3)]
+    async with ActorSystem(cfg(tiny_hybrid_mtp_model, spec="mtp")) as s:
+        assert s.props.spec == "mtp"
+        got = [r.tokens for r in await s.complete_n(req(temperature=0.0, n_predict=16), 3)]
+        assert got == want
+        assert s.metrics.snapshot()["spec_decode_num_draft_tokens_total"] > 0

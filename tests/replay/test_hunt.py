@@ -60,6 +60,25 @@ def test_the_deeper_tier_with_speculation_on_keeps_every_invariant(tiny_model, t
     anyio.run(run)
 
 
+def test_the_deeper_tier_with_speculation_on_hybrid_and_recurrent_targets_keeps_every_invariant(
+        tiny_hybrid_mtp_model, tiny_recurrent_model, tiny_model, models_dir):
+    """Rejected drafts rolled back inside the verify (n_rs_seq on the hybrid, restore and
+    replay on Mamba-2), the MTP head's state in pages and files, under faults and pressure."""
+    from actord.testing.models import write_tiny_lora
+
+    loras = {m: [str(write_tiny_lora(models_dir / f"hunt-{name}-lora{i}.gguf", m, seed=3 + i, **kw)) for i in range(2)]
+             for m, name, kw in ((tiny_hybrid_mtp_model, "hybrid", {}),
+                                 (tiny_recurrent_model, "recurrent", {"targets": ["ssm_in", "ssm_out"]}))}
+
+    async def run():
+        for seed in range(4000, 4012):
+            model = (tiny_hybrid_mtp_model, tiny_hybrid_mtp_model, tiny_recurrent_model)[seed % 3]
+            draft = "mtp" if seed % 3 == 0 else tiny_model
+            await simulate(seed, 30, model, loras[model], draft=draft)
+
+    anyio.run(run)
+
+
 def test_the_trace_hash_depends_on_the_model_bytes_not_on_where_the_files_live(tiny_model, sim_loras, tmp_path):
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)
