@@ -92,13 +92,22 @@ class MindPlacer(Actor[PlacerInbox]):
         busy = {i for i in self.slot_mind if (await self.slots[i].ask(Info())).state != "idle"}
         slot = min(self.slot_mind, key=lambda s: (s in busy, self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
+        clean = False  # an empty idle slot, not erased yet
         if old is not None and (await self.slots[slot].ask(Info())).mind == old:
             await self._page_out(slot, old)
         else:
             if old is not None:  # moved meanwhile (the residency pages idle slots out by name)
                 self.paged.append(old)
-            await self.slots[slot].ask(Erase())
-        how = await self._bring_in(slot, mind)
+            # An empty idle slot (its mind paged out, say) is not erased ahead of a page-in
+            # or restore: libllama clears the sequence as it sets the state, and the erase's
+            # engine job would wait for a step boundary of its own when other minds decode
+            # (~one step of a busy turn's first-token time). A fresh start erases first.
+            info = await self.slots[slot].ask(Info())
+            if info.n_tokens or info.n_checkpoints or info.mind is not None or info.state != "idle":
+                await self.slots[slot].ask(Erase())
+            else:
+                clean = True
+        how = await self._bring_in(slot, mind, erase_if_fresh=clean)
         self.slot_mind[slot] = mind
         self.last_use[slot] = self.clock
         log.info("mind.placed", mind=mind, slot=slot, how=how, displaced=old)
@@ -127,7 +136,13 @@ class MindPlacer(Actor[PlacerInbox]):
             return True
         return await self.scheduler.ask(MakeRoom(slot=slot, cells=cells)) >= cells
 
-    async def _bring_in(self, slot: int, mind: str) -> str:
+    async def _bring_in(self, slot: int, mind: str, erase_if_fresh: bool = False) -> str:
+        how = await self._bring_in_how(slot, mind)
+        if how == "fresh" and erase_if_fresh:
+            await self.slots[slot].ask(Erase())
+        return how
+
+    async def _bring_in_how(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
         if mind in pages and not await self._room(slot, pages[mind].n_tokens):
             # The page stays whole in the store for a later turn; this one starts fresh.
