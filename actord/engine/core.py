@@ -20,7 +20,7 @@ import numpy as np
 
 from actord.config import Config, engine_threads
 from actord.core import spec as S
-from actord.engine import devices
+from actord.engine import backend_sampling, devices
 from actord.engine import jobs as J
 from actord.engine.draft import Drafter, open_drafter
 from actord.engine.embed import Embedding
@@ -189,6 +189,8 @@ class Engine(Sampling, Embedding):
             lib.llama_model_free(self.model)
             raise
         self.samplers: dict[int, Any] = {}
+        self.backend_sampling = False  # resolved below, once the draft context is known
+        self.backend_seqs: set[int] = set()
         self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
         self.watches: dict[int, Any] = {}  # seq -> its lazy grammar / preserved tokens (sampling.Watch)
@@ -210,6 +212,8 @@ class Engine(Sampling, Embedding):
         except BaseException:
             self.close()
             raise
+        self.backend_sampling = backend_sampling.resolve(config.backend_sampling, on_gpu, self.drafter is not None)
+        self.device_report = msgspec.structs.replace(self.device_report, backend_sampling=self.backend_sampling)
         self.props = msgspec.structs.replace(self._props(), device=self.device_report)
         if self.drafter is not None:
             self.props = msgspec.structs.replace(self.props, spec="draft", spec_n_max=self.drafter.n_max,

@@ -273,6 +273,7 @@ class DeviceReport(msgspec.Struct, frozen=True):
     budget_bytes: int = 0  # what --device-bytes resolved to (0 = unlimited; actord.policy.device)
     budget_reason: str = ""
     devices: list[DeviceInfo] = []
+    backend_sampling: bool = False  # eligible sampler chains run in the decode's graph
 
 
 class ModelProps(msgspec.Struct, frozen=True):
