@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from actord.config import FLASH_ATTN_MODES, Config
+from actord.config import BACKEND_SAMPLING_MODES, FLASH_ATTN_MODES, Config
 from actord.policy.swa import MODES as SWA_FULL_MODES
 
 _VERBS = {
@@ -62,6 +62,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(*flag, nargs="?", const="on", choices=SWA_FULL_MODES, **kw)
         elif f.name == "flash_attn":  # a mode, as llama-server's -fa; a bare `--flash-attn` means "on"
             p.add_argument(*flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, **kw)
+        elif f.name == "backend_sampling":  # a mode; a bare `--backend-sampling` means "on"
+            p.add_argument(*flag, nargs="?", const="on", choices=BACKEND_SAMPLING_MODES, **kw)
         elif typ is bool:
             p.add_argument(*flag, action=argparse.BooleanOptionalAction, **kw)
         elif typ == list[str]:

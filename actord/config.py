@@ -14,6 +14,7 @@ from actord.policy.checkpoints import POLICIES as CHECKPOINT_POLICIES
 from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 
 FLASH_ATTN_MODES = ("auto", "on", "off")
+BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 SPEC_MODES = ("", "off", "draft", "mtp")
 
 if TYPE_CHECKING:
@@ -81,6 +82,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     main_gpu: int = -1
+    # Sampler chains that can run inside the decode's graph (greedy, top-k/top-p/min-p/
+    # temperature/dist, logit bias; not grammar, penalties, logprobs, speculation) do, so a
+    # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
+    # auto: on where the model runs on a GPU backend; on/off decide outright.
+    backend_sampling: str = "auto"
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -190,6 +196,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.backend_sampling not in BACKEND_SAMPLING_MODES:
+            raise InvalidParams(f"backend_sampling is one of {BACKEND_SAMPLING_MODES}",
+                                backend_sampling=self.backend_sampling)
         if self.main_gpu < -1:
             raise InvalidParams("main_gpu is -1 (split across every GPU) or a GPU index >= 0", main_gpu=self.main_gpu)
         if self.checkpoint_policy not in CHECKPOINT_POLICIES:

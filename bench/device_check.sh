@@ -161,12 +161,13 @@ bench() {  # name, seconds it needs at most, command...
   local rc=0
   timeout "$need" "$PY" "$@" >"$WORK/$name.log" 2>&1 || rc=$?
   cat "$WORK/$name.log"
-  summary="$summary\n== $name (exit $rc) ==\n$(grep -E 'ratio|/memcpy|target|x memcpy|vs memcpy|tok/s|met|MISSED' "$WORK/$name.log" | tail -14)"
+  summary="$summary\n== $name (exit $rc) ==\n$(grep -E 'ratio|/memcpy|target|x memcpy|vs memcpy|tok/s|met|MISSED|backend ' "$WORK/$name.log" | tail -14)"
 }
 bench page_bandwidth 75 bench/page_bandwidth.py --reps 5 --skip-files-and-turns
 bench gene_paging 45 bench/gene_paging.py --page-reps 9 --decode-reps 2 --n-predict 32 --threads 0
 bench hot_path 90 bench/hot_path.py --quick --reps 3
 bench mind_switch 90 bench/mind_switch.py --sizes 1500 --turns 8 --configs placement,swa-full
 bench first_token 60 bench/first_token.py --lengths 4096 16384 --reps 3 --page-dir "$WORK/first-token"
+bench backend_sampling 45 bench/sampling_cost.py --gemma --backend --tokens 64 --reps 3 --threads 4
 say "done"
 printf '%b\n' "$summary"

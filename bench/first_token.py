@@ -11,7 +11,7 @@ prefilled once and kept as a page file in --page-dir, so a second run restores i
 of prefilling again (a 16k-token prefill is about a minute on 2 cores). Then, alternating,
 `--reps` times each:
 
-* resident: the mind sits in its slot; its turn (its N tokens + a fresh suffix of
+* resident: the mind sits in its slot; its turn (its conversation so far + a new suffix of
   `--suffix` tokens, so both cases decode the same number of new tokens) is timed from the
   call to the first streamed token;
 * paged: the mind is paged out first (untimed); its turn is timed the same way, the
@@ -100,21 +100,32 @@ async def busy_mind(s: ActorSystem, started: anyio.Event, stop: anyio.Event, pro
         await s.complete(prompt=prompt, mind="other", n_predict=24, ignore_eos=True, stream=True, on_token=on_token)
 
 
-async def measure(s: ActorSystem, mind: str, base: list[int], suffixes: list[list[int]], reps: int,
+async def measure(s: ActorSystem, mind: str, conv: list[int], suffixes: list[list[int]], reps: int,
                   n_predict: int, busy: bool, other_prompt: list[int]) -> dict[str, list[float]]:
     rows: dict[str, list[float]] = {"resident": [], "paged": []}
-    turn = 0  # each turn's suffix differs from the turn before: both cases decode all of it
+    # Each turn continues the mind's conversation: what it holds, its last reply, and a new
+    # suffix (so both cases decode the suffix and the reply's last token, nothing else).
+    # Not a fresh suffix on a fixed base: that cuts the sequence back each turn, which a
+    # paged-in mind on a full SWA cache cannot do (libllama 0.3.36 writes a sequence's state
+    # without its SWA-masked cells, so after a page-in the SWA layers hold only the last
+    # window; actord then re-prefills: the page's 4k-16k tokens, not the suffix).
+    # `conv` (the mind's conversation, updated here) carries over from one call to the next.
+    turn = 0
 
     def next_prompt() -> list[int]:
         nonlocal turn
         turn += 1
-        return base + suffixes[turn % len(suffixes)]
+        return conv + suffixes[turn % len(suffixes)]
+
+    def said(prompt: list[int], r: Any) -> None:
+        conv[:] = prompt + r.tokens
 
     # Warm both paths once (first page-in allocates its pool buffer, first turn its sampler).
     for paged in (False, True):
         if paged:
             await s.page_out(next(i.id for i in await s.slot_list() if i.mind == mind), mind)
-        await ttft(s, mind, next_prompt(), n_predict)
+        prompt = next_prompt()
+        said(prompt, (await ttft(s, mind, prompt, n_predict))[1])
     for rep in range(reps):
         for paged in ((False, True) if rep % 2 == 0 else (True, False)):
             if paged:
@@ -130,9 +141,10 @@ async def measure(s: ActorSystem, mind: str, base: list[int], suffixes: list[lis
                     stop.set()
             else:
                 ms, r = await ttft(s, mind, prompt, n_predict)
-            new = len(prompt) - len(base)  # the suffixes share their first token or so
-            if not new // 2 <= r.n_prompt_processed <= new + 2:
-                print(f"  note: {mind} processed {r.n_prompt_processed} prompt tokens, not about its {new}-token suffix")
+            new = len(prompt) - len(conv) + 1  # the suffix and the last reply's token (never fed)
+            said(prompt, r)
+            if r.n_prompt_processed != new:
+                print(f"  note: {mind} processed {r.n_prompt_processed} prompt tokens, not its {new} new ones")
             rows["paged" if paged else "resident"].append(ms)
     return rows
 
@@ -145,7 +157,8 @@ async def amain(a: argparse.Namespace) -> None:
     page_dir = Path(a.page_dir)
     page_dir.mkdir(parents=True, exist_ok=True)
     longest = max(a.lengths)
-    ctx = ((longest + a.suffix + 2 * a.n_predict + 64) + 256 + 48 + 255) // 256 * 256
+    growth = 2 * (2 * a.reps + 2) * (a.suffix + a.n_predict)  # every turn continues the conversation
+    ctx = ((longest + growth + a.suffix + 2 * a.n_predict + 64) + 256 + 48 + 255) // 256 * 256
     cfg = Config(model=str(model), slots=2, ctx=ctx, batch=a.batch, threads=a.threads, page_dir=str(page_dir),
                  page_ram_bytes=a.page_ram_bytes, swa_full=a.swa_full, flash_attn=a.flash_attn,
                  n_gpu_layers=a.n_gpu_layers)
@@ -176,8 +189,9 @@ async def amain(a: argparse.Namespace) -> None:
             how = await ensure_mind(s, name, text[:n], page_dir)
             st = await s.engine.run(J.StateSize(seq=next(i.id for i in await s.slot_list() if i.mind == name)))
             print(f"\n== {n} tokens: mind {name} {how}; its state {st / 1e6:.1f} MB ==")
+            conv = list(text[:n])
             for busy in ((False, True) if a.busy else (False,)):
-                rows = await measure(s, name, text[:n], suffixes, a.reps, a.n_predict, busy, other_prompt)
+                rows = await measure(s, name, conv, suffixes, a.reps, a.n_predict, busy, other_prompt)
                 r, p = med(rows["resident"]), med(rows["paged"])
                 results[(n, busy)] = (r, p)
                 what = "another mind decoding on the other slot" if busy else "engine idle"

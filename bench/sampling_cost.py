@@ -17,6 +17,17 @@ and was applied to the whole vocabulary.
 
     .venv/bin/python bench/sampling_cost.py            # the generated tiny llama (512 tokens)
     .venv/bin/python bench/sampling_cost.py --gemma    # Gemma 3 270M (262,144 tokens), if installed
+    .venv/bin/python bench/sampling_cost.py --gemma --backend   # backend sampling vs the CPU chain
+
+--backend (issue 18.4) runs the chains backend sampling takes (engine/backend_sampling.py:
+greedy, temperature with top_k/top_p/min_p, logit_bias) both ways, on one engine, the two
+ways alternating per repetition (`--reps`) so load from other work hits both alike: the CPU
+chain over the logits libllama copied to the host, and the chain attached to the sequence
+(llama_set_sampler), run in the decode's graph. Per way: median decode and sample ms per
+token, tokens/s = 1000 / (decode + sample) over the pooled steps, the prompt step's decode
+(it carries the graph re-reserve an attach costs, once per request), and whether the
+outputs are the same tokens (greedy must be: acceptance; seeded temperature happens to be
+on the CPU backend). Target: backend tokens/s / CPU tokens/s >= 1.0 on this CPU.
 """
 
 from __future__ import annotations
@@ -81,11 +92,70 @@ def run(engine: Engine, prompt: list[int], params: J.SamplingParams, n: int) -> 
     return statistics.median(dec), statistics.median(smp), restarts
 
 
+BACKEND_CHAINS = [
+    ("greedy", J.SamplingParams()),
+    ("temp 0.8 top_p 0.95", J.SamplingParams(temperature=0.8, top_p=0.95, seed=1)),
+    ("top_k 40 temp 0.7", J.SamplingParams(temperature=0.7, top_k=40, min_p=0.05, seed=2)),
+    ("logit_bias x16", J.SamplingParams(logit_bias=tuple((t, -1.0) for t in range(10, 10 + 16)))),
+]
+
+
+def run_tokens(engine: Engine, prompt: list[int], params: J.SamplingParams, n: int
+               ) -> tuple[list[float], list[float], float, list[int], bool]:
+    """As `run`, also returning every step's timings, the prompt step's decode ms, the tokens
+    and whether the chain was attached to the backend."""
+    engine.handle(J.SeqRm(seq=0))
+    engine.set_sampler(0, params)
+    attached = 0 in engine.backend_seqs
+    out = engine.step(J.Step(entries=[J.StepEntry(seq=0, tokens=prompt, pos0=0, sample=True)], epoch=engine.epoch))
+    first = out.t_decode_ms
+    pos, tok = len(prompt), out.entries[0].token
+    toks, dec, smp = [tok], [], []
+    for _ in range(n):
+        out = engine.step(J.Step(entries=[J.StepEntry(seq=0, tokens=[tok], pos0=pos, sample=True)],
+                                 epoch=engine.epoch))
+        pos, tok = pos + 1, out.entries[0].token
+        toks.append(tok)
+        dec.append(out.t_decode_ms)
+        smp.append(out.t_sample_ms)
+    return dec, smp, first, toks, attached
+
+
+def backend_table(engine: Engine, prompt: list[int], n: int, reps: int) -> None:
+    med = statistics.median
+    print(f"\nbackend sampling vs the CPU chain: {n} tokens x {reps} reps per way, alternating")
+    print(f"{'sampler chain':22} {'way':8} {'decode ms':>10} {'sample ms':>10} {'tok/s':>8} {'prompt ms':>10} "
+          f"{'backend/cpu tok/s':>18} {'same tokens':>12}")
+    for name, params in BACKEND_CHAINS:
+        got: dict[bool, dict[str, list]] = {w: {"dec": [], "smp": [], "first": [], "toks": []} for w in (False, True)}
+        for _ in range(reps):
+            for way in (False, True):
+                engine.backend_sampling = way
+                dec, smp, first, toks, attached = run_tokens(engine, prompt, params, n)
+                if attached != way:
+                    raise SystemExit(f"{name}: the chain was {'not ' if way else ''}attached to the backend")
+                g = got[way]
+                g["dec"] += dec
+                g["smp"] += smp
+                g["first"].append(first)
+                g["toks"].append(toks)
+        tps = {w: 1e3 / (med(got[w]["dec"]) + med(got[w]["smp"])) for w in got}
+        same = all(a == b for a, b in zip(got[False]["toks"], got[True]["toks"]))
+        for way in (False, True):
+            g = got[way]
+            tail = f"{tps[True] / tps[False]:>18.3f} {('yes' if same else 'NO'):>12}" if way else ""
+            print(f"{name if not way else '':22} {('backend' if way else 'cpu'):8} {med(g['dec']):10.3f} "
+                  f"{med(g['smp']):10.3f} {tps[way]:8.1f} {med(g['first']):10.2f} {tail}")
+    engine.backend_sampling = False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemma", action="store_true", help="Gemma 3 270M instead of the generated tiny llama")
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", action="store_true", help="backend sampling vs the CPU chain, side by side")
+    ap.add_argument("--reps", type=int, default=5, help="--backend: repetitions per way")
     ns = ap.parse_args()
     if ns.gemma:
         from actord.testing.models import gemma3_270m_path
@@ -106,6 +176,9 @@ def main() -> int:
         n_vocab = engine.props.n_vocab
         print(f"model {Path(model).name}: n_vocab {n_vocab}, {ns.tokens} tokens per configuration, "
               f"{ns.threads} threads")
+        if ns.backend:
+            backend_table(engine, prompt, ns.tokens, ns.reps)
+            return 0
         print(f"{'sampler chain':22} {'decode ms':>10} {'sample ms':>10} {'sample/greedy':>14} "
               f"{'step/greedy':>12} {'restarts':>9} {'masked':>7}")
         base: tuple[float, float] | None = None

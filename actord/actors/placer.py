@@ -165,16 +165,25 @@ class MindPlacer(Actor[PlacerInbox]):
         slot = min(idle, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
         held_mind = infos[slot].mind
+        clean = False  # an empty idle slot, not erased yet
         if held_mind is not None and infos[slot].n_tokens:
             # Whoever's it is (ours, or one a client paged in by name): it goes to its page
             # or file, never erased.
             await self._page_out(slot, held_mind)
         else:
-            await self.slots[slot].ask(Erase())
+            # An empty idle slot (its mind paged out, say) is not erased ahead of a page-in
+            # or restore: libllama clears the sequence as it sets the state, and the erase's
+            # engine job would wait for a step boundary of its own when other minds decode
+            # (~one step of a busy turn's first-token time). A fresh start erases first.
+            info = infos[slot]
+            if info.n_tokens or info.n_checkpoints or info.mind is not None or info.state != "idle":
+                await self.slots[slot].ask(Erase())
+            else:
+                clean = True
         if old is not None and old != held_mind:  # moved meanwhile (the residency pages idle slots out by name)
             self._note_paged(old)
         self.slot_mind[slot] = None
-        how = await self._bring_in(slot, mind)
+        how = await self._bring_in(slot, mind, erase_if_fresh=clean)
         self.slot_mind[slot] = mind
         self.last_use[slot] = self.clock
         log.info("mind.placed", mind=mind, slot=slot, how=how, displaced=held_mind or old)
@@ -238,7 +247,13 @@ class MindPlacer(Actor[PlacerInbox]):
                 except ActordError:
                     pass  # stopping
 
-    async def _bring_in(self, slot: int, mind: str) -> str:
+    async def _bring_in(self, slot: int, mind: str, erase_if_fresh: bool = False) -> str:
+        how = await self._bring_in_how(slot, mind)
+        if how == "fresh" and erase_if_fresh:
+            await self.slots[slot].ask(Erase())
+        return how
+
+    async def _bring_in_how(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
         token = 0
         if mind in pages:

@@ -141,6 +141,14 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                             env.reply.fail(env.answer)
                         else:
                             env.reply.send(env.answer)
+                if self.props.device.backend_sampling:
+                    # An attached chain runs in every decode's graph, its sequence in the
+                    # batch or not (engine/backend_sampling.py): it goes with its request,
+                    # once the answer is out (behind the steps already queued).
+                    try:
+                        await self.engine.run(J.FreeSampler(seq=self.seq))
+                    except ActordError as e:
+                        log.warning("slot.free_sampler_failed", slot=self.id, error=e.to_dict())
                 await self._drain_deferred()
             case CheckpointTaken(rid=rid, pos=pos, data=data):
                 a = self.active

@@ -183,6 +183,10 @@ class StateGet(Job):
     into: Any = None  # HostBuffer | None
     capacity: int = 0
     draft: bool = False  # the draft context's sequence instead (speculative decoding)
+    # Remove the sequence once it is copied (a page_out's take: one engine round trip less
+    # than a StateGet and then a SeqRm; the caller sets the state back if the page cannot
+    # be kept). Only the target's sequence, and only on a context without a draft.
+    then_erase: bool = False
 
     # A state move of an idle slot's sequence (no queued step holds it): runs at the next
     # step boundary, ahead of steps already queued (engine/thread.py).
@@ -283,6 +287,7 @@ class DeviceReport(msgspec.Struct, frozen=True):
     budget_bytes: int = 0  # what --device-bytes resolved to (0 = unlimited; actord.policy.device)
     budget_reason: str = ""
     devices: list[DeviceInfo] = []
+    backend_sampling: bool = False  # eligible sampler chains run in the decode's graph
 
 
 class ModelProps(msgspec.Struct, frozen=True):
@@ -413,3 +418,4 @@ class StateData(msgspec.Struct, frozen=True):
     data: bytearray | memoryview  # a writable host buffer the engine filled in place
     n_bytes: int
     t_ms: float
+    lib_ms: float = 0.0  # of t_ms, the time inside llama_state_seq_get/set_data alone

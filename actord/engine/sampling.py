@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from actord.engine import backend_sampling as BS
 from actord.engine import jobs as J
 from actord.engine.llama import lib
 from actord.errors import InvalidParams
@@ -43,6 +44,8 @@ class Sampling:
     vocab: Any
     samplers: dict[int, Any]
     watches: dict[int, Watch]
+    backend_sampling: bool  # attach eligible chains to the backend (engine/backend_sampling.py)
+    backend_seqs: set[int]  # the sequences whose chain is attached
 
     def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
         """Build sequence `seq`'s sampler chain (see J.SamplingParams for the order).
@@ -92,6 +95,8 @@ class Sampling:
             raise
         self._free_sampler(seq)
         self.samplers[seq] = chain
+        if self.backend_sampling and BS.eligible(p) and BS.attach(self.ctx, seq, chain):
+            self.backend_seqs.add(seq)
         preserve = frozenset(self._special_token(t) for t in p.preserve) - {-1}
         if grammar and p.grammar_triggers:
             self.watches[seq] = Watch(grammar, tuple((t.encode(), at) for t, at in p.grammar_triggers), preserve)
@@ -105,6 +110,9 @@ class Sampling:
             self.logprobs.pop(seq, None)
 
     def _free_sampler(self, seq: int) -> None:
+        if seq in self.backend_seqs:
+            self.backend_seqs.discard(seq)
+            BS.detach(self.ctx, seq)
         for table in (self.samplers, self.grammars):
             smpl = table.pop(seq, None)
             if smpl is not None:

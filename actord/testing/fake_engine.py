@@ -80,9 +80,11 @@ class FakeEngine:
             case J.StateSize(seq=seq):
                 self._check_seq(seq)
                 return 16 + 4 * self.held.get(seq, 0)
-            case J.StateGet(seq=seq, into=into):
+            case J.StateGet(seq=seq, into=into, then_erase=erase):
                 self._check_seq(seq)
                 n = 16 + 4 * self.held.get(seq, 0)
+                if erase:
+                    self.held[seq] = 0
                 if into is not None and into.capacity >= n:  # as the engine: written in place
                     into.array[:n] = 0
                     return J.StateData(data=memoryview(into.array)[:n], n_bytes=n, t_ms=0.0)

@@ -74,6 +74,38 @@ async def test_failed_page_out_copy_cancels_its_reservation(tiny_model):
         assert (await s.slot_list())[0].n_tokens == len(PROMPT) + 7
 
 
+async def test_a_page_out_whose_commit_fails_puts_the_taken_state_back(tiny_model):
+    """page_out's copy also removes the sequence (one engine round trip): should the store
+    then refuse the page, the state goes back into the slot from the copy, bit for bit."""
+    from actord.actors.pages import Commit
+    from actord.errors import InvalidParams
+
+    async with ActorSystem(cfg(tiny_model)) as s:
+        first = await _turn(s, 0, PROMPT)
+        store = s.slots[0].pages
+        real_ask = store.ask
+
+        async def failing_ask(msg):
+            if isinstance(msg, Commit):
+                raise InvalidParams("planted")
+            return await real_ask(msg)
+
+        store.ask = failing_ask
+        try:
+            with pytest.raises(InvalidParams):
+                await s.page_out(0, "m")
+        finally:
+            del store.ask
+        assert await s.page_list() == []
+        assert (await s.page_stats()).charged == 0
+        assert (await s.slot_list())[0].n_tokens == len(PROMPT) + 7
+        nxt = PROMPT + first.tokens + [9, 8]
+        again = await _turn(s, 0, nxt)
+        assert again.n_prompt_processed == 3  # the state was put back: only the suffix
+        fresh = await _turn(s, 1, nxt)
+        assert again.tokens == fresh.tokens
+
+
 async def test_failed_page_in_leaves_the_page_in_the_store(tiny_model):
     async with ActorSystem(cfg(tiny_model)) as s:
         await _turn(s, 0, PROMPT)
@@ -86,7 +118,9 @@ async def test_failed_page_in_leaves_the_page_in_the_store(tiny_model):
             return await real_run(job)
 
         for sl in s.slots:
-            sl.engine = type("E", (), {"run": staticmethod(failing_run)})()
+            # page_in submits the copy and waits for it after the checkpoints' bookkeeping
+            sl.engine = type("E", (), {"run": staticmethod(failing_run), "submit": staticmethod(lambda job: job),
+                                       "wait": staticmethod(failing_run)})()
         with pytest.raises(PageDoesNotFit):
             await s.page_in(1, "m")
         for sl in s.slots:
