@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             v.add_argument("--drop", action="store_true")
     for name in ("replay", "simulate"):
         sub.add_parser(name, help=f"see `actord {name} --help`", add_help=False)
+    sub.add_parser("cluster", help="up|status|down: minds across nodes on Ray (actord[ray]; "
+                   "see `actord cluster --help`)", add_help=False)
     ns, rest = ap.parse_known_args(argv)
 
     if ns.cmd == "serve":
@@ -146,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         from actord.replay import cli as replay_cli
 
         return replay_cli.main(ns.cmd, rest)
+    if ns.cmd == "cluster":
+        try:
+            from actord.cluster import cli as cluster_cli
+        except ImportError as e:
+            print(f"actord cluster: {e} (pip install 'actord[ray]')", file=sys.stderr)
+            return 2
+        return cluster_cli.main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
 

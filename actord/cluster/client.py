@@ -14,8 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 
 from actord.cluster.router import ROUTER_NAME, TurnOut
+from actord.errors import ActordError
+
+
+def get(refs: Any) -> Any:
+    """ray.get, with a typed actord error raised as itself (not wrapped in RayTaskError)."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, ActordError):
+            raise cause from None
+        raise
 
 
 class ClusterClient:
@@ -23,29 +36,29 @@ class ClusterClient:
         self.router = router if router is not None else ray.get_actor(ROUTER_NAME, namespace=namespace)
 
     def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None) -> TurnOut:
-        return ray.get(self.router.turn.remote(mind, request, turn_id))
+        return get(self.router.turn.remote(mind, request, turn_id))
 
     def turns(self, calls: list[tuple[str, dict[str, Any]]]) -> list[TurnOut]:
         """Several minds' turns at once (each mind's own turns stay in order at the router)."""
-        return ray.get([self.router.turn.remote(m, r, None) for m, r in calls])
+        return get([self.router.turn.remote(m, r, None) for m, r in calls])
 
     def complete(self, mind: str, prompt: str | list[int], **params: Any) -> dict[str, Any]:
         return self.turn(mind, {"prompt": prompt, **params}).result
 
     def migrate(self, mind: str, node: str) -> dict[str, Any]:
-        return ray.get(self.router.migrate.remote(mind, node))
+        return get(self.router.migrate.remote(mind, node))
 
     def persist(self, mind: str) -> dict[str, Any]:
-        return ray.get(self.router.persist.remote(mind))
+        return get(self.router.persist.remote(mind))
 
     def where(self, mind: str) -> Any:
-        return ray.get(self.router.where.remote(mind))
+        return get(self.router.where.remote(mind))
 
     def status(self) -> dict[str, Any]:
-        return ray.get(self.router.status.remote())
+        return get(self.router.status.remote())
 
     def rebalance(self) -> list[dict[str, Any]]:
-        return ray.get(self.router.rebalance.remote())
+        return get(self.router.rebalance.remote())
 
     def lost_events(self) -> list[dict[str, Any]]:
-        return ray.get(self.router.lost_events.remote())
+        return get(self.router.lost_events.remote())

@@ -88,7 +88,14 @@ class LocalCluster:
         self.down()
 
     def up(self) -> "LocalCluster":
+        from ray._private import ray_constants
         from ray.cluster_utils import Cluster
+
+        # Loopback only. Ray reads this variable when it is imported: where ray was imported
+        # before this module set it, the constant it became is set too (else ray.init
+        # resolves 127.0.0.1 to the machine's outward address and never finds the GCS).
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
 
         head: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "resources": {"actord_head": 1}}
         if self.system_config:

@@ -339,6 +339,7 @@ class NodeDaemon:
         synthetic pages this way; the bytes need not be a state this model can restore)."""
         system = await self._ensure()
         self._held_at(mind, epoch)
+        await system.placer.ask(ForgetMind(mind=mind))  # type: ignore[union-attr]  # the file is its state now
         stats = await system.files.publish(mind_file(mind), unpack(blob))
         return {"n_bytes": stats.n_bytes}
 
