@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import msgspec
@@ -35,7 +36,7 @@ from actord.cluster.router import ROUTER_NAME, MindRouter, node_actor_name  # no
 # Health checks for a simulated cluster: a node that stops answering is dead after about
 # period x threshold (Ray's defaults take about 66 s on these machines).
 FAST_HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
-               "health_check_timeout_ms": 1000, "health_check_failure_threshold": 4}
+               "health_check_timeout_ms": 2000, "health_check_failure_threshold": 5}
 
 RemoteNode = ray.remote(concurrency_groups={"control": 2})(NodeDaemon)
 RemoteRouter = ray.remote(MindRouter)
@@ -136,7 +137,11 @@ class LocalCluster:
     def add_node(self, rebalance: bool = True) -> tuple[str, Any]:
         """One more simulated node with its daemon; minds rebalance onto it."""
         name = self._add_ray_node()
-        self.cluster.wait_for_nodes()
+        rid = self.ray_nodes[name].node_id
+        for _ in range(600):  # not wait_for_nodes: it waits for hung nodes too
+            if any(n["NodeID"] == rid and n["Alive"] for n in ray.nodes()):
+                break
+            time.sleep(0.1)
         start_node(self.cfg, name, self.ray_nodes[name].node_id)
         return name, ray.get(self.router.register_node.remote(name, rebalance))
 
