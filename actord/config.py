@@ -283,6 +283,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
     monitor_interval_s: float = 0.5
     restart_wait_s: float = 60.0
     call_timeout_s: float = 600.0  # one call from the router to a node
+    # Ray's node health checks (its GCS config; 0 = Ray's default, where a hung node is
+    # declared dead after about 66 s). A node stops answering -> dead after about
+    # period x threshold; `local.FAST_HEALTH` is 1000 ms x 5 with a 2000 ms timeout.
+    health_check_period_ms: int = 0
+    health_check_timeout_ms: int = 0
+    health_check_failure_threshold: int = 0
     socket: str | None = None  # the router's JSON-RPC socket (None: root/router/actord.sock)
     log_level: str = "warning"
 
@@ -292,6 +298,16 @@ class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.node.validate()
         if self.nodes < 1 or self.turns_kept < 1:
             raise InvalidParams("cluster nodes and turns_kept must be >= 1")
+        if min(self.health_check_period_ms, self.health_check_timeout_ms, self.health_check_failure_threshold) < 0:
+            raise InvalidParams("health check settings are >= 0 (0: Ray's default)")
         if self.num_gpus < 0 or self.monitor_interval_s <= 0 or self.restart_wait_s <= 0 or self.call_timeout_s <= 0:
             raise InvalidParams("num_gpus >= 0; monitor_interval_s, restart_wait_s, call_timeout_s > 0")
         return self
+
+    def ray_system_config(self) -> dict[str, int]:
+        """The health-check settings given, as Ray's `_system_config` keys."""
+        names = ("health_check_period_ms", "health_check_timeout_ms", "health_check_failure_threshold")
+        out = {n: getattr(self, n) for n in names if getattr(self, n)}
+        if out:
+            out["health_check_initial_delay_ms"] = 1000
+        return out

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--durable-turns", action="store_true")
     up.add_argument("--cluster-socket", default=None, help="the router's socket (default ROOT/router/actord.sock)")
     up.add_argument("--timeout-s", type=float, default=300.0)
+    up.add_argument("--health-check-period-ms", type=int, default=0, help="Ray's node health checks (0: its default)")
+    up.add_argument("--health-check-timeout-ms", type=int, default=0)
+    up.add_argument("--health-check-failure-threshold", type=int, default=0)
     _add_config_flags(up)
     for verb in ("status", "down"):
         v = sub.add_parser(verb)
@@ -103,7 +106,10 @@ def _up(ns: argparse.Namespace) -> int:
     try:
         node = config_from_args(ns)
         cfg = ClusterConfig(node=node, root=str(root), nodes=ns.nodes, num_gpus=ns.num_gpus,
-                            durable_turns=ns.durable_turns, socket=ns.cluster_socket).validate()
+                            durable_turns=ns.durable_turns, socket=ns.cluster_socket,
+                            health_check_period_ms=ns.health_check_period_ms,
+                            health_check_timeout_ms=ns.health_check_timeout_ms,
+                            health_check_failure_threshold=ns.health_check_failure_threshold).validate()
     except ActordError as e:
         print(f"actord cluster up: {e.message}", file=sys.stderr)
         return 2

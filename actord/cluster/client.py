@@ -17,7 +17,7 @@ import time
 import uuid
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from actord.cluster.router import ROUTER_NAME, TurnOut
 from actord.errors import ActordError, DuplicateTurn
@@ -55,7 +55,7 @@ class ClusterClient:
                 try:
                     out[i] = get(ref)
                     break
-                except ActorUnavailableError:
+                except (ActorUnavailableError, ActorDiedError):  # the router restarting
                     if attempt == 3:
                         raise
                 except DuplicateTurn as e:
@@ -94,7 +94,7 @@ class ClusterClient:
         for attempt in range(1, 4):
             try:
                 return get(getattr(self.router, method).remote(*args))
-            except ActorUnavailableError:
+            except (ActorUnavailableError, ActorDiedError):
                 if attempt == 3:
                     raise
                 time.sleep(0.5 * attempt)

@@ -99,8 +99,9 @@ class LocalCluster:
         ray_constants.ENABLE_RAY_CLUSTER = False
 
         head: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "resources": {"actord_head": 1}}
-        if self.system_config:
-            head["_system_config"] = self.system_config
+        system_config = {**self.cfg.ray_system_config(), **(self.system_config or {})}
+        if system_config:
+            head["_system_config"] = system_config
         if self.object_store_memory:
             head["object_store_memory"] = self.object_store_memory
         self.cluster = Cluster(initialize_head=True, head_node_args=head)

@@ -149,7 +149,7 @@ def test_the_source_dying_mid_migration_keeps_the_mind_on_it_reloaded_from_its_s
     o2 = client.turn("phoenix", turn_req(prompt2))
     assert (o2.node, o2.epoch) == (src, epoch)
     # The restarted daemon had nothing in RAM: the prefix came back from the spill.
-    assert o2.result["n_cached"] == len(prompt) + len(o1.result["tokens"]) - 1 or o2.result["n_cached"] > 0
+    assert o2.result["n_cached"] > 0
     assert reference_tokens(tiny_model, [prompt2], 4) == [o2.result["tokens"]]
 
 
@@ -188,3 +188,15 @@ def test_the_router_socket_speaks_the_daemons_protocol(cluster, client):
         assert "socket-mind" in st["minds"]
         with pytest.raises(InvalidParams):
             c.call("completion", {"prompt": [1], "n_predict": 1})  # no mind
+
+
+def test_a_restarted_router_knows_every_owner_from_its_directory(cluster, client):
+    o1 = client.turn("steady", turn_req([1, 8, 16]))
+    before = client.status()
+    ray.kill(cluster.router, no_restart=False)  # Ray restarts it; its memory is gone
+    o2 = client.turn("steady", turn_req([1, 8, 16] + o1.result["tokens"] + [3]))
+    after = client.status()
+    assert after["router"]["incarnation"] != before["router"]["incarnation"]
+    assert (o2.node, o2.epoch, o2.placed) == (o1.node, o1.epoch, False)
+    assert o2.result["n_cached"] > 0
+    assert after["minds"] == {**before["minds"], "steady": before["minds"]["steady"]}
