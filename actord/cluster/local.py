@@ -61,7 +61,9 @@ def start_router(cfg: ClusterConfig, ray_node_id: str | None = None) -> Any:
     opts: dict[str, Any] = dict(name=ROUTER_NAME, namespace=cfg.namespace, lifetime="detached", num_cpus=0,
                                 max_restarts=-1, max_task_retries=0, max_concurrency=1024, get_if_exists=True)
     if ray_node_id is not None:
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_id, soft=True)
+        # Hard: on a soft affinity Ray may start it on a worker node (seen here), which a
+        # node loss then takes down with its minds' directory service.
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
     handle = RemoteRouter.options(**opts).remote(_json(cfg))
     ray.get(handle.ping.remote())
     return handle

@@ -50,7 +50,11 @@ from actord.storage.paths import check_part
 
 log = get("actord.cluster.router")
 
-NODE_GONE = (RayActorError, ActorUnavailableError, ObjectLostError, GetTimeoutError, asyncio.TimeoutError)
+class NodeMissing(Exception):
+    """No daemon is registered under the node's name (it died for good, or never started)."""
+
+
+NODE_GONE = (RayActorError, ActorUnavailableError, ObjectLostError, GetTimeoutError, asyncio.TimeoutError, NodeMissing)
 
 
 def node_actor_name(node: str) -> str:
@@ -118,7 +122,10 @@ class MindRouter:
     def _handle(self, name: str) -> Any:
         h = self.handles.get(name)
         if h is None:
-            h = self.handles[name] = ray.get_actor(node_actor_name(name), namespace=self.cfg.namespace)
+            try:
+                h = self.handles[name] = ray.get_actor(node_actor_name(name), namespace=self.cfg.namespace)
+            except ValueError as e:  # Ray's "failed to look up actor"
+                raise NodeMissing(f"no daemon for node {name}: {e}") from None
         return h
 
     async def _call(self, node: str, method: str, *args: Any, timeout: float | None = None) -> Any:
@@ -283,8 +290,8 @@ class MindRouter:
             return {"mind": mind, "node": dest, "epoch": entry.epoch, "moved": False}
         src, epoch = entry.node, self.dir.issue(mind)
         t0 = time.perf_counter()
-        blob = self._handle(src).export.remote(mind, entry.epoch)  # the ref travels, not the bytes
         try:
+            blob = self._handle(src).export.remote(mind, entry.epoch)  # the ref travels, not the bytes
             adopted = await self._call(dest, "adopt", mind, epoch, blob, None)
         except (*NODE_GONE, ActordError) as e:
             await self._abort(mind, src, entry.epoch, dest, epoch)

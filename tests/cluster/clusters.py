@@ -22,7 +22,9 @@ def local_cluster(root: Path, model: str, *, nodes: int = 3, cluster: dict[str, 
                   **kw: Any) -> Iterator[Any]:
     from actord.cluster.local import LocalCluster
 
-    cfg = ClusterConfig(node=node_config(model), root=str(root), nodes=nodes, **(cluster or {}))
+    # Each simulated node has a made-up GPU and its daemon holds it (num_gpus=1, num_cpus=0),
+    # as on a machine with one; the CPU build of llama.cpp ignores it.
+    cfg = ClusterConfig(node=node_config(model), root=str(root), nodes=nodes, **{"num_gpus": 1.0, **(cluster or {})})
     with LocalCluster(cfg, **kw) as c:
         yield c
 
