@@ -52,3 +52,4 @@ class Holding(msgspec.Struct, frozen=True):
     epoch: int
     durable: bool  # a page file holds its state
     last_turn: str | None = None
+    frozen: bool = False  # an export left it frozen (a migration whose router went away)

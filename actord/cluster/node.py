@@ -179,7 +179,7 @@ class NodeDaemon:
 
         def scan() -> list[Holding]:
             return [Holding(mind=m, epoch=r.epoch, durable=fs.stat(self.page_dir / mind_file(m)) is not None,
-                            last_turn=r.turns[-1].turn if r.turns else None)
+                            last_turn=r.turns[-1].turn if r.turns else None, frozen=m in self.frozen)
                     for m, r in sorted(self.fence.minds.items())]
 
         return await anyio.to_thread.run_sync(scan)

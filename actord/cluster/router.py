@@ -149,6 +149,8 @@ class MindRouter:
             async with self._lock(h.mind):
                 entry = self.dir.get(h.mind)
                 if entry is not None and entry.node == name and entry.epoch == h.epoch:
+                    if h.frozen:  # a migration cut short (this router restarted): it stays here
+                        await self._call(name, "thaw", h.mind, h.epoch)
                     continue
                 log.info("cluster.stale_copy_dropped", node=name, mind=h.mind, epoch=h.epoch,
                          owner=None if entry is None else (entry.node, entry.epoch))
@@ -236,8 +238,11 @@ class MindRouter:
                     if await self._back(node):
                         # Copies the restart reports that the directory does not name go, in
                         # the background (it takes each mind's lock in turn; this one's is held).
-                        holdings = await self._call(node, "holdings")
-                        asyncio.get_running_loop().create_task(self._reconcile(node, holdings))
+                        try:
+                            holdings = await self._call(node, "holdings")
+                            asyncio.get_running_loop().create_task(self._reconcile(node, holdings))
+                        except NODE_GONE:  # gone again: the retry below finds out
+                            pass
                     else:
                         await self._node_lost(node, only=mind)
                     entry = self.dir.get(mind) or await self._place(mind)
