@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("prompt")
     comp.add_argument("-n", "--n-predict", type=int, default=32)
     comp.add_argument("--slot", type=int)
+    comp.add_argument("--mind", help="a named session (the daemon, or a cluster's router, places it)")
     comp.add_argument("--temperature", type=float, default=0.0)
     comp.add_argument("--seed", type=int)
     comp.add_argument("--stream", action="store_true")
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "temperature": ns.temperature, "stream": ns.stream}
                 if ns.slot is not None:
                     params["slot"] = ns.slot
+                if ns.mind is not None:
+                    params["mind"] = ns.mind
                 if ns.seed is not None:
                     params["seed"] = ns.seed
                 if ns.gene:

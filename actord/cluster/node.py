@@ -14,7 +14,7 @@ fences and finds its minds' page files where the last incarnation spilled them (
 files are the durable copy; Ray's object store never is); `holdings` reports them.
 
 Fault points (`arm_fault`) let the tests kill the process at a chosen step with
-`os._exit`, as a crash would: "turn_mid" (at the turn's first streamed token),
+`os._exit`, as a crash would: "turn_mid" (at the turn's first streamed token, or after N),
 "turn_after_apply" (applied, not recorded), "turn_after_record" (recorded, reply not sent),
 "export_after_spill" (a migration's source, after it made the page durable).
 """
@@ -105,6 +105,7 @@ class NodeDaemon:
         self._stop: asyncio.Event | None = None
         self._start_error: BaseException | None = None
         self.faults: set[str] = set()
+        self.fault_after = 0
         self.queue = 0
         self.turns_applied = 0
         self.running: set[tuple[str, str]] = set()
@@ -152,10 +153,12 @@ class NodeDaemon:
                 "uptime_s": round(time.time() - self.started_at, 3)}
 
     @ray.method(concurrency_group="control")
-    def arm_fault(self, point: str) -> None:
+    def arm_fault(self, point: str, after: int = 0) -> None:
+        """Exit at `point` of the next turn or export ("turn_mid": after `after` tokens)."""
         if point not in FAULTS:
             raise ValueError(f"fault point is one of {FAULTS}")
         self.faults.add(point)
+        self.fault_after = after
 
     def _fault(self, point: str) -> None:
         if point in self.faults:
@@ -192,8 +195,25 @@ class NodeDaemon:
                         free_page_bytes=max(0, stats.ceiling - stats.charged), page_ram_bytes=stats.ceiling,
                         queue=self.queue, minds=len(self.fence.minds), turns_applied=self.turns_applied)
 
+    async def turn_stream(self, turn: Turn) -> Any:
+        """`turn`, streamed: each chunk (a dict, as the daemon's `completion.chunk`) as it
+        is generated, then the turn's `Answer` (Ray streams what a generator yields)."""
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(self.turn(turn, sink=q.put_nowait))
+        while True:
+            get = asyncio.ensure_future(q.get())
+            done, _ = await asyncio.wait({task, get}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                yield get.result()
+                continue
+            get.cancel()
+            while not q.empty():
+                yield q.get_nowait()
+            yield task.result()
+            return
+
     @_answer
-    async def turn(self, turn: Turn) -> dict[str, Any]:
+    async def turn(self, turn: Turn, sink: Callable[[Any], None] | None = None) -> dict[str, Any]:
         """Run one turn of a mind this node holds at `turn.epoch`, once per turn id."""
         system = await self._ensure()
         mind = _check_mind(turn.mind)
@@ -210,8 +230,15 @@ class NodeDaemon:
         except msgspec.ValidationError as e:
             raise InvalidParams(str(e)) from None
         on_token = None
-        if "turn_mid" in self.faults:
-            on_token = lambda chunk: self._fault("turn_mid")  # noqa: E731
+        if sink is not None or "turn_mid" in self.faults:
+            seen = [0]
+
+            def on_token(chunk: Any) -> None:
+                seen[0] += 1
+                if seen[0] > self.fault_after:
+                    self._fault("turn_mid")
+                if sink is not None:
+                    sink(chunk)
         self.running.add((mind, turn.turn))
         self.queue += 1
         try:

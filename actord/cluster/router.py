@@ -32,7 +32,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import ray
@@ -198,8 +198,29 @@ class MindRouter:
 
     # -- turns ---------------------------------------------------------------------------
 
-    async def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None) -> TurnOut:
-        """Run one turn of `mind` on its node (placing it first if it is new)."""
+    async def _run_turn(self, node: str, turn: Turn, sink: Callable[[Any], None] | None, skip: int) -> tuple[Any, int]:
+        """One try of a turn on `node`: its result, and how many chunks went to `sink`
+        (the first `skip` of a retry's chunks were sent by the try before: not again)."""
+        if sink is None:
+            return await self._call(node, "turn", turn), 0
+        gen = self._handle(node).turn_stream.options(num_returns="streaming").remote(turn)
+        sent = 0
+        try:
+            async for ref in gen:
+                item = await asyncio.wait_for(ref, self.cfg.call_timeout_s)
+                if isinstance(item, Answer):
+                    return item.unwrap(), sent
+                if sent >= skip:
+                    sink(item)
+                sent += 1
+        except RayTaskError as e:
+            raise InternalError(f"node {node} failed a streamed turn: {e}", node=node) from None
+        raise InternalError(f"node {node} ended a streamed turn without its answer", node=node)
+
+    async def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None,
+                   sink: Callable[[Any], None] | None = None) -> TurnOut:
+        """Run one turn of `mind` on its node (placing it first if it is new). `sink`
+        (in this process only: the socket's streamed completions) gets each chunk once."""
         await self._ensure()
         if not isinstance(mind, str) or check_part(mind) is not None:
             raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}")
@@ -216,12 +237,20 @@ class MindRouter:
             if entry is None:
                 entry = await self._place(mind)
                 placed = True
+            delivered = 0
             for attempt in (1, 2):
                 node = entry.node
                 self.inflight[node] = self.inflight.get(node, 0) + 1
+                counted = [0]
+
+                def counting(chunk: Any, counted: list[int] = counted) -> None:
+                    counted[0] += 1
+                    sink(chunk)  # type: ignore[misc]
+
                 try:
-                    result = await self._call(entry.node, "turn", Turn(mind=mind, epoch=entry.epoch, turn=turn,
-                                                                        request=request))
+                    result, _ = await self._run_turn(
+                        node, Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request),
+                        counting if sink is not None else None, delivered)
                     return TurnOut(result=result, node=entry.node, epoch=entry.epoch, turn=turn, attempts=attempt,
                                    placed=placed)
                 except DuplicateTurn as e:
@@ -248,6 +277,7 @@ class MindRouter:
                     entry = self.dir.get(mind) or await self._place(mind)
                 finally:
                     self.inflight[node] = self.inflight.get(node, 1) - 1
+                    delivered += counted[0]
         raise AssertionError("unreachable")
 
     async def _place(self, mind: str) -> Entry:

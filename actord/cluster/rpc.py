@@ -12,8 +12,11 @@ reaches the cluster the same way.
     cluster.persist   {"mind"}: the mind's state to its page file now
     cluster.rebalance {}
 
-Streaming is not relayed: a `stream: true` completion is answered whole (no chunks).
-One request line at a time is read per connection, each served in its own task.
+A `stream: true` completion streams as the daemon's do (`completion.chunk` notifications,
+then the answer), relayed from the node through a Ray streaming generator; a turn retried
+after its node died does not send again the chunks its first try sent (a greedy or seeded
+turn regenerates the same ones), and one answered from a dead try's record sends no more
+chunks, only its whole answer. Each request line is served in its own task.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import msgspec
 
 from actord.errors import InvalidParams, METHOD_NOT_FOUND
 from actord.log import get
-from actord.rpc.protocol import ProtocolError, decode_request, error_response, result_response
+from actord.rpc.protocol import ProtocolError, decode_request, error_response, notification, result_response
 
 log = get("actord.cluster.rpc")
 
@@ -53,7 +56,7 @@ class RouterRpc:
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(line: bytes) -> None:
-            out = await self._one(line)
+            out = await self._one(line, writer.write)
             if out:
                 async with lock:
                     writer.write(out)
@@ -80,7 +83,7 @@ class RouterRpc:
         finally:
             writer.close()
 
-    async def _one(self, line: bytes) -> bytes:
+    async def _one(self, line: bytes, put: Any) -> bytes:
         rid: Any = None
         try:
             req = decode_request(line.strip())
@@ -90,7 +93,10 @@ class RouterRpc:
                 params = {}
             if not isinstance(params, dict):
                 raise InvalidParams("params are named (an object)")
-            result = await self._call(req.method, params)
+            def stream(chunk: Any) -> None:  # the daemon's chunks: before the answer, in order
+                put(notification("completion.chunk", {"id": rid, **chunk}))
+
+            result = await self._call(req.method, params, None if req.is_notification else stream)
             return b"" if req.is_notification else result_response(rid, result)
         except ProtocolError as e:
             return error_response(e.id if e.id is not None else rid, e)
@@ -99,7 +105,7 @@ class RouterRpc:
                 raise
             return error_response(rid, e)
 
-    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+    async def _call(self, method: str, params: dict[str, Any], stream: Any) -> Any:
         r = self.router
         if method == "completion":
             params = dict(params)
@@ -109,8 +115,7 @@ class RouterRpc:
                 raise InvalidParams("a cluster completion names its mind (the cluster places minds, not slots)")
             if turn_id is not None and not isinstance(turn_id, str):
                 raise InvalidParams("turn_id is a string")
-            params.pop("stream", None)
-            out = await r.turn(mind, params, turn_id)
+            out = await r.turn(mind, params, turn_id, stream if params.get("stream") else None)
             return out.result
         if method == "health":
             return {"status": "ok", "router": await r.ping()}

@@ -34,6 +34,11 @@ def test_up_status_a_client_and_down(tmp_path, tiny_model):
                      json.dumps({"prompt": [1, 2, 3], "n_predict": 3, "mind": "cli-mind", "ignore_eos": True}))
         assert out.returncode == 0, out.stderr
         assert len(json.loads(out.stdout)["tokens"]) == 3
+        for n in (1, 2):  # the same text twice: the second turn finds the first's prefix on its node
+            streamed = actord("--socket", state["socket"], "complete", "hello there", "-n", "4", "--mind", "cli-text",
+                              "--stream")
+            assert streamed.returncode == 0, streamed.stderr
+        assert json.loads(streamed.stdout.split("\n", 1)[1])["n_cached"] > 0  # the text, then the answer
         st = actord("cluster", "status", "--root", root)
         assert st.returncode == 0, st.stderr
         status = json.loads(st.stdout)

@@ -157,6 +157,23 @@ def test_the_source_dying_mid_migration_keeps_the_mind_on_it_reloaded_from_its_s
     assert reference_tokens(tiny_model, [prompt2], 4) == [o2.result["tokens"]]
 
 
+def test_a_streamed_turn_whose_daemon_dies_streams_each_chunk_once(cluster, client, tiny_model):
+    from actord.client import Client
+
+    sock = client.status()["router"]["socket"]
+    with Client(sock, timeout=300) as c:
+        r1 = c.call("completion", {"prompt": [1, 6, 12], "n_predict": 2, "mind": "stream-crash", "ignore_eos": True})
+        node = client.where("stream-crash").node
+        get(cluster.node(node).arm_fault.remote("turn_mid", 3))  # three chunks out, then the process dies
+        prompt = [1, 6, 12] + r1["tokens"] + [4]
+        chunks: list[dict] = []
+        r2 = c.call("completion", {"prompt": prompt, "n_predict": 6, "mind": "stream-crash", "ignore_eos": True,
+                                   "stream": True}, on_chunk=chunks.append)
+    # The retry's first three chunks were not sent again: each token arrived once, in order.
+    assert [t for ch in chunks for t in ch["tokens"]] == r2["tokens"] == reference_tokens(tiny_model, [prompt], 6)[0]
+    assert len(chunks) == 6
+
+
 @pytest.mark.parametrize("point", ["turn_mid", "turn_after_apply", "turn_after_record"])
 def test_a_daemon_exiting_mid_turn_is_restarted_and_the_turn_applied_once(cluster, client, tiny_model, point):
     mind = f"crash-{point}"
@@ -192,6 +209,12 @@ def test_the_router_socket_speaks_the_daemons_protocol(cluster, client):
         assert "socket-mind" in st["minds"]
         with pytest.raises(InvalidParams):
             c.call("completion", {"prompt": [1], "n_predict": 1})  # no mind
+        chunks: list[dict] = []
+        r2 = c.call("completion", {"prompt": [1, 4, 9] + r["tokens"] + [2], "n_predict": 5, "mind": "socket-mind",
+                                   "ignore_eos": True, "stream": True}, on_chunk=chunks.append)
+        assert [t for ch in chunks for t in ch["tokens"]] == r2["tokens"] and len(chunks) == 5
+        assert "".join(ch["content"] for ch in chunks) == r2["content"]
+        assert r2["n_cached"] > 0
 
 
 def test_a_restarted_router_knows_every_owner_from_its_directory(cluster, client):
