@@ -157,7 +157,7 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
 
     def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
         from actord.errors import InvalidParams, PromptTooLong
-        from actord.storage.paths import check_part
+        from actord.storage.paths import check_mind
 
         if isinstance(self.prompt, str) and not self.prompt:
             raise InvalidParams("prompt is empty")
@@ -198,7 +198,7 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
         if self.slot is not None and self.mind is not None:
             raise InvalidParams("name a slot or a mind, not both")
         if self.mind is not None:
-            why = check_part(self.mind)
+            why = check_mind(self.mind)
             if why is not None:
                 raise InvalidParams(f"a mind name is one page-name component: {why}", mind=self.mind[:64])
         if len({g.id for g in self.genes}) != len(self.genes):

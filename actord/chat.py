@@ -42,10 +42,12 @@ conversation falls back to whole tokenization on the next turn.
 from __future__ import annotations
 
 import collections
+import contextvars
 import datetime
 import functools
 import hashlib
 import json
+import re
 import secrets
 import sys
 from array import array
@@ -55,7 +57,7 @@ import msgspec
 
 from actord.api import CompletionResult, GeneRef, SamplingFields
 from actord.engine.jobs import ChatTemplateInfo as TemplateInfo
-from actord.errors import ChatTemplateError, InvalidParams, NoChatTemplate
+from actord.errors import ChatTemplateError, InvalidParams, NoChatTemplate, PromptTooLong
 from actord.tools import Tool, ToolCall
 
 # -- request and result shapes ---------------------------------------------------------
@@ -126,13 +128,175 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+# -- bounded rendering ---------------------------------------------------------------
+#
+# A prompt is bounded in bytes (`max_prompt_bytes`) before it is tokenized; a template must
+# not get past that bound by producing its output first. Two guards, both per render (the
+# bound lives in a context variable: the compiled environment is shared):
+#
+# * the output is streamed (`Template.generate`) and counted in UTF-8 bytes as it comes;
+#   past the bound the render stops with PromptTooLong, so a loop that writes a little many
+#   times never builds the whole text;
+# * the operations that make one big value at once are checked before they run: sequence
+#   repetition (`*`), concatenation (`+`, `~`), `%` formatting, `**`, the padding string
+#   methods and filters (`center`, `ljust`, `indent`, ...), `replace`, `join`, `format`;
+#   and every string or list a call or filter returns is checked after. So no single
+#   value a template builds is ever much larger than the bound (a 12 KB message `* 1500`
+#   is refused before the 18 MB string exists).
+#
+# What is left: a template can still hold many values each under the bound (a list built
+# by a long loop); the step budget of a client's template bounds that, and a render runs on
+# a worker thread. Isolating the render in a process with a memory limit would close it.
+
+_BOUND: "contextvars.ContextVar[int]" = contextvars.ContextVar("actord_template_bound", default=0)
+
+
+def _size(x: Any) -> int:
+    """Bytes a value stands for in a prompt, roughly (UTF-8 at most 4 per character)."""
+    if isinstance(x, str):
+        return len(x)
+    if isinstance(x, (bytes, bytearray)):
+        return len(x)
+    if isinstance(x, (list, tuple)):
+        return len(x) + sum(len(v) for v in x if isinstance(v, (str, bytes)))
+    if isinstance(x, dict):
+        return len(x) + sum(len(v) for v in x.values() if isinstance(v, str))
+    return 0
+
+
+def _too_long(n: int, what: str) -> PromptTooLong:
+    bound = _BOUND.get()
+    return PromptTooLong(f"the chat template would {what} of about {n} bytes, over the prompt limit of {bound}",
+                         n_prompt_bytes=n, max_prompt_bytes=bound)
+
+
+def _check(n: int, what: str) -> None:
+    bound = _BOUND.get()
+    if bound and n > bound:
+        raise _too_long(n, what)
+
+
+def _checked(value: Any, what: str) -> Any:
+    _check(_size(value), what)
+    return value
+
+
+_WIDTH = re.compile(r"%[-+ #0]*(\*|\d+)?(?:\.(\*|\d+))?|\{[^{}]*?:[^{}]*?(\d+)[^{}]*\}")
+
+
+def _check_format(fmt: Any, args: Any = ()) -> None:
+    """Refuse a format string whose widths or precisions alone pass the bound."""
+    if not isinstance(fmt, str) or not _BOUND.get():
+        return
+    extra = 0
+    for m in _WIDTH.finditer(fmt):
+        for g in m.groups():
+            if g == "*":
+                raise ChatTemplateError("the chat template used a '*' width in a format string")
+            if g:
+                extra += int(g[:12])
+    _check(len(fmt) + extra + _size(args), "format a string")
+
+
+class _BoundedSandbox:
+    """Mixed into the sandboxed environment: the single-step guards (see above)."""
+
+    intercepted_binops = frozenset(["*", "+", "%", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(n, int) and not isinstance(n, bool) and isinstance(seq, (str, bytes, list, tuple)):
+                    _check(_size(seq) * max(0, n), "repeat a value")
+        elif operator == "+":
+            if isinstance(left, (str, bytes, list, tuple)) and isinstance(right, (str, bytes, list, tuple)):
+                _check(_size(left) + _size(right), "concatenate a value")
+        elif operator == "%":
+            _check_format(left, right)
+        elif operator == "**":
+            if (isinstance(left, int) and isinstance(right, int) and right > 0
+                    and abs(left) > 1 and right * max(1, abs(left).bit_length()) > 1 << 16):
+                raise ChatTemplateError("the chat template computed a power too large")
+        return _checked(super().call_binop(context, operator, left, right), "build a value")  # type: ignore[misc]
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        name = getattr(__obj, "__name__", "")
+        owner = getattr(__obj, "__self__", None)
+        if owner is None and name in ("format", "format_map"):  # the sandbox's own str.format wrapper
+            owner = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)
+            if isinstance(owner, str):
+                _check_format(owner, (*args, *kwargs.values()))
+                owner = None
+        if isinstance(owner, str):
+            if name in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
+                _check(max(len(owner), args[0]), "pad a string")
+            elif name == "expandtabs":
+                tab = args[0] if args and isinstance(args[0], int) else 8
+                _check(len(owner) + owner.count("\t") * max(0, tab), "expand tabs")
+            elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                _check(len(owner) + (owner.count(args[0]) if args[0] else len(owner) + 1) * len(args[1]),
+                       "replace text")
+            elif name == "join" and args:
+                items = list(args[0]) if not isinstance(args[0], (str, list, tuple)) else args[0]
+                args = (items, *args[1:])
+                _check(_size(items) + len(owner) * len(items), "join strings")
+        return _checked(super().call(__context, __obj, *args, **kwargs), "build a value")  # type: ignore[misc]
+
+    def _actord_concat(self, parts: Any) -> str:
+        _check(sum(len(p) if isinstance(p, str) else len(str(p)) for p in parts), "concatenate strings")
+        return "".join(p if isinstance(p, str) else str(p) for p in parts)
+
+
+def _bounded_filter(name: str, f: Any) -> Any:
+    pre: Callable[..., None] | None = None
+    if name == "center":
+        def pre(value: Any, width: Any = 80, *_: Any, **__: Any) -> None:
+            _check(max(len(str(value)), width if isinstance(width, int) else 0), "pad a string")
+    elif name == "indent":
+        def pre(value: Any, width: Any = 4, *_: Any, **__: Any) -> None:
+            w = width if isinstance(width, int) else len(str(width))
+            _check(len(str(value)) + (str(value).count("\n") + 1) * max(0, w), "indent text")
+    elif name == "replace":
+        def pre(value: Any, old: Any = "", new: Any = "", *_: Any, **__: Any) -> None:
+            v = str(value)
+            n = v.count(str(old)) if old else len(v) + 1
+            _check(len(v) + n * len(str(new)), "replace text")
+    elif name == "format":
+        def pre(value: Any, *args: Any, **kwargs: Any) -> None:
+            _check_format(value, args)
+
+    @functools.wraps(f)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if pre is not None and _BOUND.get():
+            lead = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0  # a context/env argument first
+            pre(*args[lead:], **kwargs)
+        return _checked(f(*args, **kwargs), "build a value")
+
+    return bounded
+
+
 @functools.lru_cache(maxsize=1)
 def _environment() -> Any:
+    from jinja2.compiler import CodeGenerator
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node: Any, frame: Any) -> None:  # `a ~ b`: through the bounded join
+            if frame.eval_ctx.volatile or frame.eval_ctx.autoescape:
+                return super().visit_Concat(node, frame)
+            self.write("environment._actord_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class Env(_BoundedSandbox, ImmutableSandboxedEnvironment):
+        code_generator_class = BoundedCodeGenerator
+
+    env = Env(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -149,19 +313,25 @@ class ChatTemplate:
     """One compiled template plus the special-token texts it may refer to."""
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", budget: int = 0,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 run_sync: Callable[..., Awaitable[Any]] | None = None, max_bytes: int = 0) -> None:
         import jinja2
 
         self.budget = budget  # 0: trusted, unbounded; else the most traced events one render may take
+        self.max_bytes = max_bytes  # UTF-8 bytes a render may produce (0: unbounded); see above
         self._run_sync = run_sync  # anyio.to_thread.run_sync's signature (a dispatcher's, to count it)
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.id = hashlib.sha256(source.encode()).hexdigest()[:16]
+        # Compiling folds constant expressions (`'a' | center(10**9)`): under the same bound,
+        # so a fold past it is left for the render, which refuses it.
+        token = _BOUND.set(max_bytes)
         try:
             self._tpl = _environment().from_string(source)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template does not compile: {e}") from None
+        finally:
+            _BOUND.reset(token)
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:
@@ -178,13 +348,23 @@ class ChatTemplate:
                 return tracer
 
             sys.settrace(tracer)
+        token = _BOUND.set(self.max_bytes)
         try:
             extra = {"tools": tools} if tools is not None else {}
-            return self._tpl.render(
+            out: list[str] = []
+            n = 0
+            for chunk in self._tpl.generate(
                 messages=messages, add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token, eos_token=self.eos_token, **extra,
-            )
-        except ChatTemplateError:
+            ):
+                n += len(chunk.encode("utf-8", "surrogatepass"))
+                if self.max_bytes and n > self.max_bytes:
+                    raise PromptTooLong(
+                        f"the chat template rendered more than {self.max_bytes} bytes (the prompt limit); "
+                        "stopped there", n_prompt_bytes=n, max_prompt_bytes=self.max_bytes)
+                out.append(chunk)
+            return "".join(out)
+        except (ChatTemplateError, PromptTooLong):
             raise
         except jinja2.TemplateError as e:  # includes sandbox SecurityError
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
@@ -192,6 +372,7 @@ class ChatTemplate:
                 MemoryError) as e:
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
         finally:
+            _BOUND.reset(token)
             if self.budget:
                 sys.settrace(previous)
 
@@ -279,8 +460,9 @@ class ChatPrompter:
     """Builds a conversation's prompt tokens, reusing the exact tokens of turns it served."""
 
     def __init__(self, info: TemplateInfo, tokenize: Tokenize, *, memory_tokens: int = 1 << 22,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 run_sync: Callable[..., Awaitable[Any]] | None = None, max_bytes: int = 0) -> None:
         self.info = info
+        self.max_bytes = max_bytes  # the prompt limit: no render produces more
         self._tokenize = tokenize
         self._run_sync = run_sync  # for a request's template, which renders on a worker thread
         self.memory = TurnMemory(memory_tokens)
@@ -289,12 +471,12 @@ class ChatPrompter:
     def template(self, source: str | None = None) -> ChatTemplate:
         if source is not None:
             return ChatTemplate(source, bos_token=self.info.bos_text, eos_token=self.info.eos_text,
-                                budget=REQUEST_TEMPLATE_BUDGET, run_sync=self._run_sync)
+                                budget=REQUEST_TEMPLATE_BUDGET, run_sync=self._run_sync, max_bytes=self.max_bytes)
         if self.info.template is None:
             raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
         if self._default is None:
             self._default = ChatTemplate(self.info.template, bos_token=self.info.bos_text,
-                                         eos_token=self.info.eos_text)
+                                         eos_token=self.info.eos_text, max_bytes=self.max_bytes)
         return self._default
 
     async def tokens_of(self, text: str, *, first: bool) -> list[int]:

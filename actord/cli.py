@@ -38,24 +38,53 @@ _VERBS = {
 }
 
 
+# llama-server's names for the same settings, accepted as aliases so a habit does not start
+# a daemon that is not what was asked. Only exact equivalents: `--lora` loads an adapter
+# active at scale 1 (as `--gene` does); llama-server flags with no actord meaning
+# (`--port`, `--mlock`, ...) are refused like any unknown flag.
+LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
+    "model": ["-m"],
+    "ctx": ["--ctx-size", "-c"],
+    "slots": ["--parallel", "-np"],
+    "batch": ["--batch-size", "-b"],
+    "threads": ["-t"],
+    "gene": ["--lora"],
+    "model_alias": ["--alias"],
+}
+
+
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     for f in msgspec.structs.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
+        flag = ["--" + f.name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(f.name, [])]
         typ = f.type
+        kw = {"dest": f.name, "default": None}
         if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
-            p.add_argument(flag, nargs="?", const="on", choices=SWA_FULL_MODES, default=None)
+            p.add_argument(*flag, nargs="?", const="on", choices=SWA_FULL_MODES, **kw)
         elif f.name == "flash_attn":  # a mode, as llama-server's -fa; a bare `--flash-attn` means "on"
-            p.add_argument(flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, default=None)
+            p.add_argument(*flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, **kw)
         elif typ is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            p.add_argument(*flag, action=argparse.BooleanOptionalAction, **kw)
         elif typ == list[str]:
-            p.add_argument(flag, action="append", default=None)
+            p.add_argument(*flag, action="append", **kw)
         elif typ == list[int]:  # --allow-uid 1000 --allow-uid 1001
-            p.add_argument(flag, action="append", type=int, default=None)
+            p.add_argument(*flag, action="append", type=int, **kw)
         elif typ in (int, float, str):
-            p.add_argument(flag, type=typ, default=None)
+            p.add_argument(*flag, type=typ, **kw)
         else:  # optional str
-            p.add_argument(flag, type=str, default=None)
+            p.add_argument(*flag, type=str, **kw)
+
+
+def unknown_flag_message(parser: argparse.ArgumentParser, rest: list[str]) -> str:
+    """`--slotz` -> "unknown flag --slotz (did you mean --slots?)"."""
+    import difflib
+
+    word = next((w for w in rest if w.startswith("-")), rest[0])
+    name = word.split("=", 1)[0]
+    if not name.startswith("-"):
+        return f"unexpected argument {word!r}"
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else "; see actord serve --help")
 
 
 def config_from_args(ns: argparse.Namespace) -> Config:
@@ -90,11 +119,13 @@ def _chat_params(ns: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The CLI's parser and its `serve` subparser."""
     ap = argparse.ArgumentParser(prog="actord", description=__doc__)
     ap.add_argument("--socket", default=os.environ.get("ACTORD_SOCKET", "./actord.sock"), help="daemon socket (client verbs)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    serve = sub.add_parser("serve", help="run the daemon")
+    # No abbreviations: `--slot 4` must not quietly mean `--slots 4`, nor a typo anything.
+    serve = sub.add_parser("serve", help="run the daemon", allow_abbrev=False)
     _add_config_flags(serve)
     serve.add_argument("--log-json", action="store_true")
     serve.add_argument("--log-level", default="info")
@@ -131,10 +162,27 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=f"see `actord {name} --help`", add_help=False)
     sub.add_parser("cluster", help="up|status|down: minds across nodes on Ray (actord[ray]; "
                    "see `actord cluster --help`)", add_help=False)
+    return ap, serve
+
+
+def serve_config(argv: list[str]) -> Config:
+    """`actord serve ARGV`'s Config, or SystemExit(2) with the message on stderr (unknown
+    flags refused, with the closest known one suggested)."""
+    ap, serve = build_parser()
+    ns, rest = ap.parse_known_args(["serve", *argv])
+    if rest:
+        serve.exit(2, f"actord serve: {unknown_flag_message(serve, rest)}\n")
+    return config_from_args(ns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap, serve = build_parser()
     ns, rest = ap.parse_known_args(argv)
 
     if ns.cmd == "serve":
-        ns.socket = ns.socket  # the serve subparser's --socket overrides (Config field)
+        if rest:  # parse_known_args (for replay/simulate) lets them through: refuse them here
+            print(f"actord serve: {unknown_flag_message(serve, rest)}", file=sys.stderr)
+            return 2
         from actord.daemon import run_daemon
 
         from actord.errors import ActordError

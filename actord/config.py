@@ -46,9 +46,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Speculative decoding (engine/draft.py, core/spec.py): a draft model with the target's
     # vocabulary proposes up to spec_n_max tokens per step for each generating request, which
     # the target verifies in the same batched step. spec: "" = "draft" when
-    # spec_draft_model is named, else off; "mtp" = the model's own MTP head (refused at start,
-    # see README). A draft token is kept only while the request's own sampler, run at each
-    # position, picks it: output is the same as without speculation. spec_p_min > 0 stops a
+    # spec_draft_model is named, else off; "mtp" = the model's own MTP head (engine/mtp.py;
+    # a model without an MTP layer is refused at start). A draft token is kept only while
+    # the request's own sampler, run at each position, picks it: output is the same as
+    # without speculation, on every memory kind (engine/core.py `_verify`). spec_p_min > 0 stops a
     # draft at its first token whose draft probability is below it (llama-server's p_min).
     spec: str = ""
     spec_draft_model: str | None = None
@@ -108,6 +109,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # not the whole context: a model that never emits EOS would otherwise hold its slot
     # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
     http_default_max_tokens: int = 2048
+    # The most choices one request may ask for (OpenAI's `n`, llama-server's `n_cmpl`); over
+    # it, a 400 naming the field. Choices beyond the idle slots queue (actord/choices.py).
+    max_n: int = 8
     model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
     cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
     chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
@@ -134,12 +138,21 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_requests_in_flight: int = 64  # per connection (a batch counts each element)
     max_inflight_bytes: int = 16 << 20  # per connection: bytes of request lines being served
     max_outbox_bytes: int = 8 << 20  # per connection: answers and chunks queued for a slow reader
+    # Control calls (slot.*, page.*, gene.*, the stats: everything but completion, chat and
+    # the cheap props/health/metrics) served at once, per connection and in all: more wait
+    # their turn, in order, so a flood of them cannot take the event loop and the actors'
+    # mailboxes from generation (actord/rpc/server.py).
+    max_control_in_flight: int = 4
+    max_control_total: int = 16
     max_prompt_bytes: int = 0  # UTF-8 bytes of a text prompt, checked before tokenizing; 0 = 32 x ctx
     max_stop: int = 32  # stop strings per request
     max_stop_bytes: int = 256  # UTF-8 bytes of one stop string
     max_stop_tokens: int = 1024  # stop token ids per request
     max_request_genes: int = 64  # genes one request may apply
     max_gene_bytes: int = 4 << 30  # a gene file larger than this is refused before reading
+    # Bytes of gene files being read or loaded at once, across all gene.load calls: more wait
+    # their turn (within client_file_timeout). At least max_gene_bytes.
+    max_gene_read_bytes: int = 4 << 30
     gene_dir: str | None = None  # confine gene.load to files under this folder (as page_dir confines pages)
     client_file_timeout: float = 60.0  # seconds to read one client-named file
     client_file_threads: int = 4  # worker threads reading client-named files, hung ones included
@@ -191,6 +204,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
         if self.http_max_header_bytes < 1024:
             raise InvalidParams("http_max_header_bytes must be >= 1024")
+        if not 1 <= self.max_n <= 128:
+            raise InvalidParams("max_n is between 1 and 128", max_n=self.max_n)
         if self.http_max_connections < 1 or self.http_default_max_tokens < 1:
             raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
         if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):
@@ -205,7 +220,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
                 raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
                                     http=self.http)
         positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
-                    "max_outbox_bytes", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
+                    "max_outbox_bytes", "max_control_in_flight", "max_control_total", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
         for name in positive:
             if getattr(self, name) < 1:
                 raise InvalidParams(f"{name} must be >= 1")
@@ -213,6 +228,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         for name in counts:
             if getattr(self, name) < 0:
                 raise InvalidParams(f"{name} must be >= 0")
+        if self.max_gene_read_bytes < self.max_gene_bytes:
+            raise InvalidParams("max_gene_read_bytes must be >= max_gene_bytes (a file of the largest size must fit)")
         if not self.client_file_timeout > 0:
             raise InvalidParams("client_file_timeout must be > 0")
         return self

@@ -25,7 +25,7 @@ import anyio
 
 from actord import log as logcfg
 from actord.config import Config
-from actord.errors import InvalidParams, SocketInUse
+from actord.errors import ActordError
 from actord.log import get
 from actord.rpc.peers import raise_fd_limit
 from actord.rpc.server import MAX_LINGERING as RPC_LINGERING, RpcServer
@@ -124,9 +124,10 @@ def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info
     return 0
 
 
-def _refusal(e: BaseException) -> SocketInUse | InvalidParams | None:
-    """The start-up refusal in `e`, also when a task group wrapped it."""
-    if isinstance(e, (SocketInUse, InvalidParams)):
+def _refusal(e: BaseException) -> ActordError | None:
+    """The start-up refusal in `e`, also when a task group wrapped it: any typed error (a
+    live daemon on the socket, a bad flag, a `--gene` file that is missing or not a gene)."""
+    if isinstance(e, ActordError):
         return e
     if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
         return _refusal(e.exceptions[0])

@@ -253,8 +253,9 @@ class DraftVocabMismatch(InvalidParams):
 
 
 class SpecUnsupported(InvalidParams):
-    """Speculative decoding as configured cannot run on this model (its memory cannot be cut
-    back, it has no MTP layer, ...): refused at start, naming what is missing."""
+    """Speculative decoding as configured cannot run on this model (a sliding-window cache
+    that is not full, no MTP layer for --spec mtp, ...): refused at start, naming what is
+    missing."""
 
 
 # ---- the cluster (actord[ray], issue 20) -----------------------------------------------

@@ -44,6 +44,10 @@ class Metrics:
         self.slot_evictions_total = Counter(
             "slot_evictions", "Idle slots that gave up their sequence for room", ["reason", "how"], registry=r
         )
+        self.slot_evictions_refused_total = Counter(
+            "slot_evictions_refused", "Evictions refused because a mind's state had no durable place to go",
+            ["reason"], registry=r,
+        )
         self.kv_evictions_total = Counter(
             "kv_evictions", "Idle slots evicted by the scheduler for KV cells", registry=r
         )
@@ -66,8 +70,15 @@ class Metrics:
         self.page_store_pages = Gauge("page_store_pages", "Pages in the page store", registry=r)
         self.page_out_total = Counter("page_out", "Slot page-outs", registry=r)
         self.page_in_total = Counter("page_in", "Slot page-ins", registry=r)
-        self.page_failed_total = Counter("page_failed", "Failed or refused page moves", registry=r)
+        self.page_failed_total = Counter("page_failed", "Page moves and spills that failed (engine, disk)", registry=r)
+        self.page_refused_total = Counter(
+            "page_refused", "Page admissions refused by the page RAM ceiling (expected: callers spill)", registry=r
+        )
         self.page_spill_total = Counter("page_spill", "Pages spilled to disk", registry=r)
+        self.mind_files_refused_total = Counter(
+            "mind_files_refused", "Minds whose page file could not be restored (corrupt, another model): "
+            "refused once, the mind started fresh", registry=r,
+        )
         # Checkpoints
         self.ctx_checkpoint_bytes = Gauge("ctx_checkpoint_bytes", "Bytes held by context checkpoints", registry=r)
         self.ctx_checkpoints_evicted_budget_total = Counter(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import anyio
@@ -27,21 +26,24 @@ from actord.actors.checkpoints import BudgetStats, CheckpointBudget
 from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
 from actord.actors.messages import (
-    SlotLost, CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot,
+    SlotLost, CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot,
+    SaveSlot,
 )
 from actord.actors.pages import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
 from actord.actors.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.actors.scheduler import Scheduler
 from actord.actors.slot import Slot, common_prefix, page_image
-from actord.api import CompletionRequest, CompletionResult, SamplingFields, SlotInfo
+from actord.api import CompletionRequest, CompletionResult, SlotInfo
 from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.errors import ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, PromptTooLong, ShuttingDown, SlotNotFound
+from actord.errors import (
+    ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound,
+)
 from actord.log import get
 from actord.metrics import Metrics
-from actord.storage.clientfiles import ClientFiles
+from actord.storage.clientfiles import ByteBudget, ClientFiles
 from actord.storage.files import PageFiles
 
 log = get("actord.system")
@@ -50,6 +52,10 @@ PROPS_VERSION = {"slot_page_version": 1, "lora_page_version": 1}
 
 
 class ActorSystem:
+    # The mind placer's class: a host may give a subclass with more verbs (the cluster's
+    # node daemon does, actord/cluster/placer.py); it is built and wired as this one.
+    placer_class: type[MindPlacer] = MindPlacer
+
     def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None,
                  dispatcher: Dispatcher | None = None, trace: Any = None) -> None:
         self.config = config.validate()
@@ -85,10 +91,15 @@ class ActorSystem:
         # goes through a deterministic dispatcher's run_sync: it must know the work is in
         # flight to tell when the system is quiet. The plain dispatcher has no such seam.
         self._run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
+        # Gene files being read or loaded hold at most max_gene_read_bytes in all, whoever
+        # named them; a file must be a GGUF to be read at all.
+        self.gene_read_budget = ByteBudget(c.max_gene_read_bytes)
         self.client_files = ClientFiles(root=c.gene_dir, max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
-                                        threads=c.client_file_threads, run_sync=self._run_sync)
+                                        threads=c.client_file_threads, run_sync=self._run_sync,
+                                        budget=self.gene_read_budget, magic=b"GGUF")
         self.operator_files = ClientFiles(max_bytes=c.max_gene_bytes, timeout=c.client_file_timeout,
-                                          threads=c.client_file_threads, run_sync=self._run_sync)
+                                          threads=c.client_file_threads, run_sync=self._run_sync,
+                                          budget=self.gene_read_budget, magic=b"GGUF")
         self._tg: Any = None
         self._started = time.time()
         self.closing = False
@@ -120,8 +131,9 @@ class ActorSystem:
                     s.default_genes.append(info.id)
         except BaseException:
             # A failed start leaves nothing running: actors stopped, engine thread joined.
-            with anyio.CancelScope(shield=True):
-                await self.__aexit__(None, None, None)
+            # (Not inside a shielding scope of ours: the task group's own scope must be the
+            # current one when it exits; the engine's stop is shielded in __aexit__.)
+            await self.__aexit__(None, None, None)
             raise
         dev = self.props.device
         log.info("system.device", backend=dev.backend, device=dev.device, n_gpu_layers=dev.n_gpu_layers,
@@ -207,10 +219,11 @@ class ActorSystem:
                                             policy=self.config.checkpoint_policy, cap=1 + self.config.ctx_checkpoints)
         self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads,
                                offload=self.dispatcher.offload)
-        self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
-                                 self.metrics, capacity=max(cap, 256))
+        self.placer = self.placer_class(self.dispatcher, self.slots, self.pages, self.files, self._spill,
+                                        self.metrics, capacity=max(cap, 256))
         self.placer.scheduler = self.scheduler
         for s in self.slots:
+            s.placer = self.placer
             s.files = self.files
             s.ckpt_budget = self.ckpt_budget
             s.ckpt = CheckpointPlan(
@@ -219,6 +232,7 @@ class ActorSystem:
                 share_bytes=self.config.ctx_checkpoints_bytes // max(1, self.config.slots),
             )
             s.scheduler = self.scheduler
+            s.peers = self.slots
             s.pages = self.pages
             s.residency = self.residency
             s.track_footprint = device_budget > 0
@@ -285,6 +299,27 @@ class ActorSystem:
             if not self._inflight and self._idle is not None:
                 self._idle.set()
 
+    async def complete_n(self, request: CompletionRequest, n: int, *,
+                         on_token: Callable[[Any], None] | None = None) -> list[CompletionResult]:
+        """n completions of one prompt, prefilled once (actord/choices.py), by index; each
+        streamed chunk carries its choice's `index`."""
+        from actord.choices import complete_choices
+
+        await self.dispatcher.input("completion", request)
+        return await complete_choices(self, request, n, on_token)
+
+    def hold_slots(self, slots: list[int]) -> list[int]:
+        """Mark slots as bound for work about to come (no placement picks them); the ids to release."""
+        rids = [next(self._rids) for _ in slots]
+        self._inflight.update(zip(rids, slots))
+        return rids
+
+    def release_slots(self, rids: list[int]) -> None:
+        for rid in rids:
+            self._inflight.pop(rid, None)
+        if not self._inflight and self._idle is not None:
+            self._idle.set()
+
     async def _cancel(self, rid: int, slot: int | None) -> None:
         """Tell whoever holds request `rid` to end it; bounded, and never raises."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
@@ -299,102 +334,24 @@ class ActorSystem:
                 pass
 
     async def chat(
-        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, **params: Any,
+        self, request: Any = None, *, on_token: Callable[[Any], None] | None = None, n: int = 1, **params: Any,
     ) -> Any:
         """Run one chat turn: messages rendered with the model's chat template (actord.chat).
 
         A conversation this system served before comes back as the exact tokens of its
         last prompt + reply, so its mind decodes only the new messages. Returns a
-        `ChatResult` (the reply message, the completion's result and usage).
+        `ChatResult` (the reply message, the completion's result and usage); with `n` > 1,
+        a list of n, one per choice (actord/choices.py: choice 0's reply is the one remembered).
         """
-        from actord.chat import ChatMessage, ChatPrompter, ChatRequest, ChatResult, has_tools
-        from actord.tools import StreamAdapter
+        from actord.chat import ChatRequest
+        from actord.chat_turn import run_turn
 
         if request is None:
             try:
                 request = msgspec.convert(params, ChatRequest)
             except msgspec.ValidationError as e:
                 raise InvalidParams(str(e)) from None
-        request.check()
-        self._check_open()
-        # The bytes a client sends are bounded before anything renders or tokenizes them.
-        n = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
-        n += len(request.template.encode()) if request.template else 0
-        if request.tools or has_tools(request.messages):
-            n += len(msgspec.json.encode(request.tools)) + sum(
-                len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
-        if n > self._limits.max_prompt_bytes:
-            raise PromptTooLong(f"chat of {n} bytes is over the limit of {self._limits.max_prompt_bytes}",
-                                n_prompt_bytes=n, max_prompt_bytes=self._limits.max_prompt_bytes)
-        await self.dispatcher.input("chat", request)
-        prompter: ChatPrompter | None = getattr(self, "_chat_prompter", None)
-        if prompter is None:
-            info = await self.engine.run(J.ChatInfo())
-            if self.config.chat_template_file:
-                try:
-                    source = await self._run_sync(Path(self.config.chat_template_file).read_text)
-                except (OSError, UnicodeDecodeError) as e:
-                    from actord.errors import FileNotFound
-
-                    raise FileNotFound(f"cannot read chat template {self.config.chat_template_file}: {e}",
-                                       path=self.config.chat_template_file) from None
-                info = msgspec.structs.replace(info, template=source)
-
-            async def tokenize(text: str) -> list[int]:
-                return await self.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
-
-            prompter = self._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=self.config.chat_memory_tokens,
-                                                          run_sync=self._run_sync)
-        fields = {f: getattr(request, f) for f in SamplingFields.__struct_fields__}
-        turn = None
-        if request.tools or has_tools(request.messages):  # tool calling: actord.tools
-            turn = self._tool_turn(request, prompter)
-            if turn.grammar:
-                if request.grammar or request.json_schema is not None:
-                    raise InvalidParams("a grammar (response_format) and tools both constrain the output: "
-                                        "send one, or tool_choice none", param="response_format")
-                fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
-        prompt = await prompter.build(request.messages, template=request.template,
-                                      add_generation_prompt=request.add_generation_prompt,
-                                      render=turn.render if turn else None,
-                                      tools=turn.template_tools if turn else None)
-        completion = CompletionRequest(
-            prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
-            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
-            stop=request.stop, stream=request.stream, genes=request.genes, **fields,
-        )
-        scanner = turn.scanner() if turn is not None and turn.parses else None
-        sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
-        result = await self.complete(completion, on_token=sink, _input=False)
-        if scanner is None:
-            message = ChatMessage(role="assistant", content=result.content)
-        else:
-            if isinstance(sink, StreamAdapter):
-                sink.finish(result.slot)
-            else:
-                scanner.feed(result.content)
-                scanner.finish()
-            message = ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
-        if result.stop_reason != "cancelled" and (
-            not request.stop or await self.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
-        ):  # a reply cut at a stop string no longer matches its tokens: not reusable
-            prompter.remember(prompt, message, result)
-        return ChatResult(message=message, completion=result, reused_turn=prompt.reused_turn)
-
-    def _tool_turn(self, request: Any, prompter: Any) -> Any:
-        """What a chat turn with tools renders and samples under (actord.tools), in the format
-        the request, the daemon's --tool-format or the template names."""
-        from actord import tools as T
-
-        mode, name = T.check_tools(request.tools, request.tool_choice)
-        fmt = request.tool_format or self.config.tool_format
-        if fmt == "auto":
-            source = request.template if request.template is not None else prompter.info.template
-            fmt, why = T.detect_format(source)
-            if getattr(self, "_tool_format_logged", None) != (fmt, source):
-                self._tool_format_logged = (fmt, source)
-                log.info("chat.tool_format", format=fmt, why=why)
-        return T.plan_turn(fmt, request.messages, request.tools, mode, name, request.parallel_tool_calls)
+        return await run_turn(self, request, on_token, n)
 
     async def _place(self, request: CompletionRequest) -> Slot:
         """No slot named: the idle slot whose tokens share the longest prefix, else least deferred."""
@@ -404,6 +361,9 @@ class ActorSystem:
         # placements cannot pick the same slot.
         bound_for = {s for s in self._inflight.values() if s is not None}
         idle = [i for i in infos if i.state == "idle" and i.deferred == 0 and i.id not in bound_for]
+        # A mind's resident state is not written over while another idle slot can serve: an
+        # unnamed request would cost the mind its cache (its next turn would prefill again).
+        idle = [i for i in idle if i.mind is None] or idle
         if isinstance(request.prompt, list) and idle:
             best = max(idle, key=lambda i: (common_prefix(self.slots[i.id].kv_tokens, request.prompt), -i.n_tokens))
             return self.slots[best.id]
@@ -439,13 +399,24 @@ class ActorSystem:
         target = self._slot(slot)
         assert self.pages is not None and self.scheduler is not None
         held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
-        if page in held:  # KV cells for the page, from idle slots if need be
-            granted = await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
-            if granted < held[page]:
-                raise ContextFull(f"no room in the KV cache for page {page!r} ({held[page]} tokens, {granted} free "
-                                  "for it): requests in flight hold the rest; retry", page=page,
-                                  n_tokens=held[page], free=granted)
-        return await target.ask(PageInSlot(page=page))
+        if page not in held:
+            return await target.ask(PageInSlot(page=page))  # refused by the slot, typed
+        # KV cells for the page, from idle slots if need be, held for this move until it is
+        # over, however it ends (no count is left behind by a refused page-in).
+        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
+        try:
+            if room.cells < held[page]:
+                raise ContextFull(f"no KV cells for page {page!r} now: it needs {held[page]}, the shared cache "
+                                  f"(n_ctx {self.props.n_ctx}) has {room.cells} free for slot {slot}",
+                                  page=page, slot=slot, n_tokens=held[page], free=room.cells)
+            return await target.ask(PageInSlot(page=page))
+        finally:
+            if room.token:  # answered once the count is the slot's own again
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.ask_timeout_s):
+                    try:
+                        await self.scheduler.ask(ReleaseRoom(token=room.token))
+                    except ActordError:
+                        pass  # stopping
 
     async def page_drop(self, page: str) -> Any:
         self._check_open()
@@ -478,15 +449,26 @@ class ActorSystem:
         assert self.pages is not None
         self.files.check(file)
         t0 = time.perf_counter()
-        held = await self.pages.ask(SpillBegin(name=page))
-        dropped = False
-        try:
-            stats = await self.files.publish(
-                file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
-                                 held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n))
-        finally:
-            with anyio.CancelScope(shield=True):
-                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))
+        async with self.files.holding(file):  # no other publication of `file` until the drop
+            held = await self.pages.ask(SpillBegin(name=page))
+            dropped = False
+            durable = False
+            try:
+                stats = await self.files.publish(
+                    file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
+                                     held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n),
+                    held=True)
+                durable = True  # publish returns only once every file and folder is fsynced
+            except ActordError as e:
+                self.metrics.page_failed_total.inc()
+                log.warning("page.spill_failed", page=page, file=file, kept=True, error=e.to_dict())
+                raise
+            finally:
+                # The RAM page goes only once its file is durable, and before anyone can
+                # publish over that file: a failed or cancelled spill (a full or read-only
+                # page folder, EIO) leaves the page where it was.
+                with anyio.CancelScope(shield=True):
+                    dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop and durable))
         self.metrics.page_spill_total.inc()
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("page.spilled", page=page, file=file, n_bytes=stats.n_bytes, dropped=dropped, t_ms=round(t_ms, 3))
@@ -516,8 +498,17 @@ class ActorSystem:
         # A client-named file: regular, bounded, timed, confined to --gene-dir when set
         # (storage/clientfiles.py). Files the operator listed with --gene are not confined.
         files = self.operator_files if path in self.config.gene else self.client_files
-        image = await files.read(path)
-        return await self.residency.ask(LoadGene(path=path, image=image, default=default))
+        async with files.reading(path) as image:  # counted against --max-gene-read-bytes until loaded
+            msg = LoadGene(path=path, image=image, default=default)
+            del image
+            try:
+                return await self.residency.ask(msg)
+            except ActordError as e:
+                # A refusal's traceback runs through every frame that held the image (the
+                # engine's, the residency's, ours): cut it, so the bytes go now, not whenever
+                # the cycle collector next looks.
+                del msg
+                raise e.with_traceback(None) from None
 
     async def gene_unload(self, gene_id: int) -> Any:
         self._check_open()

@@ -12,7 +12,16 @@ Cases:
    (a) a copy of itself: acceptance near 1, the ceiling; (b) a differently-seeded llama of
    the same vocabulary: acceptance near 0, the floor, i.e. what a useless draft costs;
    (c) its own first block (write_pruned_draft): a real, partial draft.
-2. The registry's Gemma 3 270M (Q4_K_M) drafted by layer-pruned copies of itself. Its
+2. Recurrent and hybrid targets, whose rejected drafts are rolled back inside the verify
+   (props.spec_rollback): a generated f32 qwen35 (Gated DeltaNet + attention, one MTP
+   layer; rollback "rs": n_rs_seq snapshots) drafted by (a) itself (a hybrid draft model,
+   whose own rejected drafts are restored and replayed): the ceiling; (b) its MTP head
+   (`--spec mtp`; random weights, so acceptance near 0: what driving the head costs);
+   (c) a tiny llama of the same vocabulary: the floor. And a generated f32 mamba2 (rollback
+   "replay": the state copied before each verify, restored, the accepted tokens decoded
+   again) drafted by itself and by the tiny llama: what a replay costs when every draft
+   is rejected.
+3. The registry's Gemma 3 270M (Q4_K_M) drafted by layer-pruned copies of itself. Its
    262k-token head is ~60% of a token's compute, so even a 1-block draft costs well over
    half a target token: the draft model here is a correctness and acceptance exercise, not
    a speed-up. Greedy output is identical at k=2 (a 3-row verify runs the 1-row kernels);
@@ -23,7 +32,7 @@ per configuration: output tokens, target forwards (engine steps), tokens per for
 accepted / drafted, tokens/s of generation, and the ratio of each to plain; "same" says
 whether the output tokens equal the plain run's.
 
-Run: .venv/bin/python bench/speculative.py   (about 3 minutes on 2 busy cores; --skip-gemma
+Run: .venv/bin/python bench/speculative.py   (about 4 minutes on 2 busy cores; --skip-gemma
 runs the tiny model only, --n-predict and --k shorten or widen it.)
 """
 
@@ -54,10 +63,16 @@ TEXTS = [
 
 
 async def run(model: str, draft: str | None, k: int, n_predict: int, threads: int) -> dict[str, Any]:
-    kw: dict[str, Any] = dict(spec_draft_model=draft, spec_n_max=k) if draft else {}
+    """`draft`: a draft model's path, "mtp" (the model's own MTP head) or None (plain)."""
+    kw: dict[str, Any] = {}
+    if draft == "mtp":
+        kw = dict(spec="mtp", spec_n_max=k)
+    elif draft:
+        kw = dict(spec_draft_model=draft, spec_n_max=k)
     cfg = Config(model=model, slots=1, ctx=2048, batch=512, threads=threads, **kw)
     out: dict[str, Any] = {"tokens": [], "n": 0, "steps": 0.0, "drafted": 0, "accepted": 0, "gen_s": 0.0}
     async with ActorSystem(cfg) as s:
+        out["rollback"] = s.props.spec_rollback
         for text in TEXTS:
             await s.slot_erase(0)
             steps0 = s.metrics.snapshot()["engine_steps_total"]
@@ -80,6 +95,8 @@ def line(name: str, x: dict[str, Any], plain: dict[str, Any]) -> str:
     tps0 = plain["n"] / plain["gen_s"] if plain["gen_s"] else 1.0
     acc = f"{x['accepted']}/{x['drafted']} ({x['accepted'] / x['drafted']:.0%})" if x["drafted"] else "-"
     same = "same" if x["tokens"] == plain["tokens"] else "DIFFERS"
+    if x.get("rollback"):
+        name = f"{name} [{x['rollback']}]"
     return (f"  {name:<34} {x['n']:>5} tok {int(x['steps']):>5} fwd  {tpf:5.2f} tok/fwd ({tpf / tpf0:4.2f}x)  "
             f"acc {acc:<15} {tps:7.1f} tok/s ({tps / tps0:4.2f}x)  {same}")
 
@@ -105,7 +122,7 @@ async def main() -> None:
     a = ap.parse_args()
     log.configure(level="warning")
     from actord.testing.draft_models import write_pruned_draft
-    from actord.testing.models import gemma3_270m_path, write_tiny_llama
+    from actord.testing.models import gemma3_270m_path, write_tiny_llama, write_tiny_mamba2, write_tiny_qwen35
 
     tmp = Path(tempfile.mkdtemp(prefix="actord-spec-"))
     if not a.skip_tiny:
@@ -116,6 +133,17 @@ async def main() -> None:
         await case("f32 llama (256 x 4 blocks)", target,
                    [("draft = target copy", target), ("draft = another seed", other), ("draft = first block", first)],
                    a.k, a.n_predict, a.threads)
+    if not a.skip_tiny:
+        hshape = dict(n_embd=256, n_layer=8, n_head=8, n_head_kv=4, head_dim=32, n_ff=768, d_state=32,
+                      n_k_heads=4, n_v_heads=8)
+        hybrid = str(write_tiny_qwen35(tmp / "qwen35.gguf", seed=1, mtp=True, **hshape))
+        small = str(write_tiny_llama(tmp / "llama-small.gguf", seed=2))
+        await case("f32 qwen35 hybrid (256 x 6 DeltaNet + 2 attention blocks, 1 MTP layer)", hybrid,
+                   [("draft = target copy", hybrid), ("MTP head (--spec mtp)", "mtp"),
+                    ("draft = tiny llama", small)], a.k, a.n_predict, a.threads)
+        mamba = str(write_tiny_mamba2(tmp / "mamba2.gguf", seed=1, n_embd=256, n_layer=4, d_inner=512, n_heads=16))
+        await case("f32 mamba2 recurrent (256 x 4 blocks)", mamba,
+                   [("draft = target copy", mamba), ("draft = tiny llama", small)], a.k, a.n_predict, a.threads)
     gemma = gemma3_270m_path()
     if not a.skip_gemma and gemma is not None:
         drafts = []

@@ -115,7 +115,7 @@ async def main(args: argparse.Namespace) -> None:
         m = system.metrics.snapshot()
         print("\nmetrics:")
         for key in ("prompt_tokens_total", "prompt_tokens_processed_total", "page_out_total", "page_in_total",
-                    "page_spill_total", "page_failed_total", "ctx_checkpoint_restores_total", "full_reprefills_total",
+                    "page_spill_total", "page_refused_total", "page_failed_total", "ctx_checkpoint_restores_total", "full_reprefills_total",
                     "ctx_checkpoints_evicted_budget_total", "ctx_checkpoints_skipped_budget_total",
                     "lora_page_out_total", "lora_page_in_total", "lora_page_in_on_demand_total",
                     "lora_device_bytes", "lora_host_bytes", "page_store_bytes", "ctx_checkpoint_bytes"):

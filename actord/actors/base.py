@@ -23,13 +23,22 @@ whom (an ask's reply, or room in a full mailbox) and refuses the wait that would
 cycle (`AskCycle`, with the chain), the moment it would close. Every ask also has a bound:
 past it the asker gets `AskTimeout` with the wait-for chain, logged, never a silent hang.
 
-Two lanes, one queue. What clients send (RPC connections, host calls) is bounded per actor
-(`capacity`): a client meets backpressure. What actors send each other is never refused
-and never waits for room: an actor's messages are bounded by what it was asked to do (one
-tell per step, per request end, per eviction), and an actor blocked on a peer's full
-mailbox turns backpressure into wait-for cycles under a burst (a slot telling the
-scheduler while the scheduler asks it). Both lanes share one FIFO queue, so a tell an
-actor sent before answering a client is delivered before the client's next message.
+Two lanes. What clients send (RPC connections, host calls) is bounded per actor
+(`capacity`): a client meets backpressure. What actors send each other (the control lane)
+is never refused and never waits for room: an actor's messages are bounded by what it was
+asked to do (one tell per step, per request end, per eviction), and an actor blocked on a
+peer's full mailbox turns backpressure into wait-for cycles under a burst (a slot telling
+the scheduler while the scheduler asks it).
+
+Delivery order (`Actor.pick`): arrival order, except that a control message may overtake
+client messages that arrived before it, at most `OVERTAKE` times in a row while one waits.
+So an actor's own work (the scheduler's next step, a slot's `Ended`) is never queued behind
+a flood of client calls (a full lane of 256 `MakeRoom` asks once made every step wait for
+all of them), and the clients still get every other turn however busy the actor keeps
+itself. A client message never overtakes a control message, so a tell an actor sent before
+answering a client is still delivered before that client's next message; a control
+message overtaking an older client message is safe, as nothing an actor sends can depend
+on a client message that has not been delivered yet.
 
 Supervision: a handler that raises an `ActordError` simply answers that ask with the error
 (a refusal is not a crash). Any other exception is a crash: it is logged and counted, the
@@ -39,6 +48,8 @@ the system keeps running.
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import contextvars
 import math
 from typing import Any, Awaitable, Callable, Generic, TypeVar
@@ -62,6 +73,10 @@ CURRENT: contextvars.ContextVar["Actor[Any] | None"] = contextvars.ContextVar("a
 # The default bound on an ask between actors, in seconds (Config.ask_timeout_s sets it per
 # system through the dispatcher).
 ASK_BOUND_S = 600.0
+
+# Control messages delivered in a row ahead of an older waiting client message (see the
+# module docstring): 1 alternates the lanes while both are busy.
+OVERTAKE = 1
 
 # Bumped at every instrumented step (mailbox put, delivery, reply); a deterministic
 # dispatcher reads it to tell when the system has gone quiet.
@@ -101,7 +116,7 @@ class Reply:
 
 
 class Envelope(Generic[M]):
-    __slots__ = ("msg", "reply", "stream", "seq", "counted", "answer")
+    __slots__ = ("msg", "reply", "stream", "seq", "counted", "answer", "overtakes", "client")
 
     def __init__(self, msg: M, reply: Reply | None = None, stream: StreamSink | None = None,
                  answer: Any = None) -> None:
@@ -110,6 +125,8 @@ class Envelope(Generic[M]):
         self.stream = stream
         self.seq = 0
         self.counted = False  # it holds a place in the client lane (see Actor._put)
+        self.overtakes = False  # picked ahead of an older client message (see Actor.pick)
+        self.client = False  # it came on the client lane (kept after delivery, for observers)
         # A value (or an exception) for `reply` that the receiver hands on once it has done
         # its part; like the reply channel it is never part of the message, so a trace of
         # deliveries does not depend on it (a result's timings differ run to run).
@@ -210,7 +227,14 @@ class Dispatcher:
 
     async def actor_loop(self, actor: "Actor[Any]") -> None:
         async with actor._recv:
-            async for env in actor._recv:
+            while True:
+                env = actor.take_next()
+                if env is None:
+                    try:
+                        actor._arrived.append(await actor._recv.receive())
+                    except anyio.EndOfStream:
+                        return
+                    continue
                 await actor.deliver(env)
 
     async def engine_done(self, job: Any, value: Any, error: BaseException | None) -> None:
@@ -249,6 +273,9 @@ class Actor(Generic[M]):
         self._send, self._recv = anyio.create_memory_object_stream[Envelope[M]](math.inf)
         self._mailbox_used = 0
         self._mailbox_room = anyio.Event()
+        # Received from the queue, not yet delivered, in arrival order (see `pick`).
+        self._arrived: collections.deque[Envelope[M]] = collections.deque()
+        self._overtakes = 0
         self.delivered = 0
         self.failed = False
         self.failure: BaseException | None = None
@@ -321,7 +348,7 @@ class Actor(Generic[M]):
             await self._mailbox_room.wait()
             if self.failed:
                 raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
-        env.counted = True
+        env.counted = env.client = True
         self._mailbox_used += 1
         try:
             self._send.send_nowait(env)
@@ -337,6 +364,49 @@ class Actor(Generic[M]):
             self._mailbox_room.set()
 
     # -- receiving ---------------------------------------------------------------------
+
+    def drain(self) -> bool:
+        """Move what the queue holds into `_arrived`; True once the queue is closed."""
+        while True:
+            try:
+                self._arrived.append(self._recv.receive_nowait())
+            except anyio.WouldBlock:
+                return False
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return True
+
+    def pick(self, queued: "collections.abc.Sequence[Envelope[M]]") -> int:
+        """Which of `queued` (arrival order) to deliver next: the oldest, unless it is a
+        client message and a control message waits behind it that may overtake it (at most
+        OVERTAKE in a row). Pure: a deterministic dispatcher may ask again before it delivers."""
+        first_client = first_control = None
+        for i, env in enumerate(queued):
+            if env.counted:
+                if first_client is None:
+                    first_client = i
+            elif first_control is None:
+                first_control = i
+            if first_client is not None and first_control is not None:
+                break
+        if first_client is None or first_control is None or first_control < first_client:
+            i = 0 if first_client is None or first_control is None else first_control
+            queued[i].overtakes = False
+            return i
+        if self._overtakes < OVERTAKE:
+            queued[first_control].overtakes = True
+            return first_control
+        queued[first_client].overtakes = False
+        return first_client
+
+    def take_next(self) -> Envelope[M] | None:
+        """The next envelope to deliver (taken out), or None when nothing is queued."""
+        self.drain()
+        if not self._arrived:
+            return None
+        i = self.pick(self._arrived)
+        env = self._arrived[i]
+        del self._arrived[i]
+        return env
 
     async def handle(self, msg: M, env: Envelope[M]) -> None:
         raise NotImplementedError
@@ -357,14 +427,36 @@ class Actor(Generic[M]):
             await self.dispatcher.actor_loop(self)
         except BaseException as e:
             if not isinstance(e, Exception):
+                # Cancelled (the system is going down) or killed: nobody waits on us in vain.
+                self._stopped(ShuttingDown(f"actor {self.name} stopped", actor=self.name))
                 raise
             self._crash(e, None)
         else:
             self.on_stop()
 
+    def _stopped(self, error: ActordError) -> None:
+        """The loop ended without a crash of ours: close the mailbox, fail every ask still
+        queued and whatever the actor holds, so askers hear at once instead of at their bound."""
+        self._send.close()
+        self.drain()
+        while self._arrived:
+            env = self._arrived.popleft()
+            self._left_lane(env)
+            if env.reply is not None:
+                env.reply.fail(error)
+        self._mailbox_room.set()
+        try:
+            self.on_crash(error)
+        except Exception as e:  # noqa: BLE001 - stopping must not raise over the cancellation
+            log.error("actor.stop_failed", actor=self.name, error=repr(e))
+
     async def deliver(self, env: Envelope[M]) -> None:
         """Deliver one envelope now. The real loop calls it; so can a deterministic one."""
         self.delivered += 1
+        if env.overtakes:
+            self._overtakes += 1
+        elif env.counted:
+            self._overtakes = 0
         self._left_lane(env)
         self.dispatcher.delivered(self, env)
         CURRENT.set(self)
@@ -378,6 +470,10 @@ class Actor(Generic[M]):
         except Exception as e:
             self._crash(e, env)
             raise
+        except BaseException:  # cancelled mid-handler (the system is going down)
+            if env.reply is not None:
+                env.reply.fail(ShuttingDown(f"actor {self.name} stopped", actor=self.name))
+            raise
 
     def _crash(self, error: BaseException, env: Envelope[M] | None) -> None:
         if self.failed:
@@ -388,11 +484,9 @@ class Actor(Generic[M]):
         failed = ActorFailed(f"actor {self.name} crashed: {error!r}", actor=self.name)
         if env is not None and env.reply is not None:
             env.reply.fail(failed)
-        while True:
-            try:
-                queued = self._recv.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
+        self.drain()
+        while self._arrived:
+            queued = self._arrived.popleft()
             self._left_lane(queued)
             if queued.reply is not None:
                 queued.reply.fail(failed)
@@ -412,7 +506,7 @@ class Actor(Generic[M]):
         st = self._send.statistics()
         return ActorStats(
             name=self.name,
-            queued=st.current_buffer_used,
+            queued=st.current_buffer_used + len(self._arrived),
             capacity=self.capacity,
             delivered=self.delivered,
             deferred=self.deferred_count(),

@@ -85,6 +85,7 @@ class EvictDone(Msg):
 
     slot: int
     freed: bool
+    kept: bool = False  # refused because the state had no durable place to go (not: busy)
 
 
 GeneInbox = (
@@ -137,6 +138,10 @@ class GeneResidency(Actor[GeneInbox]):
         self.pending: list[_Pending] = []
         self.running: set[int] = set()  # slots granted their genes, until Finish
         self.evicting: set[int] = set()  # slots told to Evict, until EvictDone
+        # Slots that refused an eviction (a mind whose state had no durable place to go):
+        # not asked again until their state changes (a turn ends, a page move) or new work
+        # arrives (the disk may be back), or room would be planned on them again and again.
+        self.kept: set[int] = set()
 
     # -- views for the policy ----------------------------------------------------------
 
@@ -159,7 +164,7 @@ class GeneResidency(Actor[GeneInbox]):
         """The policy's view. Only running slots (and the one being served) are untouchable:
         a slot still waiting for its genes has a quiet sequence, which it can give up."""
         gv = [GeneView(id=g.id, n_bytes=g.n_bytes, resident=g.resident, uses=g.uses) for g in self.genes.values()]
-        sv = [SlotView(id=s, n_bytes=n, processing=s in self.running or s == for_slot,
+        sv = [SlotView(id=s, n_bytes=n, processing=s in self.running or s == for_slot or s in self.kept,
                        last_use=self.slot_use.get(s, 0))
               for s, n in self.slot_bytes.items()]
         return gv, sv
@@ -172,6 +177,10 @@ class GeneResidency(Actor[GeneInbox]):
 
     async def handle(self, msg: GeneInbox, env: Envelope[GeneInbox]) -> None:
         out: Any = None
+        # New work may find the disk back: slots that refused an eviction may be asked again.
+        retry_kept = bool(self.kept) and isinstance(msg, (LoadGene, PageInGene, Acquire))
+        if retry_kept:
+            self.kept.clear()
         match msg:
             case LoadGene():
                 self.pending.append(_Pending("load", protect=set(), env=env, msg=msg))
@@ -193,6 +202,7 @@ class GeneResidency(Actor[GeneInbox]):
             case Acquire(slot=slot, genes=genes, ticket=ticket):
                 await self._acquire(slot, genes, ticket)
             case Finish(slot=slot, n_bytes=n):
+                self.kept.discard(slot)
                 self.processing.pop(slot, None)
                 self.running.discard(slot)
                 # An acquisition still pending for this slot was withdrawn (cancelled).
@@ -201,6 +211,7 @@ class GeneResidency(Actor[GeneInbox]):
                 await self._shrink_to_budget()
                 self._queue_reconcile()
             case SlotFootprint(slot=slot, n_bytes=n):
+                self.kept.discard(slot)
                 grew = n > self.slot_bytes.get(slot, 0)
                 self.slot_bytes[slot] = n
                 if n == 0:
@@ -209,11 +220,14 @@ class GeneResidency(Actor[GeneInbox]):
                     self.clock += 1
                     self.slot_use[slot] = self.clock
                     await self._shrink_to_budget()
-            case EvictDone(slot=slot, freed=freed):
+            case EvictDone(slot=slot, freed=freed, kept=kept):
                 self.evicting.discard(slot)
+                if kept:
+                    self.kept.add(slot)
                 # Still over (a growth the eviction did not cover)? Go on, but only once the
-                # slot's state is gone from our view: never tell the same slot again and again.
-                if freed and not self.slot_bytes.get(slot, 0):
+                # slot's state is gone from our view, or the slot refused to go (it is kept
+                # now, so the next plan passes it over): never tell one slot again and again.
+                if (freed and not self.slot_bytes.get(slot, 0)) or kept:
                     await self._shrink_to_budget()
             case Reconcile():
                 self._reconcile_queued = False
@@ -221,6 +235,8 @@ class GeneResidency(Actor[GeneInbox]):
             case _:
                 raise InvalidParams(f"gene residency cannot handle {type(msg).__name__}")
         await self._serve()
+        if retry_kept and not self.evicting:
+            await self._shrink_to_budget()  # what the kept slots held still counts
         self._publish()
         if env.reply is not None and out is not _DEFERRED:
             env.reply.send(out)

@@ -95,15 +95,26 @@ class Evict(Msg):
     """Give up the sequence if idle: to the mind's page, else its file, else dropped.
 
     Told by the GeneResidency (device room; the slot tells back `EvictDone`), asked by the
-    Scheduler (KV cells; the reply is the number of cells freed). A busy slot refuses.
+    Scheduler (KV cells; the reply is `(cells freed, the seq of its last Cells tell)`). A
+    busy slot refuses.
     """
 
     reason: str  # "device" | "kv"
 
 
+class Fork(Msg):
+    """Asked by the system (n > 1 choices: actord/choices.py): when idle, hold a copy of
+    slot `src`'s sequence, which must be idle and hold exactly `tokens` (else nothing
+    changes and the reply is False). A mind this slot held goes to its page first (as an
+    eviction). The reply: whether the copy was made."""
+
+    src: int
+    tokens: list[int]
+
+
 SlotInbox = (
     Complete | CancelRequest | Ended | CheckpointTaken | Erase | Info | PageOutSlot | PageInSlot
-    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | Fork
 )
 
 
@@ -145,17 +156,33 @@ class RunStep(Msg):
 
 
 class Cells(Msg):
-    """A slot's sequence now holds `n` KV cells (told after changes outside a step)."""
+    """A slot's sequence now holds `n` KV cells (told after changes outside a step). `seq`
+    counts the slot's tells: the scheduler ignores one older than what it already knows (an
+    eviction's answer carries the count it left, and a tell queued before it is stale)."""
 
     slot: int
     n: int
+    seq: int = 0
 
 
 class MakeRoom(Msg):
     """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
-    a restore): evict idle slots until they are free, and hold them for it."""
+    a restore): evict idle slots until they are free (`evict`; without it, only what is
+    free now: a fork, actord/choices.py, never costs another slot its sequence), and hold
+    them for it. The reply is a `Room`: the cells held and the token that `ReleaseRoom`
+    gives back once the move is over (however it ended)."""
 
     slot: int
+    cells: int
+    evict: bool = True
+
+
+class ReleaseRoom(Msg):
+    token: int
+
+
+class Room(Msg):
+    token: int
     cells: int
 
 
@@ -166,4 +193,4 @@ class SlotLost(Msg):
     slot: int
 
 
-SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | SlotLost
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom | SlotLost

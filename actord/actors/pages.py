@@ -227,8 +227,10 @@ class PageStore(Actor[PageStoreInbox]):
         old = self.names.get(name)
         replaced = self._replaced(name, n_bytes)
         if self.effective - replaced + n_bytes > self.ceiling:
-            self.metrics.page_failed_total.inc()
-            log.warning("page.refused", page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling)
+            # A refusal, not a failure: page RAM is a cache, and its callers (the placer, an
+            # eviction) spill to a file when it is full. Counted apart, logged at info.
+            self.metrics.page_refused_total.inc()
+            log.info("page.refused", page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling)
             raise PageRamExceeded(
                 f"page of {n_bytes} bytes would exceed the page RAM ceiling",
                 page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling,
@@ -331,8 +333,8 @@ class PageStore(Actor[PageStoreInbox]):
             # A replacement counted these bytes as freed at its commit; holding them longer
             # must fit the ceiling on its own.
             if self.effective + self.earmarks[gen] > self.ceiling:
-                self.metrics.page_failed_total.inc()
-                log.warning("page.spill_refused", page=name, reason="being replaced", n_bytes=g.n_bytes)
+                self.metrics.page_refused_total.inc()
+                log.info("page.spill_refused", page=name, reason="being replaced", n_bytes=g.n_bytes)
                 raise PageRamExceeded(f"page {name!r} is being replaced and its bytes cannot be held longer",
                                       page=name, n_bytes=g.n_bytes, charged=self.charged, ceiling=self.ceiling)
             del self.earmarks[gen]

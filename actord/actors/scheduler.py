@@ -35,7 +35,8 @@ import msgspec
 
 from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.messages import (
-    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, RunStep, SchedulerInbox, SlotLost,
+    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
+    SlotLost,
 )
 from actord.api import CompletionResult, Timings
 from actord.core.sched import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
@@ -83,10 +84,10 @@ class Scheduler(Actor[SchedulerInbox]):
                                   depth=depth)
         self.core.cells.update({i: 0 for i in range(len(slots))})
         self.channels: dict[int, _Channel] = {}
+        self.cells_seq: dict[int, int] = {}  # the newest Cells tell applied, per slot
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
         self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
-        self.reserved: set[int] = set()  # slots holding cells granted by MakeRoom, not yet filled
         self._tallied: list[Any] = [0, 0.0]  # steps, busy seconds not yet in the registry
         self._step_tokens: list[int] = []
 
@@ -116,9 +117,10 @@ class Scheduler(Actor[SchedulerInbox]):
                 self._enroll(msg, env)
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
-            case Cells(slot=slot, n=n):
-                self.reserved.discard(slot)
-                if slot not in self.lost:
+            case Cells(slot=slot, n=n, seq=seq):
+                # A stale tell (queued before an eviction's answer) changes nothing.
+                if slot not in self.lost and (not seq or seq > self.cells_seq.get(slot, 0)):
+                    self.cells_seq[slot] = seq
                     self.core.set_cells(slot, n)
             case SlotLost(slot=slot):
                 self.lost.add(slot)
@@ -126,22 +128,26 @@ class Scheduler(Actor[SchedulerInbox]):
                 if rid is not None:
                     self._route(self.core.abort(rid, "error", ActorFailed(f"slot {slot} crashed", slot=slot)))
                 await self._reclaim()
-            case MakeRoom(slot=slot, cells=n):
-                # The reply is the cells free for the slot (at most n), held only when all n
-                # are: a caller that got fewer must not move a sequence in (it would
-                # over-commit the cache that the steps in flight are counted against).
-                granted = n
+            case MakeRoom(slot=slot, cells=n, evict=evict):
+                # The reply is the cells free for the slot (at most n), held for it until the
+                # asker releases them: a caller that got fewer must not move a sequence in (it
+                # would over-commit the cache that the steps in flight are counted against).
+                room = Room(token=0, cells=n)
                 if self.n_ctx and slot not in self.core.by_slot:
                     short = n - (self.free_cells + self.held(slot))
-                    if short > 0:
+                    if short > 0 and evict:
                         await self._make_room(short, exclude=slot)
-                    # Held for the slot until it tells what it really holds (Cells).
+                    # Held for the slot until whoever asked releases it (ReleaseRoom).
                     granted = min(n, self.free_cells + self.held(slot))
-                    if granted == n:  # held for it, and no victim for room, until it tells its Cells
-                        self.core.cells[slot] = n
-                        self.reserved.add(slot)
+                    room = Room(token=self.core.reserve(slot, granted), cells=granted)
                 if env.reply is not None:
-                    env.reply.send(granted)
+                    env.reply.send(room)
+                else:
+                    self.core.release(room.token)
+            case ReleaseRoom(token=token):
+                self.core.release(token)
+                if env.reply is not None:
+                    env.reply.send(self.free_cells)
             case RunStep():
                 self.stepping = False
                 try:
@@ -362,18 +368,21 @@ class Scheduler(Actor[SchedulerInbox]):
         """Ask idle slots, least recently stepped first, to give up their cells."""
         core = self.core
         victims = sorted((s for s, n in core.cells.items()
-                          if n > 0 and s not in core.by_slot and s != exclude and s not in self.reserved),
+                          if n > 0 and s not in core.by_slot and s != exclude),
                          key=lambda s: (core.last_use.get(s, 0), s))
         freed = 0
         for s in victims:
             if freed >= need:
                 break
             try:
-                n = await self.slots[s].ask(Evict(reason="kv"))
+                n, seq = await self.slots[s].ask(Evict(reason="kv"))
             except ActordError as e:  # it has work coming (busy), or it failed
                 log.info("scheduler.evict_refused", slot=s, error=e.to_dict())
                 continue
-            if s not in core.by_slot:
+            if s not in core.by_slot and seq >= self.cells_seq.get(s, 0):
+                # What the slot holds now (its Cells tell of this eviction is on its way;
+                # anything it told before, still queued here, is older and is ignored).
+                self.cells_seq[s] = seq
                 core.cells[s] = 0
             freed += n
             self.metrics.kv_evictions_total.inc()

@@ -37,9 +37,10 @@ from actord.actors.base import Actor, Dispatcher, Envelope, Reply
 from actord.actors.ckpt_plan import CheckpointPlan
 from actord.actors.genes import Acquire as GeneAcquire
 from actord.actors.messages import (
-    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, GenesGranted,
+    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, GenesGranted,
     GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox,
 )
+from actord.actors.placer import SlotIdle
 from actord.actors.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
 from actord.actors.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.api import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
@@ -66,7 +67,6 @@ class _Active:
     ticket: int = 0  # the gene acquisition this request waits for (0: none)
     running: bool = False  # past gene acquisition
     enrolled: bool = False  # handed to the scheduler: it ends with `Ended`
-    evicted_mind: str | None = None  # the mind this slot paged out while the request waited
 
 
 def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.SamplingParams:
@@ -96,6 +96,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.metrics = metrics
         self.default_seed = default_seed
         self.scheduler: Actor[Any] | None = None
+        self.placer: Actor[Any] | None = None  # told SlotIdle when a request ends
         self.pages: Actor[Any] | None = None
         self.residency: Actor[Any] | None = None
         self.ckpt_budget: Actor[Any] | None = None
@@ -113,6 +114,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.active: _Active | None = None
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
+        self.handling = 0  # handlers at work (nested: deferred messages run inside one)
+        self.peers: list[Slot] = []  # every slot, by id (a Fork reads its source's tokens)
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -121,6 +124,13 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         return self.active is not None
 
     async def handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        self.handling += 1
+        try:
+            await self._handle(msg, env)
+        finally:
+            self.handling -= 1
+
+    async def _handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         match msg:
             case Ended():
                 try:
@@ -171,6 +181,10 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                 log.debug("slot.deferred", slot=self.id, msg=type(msg).__name__, queued=len(self.deferred))
             case Complete():
                 await self._start(msg, env)
+            case Fork(src=src, tokens=tokens):
+                if not 0 <= src < len(self.peers):
+                    raise InvalidParams(f"no slot {src} to fork from", slot=src)
+                env.reply.send(await self.fork_from(self.peers[src], tokens))  # type: ignore[union-attr]
             case Erase():
                 await self.erase()
                 env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]
@@ -187,6 +201,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             except ActordError as e:
                 if env.reply is not None:
                     env.reply.fail(e)
+        if not self.busy and self.placer is not None:
+            try:  # a placement may be parked for want of an idle slot (actors/placer.py)
+                self.placer.tell_nowait(SlotIdle(slot=self.id))
+            except ActordError:
+                pass  # the placer is stopping or failed
 
     def _drop_deferred(self, rid: int) -> None:
         for env in list(self.deferred):
@@ -277,11 +296,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         assert a is not None
         a.running = True
         try:
-            if a.evicted_mind is not None and not self.kv_tokens:
-                try:  # evicted while waiting for genes: the mind comes back from its page
-                    await self.page_in(a.evicted_mind)
-                except ActordError as e:
-                    log.info("slot.evicted_mind_not_back", slot=self.id, mind=a.evicted_mind, error=e.to_dict())
+            # A slot evicted while its request waited for genes starts that request from what
+            # it holds now (nothing): it does not page the mind back in by itself, because
+            # cells that appear outside the scheduler's plan over-commit the shared cache
+            # (the scheduler alone admits cells; seed 8 x 60 steps charged 258 of 256). The
+            # mind's page stays in the store for the placer.
             await self._begin(a)
         except ActordError as e:
             await self._abort(e)
@@ -318,8 +337,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
         self.genes = genes
-        if req.mind is not None:
-            self.mind = req.mind
+        if self.mind is not None and req.mind != self.mind:
+            log.info("slot.mind_overwritten", slot=self.id, mind=self.mind, by="slot request")
+        # A slot-addressed request writes over whatever the sequence held: it is no longer
+        # the mind's state, so it no longer carries her name (nobody pages it in as hers).
+        self.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
         self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
         if req.n_predict == 0 and usable == len(prompt):

@@ -67,6 +67,8 @@ class SlotMemory:
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     mind: str | None
+    genes: Any
+    handling: int
 
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
@@ -83,28 +85,33 @@ class SlotMemory:
     async def _tell_cells(self) -> None:
         """The scheduler charges KV cells per slot; tell it after a change outside a step."""
         if self.scheduler is not None:
-            await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens)))
+            self._cells_seq = getattr(self, "_cells_seq", 0) + 1
+            await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq))
 
     async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
         try:
             freed = await self.evict(reason)
         except ActordError as e:
             if reason == "device" and self.residency is not None:
-                await self.residency.tell(EvictDone(slot=self.id, freed=False))
+                await self.residency.tell(EvictDone(slot=self.id, freed=False, kept=not isinstance(e, SlotBusy)))
             if env.reply is not None:
                 env.reply.fail(e)
             return
         if reason == "device" and self.residency is not None:
             await self.residency.tell(EvictDone(slot=self.id, freed=True))
         if env.reply is not None:
-            env.reply.send(freed)
+            env.reply.send((freed, getattr(self, "_cells_seq", 0)))
 
     async def evict(self, reason: str) -> int:
-        """Give up an idle sequence: to the mind's page, else its file, else dropped.
+        """Give up an idle sequence: to the mind's page, else its file; a sequence without a
+        mind (a slot-addressed cache) is dropped.
 
-        Returns the cells freed. A slot with a running request refuses: eviction never
-        touches work in flight. A request still waiting for its genes has a quiet sequence;
-        if that goes to the mind's page, it comes back when the genes are granted.
+        Returns the cells freed. A mind's state goes only once a copy of it is whole in the
+        page store or durable in its page file: when the page RAM refuses and the file cannot
+        be written (a full or read-only page folder, EIO), the eviction is refused with that
+        error and the sequence stays as it was. A slot with a running request refuses too:
+        eviction never touches work in flight. A request still waiting for its genes has a
+        quiet sequence, which may go too (the request then decodes its prompt from zero).
         """
         a = self.active
         if a is not None and a.running:
@@ -120,21 +127,22 @@ class SlotMemory:
                 await self.page_out(mind)
                 how = "paged_out"
             except PageRamExceeded:
-                if self.files is not None:
-                    from actord.actors.placer import mind_file
+                if self.files is None:
+                    raise
+                from actord.actors.placer import mind_file
 
-                    try:
-                        await self.save(mind_file(mind))
-                        how = "spilled"
-                    except ActordError as e:
-                        log.warning("slot.evict_spill_failed", slot=self.id, mind=mind, error=e.to_dict())
+                try:
+                    await self.save(mind_file(mind))
+                except ActordError as e:
+                    self.metrics.slot_evictions_refused_total.labels(reason=reason).inc()
+                    log.warning("slot.evict_refused", slot=self.id, mind=mind, reason=reason, n_tokens=n,
+                                why="no room in page RAM and its page file cannot be written", error=e.to_dict())
+                    raise
+                how = "spilled"
         if how != "paged_out":
             await self.erase()
-        elif a is not None:
-            a.evicted_mind = mind
         self.metrics.slot_evictions_total.labels(reason=reason, how=how).inc()
-        (log.warning if how == "dropped" else log.info)(
-            "slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
+        log.info("slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
         return n
 
     async def release_checkpoints(self, dropped: list[SlotCheckpoint]) -> None:
@@ -253,6 +261,43 @@ class SlotMemory:
     async def footprint_changed(self) -> None:
         if self.residency is not None and self.track_footprint:
             await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=await self.device_bytes()))
+
+    def quiet(self) -> bool:
+        """No request and no handler at work: every engine job of this sequence has returned,
+        so `kv_tokens` is what the sequence holds (a peer's fork reads it: `fork_from`)."""
+        return self.active is None and self.handling == 0
+
+    async def fork_from(self, src: Any, tokens: list[int]) -> bool:
+        """Hold a copy of slot `src`'s sequence (messages.Fork), which must be quiet and hold
+        exactly `tokens`; False, and nothing changed (but a mind this slot held paged out), when
+        it does not. The check and the copy's submission happen in one tick of the loop, so no
+        job of src's can come between them (the engine runs between-steps jobs in order)."""
+        def same() -> bool:
+            return src is not self and src.quiet() and src.kv_tokens == tokens
+
+        if not same():
+            return False
+        if self.mind is not None and self.kv_tokens:
+            await self.evict("fork")  # the mind keeps its history: to its page, else its file
+            if not same():
+                return False
+        job = self.engine.submit(J.SeqCopy(src=src.seq, dst=self.seq))
+        try:
+            await self.engine.wait(job)
+        except ActordError:
+            await self.erase()  # what the sequence holds is unknown: nothing
+            raise
+        self.kv_tokens = list(tokens)
+        self.genes = src.genes
+        self.draft_n = 0  # the draft context's copy was cleared: it catches up from zero
+        self.resume_raw_lcp = None
+        self.mind = None
+        self.ckpt.reset()
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        await self.footprint_changed()
+        await self._tell_cells()
+        return True
 
     async def cut_back_after_failure(self) -> None:
         """A failed step may have left cells past what we know: cut back to kv_tokens. Memory

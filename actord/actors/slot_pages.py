@@ -30,7 +30,7 @@ from actord.actors.pages import (
 )
 from actord.actors.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
-from actord.errors import ActordError, EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.errors import EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
 from actord.log import get
 from actord.policy.placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
@@ -58,24 +58,27 @@ class SlotPages:
     mind: str | None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
-        match msg:
-            case PageOutSlot(page=name):
-                out = await self.page_out(name)
-            case PageInSlot(page=name, evict_first=evict_first):
-                try:
+        try:
+            match msg:
+                case PageOutSlot(page=name):
+                    out = await self.page_out(name)
+                case PageInSlot(page=name, evict_first=evict_first):
                     if evict_first and self.kv_tokens:
                         await self.evict("placer")
                     out = await self.page_in(name)
-                except ActordError:
-                    # The scheduler held cells for this page-in: a refusal says what we hold.
-                    await self._tell_cells()
-                    raise
-            case SaveSlot(file=file):
-                out = await self.save(file)
-            case RestoreSlot(file=file):
-                out = await self.restore(file)
-            case _:
-                raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+                case SaveSlot(file=file):
+                    out = await self.save(file)
+                case RestoreSlot(file=file):
+                    out = await self.restore(file)
+                case _:
+                    raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+        except BaseException:
+            # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
+            # or restore): a refused or failed move tells what the sequence really holds, so
+            # no false count is left to evict other clients' caches.
+            with anyio.CancelScope(shield=True):
+                await self._tell_cells()  # type: ignore[attr-defined]
+            raise
         if env.reply is not None:
             env.reply.send(out)
 

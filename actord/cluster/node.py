@@ -60,13 +60,7 @@ def node_dir(root: str | Path, node: str) -> Path:
 class NodeSystem(ActorSystem):
     """The ActorSystem with the cluster's placer (ClusterPlacer); nothing else differs."""
 
-    def _build_actors(self) -> None:
-        super()._build_actors()
-        old = self.placer
-        assert old is not None
-        self.placer = ClusterPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
-                                    self.metrics, capacity=old.capacity)
-        self.placer.scheduler = self.scheduler
+    placer_class = ClusterPlacer
 
 
 def _answer(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Answer]]:

@@ -24,7 +24,10 @@ flight any more (one step later). At most `depth` steps are in flight.
 Accounting is vLLM's: `n_done` tokens are in the KV (confirmed by step outputs), `n_sched`
 more are in steps in flight; a failed or skipped step gives its tokens back (`unschedule`).
 KV cells: an enrolled slot holds `n_done + n_sched` cells; idle slots hold what they last
-told (`set_cells`).
+told (`set_cells`), or more while a page-in or restore has cells reserved for them
+(`reserve` / `release`: the most of what they told and their reservations). A reservation
+is its own record, released by whoever made it once the move is over, however it ended: a
+slot's count never carries it, so none is left behind by a move that failed.
 
 Speculative decoding (core/spec.py): a request with `spec` = k_max > 0 drafts. Its entry
 carries what the draft context must catch up on and how many tokens to draft; `update`
@@ -160,6 +163,8 @@ class SchedulerCore:
         self.reqs: dict[int, Request] = {}  # rid -> record, enrolled until drained
         self.by_slot: dict[int, int] = {}  # slot -> rid
         self.cells: dict[int, int] = {}  # idle slots' cells, as they told
+        self.reserved: dict[int, dict[int, int]] = {}  # slot -> {token: cells held for a page move}
+        self._tokens = 0
         self.inflight: list[Plan] = []  # submitted, oldest first
         self.epoch = 0
         self.steps = 0
@@ -188,10 +193,24 @@ class SchedulerCore:
         if slot not in self.by_slot:  # while enrolled, the record is the count
             self.cells[slot] = n
 
+    def reserve(self, slot: int, n: int) -> int:
+        """Hold `n` cells for a page move into idle `slot`; the token to `release`."""
+        self._tokens += 1
+        self.reserved.setdefault(slot, {})[self._tokens] = n
+        return self._tokens
+
+    def release(self, token: int) -> None:
+        for slot, held in list(self.reserved.items()):
+            if held.pop(token, None) is not None and not held:
+                del self.reserved[slot]
+
+    def _idle_held(self, slot: int) -> int:
+        return max(self.cells.get(slot, 0), max(self.reserved.get(slot, {}).values(), default=0))
+
     def held(self, slot: int) -> int:
         rid = self.by_slot.get(slot)
         if rid is None:
-            return self.cells.get(slot, 0)
+            return self._idle_held(slot)
         r = self.reqs[rid]
         return r.n_done + r.n_sched
 
@@ -199,7 +218,9 @@ class SchedulerCore:
     def free_cells(self) -> int:
         if not self.n_ctx:
             return 1 << 30
-        return self.n_ctx - sum(self.cells.values()) - sum(r.n_done + r.n_sched for r in self.reqs.values())
+        idle = set(self.cells) | set(self.reserved)
+        return (self.n_ctx - sum(self._idle_held(s) for s in idle if s not in self.by_slot)
+                - sum(r.n_done + r.n_sched for r in self.reqs.values()))
 
     def runnable(self) -> list[Request]:
         return [r for r in self.reqs.values() if not r.ended]

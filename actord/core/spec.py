@@ -22,8 +22,11 @@ The shape (llama-server's draft-simple, fitted to actord's step):
   can move as any batching does (bit-equal on the f32 test models; on a quantized model a
   verify of 4+ rows takes other kernels: see the README's known limits).
 - The target's KV then holds t, d1..da (p+1+a positions), the draft's t, d1..d_min(a,k-1);
-  the engine cuts the rest in both contexts (attention memory only: a speculating target
-  or draft whose memory cannot be cut back is refused at start).
+  the engine takes the rest back in both contexts in the same job: seq_rm on attention
+  memory, and on recurrent or hybrid memory a rollback inside the verify batch (n_rs_seq
+  snapshots) or a restore of the state copied before it and a replay of the accepted
+  tokens (engine/core.py `_verify`, engine/draft.py `keep`). The MTP head (engine/mtp.py)
+  follows the target's decode one position behind and re-decodes the accepted drafts.
 
 A speculating request steps at depth 1: its next entry needs the tokens this one accepts.
 

@@ -23,6 +23,7 @@ from actord.core import spec as S
 from actord.engine import devices
 from actord.engine import jobs as J
 from actord.engine.draft import Drafter, open_drafter
+from actord.engine.mtp import MtpDrafter, open_mtp
 from actord.engine.embed import Embedding
 from actord.engine.genes import GeneCatalog
 from actord.engine.sampling import Sampling
@@ -102,12 +103,15 @@ def _host_bytes() -> int:
         return 0
 
 
+_NO_REPLAY: list = []  # never appended to: a step without rollback "replay" shares it
+
 class Engine(Sampling, Embedding):
     def __init__(self, config: Config, *, n_rs_seq: int = 0) -> None:
         """`n_rs_seq`: recurrent-state snapshots per sequence for rollback (libllama's
-        experimental cparam). 0, the default, is what actord runs: the rollback it allows is
-        right only inside the batch just decoded (see `seq_rm`), which a job between steps
-        never is; a speculative verify step would roll back inside its own job."""
+        experimental cparam). 0, the default, is what actord runs without speculation: the
+        rollback it allows is right only inside the batch just decoded (see `seq_rm`), which
+        a job between steps never is. With speculation on a recurrent or hybrid target it is
+        raised to spec_n_max: a verify rolls back inside its own batch (`_verify`)."""
         if not os.path.exists(config.model):
             raise InvalidParams(f"model file not found: {config.model}", path=config.model)
         if n_rs_seq < 0:
@@ -118,6 +122,7 @@ class Engine(Sampling, Embedding):
         offload = devices.gpu_offload()
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
+        mparams.load_mtp = config.spec_mode == "mtp"  # the nextn block's tensors (skipped otherwise)
         if config.main_gpu >= 0:  # the whole model on that GPU
             mparams.split_mode = lib.LLAMA_SPLIT_MODE_NONE
             mparams.main_gpu = config.main_gpu
@@ -129,6 +134,13 @@ class Engine(Sampling, Embedding):
             raise EngineError(f"could not load model {config.model}")
         after_model = _main_device(devices.probe(), config.main_gpu) if on_gpu else None
         self.vocab = lib.llama_model_get_vocab(self.model)
+        self.recurrent = bool(lib.llama_model_is_recurrent(self.model))
+        self.hybrid = bool(lib.llama_model_is_hybrid(self.model))
+        if config.spec_mode and (self.recurrent or self.hybrid):
+            # A verify rolls rejected drafts back inside the batch it just decoded: n_rs_seq
+            # snapshots (one per draft token) where the architecture has them (qwen35), else
+            # a copy of the recurrent state before the verify (see `_verify`).
+            n_rs_seq = max(n_rs_seq, config.spec_n_max)
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0
         swa_budget = device_policy.swa_budget(
@@ -178,8 +190,13 @@ class Engine(Sampling, Embedding):
         self._sample = lib.raw("llama_sampler_sample")
         self._token_text: dict[int, tuple[bytes, bool]] = {}  # a vocab's pieces never change
         self.n_rs_seq = int(lib.llama_n_rs_seq(self.ctx))
-        self.recurrent = bool(lib.llama_model_is_recurrent(self.model))
-        self.hybrid = bool(lib.llama_model_is_hybrid(self.model))
+        # How a verify takes back rejected drafts: "cut" (seq_rm: attention memory), "rs"
+        # (seq_rm within n_rs_seq, inside the verify batch: recurrent memory with rollback
+        # snapshots) or "replay" (restore the recurrent state copied before the verify and
+        # decode the accepted tokens again: recurrent memory without them, e.g. mamba2).
+        self.rollback = "cut" if not (self.recurrent or self.hybrid) else (
+            "rs" if self.n_rs_seq >= config.spec_n_max else "replay")
+        self.replays = 0  # steps that restored and re-decoded rejected verifies (rollback "replay")
         try:
             self.memory = self._measure_memory()
             self.weights_digest = self._weights_digest(config.model)
@@ -204,15 +221,19 @@ class Engine(Sampling, Embedding):
         self.before_decode: Any = None  # set by the engine thread: called right before llama_decode
         self.records: collections.deque[J.StepRecord] = collections.deque(maxlen=4096)
         self._piece_buf = ctypes.create_string_buffer(256)
-        self.drafter: Drafter | None = None
+        self.drafter: Drafter | MtpDrafter | None = None
         try:
-            self.drafter = open_drafter(config, self.model, self.vocab, swa_full=self.swa.full, threads=threads)
+            if config.spec_mode == "mtp":
+                self.drafter = open_mtp(config, self.model, self.ctx, threads=threads, digest=self.weights_digest)
+            else:
+                self.drafter = open_drafter(config, self.model, self.vocab, swa_full=self.swa.full, threads=threads)
         except BaseException:
             self.close()
             raise
         self.props = msgspec.structs.replace(self._props(), device=self.device_report)
         if self.drafter is not None:
-            self.props = msgspec.structs.replace(self.props, spec="draft", spec_n_max=self.drafter.n_max,
+            self.props = msgspec.structs.replace(self.props, spec=config.spec_mode, spec_n_max=self.drafter.n_max,
+                                                 spec_rollback=self.rollback,
                                                  draft_desc=self.drafter.desc, draft_n_vocab=self.drafter.n_vocab,
                                                  draft_digest=self.drafter.digest)
 
@@ -404,6 +425,16 @@ class Engine(Sampling, Embedding):
                 if self.drafter is not None:  # the draft sequence never holds more than the target's
                     self.drafter.seq_rm(seq, p0, p1)
                 return True if draft_only else self.seq_rm(seq, p0, p1)
+            case J.SeqCopy(src=src, dst=dst):
+                self._check_seq(src)
+                self._check_seq(dst)
+                if src == dst:
+                    raise InvalidParams("a sequence cannot be copied onto itself", seq=src)
+                if self.drafter is not None:
+                    self.drafter.seq_rm(dst, -1, -1)
+                lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
+                lib.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+                return True
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):
@@ -444,19 +475,31 @@ class Engine(Sampling, Embedding):
         draft state: size 0, nothing to copy, a set that changes nothing."""
         self._check_seq(job.seq)
         d = self.drafter
+        # The MTP head's state is its carried hidden row (a header) and then its KV.
+        head = d.header_size() if isinstance(d, MtpDrafter) else 0
         match job:
             case J.StateSize():
-                return int(lib.llama_state_seq_get_size_ext(d.ctx, job.seq, 0)) if d is not None else 0
+                return head + int(lib.llama_state_seq_get_size_ext(d.ctx, job.seq, 0)) if d is not None else 0
             case J.StateGet():
                 if d is None:
                     return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
-                return self.state_get(job.seq, False, ctx=d.ctx)
+                st = self.state_get(job.seq, False, ctx=d.ctx)
+                if not head:
+                    return st
+                data = d.header(job.seq) + bytes(st.data)  # type: ignore[union-attr]
+                return J.StateData(data=memoryview(data), n_bytes=len(data), t_ms=st.t_ms)
             case J.StateSet():
                 if d is None:
                     return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
+                data = memoryview(job.data).cast("B")
+                if head and not d.adopt_header(job.seq, data):  # type: ignore[union-attr]
+                    d.seq_rm(job.seq, -1, -1)
+                    return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
                 try:
-                    return self.state_set(job.seq, job.data, False, ctx=d.ctx, mem=d.mem)
+                    return self.state_set(job.seq, data[head:], False, ctx=d.ctx, mem=d.mem)
                 except PageDoesNotFit:  # the sequence was cleared: a cold draft, not an error
+                    if head:
+                        d.seq_rm(job.seq, -1, -1)
                     return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
             case J.MemoryRange():
                 if d is None:
@@ -527,16 +570,23 @@ class Engine(Sampling, Embedding):
         # Speculation (engine/draft.py): the draft context catches up and proposes first.
         drafts: dict[int, list[int]] = {}
         extent: dict[int, int] = {}
-        if self.drafter is not None and any(e.draft_tokens or e.draft for e in job.entries):
+        d = self.drafter
+        if d is not None and (d.every_step or any(e.draft_tokens or e.draft for e in job.entries)):
             if self.before_decode is not None:  # the draft's decodes are this step's first
                 self.before_decode()
-            drafts, extent = self.drafter.draft(job.entries)
+            drafts, extent = d.draft(job.entries)
+        # Rollback "replay": the recurrent state of each drafting sequence before the verify.
+        saved = {i: self.state_get(job.entries[i].seq, True).data for i in drafts} if (
+            drafts and self.rollback == "replay") else {}
         token, position, n_seq_id, seq_id, logits = self._batch_views
         k = 0
         last_index: list[int] = []
+        follow = d is not None and d.every_step  # the MTP head reads this decode's hidden rows
+        spans: list[tuple[int, int]] = []  # each entry's first batch row and row count (MTP)
         for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
+            start = k
             for t in ((last[seq],) if e.feed_last else e.tokens):
                 token[k] = t
                 position[k] = pos
@@ -553,6 +603,8 @@ class Engine(Sampling, Embedding):
                 seq_id[k][0] = seq
                 pos += 1
                 k += 1
+            if follow:
+                spans.append((start, k - start))
         self.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
@@ -565,6 +617,9 @@ class Engine(Sampling, Embedding):
             raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
         if rc != 0:
             raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
+        if follow:
+            d.decoded(job.entries, spans, token)  # type: ignore[union-attr]
+        self._replay: list[tuple[int, Any, list[int], int]] = [] if saved else _NO_REPLAY
         out: list[J.EntryOut] = []
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
@@ -572,7 +627,7 @@ class Engine(Sampling, Embedding):
         EntryOut = J.EntryOut
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
             if i in drafts:
-                out.append(self._verify(e, idx, drafts[i], extent[i]))
+                out.append(self._verify(e, idx, drafts[i], extent[i], saved.get(i)))
                 continue
             if e.checkpoint:
                 ckpt, ckpt_pos = self.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
@@ -602,6 +657,10 @@ class Engine(Sampling, Embedding):
                                         checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
             else:
                 out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
+        if self._replay:
+            self._replay_accepted()
+        if d is not None:
+            d.settle()
         for i, n in extent.items():  # entries that touched the draft but did not draft
             if i not in drafts:
                 out[i] = msgspec.structs.replace(out[i], draft_n=n)
@@ -617,11 +676,22 @@ class Engine(Sampling, Embedding):
             t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3, epoch=self.epoch,
         )
 
-    def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int) -> J.EntryOut:
+    def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int, saved: Any = None) -> J.EntryOut:
         """A drafted entry after the decode: the request's own sampling (its chain, its
         grammar, its logprobs: as the plain path in `_step`) runs at each position in order
         while it picks the draft (core/spec.py `accept`); the rejected positions leave the
-        target's and the draft's memory in this same job."""
+        target's and the draft's memory in this same job.
+
+        How the target takes them back (`self.rollback`): attention memory cuts them
+        (seq_rm). Recurrent or hybrid memory with n_rs_seq >= k (qwen35) cuts them too: the
+        state rolled back to is the one after the entry's own token or an accepted draft,
+        all of them in the batch just decoded, whose last k + 1 tokens libllama keeps in one
+        ubatch with a snapshot after each (llama_memory_recurrent::seq_rm, split_equal's
+        n_keep_tail): the one place that rollback is right (tests/actors/test_recurrent_rollback.py).
+        Recurrent memory without snapshots (mamba2: llm_arch_supports_rs_rollback is false)
+        restores the recurrent state copied before the verify and decodes the entry's tokens
+        and the accepted drafts again, after every entry of the step has sampled
+        (`_replay_accepted`)."""
         seq, text = e.seq, self._token_text
         chain, constrained, n_top = self.samplers[seq], seq in self.grammars, self.logprobs.get(seq)
         refused: dict[int, str] = {}
@@ -642,8 +712,11 @@ class Engine(Sampling, Embedding):
 
         toks = S.accept(draft, sample, lambda t: known(t)[1] or bool(refused))
         keep = e.pos0 + len(e.tokens) + len(toks) - 1  # the entry's tokens and the accepted drafts
-        if len(toks) - 1 < len(draft) and not lib.llama_memory_seq_rm(self.mem, seq, keep, -1):
-            raise EngineError("the target refused to cut back a rejected draft", seq=seq, pos=keep)
+        if len(toks) - 1 < len(draft):
+            if saved is not None:
+                self._replay.append((seq, saved, list(e.tokens) + draft[:len(toks) - 1], e.pos0))
+            elif not lib.llama_memory_seq_rm(self.mem, seq, keep, -1):
+                raise EngineError("the target refused to cut back a rejected draft", seq=seq, pos=keep)
         n = self.drafter.keep(seq, keep, extent)  # type: ignore[union-attr]
         self.last_sampled[seq] = toks[-1]
         rows = []
@@ -654,6 +727,28 @@ class Engine(Sampling, Embedding):
         f = rows[0]
         return J.EntryOut(seq=seq, token=f.token, piece=f.piece, eog=f.eog, logprob=f.logprob, top=f.top,
                           refused=f.refused, draft_n=n, drafted=len(draft), more=rows[1:])
+
+    def _replay_accepted(self) -> None:
+        """Rollback "replay": each sequence that rejected drafts gets back the recurrent
+        state it had before the verify, is cut there (its attention part, on hybrid memory),
+        and decodes the entry's tokens and its accepted drafts again, all in one decode
+        without outputs. Runs after every entry sampled: the decode replaces the logits."""
+        token, position, n_seq_id, seq_id, logits = self._batch_views
+        k = 0
+        for seq, state, toks, pos0 in self._replay:
+            self.state_set(seq, state, True)
+            if not lib.llama_memory_seq_rm(self.mem, seq, pos0, -1):
+                raise EngineError("the target refused to cut back to its state before a verify", seq=seq, pos=pos0)
+            for j, t in enumerate(toks):
+                token[k], position[k], n_seq_id[k], logits[k] = t, pos0 + j, 1, 0
+                seq_id[k][0] = seq
+                k += 1
+        self._replay = []
+        self.replays += 1
+        self.batch.n_tokens = k
+        rc = self._decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineError("decoding the accepted drafts again failed", rc=rc, n_tokens=k)
 
     # -- state copies ------------------------------------------------------------------
 

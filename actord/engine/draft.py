@@ -16,20 +16,17 @@ What makes it safe to share one engine step:
   what the context really holds, every step.
 - A draft that cannot decode (no cells, a libllama failure) never fails the target's step:
   its sequences are cut back to the plan's start and nothing is drafted this step.
-- Only memory that can be cut back at any position speculates: a target or draft model
-  with recurrent or hybrid memory, or a target with a sliding-window cache that is not full,
-  is refused at start (`SpecUnsupported`); the draft context always keeps a full SWA cache
-  (its model is small). A draft model whose vocabulary differs (type, BOS/EOS, size, any
-  token's text) is refused with `DraftVocabMismatch`.
+- Every memory kind speculates. A draft model's attention memory is cut back with seq_rm; a
+  draft model with recurrent or hybrid memory (its drafts are one-token decodes, so no
+  batch to roll back inside) copies its sequence's recurrent state after the entry's token
+  and, when drafts are rejected, restores it and decodes the accepted ones again (`keep`,
+  `settle`); a cut it cannot make erases the sequence, which then catches up cold. The
+  target's rollback is engine/core.py `_verify`'s (seq_rm, n_rs_seq snapshots, or replay).
+  The draft context always keeps a full SWA cache; a target with a sliding-window cache
+  that is not full is refused at start (`SpecUnsupported`). A draft model whose vocabulary
+  differs (type, BOS/EOS, size, any token's text) is refused with `DraftVocabMismatch`.
 
-`--spec mtp` (the model's own MTP head): llama-cpp-python 0.3.36 binds what it takes
-(`LLAMA_CONTEXT_TYPE_MTP`, `llama_model_n_layer_nextn`, `llama_set_embeddings_nextn` /
-`llama_get_embeddings_nextn_ith` in llama_cpp_ext, `llama_batch_ext_set_embd` and
-`llama_process`), but the only MTP architecture it loads (qwen35) is hybrid: a rejected
-draft must roll back Gated DeltaNet state, which needs a snapshot before every verify (or
-`n_rs_seq` used strictly within the verify batch just decoded) and the MTP context's carried
-hidden row in every page. That is not built: a model without an MTP layer is refused with
-one `SpecUnsupported`, a model with one with another that says so.
+`--spec mtp` (the model's own MTP head) is engine/mtp.py.
 """
 
 from __future__ import annotations
@@ -42,17 +39,6 @@ import numpy as np
 from actord.engine import jobs as J
 from actord.engine.llama import lib
 from actord.errors import DraftVocabMismatch, EngineError, InvalidParams, SpecUnsupported
-
-
-def cuttable(model: Any, swa_full: bool) -> str:
-    """"" when the model's memory can be cut back at any position, else why not."""
-    if lib.llama_model_is_recurrent(model):
-        return "recurrent memory"
-    if hasattr(lib, "llama_model_is_hybrid") and lib.llama_model_is_hybrid(model):
-        return "hybrid (recurrent + attention) memory"
-    if int(lib.llama_model_n_swa(model)) > 0 and not swa_full:
-        return "a sliding-window cache that is not full (--swa-full on would allow it)"
-    return ""
 
 
 def vocab_mismatch(tgt: Any, dft: Any) -> str:
@@ -78,7 +64,10 @@ def vocab_mismatch(tgt: Any, dft: Any) -> str:
 
 
 class Drafter:
-    """A draft model's context: one sequence per slot, full attention memory."""
+    """A draft model's context: one sequence per slot (attention, SWA kept full, recurrent or
+    hybrid memory)."""
+
+    every_step = False  # it catches up on the plan's draft tokens, before the target decodes
 
     def __init__(self, path: str, target_model: Any, target_vocab: Any, *, n_ctx: int, n_batch: int,
                  n_seq: int, threads: int, n_max: int, p_min: float = 0.0) -> None:
@@ -94,10 +83,9 @@ class Drafter:
                 raise DraftVocabMismatch(
                     f"the draft model {path} does not share the target's vocabulary ({why}): speculative decoding "
                     "needs the same token ids with the same texts", path=path, reason=why)
-            why = cuttable(self.model, True)
-            if why:
-                raise SpecUnsupported(f"the draft model {path} has {why}: its rejected drafts cannot be cut back",
-                                      path=path, reason=why)
+            # Recurrent or hybrid memory: rejected drafts are taken back by restoring a copy
+            # of the state (`keep`, `settle`); a sliding window is always kept full here.
+            self.recurrent = bool(lib.llama_model_is_recurrent(self.model) or lib.llama_model_is_hybrid(self.model))
             cp = lib.llama_context_default_params()
             cp.n_ctx = n_ctx
             cp.n_batch = n_batch
@@ -132,6 +120,8 @@ class Drafter:
         self._pos_max = lib.raw("llama_memory_seq_pos_max")
         self._seq_rm = lib.raw("llama_memory_seq_rm")
         self.failures = 0  # draft decodes that failed (the step went on without drafts)
+        self._snap: dict[int, tuple[int, bytes, list[int]]] = {}  # seq -> (extent, state, drafts)
+        self._replays: list[tuple[int, int, bytes, list[int]]] = []
 
     def close(self) -> None:
         if self.batch is not None:
@@ -166,11 +156,11 @@ class Drafter:
             if not e.draft_tokens and not e.draft:
                 continue
             have = self.extent(e.seq)
+            if have > e.draft_pos0:
+                have = self._cut(e.seq, e.draft_pos0)
             if have < e.draft_pos0:  # the plan thinks the draft holds more than it does
                 extent[i] = have
                 continue
-            if have > e.draft_pos0:
-                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
             for j, t in enumerate(e.draft_tokens):
                 token[k] = t
                 pos[k] = e.draft_pos0 + j
@@ -192,10 +182,12 @@ class Drafter:
             return proposed, extent
         live = []
         for i, row in out_at.items():
-            t = self._pick(row)
+            t = self._pick(row, entries[i].seq, extent[i])
             if t >= 0:
                 proposed[i] = [t]
                 live.append(i)
+                if self.recurrent and want[i] > 1:  # the state after t, for `keep` to go back to
+                    self._snap[entries[i].seq] = (extent[i], self._copy(entries[i].seq), proposed[i])
         while True:
             live = [i for i in live if len(proposed[i]) < want[i]]
             if not live:
@@ -215,15 +207,16 @@ class Drafter:
             nxt = []
             for k, i in enumerate(live):
                 extent[i] += 1
-                t = self._pick(k)
+                t = self._pick(k, entries[i].seq, extent[i])
                 if t >= 0:
                     proposed[i].append(t)
                     nxt.append(i)
             live = nxt
         return proposed, extent
 
-    def _pick(self, row: int) -> int:
-        """The draft's greedy token at a batch row, or -1 under p_min."""
+    def _pick(self, row: int, seq: int, pos: int) -> int:
+        """The draft's greedy token at a batch row (for sequence `seq`'s position `pos`), or
+        -1 under p_min."""
         v = np.ctypeslib.as_array(self._logits(self.ctx, row), shape=(self.n_vocab,))
         t = int(v.argmax())
         if self.p_min > 0:
@@ -238,22 +231,77 @@ class Drafter:
         for i in extent:
             e = entries[i]
             if self.extent(e.seq) >= e.draft_pos0:
-                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+                self._cut(e.seq, e.draft_pos0)
             extent[i] = self.extent(e.seq)
 
+    def _cut(self, seq: int, p0: int) -> int:
+        """Cut the sequence at p0; where its memory refuses (recurrent state inside it), erase
+        it: a draft that starts cold is slower, never wrong. Returns its extent after."""
+        if not self._seq_rm(self.mem, seq, p0, -1):
+            self._seq_rm(self.mem, seq, -1, -1)
+        return self.extent(seq)
+
+    def _copy(self, seq: int) -> bytes:
+        """The sequence's recurrent state (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), copied."""
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(lib.llama_state_seq_get_size_ext(self.ctx, seq, flags))
+        buf = (ctypes.c_uint8 * max(1, size))()
+        n = int(lib.llama_state_seq_get_data_ext(self.ctx, buf, size, seq, flags))
+        return bytes(buf)[:n] if n == size else b""
+
     def keep(self, seq: int, n: int, extent: int) -> int:
-        """After the verify: the draft keeps positions < n; returns its extent."""
-        if extent > n:
+        """After the verify: the draft keeps positions < n; returns its extent. A draft model
+        with recurrent memory goes back to its state after the entry's token (copied in
+        `draft`) and decodes the accepted drafts again in `settle`, as the target's rollback
+        "replay" does (its own drafts are one-token decodes: no batch to roll back inside)."""
+        snap = self._snap.pop(seq, None)
+        if extent <= n:
+            return extent
+        if not self.recurrent:
             self._seq_rm(self.mem, seq, n, -1)
             return n
-        return extent
+        if snap is None or not snap[1] or snap[0] > n:
+            return self._cut(seq, n)  # nothing to go back to: erased, caught up again later
+        at, data, toks = snap
+        self._replays.append((seq, at, data, toks[:n - at]))
+        return n
+
+    def settle(self) -> None:
+        """After the step's verifies: the recurrent draft sequences that rejected drafts get
+        their copied state back and decode the accepted drafts again, in one decode."""
+        if not self._replays:
+            return
+        token, pos, n_seq_id, seq_id, logits = self._views
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        k = 0
+        seqs = []
+        for seq, at, data, toks in self._replays:
+            src = (ctypes.c_uint8 * max(1, len(data))).from_buffer_copy(data or b"\0")
+            if not lib.llama_state_seq_set_data_ext(self.ctx, src, len(data), seq, flags) or not self._seq_rm(
+                    self.mem, seq, at, -1):
+                self._seq_rm(self.mem, seq, -1, -1)  # cold: caught up again from the start
+                continue
+            seqs.append(seq)
+            for j, t in enumerate(toks):
+                token[k], pos[k], n_seq_id[k], logits[k] = t, at + j, 1, 0
+                seq_id[k][0] = seq
+                k += 1
+        self._replays = []
+        if k == 0:
+            return
+        self.batch.n_tokens = k
+        if self._decode(self.ctx, self.batch) != 0:
+            self.failures += 1
+            for seq in seqs:
+                self._seq_rm(self.mem, seq, -1, -1)
 
     def undo(self, entries: Sequence[J.StepEntry], extent: dict[int, int]) -> None:
         """The target's decode failed: nothing of this step stays in the draft either."""
+        self._snap.clear()
         for i in extent:
             e = entries[i]
             if extent[i] > e.draft_pos0:
-                self._seq_rm(self.mem, e.seq, e.draft_pos0, -1)
+                self._cut(e.seq, e.draft_pos0)
 
     # -- sequence edits and state (the slot's jobs) ---------------------------------------
 
@@ -279,16 +327,12 @@ def open_drafter(config: Any, model: Any, vocab: Any, *, swa_full: bool, threads
     mode = config.spec_mode
     if not mode:
         return None
-    if mode == "mtp":
-        n_mtp = int(lib.llama_model_n_layer_nextn(model)) if hasattr(lib, "llama_model_n_layer_nextn") else 0
-        if n_mtp <= 0:
-            raise SpecUnsupported(f"--spec mtp: the model {config.model} has no MTP (nextn) layer", model=config.model)
-        raise SpecUnsupported(
-            f"--spec mtp: the model {config.model} has {n_mtp} MTP layer(s), but actord does not drive an MTP "
-            "context yet: its only MTP architecture (qwen35) has hybrid memory, whose rejected drafts need a "
-            "recurrent-state snapshot before each verify; use --spec-draft-model", model=config.model, n_mtp=n_mtp)
-    why = cuttable(model, swa_full)
-    if why:
+    if mode == "mtp":  # engine/mtp.py
+        raise InvalidParams("open_drafter opens a draft model; --spec mtp is engine/mtp.py's open_mtp")
+    # A recurrent or hybrid target rolls rejected drafts back in the verify itself
+    # (engine/core.py `_verify`); a sliding window that is not full cannot be cut at all.
+    if int(lib.llama_model_n_swa(model)) > 0 and not swa_full:
+        why = "a sliding-window cache that is not full (--swa-full on would allow it)"
         raise SpecUnsupported(
             f"speculative decoding needs a target whose memory can be cut back at any position; {config.model} "
             f"has {why}", model=config.model, reason=why)

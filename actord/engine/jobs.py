@@ -85,6 +85,20 @@ class SeqRm(Job):
     between_steps = True
 
 
+class SeqCopy(Job):
+    """Make sequence `dst` hold what sequence `src` holds (llama_memory_seq_rm of dst, then
+    llama_memory_seq_cp src -> dst, as llama-server forks an `n_cmpl` prompt to its child
+    slots). With the unified KV cache the cells are shared, not copied; recurrent state
+    shares its cell until dst's next decode copies it. The draft context's dst sequence
+    (speculation) is cleared: it catches up from zero. Both sequences must be idle (no queued
+    step holds either), as for SeqRm."""
+
+    src: int
+    dst: int
+
+    between_steps = True
+
+
 class SetSampler(Job):
     seq: int
     params: SamplingParams
@@ -299,10 +313,15 @@ class ModelProps(msgspec.Struct, frozen=True):
     weights_digest: str = ""  # actord/engine/weights.py: a page or file from other weights is refused
     pooling: int = 0  # libllama's pooling type (0 none: no embeddings; 1 mean, 2 cls, 3 last: engine/embed.py)
     device: DeviceReport = DeviceReport()  # backend, devices, offload, flash attention, budget
-    # Speculative decoding as started: "" (none) or "draft" (a separate draft model), with
-    # at most spec_n_max draft tokens per step and the draft model's description.
+    # Speculative decoding as started: "" (none), "draft" (a separate draft model) or "mtp"
+    # (the model's own MTP head, engine/mtp.py), with at most spec_n_max draft tokens per
+    # step and the drafter's description. spec_rollback: how a verify takes rejected drafts
+    # back from the target (engine/core.py `_verify`): "cut" (attention memory), "rs"
+    # (recurrent rollback snapshots, n_rs_seq >= spec_n_max) or "replay" (the recurrent
+    # state copied before the verify, restored, the accepted tokens decoded again).
     spec: str = ""
     spec_n_max: int = 0
+    spec_rollback: str = ""
     draft_desc: str = ""
     draft_n_vocab: int = 0
     draft_digest: str = ""  # the draft model's weights digest: a page's draft state names it

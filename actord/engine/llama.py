@@ -48,6 +48,9 @@ def _is_c_call(attr: Any) -> bool:
 
 
 class _GuardedLib:
+    def __init__(self, module: Any = None) -> None:
+        self._module = module if module is not None else _llama_cpp
+
     def check_owner(self) -> None:
         """Raise WrongThread unless the calling thread owns libllama (a hot loop checks once,
         then calls functions got from `raw`)."""
@@ -59,10 +62,12 @@ class _GuardedLib:
 
     def raw(self, name: str) -> Any:
         """The unguarded function, for a hot loop that called `check_owner` first."""
-        return getattr(_llama_cpp, name)
+        return getattr(self._module, name)
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(_llama_cpp, name)
+        if name.startswith("__") or name == "_module":
+            raise AttributeError(name)
+        attr = getattr(self._module, name)
         if not (_is_c_call(attr) and (name.startswith("llama_") or name.startswith("ggml_"))):
             setattr(self, name, attr)
             return attr
@@ -81,6 +86,14 @@ class _GuardedLib:
 
 
 lib: Any = _GuardedLib()
+
+# llama-cpp-python's bindings of libllama's staging API (src/llama-ext.h: the nextn/MTP
+# embeddings), guarded alike. `None` where the installed wheel lacks them.
+try:
+    from llama_cpp import llama_cpp_ext as _ext_module
+except (ImportError, AttributeError):  # pragma: no cover - an older wheel
+    _ext_module = None
+ext: Any = _GuardedLib(_ext_module) if _ext_module is not None else None
 
 
 # llama-cpp-python's pure-Python GBNF helpers (JSON-schema-to-GBNF converter, JSON_GBNF):

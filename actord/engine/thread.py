@@ -229,12 +229,17 @@ class EngineThread:
                     self.jobs_done += 1
                 except BaseException as e:
                     self.jobs_failed += 1
-                    p.error = e if isinstance(e, ActordError) else EngineError(str(e))
+                    # The loop side gets the typed error without this thread's frames: they
+                    # hold the job (a gene load's whole image, a page's state) for as long as
+                    # anyone keeps the error.
+                    p.error = e.with_traceback(None) if isinstance(e, ActordError) else EngineError(str(e))
+                    p.error.__cause__ = p.error.__context__ = None
                 self._release_held()
                 if getattr(job, "overlaps", False) and self._more_waiting():
                     self._held = p
                 else:
                     p.finish()
+                del item, job, p  # nor does an idle engine thread keep the last job alive
         finally:
             self._release_held()
             while True:  # fail whatever was queued behind the stop marker

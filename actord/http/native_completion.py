@@ -8,7 +8,8 @@ and what is refused (`_NEUTRAL`), its prompt shapes, its answer (`NativeAnswer`,
 Fields: `prompt` (a string, token ids, ids mixed with strings, or several prompts),
 `n_predict` (`max_tokens`), `stream` (SSE `data:` chunks, the last one the whole result,
 no `[DONE]`, as llama-server), `id_slot`, `stop`, `ignore_eos`, `lora`, `return_tokens`,
-`response_fields`, and the sampling fields, with llama-server's defaults
+`response_fields`, `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
+prefill, completion j seeded seed + j: actord/choices.py), and the sampling fields, with llama-server's defaults
 (`native_sampling.py`: `seed`, `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
 `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `grammar`, `json_schema`,
 `logit_bias`, `n_probs`); the answer has `content`, `tokens`, `id_slot`, `stop`,
@@ -18,7 +19,7 @@ no `[DONE]`, as llama-server), `id_slot`, `stop`, `ignore_eos`, `lora`, `return_
 
 Choices where llama-server and actord differ, stated:
 - A field naming a sampler or feature actord lacks (DRY, XTC, mirostat, typical_p,
-  dynatemp, top_n_sigma, min_keep, post_sampling_probs, samplers, n_cmpl, n_indent,
+  dynatemp, top_n_sigma, min_keep, post_sampling_probs, samplers, n_indent,
   t_max_predict_ms, timings_per_token, return_progress, multimodal data) is refused with a
   400 naming it unless it asks for the neutral value, never ignored (`_NEUTRAL`).
 - `seed` absent: the daemon's `--seed` (reproducible); `-1` (or 4294967295): a fresh random
@@ -44,6 +45,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.api import CompletionRequest, CompletionResult
+from actord.choices import check_n
 from actord.errors import ActordError, InvalidParams
 from actord.http import native_sampling as S
 from actord.http import openai as O
@@ -94,7 +96,8 @@ class CompletionBody(msgspec.Struct, kw_only=True, frozen=True):
     min_keep: Any = None
     post_sampling_probs: Any = None
     samplers: Any = None
-    n_cmpl: Any = None
+    n_cmpl: Any = None  # completions per prompt (llama-server's; `n` is its alias): actord/choices.py
+    n: Any = None
     n_indent: Any = None
     t_max_predict_ms: Any = None
     timings_per_token: Any = None
@@ -116,7 +119,6 @@ _NEUTRAL: list[tuple[str, Callable[[Any], bool], str]] = [
     ("min_keep", _off, "min_keep is not supported"),
     ("post_sampling_probs", _off, "post-sampling probabilities are not supported (n_probs gives the model's)"),
     ("samplers", lambda v: v is None, f"the sampler order is fixed ({', '.join(S.SAMPLERS)})"),
-    ("n_cmpl", lambda v: v is None or v == 1, "one completion per prompt"),
     ("n_indent", _off, "indentation limits are not supported"),
     ("t_max_predict_ms", _off, "prediction time limits are not supported"),
     ("timings_per_token", _off, "timings come with the last chunk only"),
@@ -199,29 +201,30 @@ def generation_defaults(config: Any, n_ctx: int) -> dict[str, Any]:
 # -- the answer (run by streaming.Generation) ------------------------------------------------------
 
 
-Job = Callable[[Any], Awaitable[CompletionResult]]
-Finish = Callable[[int, CompletionResult], Awaitable[dict[str, Any]]]
+Job = Callable[[Any], Awaitable[list[CompletionResult]]]  # one prompt's n_cmpl results
+Finish = Callable[[int, int, CompletionResult], Awaitable[dict[str, Any]]]  # (index, prompt, result)
 
 
 class NativeAnswer:
     """llama-server's framing of a completion (`streaming.Answer`): one object (or an
-    array, for several prompts, run side by side: one fails, the request fails); streamed,
-    SSE chunks with the text and tokens so far, whose last is the whole result, and no
-    `[DONE]`."""
+    array, for several prompts or `n_cmpl` > 1, run side by side: one fails, the request
+    fails; result k*n_cmpl + j is prompt k's completion j, by `index`, as llama-server
+    numbers them); streamed, SSE chunks with the text and tokens so far, each with its
+    `index`, whose last ones are the whole results, and no `[DONE]`."""
 
     done = b""
     error_object = staticmethod(error_object)
 
     def __init__(self, jobs: list[Job], finish: Finish) -> None:
         self.jobs, self.finish = jobs, finish
-        self.n_predicted = 0
+        self.n_predicted: dict[int, int] = {}
 
     @classmethod
     def response(cls, front: Any, jobs: list[Job], finish: Finish, *, stream: bool) -> Generation:
         return Generation(front, cls(jobs, finish), stream=stream)
 
     async def whole(self) -> Any:
-        results: list[CompletionResult | None] = [None] * len(self.jobs)
+        results: list[list[CompletionResult] | None] = [None] * len(self.jobs)
         errors: list[BaseException] = []
         async with anyio.create_task_group() as tg:
             for i, job in enumerate(self.jobs):
@@ -235,20 +238,22 @@ class NativeAnswer:
                 tg.start_soon(one)
         if errors:
             raise errors[0]
-        bodies = [await self.finish(i, r) for i, r in enumerate(results) if r is not None]
+        flat = [(k, r) for k, rs in enumerate(results) for r in rs or []]
+        bodies = [await self.finish(i, k, r) for i, (k, r) in enumerate(flat)]
         return bodies[0] if len(bodies) == 1 else bodies
 
     async def streamed(self, on_token: Any) -> list[Any]:
-        r = await self.jobs[0](on_token)
-        return [await self.finish(0, r)]
+        rs = await self.jobs[0](on_token)
+        return [await self.finish(i, 0, r) for i, r in enumerate(rs)]
 
     def first(self) -> Any | None:
         return None
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
-        self.n_predicted += len(chunk.get("tokens", ()))
-        out = {"index": 0, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
-               "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": self.n_predicted}
+        i = chunk.get("index", 0)
+        self.n_predicted[i] = self.n_predicted.get(i, 0) + len(chunk.get("tokens", ()))
+        out = {"index": i, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
+               "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": self.n_predicted[i]}
         if chunk.get("logprobs"):  # n_probs asked for: this chunk's tokens' (llama-server's shape)
             out["completion_probabilities"] = S.probabilities(chunk["logprobs"])
         return out
@@ -279,9 +284,11 @@ class CompletionRoutes(NativeRoutes):
         prompts = split_prompts(body.prompt)
         if len(prompts) > 1 and body.stream:
             raise unsupported("prompt", "several prompts are answered whole: send stream=false, or one prompt")
-        if len(prompts) > self.config.max_requests_in_flight:
-            raise InvalidParams(f"{len(prompts)} prompts, at most {self.config.max_requests_in_flight}",
-                                param="prompt")
+        n_cmpl = check_n(body.n_cmpl if body.n_cmpl is not None else 1 if body.n is None else body.n,
+                         self.config.max_n, "n_cmpl" if body.n_cmpl is not None else "n")
+        if len(prompts) * n_cmpl > self.config.max_requests_in_flight:
+            raise InvalidParams(f"{len(prompts)} prompts of {n_cmpl} completions, at most "
+                                f"{self.config.max_requests_in_flight} in all", param="prompt")
         n_ctx = self.system.props.n_ctx
         n = body.n_predict if body.n_predict is not None else body.max_tokens
         if n is None:
@@ -316,17 +323,19 @@ class CompletionRoutes(NativeRoutes):
         settings = {
             **generation_defaults(self.config, n_ctx), **sampling, "n_predict": n, "stop": stops,
             "ignore_eos": body.ignore_eos, "stream": body.stream, "lora": genes, "id_slot": body.id_slot, "mind": mind,
-            "n_ctx": n_ctx,
+            "n_ctx": n_ctx, "n_cmpl": n_cmpl,
         }
         system = self.system
 
         def job(req: CompletionRequest) -> Job:
-            async def run(on_token: Any) -> CompletionResult:
-                return await system.complete(req, on_token=on_token)
+            async def run(on_token: Any) -> list[CompletionResult]:
+                if n_cmpl > 1:  # from one prefill, seeds seed + j (actord/choices.py)
+                    return await system.complete_n(req, n_cmpl, on_token=on_token)
+                return [await system.complete(req, on_token=on_token)]
             return run
 
-        async def finish(i: int, r: CompletionResult) -> dict[str, Any]:
-            return await self._result(i, r, reqs[i], prompts[i], body, settings)
+        async def finish(i: int, k: int, r: CompletionResult) -> dict[str, Any]:
+            return await self._result(i, r, reqs[k], prompts[k], body, settings)
 
         return NativeAnswer.response(self.front, [job(r) for r in reqs], finish, stream=body.stream)
 

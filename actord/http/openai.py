@@ -8,12 +8,12 @@ honoured (`model` as any name, `messages` (tool calls and results included), `to
 `tool_choice`, `parallel_tool_calls`, legacy `functions`/`function_call` (actord.tools),
 `prompt`, `max_tokens`/`max_completion_tokens`,
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
-`prompt_cache_key`, `n: 1`, `response_format` text/json_object/json_schema (grammar-
+`prompt_cache_key`, `n` (1 to `--max-n` choices from one prefill: actord/choices.py), `response_format` text/json_object/json_schema (grammar-
 constrained decoding), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
 `repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
-the field, because ignoring it would change what the caller gets without saying so (`n` > 1,
-audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
+the field, because ignoring it would change what the caller gets without saying so (`n`
+over `--max-n`, audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
 `best_of` > 1, several prompts, and llama-server's `n_probs`; tools that are not functions
 and bad tool fields, `chat_tools`); and ignored by design, because they change nothing in
 the answer (`store`, `metadata`, `service_tier`, `safety_identifier`, `prediction`), plus
@@ -55,15 +55,18 @@ tokens served from cache).
 from __future__ import annotations
 
 import hashlib
-import secrets
-import time
 from typing import Any
 
 import msgspec
 
-from actord.api import CompletionResult, GeneRef, TokenLogprob
+from actord.api import GeneRef
 from actord.chat import ChatMessage
 from actord.errors import ActordError, InvalidParams, PromptTooLong
+# The answer's shapes (one choice or n) live in openai_answers.py; re-exported here.
+from actord.http.openai_answers import (  # noqa: F401
+    Chunks, _split, chat_completion, chat_logprobs, chat_message, finish_reason, new_id, text_completion,
+    text_logprobs, usage,
+)
 
 
 class ContentPart(msgspec.Struct, frozen=True):
@@ -147,8 +150,6 @@ def _zero(v: Any) -> bool:
 
 def refuse_unsupported(req: _Common) -> None:
     """A 400 naming the first field this front cannot honour (see the module docstring)."""
-    if req.n not in (None, 1):
-        raise _refuse("n", "only n=1 is supported (one choice per request)")
     if not _zero(req.n_probs):
         raise _refuse("n_probs", "llama-server's n_probs is its native API's: use logprobs and top_logprobs")
     if isinstance(req, ChatCompletionRequest):
@@ -174,6 +175,13 @@ def refuse_unsupported(req: _Common) -> None:
 
 
 MAX_TOP_LOGPROBS = 20
+
+
+def choices(req: _Common, max_n: int) -> int:
+    """How many choices `n` asks for: 1 to the daemon's `--max-n`, else a 400 naming `n`."""
+    from actord.choices import check_n
+
+    return 1 if req.n is None else check_n(req.n, max_n)
 
 
 def _number(req: _Common, name: str, lo: float, hi: float, default: float) -> float:
@@ -367,160 +375,6 @@ def stops(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
-
-
-def finish_reason(stop_reason: str, calls: bool = False, functions: bool = False) -> str:
-    if calls and stop_reason in ("eos", "stop"):
-        return "function_call" if functions else "tool_calls"
-    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, "stop")
-
-
-def _split(r: Any) -> tuple[CompletionResult, Any]:
-    """(completion, reply message or None): a chat's run returns its ChatResult."""
-    if isinstance(r, CompletionResult):
-        return r, None
-    return r.completion, r.message
-
-
-def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, Any]:
-    """The answer's `message`: with tool calls, `tool_calls` (and `content` null when the
-    model wrote no text), or the legacy `function_call` (the first call)."""
-    from actord.tools import call_to_openai
-
-    calls = msg.tool_calls if msg is not None else None
-    if not calls:
-        return {"role": "assistant", "content": content}
-    text = msg.content or None
-    if functions:
-        return {"role": "assistant", "content": text,
-                "function_call": {"name": calls[0].name, "arguments": calls[0].arguments}}
-    return {"role": "assistant", "content": text, "tool_calls": [call_to_openai(c) for c in calls]}
-
-
-def usage(r: Any) -> dict[str, Any]:
-    r, _ = _split(r)
-    n_out = len(r.tokens)
-    return {
-        "prompt_tokens": r.n_prompt_tokens,
-        "completion_tokens": n_out,
-        "total_tokens": r.n_prompt_tokens + n_out,
-        "prompt_tokens_details": {"cached_tokens": r.n_cached},
-    }
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def chat_logprobs(lps: list[TokenLogprob] | None) -> dict[str, Any]:
-    """OpenAI's chat `choices[].logprobs`: `content[]` with token, logprob, bytes and top_logprobs."""
-    return {"content": [{
-        "token": t.text, "logprob": t.logprob, "bytes": t.bytes,
-        "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": a.bytes} for a in t.top],
-    } for t in lps or []], "refusal": None}
-
-
-def text_logprobs(lps: list[TokenLogprob] | None, offset: int = 0) -> dict[str, Any]:
-    """Legacy completions' `logprobs`: parallel lists, alternatives as {text: logprob}
-    (text_offset counts characters of the generated text, from `offset`)."""
-    offsets = []
-    for t in lps or []:
-        offsets.append(offset)
-        offset += len(t.text)
-    return {
-        "tokens": [t.text for t in lps or []],
-        "token_logprobs": [t.logprob for t in lps or []],
-        "top_logprobs": [{a.text: a.logprob for a in t.top} for t in lps or []],
-        "text_offset": offsets,
-    }
-
-
-def chat_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
-                    logprobs: bool = False, functions: bool = False) -> dict[str, Any]:
-    """`r`: the chat's ChatResult (a CompletionResult: its text only)."""
-    c, msg = _split(r)
-    calls = bool(msg is not None and msg.tool_calls)
-    return {
-        "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "system_fingerprint": fingerprint,
-        "choices": [{
-            "index": 0, "message": chat_message(msg, msg.content if msg is not None else c.content, functions),
-            "finish_reason": finish_reason(c.stop_reason, calls, functions),
-            "logprobs": chat_logprobs(c.logprobs) if logprobs else None,
-        }],
-        "usage": usage(c),
-    }
-
-
-def text_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
-                    logprobs: bool = False) -> dict[str, Any]:
-    r, _ = _split(r)
-    return {
-        "id": rid, "object": "text_completion", "created": created, "model": model,
-        "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "text": r.content, "finish_reason": finish_reason(r.stop_reason),
-                     "logprobs": text_logprobs(r.logprobs) if logprobs else None}],
-        "usage": usage(r),
-    }
-
-
-class Chunks:
-    """Builds the SSE `data:` payloads of one streamed answer, in OpenAI's chunk format."""
-
-    def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False,
-                 functions: bool = False) -> None:
-        self.chat = chat
-        self.functions = functions  # legacy function calling: `function_call` deltas
-        self.n_calls = 0
-        self.model = model
-        self.fingerprint = fingerprint
-        self.logprobs = logprobs
-        self.offset = 0  # text_offset so far (completions)
-        self.id = new_id("chatcmpl" if chat else "cmpl")
-        self.created = int(time.time())
-        self.object = "chat.completion.chunk" if chat else "text_completion"
-
-    def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
-        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": [choice] if choice is not None else [], **extra}
-
-    def first(self) -> dict[str, Any] | None:
-        if not self.chat:
-            return None
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-
-    def delta(self, text: str, lps: list[TokenLogprob] | None = None,
-              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """One chunk: `text` and, when asked, the logprobs of the tokens it holds; a chat's
-        `tool_calls` deltas (actord.tools.events_to_deltas: each call whole, by index)."""
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
-            if tool_calls:
-                self.n_calls += len(tool_calls)
-                if self.functions:  # legacy: the first call only, as `function_call`
-                    first = tool_calls[0]
-                    choice["delta"] = {"content": text or None, "function_call": dict(first["function"])} \
-                        if first["index"] == 0 else {"content": text or None}
-                else:
-                    choice["delta"] = {"content": text or None, "tool_calls": tool_calls}
-            if self.logprobs:
-                choice["logprobs"] = chat_logprobs(lps)
-            return self._chunk(choice)
-        choice = {"index": 0, "text": text, "finish_reason": None}
-        if self.logprobs:
-            choice["logprobs"] = text_logprobs(lps, self.offset)
-            self.offset += sum(len(t.text) for t in lps or [])
-        return self._chunk(choice)
-
-    def last(self, r: Any) -> dict[str, Any]:
-        r, msg = _split(r)
-        reason = finish_reason(r.stop_reason, bool(msg is not None and msg.tool_calls), self.functions)
-        if self.chat:
-            return self._chunk({"index": 0, "delta": {}, "finish_reason": reason})
-        return self._chunk({"index": 0, "text": "", "finish_reason": reason})
-
-    def usage(self, r: Any) -> dict[str, Any]:
-        return self._chunk(None, usage=usage(r))
 
 
 # -- errors ----------------------------------------------------------------------------

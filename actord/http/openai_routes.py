@@ -42,7 +42,7 @@ from actord.chat import ChatRequest
 from actord.errors import InvalidParams, ModelNotFound
 from actord.http import openai as O
 from actord.http.responses import HttpError, RouteGroup, error_object, json_response
-from actord.http.streaming import DONE, Generation
+from actord.http.streaming import DONE, Generation, sse
 
 
 class OpenAIAnswer:
@@ -54,17 +54,18 @@ class OpenAIAnswer:
     error_object = staticmethod(error_object)
 
     def __init__(self, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
-                 stream: bool, include_usage: bool, logprobs: bool, functions: bool = False) -> None:
+                 stream: bool, include_usage: bool, logprobs: bool, functions: bool = False, n: int = 1) -> None:
         self.front, self.run, self.chat, self.model = front, run, chat, model
         self.include_usage, self.logprobs = include_usage, logprobs
         self.functions = functions  # legacy function calling: the answer carries function_call
-        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs, functions) if stream else None
+        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs, functions, n) if stream else None
 
     @classmethod
     def response(cls, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
-                 stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False) -> Generation:
+                 stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False,
+                 n: int = 1) -> Generation:
         answer = cls(front, run, chat=chat, model=model, stream=stream, include_usage=include_usage,
-                     logprobs=logprobs, functions=functions)
+                     logprobs=logprobs, functions=functions, n=n)
         return Generation(front, answer, stream=stream)
 
     async def whole(self) -> Any:
@@ -77,16 +78,19 @@ class OpenAIAnswer:
 
     async def streamed(self, on_token: Any) -> list[Any]:
         assert self.chunks is not None
-        r = await self.run(on_token)
-        return [self.chunks.last(r), *([self.chunks.usage(r)] if self.include_usage else [])]
+        r = await self.run(on_token)  # n > 1: the choices' results, by index
+        return [*self.chunks.lasts(r), *([self.chunks.usage(r)] if self.include_usage else [])]
 
     def first(self) -> Any | None:
         assert self.chunks is not None
+        if self.chunks.n > 1:  # each choice's role delta, framed here: one event per choice
+            return b"".join(sse(c) for c in self.chunks.firsts()) or None
         return self.chunks.first()
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
-        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), chunk.get("tool_calls"))
+        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), chunk.get("tool_calls"),
+                                 chunk.get("index", 0))
 
 
 async def decode_body(front: Any, request: Request, typ: type) -> Any:
@@ -137,6 +141,7 @@ class OpenAIRoutes(RouteGroup):
     async def chat_completions(self, request: Request) -> Response:
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
         O.refuse_unsupported(req)
+        n_choices = O.choices(req, self.config.max_n)
         fields = O.sampling(req, self.system.props.n_vocab)
         tool_fields = O.chat_tools(req)  # tools, tool_choice, parallel_tool_calls (actord.tools)
         if not req.messages:
@@ -155,16 +160,19 @@ class OpenAIRoutes(RouteGroup):
         self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
 
         async def run(on_token: Any) -> Any:
-            return await self.system.chat(chat, on_token=on_token)  # a ChatResult: the message and its calls
+            # A ChatResult (the message and its calls); n > 1: one per choice (actord/choices.py).
+            return await self.system.chat(chat, on_token=on_token, n=n_choices)
 
         return OpenAIAnswer.response(self.front, run, chat=True, model=req.model or self.front.model_id,
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                                     functions=req.functions is not None or req.function_call is not None)
+                                     functions=req.functions is not None or req.function_call is not None,
+                                     n=n_choices)
 
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
         O.refuse_unsupported(req)
+        n_choices = O.choices(req, self.config.max_n)
         fields = O.sampling(req, self.system.props.n_vocab)
         comp = CompletionRequest(
             prompt=O.text_prompt(req.prompt), n_predict=req.max_tokens if req.max_tokens is not None else 16,
@@ -175,11 +183,14 @@ class OpenAIRoutes(RouteGroup):
         ).check(self.config.request_limits())
 
         async def run(on_token: Any) -> Any:
+            if n_choices > 1:  # the choices' results, by index, from one prefill (actord/choices.py)
+                return await self.system.complete_n(comp, n_choices, on_token=on_token)
             return await self.system.complete(comp, on_token=on_token)
 
         return OpenAIAnswer.response(self.front, run, chat=False, model=req.model or self.front.model_id,
                                      stream=req.stream, logprobs=fields["logprobs"],
-                                     include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                                     include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                                     n=n_choices)
 
     def _precheck(self, mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
                   fields: dict[str, Any]) -> None:

@@ -39,8 +39,9 @@ def main(cmd: str, argv: list[str]) -> int:
                     help="seeded tight device budgets shared by genes and slot states (default on)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (seeds are split between them)")
     ap.add_argument("--spec", action="store_true",
-                    help="speculative decoding on where the memory kind allows it (llama, SWA), each model "
-                         "drafted by its first block (write_pruned_draft)")
+                    help="speculative decoding on every memory kind: llama and SWA drafted by their first block "
+                         "(write_pruned_draft), a model with an MTP layer by its MTP head, a recurrent one by a "
+                         "tiny llama of the same vocabulary")
     ap.add_argument("--verbose", "-v", action=argparse.BooleanOptionalAction, default=None,
                     help="a line per seed with its trace hash (default: with one job and at most 20 seeds)")
     ns = ap.parse_args(argv)
@@ -74,14 +75,22 @@ def main(cmd: str, argv: list[str]) -> int:
     if ns.spec:
         import tempfile
 
-        from actord.testing.draft_models import has_recurrent_layers, write_pruned_draft
+        from actord.testing.draft_models import has_mtp_layers, has_recurrent_layers, write_pruned_draft
+        from actord.testing.models import write_tiny_llama
 
-        # Memory that cannot be cut back (hybrid, recurrent) does not speculate: those seeds run
-        # without a draft.
+        # Recurrent and hybrid memory roll rejected drafts back in the verify (engine/core.py
+        # `_verify`); a pruned copy of one is no model (its first block is recurrent alone),
+        # so an MTP layer drafts where there is one, else a tiny llama of the same vocabulary.
         spec_dir = tempfile.TemporaryDirectory(prefix="actord-simdraft-")
-        models = [(m, loras, None if has_recurrent_layers(m) else
-                   str(write_pruned_draft(m, f"{spec_dir.name}/draft{i}.gguf", 1)))
-                  for i, (m, loras, *_) in enumerate(models)]
+
+        def _draft(i: int, m: str) -> str:
+            if not has_recurrent_layers(m):
+                return str(write_pruned_draft(m, f"{spec_dir.name}/draft{i}.gguf", 1))
+            if has_mtp_layers(m):
+                return "mtp"
+            return str(write_tiny_llama(f"{spec_dir.name}/draft{i}.gguf", seed=7))
+
+        models = [(m, loras, _draft(i, m)) for i, (m, loras, *_) in enumerate(models)]
     seeds = list(range(ns.seed, ns.seed + ns.seeds))
     t0 = time.perf_counter()
     if ns.jobs > 1:

@@ -124,7 +124,6 @@ class DeterministicDispatcher(Dispatcher):
         self._loop_ready: Any = None  # asyncio's ready queue, once looked up
         self._gates: dict[str, tuple[Actor[Any], anyio.Event]] = {}
         self._handoff: dict[str, Envelope[Any] | None] = {}
-        self._peeked: dict[str, list[Envelope[Any]]] = {}
         self.any_queued = isinstance(policy, RecordedPolicy)
         self._held: list[Ready] = []
         self._seq = 0
@@ -149,14 +148,25 @@ class DeterministicDispatcher(Dispatcher):
     # -- seams -------------------------------------------------------------------------
 
     async def actor_loop(self, actor: Actor[Any]) -> None:
-        while True:
-            ev = anyio.Event()
-            self._gates[actor.name] = (actor, ev)
-            await ev.wait()
-            env = self._handoff.pop(actor.name)
-            if env is None:
-                return
-            await actor.deliver(env)
+        try:
+            while True:
+                ev = anyio.Event()
+                self._gates[actor.name] = (actor, ev)
+                await ev.wait()
+                env = self._handoff.pop(actor.name)
+                if env is None:
+                    return
+                await actor.deliver(env)
+        except BaseException:
+            # Killed at the gate (a simulated crash, a cancelled system): an envelope released
+            # to us and not delivered still gets its answer.
+            self._gates.pop(actor.name, None)
+            env = self._handoff.pop(actor.name, None)
+            if env is not None and env.reply is not None:
+                from actord.errors import ShuttingDown
+
+                env.reply.fail(ShuttingDown(f"actor {actor.name} stopped", actor=actor.name))
+            raise
 
     async def _hold(self, kind: str, event: Event | None) -> None:
         if not self.live:
@@ -249,24 +259,19 @@ class DeterministicDispatcher(Dispatcher):
         out = list(self._held)
         for name in sorted(self._gates):
             actor, gate = self._gates[name]
-            queue = self._peeked.setdefault(name, [])
-            closed = False
-            while True:  # everything already queued for this actor, in arrival order
-                try:
-                    queue.append(actor._recv.receive_nowait())
-                except anyio.WouldBlock:
-                    break
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    closed = True
-                    break
+            closed = actor.drain()  # everything already queued for this actor, in arrival order
+            queue = actor._arrived
             if not queue:
                 if closed:
                     self._release_actor(name, None)  # shutdown is not a choice
                     self._shut += 1
                 continue
-            # Seeded exploration keeps mailboxes FIFO. A replay may take any queued message:
-            # in the recorded run, puts from concurrent handlers could land in another order.
-            for idx, env in enumerate(queue if self.any_queued else queue[:1]):
+            # Seeded exploration delivers in the kernel's own order (Actor.pick). A replay may
+            # take any queued message: in the recorded run, puts from concurrent handlers
+            # could land in another order.
+            picks = range(len(queue)) if self.any_queued else [actor.pick(queue)]
+            for idx in picks:
+                env = queue[idx]
                 out.append(Ready("deliver", f"{name}:{idx:04d}", deliver_event(actor, env),
                                  lambda n=name, e=env: self._deliver(n, e)))
         out.sort(key=lambda r: (r.kind, r.key))
@@ -278,7 +283,7 @@ class DeterministicDispatcher(Dispatcher):
         gate.set()
 
     def _deliver(self, name: str, env: Envelope[Any]) -> None:
-        self._peeked[name].remove(env)
+        self._gates[name][0]._arrived.remove(env)
         self._release_actor(name, env)
 
     async def step(self) -> bool:

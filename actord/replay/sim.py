@@ -30,6 +30,7 @@ live: paths are written relative to their folders.
 
 from __future__ import annotations
 
+import errno
 import random
 import tempfile
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from typing import Any
 import anyio
 import sniffio
 
+from actord.actors.messages import RunStep
+from actord.actors.pages import SpillEnd
 from actord.config import Config
 from actord.engine import jobs as J
 from actord.engine.core import Engine
@@ -83,11 +86,16 @@ def repro(seed: int, steps: int, model: str) -> str:
 FINDINGS = {"AskCycle", "AskOrderViolated", "AskTimeout", "ActorFailed", "GeneNotResident", "KvCacheFull"}
 
 
+FLOOD_METHODS = ("page_in", "slot_list", "page_list", "gene_list")
+STARVED_AFTER = 2  # client deliveries to the scheduler ahead of its queued step, beyond its own messages
+
+
 async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | None = None, *, clients: int = 3,
-                   faults: bool = True, work: str | None = None, device: bool = True,
+                   faults: bool = True, work: str | None = None, device: bool = True, flood: bool = True,
                    draft: str | None = None) -> SimResult:
     """One seeded run; `draft` turns speculative decoding on with that draft model (a seeded
-    spec_n_max, and a full SWA cache: speculation needs memory that can be cut back)."""
+    spec_n_max, and a full SWA cache: speculation needs memory that can be cut back), or
+    "mtp" with the model's own MTP head."""
     rng = random.Random(seed)
     loras = [] if lora is None else [lora] if isinstance(lora, str) else list(lora)
     reseed: Any = None
@@ -101,9 +109,17 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     tmp = tempfile.TemporaryDirectory(prefix="actord-sim-") if work is None else None
     root = Path(work or tmp.name)  # type: ignore[union-attr]
     fs: OsFs = FaultyFs()
+    plan: list[Fault] = []
     if faults and rng.random() < 0.5:
-        fs = FaultyFs(faults=[Fault(op=rng.choice(["fsync", "dirsync", "rename", "step"]),
-                                    nth=rng.randint(1, 6), action=rng.choice(["fail", "crash"]))])
+        plan.append(Fault(op=rng.choice(["fsync", "dirsync", "rename", "step"]), nth=rng.randint(1, 6),
+                          action=rng.choice(["fail", "crash"])))
+    if faults and rng.random() < 0.4:
+        # A disk that refuses writes: full, read-only or failing, for one call, a few, or from
+        # then on (spills with drop and the placer's and evictions' spills must keep the state).
+        plan.append(Fault(op=rng.choice(["write", "fsync", "rename"]), nth=rng.randint(1, 8),
+                          errno=rng.choice([errno.ENOSPC, errno.EROFS, errno.EIO]), times=rng.choice([1, 3, 0])))
+    if plan:
+        fs = FaultyFs(faults=plan)
     _FlakyEngine.fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
     n_slots = rng.choice([2, 2, 3])
     # Device budgets in units of the genes' size (35 kB for the tiny llama's), so they are as
@@ -114,8 +130,16 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0,
-                 **({"spec_draft_model": draft, "spec_n_max": rng.choice([1, 2, 4]), "swa_full": "on"} if draft else {}))
-    max_events = 400 * steps * clients  # ~20x a busy run: past it, work goes round without ending
+                 **({} if not draft else {"spec": "mtp", "spec_n_max": rng.choice([1, 2, 4])} if draft == "mtp" else
+                    {"spec_draft_model": draft, "spec_n_max": rng.choice([1, 2, 4]), "swa_full": "on"}))
+    # A flood client: bursts of many asks of one method in flight at once.
+    flooding = flood and rng.random() < 0.5
+    flood_method = rng.choice(FLOOD_METHODS)
+    flood_width = rng.randint(8, 40)
+    flood_bursts = max(1, steps // 6)
+    n_clients = clients + (1 if flooding else 0)
+    max_events = 400 * steps * clients + (60 * flood_width * flood_bursts if flooding else 0)
+    # ~20x a busy run: past it, work goes round without ending
     stop_at = rng.randint(30 * steps, 90 * steps) if rng.random() < 0.25 else None  # late: the work runs first
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
@@ -174,6 +198,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 g = r.choice(gene_ids)
                 await (system.gene_page_out(g) if r.random() < 0.5 else system.gene_page_in(g))
         except ActordError as e:
+            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+                # The process "died" mid-publication (possibly in an actor's own save): what
+                # its clients hear afterwards is moot; the run ends as a crash.
+                raise SimulatedCrash(f"after a simulated crash, {kind} got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: {kind} failed with {e.type}: {e.message}") from e
             if e.type == "ShuttingDown" and not stopping["on"]:
@@ -187,6 +215,96 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         for _ in range(steps):
             await op(c, r)
         pending["n"] -= 1
+
+    async def flood_one(i: int, slot: int) -> None:
+        CLIENT.set(f"flood{i}")  # distinct: identical inputs from one client are one event each
+        try:
+            if flood_method == "page_in":
+                await system.page_in(slot, f"p{i % 3}")
+            elif flood_method == "slot_list":
+                await system.slot_list()
+            elif flood_method == "page_list":
+                await system.page_list()
+            else:
+                await system.gene_list()
+        except ActordError as e:
+            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+                raise SimulatedCrash(f"after a simulated crash, a flood call got {e.type}") from e
+            if e.type in FINDINGS:
+                raise InvariantViolated(f"seed {seed}: flood {flood_method} failed with {e.type}: {e.message}") from e
+            errors[e.type] = errors.get(e.type, 0) + 1
+        ops_done[0] += 1
+
+    async def flooder() -> None:
+        CLIENT.set("flooder")
+        r = random.Random(seed * 1000 + 999)
+        for _ in range(flood_bursts):
+            if stopping["on"]:
+                break
+            slot = r.randrange(cfg.slots)
+            async with anyio.create_task_group() as burst:
+                for i in range(flood_width):
+                    burst.start_soon(flood_one, i, slot)
+        pending["n"] -= 1
+
+    # Invariants watched as events happen (a hook that raises is removed, so they are noted
+    # here and raised by check()).
+    violations: list[str] = []
+    durable: dict[str, tuple[int, ...]] = {}  # page file -> tokens of its last durable generation
+    starve = {"client_deliveries": 0, "control_deliveries": 0}
+
+    def on_delivery(actor: Any, env: Any) -> None:
+        m = env.msg
+        if actor is system.scheduler:
+            # While a step is queued, client calls may be delivered ahead of it only in turn
+            # with the scheduler's own messages (each control message may let one client go
+            # before it): more than that is generation waiting behind a flood.
+            if isinstance(m, RunStep):
+                starve["client_deliveries"] = starve["control_deliveries"] = 0
+            elif system.scheduler.stepping and system.scheduler.core.reqs:
+                starve["client_deliveries" if env.client else "control_deliveries"] += 1
+                ahead = starve["client_deliveries"] - starve["control_deliveries"]
+                if ahead > STARVED_AFTER:
+                    violations.append(f"generation starved: {starve['client_deliveries']} client calls delivered "
+                                      "to the scheduler while its next step waited")
+        elif actor is system.pages and isinstance(m, SpillEnd) and m.drop:
+            g = system.pages.gens.get(m.gen)
+            if g is not None and g.page is not None and system.pages.names.get(g.page.name) == m.gen \
+                    and tuple(g.page.tokens) not in set(durable.values()):
+                violations.append(f"page {g.page.name!r} dropped by a spill without a durable copy")
+
+    def watch_durability() -> None:
+        publish = system.files.publish
+
+        async def durable_publish(name: str, image: Any, **kw: Any) -> Any:
+            stats = await publish(name, image, **kw)
+            durable[name] = tuple(image.tokens)  # publish returns once every file is fsynced
+            return stats
+
+        system.files.publish = durable_publish
+        for sl in system.slots:
+            # An eviction may erase a mind's sequence only once a copy is durable (or whole
+            # in the page store): checked at the erase itself, inside the eviction.
+            def wrap(sl: Any = sl, evict: Any = sl.evict, erase: Any = sl.erase) -> tuple[Any, Any]:
+                evicting: list[tuple[str | None, tuple[int, ...]]] = []
+
+                async def watched_evict(reason: str) -> int:
+                    evicting.append((sl.mind, tuple(sl.kv_tokens)))
+                    try:
+                        return await evict(reason)
+                    finally:
+                        evicting.pop()
+
+                async def watched_erase() -> None:
+                    if evicting and evicting[-1][0] is not None:
+                        mind, held = evicting[-1]
+                        if held and held not in set(durable.values()) and not any(
+                                g.page is not None and tuple(g.page.tokens) == held for g in system.pages.gens.values()):
+                            violations.append(f"slot {sl.id} evicted mind {mind!r} without a durable copy")
+                    await erase()
+
+                return watched_evict, watched_erase
+            sl.evict, sl.erase = wrap()
 
     def check() -> None:
         ps = system.pages
@@ -210,7 +328,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         res = system.residency
         quiet = res.name in disp._gates  # not in the middle of a handler (a page move under way)
         idle = not any(s.active for s in system.slots)
-        if (res.budget and quiet and idle and not (res.running or res.pending or res.evicting)
+        if (res.budget and quiet and idle and not (res.running or res.pending or res.evicting or res.kept)
                 and res.device_bytes() > res.budget):
             raise InvariantViolated(f"seed {seed}: device bytes {res.device_bytes()} over the budget {res.budget} "
                                     "with nothing running")
@@ -221,6 +339,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         crashed = [a for a in system.actors() if a.failed]
         if crashed:
             raise InvariantViolated(f"seed {seed}: actor {crashed[0].name} crashed: {crashed[0].failure!r}")
+        if violations:
+            raise InvariantViolated(f"seed {seed}: {violations[0]}")
 
     def check_end() -> None:
         cb = system.ckpt_budget
@@ -235,16 +355,20 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     try:
         async with system:
             system.files.fs = fs
+            disp.hooks.append(on_delivery)
+            watch_durability()
             disp.live = True
             for path in loras:
                 try:
                     gene_ids.append((await _drive_one(disp, system.gene_load(path))).id)
                 except ActordError as e:  # a budget too tight for another gene is a refusal, not a finding
                     errors[e.type] = errors.get(e.type, 0) + 1
-            pending["n"] = clients
+            pending["n"] = n_clients
             async with anyio.create_task_group() as tg:
                 for c in range(clients):
                     tg.start_soon(client, c)
+                if flooding:
+                    tg.start_soon(flooder)
                 try:
                     while True:
                         if stop_at is not None and disp.position >= stop_at and not stopping["on"]:

@@ -87,6 +87,10 @@ class Method:
     params: type
     call: Handler
     streams: bool = False
+    # A control call: it waits for a turn under the per-connection and global bounds on
+    # control work (Config.max_control_in_flight / max_control_total). Generation and the
+    # calls that ask no actor (props, health, metrics) never wait there.
+    control: bool = True
 
 
 def _b(x: Any) -> Any:
@@ -211,13 +215,13 @@ async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
 
 
 METHODS: dict[str, Method] = {
-    "completion": Method(CompletionRequest, _completion, streams=True),
-    "chat": Method(ChatRequest, _chat, streams=True),
+    "completion": Method(CompletionRequest, _completion, streams=True, control=False),
+    "chat": Method(ChatRequest, _chat, streams=True, control=False),
     "slot.list": Method(NoParams, lambda s, p, _: _wrap(s.slot_list())),
     "slot.erase": Method(SlotParams, lambda s, p, _: _wrap(s.slot_erase(p.slot))),
-    "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict())),
-    "health": Method(NoParams, lambda s, p, _: _wrap(s.health())),
-    "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()})),
+    "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict()), control=False),
+    "health": Method(NoParams, lambda s, p, _: _wrap(s.health()), control=False),
+    "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()}), control=False),
     "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, check_page_name(p.page)))),
     "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, check_page_name(p.page)))),
     "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page)))),

@@ -11,6 +11,13 @@ disconnect with a logged reason:
   line is discarded as it arrives (never buffered) and answered `RequestTooLarge`.
 - requests in flight: at most `max_requests_in_flight` per connection and
   `max_inflight_bytes` of their lines; past either, `TooManyRequests`.
+- control work: control calls (everything but completion, chat, props, health, metrics)
+  are served at most `max_control_in_flight` at once per connection and
+  `max_control_total` at once in all; more wait their turn in arrival order (a FIFO
+  semaphore: connections take turns). A waiting call costs a parked task, no actor's
+  mailbox and no loop time, so 8 connections x 60 `page.in` calls leave generation its
+  share of the event loop and of the scheduler (whose own turns are kept by the actor
+  kernel's control lane, actors/base.py).
 - output: everything a connection is sent (answers, streamed chunks) goes through one
   outbox drained by one writer task, so lines never interleave; when more than
   `max_outbox_bytes` wait in it the client is not reading: it is disconnected (logged,
@@ -72,6 +79,7 @@ class RpcServer:
         self.connections = 0  # accepted, ever
         self.lingering = 0  # refused connections being drained
         self.requests = 0  # decoded requests, ever
+        self.control = anyio.Semaphore(c.max_control_total)  # FIFO: connections take turns
         self.on_request: Any = None  # trace hook: called with (method, raw params)
 
     @property
@@ -222,6 +230,7 @@ class _Connection:
         self.inflight_bytes = 0
         self.scope = anyio.CancelScope()
         self.tg: Any = None
+        self.control = anyio.Semaphore(self.c.max_control_in_flight)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -446,5 +455,8 @@ class _Connection:
         def stream(chunk: Any) -> None:
             self.put(P.notification("completion.chunk", {"id": rid, **chunk}))
 
-        return await method.call(server.system, params, stream if method.streams else None)
+        if not method.control:
+            return await method.call(server.system, params, stream if method.streams else None)
+        async with self.control, server.control:  # this connection's turn, then the daemon's
+            return await method.call(server.system, params, None)
 

@@ -21,6 +21,11 @@ client names is read like this:
   `max_bytes` even if the file grows meanwhile.
 - Failures to find or open a file read "not found or not readable" whatever the errno, so
   an answer does not tell a missing file from a forbidden one.
+- Reads in flight hold at most a shared byte budget in all (`--max-gene-read-bytes`,
+  `ByteBudget`): a file's size is reserved after its checks and before its read, waits its
+  turn when the budget is taken, and is released when the caller is done with the bytes
+  (loaded or refused). A gene file must start with `GGUF`, checked with one 4-byte read
+  before anything is reserved or read (four 1 GB sparse files of zeros once held 4 GB).
 - The read runs on a worker thread under a timeout; at most `threads` reads run at once
   and more wait their turn (the wait counts towards the timeout). A thread that hangs
   anyway (a dead network mount) is abandoned by its caller but still counted: once
@@ -31,12 +36,14 @@ client names is read like this:
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import os
 import stat
 import threading
 from pathlib import Path, PurePosixPath
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
@@ -67,7 +74,8 @@ class ClientFiles:
     def __init__(self, *, root: str | None = None, max_bytes: int = 4 << 30, timeout: float = 60.0,
                  threads: int = 4, what: str = "gene file",
                  read_fd: Callable[[int, int], bytes] | None = None,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 run_sync: Callable[..., Awaitable[Any]] | None = None,
+                 budget: "ByteBudget | None" = None, magic: bytes = b"") -> None:
         self.root = Path(root).resolve() if root else None
         self.max_bytes = max_bytes
         self.timeout = timeout
@@ -80,36 +88,79 @@ class ClientFiles:
         self._limiter = anyio.CapacityLimiter(threads)
         self._lock = threading.Lock()
         self.stuck = 0  # reads whose caller timed out and whose thread has not returned
+        self.budget = budget  # bytes of files being read or held by callers, shared (None: unbounded)
+        self.magic = magic  # what a file must start with (b"GGUF" for genes); b"": anything
 
     # -- the async face ----------------------------------------------------------------
 
     async def read(self, name: str) -> bytes:
         """The bytes of the file a client named, or a typed error; never blocks the loop."""
+        async with self.reading(name) as data:
+            return data
+
+    @contextlib.asynccontextmanager
+    async def reading(self, name: str) -> AsyncIterator[bytes]:
+        """The file's bytes, counted against the shared byte budget until the block ends.
+
+        The file is opened and checked first (kind, size, the expected magic): a refused file
+        costs no reservation and no read. Then its size is reserved (waiting its turn, FIFO,
+        within the timeout), then it is read. So reads in flight across every caller hold at
+        most `budget` bytes, and a refused load's bytes are released when its block ends."""
         self.check_name(name)
         if self.stuck >= self.threads:
             raise Overloaded(f"{self.stuck} {self.what} reads are stuck; try again later", stuck=self.stuck)
-        state = {"done": False, "abandoned": False}
+        size = 0
+        reserved = False
         try:
             with anyio.fail_after(self.timeout):
-                return await self._run_sync(self._read_tracked, name, state, abandon_on_cancel=True,
-                                            limiter=self._limiter)
+                fd, size = await self._tracked(name, self.open_checked, name)
+                try:
+                    if self.budget is not None:
+                        await self.budget.acquire(size)
+                        reserved = True
+                except BaseException:
+                    os.close(fd)
+                    raise
+                data = await self._tracked(name, self._read_and_close, fd, name)
         except TimeoutError:
+            if reserved:
+                self.budget.release(size)  # type: ignore[union-attr]
+            log.warning("client_file.timeout", file=name[:256], timeout_s=self.timeout, stuck=self.stuck)
+            raise FileReadTimeout(f"reading {self.what} {name[:256]!r} took over {self.timeout} s",
+                                  timeout_s=self.timeout) from None
+        except BaseException:
+            if reserved:
+                self.budget.release(size)  # type: ignore[union-attr]
+            raise
+        try:
+            yield data
+        finally:
+            del data
+            if reserved:
+                self.budget.release(size)  # type: ignore[union-attr]
+
+    async def _tracked(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn` on a worker thread; a caller that gives up leaves it counted as stuck
+        until it returns."""
+        state = {"done": False, "abandoned": False}
+
+        def run() -> Any:
+            try:
+                return fn(*args)
+            finally:
+                with self._lock:
+                    state["done"] = True
+                    if state["abandoned"]:
+                        self.stuck -= 1
+
+        try:
+            return await self._run_sync(run, abandon_on_cancel=True, limiter=self._limiter)
+        except BaseException:
             with self._lock:
                 if not state["done"]:  # its thread runs on: count it until it returns
                     state["abandoned"] = True
                     self.stuck += 1
-            log.warning("client_file.timeout", file=name[:256], timeout_s=self.timeout, stuck=self.stuck)
-            raise FileReadTimeout(f"reading {self.what} {name[:256]!r} took over {self.timeout} s",
-                                  timeout_s=self.timeout) from None
-
-    def _read_tracked(self, name: str, state: dict[str, bool]) -> bytes:
-        try:
-            return self.read_sync(name)
-        finally:
-            with self._lock:
-                state["done"] = True
-                if state["abandoned"]:
-                    self.stuck -= 1
+            raise
 
     # -- the checks ----------------------------------------------------------------------
 
@@ -148,6 +199,12 @@ class ClientFiles:
     def read_sync(self, name: str) -> bytes:
         """Open, check and read `name` (blocking: runs on a worker thread)."""
         self.check_name(name)
+        fd, _ = self.open_checked(name)
+        return self._read_and_close(fd, name)
+
+    def open_checked(self, name: str) -> tuple[int, int]:
+        """Open `name` and check it (a regular file, within the size limit, starting with
+        the expected magic): (fd, size). Blocking: runs on a worker thread."""
         fd = self._open_confined(name) if self.root is not None else self._open_plain(name)
         try:
             st = os.fstat(fd)
@@ -157,10 +214,24 @@ class ClientFiles:
             if st.st_size > self.max_bytes:
                 raise FileTooLarge(f"{self.what} {name[:256]!r} is {st.st_size} bytes, over the limit of "
                                    f"{self.max_bytes}", n_bytes=st.st_size, max_bytes=self.max_bytes)
-            try:
-                return self._read_fd(fd, self.max_bytes)
-            except OSError:  # EIO, or EAGAIN from a special file that honours O_NONBLOCK
-                raise self._unreadable(name) from None
+            if self.magic:
+                try:
+                    head = os.pread(fd, len(self.magic), 0)
+                except OSError:
+                    raise self._unreadable(name) from None
+                if head != self.magic:  # a sparse file of zeros, a tarball: refused before reading it
+                    raise InvalidParams(f"{self.what} {name[:256]!r} is not a {self.magic.decode(errors='replace')} "
+                                        "file", reason="bad magic")
+            return fd, st.st_size
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _read_and_close(self, fd: int, name: str) -> bytes:
+        try:
+            return self._read_fd(fd, self.max_bytes)
+        except OSError:  # EIO, or EAGAIN from a special file that honours O_NONBLOCK
+            raise self._unreadable(name) from None
         finally:
             os.close(fd)
 
@@ -215,6 +286,42 @@ class ClientFiles:
         except BaseException:
             os.close(fd)
             raise
+
+
+class ByteBudget:
+    """Bytes that reads in flight may hold, in all: `acquire(n)` waits its turn (FIFO, so a
+    large read is not starved by small ones), `release(n)` gives them back."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+        self._waiting: collections.deque[tuple[int, anyio.Event]] = collections.deque()
+
+    async def acquire(self, n: int) -> None:
+        if n > self.total:
+            raise FileTooLarge(f"a file of {n} bytes is over the {self.total} bytes that reads may hold at once",
+                               n_bytes=n, max_bytes=self.total)
+        if not self._waiting and self.held + n <= self.total:
+            self.held += n
+            return
+        ev = anyio.Event()
+        entry = (n, ev)
+        self._waiting.append(entry)
+        try:
+            await ev.wait()
+        except BaseException:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            else:  # granted as we were cancelled: give it back
+                self.release(n)
+            raise
+
+    def release(self, n: int) -> None:
+        self.held -= n
+        while self._waiting and self.held + self._waiting[0][0] <= self.total:
+            m, ev = self._waiting.popleft()
+            self.held += m
+            ev.set()
 
 
 def read_fd_bounded(fd: int, max_bytes: int) -> bytes:

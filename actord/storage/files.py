@@ -9,13 +9,14 @@ call is shielded from cancellation by anyio: an fsync that has started finishes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+import contextlib
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
-from actord.storage.paths import confine
+from actord.storage.paths import confine_file
 from actord.storage.publish import PublishStats, publish_generation, read_generation
 
 
@@ -26,6 +27,7 @@ class PageFiles:
         self.fs = fs or OsFs()
         self.limiter = anyio.CapacityLimiter(threads)
         self._offload = offload  # the dispatcher's seam: it may order worker completions
+        self._locks: dict[str, list[Any]] = {}  # path -> [lock, holders and waiters]
 
     async def _run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         if self._offload is not None:
@@ -34,16 +36,46 @@ class PageFiles:
 
     def check(self, name: str) -> Path:
         """Refuse a name that escapes the page folder before any work is done."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return confine(self.root, name)
+        self.fs.makedirs(self.root)  # StorageError (typed) on a read-only or failing disk
+        return confine_file(self.root, name)
 
-    async def publish(self, name: str, image: PageImage) -> PublishStats:
+    @contextlib.asynccontextmanager
+    async def holding(self, name: str) -> AsyncIterator[None]:
+        """Publications of `name` wait while this is held: a spill holds it from its write to
+        its drop, so the file it dropped its page for is still that page when it drops."""
+        key = str(self.check(name))
+        entry = self._locks.setdefault(key, [anyio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._locks[key]
+
+    async def publish(self, name: str, image: PageImage, *, held: bool = False) -> PublishStats:
+        """Publish one generation; `held`: the caller holds `holding(name)` already."""
         self.check(name)
-        return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+        if held:
+            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+        async with self.holding(name):
+            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
 
     async def exists(self, name: str) -> bool:
         path = self.check(name)
         return await self._run(f"exists:{name}", lambda: self.fs.stat(path) is not None)
+
+    async def signature(self, name: str) -> tuple[int, int, int] | None:
+        """(inode, mtime ns, size) of the committed main file, or None when there is none:
+        tells whether a generation was published since it was last looked at."""
+        path = self.check(name)
+
+        def sig() -> tuple[int, int, int] | None:
+            st = self.fs.stat(path)
+            return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_size)
+
+        return await self._run(f"exists:{name}", sig)
 
     async def read(self, name: str) -> PageImage:
         self.check(name)

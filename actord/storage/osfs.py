@@ -233,6 +233,17 @@ class OsFs:
         except OSError as e:
             raise _error("mkdir", path, e) from e
 
+    def makedirs(self, path: Path) -> None:
+        """The folder and its missing parents; one that exists is left alone (nothing is
+        written to a read-only file system that already holds it)."""
+        try:
+            self._enter("mkdir", path)
+            if not os.path.isdir(path):
+                os.makedirs(path, 0o755, exist_ok=True)
+            self._exit("mkdir", path)
+        except OSError as e:
+            raise _error("makedirs", path, e) from e
+
     def rmtree(self, path: Path) -> None:
         """Remove a staging folder and everything in it. A folder already gone is fine."""
         try:
@@ -302,7 +313,9 @@ Action = Literal["fail", "crash", "crash_after"]
 
 @dataclass(frozen=True)
 class Fault:
-    """At the `nth` call (1-based) of `op` whose target contains `match`, do `action`.
+    """At the `nth` call (1-based) of `op` whose target contains `match`, do `action`;
+    with `times` > 1 at that many calls from the nth on, with `times` = 0 at every one (a
+    disk that stays full or read-only).
 
     op: "write", "fsync", "read", "stat", "unlink", "dirsync", "rename", "listdir",
     "mkdir", "rmtree", "pid_alive", "lock", or "step" (target = the step's name).
@@ -316,6 +329,7 @@ class Fault:
     action: Action = "fail"
     errno: int = _errno.EIO
     match: str | None = None
+    times: int = 1
 
 
 class FaultyFs(OsFs):
@@ -339,7 +353,8 @@ class FaultyFs(OsFs):
             if f.op != op or (f.match is not None and f.match not in t):
                 continue
             self._counts[i] += 1
-            if self._counts[i] != f.nth:
+            k = self._counts[i] - f.nth
+            if k < 0 or (f.times and k >= f.times):
                 continue
             self.fired.append(f)
             if f.action == "crash":

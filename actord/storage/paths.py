@@ -50,6 +50,26 @@ def check_part(part: str) -> str | None:
     return None
 
 
+# A mind's state spills to the page file `<mind>.page` (actors/placer.py): so a mind name
+# is what a page file's last component may be, less that suffix, refused up front rather
+# than once its first spill fails.
+MIND_FILE_SUFFIX = ".page"
+# A page file is a generation of files: the name itself and sidecars `name + ".ckpt"` etc.
+# (pagefile.SUFFIXES); each must be a valid component, so a file name leaves room for them.
+LONGEST_SIDECAR = len(".ckpt")
+MAX_FILE_PART = MAX_PART - LONGEST_SIDECAR
+MAX_MIND = MAX_FILE_PART - len(MIND_FILE_SUFFIX)
+
+
+def check_mind(name: str) -> str | None:
+    """Why `name` is not a mind name, or None when it is."""
+    why = check_part(name)
+    if why is None and len(name) > MAX_MIND:
+        why = (f"a mind name is at most {MAX_MIND} characters (its page file adds {MIND_FILE_SUFFIX!r} "
+               "and its sidecars up to {LONGEST_SIDECAR} more)")
+    return why
+
+
 def check_page_name(name: str) -> str:
     """An in-RAM page name (one component), or PathRefused."""
     why = check_part(name)
@@ -60,6 +80,17 @@ def check_page_name(name: str) -> str:
 
 def _refuse(name: str, why: str) -> PathRefused:
     return PathRefused(f"page file name {name[:64]!r} refused: {why}", name=name[:256], reason=why)
+
+
+def confine_file(root: Path, name: str) -> Path:
+    """`confine` for a page file a client names: its last component also leaves room for
+    the generation's sidecars (`name + ".ckpt"`, ...), so a save is refused before any work
+    rather than once its sidecars are named."""
+    path = confine(root, name)
+    if len(PurePosixPath(name).name) > MAX_FILE_PART:
+        raise _refuse(name, f"a file name is at most {MAX_FILE_PART} characters (its sidecars add up to "
+                            f"{LONGEST_SIDECAR})")
+    return path
 
 
 def confine(root: Path, name: str) -> Path:

@@ -24,7 +24,8 @@ import struct
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["write_pruned_draft", "write_vocab_variant", "rewrite_gguf", "read_gguf_header", "has_recurrent_layers"]
+__all__ = ["write_pruned_draft", "write_vocab_variant", "rewrite_gguf", "read_gguf_header", "has_recurrent_layers",
+           "has_mtp_layers"]
 
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _NUMPY = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
@@ -228,10 +229,17 @@ def write_pruned_draft(src: str | os.PathLike[str], dst: str | os.PathLike[str],
 
 def has_recurrent_layers(path: str | os.PathLike[str]) -> bool:
     """Whether a GGUF's metadata describes recurrent layers (an `{arch}.ssm.*` key: Mamba,
-    Gated DeltaNet): memory that speculation cannot cut back."""
+    Gated DeltaNet): a pruned copy of the first blocks would hold recurrent layers only."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         keys = [kv.key for kv in read_gguf_header(buf).kv]
     return any(".ssm." in k for k in keys)
+
+
+def has_mtp_layers(path: str | os.PathLike[str]) -> bool:
+    """Whether a GGUF declares MTP (nextn) layers (`{arch}.nextn_predict_layers` > 0)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return any(kv.key.endswith(".nextn_predict_layers") and int(kv.value) > 0
+                   for kv in read_gguf_header(buf).kv)
 
 
 def write_vocab_variant(src: str | os.PathLike[str], dst: str | os.PathLike[str], token: int = 300) -> Path:

@@ -70,6 +70,13 @@ class FakeEngine:
                 self._check_seq(seq)
                 self.held[seq] = 0 if p0 < 0 else min(self.held.get(seq, 0), p0)
                 return True
+            case J.SeqCopy(src=src, dst=dst):
+                self._check_seq(src)
+                self._check_seq(dst)
+                if src == dst:
+                    raise InvalidParams("a sequence cannot be copied onto itself", seq=src)
+                self.held[dst] = self.held.get(src, 0)
+                return True
             case J.StateSize(seq=seq):
                 self._check_seq(seq)
                 return 16 + 4 * self.held.get(seq, 0)

@@ -416,6 +416,7 @@ def write_tiny_qwen35(
     n_v_heads: int = 4,
     d_conv: int = 4,
     n_ctx_train: int = 4096,
+    mtp_attn_gain: float = 1.0,
 ) -> Path:
     """Write a random f32 "qwen35" (Qwen3.5) hybrid GGUF; return its path.
 
@@ -434,6 +435,10 @@ def write_tiny_qwen35(
     Weights are scaled for long memory: DeltaNet decays exp(softplus(dt_bias) * ssm_a) lie in
     about 0.94..0.998 per token, so a token changed 64+ positions back still changes greedy
     output (tests/actors/test_tiny_models.py pins it), and output rows as write_tiny_llama's.
+
+    `mtp_attn_gain` scales the MTP block's attention output: above 1 its drafts depend on
+    what its KV holds (the positions before), not only on the token and hidden row it is
+    given, so a test can tell a head whose KV is right from one whose is not.
     """
     import gguf
     import numpy as np
@@ -527,7 +532,10 @@ def write_tiny_qwen35(
         p = f"blk.{n_layer}."
         w.add_tensor(p + "attn_norm.weight", ones(n_embd))
         w.add_tensor(p + "post_attention_norm.weight", ones(n_embd))
-        attention(p, mmat)
+        def amat(n_out: int, n_in: int, gain: float = 1.0) -> Any:  # the attention output louder
+            return mmat(n_out, n_in, gain * (mtp_attn_gain if n_out == n_embd else 1.0))
+
+        attention(p, amat)
         ffn(p, mmat)
         w.add_tensor(p + "nextn.eh_proj.weight", mmat(n_embd, 2 * n_embd))
         w.add_tensor(p + "nextn.enorm.weight", ones(n_embd))

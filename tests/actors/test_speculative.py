@@ -8,7 +8,8 @@ draft: about 1 in 8 accepted), so acceptance patterns are sensitive to the draft
 What these pin: output identical with and without speculation, greedy and sampled (same
 seed), alone and with two slots batched; llama-server's metrics and timings; the typed
 refusals at start (another vocabulary, --spec mtp on a model without an MTP layer, memory
-that cannot be cut back); the draft state carried by page out/in and by spill/restore (the
+that cannot be cut back; recurrent and hybrid targets and the MTP head speculate:
+test_spec_memory_kinds.py); the draft state carried by page out/in and by spill/restore (the
 .dft sidecar) so the next request's drafts and acceptance equal a never-paged slot's; a file
 without a draft state starting the draft cold; the page RAM ceiling counting draft bytes.
 """
@@ -153,24 +154,11 @@ async def test_spec_mtp_on_a_model_without_an_mtp_layer_is_refused_at_start(tiny
             pass
 
 
-async def test_spec_mtp_on_a_model_with_an_mtp_layer_is_refused_naming_what_is_missing(tiny_hybrid_mtp_model):
-    with pytest.raises(SpecUnsupported, match="1 MTP layer.*hybrid memory"):
-        async with ActorSystem(cfg(tiny_hybrid_mtp_model, spec="mtp")):
-            pass
-
-
-async def test_speculation_on_memory_that_cannot_be_cut_back_is_refused_at_start(
-        tiny_swa_model, tiny_hybrid_model, tiny_recurrent_model, tiny_model):
+async def test_speculation_on_a_sliding_window_that_is_not_full_is_refused_at_start(tiny_swa_model, tiny_model):
+    """A sliding window that is not full cannot be cut back at all. Recurrent and hybrid
+    targets and draft models speculate: tests/actors/test_spec_memory_kinds.py."""
     with pytest.raises(SpecUnsupported, match="sliding-window"):
         async with ActorSystem(cfg(tiny_swa_model, tiny_model, swa_full="off")):
-            pass
-    for target, kind in ((tiny_hybrid_model, "hybrid"), (tiny_recurrent_model, "recurrent memory")):
-        with pytest.raises(SpecUnsupported, match=kind):
-            async with ActorSystem(cfg(target, tiny_model)):
-                pass
-    # ... and a draft model whose memory cannot be cut back (the target's is fine)
-    with pytest.raises(SpecUnsupported, match="draft model .* recurrent memory"):
-        async with ActorSystem(cfg(tiny_model, tiny_recurrent_model)):
             pass
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from actord.errors import FileTooLarge, InvalidParams, NotARegularFile, Overloaded, PathRefused, PromptTooLong, RequestTooLarge
+from actord.errors import FileTooLarge, InvalidParams, NotARegularFile, PathRefused, PromptTooLong, RequestTooLarge
 from tests.integration.daemons import PY, Daemon, eventually, read_lines, read_to_eof, request
 
 CANCELLED = 'requests_total{outcome="cancelled"}'
@@ -68,6 +68,60 @@ def test_devices_and_a_20gb_sparse_file_are_refused_without_reading(daemons, tin
             c.call("gene.load", {"path": str(sparse)})
     assert _peer_completes(d) == 8
     assert d.rss_mb() < rss0 + 20  # nothing was read into memory (it was 2 GB within seconds)
+
+
+def _hwm_mb(d) -> float:
+    for line in Path(f"/proc/{d.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+def _load_at_once(d, paths: list[str]) -> list[str]:
+    out: list[str] = []
+
+    def one(path: str) -> None:
+        try:
+            with d.client(timeout=300) as c:
+                c.call("gene.load", {"path": path})
+                out.append("ok")
+        except Exception as e:  # noqa: BLE001 - the test inspects the types
+            out.append(type(e).__name__)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+def test_concurrent_loads_of_big_files_hold_at_most_the_read_budget_and_release_it_when_refused(
+        daemons, tiny_model, tmp_path):
+    """Four 1 GB sparse files at once: without the magic they are refused before a byte is
+    read; with a GGUF header (so they are read, then refused by the loader) they hold at
+    most the read budget between them, and nothing after."""
+    mb = 1 << 20
+    d = daemons(tiny_model, "--max-gene-bytes", str(300 * mb), "--max-gene-read-bytes", str(300 * mb))
+    zeros, headed = [], []
+    for i in range(4):
+        for kind, out in (("zeros", zeros), ("headed", headed)):
+            p = tmp_path / f"{kind}{i}.gguf"
+            with open(p, "wb") as f:
+                if kind == "headed":
+                    f.write(b"GGUF\x03\x00\x00\x00")
+                f.truncate(256 * mb)
+            out.append(str(p))
+    hwm0 = _hwm_mb(d)
+    assert _load_at_once(d, zeros) == ["InvalidParams"] * 4
+    assert _hwm_mb(d) < hwm0 + 20  # refused by their first 4 bytes
+    assert _load_at_once(d, headed) == ["InvalidParams"] * 4  # "not a LoRA adapter"
+    # Read one at a time under the 300 MB budget: one file's 256 MB at most (it was 4 x the
+    # file and kept after the refusals).
+    assert _hwm_mb(d) < hwm0 + 256 + 150
+    assert d.rss_mb() < hwm0 + 30
+    assert _peer_completes(d) == 8
+    d.assert_clean_log()
 
 
 def test_fifos_are_refused_at_once_and_sigterm_still_stops_the_daemon(daemons, tiny_model, tmp_path, lora):
@@ -307,18 +361,21 @@ def test_connections_over_the_limit_are_answered_overloaded(daemons, tiny_model)
     extra = d.raw()  # accepted after the four, in order
     got = read_to_eof(extra)
     assert json.loads(got)["error"]["data"]["type"] == "Overloaded"
-    for s in held:
+    # Watch the closes through a connection already admitted: a new one may itself be the
+    # fifth while the server has not yet seen the closes, and be refused (that flaked).
+    watcher, *rest = held
+    for s in rest:
         s.close()
+    wf = watcher.makefile("rb")
 
-    def freed() -> bool:
-        # The daemon notices the hang-ups on its own time; until then it rightly refuses the
-        # metrics call's connection as the fifth.
-        try:
-            return d.metric("rpc_connections") == 1  # the metrics call itself
-        except Overloaded:
-            return False
+    def open_connections() -> float:
+        watcher.sendall(request(1, "metrics"))
+        text = json.loads(wf.readline())["result"]["text"]
+        return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("rpc_connections "))
 
-    eventually(freed)
+    eventually(lambda: open_connections() == 1)  # the watcher itself
+    wf.close()
+    watcher.close()
 
 
 # ---- page names -----------------------------------------------------------------------------
@@ -403,3 +460,24 @@ def test_cli_verbs_still_work_with_the_peer_check(daemons, tiny_model):
     out = subprocess.run([PY, "-m", "actord.cli", "--socket", str(d.sock), "health"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "ok"
+
+
+# ---- a chat's own template is bounded as it renders (issue 19.6) ----------------------------
+
+
+def test_a_chat_template_that_multiplies_a_message_past_the_prompt_limit_is_refused_before_tokenizing(
+        daemons, tiny_model):
+    from actord.errors import PromptTooLong
+
+    d = daemons(tiny_model)  # ctx 4096: --max-prompt-bytes defaults to 128 KiB
+    _peer_completes(d)
+    rss0, before = d.rss_mb(), d.metric("prompt_tokens_total")
+    with d.client() as c:
+        for _ in range(3):
+            with pytest.raises(PromptTooLong):
+                c.call("chat", {"messages": [{"role": "user", "content": "x" * 12_000}], "n_predict": 1,
+                                "template": "{{ messages[0]['content'] * 1500 }}"})
+    assert d.metric("prompt_tokens_total") == before  # nothing reached the tokenizer
+    assert d.rss_mb() - rss0 < 50  # the 18 MB rendering never existed (it took 1 GB of RSS)
+    assert _peer_completes(d) == 8
+    d.assert_clean_log()

@@ -205,11 +205,54 @@ def test_seed_reproduces_a_sampled_completion(server):
 
 @pytest.mark.parametrize("field,value", [
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("mirostat", 2), ("typical_p", 0.9), ("dynatemp_range", 0.5),
-    ("top_n_sigma", 1.0), ("min_keep", 3), ("post_sampling_probs", True), ("samplers", ["top_k"]), ("n_cmpl", 2),
+    ("top_n_sigma", 1.0), ("min_keep", 3), ("post_sampling_probs", True), ("samplers", ["top_k"]),
 ])
 def test_a_sampler_actord_lacks_is_a_400_naming_it(server, field, value):
     err = assert_error(server.post("/completion", {"prompt": "hi", "n_predict": 2, field: value}), 400)
     assert err["actord"]["param"] == field and field in err["message"]
+
+
+def _cold(server: Server) -> None:
+    for s in server.ok("GET", "/slots"):
+        server.ok("POST", f"/slots/{s['id']}?action=erase")
+
+
+def test_n_cmpl_answers_n_completions_from_one_prefill_by_index(server):
+    body = {"prompt": "once upon a time there was a", "n_predict": 6, "temperature": 1.0, "seed": 42}
+    _cold(server)
+    before = server.metric("prompt_tokens_processed_total")
+    rs = server.ok("POST", "/completion", {**body, "n_cmpl": 3})  # 3 choices on 2 slots: one queues
+    processed = server.metric("prompt_tokens_processed_total") - before
+    assert isinstance(rs, list) and [r["index"] for r in rs] == [0, 1, 2]
+    n_prompt = rs[0]["tokens_evaluated"]
+    # One prefill (the prompt but its last token), then one token per choice; the queued
+    # choice cuts its slot back to the prompt, so it too decodes one.
+    assert processed == n_prompt - 1 + 3 and rs[0]["timings"]["prompt_n"] == n_prompt
+    singles = []
+    for j in range(3):
+        _cold(server)
+        singles.append(server.ok("POST", "/completion", {**body, "seed": 42 + j})["content"])
+    assert [r["content"] for r in rs] == singles and len(set(singles)) == 3
+    _cold(server)
+    assert [r["content"] for r in server.ok("POST", "/completion", {**body, "n": 3})] == singles  # n: the alias
+    _cold(server)
+    events = server.stream({**body, "n_cmpl": 3, "stream": True})
+    texts = ["", "", ""]
+    for e in events:
+        if not e["stop"]:
+            texts[e["index"]] += e["content"]
+    finals = [e for e in events if e["stop"]]
+    assert sorted(e["index"] for e in finals) == [0, 1, 2] and texts == singles
+    two = server.ok("POST", "/completion", {**body, "prompt": ["a b c d", "e f g h"], "n_cmpl": 2})
+    assert [r["index"] for r in two] == [0, 1, 2, 3]
+    assert two[0]["prompt"] == two[1]["prompt"] == "a b c d" and two[2]["prompt"] == "e f g h"
+
+
+@pytest.mark.parametrize("field,value", [("n_cmpl", 9), ("n_cmpl", 0), ("n", 9), ("n_cmpl", "2")])
+def test_n_cmpl_outside_one_to_max_n_is_a_400_naming_it(server, field, value):
+    err = assert_error(server.post("/completion", {"prompt": "hi", "n_predict": 2, field: value}), 400,
+                       "InvalidParams")
+    assert err["actord"]["param"] == field
 
 
 def test_neutral_values_of_missing_samplers_are_accepted(server):
@@ -473,10 +516,11 @@ def test_page_over_the_ceiling_is_503_and_leaves_the_slot_intact(server):
     assert len(long) * 256 > PAGE_RAM
     server.ok("POST", "/completion", {"prompt": long, "id_slot": 0, "n_predict": 1})
     held = server.slot(0)["n_tokens"]
-    failed = server.metric("page_failed_total")
+    failed, refused = server.metric("page_failed_total"), server.metric("page_refused_total")
     assert_error(server.post("/slots/0?action=page_out&page=big"), 503, "PageRamExceeded", "unavailable_error")
     assert server.slot(0)["n_tokens"] == held and server.rpc("page.list") == []
-    assert server.metric("page_failed_total") == failed + 1
+    # Page RAM is a cache: a full one refuses (callers spill), which is not a failed move.
+    assert (server.metric("page_refused_total"), server.metric("page_failed_total")) == (refused + 1, failed)
 
 
 def test_spill_writes_a_page_file_and_drop_frees_the_page(server):

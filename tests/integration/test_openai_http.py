@@ -375,7 +375,7 @@ def test_max_tokens_zero_is_refused_naming_it(client, field):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("n_probs", 2), ("tool_choice", "required"),
+    ("n", 99), ("n_probs", 2), ("tool_choice", "required"),
     ("tools", [{"type": "retrieval"}]),
 ])
 def test_a_field_actord_cannot_honour_is_a_400_naming_it(client, field, value):

@@ -261,3 +261,29 @@ def test_llama3_auto_starts_its_grammar_at_an_opening_brace(client, front):
                              logit_bias={str(brace): 100}, extra_body={"tool_format": "llama3"})
     [(name, args)] = _calls(msg)
     assert reason == "tool_calls" and name == "get_weather" and _weather_ok(args)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_of_n_choices_parses_its_own_tool_calls(client, stream):
+    kw = dict(model="m", messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+              max_tokens=200, temperature=1.0, seed=4, n=3)
+    if not stream:
+        choices = client.chat.completions.create(**kw).choices
+        got = [(c.index, c.finish_reason, _calls(c.message)) for c in choices]
+    else:
+        calls: dict[int, dict[int, dict]] = {0: {}, 1: {}, 2: {}}
+        reasons: dict[int, str] = {}
+        for ch in client.chat.completions.create(stream=True, **kw):
+            for c in ch.choices:
+                for tc in c.delta.tool_calls or []:
+                    one = calls[c.index].setdefault(tc.index, {"name": "", "arguments": ""})
+                    one["name"] += tc.function.name or ""
+                    one["arguments"] += tc.function.arguments or ""
+                reasons[c.index] = c.finish_reason or reasons.get(c.index)
+        got = [(i, reasons[i], [(t["name"], json.loads(t["arguments"])) for _, t in sorted(calls[i].items())])
+               for i in range(3)]
+    assert [i for i, _, _ in got] == [0, 1, 2]
+    for _, reason, parsed in got:
+        [(name, args)] = parsed  # one call per choice, parsed by that choice's own scanner
+        assert reason == "tool_calls" and name == "get_weather" and _weather_ok(args)
+    assert len({json.dumps(p, sort_keys=True) for _, _, p in got}) > 1  # independent samples

@@ -60,6 +60,25 @@ def test_the_deeper_tier_with_speculation_on_keeps_every_invariant(tiny_model, t
     anyio.run(run)
 
 
+def test_the_deeper_tier_with_speculation_on_hybrid_and_recurrent_targets_keeps_every_invariant(
+        tiny_hybrid_mtp_model, tiny_recurrent_model, tiny_model, models_dir):
+    """Rejected drafts rolled back inside the verify (n_rs_seq on the hybrid, restore and
+    replay on Mamba-2), the MTP head's state in pages and files, under faults and pressure."""
+    from actord.testing.models import write_tiny_lora
+
+    loras = {m: [str(write_tiny_lora(models_dir / f"hunt-{name}-lora{i}.gguf", m, seed=3 + i, **kw)) for i in range(2)]
+             for m, name, kw in ((tiny_hybrid_mtp_model, "hybrid", {}),
+                                 (tiny_recurrent_model, "recurrent", {"targets": ["ssm_in", "ssm_out"]}))}
+
+    async def run():
+        for seed in range(4000, 4012):
+            model = (tiny_hybrid_mtp_model, tiny_hybrid_mtp_model, tiny_recurrent_model)[seed % 3]
+            draft = "mtp" if seed % 3 == 0 else tiny_model
+            await simulate(seed, 30, model, loras[model], draft=draft)
+
+    anyio.run(run)
+
+
 def test_the_trace_hash_depends_on_the_model_bytes_not_on_where_the_files_live(tiny_model, sim_loras, tmp_path):
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)
@@ -107,8 +126,91 @@ def test_the_simulation_finds_a_planted_upward_ask(tiny_model, sim_loras, monkey
     assert str(again.value) == found[1]
 
 
-@pytest.mark.parametrize("seed", [518])
+@pytest.mark.parametrize("seed", [518, 1612])
 def test_seeds_that_found_bugs_stay_fixed(tiny_model, sim_loras, seed):
     """518: an empty slot whose stale footprint the residency kept evicting (a livelock of
-    Evict / EvictDone, found by the 60-step run)."""
+    Evict / EvictDone, found by the 60-step run). 1612: over the device budget with nothing
+    running: a slot refused its eviction (a mind with no durable place: the disk failing)
+    and no other idle slot was asked, nor the refusing one once new work cleared it."""
     anyio.run(simulate, seed, 60, tiny_model, sim_loras)
+
+
+# ---- planted regressions: the simulation finds issue 19's points 2 and 3 -------------------
+
+
+def _finds(model: str, loras: list[str], seeds: range, steps: int, what: str) -> int:
+    """The first seed whose run reports `what` (a finding), or fail."""
+    for seed in seeds:
+        try:
+            anyio.run(simulate, seed, steps, model, loras)
+        except InvariantViolated as e:
+            if what in str(e):
+                print(f"found at seed {seed}: {e}")
+                return seed
+            raise
+    raise AssertionError(f"no seed in {seeds} found {what!r}")
+
+
+def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(tiny_model, sim_loras, monkeypatch):
+    """Revert issue 19.2's fix in-process (SpillEnd(drop) whatever the publish did): a seeded
+    disk fault during a spill with drop is then a page lost without a durable copy."""
+    import time
+
+    from actord.actors.pages import SpillBegin, SpillEnd
+    from actord.actors.slot import page_image
+    from actord.system import ActorSystem
+
+    async def old_spill(self, page, file, drop):
+        self.files.check(file)
+        t0 = time.perf_counter()
+        held = await self.pages.ask(SpillBegin(name=page))
+        dropped = False
+        try:
+            stats = await self.files.publish(file, page_image(self.props, held.state, held.checkpoints, held.tokens,
+                                                              held.genes, held.divergences, held.prompt_end))
+        finally:
+            with anyio.CancelScope(shield=True):
+                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))
+        return {"page": page, "file": file, "n_bytes": stats.n_bytes, "dropped": dropped,
+                "t_ms": time.perf_counter() - t0}
+
+    monkeypatch.setattr(ActorSystem, "_spill", old_spill)
+    _finds(tiny_model, sim_loras, range(0, 400), 30, "dropped by a spill without a durable copy")
+
+
+def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(tiny_model, sim_loras, monkeypatch):
+    """Revert the eviction half of 19.2 (a failed save still erased the slot)."""
+    from actord.actors.slot_memory import SlotMemory
+    from actord.errors import ActordError, PageRamExceeded
+
+    async def old_evict(self, reason):
+        n = len(self.kv_tokens)
+        if n == 0:
+            return 0
+        how = "dropped"
+        if self.mind is not None:
+            try:
+                await self.page_out(self.mind)
+                how = "paged_out"
+            except PageRamExceeded:
+                try:
+                    await self.save(f"{self.mind}.page")
+                    how = "spilled"
+                except ActordError:
+                    pass
+        if how != "paged_out":
+            await self.erase()
+        return n
+
+    monkeypatch.setattr(SlotMemory, "evict", old_evict)
+    _finds(tiny_model, sim_loras, range(0, 400), 30, "without a durable copy")
+
+
+def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go_first(
+        tiny_model, sim_loras, monkeypatch):
+    """Revert issue 19.3's kernel fix (strict arrival order, OVERTAKE = 0): a flood of
+    page.in asks then holds the scheduler's next step behind them."""
+    from actord.actors import base
+
+    monkeypatch.setattr(base, "OVERTAKE", 0)
+    _finds(tiny_model, sim_loras, range(0, 400), 30, "generation starved")

@@ -11,9 +11,9 @@ import anyio
 import pytest
 
 from actord.errors import (
-    FileNotFound, FileReadTimeout, FileTooLarge, NotARegularFile, Overloaded, PathRefused,
+    FileNotFound, FileReadTimeout, FileTooLarge, InvalidParams, NotARegularFile, Overloaded, PathRefused,
 )
-from actord.storage.clientfiles import ClientFiles, read_fd_bounded
+from actord.storage.clientfiles import ByteBudget, ClientFiles, read_fd_bounded
 
 pytestmark = pytest.mark.anyio
 
@@ -254,3 +254,64 @@ def test_a_confined_name_through_a_file_reads_as_not_found(genes):
         ClientFiles(root=str(root)).read_sync("a.gguf/x")
     with pytest.raises(FileNotFound, match="not found or not readable"):
         ClientFiles(root=str(root)).read_sync("sub/absent.gguf")
+
+
+# ---- reads are bounded in total and released (issue 19.7) ----------------------------------
+
+
+async def test_a_file_without_the_expected_magic_is_refused_without_being_read(tmp_path):
+    f = tmp_path / "zeros.gguf"
+    with open(f, "wb") as fh:
+        fh.truncate(1 << 30)  # a sparse GB of zeros
+    read = []
+    budget = ByteBudget(2 << 30)
+    cf = ClientFiles(magic=b"GGUF", budget=budget, read_fd=lambda fd, n: read.append(fd) or b"")
+    with pytest.raises(InvalidParams, match="not a GGUF"):
+        await cf.read(str(f))
+    assert read == [] and budget.held == 0
+
+
+async def test_reads_hold_the_shared_budget_until_their_caller_is_done_and_wait_their_turn(tmp_path):
+    files = []
+    for i in range(3):
+        f = tmp_path / f"g{i}.gguf"
+        f.write_bytes(b"GGUF" + bytes(596))  # 600 bytes each
+        files.append(str(f))
+    budget = ByteBudget(1000)  # one at a time
+    cf = ClientFiles(magic=b"GGUF", budget=budget)
+    order: list[str] = []
+    peak = [0]
+
+    async def load(name: str) -> None:
+        async with cf.reading(name) as data:
+            peak[0] = max(peak[0], budget.held)
+            order.append(name)
+            assert len(data) == 600
+            await anyio.sleep(0.01)  # the caller is still using the bytes
+        assert budget.held <= 600
+
+    async with anyio.create_task_group() as tg:
+        for name in files:
+            tg.start_soon(load, name)
+    assert sorted(order) == files and peak[0] == 600 and budget.held == 0
+
+
+async def test_a_failed_or_timed_out_read_gives_its_reservation_back(tmp_path):
+    f = tmp_path / "g.gguf"
+    f.write_bytes(b"GGUF" + bytes(96))
+    budget = ByteBudget(1000)
+
+    def fail(fd: int, n: int) -> bytes:
+        raise OSError(5, "EIO")
+
+    with pytest.raises(FileNotFound):
+        await ClientFiles(magic=b"GGUF", budget=budget, read_fd=fail).read(str(f))
+    assert budget.held == 0
+    release = threading.Event()
+    cf = ClientFiles(magic=b"GGUF", budget=budget, timeout=0.2, read_fd=lambda fd, n: release.wait(10) and b"")
+    with pytest.raises(FileReadTimeout):
+        await cf.read(str(f))
+    release.set()
+    assert budget.held == 0
+    with pytest.raises(FileTooLarge):  # larger than the whole budget: never fits, refused at once
+        await ClientFiles(budget=ByteBudget(10)).read(str(f))

@@ -26,6 +26,9 @@ JOBS = [
     J.StateGet(seq=0),
     J.SeqRm(seq=0, p0=2, p1=-1),
     J.MemoryRange(seq=0),
+    J.SeqCopy(src=0, dst=1),
+    J.SeqCopy(src=1, dst=1),  # onto itself
+    J.SeqCopy(src=0, dst=9),  # out of range
 ]
 
 

@@ -42,10 +42,13 @@ def _answer(kind: str, front: FakeFront, run: Any, *, stream: bool, include_usag
     if kind == "native":
         from actord.http.native_completion import NativeAnswer
 
-        async def finish(i: int, r: CompletionResult) -> dict:
+        async def finish(i: int, k: int, r: CompletionResult) -> dict:
             return {"index": i, "content": "" if stream else r.content, "stop": True, "tokens_predicted": len(r.tokens)}
 
-        return NativeAnswer.response(front, [run], finish, stream=stream)
+        async def job(on_token: Any) -> list[CompletionResult]:  # one prompt's n_cmpl results: one
+            return [await run(on_token)]
+
+        return NativeAnswer.response(front, [job], finish, stream=stream)
     from actord.http.openai_routes import OpenAIAnswer
 
     return OpenAIAnswer.response(front, run, chat=kind == "chat", model="m", stream=stream,

@@ -40,7 +40,6 @@ def test_distinct_users_get_distinct_minds():
 
 
 REFUSED_CHAT = [
-    ("n", 2),
     ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}), ("reasoning_effort", "low"), ("verbosity", "low"),
     ("web_search_options", {}), ("n_probs", 2), ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
 ]
@@ -53,7 +52,7 @@ def test_a_refused_chat_field_is_named(field, value):
     assert e.value.data["param"] == field and field in e.value.message
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "x"), ("best_of", 3), ("n", 3),
+@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "x"), ("best_of", 3),
                                          ("max_tokens", 0)])
 def test_a_refused_completion_field_is_named(field, value):
     with pytest.raises(InvalidParams) as e:
@@ -68,6 +67,7 @@ def test_a_refused_completion_field_is_named(field, value):
      "prediction": {"type": "content", "content": "x"}, "some_future_field": 1},
 ])
 def test_fields_that_ask_for_nothing_or_change_nothing_pass(body):
+    assert O.choices(_chat(**body), 8) == 1
     O.refuse_unsupported(_chat(**body))
     f = O.sampling(_chat(**body), 512)
     assert f["grammar"] == "" and f["logit_bias"] == {} and not f["logprobs"]
@@ -327,3 +327,55 @@ def test_logit_bias_takes_llama_servers_shapes_sums_repeats_and_refuses_the_rest
         with pytest.raises(InvalidParams) as e:
             bias(bad)
         assert e.value.data["param"] == "logit_bias", bad
+
+
+@pytest.mark.parametrize("n,ok", [(None, 1), (1, 1), (3, 3), (8, 8), (9, None), (0, None), (-1, None), (True, None),
+                                  (2.0, None), ("2", None)])
+def test_n_is_one_to_the_bound_else_a_400_naming_it(n, ok):
+    for req in (_chat(n=n), _text(n=n)):
+        O.refuse_unsupported(req)  # n is no refused field: its bound is the daemon's
+        if ok is not None:
+            assert O.choices(req, 8) == ok
+        else:
+            with pytest.raises(InvalidParams) as e:
+                O.choices(req, 8)
+            assert e.value.data["param"] == "n" and "n must be" in e.value.message
+
+
+def _result(text: str, stop: str, n_out: int, cached: int = 0):
+    from actord.api import CompletionResult, Timings
+
+    return CompletionResult(content=text, tokens=list(range(n_out)), n_prompt_tokens=10, n_prompt_processed=1,
+                            n_cached=cached, slot=0, stop_reason=stop,
+                            timings=Timings(prompt_ms=0, predicted_ms=0, prompt_per_second=0, predicted_per_second=0))
+
+
+def test_n_results_make_one_answer_by_index_with_the_prompt_counted_once():
+    rs = [_result("a", "eos", 3, cached=9), _result("bb", "length", 5), _result("c", "stop", 1)]
+    chat = O.chat_completion("id", "m", rs, 0, "fp")
+    assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in chat["choices"]] == ["a", "bb", "c"]
+    assert [c["finish_reason"] for c in chat["choices"]] == ["stop", "length", "stop"]
+    assert chat["usage"] == {"prompt_tokens": 10, "completion_tokens": 9, "total_tokens": 19,
+                             "prompt_tokens_details": {"cached_tokens": 9}}
+    text = O.text_completion("id", "m", rs, 0, "fp")
+    assert [(c["index"], c["text"]) for c in text["choices"]] == [(0, "a"), (1, "bb"), (2, "c")]
+    assert text["usage"] == chat["usage"]
+    assert O.chat_completion("id", "m", rs[0], 0, "fp")["usage"]["completion_tokens"] == 3
+
+
+def test_n_streamed_chunks_carry_their_choice_index_and_keep_offsets_apart():
+    from actord.api import TokenLogprob
+
+    c = O.Chunks(True, "m", n=3)
+    assert [f["choices"][0]["index"] for f in c.firsts()] == [0, 1, 2]
+    assert c.delta("x", index=2)["choices"][0]["index"] == 2
+    rs = [_result("a", "eos", 1), _result("b", "length", 1), _result("c", "eos", 1)]
+    assert [(x["choices"][0]["index"], x["choices"][0]["finish_reason"]) for x in c.lasts(rs)] == \
+        [(0, "stop"), (1, "length"), (2, "stop")]
+    assert c.usage(rs)["usage"]["completion_tokens"] == 3 and c.usage(rs)["choices"] == []
+    t = O.Chunks(False, "m", logprobs=True, n=2)
+    lp = [TokenLogprob(token=5, text="ab", bytes=[97, 98], logprob=-1.0)]
+    assert t.delta("ab", lp, index=1)["choices"][0]["logprobs"]["text_offset"] == [0]
+    assert t.delta("ab", lp, index=1)["choices"][0]["logprobs"]["text_offset"] == [2]
+    assert t.delta("ab", lp, index=0)["choices"][0]["logprobs"]["text_offset"] == [0]

@@ -234,3 +234,25 @@ def test_the_youngest_runnable_request_is_the_one_to_give_way():
     assert core.youngest().rid == 2
     core.abort(2)
     assert core.youngest().rid == 1
+
+
+def test_cells_held_for_a_page_move_are_their_own_record_released_by_whoever_made_them():
+    """A reservation (MakeRoom) is not the slot's count: a slot telling its cells meanwhile
+    does not erase it, and releasing it leaves exactly what the slot told (issue 19.8: a
+    refused page.in left a false count that evicted other clients' caches)."""
+    from actord.core.sched import SchedulerCore
+
+    core = SchedulerCore(n_batch=32, n_ctx=100)
+    core.set_cells(0, 10)
+    t = core.reserve(0, 60)
+    assert core.held(0) == 60 and core.free_cells == 40
+    core.set_cells(0, 0)  # the page-in was refused: the slot tells what it holds
+    assert core.held(0) == 60  # still held until the mover is done
+    core.release(t)
+    assert core.held(0) == 0 and core.free_cells == 100
+    t1, t2 = core.reserve(1, 30), core.reserve(1, 50)  # two movers racing for one slot
+    core.set_cells(1, 30)  # the first landed
+    core.release(t1)
+    assert core.held(1) == 50
+    core.release(t2)
+    assert core.held(1) == 30 and core.free_cells == 70

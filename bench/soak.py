@@ -1,0 +1,370 @@
+"""A soak: a mixed socket + HTTP workload with floods and page moves, for N minutes.
+
+One `actord serve --http 127.0.0.1:0` daemon (its own process) and, at once:
+- socket clients running completions addressed by slot, by mind and by nobody;
+- HTTP clients on /v1/chat/completions (a `user` each, so minds) and /v1/completions;
+- a page mover: page.out / page.in / page.spill (with drop) / page.drop / slot.erase;
+- a gene client: gene.load / page_out / page_in / list of a generated LoRA;
+- floods, in bursts: connections each keeping 60 calls of one method in flight
+  (page.in, slot.list, gene.list), a few seconds on, a few off;
+- a probe: an 8-token completion every half second, its latency filed under "flood" or
+  "quiet" by whether a burst was on when it started.
+
+Every request has a client-side bound (`--hang-s`): one that passes it counts as a hang.
+Every answer is an outcome: "ok" or its error type (untyped ones: "untyped:<...>"). Every
+10 s the daemon's RSS and open fds are sampled. The summary (JSON, at the end) has
+requests, errors by type, hangs, the probe's latency percentiles quiet vs flood, RSS and
+fds over time, and whether the daemon's log holds a traceback or a crashed actor.
+
+Usage: .venv/bin/python bench/soak.py --minutes 2 [--model M.gguf] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from actord.client import Client  # noqa: E402
+from actord.errors import ActordError  # noqa: E402
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, folder: Path) -> None:
+        self.args = args
+        self.folder = folder
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.hangs: collections.Counter = collections.Counter()
+        self.flooding = threading.Event()
+        self.probe = {"quiet": [], "flood": []}
+        self.samples: list[dict[str, float]] = []
+        self.t0 = time.monotonic()
+
+    # -- the daemon ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama, write_tiny_lora
+
+        if self.args.model:
+            model = self.args.model
+            self.lora = None
+        else:
+            model = str(write_tiny_llama(self.folder / "tiny.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
+            self.lora = str(write_tiny_lora(self.folder / "lora.gguf", model, seed=5))
+        self.sock = self.folder / "soak.sock"
+        self.log_path = self.folder / "soak.log"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096",
+             "--batch", "64", "--threads", "1", "--socket", str(self.sock), "--page-dir", str(self.folder / "pages"),
+             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info", *self.args.daemon_arg],
+            stdout=log, stderr=log, cwd=str(ROOT))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            if self.sock.exists():
+                try:
+                    with Client(str(self.sock), timeout=5) as c:
+                        self.http = "http://" + c.call("props")["http"]
+                    return
+                except OSError:
+                    pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.log_path.read_text()[-3000:])
+            time.sleep(0.05)
+        raise TimeoutError("daemon did not come up")
+
+    def finish(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def record(self, kind: str, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[kind][outcome] += 1
+
+    def call(self, c: Client, kind: str, method: str, params: Any) -> Any:
+        try:
+            out = c.call(method, params)
+        except ActordError as e:
+            self.record(kind, e.type if type(e).__name__ != "RpcError" else f"untyped:{e.message[:40]}")
+            return None
+        except (TimeoutError, OSError) as e:
+            if isinstance(e, TimeoutError) or "timed out" in str(e):
+                self.hangs[kind] += 1
+                self.record(kind, "hang")
+                raise
+            self.record(kind, f"socket:{type(e).__name__}")
+            raise
+        self.record(kind, "ok")
+        return out
+
+    def client(self) -> Client:
+        return Client(str(self.sock), timeout=self.args.hang_s)
+
+    def loop(self, kind: str, body: Any) -> None:
+        r = random.Random(hash(kind) & 0xFFFF)
+        while not self.stop.is_set():
+            try:
+                with self.client() as c:
+                    while not self.stop.is_set():
+                        body(c, r)
+            except (TimeoutError, OSError):
+                time.sleep(0.2)  # a new connection
+
+    # -- the workload --------------------------------------------------------------------
+
+    def socket_completions(self, c: Client, r: random.Random) -> None:
+        where = r.choice([{"slot": r.randrange(2)}, {"mind": f"s{r.randrange(4)}"}, {}])
+        prompt = [1] + [r.randrange(3, 500) for _ in range(r.randint(4, 200))]
+        self.call(c, "completion", "completion", {"prompt": prompt, "n_predict": r.choice([8, 16, 32]),
+                                                  "ignore_eos": True, **where})
+
+    def http_loop(self, kind: str) -> None:
+        r = random.Random(hash(kind) & 0xFFFF)
+        convos: dict[str, list[dict[str, str]]] = {}
+        with httpx.Client(base_url=self.http, timeout=self.args.hang_s) as h:
+            while not self.stop.is_set():
+                try:
+                    if r.random() < 0.6:
+                        user = f"h{r.randrange(4)}"
+                        msgs = convos.setdefault(user, [])
+                        if len(msgs) > 12:
+                            msgs.clear()
+                        msgs.append({"role": "user", "content": " ".join(r.choice("the a cache mind page"
+                                                                                  .split()) for _ in range(8))})
+                        resp = h.post("/v1/chat/completions", json={"model": "x", "messages": msgs, "user": user,
+                                                                     "max_tokens": 16, "stream": r.random() < 0.3})
+                        if resp.status_code == 200 and not resp.headers.get("content-type", "").startswith(
+                                "text/event-stream"):
+                            msgs.append(resp.json()["choices"][0]["message"])
+                        elif resp.status_code == 200:
+                            msgs.clear()
+                        kind2 = "http_chat"
+                    else:
+                        resp = h.post("/v1/completions", json={"model": "x", "prompt": "hello " * r.randint(1, 50),
+                                                               "max_tokens": 16})
+                        kind2 = "http_completion"
+                    err = None
+                    if resp.status_code != 200:
+                        try:
+                            err = resp.json()["error"].get("type") or str(resp.status_code)
+                        except Exception:  # noqa: BLE001
+                            err = f"untyped:{resp.status_code}"
+                    self.record(kind2, "ok" if err is None else f"{resp.status_code}:{err}")
+                except httpx.TimeoutException:
+                    self.hangs[kind] += 1
+                    self.record(kind, "hang")
+                except httpx.HTTPError as e:
+                    self.record(kind, f"http:{type(e).__name__}")
+                    time.sleep(0.2)
+
+    def page_mover(self, c: Client, r: random.Random) -> None:
+        slot, page = r.randrange(2), f"pg{r.randrange(3)}"
+        op = r.choice(["out", "out", "in", "in", "spill", "drop", "erase"])
+        if op == "out":
+            self.call(c, "page_move", "page.out", {"slot": slot, "page": page})
+        elif op == "in":
+            self.call(c, "page_move", "page.in", {"slot": slot, "page": page})
+        elif op == "spill":
+            self.call(c, "page_move", "page.spill", {"page": page, "file": f"{page}.page", "drop": r.random() < 0.5})
+        elif op == "drop":
+            self.call(c, "page_move", "page.drop", {"page": page})
+        else:
+            self.call(c, "page_move", "slot.erase", {"slot": slot})
+        time.sleep(0.05)
+
+    def genes(self, c: Client, r: random.Random) -> None:
+        if self.lora is None:
+            self.stop.wait(1)
+            return
+        listed = self.call(c, "gene", "gene.list", {}) or []
+        if len(listed) < 2 and r.random() < 0.3:
+            self.call(c, "gene", "gene.load", {"path": self.lora})
+        elif listed:
+            g = r.choice(listed)["id"]
+            op = r.choice(["gene.page_out", "gene.page_in", "gene.page_in"])
+            self.call(c, "gene", op, {"id": g})
+            if r.random() < 0.3:
+                self.call(c, "gene_completion", "completion", {"prompt": [1, 2, 3], "n_predict": 8, "slot": r.randrange(2),
+                                                               "genes": [{"id": g, "scale": 1.0}], "ignore_eos": True})
+        time.sleep(0.2)
+
+    def flooder(self) -> None:
+        r = random.Random(7)
+        while not self.stop.is_set():
+            self.stop.wait(r.uniform(4, 10))
+            if self.stop.is_set():
+                return
+            method = r.choice(["page.in", "slot.list", "gene.list"])
+            params = {"slot": r.randrange(2), "page": "pg0"} if method == "page.in" else {}
+            self.flooding.set()
+            end = time.monotonic() + r.uniform(3, 6)
+            threads = [threading.Thread(target=self._flood_one, args=(method, params, end), daemon=True)
+                       for _ in range(self.args.flood_connections)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(self.args.hang_s + 10)
+            self.flooding.clear()
+
+    def _flood_one(self, method: str, params: Any, end: float) -> None:
+        import socket
+
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(self.args.hang_s)
+            s.connect(str(self.sock))
+        except OSError as e:
+            self.record("flood", f"connect:{type(e).__name__}")
+            return
+        f = s.makefile("rb")
+        line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode() + b"\n"
+        try:
+            s.sendall(line * 60)
+            out = 60
+            while out:
+                msg = json.loads(f.readline())
+                out -= 1
+                self.record("flood", msg["error"]["data"].get("type", "untyped") if "error" in msg else "ok")
+                if time.monotonic() < end and not self.stop.is_set():
+                    s.sendall(line)
+                    out += 1
+        except TimeoutError:
+            self.hangs["flood"] += 1
+            self.record("flood", "hang")
+        except (OSError, ValueError) as e:
+            self.record("flood", f"socket:{type(e).__name__}")
+        finally:
+            f.close()
+            s.close()
+
+    def prober(self, c: Client, r: random.Random) -> None:
+        flood = self.flooding.is_set()
+        t0 = time.perf_counter()
+        out = self.call(c, "probe", "completion", {"prompt": [1, 2, 3, r.randrange(5, 400)], "n_predict": 8,
+                                                   "ignore_eos": True})
+        if out is not None:
+            self.probe["flood" if flood else "quiet"].append(time.perf_counter() - t0)
+        time.sleep(0.5)
+
+    def sampler(self) -> None:
+        while not self.stop.is_set():
+            try:
+                status = Path(f"/proc/{self.proc.pid}/status").read_text()
+                rss = next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+                fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+                self.samples.append({"t_s": round(time.monotonic() - self.t0, 1), "rss_mb": round(rss, 1), "fds": fds})
+                print(f"[{self.samples[-1]['t_s']:>7.1f} s] rss {rss:7.1f} MB  fds {fds:4d}  requests "
+                      f"{sum(sum(c.values()) for c in self.outcomes.values()):>8d}  hangs {sum(self.hangs.values())}",
+                      flush=True)
+            except (OSError, StopIteration):
+                pass
+            self.stop.wait(10)
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        workers = [
+            threading.Thread(target=self.loop, args=("completion", self.socket_completions), daemon=True),
+            threading.Thread(target=self.loop, args=("completion2", self.socket_completions), daemon=True),
+            threading.Thread(target=self.http_loop, args=("http1",), daemon=True),
+            threading.Thread(target=self.http_loop, args=("http2",), daemon=True),
+            threading.Thread(target=self.loop, args=("page_move", self.page_mover), daemon=True),
+            threading.Thread(target=self.loop, args=("gene", self.genes), daemon=True),
+            threading.Thread(target=self.loop, args=("probe", self.prober), daemon=True),
+            threading.Thread(target=self.flooder, daemon=True),
+            threading.Thread(target=self.sampler, daemon=True),
+        ]
+        for w in workers:
+            w.start()
+        self.stop.wait(self.args.minutes * 60)
+        self.stop.set()
+        for w in workers:
+            w.join(self.args.hang_s + 30)
+        stuck = [w.name for w in workers if w.is_alive()]
+        with Client(str(self.sock), timeout=30) as c:
+            health = c.call("health")
+            metrics = c.call("metrics")["text"]
+        log = self.log_path.read_text(errors="replace")
+
+        def pct(xs: list[float], q: float) -> float | None:
+            return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 1) if xs else None
+
+        total = collections.Counter()
+        for c in self.outcomes.values():
+            total.update(c)
+        errors = {k: v for k, v in total.items() if k != "ok"}
+        return {
+            "minutes": self.args.minutes,
+            "requests": sum(total.values()),
+            "ok": total["ok"],
+            "errors_by_type": dict(sorted(errors.items(), key=lambda kv: -kv[1])),
+            "untyped_errors": sum(v for k, v in errors.items() if k.startswith(("untyped", "500"))),
+            "hangs": dict(self.hangs),
+            "by_kind": {k: dict(v) for k, v in self.outcomes.items()},
+            "probe_8_tokens_ms": {
+                mode: {"n": len(xs), "p50": pct(xs, 0.5), "p90": pct(xs, 0.9), "max": pct(xs, 1.0)}
+                for mode, xs in self.probe.items()
+            },
+            "rss_mb": {"first": self.samples[0]["rss_mb"] if self.samples else None,
+                       "last": self.samples[-1]["rss_mb"] if self.samples else None,
+                       "max": max((s["rss_mb"] for s in self.samples), default=None)},
+            "fds": {"first": self.samples[0]["fds"] if self.samples else None,
+                    "last": self.samples[-1]["fds"] if self.samples else None,
+                    "max": max((s["fds"] for s in self.samples), default=None)},
+            "samples": self.samples,
+            "health": health["status"],
+            "stuck_workers": stuck,
+            "log": {"tracebacks": log.count("Traceback"), "actor_crashed": log.count("actor.crashed"),
+                    "warnings": log.count("[warning"), "errors": log.count("[error")},
+            "page_refused_total": next((float(line.split()[-1]) for line in metrics.splitlines()
+                                        if line.startswith("page_refused_total ")), None),
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=2.0)
+    ap.add_argument("--model", help="GGUF (default: a generated tiny llama with a chat template and a LoRA)")
+    ap.add_argument("--hang-s", type=float, default=120.0, help="a request not answered within this is a hang")
+    ap.add_argument("--flood-connections", type=int, default=8)
+    ap.add_argument("--json", help="write the summary here too")
+    ap.add_argument("--daemon-arg", action="append", default=[], help="one more `actord serve` argument")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="actord-soak-") as tmp:
+        soak = Soak(args, Path(tmp))
+        soak.start()
+        try:
+            summary = soak.run()
+        finally:
+            soak.finish()
+    brief = {k: v for k, v in summary.items() if k != "samples"}
+    print(json.dumps(brief, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
