@@ -19,3 +19,4 @@ bench: setup
 	.venv/bin/python bench/http_overhead.py
 	.venv/bin/python bench/reprefill_real.py
 	.venv/bin/python bench/text_cost.py
+	.venv/bin/python bench/cluster.py

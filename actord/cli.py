@@ -138,6 +138,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     comp.add_argument("prompt")
     comp.add_argument("-n", "--n-predict", type=int, default=32)
     comp.add_argument("--slot", type=int)
+    comp.add_argument("--mind", help="a named session (the daemon, or a cluster's router, places it)")
     comp.add_argument("--temperature", type=float, default=0.0)
     comp.add_argument("--seed", type=int)
     comp.add_argument("--stream", action="store_true")
@@ -161,6 +162,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
             v.add_argument("--drop", action="store_true")
     for name in ("replay", "simulate"):
         sub.add_parser(name, help=f"see `actord {name} --help`", add_help=False)
+    sub.add_parser("cluster", help="up|status|down: minds across nodes on Ray (actord[ray]; "
+                   "see `actord cluster --help`)", add_help=False)
     return ap, serve
 
 
@@ -196,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         from actord.replay import cli as replay_cli
 
         return replay_cli.main(ns.cmd, rest)
+    if ns.cmd == "cluster":
+        try:
+            from actord.cluster import cli as cluster_cli
+        except ImportError as e:
+            print(f"actord cluster: {e} (pip install 'actord[ray]')", file=sys.stderr)
+            return 2
+        return cluster_cli.main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
 
@@ -216,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "temperature": ns.temperature, "stream": ns.stream}
                 if ns.slot is not None:
                     params["slot"] = ns.slot
+                if ns.mind is not None:
+                    params["mind"] = ns.mind
                 if ns.seed is not None:
                     params["seed"] = ns.seed
                 if ns.gene:

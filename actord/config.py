@@ -281,3 +281,59 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The cluster (actord[ray], actord/cluster/): one NodeDaemon per Ray node hosting an
+    `ActorSystem` built from `node` (its page_dir is replaced per node), one MindRouter.
+
+    `root` is the cluster's shared folder: `root/router/directory.json` (the directory,
+    crash-safe), `root/nodes/NAME/pages` (each node's page files) and
+    `root/nodes/NAME/fence` (each node's epochs and applied turns). On one machine, or with
+    `root` on a filesystem every node mounts, a lost node's page files are read by the node
+    that takes its minds over; where they cannot be read the minds are re-prefilled.
+    """
+
+    node: Config
+    root: str = "./actord-cluster"
+    namespace: str = "actord"
+    nodes: int = 3  # NodeDaemons `actord cluster up` starts (one per simulated node)
+    num_gpus: float = 0.0  # per NodeDaemon (1 where a node has a GPU); num_cpus is always 0
+    # How many of a mind's applied turns (id -> answer) a node keeps for duplicates.
+    turns_kept: int = 16
+    # After each turn, make the mind's state durable in its page file (a save per turn:
+    # a lost node's minds then come back from their files, not re-prefilled).
+    durable_turns: bool = False
+    # The router's view of node health: how often it polls Ray's node table, and how long
+    # it waits for a restarted daemon (after an actor failure) before treating it as lost.
+    monitor_interval_s: float = 0.5
+    restart_wait_s: float = 60.0
+    call_timeout_s: float = 600.0  # one call from the router to a node
+    # Ray's node health checks (its GCS config; 0 = Ray's default, where a hung node is
+    # declared dead after about 66 s). A node stops answering -> dead after about
+    # period x threshold; `local.FAST_HEALTH` is 1000 ms x 5 with a 2000 ms timeout.
+    health_check_period_ms: int = 0
+    health_check_timeout_ms: int = 0
+    health_check_failure_threshold: int = 0
+    socket: str | None = None  # the router's JSON-RPC socket (None: root/router/actord.sock)
+    log_level: str = "warning"
+
+    def validate(self) -> "ClusterConfig":
+        from actord.errors import InvalidParams
+
+        self.node.validate()
+        if self.nodes < 1 or self.turns_kept < 1:
+            raise InvalidParams("cluster nodes and turns_kept must be >= 1")
+        if min(self.health_check_period_ms, self.health_check_timeout_ms, self.health_check_failure_threshold) < 0:
+            raise InvalidParams("health check settings are >= 0 (0: Ray's default)")
+        if self.num_gpus < 0 or self.monitor_interval_s <= 0 or self.restart_wait_s <= 0 or self.call_timeout_s <= 0:
+            raise InvalidParams("num_gpus >= 0; monitor_interval_s, restart_wait_s, call_timeout_s > 0")
+        return self
+
+    def ray_system_config(self) -> dict[str, int]:
+        """The health-check settings given, as Ray's `_system_config` keys."""
+        names = ("health_check_period_ms", "health_check_timeout_ms", "health_check_failure_threshold")
+        out = {n: getattr(self, n) for n in names if getattr(self, n)}
+        if out:
+            out["health_check_initial_delay_ms"] = 1000
+        return out

@@ -258,6 +258,39 @@ class SpecUnsupported(InvalidParams):
     missing."""
 
 
+# ---- the cluster (actord[ray], issue 20) -----------------------------------------------
+
+
+class StaleEpoch(ActordError):
+    """A turn (or a migration step) named a mind at an epoch this node does not hold it at:
+    the mind moved (a newer epoch owns it elsewhere) or was never placed here. Refused
+    before anything runs; `data.held` is the epoch this node holds (None: not at all)."""
+
+    http_status = 409
+
+
+class DuplicateTurn(ActordError):
+    """A turn id this node already applied to the mind: refused, nothing runs again.
+    `data.result` carries the answer recorded when it was applied (when still kept), so a
+    retry after a lost reply gets the one answer the turn had."""
+
+    http_status = 409
+
+
+class NodeUnavailable(ActordError):
+    """No node can serve the mind now (its node is gone and re-homing failed, or the
+    cluster has no live node)."""
+
+    http_status = 503
+
+
+class MigrationFailed(ActordError):
+    """A migration stopped part way; the mind stays with its one owner (`data.owner`,
+    `data.epoch`) and the destination's partial copy is dropped."""
+
+    http_status = 500
+
+
 ERROR_TYPES: dict[str, type[ActordError]] = {
     cls.__name__: cls
     for cls in list(globals().values())

@@ -52,6 +52,10 @@ PROPS_VERSION = {"slot_page_version": 1, "lora_page_version": 1}
 
 
 class ActorSystem:
+    # The mind placer's class: a host may give a subclass with more verbs (the cluster's
+    # node daemon does, actord/cluster/placer.py); it is built and wired as this one.
+    placer_class: type[MindPlacer] = MindPlacer
+
     def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None,
                  dispatcher: Dispatcher | None = None, trace: Any = None) -> None:
         self.config = config.validate()
@@ -215,8 +219,8 @@ class ActorSystem:
                                             policy=self.config.checkpoint_policy, cap=1 + self.config.ctx_checkpoints)
         self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads,
                                offload=self.dispatcher.offload)
-        self.placer = MindPlacer(self.dispatcher, self.slots, self.pages, self.files, self._spill,
-                                 self.metrics, capacity=max(cap, 256))
+        self.placer = self.placer_class(self.dispatcher, self.slots, self.pages, self.files, self._spill,
+                                        self.metrics, capacity=max(cap, 256))
         self.placer.scheduler = self.scheduler
         for s in self.slots:
             s.placer = self.placer

@@ -1,0 +1,381 @@
+"""NodeDaemon: one per Ray node, hosting today's `ActorSystem` on the actor's event loop.
+
+Ray runs it as a detached, named async actor (`local.start_node`: num_cpus=0, num_gpus
+where the node has one, hard node affinity, max_restarts=-1, max_task_retries=0). The
+system is started by the first call, in a host task of the default concurrency group's
+loop that holds the system's context for the actor's life; the engine thread is its own,
+as on one machine. `health` runs in the "control" concurrency group, on another loop: it
+answers while the work loop or the engine is busy.
+
+Every work method answers an `Answer` (a value or a typed error). Turns are fenced
+(fence.py): a stale epoch or a duplicate turn id is refused before anything runs; a turn's
+answer is recorded durably before it leaves the node. On a restart the daemon reloads its
+fences and finds its minds' page files where the last incarnation spilled them (the page
+files are the durable copy; Ray's object store never is); `holdings` reports them.
+
+Fault points (`arm_fault`) let the tests kill the process at a chosen step with
+`os._exit`, as a crash would: "turn_mid" (at the turn's first streamed token, or after N),
+"turn_after_apply" (applied, not recorded), "turn_after_record" (recorded, reply not sent),
+"export_after_spill" (a migration's source, after it made the page durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import msgspec
+import ray
+
+from actord.actors.placer import mind_file
+from actord.api import CompletionRequest
+from actord.cluster.fence import FenceBook, MindFence
+from actord.cluster.messages import Answer, Holding, NodeLoad, Turn
+from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
+from actord.cluster.transfer import PageBlob, pack, unpack
+from actord.config import ClusterConfig
+from actord.errors import ActordError, InvalidParams, NodeUnavailable, StaleEpoch
+from actord.log import get
+from actord.storage.osfs import OsFs
+from actord.storage.pagefile import sidecar_paths
+from actord.storage.paths import check_part
+from actord.storage.publish import read_generation
+from actord.system import ActorSystem
+
+log = get("actord.cluster.node")
+
+FAULTS = ("turn_mid", "turn_after_apply", "turn_after_record", "export_after_spill")
+
+
+def node_dir(root: str | Path, node: str) -> Path:
+    return Path(root) / "nodes" / node
+
+
+class NodeSystem(ActorSystem):
+    """The ActorSystem with the cluster's placer (ClusterPlacer); nothing else differs."""
+
+    placer_class = ClusterPlacer
+
+
+def _answer(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Answer]]:
+    @functools.wraps(fn)
+    async def wrapper(self: "NodeDaemon", *args: Any, **kw: Any) -> Answer:
+        try:
+            return Answer(value=await fn(self, *args, **kw))
+        except ActordError as e:
+            return Answer.of_error(e)
+
+    return wrapper
+
+
+def _check_mind(mind: Any) -> str:
+    if not isinstance(mind, str) or check_part(mind) is not None:
+        raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}", mind=str(mind)[:64])
+    return mind
+
+
+class NodeDaemon:
+    def __init__(self, name: str, config_json: bytes) -> None:
+        from actord import log as actord_log
+
+        self.cfg = msgspec.json.decode(config_json, type=ClusterConfig)
+        actord_log.configure(level=self.cfg.log_level)
+        self.name = name
+        self.dir = node_dir(self.cfg.root, name)
+        self.page_dir = self.dir / "pages"
+        self.page_dir.mkdir(parents=True, exist_ok=True)
+        self.fence = FenceBook(self.dir / "fence", keep=self.cfg.turns_kept)
+        self.node_config = msgspec.structs.replace(self.cfg.node, page_dir=str(self.page_dir))
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.started_at = time.time()
+        self.system: NodeSystem | None = None
+        self._ready: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._start_error: BaseException | None = None
+        self.faults: set[str] = set()
+        self.fault_after = 0
+        self.queue = 0
+        self.turns_applied = 0
+        self.running: set[tuple[str, str]] = set()
+        self.frozen: set[str] = set()
+        try:
+            self.ray_node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # pragma: no cover - outside Ray (unit use)
+            self.ray_node_id = ""
+        log.info("cluster.node_init", node=name, incarnation=self.incarnation, pid=os.getpid(),
+                 minds=len(self.fence.minds))
+
+    # -- the hosted system ---------------------------------------------------------------
+
+    async def _ensure(self) -> NodeSystem:
+        if self._ready is None:
+            self._ready = asyncio.Event()
+            self._stop = asyncio.Event()
+            self._host = asyncio.get_running_loop().create_task(self._host_main())
+        await self._ready.wait()
+        if self.system is None:
+            raise NodeUnavailable(f"node {self.name}'s system did not start: {self._start_error!r}", node=self.name)
+        return self.system
+
+    async def _host_main(self) -> None:
+        assert self._ready is not None and self._stop is not None
+        try:
+            async with NodeSystem(self.node_config) as system:
+                self.system = system
+                self._ready.set()
+                await self._stop.wait()
+                await system.shutdown(self.node_config.shutdown_grace_s)
+        except BaseException as e:
+            self._start_error = e
+            log.error("cluster.node_system_failed", node=self.name, error=repr(e))
+        finally:
+            self.system = None
+            self._ready.set()
+
+    # -- control (its own loop: answers while the work loop is busy) ----------------------
+
+    @ray.method(concurrency_group="control")
+    def health(self) -> dict[str, Any]:
+        return {"node": self.name, "incarnation": self.incarnation, "pid": os.getpid(), "ray_node_id": self.ray_node_id,
+                "up": self.system is not None, "queue": self.queue, "minds": len(self.fence.minds),
+                "uptime_s": round(time.time() - self.started_at, 3)}
+
+    @ray.method(concurrency_group="control")
+    def arm_fault(self, point: str, after: int = 0) -> None:
+        """Exit at `point` of the next turn or export ("turn_mid": after `after` tokens)."""
+        if point not in FAULTS:
+            raise ValueError(f"fault point is one of {FAULTS}")
+        self.faults.add(point)
+        self.fault_after = after
+
+    def _fault(self, point: str) -> None:
+        if point in self.faults:
+            log.warning("cluster.node_fault", node=self.name, point=point)
+            os._exit(17)
+
+    # -- work ------------------------------------------------------------------------------
+
+    @_answer
+    async def start(self) -> list[Holding]:
+        """Start the system (if not yet) and report what this node holds."""
+        await self._ensure()
+        return await self._holdings()
+
+    @_answer
+    async def holdings(self) -> list[Holding]:
+        return await self._holdings()
+
+    async def _holdings(self) -> list[Holding]:
+        fs = OsFs()
+
+        def scan() -> list[Holding]:
+            return [Holding(mind=m, epoch=r.epoch, durable=fs.stat(self.page_dir / mind_file(m)) is not None,
+                            last_turn=r.turns[-1].turn if r.turns else None, frozen=m in self.frozen)
+                    for m, r in sorted(self.fence.minds.items())]
+
+        return await anyio.to_thread.run_sync(scan)
+
+    @_answer
+    async def load(self) -> NodeLoad:
+        system = await self._ensure()
+        stats = await system.page_stats()
+        return NodeLoad(node=self.name, incarnation=self.incarnation, pid=os.getpid(), ray_node_id=self.ray_node_id,
+                        free_page_bytes=max(0, stats.ceiling - stats.charged), page_ram_bytes=stats.ceiling,
+                        queue=self.queue, minds=len(self.fence.minds), turns_applied=self.turns_applied)
+
+    async def turn_stream(self, turn: Turn) -> Any:
+        """`turn`, streamed: each chunk (a dict, as the daemon's `completion.chunk`) as it
+        is generated, then the turn's `Answer` (Ray streams what a generator yields)."""
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(self.turn(turn, sink=q.put_nowait))
+        while True:
+            get = asyncio.ensure_future(q.get())
+            done, _ = await asyncio.wait({task, get}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                yield get.result()
+                continue
+            get.cancel()
+            while not q.empty():
+                yield q.get_nowait()
+            yield task.result()
+            return
+
+    @_answer
+    async def turn(self, turn: Turn, sink: Callable[[Any], None] | None = None) -> dict[str, Any]:
+        """Run one turn of a mind this node holds at `turn.epoch`, once per turn id."""
+        system = await self._ensure()
+        mind = _check_mind(turn.mind)
+        if (mind, turn.turn) in self.running:
+            from actord.errors import DuplicateTurn
+
+            raise DuplicateTurn(f"turn {turn.turn} of {mind!r} is running here", mind=mind, turn=turn.turn, result=None)
+        self.fence.check(mind, turn.epoch, turn.turn)
+        if mind in self.frozen:
+            raise StaleEpoch(f"{mind!r} is being moved off this node", mind=mind, epoch=turn.epoch,
+                             held=self.fence.held(mind))
+        try:
+            req = msgspec.convert({**turn.request, "mind": mind}, CompletionRequest)
+        except msgspec.ValidationError as e:
+            raise InvalidParams(str(e)) from None
+        on_token = None
+        if sink is not None or "turn_mid" in self.faults:
+            seen = [0]
+
+            def on_token(chunk: Any) -> None:
+                seen[0] += 1
+                if seen[0] > self.fault_after:
+                    self._fault("turn_mid")
+                if sink is not None:
+                    sink(chunk)
+        self.running.add((mind, turn.turn))
+        self.queue += 1
+        try:
+            result = await system.complete(req, on_token=on_token)
+            out = msgspec.to_builtins(result)
+            self._fault("turn_after_apply")
+            await anyio.to_thread.run_sync(self.fence.record, mind, turn.epoch, turn.turn, out)
+            self.turns_applied += 1
+            self._fault("turn_after_record")
+            if self.cfg.durable_turns:
+                await system.placer.ask(PersistMind(mind=mind, drop=False))  # type: ignore[union-attr]
+        finally:
+            self.queue -= 1
+            self.running.discard((mind, turn.turn))
+        return out
+
+    @_answer
+    async def persist(self, mind: str, epoch: int) -> dict[str, Any]:
+        """Make the mind's state durable in its page file (it stays where it is)."""
+        system = await self._ensure()
+        self._held_at(mind, epoch)
+        return await system.placer.ask(PersistMind(mind=mind, drop=False))  # type: ignore[union-attr]
+
+    def _held_at(self, mind: str, epoch: int) -> None:
+        held = self.fence.held(_check_mind(mind))
+        if held != epoch:
+            raise StaleEpoch(f"this node holds {mind!r} at epoch {held}, not {epoch}", mind=mind, epoch=epoch, held=held)
+
+    @_answer
+    async def export(self, mind: str, epoch: int) -> PageBlob:
+        """A migration's source: freeze the mind, page it out to its page file (durable
+        here), and hand its bytes over as numpy arrays. The mind stays here, frozen, until
+        `release` (the move committed) or `thaw` (it did not)."""
+        system = await self._ensure()
+        self._held_at(mind, epoch)
+        self.frozen.add(mind)
+        await system.placer.ask(PersistMind(mind=mind, drop=True))  # type: ignore[union-attr]
+        self._fault("export_after_spill")
+        image = await system.files.read(mind_file(mind)) if await system.files.exists(mind_file(mind)) else None
+        blob = pack(mind, epoch, image, self.fence.turns(mind))
+        log.info("cluster.exported", node=self.name, mind=mind, epoch=epoch, n_bytes=blob.n_bytes)
+        return blob
+
+    @_answer
+    async def thaw(self, mind: str, epoch: int) -> bool:
+        self.frozen.discard(mind)
+        return True
+
+    @_answer
+    async def adopt(self, mind: str, epoch: int, blob: Any = None, from_node: str | None = None) -> dict[str, Any]:
+        """Hold `mind` at `epoch`: fresh, from a migration's blob (an Answer of `export`),
+        or from another node's page and fence files (a lost node, `from_node`). The page is
+        written durably here before the fence moves to the new epoch."""
+        system = await self._ensure()
+        _check_mind(mind)
+        held = self.fence.held(mind)
+        if held is not None and held >= epoch:
+            raise StaleEpoch(f"this node holds {mind!r} at epoch {held}; {epoch} is not newer", mind=mind,
+                             epoch=epoch, held=held)
+        t0 = time.perf_counter()
+        if isinstance(blob, Answer):
+            blob = blob.unwrap()
+        turns = []
+        image = None
+        if isinstance(blob, PageBlob):
+            turns = list(blob.turns)
+            image = unpack(blob) if blob.has_page else None
+        elif from_node is not None:
+            src = node_dir(self.cfg.root, _check_mind(from_node))
+            rec: MindFence | None = await anyio.to_thread.run_sync(FenceBook.load, src / "fence", mind)
+            turns = list(rec.turns) if rec is not None else []
+            src_pages = src / "pages"
+            if (src_pages / mind_file(mind)).exists():
+                try:
+                    image = await anyio.to_thread.run_sync(read_generation, src_pages, mind_file(mind), OsFs())
+                except ActordError as e:  # unreadable: the mind is re-prefilled
+                    log.warning("cluster.rehome_unreadable", node=self.name, mind=mind, src=from_node, error=e.to_dict())
+        # Whatever an older epoch left here goes first (a RAM page would win over the file).
+        await system.placer.ask(ForgetMind(mind=mind))  # type: ignore[union-attr]
+        n_bytes = 0
+        if image is not None:
+            stats = await system.files.publish(mind_file(mind), image)
+            n_bytes = stats.n_bytes
+        else:
+            await self._remove_files(mind)
+        await anyio.to_thread.run_sync(self.fence.hold, mind, epoch, turns)
+        self.frozen.discard(mind)
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("cluster.adopted", node=self.name, mind=mind, epoch=epoch, n_bytes=n_bytes, from_node=from_node)
+        return {"mind": mind, "epoch": epoch, "n_bytes": n_bytes, "page": image is not None, "t_ms": t_ms,
+                "zero_copy": bool(isinstance(blob, PageBlob) and blob.has_page and not blob.state.flags.writeable)}
+
+    @_answer
+    async def release(self, mind: str, epoch: int) -> bool:
+        """Drop the mind held at `epoch` or older (never a newer one): slot, RAM page,
+        page file, fence. False when this node did not hold it."""
+        system = await self._ensure()
+        held = self.fence.held(_check_mind(mind))
+        if held is None:
+            return False
+        if held > epoch:
+            raise StaleEpoch(f"this node holds {mind!r} at the newer epoch {held}", mind=mind, epoch=epoch, held=held)
+        await system.placer.ask(ForgetMind(mind=mind))  # type: ignore[union-attr]
+        await self._remove_files(mind)
+        await anyio.to_thread.run_sync(self.fence.drop, mind)
+        self.frozen.discard(mind)
+        log.info("cluster.released", node=self.name, mind=mind, epoch=held)
+        return True
+
+    async def _remove_files(self, mind: str) -> None:
+        fs = OsFs()
+        main = self.page_dir / mind_file(mind)
+
+        def rm() -> None:
+            for p in [main, *sidecar_paths(main).values()]:
+                if fs.stat(p) is not None:
+                    fs.unlink(p)
+            fs.dirsync(self.page_dir)
+
+        await anyio.to_thread.run_sync(rm)
+
+    @_answer
+    async def put_page(self, mind: str, epoch: int, blob: PageBlob) -> dict[str, Any]:
+        """Write a page file for a mind held here at `epoch` (tests and benches make large
+        synthetic pages this way; the bytes need not be a state this model can restore)."""
+        system = await self._ensure()
+        self._held_at(mind, epoch)
+        await system.placer.ask(ForgetMind(mind=mind))  # type: ignore[union-attr]  # the file is its state now
+        stats = await system.files.publish(mind_file(mind), unpack(blob))
+        return {"n_bytes": stats.n_bytes}
+
+    @_answer
+    async def page_crc(self, mind: str) -> int | None:
+        """The CRC-32 of the mind's page file here, as `transfer.pack` computes it."""
+        system = await self._ensure()
+        if not await system.files.exists(mind_file(mind)):
+            return None
+        image = await system.files.read(mind_file(mind))
+        return pack(mind, 0, image, []).crc32
+
+    @_answer
+    async def stop(self) -> bool:
+        if self._stop is not None:
+            self._stop.set()
+            await self._host
+        return True

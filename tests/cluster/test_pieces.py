@@ -1,0 +1,65 @@
+"""The cluster's pure pieces, without Ray: the directory, the fences, the page transport."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actord.cluster.directory import Directory
+from actord.cluster.fence import FenceBook
+from actord.cluster.transfer import pack, unpack
+from actord.errors import CorruptPageFile, DuplicateTurn, InvalidParams, StaleEpoch
+from actord.storage.pagefile import PageImage, StoredCheckpoint
+
+
+def test_directory_persists_every_change_and_never_issues_an_epoch_twice(tmp_path):
+    d = Directory(tmp_path / "dir.json")
+    d.add_node("n1"), d.add_node("n2")
+    e1 = d.issue("ada")
+    d.assign("ada", "n1", e1)
+    e2 = d.issue("ada")  # a migration that is then abandoned: its epoch is spent
+    again = Directory(tmp_path / "dir.json")  # a restarted router
+    assert again.get("ada").node == "n1" and again.get("ada").epoch == e1
+    assert again.issue("ada") == e2 + 1
+    with pytest.raises(InvalidParams):
+        again.assign("ada", "n2", e1)  # not newer
+    with pytest.raises(InvalidParams):
+        again.assign("ada", "n2", 99)  # never issued
+    assert again.get("ada").node == "n1"  # refused, nothing changed
+    again.mark_lost("n1")
+    assert Directory(tmp_path / "dir.json").live_nodes() == ["n2"]
+
+
+def test_fences_refuse_stale_epochs_and_duplicate_turns_and_survive_a_restart(tmp_path):
+    f = FenceBook(tmp_path, keep=3)
+    with pytest.raises(StaleEpoch):
+        f.check("ada", 1, "t1")  # not held here
+    f.hold("ada", 2)
+    with pytest.raises(StaleEpoch) as e:
+        f.check("ada", 1, "t1")
+    assert e.value.data["held"] == 2
+    f.check("ada", 2, "t1")
+    f.record("ada", 2, "t1", {"tokens": [1, 2]})
+    again = FenceBook(tmp_path, keep=3)
+    with pytest.raises(DuplicateTurn) as d:
+        again.check("ada", 2, "t1")
+    assert d.value.data["result"] == {"tokens": [1, 2]}
+    for i in range(2, 6):
+        again.record("ada", 2, f"t{i}", i)
+    assert [t.turn for t in again.turns("ada")] == ["t3", "t4", "t5"]  # the last `keep`
+    again.drop("ada")
+    assert FenceBook(tmp_path).held("ada") is None
+
+
+def test_a_page_travels_as_numpy_views_and_a_flipped_byte_is_caught():
+    state = bytearray(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    image = PageImage(tokens=[1, 2, 3], state=state, checkpoints=[StoredCheckpoint(pos=2, data=bytearray(b"ck"))],
+                      meta={"n_ctx": 64}, divergences=[(1, 2)], prompt_end=3)
+    blob = pack("ada", 1, image, [])
+    assert np.shares_memory(blob.state, np.frombuffer(state, dtype=np.uint8))  # no copy at the source
+    back = unpack(blob)
+    assert bytes(back.state) == bytes(state) and back.tokens == [1, 2, 3] and back.checkpoints[0].pos == 2
+    assert back.divergences == [(1, 2)] and back.prompt_end == 3
+    blob.state[7] ^= 1
+    with pytest.raises(CorruptPageFile):
+        unpack(blob)
