@@ -115,6 +115,13 @@ async def _fork(system: Any, source: int, prefix: list[int], want: int) -> list[
     """Up to `want` idle slots made to hold `source`'s prefix (the module docstring)."""
     if want <= 0 or not prefix:
         return []
+    if system.props.spec_rollback == "rs":
+        # A copied sequence does not carry libllama's recurrent-state snapshots (n_rs_seq) in
+        # a form the next verify's rollback can use: a fork's first rejected draft rolled
+        # back to a wrong state (choices diverged at their second token). The choices queue
+        # on the source slot instead, each from the shared prefill.
+        log.debug("choices.no_fork", why="recurrent rollback snapshots are not copied")
+        return []
     infos = [await s.ask(Info()) for s in system.slots]
     bound = {s for s in system._inflight.values() if s is not None}
     idle = sorted((i for i in infos if i.state == "idle" and i.deferred == 0 and i.id not in bound and i.id != source),

@@ -186,3 +186,22 @@ async def test_choices_drafted_by_the_models_own_mtp_head_equal_the_plain_ones(t
         got = [r.tokens for r in await s.complete_n(req(temperature=0.0, n_predict=16), 3)]
         assert got == want
         assert s.metrics.snapshot()["spec_decode_num_draft_tokens_total"] > 0
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "recurrent"])
+async def test_choices_on_recurrent_memory_under_a_draft_model_equal_the_plain_ones(
+        kind, tiny_hybrid_model, tiny_recurrent_model, models_dir):
+    """A hybrid target rolls rejected drafts back with libllama's snapshots (no forks: the
+    choices share the source slot), a recurrent one by a state copy and a replay (forks).
+    The draft is a tiny llama of other weights: most of its drafts are rejected."""
+    from actord.testing.models import write_tiny_llama
+
+    model = tiny_hybrid_model if kind == "hybrid" else tiny_recurrent_model
+    draft = str(write_tiny_llama(models_dir / "tiny-llama-s2.gguf", seed=2))
+    async with ActorSystem(cfg(model)) as plain:
+        want = [r.tokens for r in await plain.complete_n(req(temperature=0.0, n_predict=16), 3)]
+    async with ActorSystem(cfg(model, spec_draft_model=draft)) as s:
+        assert s.props.spec == "draft"
+        got = [r.tokens for r in await s.complete_n(req(temperature=0.0, n_predict=16), 3)]
+        assert got == want
+        assert s.metrics.snapshot()["spec_decode_num_draft_tokens_total"] > 0

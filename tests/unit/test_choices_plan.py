@@ -78,7 +78,7 @@ class _System:
         from actord.config import Config
 
         self._limits, self.config = RequestLimits(), Config(model="m", max_n=8, seed=0)
-        self.props = SimpleNamespace(kv_cells=1024)
+        self.props = SimpleNamespace(kv_cells=1024, spec_rollback="")
         self.slots = [_Slot(i) for i in range(4)]
         self.scheduler, self._inflight = None, {}
         self.fail, self.hang = fail, hang
