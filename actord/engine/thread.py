@@ -158,25 +158,38 @@ class _Doorbell:
 
 
 class _Pending:
-    """One submitted job: the engine thread fills it, the loop side awaits it."""
+    """One submitted job: the engine thread fills it, the loop side awaits it.
 
-    __slots__ = ("job", "event", "value", "error", "owner")
+    The waiter is made only when someone waits before the job is done (most steps: the
+    scheduler waits on the oldest one in flight), and on asyncio it is a bare future: an
+    anyio.Event per job (a backend lookup and an asyncio.Event, then a future in its wait)
+    showed on the per-step path."""
+
+    __slots__ = ("job", "value", "error", "owner", "settled", "waiter")
 
     def __init__(self, job: Any, owner: "EngineThread") -> None:
         self.job = job
-        self.event = anyio.Event()
         self.value: Any = None
         self.error: BaseException | None = None
         self.owner = owner
+        self.settled = False  # its completion reached the loop
+        self.waiter: Any = None  # an asyncio future, else an anyio.Event
 
     def finish(self) -> None:  # engine thread
         self.owner._bell.ring(self)
 
     def _done(self) -> None:  # on the loop
-        self.owner.inflight -= 1
-        self.event.set()
-        if self.owner.on_settled is not None:
-            self.owner.on_settled()
+        owner = self.owner
+        self.settled = True
+        owner.inflight -= 1
+        w = self.waiter
+        if w is not None:
+            if owner._loop is None:
+                w.set()
+            elif not w.done():  # a cancelled waiter's future is done
+                w.set_result(None)
+        if owner.on_settled is not None:
+            owner.on_settled()
 
 
 class EngineThread:
@@ -216,6 +229,7 @@ class EngineThread:
         # Called on the loop as each job's completion arrives, however it ended and whether
         # or not anyone waits for it yet: a deterministic dispatcher waits on it for quiet.
         self.on_settled: Callable[[], None] | None = None
+        self._loop: Any = None  # asyncio's running loop (its futures are the waiters), else None
 
     # -- loop side ---------------------------------------------------------------------
 
@@ -223,6 +237,10 @@ class EngineThread:
         # The loop that started the thread is the one its jobs wake (looked up once: a
         # step's hand-off is on the per-token path).
         self._bell = _Doorbell(self._drain)
+        if sniffio.current_async_library() == "asyncio":
+            import asyncio
+
+            self._loop = asyncio.get_running_loop()
         self._thread.start()
         await anyio.to_thread.run_sync(self._ready.wait)
         if self._start_error is not None:
@@ -258,7 +276,14 @@ class EngineThread:
     async def wait(self, p: _Pending) -> Any:
         # A cancelled waiter does not cancel the job: libllama work is not interruptible,
         # and the actor that sent it re-synchronises from its own state.
-        await p.event.wait()
+        if p.settled:
+            await anyio.lowlevel.checkpoint()
+        elif self._loop is not None:
+            p.waiter = self._loop.create_future()
+            await p.waiter
+        else:
+            p.waiter = anyio.Event()
+            await p.waiter.wait()
         if self.on_done is not None:
             await self.on_done(p.job, p.value, p.error)
         if p.error is not None:
