@@ -24,6 +24,7 @@ exits.
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 from typing import Any, Awaitable, Callable
@@ -88,7 +89,6 @@ class _Doorbell:
         write = _gil_holding_write()
         if sniffio.current_async_library() != "trio" and write is not None:
             import asyncio
-            import os
 
             loop = asyncio.get_running_loop()
             if hasattr(os, "eventfd"):
@@ -128,8 +128,6 @@ class _Doorbell:
                 pass
 
     def _on_readable(self) -> None:  # on the loop
-        import os
-
         try:  # read before disarming: a ring after this read is a wake-up of its own
             os.read(self._rfd, 4096)
         except (BlockingIOError, InterruptedError):
@@ -147,8 +145,6 @@ class _Doorbell:
         self._close_fds()
 
     def _close_fds(self) -> None:
-        import os
-
         for fd in {self._rfd, self._wfd} - {-1}:
             try:
                 os.close(fd)
