@@ -181,13 +181,15 @@ class Engine(Sampling, Embedding):
         self.recurrent = bool(lib.llama_model_is_recurrent(self.model))
         self.hybrid = bool(lib.llama_model_is_hybrid(self.model))
         try:
-            self.memory = self._measure_memory()
+            self.memory = self._measure_memory()  # (writes the batch: the marks below start after it)
             self.weights_digest = self._weights_digest(config.model)
         except BaseException:
             lib.llama_batch_free(self.batch)
             lib.llama_free(self.ctx)
             lib.llama_model_free(self.model)
             raise
+        self._batch_seq = [-1] * self.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
+        self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
         self.samplers: dict[int, Any] = {}
         self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
@@ -532,27 +534,47 @@ class Engine(Sampling, Embedding):
                 self.before_decode()
             drafts, extent = self.drafter.draft(job.entries)
         token, position, n_seq_id, seq_id, logits = self._batch_views
+        # What the batch already holds is not written again: every n_seq_id below the mark is
+        # 1, and seq_id[k][0] is `held[k]` (libllama reads the batch, never writes it; a
+        # steady decode puts each sequence at the same index step after step).
+        held = self._batch_seq
         k = 0
         last_index: list[int] = []
         for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
-            for t in ((last[seq],) if e.feed_last else e.tokens):
-                token[k] = t
+            if e.feed_last:  # one token, the one this sequence sampled last step
+                token[k] = last[seq]
                 position[k] = pos
-                n_seq_id[k] = 1
-                seq_id[k][0] = seq
-                logits[k] = 0
-                pos += 1
+                if held[k] != seq:
+                    seq_id[k][0] = held[k] = seq
+                logits[k] = e.sample
+                last_index.append(k)
                 k += 1
-            if e.sample:
-                logits[k - 1] = 1
-            last_index.append(k - 1)
-            for t in drafts.get(i, ()):  # verified in this same decode: logits on each
-                token[k], position[k], n_seq_id[k], logits[k] = t, pos, 1, 1
-                seq_id[k][0] = seq
                 pos += 1
-                k += 1
+            else:
+                for t in e.tokens:
+                    token[k] = t
+                    position[k] = pos
+                    if held[k] != seq:
+                        seq_id[k][0] = held[k] = seq
+                    logits[k] = 0
+                    pos += 1
+                    k += 1
+                if e.sample:
+                    logits[k - 1] = 1
+                last_index.append(k - 1)
+            if drafts and i in drafts:  # verified in this same decode: logits on each
+                for t in drafts[i]:
+                    token[k], position[k], logits[k] = t, pos, 1
+                    if held[k] != seq:
+                        seq_id[k][0] = held[k] = seq
+                    pos += 1
+                    k += 1
+        if k > self._batch_one:
+            for j in range(self._batch_one, k):
+                n_seq_id[j] = 1
+            self._batch_one = k
         self.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
@@ -571,7 +593,7 @@ class Engine(Sampling, Embedding):
         grammars, logprobs, watches = self.grammars, self.logprobs, self.watches
         EntryOut = J.EntryOut
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
-            if i in drafts:
+            if drafts and i in drafts:
                 out.append(self._verify(e, idx, drafts[i], extent[i]))
                 continue
             if e.checkpoint:
@@ -594,8 +616,7 @@ class Engine(Sampling, Embedding):
                 if watches and seq in watches:  # a lazy grammar or preserved tokens (tool calls)
                     piece = self._watch(seq, watches[seq], tok, piece)
                 if n_top is None and not refused:  # the common case: no extras to build
-                    out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
-                                        checkpoint_pos=ckpt_pos))
+                    out.append(EntryOut(seq, tok, piece, known[1], ckpt, ckpt_pos))
                 else:
                     lp, top = self._logprobs(idx, tok, n_top) if n_top is not None else (None, [])
                     out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
