@@ -176,6 +176,8 @@ class Engine(Sampling, Embedding):
         self._batch_views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
         self._decode = lib.raw("llama_decode")
         self._sample = lib.raw("llama_sampler_sample")
+        self._get_logits = lib.raw("llama_get_logits")
+        self._get_logits_ith = lib.raw("llama_get_logits_ith")
         self._token_text: dict[int, tuple[bytes, bool]] = {}  # a vocab's pieces never change
         self.n_rs_seq = int(lib.llama_n_rs_seq(self.ctx))
         self.recurrent = bool(lib.llama_model_is_recurrent(self.model))
@@ -191,6 +193,7 @@ class Engine(Sampling, Embedding):
         self._batch_seq = [-1] * self.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
         self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
         self.samplers: dict[int, Any] = {}
+        self.greedy: set[int] = set()  # seqs whose chain is greedy alone (sampling.py `_greedy_rows`)
         self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
         self.watches: dict[int, Any] = {}  # seq -> its lazy grammar / preserved tokens (sampling.Watch)
@@ -590,8 +593,23 @@ class Engine(Sampling, Embedding):
         out: list[J.EntryOut] = []
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
-        grammars, logprobs, watches = self.grammars, self.logprobs, self.watches
+        grammars, logprobs, watches, greedy = self.grammars, self.logprobs, self.watches, self.greedy
         EntryOut = J.EntryOut
+        # Without drafts the logit rows are the sampling entries' in order: greedy-only chains
+        # take their tokens from one argmax over those rows.
+        argmax: list[int] | None = None
+        row = 0
+        if greedy and not drafts:
+            n_out, use = 0, False
+            for e in job.entries:
+                if e.sample:
+                    if not (e.feed_last or e.tokens):  # (its logits flag lands on another's token)
+                        use = False
+                        break
+                    n_out += 1
+                    use = use or e.seq in greedy
+            if use:
+                argmax = self._greedy_rows(n_out)
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
             if drafts and i in drafts:
                 out.append(self._verify(e, idx, drafts[i], extent[i]))
@@ -606,8 +624,11 @@ class Engine(Sampling, Embedding):
                 refused = ""
                 if grammar:
                     tok, refused = self._sample_constrained(seq, idx, self._row(idx))
+                elif argmax is not None and seq in greedy:
+                    tok = argmax[row]
                 else:
                     tok = sample(samplers[seq], ctx, idx)
+                row += 1
                 last[seq] = tok
                 known = text.get(tok)
                 if known is None:
