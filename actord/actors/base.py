@@ -517,4 +517,10 @@ class Actor(Generic[M]):
         return 0
 
     def mail_waiting(self) -> bool:
+        # The stream's own buffer when anyio shows it (a statistics() object per call showed
+        # on the scheduler's per-step path); its statistics otherwise.
+        state = getattr(self._recv, "_state", None)
+        buffer = getattr(state, "buffer", None)
+        if buffer is not None:
+            return len(buffer) > 0
         return self._recv.statistics().current_buffer_used > 0

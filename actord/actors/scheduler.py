@@ -203,7 +203,8 @@ class Scheduler(Actor[SchedulerInbox]):
             self._yield_youngest()
 
     async def _advance(self) -> None:
-        await self._fill()
+        if len(self._pending) < self.core.depth:  # (a full pipeline: nothing to fill)
+            await self._fill()
         if not self._pending:
             return
         plan, pending = self._pending.popleft()
@@ -229,7 +230,8 @@ class Scheduler(Actor[SchedulerInbox]):
         else:
             events = core.update(plan, out, time.perf_counter())
             self._tally(out)
-        await self._fill()  # the engine gets its next step before Python routes this one's output
+        if len(self._pending) < core.depth:
+            await self._fill()  # the engine gets its next step before Python routes this one's output
         self._route(events)
         if not self._pending:
             self._flush_tally()

@@ -239,9 +239,10 @@ class SchedulerCore:
     # -- planning ------------------------------------------------------------------------
 
     def choose_group(self) -> GeneKey | None:
-        groups = sorted({r.genes for r in self.reqs.values() if not r.ended})
-        if not groups:
-            return None
+        live = {r.genes for r in self.reqs.values() if r.reason is None}
+        if len(live) <= 1:  # none, or one group (the common case): it runs, whoever ran last
+            return next(iter(live), None)
+        groups = sorted(live)
         if self._current in groups and (self._run_length < self.group_quantum or len(groups) == 1):
             return self._current
         # The group served longest ago goes next; never-served groups first, in key order.
@@ -262,9 +263,17 @@ class SchedulerCore:
             return None
         budget = self.n_batch if free is None and not self.n_ctx else min(
             self.n_batch, self.free_cells if free is None else free)
-        last = self.inflight[-1].rids if self.inflight else ()
-        members = sorted((r for r in self.reqs.values() if r.genes == group and not r.ended),
-                         key=lambda r: (r.n_done + r.n_sched < r.n_prompt, r.order))
+        last = set(self.inflight[-1].rids) if self.inflight else ()
+        # Decodes first, then prompts, each in enrolment order: `reqs` holds the requests in
+        # that order (`add` numbers and inserts them together), so one pass partitions them
+        # as sorting by (prompt left, order) would, without a key call per request.
+        members: list[Request] = []
+        prompts: list[Request] = []
+        for r in self.reqs.values():
+            if r.reason is None and r.genes == group:
+                (members if r.n_done + r.n_sched >= r.n_prompt else prompts).append(r)
+        if prompts:
+            members += prompts
         entries: list[J.StepEntry] = []
         rids: list[int] = []
         fed: list[int] = []
@@ -321,12 +330,12 @@ class SchedulerCore:
         if self.n_ctx and p + 1 >= self.n_ctx:
             return None  # update() ends it with "context" when its sample arrives
         if p < len(r.tokens):  # the token to feed is known
-            return J.StepEntry(seq=r.seq, tokens=[r.tokens[p]], pos0=p, sample=True)
+            return J.StepEntry(r.seq, [r.tokens[p]], p, True)
         # The token to feed is being sampled by the newest step in flight: the engine feeds
         # it, unless that sample is the request's last (n_predict).
         if not r.samples or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
             return None
-        return J.StepEntry(seq=r.seq, tokens=[], pos0=p, sample=True, feed_last=True)
+        return J.StepEntry(r.seq, [], p, True, False, True)  # sample, no checkpoint, feed_last
 
     def _speculate(self, r: Request, e: J.StepEntry, budget: int, draft_budget: int) -> J.StepEntry:
         """A speculating request's entry: the draft catches up on what the target will hold
@@ -358,11 +367,14 @@ class SchedulerCore:
         ends with an error (`fail_request`); the others go on."""
         self._pop(plan)
         events: list[Event] = []
+        reqs, last_use, steps = self.reqs, self.last_use, self.steps
         for rid, n, entry, res in zip(plan.rids, plan.fed, plan.step.entries, out.entries):
-            r = self.reqs[rid]
+            r = reqs[rid]
             r.n_sched -= n
-            # A speculating entry fed n = 1 + k tokens; its KV keeps 1 + the accepted ones.
-            r.n_done += n - entry.draft + len(res.more) if entry.draft else n
+            if entry.draft:  # a speculating entry fed n = 1 + k tokens; its KV keeps 1 + the accepted ones
+                r.n_done += n - entry.draft + len(res.more)
+            else:
+                r.n_done += n
             if res.draft_n >= 0:
                 r.draft_done = res.draft_n
             if res.drafted:
@@ -371,21 +383,26 @@ class SchedulerCore:
                 r.n_spec_steps += 1
                 r.spec_misses = 0 if res.more else r.spec_misses + 1
                 r.spec_pause = S.pause_after(r.spec_misses)
-            self.last_use[r.slot] = self.steps
+            last_use[r.slot] = steps
             if r.checkpoint_at and r.checkpoint_at[0] <= r.n_done:
                 r.checkpoint_at = [c for c in r.checkpoint_at if c > r.n_done]
             if res.checkpoint is not None:
                 events.append(Checkpoint(rid=rid, slot=r.slot, pos=res.checkpoint_pos, data=res.checkpoint))
             if entry.sample:
                 r.samples -= 1
-                if not r.ended:
+                if r.reason is None:
                     try:
-                        self._sampled(r, res, now, events)
+                        if res.more or res.refused:
+                            self._sampled(r, res, now, events)
+                        else:  # one usable token: the common case (`_sampled`'s short path)
+                            r.tokens.append(res.token)
+                            self._emit(r, res, now, events)
                     except Exception as e:  # one request's output, never the step
                         self._end(r, "error", events, error=e)
             elif r.n_predict == 0 and r.n_done >= r.n_prompt:
                 self._end(r, "length", events)  # a prompt decoded for its KV only
-            self._maybe_drained(r, events)
+            if r.reason is not None and r.n_sched == 0:
+                self._maybe_drained(r, events)
         return events
 
     def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
@@ -411,12 +428,13 @@ class SchedulerCore:
 
     def _emit(self, r: Request, x: J.EntryOut | J.Sampled, now: float, events: list[Event]) -> None:
         tok, eog, piece = x.token, x.eog, x.piece
-        if not r.out and not r.t_first:
+        out = r.out
+        if not out and not r.t_first:
             r.t_first = now
         if (eog and not r.ignore_eos) or tok in r.stop_tokens:
             self._end(r, "eos" if eog else "stop", events)
             return
-        r.out.append(tok)
+        out.append(tok)
         if r.logprobs is not None:
             r.logprobs.append(_token_logprob(tok, x))
         assert r.text is not None
@@ -426,7 +444,7 @@ class SchedulerCore:
             return
         if delta:
             events.append(Delta(rid=r.rid, text=delta, token=tok, logprobs=r.unsent_logprobs()))
-        if len(r.out) >= r.n_predict:
+        if len(out) >= r.n_predict:
             self._end(r, "length", events)
         elif self.n_ctx and len(r.tokens) >= self.n_ctx:
             self._end(r, "context", events)

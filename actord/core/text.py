@@ -71,6 +71,8 @@ class TextState:
         if self._cut is not None or self._finished:
             raise RuntimeError("TextState.push after the text ended (stop string hit or finish called)")
         self._buf += piece
+        if self._decoder is None and not self._stops:  # nothing to stream, nothing to stop on
+            return "", False
         hit = self._find_stop()
         if self._decoder is None:
             if hit is not None:

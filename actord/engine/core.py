@@ -188,6 +188,8 @@ class Engine(Sampling, Embedding):
         self._batch_views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
         self._decode = lib.raw("llama_decode")
         self._sample = lib.raw("llama_sampler_sample")
+        self._get_logits = lib.raw("llama_get_logits")
+        self._get_logits_ith = lib.raw("llama_get_logits_ith")
         self._token_text: dict[int, tuple[bytes, bool]] = {}  # a vocab's pieces never change
         self.n_rs_seq = int(lib.llama_n_rs_seq(self.ctx))
         # How a verify takes back rejected drafts: "cut" (seq_rm: attention memory), "rs"
@@ -198,16 +200,19 @@ class Engine(Sampling, Embedding):
             "rs" if self.n_rs_seq >= config.spec_n_max else "replay")
         self.replays = 0  # steps that restored and re-decoded rejected verifies (rollback "replay")
         try:
-            self.memory = self._measure_memory()
+            self.memory = self._measure_memory()  # (writes the batch: the marks below start after it)
             self.weights_digest = self._weights_digest(config.model)
         except BaseException:
             lib.llama_batch_free(self.batch)
             lib.llama_free(self.ctx)
             lib.llama_model_free(self.model)
             raise
+        self._batch_seq = [-1] * self.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
+        self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
         self.samplers: dict[int, Any] = {}
         self.backend_sampling = False  # resolved below, once the draft context is known
         self.backend_seqs: set[int] = set()
+        self.greedy: set[int] = set()  # seqs whose chain is greedy alone (sampling.py `_greedy_rows`)
         self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
         self.watches: dict[int, Any] = {}  # seq -> its lazy grammar / preserved tokens (sampling.Watch)
@@ -585,6 +590,10 @@ class Engine(Sampling, Embedding):
         saved = {i: self.state_get(job.entries[i].seq, True).data for i in drafts} if (
             drafts and self.rollback == "replay") else {}
         token, position, n_seq_id, seq_id, logits = self._batch_views
+        # What the batch already holds is not written again: every n_seq_id below the mark is
+        # 1, and seq_id[k][0] is `held[k]` (libllama reads the batch, never writes it; a
+        # steady decode puts each sequence at the same index step after step).
+        held = self._batch_seq
         k = 0
         last_index: list[int] = []
         follow = d is not None and d.every_step  # the MTP head reads this decode's hidden rows
@@ -593,24 +602,40 @@ class Engine(Sampling, Embedding):
             pos = e.pos0
             seq = e.seq
             start = k
-            for t in ((last[seq],) if e.feed_last else e.tokens):
-                token[k] = t
+            if e.feed_last:  # one token, the one this sequence sampled last step
+                token[k] = last[seq]
                 position[k] = pos
-                n_seq_id[k] = 1
-                seq_id[k][0] = seq
-                logits[k] = 0
-                pos += 1
+                if held[k] != seq:
+                    seq_id[k][0] = held[k] = seq
+                logits[k] = e.sample
+                last_index.append(k)
                 k += 1
-            if e.sample:
-                logits[k - 1] = 1
-            last_index.append(k - 1)
-            for t in drafts.get(i, ()):  # verified in this same decode: logits on each
-                token[k], position[k], n_seq_id[k], logits[k] = t, pos, 1, 1
-                seq_id[k][0] = seq
                 pos += 1
-                k += 1
+            else:
+                for t in e.tokens:
+                    token[k] = t
+                    position[k] = pos
+                    if held[k] != seq:
+                        seq_id[k][0] = held[k] = seq
+                    logits[k] = 0
+                    pos += 1
+                    k += 1
+                if e.sample:
+                    logits[k - 1] = 1
+                last_index.append(k - 1)
+            if drafts and i in drafts:  # verified in this same decode: logits on each
+                for t in drafts[i]:
+                    token[k], position[k], logits[k] = t, pos, 1
+                    if held[k] != seq:
+                        seq_id[k][0] = held[k] = seq
+                    pos += 1
+                    k += 1
             if follow:
                 spans.append((start, k - start))
+        if k > self._batch_one:
+            for j in range(self._batch_one, k):
+                n_seq_id[j] = 1
+            self._batch_one = k
         self.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
@@ -629,10 +654,25 @@ class Engine(Sampling, Embedding):
         out: list[J.EntryOut] = []
         last.clear()
         sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
-        grammars, logprobs, watches = self.grammars, self.logprobs, self.watches
+        grammars, logprobs, watches, greedy = self.grammars, self.logprobs, self.watches, self.greedy
         EntryOut = J.EntryOut
+        # Without drafts the logit rows are the sampling entries' in order: greedy-only chains
+        # take their tokens from one argmax over those rows.
+        argmax: list[int] | None = None
+        row = 0
+        if greedy and not drafts:
+            n_out, use = 0, False
+            for e in job.entries:
+                if e.sample:
+                    if not (e.feed_last or e.tokens):  # (its logits flag lands on another's token)
+                        use = False
+                        break
+                    n_out += 1
+                    use = use or e.seq in greedy
+            if use:
+                argmax = self._greedy_rows(n_out)
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
-            if i in drafts:
+            if drafts and i in drafts:
                 out.append(self._verify(e, idx, drafts[i], extent[i], saved.get(i)))
                 continue
             if e.checkpoint:
@@ -645,8 +685,11 @@ class Engine(Sampling, Embedding):
                 refused = ""
                 if grammar:
                     tok, refused = self._sample_constrained(seq, idx, self._row(idx))
+                elif argmax is not None and seq in greedy:
+                    tok = argmax[row]
                 else:
                     tok = sample(samplers[seq], ctx, idx)
+                row += 1
                 last[seq] = tok
                 known = text.get(tok)
                 if known is None:
@@ -655,8 +698,7 @@ class Engine(Sampling, Embedding):
                 if watches and seq in watches:  # a lazy grammar or preserved tokens (tool calls)
                     piece = self._watch(seq, watches[seq], tok, piece)
                 if n_top is None and not refused:  # the common case: no extras to build
-                    out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
-                                        checkpoint_pos=ckpt_pos))
+                    out.append(EntryOut(seq, tok, piece, known[1], ckpt, ckpt_pos))
                 else:
                     lp, top = self._logprobs(idx, tok, n_top) if n_top is not None else (None, [])
                     out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
@@ -747,7 +789,7 @@ class Engine(Sampling, Embedding):
                 raise EngineError("the target refused to cut back to its state before a verify", seq=seq, pos=pos0)
             for j, t in enumerate(toks):
                 token[k], position[k], n_seq_id[k], logits[k] = t, pos0 + j, 1, 0
-                seq_id[k][0] = seq
+                seq_id[k][0] = self._batch_seq[k] = seq  # `_step` trusts what it last wrote
                 k += 1
         self._replay = []
         self.replays += 1

@@ -88,6 +88,8 @@ class Sampling:
                     add(chain, lib.llama_sampler_init_min_p(p.min_p, 1))
                 add(chain, lib.llama_sampler_init_temp(p.temperature))
                 add(chain, lib.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
+            # Greedy alone (no biases, no penalties): the step takes the row's argmax (`_greedy_rows`).
+            greedy = p.temperature <= 0 and lib.llama_sampler_chain_n(chain) == 1
         except BaseException:
             lib.llama_sampler_free(chain)
             if grammar:
@@ -97,6 +99,8 @@ class Sampling:
         self.samplers[seq] = chain
         if self.backend_sampling and BS.eligible(p) and BS.attach(self.ctx, seq, chain):
             self.backend_seqs.add(seq)
+        elif greedy:
+            self.greedy.add(seq)
         preserve = frozenset(self._special_token(t) for t in p.preserve) - {-1}
         if grammar and p.grammar_triggers:
             self.watches[seq] = Watch(grammar, tuple((t.encode(), at) for t, at in p.grammar_triggers), preserve)
@@ -110,6 +114,7 @@ class Sampling:
             self.logprobs.pop(seq, None)
 
     def _free_sampler(self, seq: int) -> None:
+        self.greedy.discard(seq)
         if seq in self.backend_seqs:
             self.backend_seqs.discard(seq)
             BS.detach(self.ctx, seq)
@@ -177,6 +182,20 @@ class Sampling:
         if not w.preserve:
             del self.watches[seq]
         return piece
+
+    def _greedy_rows(self, n_out: int) -> list[int] | None:
+        """The argmax of each of the last decode's `n_out` logit rows (llama.h: the rows of
+        the tokens with logits on, in batch order), what a greedy-only chain samples: its
+        llama_sampler_greedy picks the first largest logit, as argmax does, and its accept
+        keeps no state. One vectorized pass instead of a llama_sampler_sample call (and its
+        n_vocab candidates) per row."""
+        addr = ctypes.cast(self._get_logits(self.ctx), ctypes.c_void_p).value
+        n_vocab = self.props.n_vocab
+        end = ctypes.cast(self._get_logits_ith(self.ctx, -1), ctypes.c_void_p).value  # the last row
+        if not addr or end != addr + (n_out - 1) * n_vocab * 4:
+            return None  # not the rows counted: each entry samples through its chain
+        rows = np.frombuffer((ctypes.c_float * (n_out * n_vocab)).from_address(addr), dtype=np.float32)
+        return rows.reshape(n_out, n_vocab).argmax(axis=1).tolist()
 
     def _row(self, idx: int) -> Any:
         """Batch row `idx`'s logits as a numpy view (no copy)."""

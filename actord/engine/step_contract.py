@@ -33,11 +33,21 @@ def run_in_epoch(engine: Any, job: J.Step, body: Callable[[J.Step], J.StepOut]) 
 
 def check_step(job: J.Step, n_batch: int, n_seq_max: int, samplers: Any, last: dict[int, int]) -> int:
     """Refuse a malformed step; returns its token count."""
-    n = sum(len(e.tokens) + e.feed_last + e.draft for e in job.entries)
+    # One pass counts and spots a bad entry (the step's hot path); the errors are then
+    # raised in their order: the count's first, then the first bad entry's.
+    n = 0
+    bad = False
+    for e in job.entries:
+        n += len(e.tokens) + e.feed_last + e.draft
+        if not bad and (not 0 <= e.seq < n_seq_max or (e.sample and e.seq not in samplers)
+                        or (e.feed_last and e.seq not in last) or e.draft or e.draft_tokens):
+            bad = True  # (or a draft: checked below)
     if n == 0:
         raise InvalidParams("empty step")
     if n > n_batch:
         raise InvalidParams(f"step of {n} tokens exceeds n_batch {n_batch}")
+    if not bad:
+        return n
     for e in job.entries:
         if not 0 <= e.seq < n_seq_max:
             raise InvalidParams(f"sequence {e.seq} out of range", seq=e.seq)

@@ -4,6 +4,7 @@ at the next step boundary, ahead of steps already queued, and everything else in
 from __future__ import annotations
 
 import threading
+import time
 
 import anyio
 import pytest
@@ -49,5 +50,44 @@ async def test_a_page_in_jumps_the_steps_already_queued() -> None:
         for p in pend:
             await t.wait(p)
         assert rec.order == ["Step1", "StateSet", "StateGet", "Step2", "Step3", "GenePageIn"]
+    finally:
+        await t.stop()
+
+
+async def test_jobs_finished_while_the_loop_is_busy_all_reach_their_waiters() -> None:
+    """One ring of the doorbell serves every job finished before the loop drains; a job
+    finished after a drain rings again (engine/thread.py `_Doorbell`)."""
+    t = EngineThread(lambda: None, lambda e, job: job.text, lambda e: None)
+    await t.start()
+    try:
+        pend = [t.submit(J.Tokenize(text=str(i))) for i in range(50)]
+        deadline = time.monotonic() + 10
+        while t.jobs_done < 50 and time.monotonic() < deadline:
+            time.sleep(0.001)  # the loop is blocked: the engine finishes them all meanwhile
+        assert [await t.wait(p) for p in pend] == [str(i) for i in range(50)]
+        for i in range(20):  # one at a time: each finishes after the previous drain
+            assert await t.run(J.Tokenize(text=f"again {i}")) == f"again {i}"
+        assert t.inflight == 0
+    finally:
+        await t.stop()
+
+
+async def test_a_cancelled_waiter_leaves_the_job_to_finish_and_the_next_wait_works() -> None:
+    gate = threading.Event()
+
+    def run(e: object, job: J.Job) -> str:
+        if isinstance(job, J.Step):
+            gate.wait(10)
+        return type(job).__name__
+
+    t = EngineThread(lambda: None, run, lambda e: None)
+    await t.start()
+    try:
+        p = t.submit(J.Step(entries=[]))
+        with anyio.move_on_after(0.01):
+            await t.wait(p)  # cancelled: the step goes on
+        gate.set()
+        assert await t.run(J.ModelInfo()) == "ModelInfo"
+        assert p.settled and p.value == "Step" and t.inflight == 0
     finally:
         await t.stop()
