@@ -222,6 +222,7 @@ class ActorSystem:
         self.placer = self.placer_class(self.dispatcher, self.slots, self.pages, self.files, self._spill,
                                         self.metrics, capacity=max(cap, 256))
         self.placer.scheduler = self.scheduler
+        self.placer.kv_cells = self.scheduler.n_ctx if self.scheduler is not None else 0
         for s in self.slots:
             s.placer = self.placer
             s.files = self.files
@@ -482,7 +483,27 @@ class ActorSystem:
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:
         self._check_open()
         await self.dispatcher.input('slot.restore', {'slot': slot, 'file': file})
-        return await self._slot(slot).ask(RestoreSlot(file=file))
+        target = self._slot(slot)
+        n = await self.files.n_tokens(file) if self.files is not None and self.scheduler is not None else None
+        if not n:
+            return await target.ask(RestoreSlot(file=file))  # nothing to hold, or refused by the slot, typed
+        # As a page-in: the file's cells (its header says how many) held for this move until
+        # it is over, so the steps in flight are never counted against cells it takes.
+        assert self.scheduler is not None
+        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=n))
+        try:
+            if room.cells < n:
+                raise ContextFull(f"no KV cells for file {file!r} now: it needs {n}, the shared cache "
+                                  f"(n_ctx {self.props.n_ctx}) has {room.cells} free for slot {slot}",
+                                  file=file, slot=slot, n_tokens=n, free=room.cells)
+            return await target.ask(RestoreSlot(file=file))
+        finally:
+            if room.token:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.ask_timeout_s):
+                    try:
+                        await self.scheduler.ask(ReleaseRoom(token=room.token))
+                    except ActordError:
+                        pass  # stopping
 
     async def page_stats(self) -> Any:
         await self.dispatcher.input('page.stats', {})

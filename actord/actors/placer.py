@@ -78,6 +78,7 @@ class MindPlacer(Actor[PlacerInbox]):
         self.slot_mind: dict[int, str | None] = {i: None for i in range(len(slots))}
         self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
         self.paged: list[str] = []  # minds paged out by the placer, oldest first
+        self.kv_cells = 0  # the shared KV cache's cells (set by the system; 0: not charged)
         self.clock = 0
         self.scheduler: Actor[Any] | None = None  # asked for KV cells before a page-in or restore
         # Minds whose page file was refused (corrupt, another model), with the file's
@@ -277,7 +278,18 @@ class MindPlacer(Actor[PlacerInbox]):
         if sig is not None and self.unreadable.get(mind) != sig:
             try:
                 try:
-                    await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                    # The file's cells held first (its header says how many), as for a page-in.
+                    n = await self.files.n_tokens(mind_file(mind))
+                    if n and self.kv_cells and n > self.kv_cells:
+                        n = None  # larger than the whole cache: the restore refuses it, typed
+                    token, whole = await self._room(slot, n) if n else (0, True)
+                    try:
+                        if not whole:
+                            log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
+                            return "fresh"
+                        await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                    finally:
+                        await self._unroom(token)
                 except PageDoesNotFit as e:
                     if "saved" in e.data:  # another model's file: no room makes it fit
                         raise

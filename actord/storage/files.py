@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
+from actord.errors import ActordError
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
 from actord.storage.paths import confine_file
@@ -76,6 +77,24 @@ class PageFiles:
             return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_size)
 
         return await self._run(f"exists:{name}", sig)
+
+    async def n_tokens(self, name: str) -> int | None:
+        """The tokens page file `name` holds, from its header alone (a restore's cells are
+        held before it reads the whole file); None when there is no such file or it is too
+        short to say (the restore's own read refuses it, typed)."""
+        from actord.storage.pagefile import main_n_tokens
+
+        path = self.check(name)
+
+        def peek() -> int | None:
+            head = self.fs.read_file(path, limit=4096)
+            if head is None:
+                return None
+            try:
+                return main_n_tokens(head, name)
+            except ActordError:
+                return None  # corrupt: the restore says so
+        return await self._run(f"read:{name}", peek)
 
     async def read(self, name: str) -> PageImage:
         self.check(name)

@@ -205,6 +205,22 @@ def _fixed_header(mv: memoryview, kind: str, file: Path | str) -> tuple[int, byt
     return flags, gen_id, nsec, hlen
 
 
+def main_n_tokens(head: Buffer, file: Path | str = "<main>") -> int | None:
+    """The token count a main file's header states (its token section's length), from the
+    file's first bytes; None when they are too few to hold the header's section table. The
+    header is checksummed; the sections are not read (a restore checks them whole)."""
+    mv = _bytes_view(head)
+    if mv.nbytes < _FIXED.size:
+        return None
+    nsec = _FIXED.unpack_from(mv, 0)[4]
+    if _FIXED.size + nsec * _SECTION.size + _CRC.size > mv.nbytes:
+        return None
+    _, _, nsec, _ = _fixed_header(mv, MAIN, file)
+    if nsec != 3:
+        raise _corrupt(file, f"expected 3 sections, found {nsec}")
+    return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
+
+
 def _open(buf: Buffer, kind: str, file: Path | str, names: Sequence[str]) -> _Container:
     mv = _bytes_view(buf)
     flags, gen_id, nsec, hlen = _fixed_header(mv, kind, file)

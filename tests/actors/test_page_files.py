@@ -99,3 +99,25 @@ async def test_restoring_a_file_saved_from_another_model_is_refused(tiny_model, 
         with pytest.raises(ForeignPage):
             await s.slot_restore(0, "swa.page")
         assert (await _turn(s, 0, PROMPT)).n_prompt_processed == len(PROMPT)
+
+
+async def test_a_restore_holds_its_cells_first_as_a_page_in_does(tiny_model, tmp_path):
+    """The file's header says how many cells it needs; they are made free (an idle slot's
+    cache goes) and held for the move, so the scheduler never counts more than the cache."""
+    from actord.config import Config
+    from actord.system import ActorSystem
+
+    cfg = Config(model=tiny_model, slots=2, ctx=256, batch=64, page_dir=str(tmp_path))
+    async with ActorSystem(cfg) as s:
+        first = [1] + [5 + i % 300 for i in range(149)]
+        await s.complete(prompt=first, n_predict=2, slot=0, ignore_eos=True)
+        held = next(i.n_tokens for i in await s.slot_list() if i.id == 0)
+        await s.slot_save(0, "a.page")
+        assert await s.files.n_tokens("a.page") == held
+        await s.slot_erase(0)
+        await s.complete(prompt=[1] + [7 + i % 300 for i in range(179)], n_predict=2, slot=1, ignore_eos=True)
+        out = await s.slot_restore(0, "a.page")  # 150 + 182 > 256: slot 1's idle cache makes room
+        assert out["n_tokens"] == held
+        infos = {i.id: i.n_tokens for i in await s.slot_list()}
+        assert infos[0] == held and sum(infos.values()) <= 256
+        assert sum(s.scheduler.held(i) for i in (0, 1)) <= 256
