@@ -72,7 +72,12 @@ class SlotMemory:
 
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
-        self.kv_tokens = []
+        await self._hold_only(())
+
+    async def _hold_only(self, tokens: Any) -> None:
+        """The sequence now holds exactly `tokens` and nothing else of before: no draft (the
+        draft context catches up from zero), no mind's name, no checkpoints; told upward."""
+        self.kv_tokens = list(tokens)
         self.draft_n = 0
         self.resume_raw_lcp = None
         self.mind = None
@@ -287,16 +292,8 @@ class SlotMemory:
         except ActordError:
             await self.erase()  # what the sequence holds is unknown: nothing
             raise
-        self.kv_tokens = list(tokens)
         self.genes = src.genes
-        self.draft_n = 0  # the draft context's copy was cleared: it catches up from zero
-        self.resume_raw_lcp = None
-        self.mind = None
-        self.ckpt.reset()
-        await self.release_checkpoints(self.checkpoints)
-        self.checkpoints = []
-        await self.footprint_changed()
-        await self._tell_cells()
+        await self._hold_only(tokens)  # (the draft context's copy was cleared)
         return True
 
     async def cut_back_after_failure(self) -> None:
