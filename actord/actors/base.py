@@ -237,10 +237,10 @@ class Dispatcher:
                     continue
                 await actor.deliver(env)
 
-    async def engine_done(self, job: Any, value: Any, error: BaseException | None) -> None:
-        """Called in the waiting task once the engine thread finished `job`."""
+    async def engine_done(self, job: Any, value: Any, error: BaseException | None, n: int = -1) -> None:
+        """Called in the waiting task once the engine thread finished `job`, the `n`th it ran."""
         if self.event_hooks:
-            self.event("engine", job=job, value=value, error=error)
+            self.event("engine", job=job, value=value, error=error, n=n)
 
     async def offload(self, op: str, fn: Callable[..., Any], *args: Any, limiter: Any = None) -> Any:
         """Run blocking disk work on a worker thread (never the engine thread or the loop)."""

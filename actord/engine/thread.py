@@ -161,7 +161,7 @@ class _Pending:
     anyio.Event per job (a backend lookup and an asyncio.Event, then a future in its wait)
     showed on the per-step path."""
 
-    __slots__ = ("job", "value", "error", "owner", "settled", "waiter")
+    __slots__ = ("job", "value", "error", "owner", "settled", "waiter", "n")
 
     def __init__(self, job: Any, owner: "EngineThread") -> None:
         self.job = job
@@ -169,6 +169,7 @@ class _Pending:
         self.error: BaseException | None = None
         self.owner = owner
         self.settled = False  # its completion reached the loop
+        self.n = -1  # its place in the engine thread's execution order (set as it starts)
         self.waiter: Any = None  # an asyncio future, else an anyio.Event
 
     def finish(self) -> None:  # engine thread
@@ -221,6 +222,11 @@ class EngineThread:
         self.jobs_done = 0
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
+        self.started = 0  # jobs the engine thread has begun (their order: `_Pending.n`)
+        # A replay's hold on the execution order (actord/replay/scheduler.py, EngineOrder):
+        # `gate.admit(job, p)` False keeps a job out of the queue until the gate enqueues
+        # it; at the stop, `gate.drop()` hands back what it still holds.
+        self.gate: Any = None
         self.on_done: Callable[[Any, Any, BaseException | None], Awaitable[None]] | None = None
         # Called on the loop as each job's completion arrives, however it ended and whether
         # or not anyone waits for it yet: a deterministic dispatcher waits on it for quiet.
@@ -261,13 +267,22 @@ class EngineThread:
         if self._stopping:
             raise ShuttingDown("engine is shutting down")
         p = _Pending(job, self)
+        if self.gate is None or self.gate.admit(job, p):
+            self.enqueue(job, p)
+        return p
+
+    def enqueue(self, job: Any, p: _Pending) -> None:
+        """On the loop: put a job in the engine thread's queue (`submit`, or a gate later)."""
         self.inflight += 1
+        if self._stopping:  # a gate letting a job go as the engine stops: answered, never run
+            p.error = ShuttingDown("engine is shutting down")
+            p._done()
+            return
         if getattr(job, "between_steps", False):
             self._urgent.append((job, p))
             self._q.put(_WAKE)
         else:
             self._q.put((job, p))
-        return p
 
     async def wait(self, p: _Pending) -> Any:
         # A cancelled waiter does not cancel the job: libllama work is not interruptible,
@@ -281,14 +296,17 @@ class EngineThread:
             p.waiter = anyio.Event()
             await p.waiter.wait()
         if self.on_done is not None:
-            await self.on_done(p.job, p.value, p.error)
+            await self.on_done(p.job, p.value, p.error, p.n)
         if p.error is not None:
             raise p.error
         return p.value
 
     async def stop(self) -> None:
+        self._stopping = True
+        if self.gate is not None:
+            for job, p in self.gate.drop():  # held by a gate: answered, never run
+                self.enqueue(job, p)
         if self._thread.is_alive():
-            self._stopping = True
             self._q.put(_STOP)
             await anyio.to_thread.run_sync(self._thread.join)
         bell = getattr(self, "_bell", None)
@@ -359,6 +377,8 @@ class EngineThread:
                 if item is _STOP:
                     break
                 job, p = item
+                p.n = self.started
+                self.started += 1
                 if not getattr(job, "overlaps", False):
                     self._release_held()
                 try:

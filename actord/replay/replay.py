@@ -19,7 +19,7 @@ import msgspec
 
 from actord.config import Config
 from actord.errors import ActordError
-from actord.replay.scheduler import DeterministicDispatcher, Divergence, RecordedPolicy, SeededPolicy
+from actord.replay.scheduler import DeterministicDispatcher, Divergence, EngineOrder, RecordedPolicy, SeededPolicy
 from actord.replay.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
 from actord.rpc.methods import METHODS
 from actord.system import ActorSystem
@@ -55,6 +55,7 @@ async def replay(events: list[Event], model: str, *, page_dir: str | None = None
     while isinstance(policy.peek(), EngineDone) and policy.peek().job == "ModelInfo":  # type: ignore[union-attr]
         policy.i += 1  # start-up ran before recording could be ordered
     disp = DeterministicDispatcher(policy)
+    disp.order = EngineOrder(events)
     new_events: list[Event] = []
     system = ActorSystem(cfg, dispatcher=disp, trace=new_events)
     result: ReplayResult | None = None

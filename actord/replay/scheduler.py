@@ -113,6 +113,57 @@ def _matches(r: Ready, want: Event) -> bool:
     return False
 
 
+class EngineOrder:
+    """A replay runs engine jobs in the order the recorded engine thread ran them.
+
+    Cells go where the jobs before put them, and a sequence's state lists its cells in
+    cell order: a page taken after two slots' steps and an erase ran in another order holds
+    the same tokens in another layout, a different digest. The trace's engine events carry
+    their execution order (`EngineDone.n`); a job submitted here takes the first unclaimed
+    recorded place of the same job (name and digest) and is queued only once every
+    recorded job before it has run and reached its waiter, one at a time, so the engine's
+    own between-steps lane cannot reorder them either. A job the trace has no place for
+    (its result never reached a waiter there, or it diverged) is queued at once; one whose
+    predecessor never comes is never queued, and the policy reports the divergence.
+    """
+
+    def __init__(self, events: list[Event]) -> None:
+        done = sorted((e for e in events if isinstance(e, EngineDone) and e.n >= 0), key=lambda e: e.n)
+        self.places: dict[tuple[str, str], list[int]] = {}
+        for i, e in enumerate(done):
+            self.places.setdefault((e.job, e.digest), []).append(i)
+        for v in self.places.values():
+            v.reverse()  # popped from the end: the earliest first
+        self.next = 0  # the next place to run
+        self.parked: dict[int, tuple[Any, Any]] = {}
+        self.running: Any = None  # the ordered job out on the engine thread
+        self.engine: Any = None
+
+    def admit(self, job: Any, p: Any) -> bool:
+        free = self.places.get((type(job).__name__, digest(job)))
+        if not free:
+            return True
+        self.parked[free.pop()] = (job, p)
+        self._admit()
+        return False
+
+    def settled(self) -> None:
+        if self.running is not None and self.running.settled:
+            self.running = None
+            self.next += 1
+            self._admit()
+
+    def _admit(self) -> None:
+        if self.running is None and self.next in self.parked:
+            job, p = self.parked.pop(self.next)
+            self.running = p
+            self.engine.enqueue(job, p)
+
+    def drop(self) -> list[tuple[Any, Any]]:
+        out, self.parked = list(self.parked.values()), {}
+        return out
+
+
 class DeterministicDispatcher(Dispatcher):
     def __init__(self, policy: Any) -> None:
         super().__init__()
@@ -133,6 +184,7 @@ class DeterministicDispatcher(Dispatcher):
         self.reseed: Callable[[int], None] | None = None  # per-step reseed of a backend's shuffle
         self.choices: list[str] = []
         self._shut = 0  # actors released because their mailbox closed (not a choice)
+        self.order: EngineOrder | None = None  # a replay's engine execution order (set before the engine)
 
     @property
     def engine(self) -> Any:
@@ -144,6 +196,9 @@ class DeterministicDispatcher(Dispatcher):
         self._engine = engine
         if engine is not None:
             engine.on_settled = self._settle
+            if self.order is not None:
+                self.order.engine = engine
+                engine.gate = self.order
 
     # -- seams -------------------------------------------------------------------------
 
@@ -178,11 +233,11 @@ class DeterministicDispatcher(Dispatcher):
         self._held.append(Ready(kind, key, event, gate.set))
         await gate.wait()
 
-    async def engine_done(self, job: Any, value: Any, error: BaseException | None) -> None:
+    async def engine_done(self, job: Any, value: Any, error: BaseException | None, n: int = -1) -> None:
         ev = EngineDone(job=type(job).__name__, digest=digest(job),
                         result=digest(error if error is not None else value))
         await self._hold("engine", ev)
-        await super().engine_done(job, value, error)
+        await super().engine_done(job, value, error, n)
 
     async def offload(self, op: str, fn: Callable[..., Any], *args: Any, limiter: Any = None) -> Any:
         try:
@@ -229,6 +284,8 @@ class DeterministicDispatcher(Dispatcher):
             await self._settled.wait()
 
     def _settle(self) -> None:
+        if self.order is not None:
+            self.order.settled()
         if self._settled is not None:
             self._settled.set()
 

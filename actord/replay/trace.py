@@ -117,6 +117,11 @@ class EngineDone(Event):
     job: str
     digest: str
     result: str
+    # Its place in the engine thread's execution order (-1: not known). The order results
+    # reach their waiters is not the order jobs ran (a step's result waits while the next
+    # runs; a between-steps job overtakes queued ones), and what runs first decides where a
+    # sequence's cells land: a replay runs jobs in this order (scheduler.EngineOrder).
+    n: int = -1
 
 
 class WorkerDone(Event):
@@ -138,7 +143,7 @@ _dec = msgspec.json.Decoder(AnyEvent)
 def to_event(kind: str, f: dict[str, Any]) -> Event:
     if kind == "engine":
         return EngineDone(job=type(f["job"]).__name__, digest=digest(f["job"]),
-                          result=digest(f["error"] if f["error"] is not None else f["value"]))
+                          result=digest(f["error"] if f["error"] is not None else f["value"]), n=f.get("n", -1))
     if kind == "worker":
         return WorkerDone(op=f["op"], result=digest(f["error"] if f["error"] is not None else f["value"]))
     if kind == "input":
