@@ -291,6 +291,13 @@ class MigrationFailed(ActordError):
     http_status = 500
 
 
+class NotServed(ActordError):
+    """A route or verb this front does not serve (the cluster's HTTP front serves the
+    OpenAI generation routes, not one node's slots, genes, embeddings or native API)."""
+
+    http_status = 501
+
+
 ERROR_TYPES: dict[str, type[ActordError]] = {
     cls.__name__: cls
     for cls in list(globals().values())

@@ -13,6 +13,7 @@ single-node daemon does not import this package.
     node.py       the NodeDaemon Ray actor
     router.py     the MindRouter Ray actor
     rpc.py        the router's JSON-RPC socket (the daemon's protocol)
+    front.py      the OpenAI HTTP front served at the router (the single-node front's code)
     local.py      a cluster on this machine (ray.cluster_utils.Cluster) and its handles
     client.py     the driver-side client: turns, migration, status
     cli.py        `actord cluster up|status|down`

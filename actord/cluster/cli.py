@@ -6,10 +6,12 @@
 
 `up` starts a keeper process (detached) that owns the local Ray cluster (a head and one
 raylet per node), the NodeDaemons and the MindRouter, and writes `ROOT/cluster.json`
-(the Ray address, the router's socket, the keeper's pid) once everything answers; it
-returns then. Clients reach the cluster through the router's JSON-RPC socket, as they
-reach one daemon (`actord --socket ROOT/router/actord.sock call completion '{"mind": ...}'`),
-or as Ray drivers (`ray.init(address=...)`, `actord.cluster.client.ClusterClient`).
+(the Ray address, the router's socket, its HTTP address, the keeper's pid) once everything
+answers; it returns then. Clients reach the cluster through the router's JSON-RPC socket,
+as they reach one daemon (`actord --socket ROOT/router/actord.sock call completion
+'{"mind": ...}'`), through the OpenAI HTTP front the router serves with `--http HOST:PORT`
+(and `--api-key KEY`, as `serve`'s: `base_url="http://HOST:PORT/v1"`, front.py), or as Ray
+drivers (`ray.init(address=...)`, `actord.cluster.client.ClusterClient`).
 `status` asks the router over its socket; `down` stops the keeper, which stops the actors,
 then `ray.shutdown()`, then the cluster.
 """
@@ -148,7 +150,8 @@ def _keep(config_json: str) -> int:
     with LocalCluster(cfg) as c:
         st = ClusterClient(c.router).status()
         write_json(root / STATE, {"address": c.address, "namespace": cfg.namespace, "socket": st["router"]["socket"],
-                                  "keeper_pid": os.getpid(), "nodes": sorted(st["nodes"])})
+                                  "http": st["router"]["http"], "keeper_pid": os.getpid(),
+                                  "nodes": sorted(st["nodes"])})
         try:
             while not stop["now"]:
                 time.sleep(0.2)

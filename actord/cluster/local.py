@@ -1,7 +1,8 @@
 """A cluster on this machine: Ray's `cluster_utils.Cluster` (a head and one raylet per
 simulated node, made-up GPU counts), a NodeDaemon on each node, the MindRouter on the head.
 
-`start_node` and `start_router` are what a real cluster uses too (`connect` joins an
+With `node.http` set, `up` has the router serve the OpenAI HTTP front (front.py) once
+the nodes are registered. `start_node` and `start_router` are what a real cluster uses too (`connect` joins an
 existing Ray cluster instead of making one): the daemons are detached named actors, so
 they outlive the driver that started them.
 
@@ -114,6 +115,8 @@ class LocalCluster:
             for name in names:
                 start_node(self.cfg, name, self.ray_nodes[name].node_id)
                 ray.get(self.router.register_node.remote(name))
+            if self.cfg.node.http:  # the OpenAI front, in the router (front.py): needs a node for the model
+                ray.get(self.router.serve_http.remote())
         except BaseException:
             self.down()
             raise

@@ -18,7 +18,11 @@ class Turn(msgspec.Struct, frozen=True):
     mind: str
     epoch: int
     turn: str  # the turn id: a retry carries the same one
-    request: dict[str, Any]  # CompletionRequest's fields (the node sets `mind`)
+    request: dict[str, Any]  # the verb's request fields (the node sets `mind`)
+    kind: str = "completion"  # "completion" (CompletionRequest) or "chat" (ChatRequest: the node renders it)
+
+
+KINDS = ("completion", "chat")
 
 
 class Answer(msgspec.Struct, frozen=True):

@@ -9,7 +9,11 @@ answers while the work loop or the engine is busy.
 
 Every work method answers an `Answer` (a value or a typed error). Turns are fenced
 (fence.py): a stale epoch or a duplicate turn id is refused before anything runs; a turn's
-answer is recorded durably before it leaves the node. On a restart the daemon reloads its
+answer is recorded durably before it leaves the node. A turn is a completion or a chat
+(`Turn.kind`): a chat is rendered here, by the system's own `chat` (the model's template,
+this node's turn memory), so a mind's next turn reuses its last as on one daemon. `free`
+runs a request of no mind (the HTTP front's, placed as one daemon places it; not fenced).
+A streamed turn cancelled by the router (its client went away) cancels the work. On a restart the daemon reloads its
 fences and finds its minds' page files where the last incarnation spilled them (the page
 files are the durable copy; Ray's object store never is); `holdings` reports them.
 
@@ -22,6 +26,7 @@ Fault points (`arm_fault`) let the tests kill the process at a chosen step with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import time
@@ -36,10 +41,12 @@ import ray
 from actord.actors.placer import mind_file
 from actord.api import CompletionRequest
 from actord.cluster.fence import FenceBook, MindFence
-from actord.cluster.messages import Answer, Holding, NodeLoad, Turn
+from actord.chat import ChatRequest
+from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
 from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
 from actord.cluster.transfer import PageBlob, pack, unpack
 from actord.config import ClusterConfig
+from actord.engine.jobs import ChatInfo
 from actord.errors import ActordError, InvalidParams, NodeUnavailable, StaleEpoch
 from actord.log import get
 from actord.storage.osfs import OsFs
@@ -78,6 +85,46 @@ def _check_mind(mind: Any) -> str:
     if not isinstance(mind, str) or check_part(mind) is not None:
         raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}", mind=str(mind)[:64])
     return mind
+
+
+def _request(kind: str, request: dict[str, Any], mind: str | None) -> CompletionRequest | ChatRequest:
+    typ = {"completion": CompletionRequest, "chat": ChatRequest}.get(kind)
+    if typ is None:
+        raise InvalidParams(f"a turn's kind is one of {', '.join(KINDS)}", kind=str(kind)[:32])
+    try:
+        return msgspec.convert({**request, "mind": mind}, typ)
+    except msgspec.ValidationError as e:
+        raise InvalidParams(str(e)) from None
+
+
+async def _run(system: ActorSystem, req: CompletionRequest | ChatRequest, on_token: Any) -> Any:
+    """The verb: a completion's CompletionResult, a chat's ChatResult (rendered here, with
+    the model's template and this node's turn memory, as one daemon renders it)."""
+    if isinstance(req, ChatRequest):
+        return await system.chat(req, on_token=on_token)
+    return await system.complete(req, on_token=on_token)
+
+
+async def _pump(run: Callable[[Callable[[Any], None]], Awaitable[Answer]]) -> Any:
+    """Run `run(sink)`, yielding each chunk it sinks as it comes, then its Answer. Closed or
+    cancelled early (the router's caller went away: `ray.cancel`), the run is cancelled."""
+    q: asyncio.Queue[Any] = asyncio.Queue()
+    task = asyncio.get_running_loop().create_task(run(q.put_nowait))
+    try:
+        while True:
+            get = asyncio.ensure_future(q.get())
+            done, _ = await asyncio.wait({task, get}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                yield get.result()
+                continue
+            get.cancel()
+            while not q.empty():
+                yield q.get_nowait()
+            yield task.result()
+            return
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 class NodeDaemon:
@@ -192,19 +239,9 @@ class NodeDaemon:
     async def turn_stream(self, turn: Turn) -> Any:
         """`turn`, streamed: each chunk (a dict, as the daemon's `completion.chunk`) as it
         is generated, then the turn's `Answer` (Ray streams what a generator yields)."""
-        q: asyncio.Queue[Any] = asyncio.Queue()
-        task = asyncio.get_running_loop().create_task(self.turn(turn, sink=q.put_nowait))
-        while True:
-            get = asyncio.ensure_future(q.get())
-            done, _ = await asyncio.wait({task, get}, return_when=asyncio.FIRST_COMPLETED)
-            if get in done:
-                yield get.result()
-                continue
-            get.cancel()
-            while not q.empty():
-                yield q.get_nowait()
-            yield task.result()
-            return
+        async with contextlib.aclosing(_pump(lambda sink: self.turn(turn, sink=sink))) as items:
+            async for item in items:
+                yield item
 
     @_answer
     async def turn(self, turn: Turn, sink: Callable[[Any], None] | None = None) -> dict[str, Any]:
@@ -219,10 +256,7 @@ class NodeDaemon:
         if mind in self.frozen:
             raise StaleEpoch(f"{mind!r} is being moved off this node", mind=mind, epoch=turn.epoch,
                              held=self.fence.held(mind))
-        try:
-            req = msgspec.convert({**turn.request, "mind": mind}, CompletionRequest)
-        except msgspec.ValidationError as e:
-            raise InvalidParams(str(e)) from None
+        req = _request(turn.kind, turn.request, mind)
         on_token = None
         if sink is not None or "turn_mid" in self.faults:
             seen = [0]
@@ -236,8 +270,7 @@ class NodeDaemon:
         self.running.add((mind, turn.turn))
         self.queue += 1
         try:
-            result = await system.complete(req, on_token=on_token)
-            out = msgspec.to_builtins(result)
+            out = msgspec.to_builtins(await _run(system, req, on_token))
             self._fault("turn_after_apply")
             await anyio.to_thread.run_sync(self.fence.record, mind, turn.epoch, turn.turn, out)
             self.turns_applied += 1
@@ -248,6 +281,31 @@ class NodeDaemon:
             self.queue -= 1
             self.running.discard((mind, turn.turn))
         return out
+
+    @_answer
+    async def free(self, kind: str, request: dict[str, Any], sink: Callable[[Any], None] | None = None) -> Any:
+        """A request that names no mind, placed by this node's system as one daemon places
+        it (the idle slot sharing the longest prefix). Not fenced: it changes no mind's
+        state, so the router may send it again elsewhere when this node fails first."""
+        system = await self._ensure()
+        req = _request(kind, request, None)
+        self.queue += 1
+        try:
+            return msgspec.to_builtins(await _run(system, req, sink))
+        finally:
+            self.queue -= 1
+
+    async def free_stream(self, kind: str, request: dict[str, Any]) -> Any:
+        """`free`, streamed as `turn_stream` streams a turn."""
+        async with contextlib.aclosing(_pump(lambda sink: self.free(kind, request, sink=sink))) as items:
+            async for item in items:
+                yield item
+
+    @_answer
+    async def model_info(self) -> dict[str, Any]:
+        """What an HTTP front needs of the model: its props and its chat template's info."""
+        system = await self._ensure()
+        return {"props": system.props, "chat": await system.engine.run(ChatInfo())}
 
     @_answer
     async def persist(self, mind: str, epoch: int) -> dict[str, Any]:

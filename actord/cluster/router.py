@@ -7,7 +7,8 @@ at another epoch or on another node is dropped).
 
 - Placement: a new mind goes to the live node with the fewest turns in flight, then the
   fewest minds, then the most free page RAM.
-- Turns: each carries (mind, epoch, turn id); one mind's turns are routed one at a time
+- Turns: a completion or a chat (rendered on the node); each carries (mind, epoch, turn
+  id); one mind's turns are routed one at a time
   (a per-mind lock), so a migration "freezes" a mind by taking that lock. A node that
   fails mid-turn (its process died: a Ray actor error) is waited for; once Ray restarted
   it the turn is sent again with the same turn id, once: a node that recorded it answers
@@ -23,6 +24,10 @@ at another epoch or on another node is dropped).
   live nodes at a new epoch, from the lost node's page and fence files in the shared
   cluster folder where they are, else fresh (their next turn re-prefills). A node added
   later takes minds from the busiest nodes (`rebalance`).
+- Fronts, in this process: the JSON-RPC socket (rpc.py) and, with `node.http`, the OpenAI
+  HTTP front (front.py, `serve_http`). A request that names no mind (the HTTP front's) is
+  run on the least loaded node, outside the directory (`free_turn`). A caller that goes
+  away cancels its node's work (`ray.cancel`).
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import msgspec
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
-from actord.api import CompletionRequest
+from actord.api import CompletionRequest, SamplingFields
+from actord.chat import ChatRequest
 from actord.cluster.directory import Directory, Entry
-from actord.cluster.messages import Answer, Holding, NodeLoad, Turn
+from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
 from actord.config import ClusterConfig
 from actord.errors import (
     ActordError, DuplicateTurn, InternalError, InvalidParams, MigrationFailed, NodeUnavailable, PageNotFound,
@@ -62,6 +68,20 @@ def node_actor_name(node: str) -> str:
 
 
 ROUTER_NAME = "actord-router"
+
+
+def _cancel(ref: Any) -> None:
+    """Cancel a node's task whose caller went away (an async actor's asyncio task is
+    cancelled: the slot's request ends as a cancelled one does on one daemon)."""
+    try:
+        ray.cancel(ref)
+    except Exception as e:  # already done, or the node gone: nothing to stop
+        log.info("cluster.cancel_not_sent", error=repr(e))
+
+
+def _served(task: "asyncio.Task[None]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("cluster.http_failed", error=repr(task.exception()))
 
 
 class TurnOut(msgspec.Struct, frozen=True):
@@ -91,6 +111,10 @@ class MindRouter:
         self._started: asyncio.Task[None] | None = None
         self._monitor: asyncio.Task[None] | None = None
         self._rpc: Any = None
+        self._http: Any = None  # the HTTP front (front.py), once serve_http ran
+        self._http_lock = asyncio.Lock()
+        self._http_task: asyncio.Task[None] | None = None
+        self._info: dict[str, Any] | None = None  # the model's props and chat info (model_info)
         self.inflight: dict[str, int] = {}
         self.limits = self.cfg.node.request_limits()
         log.info("cluster.router_init", incarnation=self.incarnation, minds=len(self.dir.state.minds),
@@ -118,6 +142,11 @@ class MindRouter:
             await self._rpc.start()
         except OSError as e:  # the socket is a convenience; the Ray API works without it
             log.warning("cluster.rpc_not_served", path=path, error=repr(e))
+        if self.cfg.node.http and self.dir.live_nodes():  # a restarted router serves it again
+            try:
+                await self._serve_http()
+            except (*NODE_GONE, ActordError) as e:
+                log.warning("cluster.http_not_served", http=self.cfg.node.http, error=repr(e))
 
     def _handle(self, name: str) -> Any:
         h = self.handles.get(name)
@@ -198,38 +227,67 @@ class MindRouter:
 
     # -- turns ---------------------------------------------------------------------------
 
-    async def _run_turn(self, node: str, turn: Turn, sink: Callable[[Any], None] | None, skip: int) -> tuple[Any, int]:
-        """One try of a turn on `node`: its result, and how many chunks went to `sink`
-        (the first `skip` of a retry's chunks were sent by the try before: not again)."""
+    async def _run(self, node: str, method: str, args: tuple[Any, ...], sink: Callable[[Any], None] | None,
+                   skip: int) -> Any:
+        """One try of a turn (`method` "turn", or "free" for a request of no mind) on
+        `node`: its result. Streamed (`sink`), its chunks go to `sink`, except the first
+        `skip` (a retry's, sent by the try before). Cancelled (the caller went away: an
+        HTTP client that hung up), the node's work is cancelled too (`ray.cancel`)."""
+        handle = self._handle(node)
         if sink is None:
-            return await self._call(node, "turn", turn), 0
-        gen = self._handle(node).turn_stream.options(num_returns="streaming").remote(turn)
+            ref = getattr(handle, method).remote(*args)
+            try:
+                ans: Answer = await asyncio.wait_for(ref, self.cfg.call_timeout_s)
+            except RayTaskError as e:  # a bug on the node, not a refusal: no retry
+                raise InternalError(f"node {node} failed {method}: {e}", node=node) from None
+            except asyncio.CancelledError:
+                _cancel(ref)
+                raise
+            return ans.unwrap()
+        gen = getattr(handle, method + "_stream").options(num_returns="streaming").remote(*args)
         sent = 0
         try:
             async for ref in gen:
                 item = await asyncio.wait_for(ref, self.cfg.call_timeout_s)
                 if isinstance(item, Answer):
-                    return item.unwrap(), sent
+                    return item.unwrap()
                 if sent >= skip:
                     sink(item)
                 sent += 1
         except RayTaskError as e:
-            raise InternalError(f"node {node} failed a streamed turn: {e}", node=node) from None
-        raise InternalError(f"node {node} ended a streamed turn without its answer", node=node)
+            raise InternalError(f"node {node} failed a streamed {method}: {e}", node=node) from None
+        except asyncio.CancelledError:
+            _cancel(gen)
+            raise
+        raise InternalError(f"node {node} ended a streamed {method} without its answer", node=node)
+
+    def _check(self, kind: str, mind: str | None, request: Any) -> None:
+        """Refuse bad input here, before a new mind is placed: the verb's own checks, under
+        the nodes' limits (a chat's as its rendered completion will be checked)."""
+        if not isinstance(request, dict) or "mind" in request and request["mind"] not in (None, mind) or "slot" in request:
+            raise InvalidParams("a cluster turn names its mind once and no slot")
+        if kind not in KINDS:
+            raise InvalidParams(f"a turn's kind is one of {', '.join(KINDS)}", kind=str(kind)[:32])
+        try:
+            if kind == "completion":
+                msgspec.convert({**request, "mind": mind}, CompletionRequest).check(self.limits)
+                return
+            chat = msgspec.convert({**request, "mind": mind}, ChatRequest).check()
+        except msgspec.ValidationError as e:
+            raise InvalidParams(str(e)) from None
+        CompletionRequest(prompt=[0], n_predict=chat.n_predict, mind=mind, temperature=chat.temperature,
+                          top_k=chat.top_k, top_p=chat.top_p,
+                          **{f: getattr(chat, f) for f in SamplingFields.__struct_fields__}).check(self.limits)
 
     async def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None,
-                   sink: Callable[[Any], None] | None = None) -> TurnOut:
-        """Run one turn of `mind` on its node (placing it first if it is new). `sink`
-        (in this process only: the socket's streamed completions) gets each chunk once."""
+                   sink: Callable[[Any], None] | None = None, kind: str = "completion") -> TurnOut:
+        """Run one turn of `mind` on its node (placing it first if it is new): a completion
+        (CompletionRequest's fields) or a chat (ChatRequest's: the node renders it). `sink`
+        (in this process only: the socket's and the HTTP front's streams) gets each chunk once."""
         await self._ensure()
         if not isinstance(mind, str) or check_part(mind) is not None:
             raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}")
-        if not isinstance(request, dict) or "mind" in request and request["mind"] not in (None, mind) or "slot" in request:
-            raise InvalidParams("a cluster turn names its mind once and no slot")
-        try:  # bad input is refused here, before a new mind is placed
-            msgspec.convert({**request, "mind": mind}, CompletionRequest).check(self.limits)
-        except msgspec.ValidationError as e:
-            raise InvalidParams(str(e)) from None
+        self._check(kind, mind, request)
         turn = turn_id or uuid.uuid4().hex
         async with self._lock(mind):
             placed = False
@@ -248,8 +306,8 @@ class MindRouter:
                     sink(chunk)  # type: ignore[misc]
 
                 try:
-                    result, _ = await self._run_turn(
-                        node, Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request),
+                    result = await self._run(
+                        node, "turn", (Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request, kind=kind),),
                         counting if sink is not None else None, delivered)
                     return TurnOut(result=result, node=entry.node, epoch=entry.epoch, turn=turn, attempts=attempt,
                                    placed=placed)
@@ -278,6 +336,37 @@ class MindRouter:
                 finally:
                     self.inflight[node] = self.inflight.get(node, 1) - 1
                     delivered += counted[0]
+        raise AssertionError("unreachable")
+
+    async def free_turn(self, request: dict[str, Any], sink: Callable[[Any], None] | None = None,
+                        kind: str = "completion") -> TurnOut:
+        """A request that names no mind (an HTTP request with no `user`, `prompt_cache_key`
+        or mind header): run on the least loaded live node, placed there as one daemon
+        places it, and not remembered in the directory (a fresh mind per request would be
+        a mind no later request names, held until evicted). It changes no mind, so a node
+        that fails before it sent a chunk is replaced by another, once."""
+        await self._ensure()
+        self._check(kind, None, request)
+        tried: set[str] = set()
+        for attempt in (1, 2):
+            node = self._pick(await self._loads(exclude=tried))
+            self.inflight[node] = self.inflight.get(node, 0) + 1
+            sent = [0]
+
+            def counting(chunk: Any, sent: list[int] = sent) -> None:
+                sent[0] += 1
+                sink(chunk)  # type: ignore[misc]
+
+            try:
+                result = await self._run(node, "free", (kind, request), counting if sink is not None else None, 0)
+                return TurnOut(result=result, node=node, epoch=0, turn="", attempts=attempt)
+            except NODE_GONE as e:
+                if attempt == 2 or sent[0]:
+                    raise NodeUnavailable(f"node {node} failed a request of no mind", node=node) from None
+                log.warning("cluster.free_turn_node_failed", node=node, error=repr(e))
+                tried.add(node)
+            finally:
+                self.inflight[node] = self.inflight.get(node, 1) - 1
         raise AssertionError("unreachable")
 
     async def _place(self, mind: str) -> Entry:
@@ -453,6 +542,47 @@ class MindRouter:
                 raise PageNotFound(f"no mind {mind!r} in the directory", mind=mind)
             return await self._call(entry.node, "persist", mind, entry.epoch)
 
+    async def model_info(self) -> dict[str, Any]:
+        """The served model's props and chat template info, asked of a live node once."""
+        await self._ensure()
+        return await self._model_info()
+
+    async def _model_info(self) -> dict[str, Any]:
+        if self._info is None:
+            last: Exception | None = None
+            for node in self.dir.live_nodes():
+                try:
+                    self._info = await self._call(node, "model_info", timeout=60.0)
+                    break
+                except (*NODE_GONE, ActordError) as e:
+                    last = e
+            else:
+                raise NodeUnavailable(f"no live node answered for the model: {last!r}")
+        return self._info
+
+    async def serve_http(self) -> str | None:
+        """Serve the OpenAI HTTP front (`node.http`: `actord cluster up --http HOST:PORT`)
+        in this process, beside the socket; its address (None: not configured). Bound
+        here, so an address that cannot be listened on fails this call."""
+        await self._ensure()
+        return await self._serve_http()
+
+    async def _serve_http(self) -> str | None:
+        if not self.cfg.node.http:
+            return None
+        async with self._http_lock:
+            if self._http is None:
+                from actord.cluster.front import ClusterFront, ClusterHttpFront
+
+                front = ClusterHttpFront(ClusterFront(self, await self._model_info()), self.cfg.node)
+                front.bind()  # InvalidParams: the address cannot be listened on
+                # Held here: the loop keeps only a weak reference to a task.
+                self._http_task = asyncio.get_running_loop().create_task(front.serve())
+                self._http_task.add_done_callback(_served)
+                self._http = front
+                log.info("cluster.http_serving", address=front.address)
+        return self._http.address
+
     async def where(self, mind: str) -> Entry | None:
         return self.dir.get(mind)
 
@@ -461,7 +591,8 @@ class MindRouter:
         loads = {l.node: msgspec.to_builtins(l) for l in await self._loads()}
         return {
             "router": {"incarnation": self.incarnation, "pid": os.getpid(),
-                       "socket": self._rpc.path if self._rpc is not None else None},
+                       "socket": self._rpc.path if self._rpc is not None else None,
+                       "http": self._http.address if self._http is not None else None},
             "nodes": {n: {"live": n not in self.dir.state.lost, "minds": len(self.dir.minds_on(n)),
                           "load": loads.get(n)} for n in self.dir.state.nodes},
             "minds": {m: msgspec.to_builtins(e) for m, e in sorted(self.dir.state.minds.items())},

@@ -47,6 +47,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from actord.config import Config, http_address
 from actord.errors import ActordError, InvalidParams
@@ -142,15 +143,19 @@ class HttpFront:
         if config.cors_origin:
             middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
                                          allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"], max_age=600))
-        self.app = Starlette(routes=[
+        self.app = Starlette(routes=self.routes(), middleware=middleware, exception_handlers={
+            HTTPException: self._http_exception, Exception: self._server_error})
+
+    def routes(self) -> list[Route]:
+        """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""
+        return [
             *OpenAIRoutes(self).routes(),
             *Responses(self).routes(),  # POST /v1/responses, GET/DELETE /v1/responses/{id} (responses_api.py)
             *Embeddings(self).routes(),  # POST /v1/embeddings (embeddings.py)
             # llama-server's native API and the seed's verbs (native.py), /health and
             # /metrics included: llama-server answers those the same on both APIs.
             *Native(self).routes(),
-        ], middleware=middleware, exception_handlers={
-            HTTPException: self._http_exception, Exception: self._server_error})
+        ]
 
     def attach(self, system: Any) -> None:
         """The system this front serves (the daemon binds the front before the model loads)."""
@@ -263,13 +268,17 @@ class HttpFront:
                 if self.config.chat_template_file:
                     source = await anyio.Path(self.config.chat_template_file).read_text()
                 else:
-                    from actord.engine.jobs import ChatInfo
-
-                    source = (await self.system.engine.run(ChatInfo())).template
+                    source = await self.model_chat_template()
             except (OSError, UnicodeDecodeError, AttributeError, ActordError):
                 source = None  # the chat itself reports a template it cannot read
             self._developer = bool(source) and "developer" in source  # type: ignore[operator]
         return self._developer
+
+    async def model_chat_template(self) -> str | None:
+        """The chat template the model ships (None: none)."""
+        from actord.engine.jobs import ChatInfo
+
+        return (await self.system.engine.run(ChatInfo())).template
 
     # -- serving -----------------------------------------------------------------------
 

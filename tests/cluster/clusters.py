@@ -14,17 +14,18 @@ NO_RAY = "ray is not installed: the cluster is the optional extra actord[ray] (C
 
 
 def node_config(model: str, **kw: Any) -> Config:
-    return Config(model=model, slots=2, ctx=1024, batch=64, threads=1, **kw)
+    return Config(model=model, **{"slots": 2, "ctx": 1024, "batch": 64, "threads": 1, **kw})
 
 
 @contextlib.contextmanager
 def local_cluster(root: Path, model: str, *, nodes: int = 3, cluster: dict[str, Any] | None = None,
-                  **kw: Any) -> Iterator[Any]:
+                  node: dict[str, Any] | None = None, **kw: Any) -> Iterator[Any]:
     from actord.cluster.local import LocalCluster
 
     # Each simulated node has a made-up GPU and its daemon holds it (num_gpus=1, num_cpus=0),
     # as on a machine with one; the CPU build of llama.cpp ignores it.
-    cfg = ClusterConfig(node=node_config(model), root=str(root), nodes=nodes, **{"num_gpus": 1.0, **(cluster or {})})
+    cfg = ClusterConfig(node=node_config(model, **(node or {})), root=str(root), nodes=nodes,
+                        **{"num_gpus": 1.0, **(cluster or {})})
     with LocalCluster(cfg, **kw) as c:
         yield c
 

@@ -1,4 +1,5 @@
-"""`actord cluster up|status|down`, and a plain daemon client reaching the cluster's router."""
+"""`actord cluster up|status|down`, and a plain daemon client and an HTTP client reaching the
+cluster's router."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 pytest.importorskip("ray", reason="ray is not installed: the cluster is the optional extra actord[ray] "
@@ -22,7 +24,7 @@ def actord(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_up_status_a_client_and_down(tmp_path, tiny_model):
     root = str(tmp_path / "c")
     up = actord("cluster", "up", "--root", root, "--nodes", "2", "--model", tiny_model, "--slots", "1",
-                "--ctx", "512", "--batch", "64", "--threads", "1")
+                "--ctx", "512", "--batch", "64", "--threads", "1", "--http", "127.0.0.1:0", "--api-key", "k")
     assert up.returncode == 0, up.stderr + (tmp_path / "c" / "keeper.log").read_text()
     try:
         state = json.loads(up.stdout)
@@ -39,6 +41,11 @@ def test_up_status_a_client_and_down(tmp_path, tiny_model):
                               "--stream")
             assert streamed.returncode == 0, streamed.stderr
         assert json.loads(streamed.stdout.split("\n", 1)[1])["n_cached"] > 0  # the text, then the answer
+        # The OpenAI front the router serves (--http, --api-key), as `serve`'s.
+        r = httpx.post(f"http://{state['http']}/v1/completions", headers={"authorization": "Bearer k"}, timeout=120,
+                       json={"prompt": "hello there", "max_tokens": 3, "user": "cli-http"})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        assert httpx.get(f"http://{state['http']}/v1/models", timeout=60).status_code == 401  # the key
         st = actord("cluster", "status", "--root", root)
         assert st.returncode == 0, st.stderr
         status = json.loads(st.stdout)
