@@ -61,7 +61,10 @@ class ClusterClient:
                 except DuplicateTurn as e:
                     if attempt == 1 or e.data.get("result") is None:
                         raise
-                    out[i] = TurnOut(result=e.data["result"], node="?", epoch=0, turn=ids[i], attempts=attempt)
+                    # Applied by a try whose answer was lost (the router died after it): the
+                    # node's record says what and where.
+                    out[i] = TurnOut(result=e.data["result"], node=e.data.get("node", "?"), epoch=e.data.get("epoch", 0),
+                                     turn=ids[i], attempts=attempt)
                     break
                 time.sleep(0.5 * attempt)
                 m, r = calls[i]

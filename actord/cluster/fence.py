@@ -69,7 +69,7 @@ class FenceBook:
         for t in rec.turns:
             if t.turn == turn:
                 raise DuplicateTurn(f"turn {turn} of {mind!r} was applied here already", mind=mind, turn=turn,
-                                    result=t.result)
+                                    result=t.result, epoch=rec.epoch)
 
     def hold(self, mind: str, epoch: int, turns: list[TurnRecord] | None = None) -> None:
         rec = MindFence(mind=mind, epoch=epoch, turns=list(turns or [])[-self.keep:])

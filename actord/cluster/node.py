@@ -47,7 +47,7 @@ from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
 from actord.cluster.transfer import PageBlob, pack, unpack
 from actord.config import ClusterConfig
 from actord.engine.jobs import ChatInfo
-from actord.errors import ActordError, InvalidParams, NodeUnavailable, StaleEpoch
+from actord.errors import ActordError, DuplicateTurn, InvalidParams, NodeUnavailable, StaleEpoch
 from actord.log import get
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import sidecar_paths
@@ -249,10 +249,12 @@ class NodeDaemon:
         system = await self._ensure()
         mind = _check_mind(turn.mind)
         if (mind, turn.turn) in self.running:
-            from actord.errors import DuplicateTurn
-
             raise DuplicateTurn(f"turn {turn.turn} of {mind!r} is running here", mind=mind, turn=turn.turn, result=None)
-        self.fence.check(mind, turn.epoch, turn.turn)
+        try:
+            self.fence.check(mind, turn.epoch, turn.turn)
+        except DuplicateTurn as e:  # who applied it: a client answered from the record says where
+            e.data.setdefault("node", self.name)
+            raise
         if mind in self.frozen:
             raise StaleEpoch(f"{mind!r} is being moved off this node", mind=mind, epoch=turn.epoch,
                              held=self.fence.held(mind))
