@@ -35,8 +35,21 @@ def get(refs: Any) -> Any:
 
 
 class ClusterClient:
-    def __init__(self, router: Any = None, namespace: str = "actord") -> None:
+    """`restart_wait_s`: how long a call waits out a router that Ray is restarting (its
+    restart reads the directory and starts its fronts: seconds under load) before the
+    `ActorUnavailableError` reaches the caller."""
+
+    def __init__(self, router: Any = None, namespace: str = "actord", restart_wait_s: float = 60.0) -> None:
         self.router = router if router is not None else ray.get_actor(ROUTER_NAME, namespace=namespace)
+        self.restart_wait_s = restart_wait_s
+
+    def _backoff(self, attempt: int, deadline: float) -> bool:
+        """Sleep before try `attempt + 1`; False when the router's restart outlasted the wait."""
+        pause = min(0.25 * 2 ** (attempt - 1), 2.0)
+        if time.monotonic() + pause > deadline:
+            return False
+        time.sleep(pause)
+        return True
 
     def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None) -> TurnOut:
         return self.turns([(mind, request)], [turn_id])[0]
@@ -50,13 +63,16 @@ class ClusterClient:
         ids = [t or uuid.uuid4().hex for t in (turn_ids or [None] * len(calls))]
         refs = [self.router.turn.remote(m, r, t) for (m, r), t in zip(calls, ids)]
         out: list[Any] = [None] * len(calls)
+        deadline = time.monotonic() + self.restart_wait_s
         for i, ref in enumerate(refs):
-            for attempt in range(1, 4):
+            attempt = 0
+            while True:
+                attempt += 1
                 try:
                     out[i] = get(ref)
                     break
                 except (ActorUnavailableError, ActorDiedError):  # the router restarting
-                    if attempt == 3:
+                    if not self._backoff(attempt, deadline):
                         raise
                 except DuplicateTurn as e:
                     if attempt == 1 or e.data.get("result") is None:
@@ -66,7 +82,6 @@ class ClusterClient:
                     out[i] = TurnOut(result=e.data["result"], node=e.data.get("node", "?"), epoch=e.data.get("epoch", 0),
                                      turn=ids[i], attempts=attempt)
                     break
-                time.sleep(0.5 * attempt)
                 m, r = calls[i]
                 ref = self.router.turn.remote(m, r, ids[i])
         return out
@@ -94,10 +109,12 @@ class ClusterClient:
 
     def _read(self, method: str, *args: Any) -> Any:
         """A call that changes nothing, sent again if the router was briefly unreachable."""
-        for attempt in range(1, 4):
+        deadline = time.monotonic() + self.restart_wait_s
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return get(getattr(self.router, method).remote(*args))
             except (ActorUnavailableError, ActorDiedError):
-                if attempt == 3:
+                if not self._backoff(attempt, deadline):
                     raise
-                time.sleep(0.5 * attempt)
