@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 import anyio  # noqa: E402
 
 from actord.client import Client  # noqa: E402
+from actord.testing.daemon import wait_until_serving  # noqa: E402
 
 
 def start_daemon(model: str, folder: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
@@ -41,19 +42,8 @@ def start_daemon(model: str, folder: Path, *extra: str) -> tuple[subprocess.Pope
                              "--ctx", "4096", "--batch", "64", "--threads", "1", "--socket", str(sock),
                              "--page-dir", str(folder / "pages"), "--log-level", "warning", *extra],
                             stdout=log, stderr=log, cwd=str(ROOT))
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 120:
-        if sock.exists():
-            try:
-                with Client(str(sock), timeout=5) as c:
-                    c.call("health")
-                return proc, sock
-            except OSError:
-                pass
-        if proc.poll() is not None:
-            raise RuntimeError((folder / "flood.log").read_text()[-2000:])
-        time.sleep(0.05)
-    raise TimeoutError("daemon did not come up")
+    wait_until_serving(proc, sock, lambda: (folder / "flood.log").read_text()[-2000:])
+    return proc, sock
 
 
 async def flood(sock: Path, method: str, params: dict, in_flight: int, stop: anyio.Event,

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actord.client import Client  # noqa: E402
 from actord.models import gemma3_270m_path  # noqa: E402
+from actord.testing.daemon import wait_until_serving  # noqa: E402
 
 CONFIGS: dict[str, list[str]] = {
     "placement": ["--swa-full", "off"],
@@ -120,20 +121,8 @@ def start_daemon(model: str, folder: Path, ctx: int, slots: int, extra: list[str
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 120:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        if sock.exists():
-            try:
-                with Client(str(sock), timeout=5) as c:
-                    c.call("health")
-                return proc, sock
-            except OSError:
-                pass
-        time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("daemon did not come up")
+    wait_until_serving(proc, sock, lambda: proc.stderr.read().decode()[-2000:], poll_s=0.1)  # type: ignore[union-attr]
+    return proc, sock
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -1,0 +1,31 @@
+"""Waiting for a daemon started in a subprocess (benchmarks and tests start `actord serve`)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from actord.client import Client
+
+
+def wait_until_serving(proc: subprocess.Popen, sock: Path, exited: Callable[[], str], *,
+                       timeout_s: float = 120.0, poll_s: float = 0.05) -> None:
+    """Return once the daemon answers `health` on `sock`. A daemon that exits first raises
+    RuntimeError with `exited()` (its log's tail, say); one that does not answer within
+    `timeout_s` is killed and TimeoutError raised."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited: {exited()}")
+        if sock.exists():
+            try:
+                with Client(str(sock), timeout=5) as c:
+                    c.call("health")
+                return
+            except OSError:
+                pass
+        time.sleep(poll_s)
+    proc.kill()
+    raise TimeoutError("daemon did not come up")
