@@ -399,6 +399,10 @@ class SchedulerCore:
                             self._emit(r, res, now, events)
                     except Exception as e:  # one request's output, never the step
                         self._end(r, "error", events, error=e)
+                elif r.n_sched and not res.more:
+                    # Ended, but a step planned before anyone knew feeds this sample (depth
+                    # >= 3): it goes into the KV, so the record of what the KV holds keeps it.
+                    r.tokens.append(res.token)
             elif r.n_predict == 0 and r.n_done >= r.n_prompt:
                 self._end(r, "length", events)  # a prompt decoded for its KV only
             if r.reason is not None and r.n_sched == 0:

@@ -120,6 +120,19 @@ def test_a_request_ended_by_its_sample_is_answered_when_its_speculative_step_dra
     assert core.held(0) == 5 and 1 not in core.reqs
 
 
+def test_at_depth_3_an_ended_request_keeps_the_sample_a_step_in_flight_fed():
+    core = SchedulerCore(n_batch=64, depth=3)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k, k1, k2 = core.schedule(), core.schedule(), core.schedule()
+    assert k1.step.entries[0].feed_last and k2.step.entries[0].feed_last  # each feeds the one before's sample
+    assert finished(core.update(k, out_for(k, {0: 9}, eog={0}))) == []
+    assert finished(core.update(k1, out_for(k1, {0: 11}))) == []  # sampled after the end: k+2 feeds it
+    [f] = finished(core.update(k2, out_for(k2, {0: 12})))
+    assert f.req.reason == "eos" and f.req.out == []
+    assert f.kv_tokens == [100, 101, 102, 103, 9, 11]  # what the KV holds: the eog token and the fed sample
+    assert core.held(0) == len(f.kv_tokens)
+
+
 def test_the_last_sample_by_n_predict_is_never_fed():
     core = SchedulerCore(n_batch=64, depth=2)
     core.add(req(1, 0, prompt=4, n_predict=1))
