@@ -41,9 +41,18 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Engine steps in flight at once: step k+1 (and more) is planned before step k's samples
     # reach Python, and the engine feeds them itself, so it never waits for Python. A
     # request that ends by its sample (end of generation, a stop string) has up to depth-1
-    # extra tokens in its KV and is answered that many steps later.
-    pipeline_depth: int = 2
+    # extra tokens in its KV and is answered that many steps later. 0 = auto: 4 on a GPU
+    # backend, 2 on the CPU (actord/policy/pipeline.py).
+    pipeline_depth: int = 0
+    # How long a decode step's result may wait before the engine wakes the loop for it
+    # (engine/thread.py `_announce`): with depth >= 3 on a fast device the loop then routes a
+    # few steps per wake-up instead of one. A slow step (longer than this) is always
+    # announced at once. 0: every step rings.
+    announce_within_ms: float = 1.0
     threads: int = 0  # 0 = all CPUs but one (llama.cpp's threads spin; the loop needs a core)
+    # The engine thread's CPUs (actord/policy/cpus.py): "auto" keeps it, and libllama's
+    # compute threads, off the first CPU so the loop always has one; "off"; or a list "1-3".
+    engine_cpus: str = "auto"
     # Speculative decoding (engine/draft.py, core/spec.py): a draft model with the target's
     # vocabulary proposes up to spec_n_max tokens per step for each generating request, which
     # the target verifies in the same batched step. spec: "" = "draft" when
@@ -174,8 +183,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("ctx must be >= 16")
         if self.piece_tile < 1:
             raise InvalidParams("piece_tile must be >= 1")
-        if not 1 <= self.pipeline_depth <= 8:
-            raise InvalidParams("pipeline_depth is between 1 and 8")
+        if not 0 <= self.pipeline_depth <= 8:
+            raise InvalidParams("pipeline_depth is between 1 and 8, or 0 (auto)", pipeline_depth=self.pipeline_depth)
+        from actord.policy.cpus import check_mode
+
+        check_mode(self.engine_cpus)
+        if not 0 <= self.announce_within_ms <= 1000:
+            raise InvalidParams("announce_within_ms is between 0 and 1000",
+                                announce_within_ms=self.announce_within_ms)
         if self.batch < 1:
             raise InvalidParams("batch must be >= 1")
         if self.spec not in SPEC_MODES:

@@ -43,6 +43,7 @@ from actord.errors import (
 )
 from actord.log import get
 from actord.metrics import Metrics
+from actord.policy.pipeline import pipeline_depth
 from actord.storage.clientfiles import ByteBudget, ClientFiles
 from actord.storage.files import PageFiles
 
@@ -63,7 +64,8 @@ class ActorSystem:
         self.dispatcher = dispatcher or Dispatcher()
         self.dispatcher.ask_bound_s = self.config.ask_timeout_s
         self._engine_factory = engine_factory or Engine
-        self.engine = EngineThread(lambda: self._engine_factory(self.config), run_job, lambda e: e.close())
+        self.engine = EngineThread(lambda: self._engine_factory(self.config), run_job, lambda e: e.close(),
+                                   defer_s=self.config.announce_within_ms / 1e3, cpus=self._engine_cpus())
         self.engine.on_done = self.dispatcher.engine_done
         if hasattr(self.dispatcher, "engine"):
             self.dispatcher.engine = self.engine  # a deterministic dispatcher waits for its jobs
@@ -189,6 +191,19 @@ class ActorSystem:
             self._idle = anyio.Event()
             await self._idle.wait()
 
+    def _engine_cpus(self) -> frozenset[int] | None:
+        """Where the engine thread runs (actord/policy/cpus.py); decided here, on the thread
+        that starts it, whose mask it inherits."""
+        import os
+
+        from actord.config import engine_threads
+        from actord.policy.cpus import choose_engine_cpus
+
+        choice = choose_engine_cpus(self.config.engine_cpus, os.sched_getaffinity(0),
+                                    engine_threads(self.config.threads))
+        log.info("engine.cpus", cpus=sorted(choice.cpus) if choice.cpus else None, reason=choice.reason)
+        return choice.cpus
+
     def _check_open(self) -> None:
         if self.closing:
             raise ShuttingDown("the daemon is shutting down")
@@ -204,10 +219,13 @@ class ActorSystem:
         self.slots = [
             self.make_slot(i) for i in range(self.config.slots)
         ]
+        depth = pipeline_depth(self.config.pipeline_depth, self.props.device.backend)
+        log.info("scheduler.pipeline_depth", depth=depth, asked=self.config.pipeline_depth,
+                 backend=self.props.device.backend)
         self.scheduler = Scheduler(
             self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
             capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.kv_cells,  # 0: cells not charged
-            piece_tile=self.config.piece_tile, depth=self.config.pipeline_depth,
+            piece_tile=self.config.piece_tile, depth=depth,
         )
         self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
         # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).

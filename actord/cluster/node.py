@@ -139,6 +139,11 @@ class NodeDaemon:
         self.page_dir.mkdir(parents=True, exist_ok=True)
         self.fence = FenceBook(self.dir / "fence", keep=self.cfg.turns_kept)
         self.node_config = msgspec.structs.replace(self.cfg.node, page_dir=str(self.page_dir))
+        if self.node_config.engine_cpus == "auto":
+            # A node may share its machine with other nodes (`cluster up` simulates several on
+            # one) and Ray's own workers: "auto" would put every node's engine on the same
+            # CPUs. A node pins only where its config names the CPUs.
+            self.node_config = msgspec.structs.replace(self.node_config, engine_cpus="off")
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self.system: NodeSystem | None = None

@@ -27,11 +27,13 @@ import collections
 import os
 import queue
 import threading
+import time
 from typing import Any, Awaitable, Callable
 
 import anyio
 import sniffio
 
+from actord.engine.jobs import Step
 from actord.errors import ActordError, EngineError, ShuttingDown
 from actord.log import get
 
@@ -68,6 +70,14 @@ def _gil_holding_write() -> Callable[[int, bytes, int], int] | None:
     fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
     fn.restype = ctypes.c_ssize_t
     return fn
+
+
+def _one_token_each(step: Step) -> bool:
+    """A decode step: one token per entry (fed or sampled last step), no draft."""
+    for e in step.entries:
+        if len(e.tokens) + e.feed_last > 1 or e.draft:
+            return False
+    return True
 
 
 class _Doorbell:
@@ -117,8 +127,21 @@ class _Doorbell:
 
             self._signal = post
 
+    def defer(self, p: Any) -> None:
+        """Engine thread: hand `p` to the loop with the next ring, without waking it now."""
+        self.done.append(p)
+
+    def kick(self) -> None:
+        """Engine thread: wake the loop for whatever was deferred."""
+        if not self.armed and self.done:
+            self.armed = True
+            try:
+                self._signal()
+            except RuntimeError:  # the loop is gone
+                pass
+
     def ring(self, p: Any) -> None:
-        """Engine thread (or any thread): hand `p` to the loop."""
+        """Engine thread (or any thread): hand `p` (and whatever was deferred) to the loop."""
         self.done.append(p)
         if not self.armed:
             self.armed = True
@@ -201,6 +224,8 @@ class EngineThread:
         runner: Callable[[Any, Any], Any],
         closer: Callable[[Any], None],
         name: str = "actord-engine",
+        defer_s: float = 0.0,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self._factory = factory
         self._runner = runner
@@ -214,11 +239,18 @@ class EngineThread:
         self._urgent: collections.deque[Any] = collections.deque()
         self._stash: collections.deque[Any] = collections.deque()  # engine side: jobs put aside for urgent ones
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._cpus = cpus  # the engine thread's CPU mask (actord/policy/cpus.py); None: inherited
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._stopping = False
         self.ident: int | None = None
         self._held: _Pending | None = None  # a finished step whose completion waits (see _main)
+        # How long a finished decode step's result may wait unannounced (`_announce`); 0: never.
+        self._defer_s = defer_s
+        self._unannounced_since = 0.0  # when the oldest deferred result was deferred (0: none)
+        self._last_step_s = 0.0  # the last step's wall time: what the next one is expected to take
+        self._running: Any = None  # the job the engine thread runs now
+        self.deferred = 0  # results handed over without a ring of their own (a count)
         self.jobs_done = 0
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
@@ -328,7 +360,7 @@ class EngineThread:
             try:
                 item = self._q.get_nowait()
             except queue.Empty:
-                self._release_held()  # nothing to overlap with: the loop gets its result now
+                self._flush()  # nothing to overlap with: the loop gets every result now
                 item = self._q.get()
             if item is _WAKE:
                 continue
@@ -345,12 +377,56 @@ class EngineThread:
     def _release_held(self) -> None:
         p, self._held = self._held, None
         if p is not None:
+            self._unannounced_since = 0.0
             p.finish()
+
+    def _flush(self) -> None:
+        """Before the engine thread blocks: the held result, and any that waited, go to the
+        loop (a deferral counted on a job behind; a between-steps job's wake-up token can
+        outlive the job it announced, so there may be none)."""
+        self._release_held()
+        if self._unannounced_since:
+            self._unannounced_since = 0.0
+            self._bell.kick()
+
+    def _announce(self) -> None:
+        """Right before a step's decode (the engine's `before_decode`): the step before it
+        goes to the loop, or, while the loop has nothing to do about it yet, waits to go
+        with a later one.
+
+        Why: ringing a sleeping loop costs the engine thread a wake-up per step (~11 us of a
+        ~250 us step at 8 slots on the tiny model, in the write with the GIL held) and the
+        loop a pass of its own. A result may wait while the step now starting is a decode of
+        one token per sequence, another job is queued behind it (the engine has work the
+        loop already planned: it does not starve while the loop sleeps), and the oldest
+        waiting result plus one more step stays within `defer_s`. So on a fast device the
+        loop wakes once per few steps and routes them together; a step of a slow one (tens of
+        ms) is always announced at once; and a step after which the engine would idle rings,
+        so the loop plans while this one decodes."""
+        p = self._held
+        if p is None:
+            return
+        job = self._running
+        if self._defer_s > 0.0 and isinstance(job, Step) and self._more_waiting():
+            now = time.perf_counter()
+            since = self._unannounced_since or now
+            if now - since + self._last_step_s < self._defer_s and _one_token_each(job):
+                self._held = None
+                self._unannounced_since = since
+                self.deferred += 1
+                self._bell.defer(p)
+                return
+        self._release_held()
 
     def _main(self) -> None:
         from actord.engine import llama
 
         self.ident = threading.get_ident()
+        if self._cpus:
+            try:  # this thread only (pid 0), before libllama starts its compute threads from it
+                os.sched_setaffinity(0, self._cpus)
+            except OSError as e:  # e.g. a CPU taken away since: run where the kernel puts us
+                log.warning("engine.cpus_not_set", cpus=sorted(self._cpus), error=str(e))
         try:
             llama.claim_current_thread()
         except BaseException as e:
@@ -370,7 +446,7 @@ class EngineThread:
         # `before_decode`): the loop then routes step k while step k+1 runs without the GIL,
         # instead of both threads' Python contending for the GIL between two decodes.
         if hasattr(engine, "before_decode"):
-            engine.before_decode = self._release_held
+            engine.before_decode = self._announce
         try:
             while True:
                 item = self._next()
@@ -379,11 +455,16 @@ class EngineThread:
                 job, p = item
                 p.n = self.started
                 self.started += 1
-                if not getattr(job, "overlaps", False):
-                    self._release_held()
+                overlaps = getattr(job, "overlaps", False)
+                if not overlaps:
+                    self._release_held()  # (it rings for whatever waited with it)
+                self._running = job
+                t0 = time.perf_counter()
                 try:
                     p.value = self._runner(engine, job)
                     self.jobs_done += 1
+                    if overlaps:
+                        self._last_step_s = time.perf_counter() - t0
                 except BaseException as e:
                     self.jobs_failed += 1
                     # The loop side gets the typed error without this thread's frames: they
@@ -391,14 +472,16 @@ class EngineThread:
                     # anyone keeps the error.
                     p.error = e.with_traceback(None) if isinstance(e, ActordError) else EngineError(str(e))
                     p.error.__cause__ = p.error.__context__ = None
+                self._running = None
                 self._release_held()
-                if getattr(job, "overlaps", False) and self._more_waiting():
+                if overlaps and p.error is None and self._more_waiting():
                     self._held = p
                 else:
+                    self._unannounced_since = 0.0
                     p.finish()
                 del item, job, p  # nor does an idle engine thread keep the last job alive
         finally:
-            self._release_held()
+            self._flush()
             while True:  # fail whatever was queued behind the stop marker
                 if self._urgent:
                     item = self._urgent.popleft()

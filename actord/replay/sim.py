@@ -130,6 +130,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0,
+                 # Deeper pipelines too (their own stream: the other choices stay as they were).
+                 pipeline_depth=random.Random(f"depth/{seed}").choice([0, 0, 3, 4]),
                  **({} if not draft else {"spec": "mtp", "spec_n_max": rng.choice([1, 2, 4])} if draft == "mtp" else
                     {"spec_draft_model": draft, "spec_n_max": rng.choice([1, 2, 4]), "swa_full": "on"}))
     # A flood client: bursts of many asks of one method in flight at once.
