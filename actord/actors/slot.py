@@ -78,6 +78,7 @@ def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.Sampling
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty, min_p=req.min_p,
         top_logprobs=req.top_logprobs if req.logprobs else -1,
         grammar_triggers=tuple((t.text, t.at_start) for t in req.grammar_triggers), preserve=tuple(req.preserve),
+        end_on_eog=not req.ignore_eos, end_tokens=tuple(req.stop_tokens),
     )
 
 

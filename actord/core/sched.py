@@ -48,7 +48,7 @@ from actord.api import TokenLogprob, TopLogprob
 from actord.core import spec as S
 from actord.core.text import TextState
 from actord.engine import jobs as J
-from actord.errors import InvalidParams
+from actord.errors import InternalError, InvalidParams
 
 GeneKey = tuple[tuple[int, float], ...]
 
@@ -373,6 +373,8 @@ class SchedulerCore:
             r.n_sched -= n
             if entry.draft:  # a speculating entry fed n = 1 + k tokens; its KV keeps 1 + the accepted ones
                 r.n_done += n - entry.draft + len(res.more)
+            elif res.skipped:  # a feed_last the engine did not decode: the request ended at an eog
+                r.n_done += n - 1
             else:
                 r.n_done += n
             if res.draft_n >= 0:
@@ -390,7 +392,12 @@ class SchedulerCore:
                 events.append(Checkpoint(rid=rid, slot=r.slot, pos=res.checkpoint_pos, data=res.checkpoint))
             if entry.sample:
                 r.samples -= 1
-                if r.reason is None:
+                if res.skipped:
+                    if r.reason is None:  # the engine saw an end this record did not: never the step
+                        self._end(r, "error", events, error=InternalError(
+                            f"the engine skipped sequence {r.seq}'s entry, a request that had not ended",
+                            slot=r.slot))
+                elif r.reason is None:
                     try:
                         if res.more or res.refused:
                             self._sampled(r, res, now, events)

@@ -213,6 +213,13 @@ class Engine(Sampling, Embedding):
         self.backend_sampling = False  # resolved below, once the draft context is known
         self.backend_seqs: set[int] = set()
         self.greedy: set[int] = set()  # seqs whose chain is greedy alone (sampling.py `_greedy_rows`)
+        # Seqs whose request ends at an end-of-generation token (SamplingParams.end_on_eog) or
+        # at one of its stop tokens (end_tokens), and those fed such a token by a feed_last
+        # entry: their later feed_last entries are skipped (planned blind at depth >= 3), so
+        # the KV ends there as at depth 2.
+        self.ends_on_eog: set[int] = set()
+        self.end_tokens: dict[int, frozenset[int]] = {}
+        self.fed_end: set[int] = set()
         self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
         self.watches: dict[int, Any] = {}  # seq -> its lazy grammar / preserved tokens (sampling.Watch)
@@ -575,7 +582,8 @@ class Engine(Sampling, Embedding):
 
     def _step(self, job: J.Step) -> J.StepOut:
         last = self.last_sampled
-        check_step(job, self.n_batch, self.n_seq_max, self.samplers, last)
+        fed_end, ends, end_tokens, text = self.fed_end, self.ends_on_eog, self.end_tokens, self._token_text
+        check_step(job, self.n_batch, self.n_seq_max, self.samplers, last, fed_end)
         self.genes.apply(job.genes)
         lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
         # Speculation (engine/draft.py): the draft context catches up and proposes first.
@@ -598,12 +606,26 @@ class Engine(Sampling, Embedding):
         last_index: list[int] = []
         follow = d is not None and d.every_step  # the MTP head reads this decode's hidden rows
         spans: list[tuple[int, int]] = []  # each entry's first batch row and row count (MTP)
+        skipped: set[int] | None = None  # entries not decoded (their request ended at a token fed)
         for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
             start = k
             if e.feed_last:  # one token, the one this sequence sampled last step
-                token[k] = last[seq]
+                if seq in fed_end:
+                    if skipped is None:
+                        skipped = set()
+                    skipped.add(i)
+                    last_index.append(-1)
+                    continue
+                tok = token[k] = last[seq]
+                if d is None:  # (a drafter's context follows every fed token: nothing skipped)
+                    if seq in ends:
+                        known = text.get(tok)
+                        if known is not None and known[1]:  # ends its request: later feeds are skipped
+                            fed_end.add(seq)
+                    if end_tokens and tok in end_tokens.get(seq, ()):
+                        fed_end.add(seq)
                 position[k] = pos
                 if held[k] != seq:
                     seq_id[k][0] = held[k] = seq
@@ -612,6 +634,8 @@ class Engine(Sampling, Embedding):
                 k += 1
                 pos += 1
             else:
+                if fed_end and seq in fed_end:  # new tokens for the sequence: a new request's
+                    fed_end.discard(seq)
                 for t in e.tokens:
                     token[k] = t
                     position[k] = pos
@@ -640,7 +664,7 @@ class Engine(Sampling, Embedding):
         if self.before_decode is not None:
             self.before_decode()
         t0 = time.perf_counter()
-        rc = self._decode(self.ctx, self.batch)
+        rc = self._decode(self.ctx, self.batch) if k else 0  # (every entry skipped: nothing to decode)
         t1 = time.perf_counter()
         if rc != 0 and extent:
             self.drafter.undo(job.entries, extent)  # type: ignore[union-attr]
@@ -662,8 +686,8 @@ class Engine(Sampling, Embedding):
         row = 0
         if greedy and not drafts:
             n_out, use = 0, False
-            for e in job.entries:
-                if e.sample:
+            for i, e in enumerate(job.entries):
+                if e.sample and not (skipped and i in skipped):
                     if not (e.feed_last or e.tokens):  # (its logits flag lands on another's token)
                         use = False
                         break
@@ -672,6 +696,9 @@ class Engine(Sampling, Embedding):
             if use:
                 argmax = self._greedy_rows(n_out)
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
+            if idx < 0:
+                out.append(EntryOut(seq=e.seq, skipped=True))
+                continue
             if drafts and i in drafts:
                 out.append(self._verify(e, idx, drafts[i], extent[i], saved.get(i)))
                 continue

@@ -40,6 +40,12 @@ class SamplingParams(msgspec.Struct, frozen=True):
     grammar_triggers: tuple[tuple[str, bool], ...] = ()
     # Control tokens (by their text) whose text the output's pieces keep.
     preserve: tuple[str, ...] = ()
+    # The request ends at an end-of-generation token (it does not ignore eos), and at any of
+    # `end_tokens` (its stop tokens): once such a token is fed, a `feed_last` entry planned
+    # before anyone knew (pipeline depth >= 3) is not decoded (EntryOut.skipped), so the KV
+    # ends at that token as it does at depth 2.
+    end_on_eog: bool = False
+    end_tokens: tuple[int, ...] = ()
 
 
 class ModelInfo(Job):
@@ -372,6 +378,9 @@ class EntryOut(msgspec.Struct, frozen=True, array_like=True):
     more: list[Sampled] = []
     draft_n: int = -1
     drafted: int = 0  # tokens the draft model proposed for this entry (the target verified them)
+    # A `feed_last` entry not decoded: the sequence was fed a token that ends its request
+    # (SamplingParams.end_on_eog, end_tokens); nothing of it is in the KV.
+    skipped: bool = False
 
 
 class StepOut(msgspec.Struct, frozen=True):

@@ -97,6 +97,10 @@ class Sampling:
             raise
         self._free_sampler(seq)
         self.samplers[seq] = chain
+        if p.end_on_eog:
+            self.ends_on_eog.add(seq)
+        if p.end_tokens:
+            self.end_tokens[seq] = frozenset(p.end_tokens)
         if self.backend_sampling and BS.eligible(p) and BS.attach(self.ctx, seq, chain):
             self.backend_seqs.add(seq)
         elif greedy:
@@ -115,6 +119,9 @@ class Sampling:
 
     def _free_sampler(self, seq: int) -> None:
         self.greedy.discard(seq)
+        self.ends_on_eog.discard(seq)
+        self.end_tokens.pop(seq, None)
+        self.fed_end.discard(seq)
         if seq in self.backend_seqs:
             self.backend_seqs.discard(seq)
             BS.detach(self.ctx, seq)

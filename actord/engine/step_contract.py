@@ -31,8 +31,10 @@ def run_in_epoch(engine: Any, job: J.Step, body: Callable[[J.Step], J.StepOut]) 
         raise
 
 
-def check_step(job: J.Step, n_batch: int, n_seq_max: int, samplers: Any, last: dict[int, int]) -> int:
-    """Refuse a malformed step; returns its token count."""
+def check_step(job: J.Step, n_batch: int, n_seq_max: int, samplers: Any, last: dict[int, int],
+               ended: Any = frozenset()) -> int:
+    """Refuse a malformed step; returns its token count. `ended`: sequences whose feed_last
+    entries the engine skips (fed an end-of-generation token that ends their request)."""
     # One pass counts and spots a bad entry (the step's hot path); the errors are then
     # raised in their order: the count's first, then the first bad entry's.
     n = 0
@@ -40,7 +42,8 @@ def check_step(job: J.Step, n_batch: int, n_seq_max: int, samplers: Any, last: d
     for e in job.entries:
         n += len(e.tokens) + e.feed_last + e.draft
         if not bad and (not 0 <= e.seq < n_seq_max or (e.sample and e.seq not in samplers)
-                        or (e.feed_last and e.seq not in last) or e.draft or e.draft_tokens):
+                        or (e.feed_last and e.seq not in last and e.seq not in ended) or e.draft
+                        or e.draft_tokens):
             bad = True  # (or a draft: checked below)
     if n == 0:
         raise InvalidParams("empty step")
@@ -53,7 +56,7 @@ def check_step(job: J.Step, n_batch: int, n_seq_max: int, samplers: Any, last: d
             raise InvalidParams(f"sequence {e.seq} out of range", seq=e.seq)
         if e.sample and e.seq not in samplers:
             raise InvalidParams(f"sequence {e.seq} has no sampler", seq=e.seq)
-        if e.feed_last and e.seq not in last:
+        if e.feed_last and e.seq not in last and e.seq not in ended:
             raise InvalidParams(f"sequence {e.seq} sampled nothing in the last step", seq=e.seq)
         if e.draft and (e.draft < 0 or not e.sample or e.feed_last or e.checkpoint or not e.tokens):
             raise InvalidParams(f"sequence {e.seq}: a draft follows a sampled token the entry feeds", seq=e.seq)

@@ -133,6 +133,33 @@ def test_at_depth_3_an_ended_request_keeps_the_sample_a_step_in_flight_fed():
     assert core.held(0) == len(f.kv_tokens)
 
 
+def test_at_depth_3_a_feed_the_engine_skipped_after_an_eog_leaves_the_kv_at_the_eog():
+    core = SchedulerCore(n_batch=64, depth=3)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k, k1, k2 = core.schedule(), core.schedule(), core.schedule()
+    core.update(k, out_for(k, {0: 9}, eog={0}))
+    core.update(k1, out_for(k1, {0: 11}))  # k+1 fed the eog token; what it sampled is never fed
+    skipped = J.StepOut(step=0, entries=[J.EntryOut(seq=0, skipped=True)], n_tokens=0, t_decode_ms=0.0,
+                        t_sample_ms=0.0)
+    [f] = finished(core.update(k2, skipped))
+    assert f.kv_tokens == [100, 101, 102, 103, 9] and core.held(0) == 5  # as at depth 2
+
+
+def test_a_skipped_entry_of_a_request_that_had_not_ended_ends_it_alone_with_a_typed_error():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    core.add(req(2, 1, prompt=4, n_predict=3))
+    k = core.schedule()
+    core.update(k, out_for(k))
+    k1 = core.schedule()
+    entries = [J.EntryOut(seq=0, skipped=True), J.EntryOut(seq=1, token=8, piece=b"x")]
+    events = core.update(k1, J.StepOut(step=0, entries=entries, n_tokens=1, t_decode_ms=0.0, t_sample_ms=0.0))
+    [f] = finished(events)
+    assert f.req.rid == 1 and f.req.reason == "error" and "skipped" in str(f.req.error)
+    assert f.kv_tokens == [100, 101, 102, 103]  # the skipped feed is not in the KV
+    assert core.reqs[2].out == [8, 8] and core.reqs[2].reason is None  # the other goes on
+
+
 def test_the_last_sample_by_n_predict_is_never_fed():
     core = SchedulerCore(n_batch=64, depth=2)
     core.add(req(1, 0, prompt=4, n_predict=1))
