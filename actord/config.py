@@ -40,9 +40,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     piece_tile: int = 64
     # Engine steps in flight at once: step k+1 (and more) is planned before step k's samples
     # reach Python, and the engine feeds them itself, so it never waits for Python. A
-    # request that ends by its sample (end of generation, a stop string) has up to depth-1
-    # extra tokens in its KV and is answered that many steps later. 0 = auto: 4 on a GPU
-    # backend, 2 on the CPU (actord/policy/pipeline.py).
+    # request that ends by its sample is answered up to depth-1 steps later; a stop string
+    # leaves up to depth-1 extra tokens in its KV (an eog or stop token none past itself).
+    # 0 = auto: 4 on a GPU backend, 2 on the CPU (actord/policy/pipeline.py).
     pipeline_depth: int = 0
     # How long a decode step's result may wait before the engine wakes the loop for it
     # (engine/thread.py `_announce`): with depth >= 3 on a fast device the loop then routes a

@@ -8,10 +8,10 @@ where a step is cheap: measured with the tiny model at 8 slots (a ~0.25 ms step,
 bench/hot_path.py (b)), actord took 1.09-1.20x the raw loop's time per step at depth 2 and
 1.02-1.05x at depth 4. It costs where a step is slow, and gains nothing there (a 40 ms step
 hides Python's ~40 us per step): a new request's prompt joins after the d-1 steps already
-planned, and a request that ends by its sample is answered d-1 steps after it and leaves
-d-1 tokens past its end in the KV (at depth 2 only the end-of-generation token itself,
-which a chat template's next turn repeats; past that a recurrent or SWA model's next turn
-resumes from a checkpoint instead of extending exactly).
+planned, and a request that ends by its sample is answered d-1 steps after it. Its KV ends
+at its end-of-generation or stop token whatever d is (the engine skips the feeds planned
+after it), but a stop string or a cancel leaves up to d-1 tokens past the end, which a
+recurrent or SWA model's next turn cannot cut back: it resumes from a checkpoint.
 
 "auto" takes depth 4 where the model runs on a GPU backend (the accelerator actord is for:
 steps of a few ms and less) and 2 on the CPU. It is decided from the engine's device report,
