@@ -16,6 +16,10 @@ turn starting beside a decoding mind waited ~4 steps for its cut, sampler and pa
 Safe because such a job touches only a sequence that no queued step holds, within cells the
 scheduler granted before it was sent; everything else keeps submission order.
 
+A finished decode step is announced to the loop right before the next step's decode, or,
+at pipeline depth >= 3 on a fast device, goes with a later ring (`_announce`). The thread
+runs on the CPUs actord/policy/cpus.py chose (by default, off the loop's).
+
 Shutdown drains nothing it cannot finish: queued jobs behind the stop marker fail with
 `ShuttingDown`, the engine frees its context and model on its own thread, and the thread
 exits.
@@ -407,7 +411,8 @@ class EngineThread:
         if p is None:
             return
         job = self._running
-        if self._defer_s > 0.0 and isinstance(job, Step) and self._more_waiting():
+        # Behind it in submission order (a between-steps job, about to run, would delay it).
+        if self._defer_s > 0.0 and isinstance(job, Step) and not self._urgent and self._q.qsize():
             now = time.perf_counter()
             since = self._unannounced_since or now
             if now - since + self._last_step_s < self._defer_s and _one_token_each(job):
