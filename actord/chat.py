@@ -414,15 +414,22 @@ def _digest(template_id: str, messages: list[ChatMessage]) -> bytes:
     return h.digest()
 
 
+ENTRY_TOKENS = 64  # what one kept turn costs beside its tokens, in 4-byte tokens (~256 B)
+
+
 class TurnMemory:
     """LRU of digest(conversation up to a reply) -> exact tokens of prompt + reply.
 
-    Bounded by the number of tokens held across all entries (4 bytes each); an entry larger
-    than the whole budget is not kept.
+    Bounded in 4-byte token units across all entries: each entry is charged its tokens and
+    `entry_tokens` more for its key, array header and LRU node (~220 B measured), so many
+    short turns cannot hold several times the budget (16 MB by default: 1,868 turns of
+    ~240 tokens each had cost 0.3 KB apiece uncounted). An entry larger than the whole budget
+    is not kept.
     """
 
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, entry_tokens: int = ENTRY_TOKENS) -> None:
         self.max_tokens = max_tokens
+        self.entry_tokens = entry_tokens
         self.held = 0
         self._entries: collections.OrderedDict[bytes, array] = collections.OrderedDict()
         self.hits = 0
@@ -441,16 +448,17 @@ class TurnMemory:
         return arr.tolist()
 
     def put(self, key: bytes, tokens: list[int]) -> None:
-        if len(tokens) > self.max_tokens:
+        cost = len(tokens) + self.entry_tokens
+        if cost > self.max_tokens:
             return
         old = self._entries.pop(key, None)
         if old is not None:
-            self.held -= len(old)
+            self.held -= len(old) + self.entry_tokens
         self._entries[key] = array("i", tokens)
-        self.held += len(tokens)
+        self.held += cost
         while self.held > self.max_tokens:
             _, dropped = self._entries.popitem(last=False)
-            self.held -= len(dropped)
+            self.held -= len(dropped) + self.entry_tokens
 
 
 Tokenize = Callable[[str], Awaitable[list[int]]]

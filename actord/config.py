@@ -129,7 +129,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_n: int = 8
     model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
     cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
-    chat_memory_tokens: int = 1 << 22  # exact prompt+reply tokens kept for chat turns (4 B each)
+    # Exact prompt+reply tokens kept for chat turns, in 4-byte units: each turn kept is also
+    # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
+    chat_memory_tokens: int = 1 << 22
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
     # Tool calling's output format (actord.tools): "auto" reads it from the chat template;
     # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).

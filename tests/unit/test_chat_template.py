@@ -99,7 +99,7 @@ def test_environment_is_the_hugging_face_one():
 
 
 def test_turn_memory_is_bounded_by_tokens_and_least_recently_used_goes_first():
-    mem = TurnMemory(max_tokens=10)
+    mem = TurnMemory(max_tokens=10, entry_tokens=0)
     mem.put(b"a", [1] * 4)
     mem.put(b"b", [2] * 4)
     assert mem.get(b"a") == [1] * 4  # a is now the most recent
@@ -107,6 +107,16 @@ def test_turn_memory_is_bounded_by_tokens_and_least_recently_used_goes_first():
     assert mem.get(b"b") is None and mem.get(b"a") is not None and mem.held == 8
     mem.put(b"huge", [0] * 11)  # larger than the budget: not kept, nothing dropped
     assert mem.get(b"huge") is None and len(mem) == 2
+
+
+def test_turn_memory_charges_each_turn_its_bookkeeping_so_many_short_turns_stay_bounded():
+    mem = TurnMemory(max_tokens=1000)  # the default charge: 64 units per turn kept
+    for i in range(1000):
+        mem.put(b"k%d" % i, [7])
+    assert len(mem) == 1000 // 65 and mem.held <= 1000  # 15 turns of 1 token, not 1000
+    assert mem.get(b"k999") == [7] and mem.get(b"k0") is None  # the newest stay
+    mem.put(b"k999", [8, 9])  # a turn kept again is charged once
+    assert mem.held == 14 * 65 + 66 and mem.get(b"k999") == [8, 9]
 
 
 def _result(tokens: list[int]) -> CompletionResult:
