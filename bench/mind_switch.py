@@ -121,7 +121,7 @@ def start_daemon(model: str, folder: Path, ctx: int, slots: int, extra: list[str
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
-    wait_until_serving(proc, sock, lambda: proc.stderr.read().decode()[-2000:], poll_s=0.1)  # type: ignore[union-attr]
+    wait_until_serving(proc, sock, poll_s=0.1)
     return proc, sock
 
 

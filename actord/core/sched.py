@@ -373,7 +373,7 @@ class SchedulerCore:
             r.n_sched -= n
             if entry.draft:  # a speculating entry fed n = 1 + k tokens; its KV keeps 1 + the accepted ones
                 r.n_done += n - entry.draft + len(res.more)
-            elif res.skipped:  # a feed_last the engine did not decode: the request ended at an eog
+            elif res.skipped:  # a feed_last the engine did not decode: the request ended at an eog or stop token
                 r.n_done += n - 1
             else:
                 r.n_done += n

@@ -34,7 +34,7 @@ def run_in_epoch(engine: Any, job: J.Step, body: Callable[[J.Step], J.StepOut]) 
 def check_step(job: J.Step, n_batch: int, n_seq_max: int, samplers: Any, last: dict[int, int],
                ended: Any = frozenset()) -> int:
     """Refuse a malformed step; returns its token count. `ended`: sequences whose feed_last
-    entries the engine skips (fed an end-of-generation token that ends their request)."""
+    entries the engine skips (fed a token that ends their request: an eog, a stop token)."""
     # One pass counts and spots a bad entry (the step's hot path); the errors are then
     # raised in their order: the count's first, then the first bad entry's.
     n = 0

@@ -135,15 +135,6 @@ class _Doorbell:
         """Engine thread: hand `p` to the loop with the next ring, without waking it now."""
         self.done.append(p)
 
-    def kick(self) -> None:
-        """Engine thread: wake the loop for whatever was deferred."""
-        if not self.armed and self.done:
-            self.armed = True
-            try:
-                self._signal()
-            except RuntimeError:  # the loop is gone
-                pass
-
     def ring(self, p: Any) -> None:
         """Engine thread (or any thread): hand `p` (and whatever was deferred) to the loop."""
         self.done.append(p)
@@ -364,7 +355,7 @@ class EngineThread:
             try:
                 item = self._q.get_nowait()
             except queue.Empty:
-                self._flush()  # nothing to overlap with: the loop gets every result now
+                self._release_held()  # nothing to overlap with: the loop gets its result now
                 item = self._q.get()
             if item is _WAKE:
                 continue
@@ -384,15 +375,6 @@ class EngineThread:
             self._unannounced_since = 0.0
             p.finish()
 
-    def _flush(self) -> None:
-        """Before the engine thread blocks: the held result, and any that waited, go to the
-        loop (a deferral counted on a job behind; a between-steps job's wake-up token can
-        outlive the job it announced, so there may be none)."""
-        self._release_held()
-        if self._unannounced_since:
-            self._unannounced_since = 0.0
-            self._bell.kick()
-
     def _announce(self) -> None:
         """Right before a step's decode (the engine's `before_decode`): the step before it
         goes to the loop, or, while the loop has nothing to do about it yet, waits to go
@@ -406,7 +388,9 @@ class EngineThread:
         waiting result plus one more step stays within `defer_s`. So on a fast device the
         loop wakes once per few steps and routes them together; a step of a slow one (tens of
         ms) is always announced at once; and a step after which the engine would idle rings,
-        so the loop plans while this one decodes."""
+        so the loop plans while this one decodes. A result deferred here always goes with the
+        ring of the step now starting, at the latest: that step's own result is then held
+        (released, so rung, before the next job or before the thread blocks) or finished."""
         p = self._held
         if p is None:
             return
@@ -486,7 +470,7 @@ class EngineThread:
                     p.finish()
                 del item, job, p  # nor does an idle engine thread keep the last job alive
         finally:
-            self._flush()
+            self._release_held()
             while True:  # fail whatever was queued behind the stop marker
                 if self._urgent:
                     item = self._urgent.popleft()

@@ -10,15 +10,18 @@ from typing import Callable
 from actord.client import Client
 
 
-def wait_until_serving(proc: subprocess.Popen, sock: Path, exited: Callable[[], str], *,
+def wait_until_serving(proc: subprocess.Popen, sock: Path, exited: Callable[[], str] | None = None, *,
                        timeout_s: float = 120.0, poll_s: float = 0.05) -> None:
     """Return once the daemon answers `health` on `sock`. A daemon that exits first raises
-    RuntimeError with `exited()` (its log's tail, say); one that does not answer within
-    `timeout_s` is killed and TimeoutError raised."""
+    RuntimeError with `exited()` (its log's tail, say; by default the tail of its stderr
+    when that is a pipe); one that does not answer within `timeout_s` is killed and
+    TimeoutError raised."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited: {exited()}")
+            tail = exited() if exited is not None else (
+                proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else "")
+            raise RuntimeError(f"daemon exited: {tail}")
         if sock.exists():
             try:
                 with Client(str(sock), timeout=5) as c:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actord.client import Client
+from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
 
@@ -36,19 +37,7 @@ class Daemon:
         return self.proc.pid
 
     def wait_ready(self, timeout: float = 60) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.sock.exists():
-                try:
-                    with Client(str(self.sock), timeout=5) as c:
-                        c.call("health")
-                    return
-                except OSError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited: {self.log()[-2000:]}")
-            time.sleep(0.05)
-        raise TimeoutError("daemon did not come up")
+        wait_until_serving(self.proc, self.sock, lambda: self.log()[-2000:], timeout_s=timeout)
 
     def client(self, timeout: float = 60) -> Client:
         return Client(str(self.sock), timeout=timeout)

@@ -10,31 +10,15 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from actord.client import Client, RpcError
 from actord.errors import InvalidParams, PromptTooLong, SlotNotFound
+from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if path.exists():
-            try:
-                with Client(str(path), timeout=5) as c:
-                    c.call("health")
-                return
-            except OSError:
-                pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.1)
-    raise TimeoutError("daemon did not come up")
 
 
 @pytest.fixture
@@ -46,7 +30,7 @@ def daemon(tiny_model, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        _wait_for(sock, proc)
+        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
         yield sock, proc
     finally:
         if proc.poll() is None:

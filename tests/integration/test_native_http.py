@@ -24,7 +24,7 @@ import pytest
 from actord.client import Client
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama, write_tiny_lora
 from tests.integration.daemons import eventually
-from tests.integration.test_daemon import _wait_for
+from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
 KEY = "native-key"
@@ -47,7 +47,7 @@ def server(tmp_path_factory):
          "--gene", str(genes / "default.gguf"), "--gene-dir", str(genes)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(sock, proc)
+        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
         with Client(str(sock), timeout=10) as c:
             url = "http://" + c.call("props")["http"]
         yield Server(url, sock, d / "pages", proc)

@@ -20,7 +20,7 @@ import pytest
 from actord.client import Client
 from actord.http import openai as O
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
-from tests.integration.test_daemon import _wait_for
+from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
 KEY = "test-key"
@@ -37,7 +37,7 @@ def _start(model: str, tmp: Path, *extra: str) -> tuple[subprocess.Popen, Path, 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        _wait_for(sock, proc)
+        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
         with Client(str(sock), timeout=10) as c:
             addr = c.call("props")["http"]
     except BaseException:

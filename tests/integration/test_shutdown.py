@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from actord.client import Client
-from tests.integration.test_daemon import _wait_for
+from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
 
@@ -26,7 +26,7 @@ def _start(tiny_model: str, tmp_path: Path, grace: float) -> tuple[Path, subproc
          "--shutdown-grace-s", str(grace), "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    _wait_for(sock, proc)
+    wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
     return sock, proc
 
 
@@ -170,7 +170,7 @@ def test_the_issue_9_deadlock_over_the_socket_answers_both_requests(tiny_model, 
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
-        _wait_for(sock, proc)
+        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
         with Client(str(sock), timeout=30) as c:
             third = c.call("gene.load", {"path": genes[2]})["id"]
             c.call("gene.page_out", {"id": third})
