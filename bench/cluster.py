@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from actord import log  # noqa: E402
-from actord.config import ClusterConfig, Config  # noqa: E402
+from actord.service import log  # noqa: E402
+from actord.service.config import ClusterConfig, Config  # noqa: E402
 from actord.testing.models import write_tiny_llama  # noqa: E402
 
 log.configure(level="error")
@@ -79,7 +79,7 @@ def run_cluster(model: str, root: Path, nodes: int, minds: int, turns: int, n_pr
 
 
 def run_single(model: str, minds: int, turns: int, n_predict: int) -> float:
-    from actord.system import ActorSystem
+    from actord.service.system import ActorSystem
 
     async def go() -> float:
         async with ActorSystem(node_config(model)) as s:
@@ -119,7 +119,7 @@ def migrations(model: str, root: Path, sizes_mb: list[int]) -> list[dict]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from actord.actors.placer import mind_file
+    from actord.serving.placer import mind_file
     from actord.cluster.client import ClusterClient, get
     from actord.cluster.local import LocalCluster
     from actord.cluster.transfer import pack

@@ -221,7 +221,7 @@ class RawLoop:
 
 
 def serve_has_flag(flag: str) -> bool:
-    out = subprocess.run([sys.executable, "-m", "actord.cli", "serve", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "actord.frontends.cli", "serve", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     return any(w.strip("[],") == flag for w in out.stdout.split())
 
@@ -229,13 +229,13 @@ def serve_has_flag(flag: str) -> bool:
 class Daemon:
     def __init__(self, args: argparse.Namespace, tmp: str, name: str, extra: list[str] | None = None) -> None:
         self.sock = os.path.join(tmp, f"{name}.sock")
-        cmd = [sys.executable, "-m", "actord.cli", "serve", "--model", args.model, "--slots", str(args.slots),
+        cmd = [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", args.model, "--slots", str(args.slots),
                "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads),
                "--socket", self.sock, "--page-dir", os.path.join(tmp, f"{name}-pages"),
                "--log-level", "warning", *(extra or [])]
         self.log = open(os.path.join(tmp, f"{name}.log"), "w+")
         self.p = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        from actord.client import Client
+        from actord.frontends.client import Client
 
         deadline = time.monotonic() + 180
         while True:
@@ -252,14 +252,14 @@ class Daemon:
                 time.sleep(0.2)
 
     def erase(self, n: int) -> None:
-        from actord.client import Client
+        from actord.frontends.client import Client
 
         with Client(self.sock) as c:
             for s in range(n):
                 c.call("slot.erase", {"slot": s})
 
     def run1(self, prompt: str, n_predict: int, stream: bool) -> dict[str, Any]:
-        from actord.client import Client
+        from actord.frontends.client import Client
 
         self.erase(1)
         with Client(self.sock) as c:
@@ -273,7 +273,7 @@ class Daemon:
     def run_n(self, n_slots: int, prompt: str, n_predict: int, stream: bool) -> dict[str, Any]:
         import anyio
 
-        from actord.client import AsyncClient
+        from actord.frontends.client import AsyncClient
 
         self.erase(n_slots)
         results: list[Any] = [None] * n_slots
@@ -346,7 +346,7 @@ def main() -> int:
                     help="also run a daemon with `--trace FILE` and report the tracing overhead")
     ap.add_argument("--raw-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from actord.config import engine_threads
+    from actord.service.config import engine_threads
 
     args.threads = engine_threads(args.threads)
     if args.model is None:

@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
 
-from actord import log  # noqa: E402
-from actord.config import Config, engine_threads  # noqa: E402
+from actord.service import log  # noqa: E402
+from actord.service.config import Config, engine_threads  # noqa: E402
 from actord.engine import jobs as J  # noqa: E402
-from actord.system import ActorSystem  # noqa: E402
+from actord.service.system import ActorSystem  # noqa: E402
 from actord.testing.models import gemma3_270m_path  # noqa: E402
 from page_bandwidth import natural_text  # noqa: E402
 

@@ -134,9 +134,9 @@ def actord_worker(config: str) -> int:
 
     import anyio
 
-    from actord import log
-    from actord.config import Config
-    from actord.system import ActorSystem
+    from actord.service import log
+    from actord.service.config import Config
+    from actord.service.system import ActorSystem
 
     log.configure(level="error")
 
@@ -281,9 +281,9 @@ def main() -> int:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from actord import log
-    from actord.system import ActorSystem
-    from actord.config import Config
+    from actord.service import log
+    from actord.service.system import ActorSystem
+    from actord.service.config import Config
     from actord.testing.fake_engine import FakeEngine
     from actord.testing.models import gemma3_270m_path, write_tiny_llama
 

@@ -40,7 +40,7 @@ References, measured between the page operations (interleaved, same process):
   (a cold copy is dominated by page faults), median of `--memcpy-reps` per cycle.
 * cold-dst copy: memmove into a freshly mmap'd, never-touched buffer (page faults
   included): what a page_out into fresh memory pays. The page store hands page_out a warm
-  buffer from its pool (the one the previous page_in released: actors/buffer_pool.py), so
+  buffer from its pool (the one the previous page_in released: serving/buffer_pool.py), so
   from the second cycle on page_out / cold-dst should be well above 1.
 
 --skip-files-and-turns runs part 1 (and 4) only: a short run (~1 minute here).
@@ -70,11 +70,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from actord import log  # noqa: E402
-from actord.config import Config, engine_threads  # noqa: E402
+from actord.service import log  # noqa: E402
+from actord.service.config import Config, engine_threads  # noqa: E402
 from actord.engine import jobs as J  # noqa: E402
 from actord.storage.pagefile import SUFFIXES  # noqa: E402
-from actord.system import ActorSystem  # noqa: E402
+from actord.service.system import ActorSystem  # noqa: E402
 from actord.testing.models import gemma3_270m_path, write_tiny_llama  # noqa: E402
 
 TARGET_COPY = 0.9  # engine page copy / memcpy bandwidth

@@ -19,9 +19,9 @@ import time
 
 import anyio
 
-from actord import log
-from actord.config import Config
-from actord.system import ActorSystem
+from actord.service import log
+from actord.service.config import Config
+from actord.service.system import ActorSystem
 from actord.testing.models import gemma3_270m_path
 
 STABLE = ("The harbour town of Veln sits between two cliffs. Its lighthouse has burned for three hundred years, "

@@ -7,9 +7,9 @@ rule shows its cost here. Three policies replay the very same turns:
 
 - oldest: a checkpoint every `--spacing` tokens; a page keeps the head and the newest
   `--keep`; the budget takes the fullest list's oldest after its head (raw lcp unknown);
-- divergence: the seed's rule (`actord.policy.checkpoints`): the same spacing, and the
+- divergence: the seed's rule (`actord.policy.checkpoint_select`): the same spacing, and the
   keep and the budget's victim aware of the slot's last raw lcp;
-- placement (the default, `actord.policy.placement`): checkpoints made where the expected
+- placement (the default, `actord.policy.checkpoint_placement`): checkpoints made where the expected
   re-prefill of the mind's next request is least, given its divergence history, under the
   slot's share of the byte budget (grid aligned to `--align`, the scheduler's chunk); a
   page keeps the best subset; the budget evicts least expected-cost increase per byte.
@@ -54,11 +54,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actord.config import Config  # noqa: E402
-from actord.policy.checkpoints import (  # noqa: E402
+from actord.service.config import Config  # noqa: E402
+from actord.policy.checkpoint_select import (  # noqa: E402
     CheckpointMeta, apply_evictions, plan_budget_admission, select,
 )
-from actord.policy.placement import (  # noqa: E402
+from actord.policy.checkpoint_placement import (  # noqa: E402
     Divergence, forecast, keep_best, plan, plan_admission, remember, slot_count,
 )
 

@@ -38,9 +38,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from actord.config import Config
+from actord.service.config import Config
 from actord.engine import jobs as J
-from actord.engine.core import Engine
+from actord.engine.engine import Engine
 from actord.engine.grammar import JSON_OBJECT_GBNF, schema_grammar
 from actord.engine.llama import claim_current_thread
 

@@ -49,9 +49,9 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actord import log  # noqa: E402
-from actord.config import Config  # noqa: E402
-from actord.system import ActorSystem  # noqa: E402
+from actord.service import log  # noqa: E402
+from actord.service.config import Config  # noqa: E402
+from actord.service.system import ActorSystem  # noqa: E402
 
 TEXTS = [
     "The history of the Roman Empire spans more than a thousand years. It began when Augustus became the first "

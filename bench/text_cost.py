@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from actord.core.text import TextState
+from actord.serving.steps.text import TextState
 
 N_TOKENS = 10_000
 RUNS = 15

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import anyio
 
-from actord import log
-from actord.config import Config
-from actord.system import ActorSystem
+from actord.service import log
+from actord.service.config import Config
+from actord.service.system import ActorSystem
 from actord.testing.models import gemma3_270m_path, write_tiny_lora
 
 PERSONAS = [

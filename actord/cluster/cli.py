@@ -30,13 +30,13 @@ from typing import Any
 
 import msgspec
 
-from actord.config import ClusterConfig
+from actord.service.config import ClusterConfig
 
 STATE = "cluster.json"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from actord.cli import _add_config_flags
+    from actord.frontends.cli import _add_config_flags
 
     ap = argparse.ArgumentParser(prog="actord cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(f"no cluster at {ns.root} ({STATE} not found)", file=sys.stderr)
         return 2
     if ns.verb == "status":
-        from actord.client import Client
+        from actord.frontends.client import Client
 
         try:
             with Client(state["socket"], timeout=60) as c:
@@ -91,8 +91,8 @@ def _state(root: Path) -> dict[str, Any] | None:
 
 
 def _up(ns: argparse.Namespace) -> int:
-    from actord.cli import config_from_args
-    from actord.errors import ActordError
+    from actord.frontends.cli import config_from_args
+    from actord.service.errors import ActordError
 
     from actord.cluster import require_ray
 
@@ -117,7 +117,7 @@ def _up(ns: argparse.Namespace) -> int:
         return 2
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "keeper.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "actord.cli", "cluster", "keep", msgspec.json.encode(cfg).decode()],
+    proc = subprocess.Popen([sys.executable, "-m", "actord.frontends.cli", "cluster", "keep", msgspec.json.encode(cfg).decode()],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + ns.timeout_s
     while time.monotonic() < deadline:
@@ -135,7 +135,7 @@ def _up(ns: argparse.Namespace) -> int:
 
 
 def _keep(config_json: str) -> int:
-    from actord import log as actord_log
+    from actord.service import log as actord_log
     from actord.cluster.durable import write_json
 
     cfg = msgspec.json.decode(config_json.encode(), type=ClusterConfig)

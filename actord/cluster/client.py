@@ -6,7 +6,7 @@
     c.migrate("ada", "n2"); c.status()
 
 A process that is not a Ray driver reaches the same router through its JSON-RPC socket
-(rpc.py) with `actord.client.Client(path)`, exactly as it reaches one daemon.
+(rpc.py) with `actord.frontends.client.Client(path)`, exactly as it reaches one daemon.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from actord.cluster.router import ROUTER_NAME, TurnOut
-from actord.errors import ActordError, DuplicateTurn
+from actord.service.errors import ActordError, DuplicateTurn
 
 
 def get(refs: Any) -> Any:

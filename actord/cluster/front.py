@@ -1,7 +1,7 @@
 """The OpenAI HTTP front served at the router (`actord cluster up --http HOST:PORT`), so a
 client does not know whether it speaks to one node or many.
 
-Why this shape: the single-node front (actord/http/app.py, `HttpFront`) is written against
+Why this shape: the single-node front (actord/frontends/http/app.py, `HttpFront`) is written against
 its `system`: `props`, `chat(...)`, `complete(...)`, `complete_n(...)`. `ClusterFront` is
 that system for the cluster, over the router in the same process (the router's Ray actor,
 where its JSON-RPC socket runs too), so every route, check, answer shape, error object and
@@ -45,15 +45,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.api import CompletionRequest, CompletionResult
-from actord.chat import ChatRequest, ChatResult
-from actord.errors import InvalidParams, NotServed
-from actord.http import native_base
-from actord.http.app import HttpFront
-from actord.http.embeddings import Embeddings
-from actord.http.native import Native
-from actord.http.openai_routes import OpenAIRoutes
-from actord.http.responses_api import Responses
+from actord.service.types import CompletionRequest, CompletionResult
+from actord.chat.template import ChatRequest, ChatResult
+from actord.service.errors import InvalidParams, NotServed
+from actord.frontends.http.native import base as native_base
+from actord.frontends.http.app import HttpFront
+from actord.frontends.http.openai.embeddings import Embeddings
+from actord.frontends.http.native.routes import Native
+from actord.frontends.http.openai.routes import OpenAIRoutes
+from actord.frontends.http.openai.responses_api import Responses
 
 OnToken = Callable[[Any], None] | None
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from actord.config import ClusterConfig
-from actord.log import get
+from actord.service.config import ClusterConfig
+from actord.service.log import get
 
 log = get("actord.cluster.local")
 

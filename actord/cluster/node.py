@@ -38,22 +38,22 @@ import anyio
 import msgspec
 import ray
 
-from actord.actors.placer import mind_file
-from actord.api import CompletionRequest
+from actord.serving.placer import mind_file
+from actord.service.types import CompletionRequest
 from actord.cluster.fence import FenceBook, MindFence
-from actord.chat import ChatRequest
+from actord.chat.template import ChatRequest
 from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
 from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
 from actord.cluster.transfer import PageBlob, pack, unpack
-from actord.config import ClusterConfig
+from actord.service.config import ClusterConfig
 from actord.engine.jobs import ChatInfo
-from actord.errors import ActordError, DuplicateTurn, InvalidParams, NodeUnavailable, StaleEpoch
-from actord.log import get
+from actord.service.errors import ActordError, DuplicateTurn, InvalidParams, NodeUnavailable, StaleEpoch
+from actord.service.log import get
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import sidecar_paths
 from actord.storage.paths import check_part
 from actord.storage.publish import read_generation
-from actord.system import ActorSystem
+from actord.service.system import ActorSystem
 
 log = get("actord.cluster.node")
 
@@ -129,7 +129,7 @@ async def _pump(run: Callable[[Callable[[Any], None]], Awaitable[Answer]]) -> An
 
 class NodeDaemon:
     def __init__(self, name: str, config_json: bytes) -> None:
-        from actord import log as actord_log
+        from actord.service import log as actord_log
 
         self.cfg = msgspec.json.decode(config_json, type=ClusterConfig)
         actord_log.configure(level=self.cfg.log_level)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from actord.actors.base import Envelope
-from actord.actors.messages import Erase, Info, Msg, SaveSlot
-from actord.actors.pages import DropPage, ListPages
-from actord.actors.placer import MindPlacer, PlacerInbox, mind_file
-from actord.errors import PageNotFound
-from actord.log import get
+from actord.serving.kernel import Envelope
+from actord.serving.messages import Erase, Info, Msg, SaveSlot
+from actord.serving.page_store import DropPage, ListPages
+from actord.serving.placer import MindPlacer, PlacerInbox, mind_file
+from actord.service.errors import PageNotFound
+from actord.service.log import get
 
 log = get("actord.cluster.placer")
 

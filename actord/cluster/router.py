@@ -43,15 +43,15 @@ import msgspec
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
-from actord.api import CompletionRequest, SamplingFields
-from actord.chat import ChatRequest
+from actord.service.types import CompletionRequest, SamplingFields
+from actord.chat.template import ChatRequest
 from actord.cluster.directory import Directory, Entry
 from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
-from actord.config import ClusterConfig
-from actord.errors import (
+from actord.service.config import ClusterConfig
+from actord.service.errors import (
     ActordError, DuplicateTurn, InternalError, InvalidParams, MigrationFailed, NodeUnavailable, PageNotFound,
 )
-from actord.log import get
+from actord.service.log import get
 from actord.storage.paths import check_part
 
 log = get("actord.cluster.router")
@@ -95,7 +95,7 @@ class TurnOut(msgspec.Struct, frozen=True):
 
 class MindRouter:
     def __init__(self, config_json: bytes) -> None:
-        from actord import log as actord_log
+        from actord.service import log as actord_log
 
         self.cfg = msgspec.json.decode(config_json, type=ClusterConfig)
         actord_log.configure(level=self.cfg.log_level)

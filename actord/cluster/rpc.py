@@ -1,5 +1,5 @@
 """The router's JSON-RPC socket: the daemon's protocol (rpc/protocol.py), served by the
-router, so a client of one daemon (`actord.client.Client`, `actord --socket ... call`)
+router, so a client of one daemon (`actord.frontends.client.Client`, `actord --socket ... call`)
 reaches the cluster the same way.
 
     completion        CompletionRequest's params; `mind` is required (the cluster places
@@ -28,9 +28,9 @@ from typing import Any
 
 import msgspec
 
-from actord.errors import InvalidParams, METHOD_NOT_FOUND
-from actord.log import get
-from actord.rpc.protocol import ProtocolError, decode_request, error_response, notification, result_response
+from actord.service.errors import InvalidParams, METHOD_NOT_FOUND
+from actord.service.log import get
+from actord.frontends.rpc.protocol import ProtocolError, decode_request, error_response, notification, result_response
 
 log = get("actord.cluster.rpc")
 

@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from actord.cluster.fence import TurnRecord
-from actord.errors import CorruptPageFile
+from actord.service.errors import CorruptPageFile
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
 
 

@@ -23,7 +23,7 @@ What can run there (vendored llama.cpp, src/llama-sampler.cpp, each sampler's
 
 A chain is attached only when all of it can run there: then the backend picks the token and
 the CPU chain only accepts it. Greedy picks the same token either way (argmax; pinned by
-tests/actors/test_backend_sampling.py); a seeded dist draws from the backend's copy of the
+tests/engine/test_backend_sampling.py); a seeded dist draws from the backend's copy of the
 generator and picks over the backend's own sort and cumulative sum, so a seeded temperature
 request is reproducible per setting, not across the two (on the CPU backend some chains
 matched, top_k + min_p did not).

@@ -24,7 +24,7 @@ import json
 from typing import Any
 
 from actord.engine.llama import grammar_lib
-from actord.errors import InvalidParams
+from actord.service.errors import InvalidParams
 
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_GRAMMAR_BYTES = 1024 * 1024

@@ -42,7 +42,7 @@ import numpy as np
 
 from actord.engine import jobs as J
 from actord.engine.llama import ext, lib
-from actord.errors import EngineError, SpecUnsupported
+from actord.service.errors import EngineError, SpecUnsupported
 
 _MAGIC = b"MTPh"
 _HEADER = struct.Struct("<4sii")  # magic, h_pos, n_embd

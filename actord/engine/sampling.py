@@ -1,5 +1,5 @@
 """The engine's sampling: one libllama sampler chain per sequence, the grammar check,
-logprobs. A mixin of `Engine` (engine/core.py), on the engine thread only.
+logprobs. A mixin of `Engine` (engine/engine.py), on the engine thread only.
 
 Kept apart from the step because it is its own policy-free mechanism with its own costs:
 grammar is checked on the token the chain picked and the whole vocabulary is masked only
@@ -18,7 +18,7 @@ import numpy as np
 from actord.engine import backend_sampling as BS
 from actord.engine import jobs as J
 from actord.engine.llama import lib
-from actord.errors import InvalidParams
+from actord.service.errors import InvalidParams
 
 
 class Watch:

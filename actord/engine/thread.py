@@ -38,8 +38,8 @@ import anyio
 import sniffio
 
 from actord.engine.jobs import Step
-from actord.errors import ActordError, EngineError, ShuttingDown
-from actord.log import get
+from actord.service.errors import ActordError, EngineError, ShuttingDown
+from actord.service.log import get
 
 log = get("actord.engine")
 
@@ -250,7 +250,7 @@ class EngineThread:
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
         self.started = 0  # jobs the engine thread has begun (their order: `_Pending.n`)
-        # A replay's hold on the execution order (actord/replay/scheduler.py, EngineOrder):
+        # A replay's hold on the execution order (actord/replay/dispatcher.py, EngineOrder):
         # `gate.admit(job, p)` False keeps a job out of the queue until the gate enqueues
         # it; at the stop, `gate.drop()` hands back what it still holds.
         self.gate: Any = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actord.errors import InvalidParams
+from actord.service.errors import InvalidParams
 
 
 class CpuChoice(msgspec.Struct, frozen=True):

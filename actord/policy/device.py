@@ -1,7 +1,7 @@
 """What `--device-bytes` means on the machine at hand: one pure decision, tested with numbers.
 
 The device budget is the one count that resident genes and occupied slots' state share
-(actors/genes.py). Given:
+(serving/gene_residency.py). Given:
 
 * `--device-bytes N > 0`: N, on any backend.
 * `--device-bytes 0` on the CPU (no GPU device): unlimited, as always (0): the "device" is

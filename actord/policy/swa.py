@@ -2,7 +2,7 @@
 
 Why: a sliding-window model whose cache keeps only the window cannot be cut back to an
 arbitrary position, so a request that diverges mid-prompt resumes from a context
-checkpoint, and pays `d - p` tokens of re-prefill (actord.policy.placement keeps that
+checkpoint, and pays `d - p` tokens of re-prefill (actord.policy.checkpoint_placement keeps that
 small). A full SWA cache keeps every position of every layer: any divergence resumes at
 the raw lcp exactly (the floor), no checkpoint is needed, and it costs memory: the state
 bytes per token of all layers times the context size. When that fits the memory the user

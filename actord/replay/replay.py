@@ -17,12 +17,12 @@ from typing import Any
 import anyio
 import msgspec
 
-from actord.config import Config
-from actord.errors import ActordError
-from actord.replay.scheduler import DeterministicDispatcher, Divergence, EngineOrder, RecordedPolicy, SeededPolicy
+from actord.service.config import Config
+from actord.service.errors import ActordError
+from actord.replay.dispatcher import DeterministicDispatcher, Divergence, EngineOrder, RecordedPolicy, SeededPolicy
 from actord.replay.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
-from actord.rpc.methods import METHODS
-from actord.system import ActorSystem
+from actord.frontends.rpc.methods import METHODS
+from actord.service.system import ActorSystem
 
 
 @dataclass

@@ -40,17 +40,17 @@ from typing import Any
 import anyio
 import sniffio
 
-from actord.actors.messages import RunStep
-from actord.actors.pages import SpillEnd
-from actord.config import Config
+from actord.serving.messages import RunStep
+from actord.serving.page_store import SpillEnd
+from actord.service.config import Config
 from actord.engine import jobs as J
-from actord.engine.core import Engine
-from actord.errors import ActordError, EngineError
-from actord.replay.scheduler import CLIENT, DeterministicDispatcher, SeededPolicy
+from actord.engine.engine import Engine
+from actord.service.errors import ActordError, EngineError
+from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
 from actord.replay.trace import digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.storage.publish import read_generation
-from actord.system import ActorSystem
+from actord.service.system import ActorSystem
 
 
 class InvariantViolated(AssertionError):

@@ -47,10 +47,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from actord.errors import (
+from actord.service.errors import (
     FileNotFound, FileReadTimeout, FileTooLarge, InvalidParams, NotARegularFile, Overloaded, PathRefused,
 )
-from actord.log import get
+from actord.service.log import get
 from actord.storage.paths import check_part
 
 log = get("actord.clientfiles")

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from actord.errors import ActordError
+from actord.service.errors import ActordError
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
 from actord.storage.paths import confine_file

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from actord.errors import StorageError
+from actord.service.errors import StorageError
 
 Buffer = bytes | bytearray | memoryview
 

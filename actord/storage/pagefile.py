@@ -43,8 +43,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from actord.errors import CorruptPageFile, FileNotFound
-from actord.log import get
+from actord.service.errors import CorruptPageFile, FileNotFound
+from actord.service.log import get
 from actord.storage.osfs import Buffer, OsFs
 
 log = get("actord.storage")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-from actord.errors import PathRefused
+from actord.service.errors import PathRefused
 
 # Names the publisher keeps for itself inside the page folder.
 RESERVED_PREFIX = ".actord-"
@@ -50,7 +50,7 @@ def check_part(part: str) -> str | None:
     return None
 
 
-# A mind's state spills to the page file `<mind>.page` (actors/placer.py): so a mind name
+# A mind's state spills to the page file `<mind>.page` (serving/placer.py): so a mind name
 # is what a page file's last component may be, less that suffix, refused up front rather
 # than once its first spill fails.
 MIND_FILE_SUFFIX = ".page"

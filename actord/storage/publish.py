@@ -46,8 +46,8 @@ from pathlib import Path
 
 import msgspec
 
-from actord.errors import ActordError, CorruptPageFile, FileNotFound, PathRefused, StorageError
-from actord.log import get
+from actord.service.errors import ActordError, CorruptPageFile, FileNotFound, PathRefused, StorageError
+from actord.service.log import get
 from actord.storage.osfs import FileLock, OsFs
 from actord.storage.pagefile import SUFFIXES, PageImage, encode_generation, load_generation, peek_gen_id
 from actord.storage.paths import LOCK_NAME, RESERVED_PREFIX, confine

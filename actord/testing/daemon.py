@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from actord.client import Client
+from actord.frontends.client import Client
 
 
 def wait_until_serving(proc: subprocess.Popen, sock: Path, exited: Callable[[], str] | None = None, *,

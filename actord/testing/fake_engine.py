@@ -4,7 +4,7 @@ Why: on a CPU a real decode step hides what Python costs around it. With this en
 step costs nothing, so what a benchmark measures is the orchestration alone (the actors,
 the scheduling core, the engine thread's hand-offs). It keeps the engine's contract (the
 same jobs, the same result types, sequences and positions checked, `feed_last` and epochs
-honoured: tests/unit/test_fake_engine_contract.py runs it beside the real engine), and it
+honoured: tests/testing/test_fake_engine_contract.py runs it beside the real engine), and it
 samples a deterministic token per (sequence, position), so outputs are reproducible.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from actord.config import Config
+from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.step_contract import check_step, run_in_epoch
-from actord.errors import InvalidParams
+from actord.service.errors import InvalidParams
 
 
 class FakeEngine:

@@ -2,7 +2,7 @@
 
 Shared by the suite's hypothesis test (a few seconds) and `bench/fuzz.py` (a million
 inputs). Inputs are built from what the daemon itself declares: every method of
-`actord.rpc.methods.METHODS`, its params Struct read with `msgspec.inspect`, each field
+`actord.frontends.rpc.methods.METHODS`, its params Struct read with `msgspec.inspect`, each field
 given either a value of its type (edge values weighted up: 0, -1, 2^31, 2^63, 2^64, huge,
 empty, NUL, `..`, `/dev/zero`, deep `d/d/d`, lone surrogates, 1e999) or any JSON at all.
 Around them: envelopes with wrong ids and versions, batches, notifications, byte-level
@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from actord.rpc.methods import METHODS
+from actord.frontends.rpc.methods import METHODS
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()

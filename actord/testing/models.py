@@ -24,7 +24,7 @@ import functools
 import os
 from pathlib import Path
 
-from actord.models import gemma3_270m_path  # noqa: F401  re-exported for tests and benches
+from actord.service.models import gemma3_270m_path  # noqa: F401  re-exported for tests and benches
 from typing import Any, Sequence
 
 __all__ = [
@@ -434,7 +434,7 @@ def write_tiny_qwen35(
 
     Weights are scaled for long memory: DeltaNet decays exp(softplus(dt_bias) * ssm_a) lie in
     about 0.94..0.998 per token, so a token changed 64+ positions back still changes greedy
-    output (tests/actors/test_tiny_models.py pins it), and output rows as write_tiny_llama's.
+    output (tests/engine/test_tiny_models.py pins it), and output rows as write_tiny_llama's.
 
     `mtp_attn_gain` scales the MTP block's attention output: above 1 its drafts depend on
     what its KV holds (the positions before), not only on the token and hidden row it is

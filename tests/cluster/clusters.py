@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import anyio
 
-from actord.config import ClusterConfig, Config
+from actord.service.config import ClusterConfig, Config
 
 NO_RAY = "ray is not installed: the cluster is the optional extra actord[ray] (CI installs it via the dev extra)"
 
@@ -32,7 +32,7 @@ def local_cluster(root: Path, model: str, *, nodes: int = 3, cluster: dict[str, 
 
 def reference_tokens(model: str, prompts: list[list[int]], n_predict: int) -> list[list[int]]:
     """What one slot that never moved answers each prompt with (greedy)."""
-    from actord.system import ActorSystem
+    from actord.service.system import ActorSystem
 
     async def run() -> list[list[int]]:
         out = []

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed: the cluster is th
 from actord.cluster.client import ClusterClient, get  # noqa: E402
 from actord.cluster.messages import Turn  # noqa: E402
 from actord.cluster.transfer import PageBlob  # noqa: E402
-from actord.errors import DuplicateTurn, InvalidParams, MigrationFailed, StaleEpoch  # noqa: E402
+from actord.service.errors import DuplicateTurn, InvalidParams, MigrationFailed, StaleEpoch  # noqa: E402
 from actord.storage.pagefile import PageImage  # noqa: E402
 from tests.cluster.clusters import local_cluster, reference_tokens, turn_req  # noqa: E402
 
@@ -164,7 +164,7 @@ def test_the_source_dying_mid_migration_keeps_the_mind_on_it_reloaded_from_its_s
 
 
 def test_a_streamed_turn_whose_daemon_dies_streams_each_chunk_once(cluster, client, tiny_model):
-    from actord.client import Client
+    from actord.frontends.client import Client
 
     sock = client.status()["router"]["socket"]
     with Client(sock, timeout=300) as c:
@@ -204,7 +204,7 @@ def test_a_daemon_exiting_mid_turn_is_restarted_and_the_turn_applied_once(cluste
 
 
 def test_the_router_socket_speaks_the_daemons_protocol(cluster, client):
-    from actord.client import Client
+    from actord.frontends.client import Client
 
     sock = client.status()["router"]["socket"]
     with Client(sock, timeout=120) as c:

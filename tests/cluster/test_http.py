@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed: the cluster is th
 openai = pytest.importorskip("openai")
 
 from actord.cluster.client import ClusterClient, get  # noqa: E402
-from actord.http import openai as O  # noqa: E402
+from actord.frontends.http.openai import wire as O  # noqa: E402
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama  # noqa: E402
 from tests.cluster.clusters import local_cluster, node_config  # noqa: E402
 
@@ -137,8 +137,8 @@ def _send(c: Any, method: str, path: str, body: Any, headers: dict[str, str]) ->
 
 def single_node_answers(model: str) -> list[tuple[int, Any]]:
     """What one daemon's front answers each of REFUSED (in process, its ASGI app)."""
-    from actord.http.app import HttpFront
-    from actord.system import ActorSystem
+    from actord.frontends.http.app import HttpFront
+    from actord.service.system import ActorSystem
 
     async def run() -> list[tuple[int, Any]]:
         cfg = node_config(model, **FRONT)

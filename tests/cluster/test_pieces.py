@@ -8,7 +8,7 @@ import pytest
 from actord.cluster.directory import Directory
 from actord.cluster.fence import FenceBook
 from actord.cluster.transfer import pack, unpack
-from actord.errors import CorruptPageFile, DuplicateTurn, InvalidParams, StaleEpoch
+from actord.service.errors import CorruptPageFile, DuplicateTurn, InvalidParams, StaleEpoch
 from actord.storage.pagefile import PageImage, StoredCheckpoint
 
 

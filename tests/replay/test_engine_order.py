@@ -13,13 +13,13 @@ import asyncio
 import anyio
 import pytest
 
-from actord.config import Config
+from actord.service.config import Config
 from actord.engine import jobs as J
-from actord.errors import ShuttingDown
+from actord.service.errors import ShuttingDown
 from actord.replay.replay import replay
-from actord.replay.scheduler import EngineOrder
+from actord.replay.dispatcher import EngineOrder
 from actord.replay.trace import EngineDone, digest
-from actord.system import ActorSystem
+from actord.service.system import ActorSystem
 
 
 class _Engine:

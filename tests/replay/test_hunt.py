@@ -8,8 +8,8 @@ import shutil
 import anyio
 import pytest
 
-from actord.actors.messages import Evict, PageOutSlot
-from actord.actors.slot import Slot
+from actord.serving.messages import Evict, PageOutSlot
+from actord.serving.slot import Slot
 from actord.replay.sim import InvariantViolated, simulate
 
 
@@ -156,9 +156,9 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
     disk fault during a spill with drop is then a page lost without a durable copy."""
     import time
 
-    from actord.actors.pages import SpillBegin, SpillEnd
-    from actord.actors.slot import page_image
-    from actord.system import ActorSystem
+    from actord.serving.page_store import SpillBegin, SpillEnd
+    from actord.serving.slot import page_image
+    from actord.service.system import ActorSystem
 
     async def old_spill(self, page, file, drop):
         self.files.check(file)
@@ -180,8 +180,8 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
 
 def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(tiny_model, sim_loras, monkeypatch):
     """Revert the eviction half of 19.2 (a failed save still erased the slot)."""
-    from actord.actors.slot_memory import SlotMemory
-    from actord.errors import ActordError, PageRamExceeded
+    from actord.serving.slot_memory import SlotMemory
+    from actord.service.errors import ActordError, PageRamExceeded
 
     async def old_evict(self, reason):
         n = len(self.kv_tokens)
@@ -210,7 +210,7 @@ def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go
         tiny_model, sim_loras, monkeypatch):
     """Revert issue 19.3's kernel fix (strict arrival order, OVERTAKE = 0): a flood of
     page.in asks then holds the scheduler's next step behind them."""
-    from actord.actors import base
+    from actord.serving import kernel as base
 
     monkeypatch.setattr(base, "OVERTAKE", 0)
     _finds(tiny_model, sim_loras, range(0, 400), 30, "generation starved")

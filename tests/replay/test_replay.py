@@ -12,8 +12,8 @@ import time
 import anyio
 import pytest
 
-from actord.actors.pages import PageStore
-from actord.client import Client
+from actord.serving.page_store import PageStore
+from actord.frontends.client import Client
 from actord.replay.replay import replay_file
 from actord.replay.sim import InvariantViolated, simulate
 
@@ -86,7 +86,7 @@ def test_a_planted_charge_bug_is_found_and_its_seed_reproduces(tiny_model, sim_l
 def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model, tmp_path):
     sock, trace = tmp_path / "s.sock", tmp_path / "trace.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "512",
+        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "512",
          "--batch", "32", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--trace", str(trace),
          "--log-level", "warning"], stderr=subprocess.PIPE)
     try:
@@ -132,9 +132,9 @@ def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model,
 def test_a_trace_with_chat_turns_replays(models_dir, tmp_path):
     """chat records its own input (its completion is not a second input): a replay
     re-executes the chat, templates, tokenization and all."""
-    from actord.config import Config
+    from actord.service.config import Config
     from actord.replay.replay import replay
-    from actord.system import ActorSystem
+    from actord.service.system import ActorSystem
     from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 
     model = str(write_tiny_llama(models_dir / "replay-chat.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
@@ -158,9 +158,9 @@ def test_a_trace_whose_thread_work_leaves_no_event_replays(tiny_model, sim_lora,
     """A gene file read and a client's chat template run on worker threads but are no events
     of their own: the replay must wait for them (they count as in flight), not find the
     system quiet with nothing ready and report a divergence."""
-    from actord.config import Config
+    from actord.service.config import Config
     from actord.replay.replay import replay
-    from actord.system import ActorSystem
+    from actord.service.system import ActorSystem
 
     events: list = []
 

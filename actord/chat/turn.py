@@ -1,0 +1,137 @@
+"""One chat turn (`ActorSystem.chat`): a conversation rendered into the model's prompt
+(actord.chat.template), tool calling planned (actord.chat.tools), the completion run (`n` > 1: several
+choices from one prefill, actord/chat/choices.py), the reply parsed and remembered.
+
+Why a module of its own: this is the chat verb's whole body, the socket's `chat` and the
+HTTP chat routes' alike; the system keeps only the entry point, so its module stays about
+the actors and their lifecycle.
+
+The bytes a client sends are bounded before anything renders or tokenizes them. A
+conversation this system served before comes back as the exact tokens of its last prompt +
+reply (the prompter's turn memory), so its mind decodes only the new messages; a reply cut
+at a stop string no longer matches its tokens and is not remembered. With tools, the turn
+renders and samples in the format the request, `--tool-format` or the template names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+
+from actord.service.types import CompletionRequest, CompletionResult, SamplingFields
+from actord.engine import jobs as J
+from actord.service.errors import InvalidParams, PromptTooLong
+from actord.service.log import get
+
+log = get("actord.service.system")
+
+
+async def run_turn(system: Any, request: Any, on_token: Callable[[Any], None] | None, n: int = 1) -> Any:
+    """The turn's ChatResult (with `n` > 1, a list of n, choice 0's reply remembered)."""
+    from actord.chat.template import has_tools
+    from actord.chat.choices import reply_message
+    from actord.chat.tools import StreamAdapter
+
+    request.check()
+    system._check_open()
+    if n != 1:
+        from actord.chat.choices import check_n
+
+        check_n(n, system.config.max_n)
+    limits = system._limits
+    size = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
+    size += len(request.template.encode()) if request.template else 0
+    if request.tools or has_tools(request.messages):
+        size += len(msgspec.json.encode(request.tools)) + sum(
+            len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
+    if size > limits.max_prompt_bytes:
+        raise PromptTooLong(f"chat of {size} bytes is over the limit of {limits.max_prompt_bytes}",
+                            n_prompt_bytes=size, max_prompt_bytes=limits.max_prompt_bytes)
+    await system.dispatcher.input("chat", request)
+    prompter = await _prompter(system)
+    fields = {f: getattr(request, f) for f in SamplingFields.__struct_fields__}
+    turn = None
+    if request.tools or has_tools(request.messages):  # tool calling: actord.chat.tools
+        turn = tool_turn(system, request, prompter)
+        if turn.grammar:
+            if request.grammar or request.json_schema is not None:
+                raise InvalidParams("a grammar (response_format) and tools both constrain the output: "
+                                    "send one, or tool_choice none", param="response_format")
+            fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
+    prompt = await prompter.build(request.messages, template=request.template,
+                                  add_generation_prompt=request.add_generation_prompt,
+                                  render=turn.render if turn else None,
+                                  tools=turn.template_tools if turn else None)
+    completion = CompletionRequest(
+        prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
+        temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+        stop=request.stop, stream=request.stream, genes=request.genes, **fields,
+    )
+
+    async def end(result: CompletionResult, message: Any) -> Any:
+        return await _end(system, request, prompter, prompt, result, message)
+
+    if n != 1:  # n choices of one prompt, prefilled once (actord/chat/choices.py)
+        from actord.chat.choices import chat_choices
+
+        return await chat_choices(system, completion, n, turn, on_token, end)
+    scanner = turn.scanner() if turn is not None and turn.parses else None
+    sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
+    result = await system.complete(completion, on_token=sink, _input=False)
+    return await end(result, reply_message(scanner, sink, result))
+
+
+async def _prompter(system: Any) -> Any:
+    """The system's ChatPrompter, made on the first turn (the model's template, or --chat-template-file)."""
+    from actord.chat.template import ChatPrompter
+
+    prompter: ChatPrompter | None = getattr(system, "_chat_prompter", None)
+    if prompter is not None:
+        return prompter
+    info = await system.engine.run(J.ChatInfo())
+    path = system.config.chat_template_file
+    if path:
+        try:
+            source = await system._run_sync(Path(path).read_text)
+        except (OSError, UnicodeDecodeError) as e:
+            from actord.service.errors import FileNotFound
+
+            raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
+        info = msgspec.structs.replace(info, template=source)
+
+    async def tokenize(text: str) -> list[int]:
+        return await system.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
+
+    prompter = system._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=system.config.chat_memory_tokens,
+                                                    run_sync=system._run_sync,
+                                                    max_bytes=system._limits.max_prompt_bytes)
+    return prompter
+
+
+async def _end(system: Any, request: Any, prompter: Any, prompt: Any, result: CompletionResult, message: Any) -> Any:
+    """The turn's ChatResult; its reply remembered for the conversation's next turn."""
+    from actord.chat.template import ChatResult
+
+    if result.stop_reason != "cancelled" and (
+        not request.stop or await system.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
+    ):  # a reply cut at a stop string no longer matches its tokens: not reusable
+        prompter.remember(prompt, message, result)
+    return ChatResult(message=message, completion=result, reused_turn=prompt.reused_turn)
+
+
+def tool_turn(system: Any, request: Any, prompter: Any) -> Any:
+    """What a chat turn with tools renders and samples under (actord.chat.tools), in the format
+    the request, the daemon's --tool-format or the template names."""
+    from actord.chat.template import tools as T
+
+    mode, name = T.check_tools(request.tools, request.tool_choice)
+    fmt = request.tool_format or system.config.tool_format
+    if fmt == "auto":
+        source = request.template if request.template is not None else prompter.info.template
+        fmt, why = T.detect_format(source)
+        if getattr(system, "_tool_format_logged", None) != (fmt, source):
+            system._tool_format_logged = (fmt, source)
+            log.info("chat.tool_format", format=fmt, why=why)
+    return T.plan_turn(fmt, request.messages, request.tools, mode, name, request.parallel_tool_calls)

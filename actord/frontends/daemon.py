@@ -1,0 +1,134 @@
+"""`actord serve`: the actor system plus the socket server on uvloop, stopped by a signal.
+
+A signal handler only wakes the main task; shutdown then runs in order: new requests are
+refused (`ShuttingDown`), requests in flight get `--shutdown-grace-s` to finish and are then
+cancelled (their clients get answers), the servers stop, the system stops its actors and
+engine thread (bounded), the socket is removed. A second SIGTERM or SIGINT exits at once:
+page-file publication is crash-safe, so nothing written is left half-done. With `--http
+HOST:PORT` the OpenAI-compatible front (actord/frontends/http/) runs in the same event loop, beside
+the socket, and stops first (it lets answers in flight end, up to 5 s). Its address is
+bound, and its peer check tried, before the model loads, so a refused start is quick.
+
+File descriptors: the socket and the HTTP front each cap their connections, and the soft
+RLIMIT_NOFILE is raised to hold both caps, the refused connections each may be answering
+(`MAX_LINGERING`) and the daemon's own files; where the hard limit is lower, the start-up log
+warns, because a flood could then run the process out of fds (accept fails with EMFILE).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import anyio
+
+from actord.service import log as logcfg
+from actord.service.config import Config
+from actord.service.errors import ActordError
+from actord.service.log import get
+from actord.frontends.rpc.peers import raise_fd_limit
+from actord.frontends.rpc.server import MAX_LINGERING as RPC_LINGERING, RpcServer
+from actord.service.system import ActorSystem
+
+log = get("actord.frontends.daemon")
+
+
+FD_RESERVE = 256  # model, page files, gene files, pipes, the event loop's own
+
+
+def fds_needed(config: Config) -> int:
+    n = config.max_connections + RPC_LINGERING + FD_RESERVE
+    if config.http:
+        from actord.frontends.http.bounds import MAX_LINGERING
+
+        n += config.http_max_connections + MAX_LINGERING
+    return n
+
+
+async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    server = RpcServer(None, config.socket, config)
+    server.claim_path()  # a live daemon on the path: fail now, before the model loads
+    front = None
+    try:
+        want = fds_needed(config)
+        have = raise_fd_limit(want)
+        if have < want:
+            log.warning("daemon.fd_limit", soft=have, needed=want,
+                        hint="raise the hard RLIMIT_NOFILE or lower --max-connections / --http-max-connections")
+        if config.http:
+            from actord.frontends.http.app import HttpFront
+
+            front = HttpFront(None, config)
+            front.bind()
+        async with ActorSystem(config) as system:
+            await _serve(config, system, server, front, task_status)
+    finally:
+        if front is not None and front._sock is not None:
+            front._sock.close()
+        if server.claim is not None:  # the system failed to start: let go of the path
+            server.claim.release()
+            server.claim = None
+
+
+async def _serve(config: Config, system: ActorSystem, server: RpcServer, front: Any, task_status: Any) -> None:
+    if config.metrics_http:
+        from prometheus_client import start_http_server
+
+        host, _, port = config.metrics_http.rpartition(":")
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
+    server.system = system
+    system.rpc = server
+    async with anyio.create_task_group() as tg:
+        if front is not None:
+            front.attach(system)
+            system.http = front
+            system.http_address = await tg.start(front.serve)
+        await tg.start(server.serve)
+        task_status.started(system)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for sig in signals:
+                log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
+                break
+            async with anyio.create_task_group() as stopping:
+                stopping.start_soon(_exit_at_second_signal, signals)
+                counts = await system.shutdown(config.shutdown_grace_s)
+                await anyio.sleep(0.1)  # the answers of cancelled requests reach their sockets
+                stopping.cancel_scope.cancel()
+            log.info("daemon.stopping", **counts)
+        tg.cancel_scope.cancel()
+
+
+async def _exit_at_second_signal(signals: Any) -> None:
+    async for sig in signals:
+        log.warning("daemon.exit_now", signal=signal.Signals(sig).name)
+        os._exit(128 + int(sig))
+
+
+def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info") -> int:
+    logcfg.configure(json=log_json, level=log_level)
+    try:
+        import uvloop  # noqa: F401
+
+        opts = {"use_uvloop": True}
+    except ImportError:
+        opts = {}
+    try:
+        anyio.run(serve, config, backend="asyncio", backend_options=opts)
+    except BaseException as e:  # start-up refused: a message, not a traceback
+        refusal = _refusal(e)
+        if refusal is None:
+            raise
+        log.error("daemon.refused", error=refusal.to_dict())
+        return 1
+    return 0
+
+
+def _refusal(e: BaseException) -> ActordError | None:
+    """The start-up refusal in `e`, also when a task group wrapped it: any typed error (a
+    live daemon on the socket, a bad flag, a `--gene` file that is missing or not a gene)."""
+    if isinstance(e, ActordError):
+        return e
+    if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        return _refusal(e.exceptions[0])
+    return None

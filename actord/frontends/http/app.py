@@ -1,0 +1,357 @@
+"""The HTTP front (`actord serve --http`): one Starlette app, served by uvicorn in the
+daemon's own event loop, for both APIs.
+
+Why this module: it is what both APIs' routes stand behind, and nothing of either: the
+app's assembly, who may use it (the key, the peer policy, the origin gate), the body's
+bounds, the fallback error answers, and the server's lifecycle (bind before the model
+loads, serve until cancelled, shut down gracefully). The routes are elsewhere:
+`openai/routes.py` (OpenAI's; its Responses API in `openai/responses_api.py`, embeddings in
+`embeddings.py`) and `native.py` (llama-server's native API and the seed's
+page and gene verbs); a generation runs inside its response (`streaming.py`).
+
+Why Starlette + uvicorn: Starlette is a small ASGI toolkit (routing, requests, responses)
+built on anyio, like the actor system, so the routes run in the same event loop as the
+socket server and await the same `ActorSystem`; uvicorn is the most used ASGI server, and it
+can be run as one coroutine inside a loop it did not create (`Server.serve(sockets=...)`),
+which is what "same process, same event loop" needs. FastAPI would add pydantic and a
+second validation layer beside msgspec; aiohttp brings its own loop conventions and no ASGI.
+uvicorn runs its own protocol subclassed with the front's bounds (`bounds.py`: header
+bytes and deadline, connections, peers), which it has no settings for.
+
+With an API key every route but the health ones needs `Authorization: Bearer KEY`; without
+one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer of
+an OpenAI route that is not a 200 is OpenAI's error object, unknown routes included; the
+native routes answer with llama-server's (`native/base.py`). A request carrying an
+`Origin` header (a browser) is refused unless `--cors-origin` allows that origin: a page on
+any website could otherwise drive a loopback daemon through its user's browser, which runs
+as the daemon's own uid. A body is held to `--http-max-body-bytes` (413) and
+`--http-body-timeout-s` (408) as it arrives (`read_body`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actord.service.config import Config, http_address
+from actord.service.errors import ActordError, InvalidParams
+from actord.frontends.http.openai import wire as O
+from actord.frontends.http.bounds import Gate, bounded_protocol
+from actord.frontends.http.openai.embeddings import Embeddings
+from actord.frontends.http.native.routes import Native
+from actord.frontends.http.openai.routes import OpenAIRoutes
+from actord.frontends.http.openai.responses_api import Responses
+from actord.frontends.http.responses import ClientGone, HttpError, Silent, error_response, json_response
+from actord.service.log import get
+from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers
+
+log = get("actord.frontends.http")
+_enc = msgspec.json.Encoder()
+
+
+class _OriginGate:
+    """Refuses browser requests from origins `--cors-origin` does not list (see the module
+    docstring); non-browser clients send no Origin header and pass."""
+
+    def __init__(self, app: Any, front: "HttpFront") -> None:
+        self.app, self.front = app, front
+        self.allowed = frozenset(front.config.cors_origin)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and "*" not in self.allowed:
+            origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+            if origin is not None and origin.decode("latin-1") not in self.allowed:
+                self.front.refused("origin")
+                log.info("http.origin_refused", origin=origin.decode("latin-1")[:200])
+                response = json_response(O.error_body(
+                    403, "requests from this origin are not allowed (see --cors-origin)", "origin_not_allowed"), 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _UvicornLog(logging.Handler):
+    """uvicorn's own log lines, into structlog: what it warns about is a client's doing
+    (a malformed request), info for us; errors stay errors."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.levelno >= logging.ERROR:
+                log.error("http.server_error", message=record.getMessage(), exc_info=record.exc_info or None)
+            else:
+                log.info("http.server", message=record.getMessage())
+        except Exception:  # a log line must never take the server down
+            pass
+
+
+def _bridge_uvicorn_logs() -> None:
+    lg = logging.getLogger("uvicorn.error")
+    if not any(isinstance(h, _UvicornLog) for h in lg.handlers):
+        lg.addHandler(_UvicornLog())
+    lg.setLevel(logging.WARNING)
+    lg.propagate = False
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("actord")
+    except Exception:
+        return "0"
+
+
+class HttpFront:
+    def __init__(self, system: Any, config: Config) -> None:
+        self.config = config
+        self.model_id = Path(config.model).stem
+        self.names = list(dict.fromkeys([self.model_id, *config.model_alias]))  # listed by /v1/models
+        self.known = {*self.names, Path(config.model).name, config.model}
+        self._key = config.api_key.encode() if config.api_key else None
+        self.disconnects = 0
+        self.address: str | None = None
+        self.created = int(time.time())
+        self.fingerprint = ""
+        self.version = _version()
+        self._developer: bool | None = None  # whether the chat template names the developer role
+        self._sock: socket.socket | None = None
+        policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
+                                                    allow_gid=frozenset(config.allow_gid))
+        self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
+                         header_timeout_s=config.http_header_timeout_s, policy=policy,
+                         refused=self.refused, opened=self._opened)
+        self.system: Any = None
+        if system is not None:
+            self.attach(system)
+        middleware = [Middleware(_OriginGate, front=self)]
+        if config.cors_origin:
+            middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
+                                         allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"], max_age=600))
+        self.app = Starlette(routes=self.routes(), middleware=middleware, exception_handlers={
+            HTTPException: self._http_exception, Exception: self._server_error})
+
+    def routes(self) -> list[Route]:
+        """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""
+        return [
+            *OpenAIRoutes(self).routes(),
+            *Responses(self).routes(),  # POST /v1/responses, GET/DELETE /v1/responses/{id} (openai/responses_api.py)
+            *Embeddings(self).routes(),  # POST /v1/embeddings (embeddings.py)
+            # llama-server's native API and the seed's verbs (native.py), /health and
+            # /metrics included: llama-server answers those the same on both APIs.
+            *Native(self).routes(),
+        ]
+
+    def attach(self, system: Any) -> None:
+        """The system this front serves (the daemon binds the front before the model loads)."""
+        self.system = system
+        props = system.props
+        h = hashlib.blake2b(digest_size=6)
+        try:
+            size = Path(self.config.model).stat().st_size
+        except OSError:
+            size = -1
+        h.update(_enc.encode([self.version, size, getattr(props, "desc", ""), getattr(props, "n_ctx", 0),
+                              self.config.slots, getattr(props, "swa_full", False)]))
+        # OpenAI's "backend configuration" id: the same code, model and context shape give
+        # the same value, so a client can tell when a seed's output may change.
+        self.fingerprint = "fp_" + h.hexdigest()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    @property
+    def _metrics(self) -> Any:
+        return getattr(self.system, "metrics", None)
+
+    def refused(self, reason: str) -> None:
+        m = self._metrics
+        if m is not None:
+            m.http_refused_total.labels(reason=reason).inc()
+
+    def _opened(self, n: int) -> None:
+        m = self._metrics
+        if m is not None:
+            m.http_connections.set(n)
+
+    def client_gone(self, phase: str, **fields: Any) -> None:
+        self.disconnects += 1
+        log.info("http.client_gone", phase=phase, **fields)
+        m = self._metrics
+        if m is not None:
+            m.http_client_gone_total.labels(phase=phase).inc()
+
+    def guard(self, endpoint: Callable[[Request], Awaitable[Response]], *,
+              errors: Callable[[Any], Response] = error_response,
+              public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """`endpoint` behind the key (unless `public`), its typed errors answered with
+        `errors` (OpenAI's object by default), a client gone mid-body answered with nothing."""
+        async def guarded(request: Request) -> Response:
+            try:
+                if not public:
+                    self._authorize(request)
+                return await endpoint(request)
+            except ClientGone as e:
+                self.client_gone(e.phase)
+                return Silent()
+            except (HttpError, ActordError) as e:
+                return errors(e)
+        return guarded
+
+    async def _http_exception(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        status = exc.status_code
+        if status == 404:
+            body = O.error_body(404, f"no route {request.method} {request.url.path[:200]}", "not_found")
+        elif status == 405:
+            body = O.error_body(405, f"method {request.method} is not allowed on {request.url.path[:200]}",
+                                "method_not_allowed")
+        else:
+            body = O.error_body(status, str(exc.detail), "http_error")
+        response = json_response(body, status)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        return json_response(O.error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
+
+    def _authorize(self, request: Request) -> None:
+        if self._key is None:
+            return  # the connection's peer was checked when it opened (bounds.py)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._key):
+            raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_api_key")
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, held to the front's bounds (size: 413, arrival time: 408)."""
+        limit = self.config.http_max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                            "body_too_large")
+        buf = bytearray()
+        timeout = self.config.http_body_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                async for part in request.stream():
+                    buf += part
+                    if len(buf) > limit:
+                        raise HttpError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
+        except ClientDisconnect:
+            raise ClientGone("body") from None
+        except TimeoutError:
+            self.refused("body_timeout")
+            log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
+            raise HttpError(408, f"the request body did not arrive within {timeout:g} s", "body_timeout") from None
+        return bytes(buf)
+
+    async def template_names_developer(self) -> bool:
+        """Whether the chat template handles the `developer` role itself (it names it)."""
+        if self._developer is None:
+            source: str | None = None
+            try:
+                if self.config.chat_template_file:
+                    source = await anyio.Path(self.config.chat_template_file).read_text()
+                else:
+                    source = await self.model_chat_template()
+            except (OSError, UnicodeDecodeError, AttributeError, ActordError):
+                source = None  # the chat itself reports a template it cannot read
+            self._developer = bool(source) and "developer" in source  # type: ignore[operator]
+        return self._developer
+
+    async def model_chat_template(self) -> str | None:
+        """The chat template the model ships (None: none)."""
+        from actord.engine.jobs import ChatInfo
+
+        return (await self.system.engine.run(ChatInfo())).template
+
+    # -- serving -----------------------------------------------------------------------
+
+    def bind(self) -> socket.socket:
+        """Listen (the daemon calls this before the model loads, so a refusal is quick)."""
+        if self._sock is not None:
+            return self._sock
+        spec = self.config.http or "127.0.0.1:0"
+        host, port = http_address(spec)
+        if self._key is None:
+            why = check_tcp_peers(host)
+            if why is not None:
+                raise InvalidParams(f"--http {spec} without --api-key serves this uid only, and {why}: "
+                                    f"set --api-key", http=spec)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            sock.close()
+            raise InvalidParams(f"cannot listen on {spec}: {e.strerror}", http=spec) from None
+        sock.listen(1024)
+        sock.setblocking(False)
+        bound = sock.getsockname()
+        self.address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"
+        self._sock = sock
+        return sock
+
+    async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled, then shut down gracefully (close listeners, let answers end)."""
+        import uvicorn
+
+        class _InLoopServer(uvicorn.Server):
+            # The daemon owns SIGINT/SIGTERM (anyio's signal receiver); uvicorn must not
+            # replace those handlers, nor re-raise a signal when it stops.
+            @contextlib.contextmanager
+            def capture_signals(self) -> Any:
+                yield
+
+        sock = self.bind()
+        _bridge_uvicorn_logs()
+        protocol, extra = bounded_protocol(self.gate)
+        # proxy_headers off: no proxy stands in front by design, and a client's
+        # X-Forwarded-For must not rewrite who it is. ws off: no route speaks WebSocket.
+        config = uvicorn.Config(self.app, http=protocol, ws="none", lifespan="off", log_config=None,
+                                access_log=False, timeout_graceful_shutdown=5, server_header=False,
+                                proxy_headers=False, timeout_keep_alive=self.config.http_idle_timeout_s,  # type: ignore[arg-type]
+                                **extra)
+        server = _InLoopServer(config)
+        try:
+            async with anyio.create_task_group() as tg:
+                ended = anyio.Event()
+
+                async def run() -> None:
+                    try:
+                        with anyio.CancelScope(shield=True):  # stopped by should_exit, not by cancellation
+                            await server.serve(sockets=[sock])
+                    finally:
+                        ended.set()
+
+                tg.start_soon(run)
+                while not server.started:
+                    if ended.is_set():
+                        raise InvalidParams(f"the HTTP front on {self.address} did not start")
+                    await anyio.sleep(0.005)
+                log.info("http.listening", address=self.address, api_key=self._key is not None,
+                         peers="checked" if self._key is None else "key")
+                task_status.started(self.address)
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    server.should_exit = True
+        finally:
+            sock.close()
+            self._sock = None

@@ -1,0 +1,308 @@
+"""The HTTP front's own bounds, kept in the connection's protocol, before any request
+reaches Starlette.
+
+Why here and not in the ASGI app: the app sees a request only once its head is parsed, so
+it cannot bound what parsing costs, nor see a connection that never sends a request. And
+uvicorn does not bound these itself: its httptools protocol accumulates a header of any
+size (llhttp has no limit and httptools joins the pieces in Python: a 100 MB header froze
+the loop for 8.4 s and kept 60-200 MB); it has no deadline for a request head (its
+keep-alive timer starts after a first answer and stops at the next byte, so a client
+trickling a byte at a time holds a connection for ever); and `limit_concurrency` answers
+503 only to a parsed request, so 1,100 silent connections still hold 1,100 fds.
+(`h11_max_incomplete_event_size` bounds a head for the pure-Python h11 protocol only.) So
+the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
+
+- header bytes: bytes received while a request head is incomplete are counted; past
+  `http_max_header_bytes` the connection gets 431 and nothing more is parsed (memory: the
+  limit plus one read of at most 256 KiB);
+- header deadline: the head must be complete `http_header_timeout_s` after the connection
+  opened, or after its first byte once a keep-alive answer ended; data does not extend it.
+  A connection that sent nothing is closed quietly, one with part of a head gets 408;
+- idle keep-alive: uvicorn's own `timeout_keep_alive` (`http_idle_timeout_s`);
+- connections: beyond `http_max_connections` served at once, a new connection is answered
+  503 at once and closed (a refused connection stops counting against the cap: its short
+  linger is bounded by MAX_LINGERING instead); the daemon raises its fd limit above both this cap and the
+  socket's (`actord/frontends/daemon.py`), so neither kind of client can run the process out of fds;
+- peers: without an API key, the client socket's owner (`actord.frontends.rpc.peers.tcp_peer`) must
+  pass the socket's `PeerPolicy`, else 403, decided once per connection when it opens
+  (like SO_PEERCRED, which the kernel takes at connect).
+
+A refusal writes one whole HTTP answer (OpenAI's error object, `connection: close`),
+half-closes, and discards input for a moment (at most LINGER_S and LINGER_BYTES, for at
+most MAX_LINGERING connections at once) so that a client still sending reads the answer
+rather than a reset; past those bounds the connection is closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgspec
+
+from actord.frontends.http.openai import wire as O
+from actord.service.log import get
+from actord.frontends.rpc.peers import PeerPolicy, tcp_peer
+
+log = get("actord.frontends.http")
+
+LINGER_S = 0.5
+LINGER_BYTES = 1 << 20
+MAX_LINGERING = 64
+
+
+@dataclass
+class Gate:
+    """What all connections of one front share: the bounds and the counts against them."""
+
+    max_connections: int
+    max_header_bytes: int
+    header_timeout_s: float
+    policy: PeerPolicy | None  # None: an API key guards the front instead
+    refused: Callable[[str], None] = lambda reason: None  # counts a refusal (metrics)
+    opened: Callable[[int], None] = lambda n: None  # reports the open count (metrics)
+    open: int = 0
+    lingering: int = 0
+    full: bool = False  # at the cap now: warn once per episode, not per connection
+    warned: set[int | None] = field(default_factory=set)  # peers refused: warn once per uid, not per connection
+
+
+def answer(status: int, message: str, code: str, *, retry_after: int | None = None) -> bytes:
+    """One whole HTTP/1.1 answer carrying OpenAI's error object, closing the connection."""
+    body = msgspec.json.encode(O.error_body(status, message, code))
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close"]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class _Bounds:
+    """Mixed in before a uvicorn HTTP protocol class (see `bounded_protocol`)."""
+
+    gate: Gate
+    transport: asyncio.Transport
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        g = self.gate
+        g.open += 1
+        g.opened(g.open)
+        self._b_counted = True
+        self._b_in_head = True  # a request head is (or may start) arriving
+        self._b_head_bytes = 0
+        self._b_timer: asyncio.TimerHandle | None = None
+        self._b_linger: asyncio.TimerHandle | None = None
+        self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
+        if g.policy is not None:
+            peer = tcp_peer(transport.get_extra_info("sockname"), transport.get_extra_info("peername"),
+                            gid=bool(g.policy.allow_gid))
+            if not g.policy.allows(peer):
+                uid = peer.uid if peer is not None else None
+                if uid not in g.warned and len(g.warned) < 1024:
+                    g.warned.add(uid)
+                    log.warning("http.peer_refused", uid=uid, client=_addr(transport))
+                else:
+                    log.debug("http.peer_refused", uid=uid, client=_addr(transport))
+                self._b_refuse(403, "this daemon serves its own uid and the allowed uids/gids only "
+                               "(or set --api-key)", "PeerRefused", "peer")
+                return
+        if g.open > g.max_connections:
+            if not g.full:
+                g.full = True
+                log.warning("http.too_many_connections", open=g.open - 1, max=g.max_connections)
+            else:
+                log.debug("http.too_many_connections", open=g.open - 1, max=g.max_connections)
+            self._b_refuse(503, f"the HTTP front serves at most {g.max_connections} connections at once",
+                           "Overloaded", "connections", retry_after=1)
+            return
+        if g.full and g.open <= g.max_connections // 2 + 1:
+            g.full = False
+        self._b_arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        g = self.gate
+        self._b_uncount()
+        self._b_disarm()
+        if self._b_linger is not None:
+            self._b_linger.cancel()
+            self._b_linger = None
+            g.lingering -= 1
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        if self._b_drain >= 0:  # refused: read and drop, so the client reads the answer, then close
+            self._b_drain -= len(data)
+            if self._b_drain < 0:
+                self.transport.close()
+            return
+        if self._b_in_head:
+            if self._b_timer is None and not self._b_busy():
+                self._b_arm()
+            self._b_head_bytes += len(data)
+        super().data_received(data)  # type: ignore[misc]
+        self._b_parsed()
+        if self._b_in_head and self._b_head_bytes > self.gate.max_header_bytes and not self.transport.is_closing():
+            log.info("http.header_too_large", received=self._b_head_bytes, max=self.gate.max_header_bytes,
+                     client=_addr(self.transport))
+            if self._b_busy():  # pipelined behind an answer still running: no room for a second answer
+                self.gate.refused("header_bytes")
+                self.transport.close()
+            else:
+                self._b_refuse(431, f"the request line and headers exceed {self.gate.max_header_bytes} bytes",
+                               "header_too_large", "header_bytes")
+
+    # -- hooks the concrete classes call ------------------------------------------------
+
+    def _b_head_done(self) -> None:
+        self._b_in_head = False
+        self._b_head_bytes = 0
+        self._b_disarm()
+
+    def _b_message_done(self) -> None:
+        self._b_in_head = True  # what follows the request's last body byte is the next head
+        self._b_head_bytes = 0
+
+    def _b_parsed(self) -> None:
+        pass
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _b_busy(self) -> bool:
+        c = self.cycle
+        return c is not None and not c.response_complete
+
+    def _b_arm(self) -> None:
+        self._b_disarm()
+        self._b_timer = self.loop.call_later(self.gate.header_timeout_s, self._b_timeout)
+
+    def _b_disarm(self) -> None:
+        if self._b_timer is not None:
+            self._b_timer.cancel()
+            self._b_timer = None
+
+    def _b_timeout(self) -> None:
+        self._b_timer = None
+        if not self._b_in_head or self.transport.is_closing() or self._b_drain >= 0:
+            return
+        if self._b_busy():  # an answer is still being written: the next byte after it re-arms
+            return
+        if self._b_head_bytes == 0:
+            log.debug("http.idle_closed", client=_addr(self.transport))
+            self.gate.refused("header_timeout")
+            self.transport.close()
+            return
+        log.info("http.header_timeout", received=self._b_head_bytes, client=_addr(self.transport))
+        self._b_refuse(408, f"the request head did not arrive within {self.gate.header_timeout_s:g} s",
+                       "header_timeout", "header_timeout")
+
+    def _b_uncount(self) -> None:
+        if self._b_counted:
+            self._b_counted = False
+            self.gate.open -= 1
+            self.gate.opened(self.gate.open)
+
+    def _b_refuse(self, status: int, message: str, code: str, reason: str, *, retry_after: int | None = None) -> None:
+        g = self.gate
+        g.refused(reason)
+        # A refused connection no longer takes a served one's place: while it lingers it is
+        # bounded by MAX_LINGERING instead (so refused floods cannot fill the cap).
+        self._b_uncount()
+        self._b_disarm()
+        self._b_drain = LINGER_BYTES
+        t = self.transport
+        if t.is_closing():
+            return
+        t.write(answer(status, message, code, retry_after=retry_after))
+        if g.lingering >= MAX_LINGERING or not t.can_write_eof():
+            t.close()  # closes after the answer is flushed
+            return
+        t.write_eof()
+        g.lingering += 1
+        self._b_linger = self.loop.call_later(LINGER_S, self._b_linger_end)
+
+    def _b_linger_end(self) -> None:
+        if self._b_linger is not None:
+            self._b_linger = None
+            self.gate.lingering -= 1
+        self.transport.close()
+
+
+def _addr(transport: Any) -> str | None:
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else None
+
+
+def bounded_protocol(gate: Gate) -> tuple[type, dict[str, Any]]:
+    """uvicorn's HTTP protocol class with this front's bounds, and the uvicorn.Config
+    arguments it needs. httptools (a dependency) is the fast path; h11 is the fallback
+    uvicorn itself would take without it."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        HttpToolsProtocol = None  # type: ignore[assignment,misc]
+    if HttpToolsProtocol is not None:
+        class BoundedHttpTools(_Bounds, HttpToolsProtocol):  # type: ignore[misc,valid-type]
+            # A head that arrives whole in one read is measured exactly (request line and
+            # header lines as sent), so the limit means the same however the bytes came.
+            _b_exact = 0
+            _b_oversized = False
+
+            def on_message_begin(self) -> None:
+                super().on_message_begin()
+                self._b_exact = 0
+
+            def on_url(self, url: bytes) -> None:
+                super().on_url(url)
+                self._b_exact += len(url) + 16  # the method, the version, the line's spaces and CRLF
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                super().on_header(name, value)
+                self._b_exact += len(name) + len(value) + 4  # ": " and CRLF
+
+            def on_headers_complete(self) -> None:
+                if self._b_exact > self.gate.max_header_bytes:
+                    self._b_oversized = True  # refused after this read (data_received): no request runs
+                    return
+                super().on_headers_complete()
+                self._b_head_done()
+
+            def on_body(self, body: bytes) -> None:
+                if not self._b_oversized:
+                    super().on_body(body)
+
+            def on_message_complete(self) -> None:
+                if self._b_oversized:
+                    return
+                super().on_message_complete()
+                self._b_message_done()
+
+            def _b_parsed(self) -> None:
+                if self._b_oversized and not self.transport.is_closing() and self._b_drain < 0:
+                    self._b_head_bytes = self._b_exact  # let the common check refuse it
+
+        BoundedHttpTools.gate = gate
+        return BoundedHttpTools, {}
+
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11(_Bounds, H11Protocol):  # type: ignore[misc]
+        def _b_parsed(self) -> None:
+            # h11 holds a head until it is whole: IDLE means the next request's head is
+            # still awaited; anything else means it was parsed.
+            waiting = self.conn.their_state is h11.IDLE
+            if self._b_in_head and not waiting:
+                self._b_head_done()
+            elif waiting and not self._b_in_head:
+                self._b_message_done()
+
+    BoundedH11.gate = gate
+    # h11's own bound, set above ours so that ours (431, JSON) answers first.
+    # (On h11 a head that arrives whole in one read is bounded by that read, 256 KiB, not
+    # measured exactly as on httptools.)
+    return BoundedH11, {"h11_max_incomplete_event_size": gate.max_header_bytes + (256 << 10)}

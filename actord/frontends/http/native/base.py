@@ -1,0 +1,130 @@
+"""What every route of llama-server's native API shares: its error object and a base
+class for the route groups (`NativeRoutes`).
+
+Why a module of its own: the route groups (`native_completion`, `native_slots`,
+`native_genes`, and `native.py`'s text, props, health and metrics routes) each need the
+same guard (the key, llama-server's error object for a typed error), JSON bodies (an empty
+body is `{}`), the JSON-RPC verbs the routes call with those verbs' own parameter checks,
+and llama-server's mixed prompts (token ids with strings); none should import another for
+them.
+
+Errors are llama-server's object, `{"error": {"code": <status>, "message", "type"}}`, with
+actord's typed error beside it (`error.actord`). The status is the error's own
+`http_status` (actord.service.errors: 404 unknown page, slot or gene; 503 over the page ceiling or
+device budget; 400 an empty slot; 409 a gene in use), except that a refused file or page
+name is 400, as llama-server answers "Invalid filename".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actord.service.errors import ActordError, InvalidParams, PathRefused, PromptTooLong
+from actord.frontends.http.responses import HttpError, RouteGroup, json_response
+from actord.frontends.rpc.methods import METHODS
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_status(e: ActordError) -> int:
+    if isinstance(e, PathRefused):
+        return 400  # llama-server: "Invalid filename"
+    return e.http_status if 400 <= e.http_status < 600 else 500
+
+
+def error_body(status: int, message: str, kind: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": status, "message": message, "type": kind or error_type(status), **extra}}
+
+
+def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
+    if isinstance(e, ActordError):
+        status = error_status(e)
+        extra: dict[str, Any] = {"actord": e.to_dict()}
+        kind = None
+        if isinstance(e, PromptTooLong) and "n_ctx" in e.data and "n_prompt_tokens" in e.data:
+            kind = "exceed_context_size_error"  # llama-server's, with its two numbers
+            extra.update(n_prompt_tokens=e.data["n_prompt_tokens"], n_ctx=e.data["n_ctx"])
+        return status, error_body(status, e.message, kind, **extra)
+    return e.status, error_body(e.status, e.message, actord={"type": e.code, "message": e.message})
+
+
+def error_response(e: HttpError | ActordError) -> Response:
+    status, body = error_object(e)
+    return json_response(body, status)
+
+
+def unsupported(field: str, why: str) -> InvalidParams:
+    return InvalidParams(f"unsupported parameter '{field}': {why}", param=field)
+
+
+def is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class LoraRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """llama-server's `{id, scale}` of an adapter (a gene)."""
+
+    id: int
+    scale: float = 1.0
+
+
+class NativeRoutes(RouteGroup):
+    """A group of native routes on one front (see the module docstring)."""
+
+    def _guard(self, endpoint: Callable[[Request], Awaitable[Response]], *,
+               public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        return self.front.guard(endpoint, errors=error_response, public=public)
+
+    async def _json(self, request: Request) -> Any:
+        """The body as JSON (an empty body is `{}`: llama-server's erase sends none)."""
+        raw = await self.front.read_body(request)
+        if not raw.strip():
+            return {}
+        try:
+            return msgspec.json.decode(raw)
+        except msgspec.DecodeError as e:
+            raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+
+    async def _decode(self, request: Request, typ: type) -> Any:
+        obj = await self._json(request)
+        if not isinstance(obj, dict):
+            raise InvalidParams("the request body must be a JSON object")
+        return self._convert(obj, typ)
+
+    @staticmethod
+    def _convert(obj: Any, typ: type) -> Any:
+        try:
+            return msgspec.convert(obj, typ)
+        except msgspec.ValidationError as e:
+            raise InvalidParams(f"invalid request: {e}") from None
+
+    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+        """A JSON-RPC verb, with its own parameter checks (actord/frontends/rpc/methods.py)."""
+        m = METHODS[method]
+        return await m.call(self.system, self._convert(params, m.params), None)
+
+    async def _default_genes(self) -> set[int]:
+        residency = getattr(self.system, "residency", None)
+        return {g.id for g in getattr(residency, "genes", {}).values() if g.default}
+
+    async def _mixed(self, prompt: list[int | str]) -> list[int]:
+        """Token ids mixed with strings: each string tokenized in place; a leading string
+        gets the model's BOS (llama-server's tokenize_mixed)."""
+        if all(is_token(x) for x in prompt):
+            return list(prompt)  # type: ignore[arg-type]
+        out: list[int] = []
+        for i, x in enumerate(prompt):
+            if isinstance(x, str):
+                out += (await self._call("tokenize", {"content": x, "add_special": i == 0}))["tokens"]
+            else:
+                out.append(x)
+        return out

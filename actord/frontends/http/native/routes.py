@@ -1,0 +1,197 @@
+"""llama-server's native HTTP API, with the seed's page and gene verbs, on the same front.
+
+A client or tool written for llama-server (or for the seeds' fork of it) talks to actord
+unchanged: the routes, request fields, answer shapes and status codes are llama-server's
+(tools/server in llama.cpp), and the seed's verbs are added where the fork put them.
+
+Why this module: it is the native API's route table (`Native.routes`, in llama-server's
+order), and it holds the routes too small for a module of their own. Each group of routes
+lives where its job is:
+
+- `completion.py`: `POST /completion` and `/completions` (llama-server serves both;
+  `/v1/completions` is the OpenAI one): its fields, sampling defaults and refusals, prompt
+  shapes, and its answer, whole or streamed (no `[DONE]`, the last chunk is the result).
+- here: `POST /tokenize` (`content`, `add_special`, `parse_special`, `with_pieces`), `POST
+  /detokenize` (`tokens`), `POST /apply-template` (`messages` -> `prompt`); `GET /props`
+  (llama-server's shape, `slot_page_version: 1`, `lora_page_version: 1`, and actord's own
+  props beside them); `GET /health` (public), `GET /metrics` (actord's registry as it is,
+  plus llama-server's `llamacpp:` series and the seed's series under that prefix, read
+  from the same registry).
+- `slots.py`: `GET /slots`, `POST /slots/{id}?action=save|restore|erase` and the
+  seed's `page_out`, `page_in`, `page_drop`, `spill`.
+- `genes.py`: `GET /lora-adapters`, `POST /lora-adapters` (global scales: only what
+  is set now), and the seed's `POST /lora-adapters/load`, `/unload`, `/page_out`,
+  `/page_in`.
+- `base.py`: what they all share: llama-server's error object
+  (`{"error": {"code": <status>, "message", "type"}}`, actord's typed error beside it in
+  `error.actord`), the key guard, JSON bodies, the JSON-RPC verbs they call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from prometheus_client.utils import floatToGoString
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actord.service.errors import InvalidParams
+from actord.frontends.http.openai import wire as O
+from actord.frontends.http.native.base import NativeRoutes, error_body, unsupported
+from actord.frontends.http.native.completion import CompletionRoutes, generation_defaults
+from actord.frontends.http.native.genes import GeneRoutes
+from actord.frontends.http.native.slots import SlotRoutes
+from actord.frontends.http.responses import json_response
+
+
+def llama_metrics(system: Any) -> str:
+    """llama-server's series (`llamacpp:`), and the seed's under that prefix, read from the
+    one registry at scrape time; no second registry, no second count."""
+    reg = system.metrics.registry
+
+    def v(name: str) -> float:
+        x = reg.get_sample_value(name)
+        return 0.0 if x is None else float(x)
+
+    deferred = float(sum(s.deferred_count() for s in getattr(system, "slots", [])))
+    series: list[tuple[str, str, str, float]] = [
+        ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens",
+         v("prompt_tokens_processed_total")),
+        ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache",
+         v("prompt_tokens_total") - v("prompt_tokens_processed_total")),
+        ("tokens_predicted_total", "counter", "Number of generation tokens processed", v("predicted_tokens_total")),
+        ("n_decode_total", "counter", "Total number of llama_decode() calls", v("engine_steps_total")),
+        ("requests_processing", "gauge", "Number of requests processing", v("requests_in_flight")),
+        ("requests_deferred", "gauge", "Number of requests deferred", deferred),
+        ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated",
+         v("spec_decode_num_draft_tokens_total")),
+        ("spec_decode_num_accepted_tokens_total", "counter",
+         "Speculative: Total draft tokens accepted by the target model", v("spec_decode_num_accepted_tokens_total")),
+        ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps",
+         v("spec_decode_num_drafts_total")),
+    ]
+    for name, kind in SEED_SERIES:
+        family = name[: -len("_total")] if kind == "counter" else name
+        doc = next((f.documentation for f in reg.collect() if f.name == family), name)
+        series.append((name, kind, doc, v(name)))
+    lines = []
+    for name, kind, doc, value in series:
+        lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {floatToGoString(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+SEED_SERIES: list[tuple[str, str]] = [
+    ("page_store_bytes", "gauge"), ("page_store_pages", "gauge"), ("ctx_checkpoint_bytes", "gauge"),
+    ("page_out_total", "counter"), ("page_in_total", "counter"), ("page_failed_total", "counter"),
+    ("ctx_checkpoints_evicted_budget_total", "counter"), ("ctx_checkpoints_skipped_budget_total", "counter"),
+    ("lora_page_out_total", "counter"), ("lora_page_in_total", "counter"),
+    ("lora_page_in_on_demand_total", "counter"), ("lora_page_failed_total", "counter"),
+    ("lora_device_bytes", "gauge"), ("lora_host_bytes", "gauge"),
+]
+
+
+class Native(NativeRoutes):
+    """The native API's route table: /completion, the slots and the genes from their
+    modules, the text verbs, props, health and metrics here."""
+
+    def routes(self) -> list[Route]:
+        g = self._guard
+        return [
+            *CompletionRoutes(self.front).routes(),
+            Route("/tokenize", g(self.tokenize), methods=["POST"]),
+            Route("/detokenize", g(self.detokenize), methods=["POST"]),
+            Route("/apply-template", g(self.apply_template), methods=["POST"]),
+            Route("/props", g(self.props), methods=["GET"]),
+            *SlotRoutes(self.front).routes(),
+            *GeneRoutes(self.front).routes(),
+            Route("/health", g(self.health, public=True), methods=["GET"]),
+            Route("/v1/health", g(self.health, public=True), methods=["GET"]),
+            Route("/metrics", g(self.metrics), methods=["GET"]),
+        ]
+
+    # -- text ------------------------------------------------------------------------------
+
+    async def tokenize(self, request: Request) -> Response:
+        obj = await self._json(request)
+        if not isinstance(obj, dict):
+            raise InvalidParams("the request body must be a JSON object")
+        content = obj.get("content")
+        if content is None:
+            return json_response({"tokens": []})  # llama-server: no content, no tokens
+        if isinstance(content, list):  # llama-server tokenizes a mixed list too
+            tokens = await self._mixed(self._convert(content, list[int | str]))
+            return json_response({"tokens": tokens})
+        params = {k: obj[k] for k in ("content", "add_special", "parse_special", "with_pieces") if k in obj}
+        return json_response(await self._call("tokenize", params))
+
+    async def detokenize(self, request: Request) -> Response:
+        obj = await self._json(request)
+        if not isinstance(obj, dict):
+            raise InvalidParams("the request body must be a JSON object")
+        if "tokens" not in obj:
+            return json_response({"content": ""})
+        return json_response(await self._call("detokenize", {"tokens": obj["tokens"]}))
+
+    async def apply_template(self, request: Request) -> Response:
+        obj = await self._json(request)
+        if not isinstance(obj, dict):
+            raise InvalidParams("the request body must be a JSON object")
+        if "messages" not in obj:
+            raise InvalidParams('"messages" is required', param="messages")
+        if obj.get("tools"):
+            raise unsupported("tools", "tool calling is not supported")
+        msgs = self._convert(obj["messages"], list[O.Message])
+        if not msgs:
+            raise InvalidParams("messages is empty", param="messages")
+        developer = any(m.role == "developer" for m in msgs) and await self.front.template_names_developer()
+        messages = [msgspec.to_builtins(m) for m in O.chat_messages(msgs, developer_is_system=not developer)]
+        params: dict[str, Any] = {"messages": messages}
+        if "add_generation_prompt" in obj:
+            params["add_generation_prompt"] = obj["add_generation_prompt"]
+        return json_response(await self._call("apply_template", params))
+
+    # -- props -----------------------------------------------------------------------------
+
+    async def props(self, request: Request) -> Response:
+        system, config = self.system, self.config
+        actord = await system.props_dict()
+        tpl = await self._call("chat.template", {})
+        out = {
+            **actord,
+            "default_generation_settings": {
+                "id": 0, "id_task": -1, "n_ctx": system.props.n_ctx, "speculative": False,
+                "is_processing": False, "params": generation_defaults(config, system.props.n_ctx),
+            },
+            "total_slots": len(system.slots),
+            "model_alias": self.front.model_id,
+            "model_path": config.model,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+            "chat_template": tpl["template"] or "",
+            "chat_template_caps": {},
+            "bos_token": tpl["bos_token"], "eos_token": tpl["eos_token"],
+            "build_info": f"actord {self.front.version}",
+            "is_sleeping": False,
+            "slot_page_version": 1, "lora_page_version": 1,
+        }
+        return json_response(out)
+
+    # -- health, metrics -----------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        if self.system is None:
+            return json_response(error_body(503, "Loading model"), 503)
+        h = await self.system.health()
+        if getattr(self.system, "closing", False):
+            return json_response({**error_body(503, "shutting down"), **h, "status": "shutting_down"}, 503)
+        if h["status"] != "ok":
+            why = f"actors failed: {', '.join(h['failed_actors'])}"
+            return json_response({**error_body(503, why), **h}, 503)
+        return json_response(h)
+
+    async def metrics(self, request: Request) -> Response:
+        text = self.system.metrics_text() + llama_metrics(self.system)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,188 @@
+"""OpenAI's answer shapes: a chat.completion or text_completion body and the streamed chunks,
+for one choice or n (OpenAI's `n`: actord/chat/choices.py).
+
+Pure functions, no I/O (`openai.py` re-exports them; its docstring draws the fields' lines).
+With n choices: `choices[i]` has `index` i, its own finish_reason, logprobs and (chat) tool
+calls; `usage` counts the prompt once and sums the choices' completion tokens
+(`choices.merge_usage`). Streamed, every chunk carries one choice, by its index: first each
+choice's role delta (chat), then the choices' deltas as they come (interleaved), then each
+choice's last chunk with its finish_reason, then one usage chunk when asked.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from actord.service.types import CompletionResult, TokenLogprob
+
+
+def finish_reason(stop_reason: str, calls: bool = False, functions: bool = False) -> str:
+    if calls and stop_reason in ("eos", "stop"):
+        return "function_call" if functions else "tool_calls"
+    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, "stop")
+
+
+def _split(r: Any) -> tuple[CompletionResult, Any]:
+    """(completion, reply message or None): a chat's run returns its ChatResult."""
+    if isinstance(r, CompletionResult):
+        return r, None
+    return r.completion, r.message
+
+
+def _many(r: Any) -> list[Any]:
+    return list(r) if isinstance(r, (list, tuple)) else [r]
+
+
+def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, Any]:
+    """The answer's `message`: with tool calls, `tool_calls` (and `content` null when the
+    model wrote no text), or the legacy `function_call` (the first call)."""
+    from actord.chat.tools import call_to_openai
+
+    calls = msg.tool_calls if msg is not None else None
+    if not calls:
+        return {"role": "assistant", "content": content}
+    text = msg.content or None
+    if functions:
+        return {"role": "assistant", "content": text,
+                "function_call": {"name": calls[0].name, "arguments": calls[0].arguments}}
+    return {"role": "assistant", "content": text, "tool_calls": [call_to_openai(c) for c in calls]}
+
+
+def usage(r: Any) -> dict[str, Any]:
+    """`r`: one result or the n choices' (the prompt counted once, completions summed)."""
+    from actord.chat.choices import merge_usage
+
+    u = merge_usage([_split(x)[0] for x in _many(r)])
+    cached = u.pop("cached_tokens")
+    return {**u, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def chat_logprobs(lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    """OpenAI's chat `choices[].logprobs`: `content[]` with token, logprob, bytes and top_logprobs."""
+    return {"content": [{
+        "token": t.text, "logprob": t.logprob, "bytes": t.bytes,
+        "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": a.bytes} for a in t.top],
+    } for t in lps or []], "refusal": None}
+
+
+def text_logprobs(lps: list[TokenLogprob] | None, offset: int = 0) -> dict[str, Any]:
+    """Legacy completions' `logprobs`: parallel lists, alternatives as {text: logprob}
+    (text_offset counts characters of the generated text, from `offset`)."""
+    offsets = []
+    for t in lps or []:
+        offsets.append(offset)
+        offset += len(t.text)
+    return {
+        "tokens": [t.text for t in lps or []],
+        "token_logprobs": [t.logprob for t in lps or []],
+        "top_logprobs": [{a.text: a.logprob for a in t.top} for t in lps or []],
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
+                    logprobs: bool = False, functions: bool = False) -> dict[str, Any]:
+    """`r`: the chat's ChatResult (a CompletionResult: its text only), or a list of n."""
+    choices = []
+    for i, one in enumerate(_many(r)):
+        c, msg = _split(one)
+        calls = bool(msg is not None and msg.tool_calls)
+        choices.append({
+            "index": i, "message": chat_message(msg, msg.content if msg is not None else c.content, functions),
+            "finish_reason": finish_reason(c.stop_reason, calls, functions),
+            "logprobs": chat_logprobs(c.logprobs) if logprobs else None,
+        })
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": fingerprint, "choices": choices, "usage": usage(r)}
+
+
+def text_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
+                    logprobs: bool = False) -> dict[str, Any]:
+    choices = []
+    for i, one in enumerate(_many(r)):
+        c, _ = _split(one)
+        choices.append({"index": i, "text": c.content, "finish_reason": finish_reason(c.stop_reason),
+                        "logprobs": text_logprobs(c.logprobs) if logprobs else None})
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": fingerprint, "choices": choices, "usage": usage(r)}
+
+
+class Chunks:
+    """Builds the SSE `data:` payloads of one streamed answer, in OpenAI's chunk format, for
+    `n` choices (each chunk one choice, by its index)."""
+
+    def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False,
+                 functions: bool = False, n: int = 1) -> None:
+        self.chat = chat
+        self.functions = functions  # legacy function calling: `function_call` deltas
+        self.n = n
+        self.n_calls = 0
+        self.model = model
+        self.fingerprint = fingerprint
+        self.logprobs = logprobs
+        self.offsets = [0] * n  # text_offset so far, per choice (completions)
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+
+    @property
+    def offset(self) -> int:
+        return self.offsets[0]
+
+    def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [choice] if choice is not None else [], **extra}
+
+    def first(self) -> dict[str, Any] | None:
+        """Choice 0's role delta (chat); `firsts` gives every choice's."""
+        return self.firsts()[0] if self.chat else None
+
+    def firsts(self) -> list[dict[str, Any]]:
+        if not self.chat:
+            return []
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+                for i in range(self.n)]
+
+    def delta(self, text: str, lps: list[TokenLogprob] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
+        """One chunk of choice `index`: `text` and, when asked, the logprobs of the tokens it
+        holds; a chat's `tool_calls` deltas (actord.chat.tools.events_to_deltas: each call whole,
+        by index within the choice)."""
+        if self.chat:
+            choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "finish_reason": None}
+            if tool_calls:
+                self.n_calls += len(tool_calls)
+                if self.functions:  # legacy: the first call only, as `function_call`
+                    first = tool_calls[0]
+                    choice["delta"] = {"content": text or None, "function_call": dict(first["function"])} \
+                        if first["index"] == 0 else {"content": text or None}
+                else:
+                    choice["delta"] = {"content": text or None, "tool_calls": tool_calls}
+            if self.logprobs:
+                choice["logprobs"] = chat_logprobs(lps)
+            return self._chunk(choice)
+        choice = {"index": index, "text": text, "finish_reason": None}
+        if self.logprobs:
+            choice["logprobs"] = text_logprobs(lps, self.offsets[index])
+            self.offsets[index] += sum(len(t.text) for t in lps or [])
+        return self._chunk(choice)
+
+    def last(self, r: Any, index: int = 0) -> dict[str, Any]:
+        r, msg = _split(r)
+        reason = finish_reason(r.stop_reason, bool(msg is not None and msg.tool_calls), self.functions)
+        if self.chat:
+            return self._chunk({"index": index, "delta": {}, "finish_reason": reason})
+        return self._chunk({"index": index, "text": "", "finish_reason": reason})
+
+    def lasts(self, r: Any) -> list[dict[str, Any]]:
+        """Each choice's last chunk, by index (`r`: one result or the n choices')."""
+        return [self.last(one, i) for i, one in enumerate(_many(r))]
+
+    def usage(self, r: Any) -> dict[str, Any]:
+        return self._chunk(None, usage=usage(r))

@@ -1,0 +1,483 @@
+"""OpenAI's Responses API on the HTTP front: POST /v1/responses, GET and DELETE
+/v1/responses/{id} (and the bare /responses paths).
+
+A response is one chat turn (`ActorSystem.chat`, the model's own template, tools through
+actord.chat.tools) over a conversation that actord keeps: each stored response remembers its
+mind and the conversation up to and including its own output (`ResponseStore`, bounded in
+count and bytes, oldest dropped first). A request naming `previous_response_id` continues
+that conversation in that mind, so its state is still in the mind's slot, or in its page
+(RAM or file) when other minds took the slot meanwhile, and the turn decodes only the new
+input: the prompt starts with the exact tokens of the previous prompt and reply
+(actord.chat.template's turn memory).
+
+Which mind: the `X-Actord-Mind` header, `prompt_cache_key` or `user` when given (as on the
+chat route); else the previous response's; else, for a conversation's first response, a
+mind named from a digest of how the conversation starts (its instructions and first input
+item). So a client that resends the whole history each turn instead of naming the previous
+response (the Agents SDK's default) lands in the same mind too. Two conversations that start
+identically share that mind (they then take turns in it, each reusing what prefix they
+share): name them apart with `prompt_cache_key` where that matters. `store: false` keeps
+nothing and names no mind (the turn is placed like a chat without one).
+
+Fields. Honoured: `input` (a string, or items: messages with `input_text` / `output_text`
+parts, `function_call` and `function_call_output`), `instructions` (a system message for
+this turn only, as OpenAI documents), `previous_response_id`, `max_output_tokens`,
+`temperature`, `top_p`, `stream`, `tools` (function tools), `tool_choice`,
+`parallel_tool_calls`, `text.format` (text, json_object, json_schema: the grammar of
+response_format), `store`, `metadata` (echoed), `user`, `prompt_cache_key`; extensions
+`top_k`, `genes`. Refused with a 400 naming the field: other tool types, images and files,
+`item_reference` and reasoning items, `reasoning`, `background`, `conversation`, `prompt`,
+`include`, `top_logprobs`, `max_tool_calls`, `truncation: auto`. Ignored by design:
+`service_tier`, `safety_identifier`, `stream_options`, `prompt_cache_retention`, unknown
+fields.
+
+Streaming sends the Responses events (`event:` and `data:` lines, no `[DONE]`):
+response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta, response.output_text.done,
+response.content_part.done, response.output_item.done, response.function_call_arguments.
+delta/.done, and response.completed (or response.incomplete when max_output_tokens cut it).
+As on the chat route, nothing is sent until the first output (or the error) is ready, so an
+error found while the prompt is placed is still an HTTP status. The turn runs inside the
+response as every generation does (`streaming.Generation`, a client that hangs up cancels
+it); `ResponsesAnswer` is its `streaming.Answer`: the final body, or the events, framed here
+(each has its `event:` line, and one chunk may be several events or none).
+
+(Not to be confused with `responses.py`, the answer types every route shares.)
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actord.chat.template import ChatMessage, ChatRequest
+from actord.service.errors import ActordError, InvalidParams
+from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.routes import decode_body, request_mind
+from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
+from actord.frontends.http.streaming import Generation
+
+_enc = msgspec.json.Encoder()
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
+    model: str | None = None
+    input: Any = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int = 0
+    stream: bool = False
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    text: Any = None
+    store: bool = True
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    genes: list[Any] = []
+    # Refused unless absent (see the module docstring).
+    reasoning: Any = None
+    background: Any = None
+    conversation: Any = None
+    prompt: Any = None
+    include: Any = None
+    top_logprobs: Any = None
+    max_tool_calls: Any = None
+    truncation: Any = None
+
+
+def _refuse(field: str, why: str) -> InvalidParams:
+    return InvalidParams(f"unsupported parameter '{field}': {why}", param=field)
+
+
+def check(req: ResponsesRequest) -> None:
+    """A 400 naming the first field that cannot be honoured."""
+    for name in ("background", "conversation", "prompt", "max_tool_calls"):
+        if getattr(req, name) not in (None, False):
+            raise _refuse(name, "not supported by this server")
+    if req.reasoning not in (None, {}) and not (isinstance(req.reasoning, dict) and
+                                                req.reasoning.get("effort") in (None, "none")):
+        raise _refuse("reasoning", "this model does not reason in a separate channel")
+    if req.include:
+        raise _refuse("include", "no extra output data (logprobs, reasoning, sources) is produced")
+    if req.top_logprobs not in (None, 0):
+        raise _refuse("top_logprobs", "logprobs are served on /v1/chat/completions")
+    if req.truncation not in (None, "disabled"):
+        raise _refuse("truncation", "only disabled: an input over the context is a 400")
+    if req.max_output_tokens is not None and req.max_output_tokens < 1:
+        raise InvalidParams("max_output_tokens must be >= 1", param="max_output_tokens")
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise InvalidParams("temperature must be in [0, 2]", param="temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise InvalidParams("top_p must be in (0, 1]", param="top_p")
+    if req.input is None or req.input == [] or req.input == "":
+        raise InvalidParams("input is empty", param="input")
+
+
+def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidParams(f"{param} is a string or a list of content parts", param=param)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(part.get("text"), str):
+            raise InvalidParams(f"{param}[{j}]: only text content parts are supported ({', '.join(kinds)})",
+                                param=f"{param}[{j}].type")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def input_messages(v: Any, developer_is_system: bool = True) -> list[ChatMessage]:
+    """`input` as chat messages: a string is one user message; items are messages,
+    function calls (joined onto the assistant turn before them) and their outputs."""
+    from actord.chat.tools import ToolCall
+
+    if isinstance(v, str):
+        return [ChatMessage(role="user", content=v)]
+    if not isinstance(v, list):
+        raise InvalidParams("input is a string or a list of items", param="input")
+    out: list[ChatMessage] = []
+    for i, it in enumerate(v):
+        p = f"input[{i}]"
+        if not isinstance(it, dict):
+            raise InvalidParams(f"{p} is an object", param=p)
+        kind = it.get("type", "message")
+        if kind == "message":
+            role = it.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise InvalidParams(f"{p}.role must be user, system, developer or assistant", param=f"{p}.role")
+            kinds = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+            text = _text_of(it.get("content", ""), f"{p}.content", kinds + ("text",))
+            if role == "developer" and developer_is_system:
+                role = "system"
+            out.append(ChatMessage(role=role, content=text))
+        elif kind == "function_call":
+            name, args, cid = it.get("name"), it.get("arguments", "{}"), it.get("call_id")
+            if not (isinstance(name, str) and isinstance(args, str) and isinstance(cid, str)):
+                raise InvalidParams(f"{p}: a function_call has call_id, name and arguments (strings)", param=p)
+            call = ToolCall(id=cid, name=name, arguments=args)
+            if out and out[-1].role == "assistant":
+                last = out[-1]
+                out[-1] = msgspec.structs.replace(last, tool_calls=[*(last.tool_calls or []), call])
+            else:
+                out.append(ChatMessage(role="assistant", tool_calls=[call]))
+        elif kind == "function_call_output":
+            cid = it.get("call_id")
+            if not isinstance(cid, str):
+                raise InvalidParams(f"{p}.call_id is the call's id", param=f"{p}.call_id")
+            output = it.get("output", "")
+            text = output if isinstance(output, str) else _text_of(output, f"{p}.output", ("input_text",))
+            out.append(ChatMessage(role="tool", tool_call_id=cid, content=text))
+        else:
+            raise InvalidParams(f"{p}: items of type {str(kind)[:40]!r} are not supported "
+                                "(message, function_call, function_call_output)", param=f"{p}.type")
+    return out
+
+
+def text_grammar(text: Any) -> str:
+    """`text.format` as GBNF ("" for plain text), as response_format on the chat route."""
+    from actord.engine.grammar import JSON_OBJECT_GBNF, schema_grammar
+
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if text is None or fmt is None or fmt == {"type": "text"}:
+        return ""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return JSON_OBJECT_GBNF
+    if kind == "json_schema":
+        schema = fmt.get("schema")
+        return JSON_OBJECT_GBNF if schema is None else schema_grammar(schema, "text.format")
+    raise _refuse("text.format", f"type {str(kind)[:40]!r} is not one of text, json_object, json_schema")
+
+
+# -- the store -------------------------------------------------------------------------
+
+
+class Stored(msgspec.Struct):
+    mind: str | None
+    messages: list[ChatMessage]  # the conversation, this response's output included (no instructions)
+    body: dict[str, Any]
+    n_bytes: int
+
+
+class ResponseStore:
+    """Responses by id, oldest dropped first past `max_items` or `max_bytes`."""
+
+    def __init__(self, max_items: int, max_bytes: int) -> None:
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.held = 0
+        self._items: collections.OrderedDict[str, Stored] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, rid: str) -> Stored | None:
+        s = self._items.get(rid)
+        if s is not None:
+            self._items.move_to_end(rid)
+        return s
+
+    def put(self, rid: str, s: Stored) -> None:
+        if s.n_bytes > self.max_bytes or self.max_items == 0:
+            return
+        self._items[rid] = s
+        self.held += s.n_bytes
+        while len(self._items) > self.max_items or self.held > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.held -= old.n_bytes
+
+    def pop(self, rid: str) -> Stored | None:
+        s = self._items.pop(rid, None)
+        if s is not None:
+            self.held -= s.n_bytes
+        return s
+
+
+def conversation_mind(instructions: str | None, first: ChatMessage) -> str:
+    """The mind a conversation's first response names when nothing else does: a digest of
+    how it starts, so resending the whole history lands in the same mind."""
+    h = hashlib.blake2b(digest_size=16, person=b"actord-resp")
+    h.update(msgspec.msgpack.encode([instructions or "", first.role, first.content,
+                                     [(c.id, c.name, c.arguments) for c in first.tool_calls or []]]))
+    return "r-" + h.hexdigest()
+
+
+# -- answer shapes ---------------------------------------------------------------------
+
+
+def _usage(c: Any) -> dict[str, Any]:
+    n_out = len(c.tokens)
+    return {"input_tokens": c.n_prompt_tokens,
+            "input_tokens_details": {"cached_tokens": c.n_cached, "cache_write_tokens": 0},
+            "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": c.n_prompt_tokens + n_out}
+
+
+class Events:
+    """The Responses streaming events of one answer (SSE bytes), and the output items they
+    add up to (the final body's `output`, ids included)."""
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        self.base = base
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self._msg: dict[str, Any] | None = None  # the message item open for text
+        self._started = False
+
+    def _ev(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + _enc.encode(body) + b"\n\n"
+
+    def _lead(self) -> bytes:
+        """response.created and response.in_progress, before the first other event."""
+        if self._started:
+            return b""
+        self._started = True
+        return self._ev("response.created", response=self.base) + self._ev("response.in_progress", response=self.base)
+
+    def text(self, delta: str) -> bytes:
+        out = self._lead()
+        if self._msg is None:
+            self._msg = {"type": "message", "id": O.new_id("msg"), "status": "in_progress", "role": "assistant",
+                         "content": []}
+            i = len(self.output)
+            self.output.append(self._msg)
+            out += self._ev("response.output_item.added", output_index=i, item=self._msg)
+            out += self._ev("response.content_part.added", item_id=self._msg["id"], output_index=i, content_index=0,
+                            part={"type": "output_text", "text": "", "annotations": []})
+            self._msg["content"] = [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
+        part = self._msg["content"][0]
+        part["text"] += delta
+        return out + self._ev("response.output_text.delta", item_id=self._msg["id"],
+                              output_index=self.output.index(self._msg), content_index=0, delta=delta, logprobs=[])
+
+    def _close_text(self, status: str) -> bytes:
+        if self._msg is None:
+            return b""
+        m, self._msg = self._msg, None
+        m["status"] = status
+        i = self.output.index(m)
+        part = m["content"][0]
+        return (self._ev("response.output_text.done", item_id=m["id"], output_index=i, content_index=0,
+                         text=part["text"], logprobs=[])
+                + self._ev("response.content_part.done", item_id=m["id"], output_index=i, content_index=0,
+                           part={"type": "output_text", "text": part["text"], "annotations": []})
+                + self._ev("response.output_item.done", output_index=i, item=m))
+
+    def call(self, c: Any) -> bytes:
+        out = self._lead() + self._close_text("completed")
+        item = {"type": "function_call", "id": O.new_id("fc"), "call_id": c.id, "name": c.name,
+                "arguments": "", "status": "in_progress"}
+        i = len(self.output)
+        self.output.append(item)
+        out += self._ev("response.output_item.added", output_index=i, item=dict(item))
+        out += self._ev("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
+                        delta=c.arguments)
+        item["arguments"], item["status"] = c.arguments, "completed"
+        out += self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                        arguments=c.arguments)
+        return out + self._ev("response.output_item.done", output_index=i, item=item)
+
+    def finish(self, body: dict[str, Any]) -> bytes:
+        """The last events; `body` is the final response, whose `output` is `self.output`."""
+        incomplete = body["status"] == "incomplete"
+        out = self._lead()
+        if not self.output:  # no text and no call: an empty message, as the whole answer has
+            out += self.text("")
+        out += self._close_text("incomplete" if incomplete else "completed")
+        return out + self._ev("response.incomplete" if incomplete else "response.completed", response=body)
+
+    def error(self, status: int, message: str, code: str, param: str | None) -> bytes:
+        return self._ev("error", code=code, message=message, param=param)
+
+
+def output_items(msg: ChatMessage, incomplete: bool) -> list[dict[str, Any]]:
+    """A whole answer's `output`: its text as a message item, then one item per call."""
+    items: list[dict[str, Any]] = []
+    if msg.content or not msg.tool_calls:
+        items.append({"type": "message", "id": O.new_id("msg"), "status": "incomplete" if incomplete else "completed",
+                      "role": "assistant",
+                      "content": [{"type": "output_text", "text": msg.content, "annotations": [], "logprobs": []}]})
+    for c in msg.tool_calls or []:
+        items.append({"type": "function_call", "id": O.new_id("fc"), "call_id": c.id, "name": c.name,
+                      "arguments": c.arguments, "status": "completed"})
+    return items
+
+
+# -- the routes ------------------------------------------------------------------------
+
+
+class ResponsesAnswer:
+    """The Responses API's framing of a turn (`streaming.Answer`): the final response object;
+    streamed, the Responses events (`Events`), framed here, and no `[DONE]`."""
+
+    done = b""
+    error_object = staticmethod(error_object)
+
+    def __init__(self, run: Any, base: dict[str, Any], finish: Any) -> None:
+        self.run, self.finish = run, finish
+        self.events = Events(base)
+
+    async def whole(self) -> Any:
+        return self.finish(await self.run(None))
+
+    async def streamed(self, on_token: Any) -> list[Any]:
+        r = await self.run(on_token)
+        return [self.events.finish(self.finish(r, self.events.output))]
+
+    def first(self) -> Any | None:
+        return None  # response.created and .in_progress lead the first chunk's events (Events._lead)
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        from actord.chat.tools import ToolCall
+
+        data = self.events.text(chunk["content"]) if chunk.get("content") else b""
+        for tc in chunk.get("tool_calls") or []:
+            f = tc["function"]
+            data += self.events.call(ToolCall(id=tc["id"], name=f["name"], arguments=f["arguments"]))
+        return data  # b"": nothing to send (no text, no call)
+
+    def error_event(self, e: HttpError | ActordError) -> bytes:
+        err = error_object(e)[1]["error"]
+        return self.events.error(0, err["message"], err["code"], err.get("param"))
+
+
+class Responses(RouteGroup):
+    def __init__(self, front: Any) -> None:
+        super().__init__(front)
+        cfg = front.config
+        self.store = ResponseStore(cfg.http_responses_max, cfg.http_responses_max_bytes)
+
+    def routes(self) -> list[Route]:
+        g = self.front.guard
+        create, one = g(self.create), g(self.one)
+        return [Route(p, create, methods=["POST"]) for p in ("/v1/responses", "/responses")] + [
+            Route(p, one, methods=["GET", "DELETE"]) for p in ("/v1/responses/{rid}", "/responses/{rid}")]
+
+    async def one(self, request: Request) -> Response:
+        rid = request.path_params["rid"]
+        s = self.store.get(rid) if request.method == "GET" else self.store.pop(rid)
+        if s is None:
+            raise HttpError(404, f"no response with id {rid[:80]!r} (not stored, or dropped from the store)",
+                            "not_found", "response_id")
+        if request.method == "DELETE":
+            return json_response({"id": rid, "object": "response.deleted", "deleted": True})
+        return json_response(s.body)
+
+    async def create(self, request: Request) -> Response:
+        front = self.front
+        req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
+        check(req)
+        from actord.chat.template import tools as T
+
+        prev = None
+        if req.previous_response_id is not None:
+            prev = self.store.get(req.previous_response_id)
+            if prev is None:
+                raise HttpError(400, f"previous response {req.previous_response_id[:80]!r} is not stored "
+                                "(never stored, store: false, or dropped from the store)",
+                                "previous_response_not_found", "previous_response_id")
+        developer = await front.template_names_developer()
+        new = input_messages(req.input, developer_is_system=not developer)
+        history = (prev.messages if prev is not None else []) + new
+        convo = ([ChatMessage(role="system", content=req.instructions)] if req.instructions else []) + history
+        tools = T.tools_from_openai(req.tools, "tools", flat=True)
+        if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
+            raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+        choice = req.tool_choice if req.tool_choice is not None else "auto"
+        T.check_tools(tools, choice)
+        mind = request_mind(request, req)
+        if mind is None and req.store:
+            mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
+        n = req.max_output_tokens
+        if n is None:
+            n = min(front.config.http_default_max_tokens, front.system.props.n_ctx)
+        chat = ChatRequest(
+            messages=convo, n_predict=n, mind=mind, temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, stream=req.stream,
+            genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=text_grammar(req.text),
+            tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
+        ).check()
+        rid = O.new_id("resp").replace("resp-", "resp_")
+        base = {
+            "id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+            "model": req.model or front.model_id, "output": [], "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+            "parallel_tool_calls": chat.parallel_tool_calls, "tool_choice": choice, "tools": req.tools or [],
+            "previous_response_id": req.previous_response_id, "store": req.store,
+            "text": req.text if req.text is not None else {"format": {"type": "text"}}, "truncation": "disabled",
+            "metadata": req.metadata or {}, "user": req.user, "error": None, "incomplete_details": None,
+            "usage": None, "background": False,
+        }
+
+        def finish(result: Any, output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            c = result.completion
+            cut = c.stop_reason in ("length", "context")
+            body = {**base, "status": "incomplete" if cut else "completed",
+                    "output": output if output is not None else output_items(result.message, cut),
+                    "usage": _usage(c),
+                    "incomplete_details": {"reason": "max_output_tokens"} if cut else None}
+            if req.store and c.stop_reason != "cancelled":
+                msgs = [*history, result.message]
+                size = len(msgspec.json.encode(msgs)) + len(msgspec.json.encode(body))
+                self.store.put(rid, Stored(mind=mind, messages=msgs, body=body, n_bytes=size))
+            return body
+
+        async def run(on_token: Any) -> Any:
+            return await front.system.chat(chat, on_token=on_token)
+
+        return Generation(front, ResponsesAnswer(run, base, finish), stream=req.stream)

@@ -1,0 +1,215 @@
+"""The OpenAI-compatible routes: chat and text completions, and the model list.
+
+Why a module of its own: these routes turn OpenAI's requests (shapes and checks in
+`openai.py`) into actord's chats and completions and answer in OpenAI's shapes
+(`OpenAIAnswer`, run inside the response by `streaming.Generation`, as the native
+/completion's answer is); the front that serves them (`app.py`) is the same for both APIs.
+
+Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
+/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}. Any
+`model` name is served and echoed, as llama-server does; a lookup answers only for the
+names the list gives (the file's stem and each `--model-alias`). OpenAI's Responses API and
+embeddings have modules of their own (`responses_api.py`: POST /v1/responses, GET/DELETE
+/v1/responses/{id}; `embeddings.py`: POST /v1/embeddings; each with its bare path too), and
+read their bodies and minds as these routes do (`decode_body`, `request_mind`).
+
+Tools (actord.chat.tools): a chat's `tools`, `tool_choice`, `parallel_tool_calls` and the legacy
+`functions` / `function_call` become the ChatRequest's tool fields (`openai.chat_tools`);
+the answer carries the reply's `tool_calls` (streamed: as `tool_calls` deltas, each call
+whole), or, for a legacy request, `function_call`.
+
+The mind is named by the `X-Actord-Mind` header (used as given: it must be a valid mind
+name), else by `prompt_cache_key`, else by `user`, both free-form and mapped to a mind name
+through a digest (`openai.mind_for`). The header wins, because it is an explicit
+instruction to actord; `prompt_cache_key` beats `user` because it is OpenAI's field for
+exactly this (cache routing), while `user` is an end-user id a client may set for other
+reasons. With none, a request is placed like llama-server's: the idle slot sharing the
+longest prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actord.service.types import CompletionRequest
+from actord.chat.template import ChatRequest
+from actord.service.errors import InvalidParams, ModelNotFound
+from actord.frontends.http.openai import wire as O
+from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
+from actord.frontends.http.streaming import DONE, Generation, sse
+
+
+class OpenAIAnswer:
+    """OpenAI's framing of a generation (`streaming.Answer`): a chat.completion or
+    text_completion body; streamed, OpenAI's chunks (the chat's role first), the last with
+    the finish reason, the usage chunk when asked, then `data: [DONE]`."""
+
+    done = DONE
+    error_object = staticmethod(error_object)
+
+    def __init__(self, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
+                 stream: bool, include_usage: bool, logprobs: bool, functions: bool = False, n: int = 1) -> None:
+        self.front, self.run, self.chat, self.model = front, run, chat, model
+        self.include_usage, self.logprobs = include_usage, logprobs
+        self.functions = functions  # legacy function calling: the answer carries function_call
+        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs, functions, n) if stream else None
+
+    @classmethod
+    def response(cls, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
+                 stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False,
+                 n: int = 1) -> Generation:
+        answer = cls(front, run, chat=chat, model=model, stream=stream, include_usage=include_usage,
+                     logprobs=logprobs, functions=functions, n=n)
+        return Generation(front, answer, stream=stream)
+
+    async def whole(self) -> Any:
+        r = await self.run(None)  # a chat's ChatResult (its message and calls), a completion's result
+        created, fp = int(time.time()), self.front.fingerprint
+        if self.chat:
+            return O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs,
+                                     self.functions)
+        return O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs)
+
+    async def streamed(self, on_token: Any) -> list[Any]:
+        assert self.chunks is not None
+        r = await self.run(on_token)  # n > 1: the choices' results, by index
+        return [*self.chunks.lasts(r), *([self.chunks.usage(r)] if self.include_usage else [])]
+
+    def first(self) -> Any | None:
+        assert self.chunks is not None
+        if self.chunks.n > 1:  # each choice's role delta, framed here: one event per choice
+            return b"".join(sse(c) for c in self.chunks.firsts()) or None
+        return self.chunks.first()
+
+    def chunk(self, chunk: dict[str, Any]) -> Any:
+        assert self.chunks is not None
+        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), chunk.get("tool_calls"),
+                                 chunk.get("index", 0))
+
+
+async def decode_body(front: Any, request: Request, typ: type) -> Any:
+    """The request's body (bounded by the front) decoded as `typ`; a 400 names what is wrong."""
+    buf = await front.read_body(request)
+    try:
+        return msgspec.json.decode(buf, type=typ)
+    except msgspec.ValidationError as e:
+        raise HttpError(400, f"invalid request: {e}", "invalid_params") from None
+    except msgspec.DecodeError as e:
+        raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+
+
+def request_mind(request: Request, req: Any) -> str | None:
+    """The mind a request names (the module docstring): the header, `prompt_cache_key`, `user`."""
+    header = request.headers.get("x-actord-mind")
+    if header:
+        return header  # as given: CompletionRequest.check refuses a name that is not one
+    if req.prompt_cache_key:
+        return O.mind_for("k", req.prompt_cache_key)
+    if req.user:
+        return O.mind_for("u", req.user)
+    return None
+
+
+class OpenAIRoutes(RouteGroup):
+
+    def routes(self) -> list[Route]:
+        g = self.front.guard
+        chat, models, model = g(self.chat_completions), g(self.models), g(self.model)
+        return [
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", g(self.completions), methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/models", models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+            Route("/models/{model_id:path}", model, methods=["GET"]),
+        ]
+
+    async def _body(self, request: Request, typ: type) -> Any:
+        return await decode_body(self.front, request, typ)
+
+    @staticmethod
+    def _mind(request: Request, req: O._Common) -> str | None:
+        return request_mind(request, req)
+
+    async def chat_completions(self, request: Request) -> Response:
+        req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
+        O.refuse_unsupported(req)
+        n_choices = O.choices(req, self.config.max_n)
+        fields = O.sampling(req, self.system.props.n_vocab)
+        tool_fields = O.chat_tools(req)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
+        if not req.messages:
+            raise InvalidParams("messages is empty", param="messages")
+        developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
+        n = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if n is None:
+            n = min(self.config.http_default_max_tokens, self.system.props.n_ctx)
+        chat = ChatRequest(
+            messages=O.chat_messages(req.messages, developer_is_system=not developer),
+            n_predict=n, mind=self._mind(request, req),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
+            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
+        ).check()
+        self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
+
+        async def run(on_token: Any) -> Any:
+            # A ChatResult (the message and its calls); n > 1: one per choice (actord/chat/choices.py).
+            return await self.system.chat(chat, on_token=on_token, n=n_choices)
+
+        return OpenAIAnswer.response(self.front, run, chat=True, model=req.model or self.front.model_id,
+                                     stream=req.stream, logprobs=fields["logprobs"],
+                                     include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                                     functions=req.functions is not None or req.function_call is not None,
+                                     n=n_choices)
+
+    async def completions(self, request: Request) -> Response:
+        req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
+        O.refuse_unsupported(req)
+        n_choices = O.choices(req, self.config.max_n)
+        fields = O.sampling(req, self.system.props.n_vocab)
+        comp = CompletionRequest(
+            prompt=O.text_prompt(req.prompt), n_predict=req.max_tokens if req.max_tokens is not None else 16,
+            mind=self._mind(request, req),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
+            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
+        ).check(self.config.request_limits())
+
+        async def run(on_token: Any) -> Any:
+            if n_choices > 1:  # the choices' results, by index, from one prefill (actord/chat/choices.py)
+                return await self.system.complete_n(comp, n_choices, on_token=on_token)
+            return await self.system.complete(comp, on_token=on_token)
+
+        return OpenAIAnswer.response(self.front, run, chat=False, model=req.model or self.front.model_id,
+                                     stream=req.stream, logprobs=fields["logprobs"],
+                                     include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                                     n=n_choices)
+
+    def _precheck(self, mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
+                  fields: dict[str, Any]) -> None:
+        # The same checks a completion makes, before any rendering work, under this
+        # daemon's limits (the defaults' are a 4096-token context's).
+        CompletionRequest(prompt=[0], n_predict=n_predict, mind=mind, temperature=temperature,
+                          top_k=top_k, top_p=top_p, **fields).check(self.config.request_limits())
+
+    def _model_object(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.front.created, "owned_by": "actord"}
+
+    async def models(self, request: Request) -> Response:
+        return json_response({"object": "list", "data": [self._model_object(n) for n in self.front.names]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name not in self.front.known:
+            # Requests may name any model (they are all served by this one), but a lookup
+            # answers only for the names /v1/models lists, so the list and lookups agree.
+            raise ModelNotFound(f"the model {name[:200]!r} does not exist; this daemon lists {self.front.names!r}",
+                                param="model")
+        return json_response(self._model_object(name))

@@ -1,0 +1,78 @@
+"""The answers every route of the HTTP front shares, OpenAI's and llama-server's alike.
+
+Why a module of its own: the front (`app.py`), the generation in a response
+(`streaming.py`) and both APIs' routes raise and answer with these, and none of them should
+import another for them. `HttpError` is an error of the HTTP layer itself (a missing key, a
+body over its limit); `ClientGone` a client that hung up before its request was read;
+`Silent` the answer to it (nothing). `error_response` is OpenAI's error object, which the
+front answers with on every route that is not llama-server's, unknown routes included.
+`RouteGroup` is what a group of routes holds: the front it stands behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.responses import Response
+
+from actord.service.errors import ActordError
+from actord.frontends.http.openai import wire as O
+
+_enc = msgspec.json.Encoder()
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+class ClientGone(Exception):
+    """The client hung up before its request was read: nobody to answer."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+class Silent(Response):
+    """The answer to a client that is gone: nothing."""
+
+    def __init__(self) -> None:
+        self.background = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
+
+
+def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
+    """OpenAI's error object for `e`, and its status."""
+    if isinstance(e, ActordError):
+        status = O.error_status(e)
+        return status, O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param"))
+    return e.status, O.error_body(e.status, e.message, e.code, e.param)
+
+
+def error_response(e: HttpError | ActordError) -> Response:
+    status, body = error_object(e)
+    return json_response(body, status)
+
+
+class RouteGroup:
+    """A group of routes on one front (`app.HttpFront`): its system and configuration."""
+
+    def __init__(self, front: Any) -> None:
+        self.front = front
+
+    @property
+    def system(self) -> Any:
+        return self.front.system
+
+    @property
+    def config(self) -> Any:
+        return self.front.config

@@ -1,0 +1,223 @@
+"""One generation inside one HTTP response, for every route that generates.
+
+Why it exists: OpenAI's routes (/v1/chat/completions, /v1/completions) and llama-server's
+native /completion frame their answers differently (OpenAI's chunks end with `data:
+[DONE]`; llama-server's end with the whole result and no `[DONE]`), but what happens around
+the answer is the same, and subtle enough to be written once:
+
+- The generation runs inside the response, where the ASGI `receive` channel is at hand: a
+  watcher awaits `http.disconnect` beside the work, and a client that goes away cancels
+  the work (which the system turns into a slot CancelRequest), streamed or not, and is
+  logged and counted once (`front.client_gone("generation", stream=...)`).
+- A whole answer is one JSON body, or an error object with the error's status.
+- A streamed answer sends its headers only when its first chunk (or its error) is ready,
+  so an error found while the prompt is placed or decoded (400 for a prompt over the
+  context, 503 overloaded) still arrives as an HTTP status with the API's error object;
+  one found later is an SSE `data:` event holding that object, and the stream then ends
+  as it always does.
+- Chunks queue in a bounded memory stream (OUTBOX); what queued while the last write was
+  under way goes out in one write. A client too slow to drain it is cut off, as on the
+  socket.
+- The http.disconnect uvicorn reports once a response is complete is the end of an answer,
+  not a client that went away.
+- A bug in one request (an exception that is not a typed error) is logged and answered
+  500 `internal_error`; it never takes its peers down.
+
+What differs between the APIs is an `Answer`: how the whole body, a chunk, the final
+events and an error are shaped, and what ends a stream. An event is a JSON object sent as
+`data: JSON`, or bytes the answer framed itself, sent as they are (b"": nothing): the
+Responses API (`openai/responses_api.py`) names each event (`event:` lines), a chunk may be several
+of its events or none, and its stream's error is its own `error` event (`error_event`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+import anyio
+import msgspec
+from starlette.responses import Response
+
+from actord.service.errors import ActordError
+from actord.frontends.http.responses import HttpError, json_response
+from actord.service.log import get
+
+log = get("actord.frontends.http")
+
+OUTBOX = 8192  # queued chunks per streamed answer before the client counts as too slow
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+DONE = b"data: [DONE]\n\n"  # OpenAI's end of a stream
+_enc = msgspec.json.Encoder()
+T = TypeVar("T")
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + _enc.encode(obj) + b"\n\n"
+
+
+def frame(event: Any) -> bytes:
+    """An Answer's event on the wire: bytes as the answer framed them, else `data: JSON`."""
+    return event if isinstance(event, bytes) else sse(event)
+
+
+async def until_disconnect(receive: Any) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def guarded(run: Callable[[], Awaitable[T]]) -> T:
+    """`run()`, with any exception but a typed error turned into a logged 500."""
+    try:
+        return await run()
+    except (ActordError, HttpError):
+        raise
+    except Exception as e:  # a bug in one request must not take down its peers
+        log.exception("http.internal_error", error=repr(e))
+        raise HttpError(500, f"internal error: {type(e).__name__}", "internal_error") from None
+
+
+OnToken = Callable[[dict[str, Any]], None]
+
+
+class Answer(Protocol):
+    """What one API makes of a generation (see the module docstring)."""
+
+    done: bytes  # written last in a stream that ended (b"": nothing more)
+
+    def error_object(self, e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
+        """The API's error object for `e`, and its HTTP status."""
+
+    async def whole(self) -> Any:
+        """Run to the end; the answer's JSON body."""
+
+    async def streamed(self, on_token: OnToken) -> list[Any]:
+        """Run to the end, each chunk to `on_token`; the events that end the stream."""
+
+    def first(self) -> Any | None:
+        """An event sent with the headers, before any chunk (None: none)."""
+
+    def chunk(self, chunk: dict[str, Any]) -> Any:
+        """The event for one chunk of generated text (the system's stream chunk)."""
+
+    # Optional: `error_event(e) -> bytes`, a stream's error event once it has started
+    # (without it: `data:` and the error object).
+
+
+class Generation(Response):
+    """Runs one generation in the response, so a disconnect can cancel it."""
+
+    def __init__(self, front: Any, answer: Answer, *, stream: bool) -> None:
+        self.front, self.answer, self.stream = front, answer, stream
+        self.background = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.stream:
+            await self._streamed(scope, receive, send)
+        else:
+            await self._whole(scope, receive, send)
+
+    def _error(self, e: HttpError | ActordError) -> Response:
+        status, body = self.answer.error_object(e)
+        return json_response(body, status)
+
+    def _error_event(self, e: HttpError | ActordError) -> bytes:
+        own = getattr(self.answer, "error_event", None)
+        return own(e) if own is not None else sse(self.answer.error_object(e)[1])
+
+    async def _whole(self, scope: Any, receive: Any, send: Any) -> None:
+        outcome: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+            async def work() -> None:
+                try:
+                    outcome["result"] = await guarded(self.answer.whole)
+                except (ActordError, HttpError) as e:
+                    outcome["error"] = e
+                finally:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(work)
+            await until_disconnect(receive)
+            if not outcome:  # the work was still running: the client is gone
+                self.front.client_gone("generation", stream=False)
+            tg.cancel_scope.cancel()
+        if "error" in outcome:
+            response = self._error(outcome["error"])
+        elif "result" in outcome:
+            response = json_response(outcome["result"])
+        else:
+            return  # the client went away: nothing to answer
+        await response(scope, receive, send)
+
+    async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
+        answer = self.answer
+        tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
+        # Set before the answer's last write: from then on, the http.disconnect that
+        # uvicorn reports once a response is complete is the end of a stream, not a client
+        # that went away.
+        finished = False
+
+        async with anyio.create_task_group() as tg:
+            def on_token(chunk: dict[str, Any]) -> None:
+                data = frame(answer.chunk(chunk))
+                if not data:  # nothing to send for this chunk (the answer framed no event)
+                    return
+                try:
+                    tx.send_nowait(("data", data))
+                except anyio.WouldBlock:
+                    log.warning("http.client_too_slow")
+                    tg.cancel_scope.cancel()
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass
+
+            async def work() -> None:
+                async with tx:
+                    try:
+                        final = await guarded(lambda: answer.streamed(on_token))
+                    except (ActordError, HttpError) as e:
+                        await tx.send(("error", e))
+                        return
+                    for event in final:
+                        await tx.send(("data", frame(event)))
+
+            async def watch() -> None:
+                await until_disconnect(receive)
+                if not finished:
+                    self.front.client_gone("generation", stream=True)
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(work)
+            tg.start_soon(watch)
+            started = False
+            async with rx:
+                async for kind, payload in rx:
+                    if not started:
+                        if kind == "error":  # before the first chunk: still an HTTP status
+                            finished = True
+                            await self._error(payload)(scope, receive, send)
+                            break
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        started = True
+                        first = answer.first()
+                        if first is not None:
+                            await send({"type": "http.response.body", "body": frame(first), "more_body": True})
+                    if kind == "error":
+                        payload = self._error_event(payload)
+                    else:  # coalesce what queued while the last write was under way: one write
+                        while True:
+                            try:
+                                more_kind, more = rx.receive_nowait()
+                            except (anyio.WouldBlock, anyio.EndOfStream):
+                                break
+                            if more_kind != "data":
+                                payload += self._error_event(more)
+                                break
+                            payload += more
+                    await send({"type": "http.response.body", "body": payload, "more_body": True})
+                else:
+                    if started:
+                        finished = True
+                        await send({"type": "http.response.body", "body": answer.done, "more_body": False})
+            tg.cancel_scope.cancel()

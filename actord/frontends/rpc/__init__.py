@@ -1,0 +1,1 @@
+"""The JSON-RPC socket: protocol framing, method table, peers and the server."""

@@ -1,0 +1,251 @@
+"""The method table: JSON-RPC method name -> typed params Struct and a call on the system.
+
+One table serves the daemon, the CLI's `call` and the docs, so a method's name and shape
+are defined once. Later issues add rows (page.*, gene.*).
+
+Strings a client sends are bounded at decode (`Meta(max_length=...)`), and in-RAM page
+names are checked against the stated page-name character set (`storage/paths.py`) before
+anything is asked of an actor; file names are confined by the page folder's own check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Awaitable, Callable
+
+import msgspec
+
+from actord.service.types import CompletionRequest
+from actord.chat.template import ChatMessage, ChatRequest
+from actord.storage.clientfiles import MAX_PATH
+from actord.storage.paths import MAX_NAME, check_page_name
+
+PageName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+FileName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+ClientPath = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
+
+
+class NoParams(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class SlotParams(msgspec.Struct, forbid_unknown_fields=True):
+    slot: int
+
+
+class PageParams(msgspec.Struct, forbid_unknown_fields=True):
+    page: PageName
+
+
+class SlotPageParams(msgspec.Struct, forbid_unknown_fields=True):
+    slot: int
+    page: PageName
+
+
+class SpillParams(msgspec.Struct, forbid_unknown_fields=True):
+    page: PageName
+    file: FileName
+    drop: bool = False
+
+
+class SlotFileParams(msgspec.Struct, forbid_unknown_fields=True):
+    slot: int
+    file: FileName
+
+
+class GenePathParams(msgspec.Struct, forbid_unknown_fields=True):
+    path: ClientPath
+    default: bool = False
+
+
+class GeneIdParams(msgspec.Struct, forbid_unknown_fields=True):
+    id: int
+
+
+class TokenizeParams(msgspec.Struct, forbid_unknown_fields=True):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeParams(msgspec.Struct, forbid_unknown_fields=True):
+    tokens: list[int]
+
+
+class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
+    messages: list[ChatMessage]
+    template: str | None = None
+    add_generation_prompt: bool = True
+
+
+Handler = Callable[[Any, Any, Callable[[Any], None] | None], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Method:
+    params: type
+    call: Handler
+    streams: bool = False
+    # A control call: it waits for a turn under the per-connection and global bounds on
+    # control work (Config.max_control_in_flight / max_control_total). Generation and the
+    # calls that ask no actor (props, health, metrics) never wait there.
+    control: bool = True
+
+
+def _b(x: Any) -> Any:
+    return msgspec.to_builtins(x)
+
+
+async def _completion(system: Any, p: CompletionRequest, sink: Any) -> Any:
+    return _b(await system.complete(p, on_token=sink if p.stream else None))
+
+
+async def _chat(system: Any, p: ChatRequest, sink: Any) -> Any:
+    return _b(await system.chat(p, on_token=sink if p.stream else None))
+
+
+# -- text verbs: the tokenizer and the chat template, without generating -----------------
+#
+# They run engine jobs, so each records its input (as the system's own verbs do) and a
+# trace that holds them replays; their sizes are bounded like a completion's prompt.
+
+
+async def _pieces(system: Any, tokens: list[int], field: str) -> list[bytes]:
+    from actord.engine import jobs as J
+    from actord.service.errors import InvalidParams, PromptTooLong
+
+    limits = system.config.request_limits()
+    if len(tokens) > limits.max_prompt_tokens:
+        raise PromptTooLong(f"{len(tokens)} tokens, at most {limits.max_prompt_tokens}", field=field,
+                            n_tokens=len(tokens), max_tokens=limits.max_prompt_tokens)
+    n_vocab = system.props.n_vocab
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise InvalidParams(f"token ids out of range [0, {n_vocab})", field=field, bad=bad[:8])
+    return await system.engine.run(J.Pieces(tokens=list(tokens), special=True))
+
+
+async def _tokenize(system: Any, p: TokenizeParams, _: Any) -> Any:
+    """{tokens: [id, ...]} or, with_pieces, [{id, piece}]: a piece is its text when it is
+    valid UTF-8, else its bytes (as llama-server's /tokenize answers)."""
+    from actord.service.types import _utf8_len
+    from actord.engine import jobs as J
+    from actord.service.errors import PromptTooLong
+
+    limit = system.config.request_limits().max_prompt_bytes
+    n = _utf8_len(p.content, "content")
+    if n > limit:
+        raise PromptTooLong(f"content of {n} bytes is over the limit of {limit}", field="content",
+                            n_prompt_bytes=n, max_prompt_bytes=limit)
+    await system.dispatcher.input("tokenize", p)
+    tokens = await system.engine.run(J.Tokenize(text=p.content, add_special=p.add_special,
+                                                parse_special=p.parse_special)) if p.content else []
+    if not p.with_pieces:
+        return {"tokens": tokens}
+    out = []
+    for t, piece in zip(tokens, await system.engine.run(J.Pieces(tokens=tokens, special=True))):
+        try:
+            text: Any = piece.decode("utf-8")
+        except UnicodeDecodeError:
+            text = list(piece)
+        out.append({"id": t, "piece": text})
+    return {"tokens": out}
+
+
+async def _detokenize(system: Any, p: DetokenizeParams, _: Any) -> Any:
+    await system.dispatcher.input("detokenize", p)
+    pieces = await _pieces(system, p.tokens, "tokens")
+    return {"content": b"".join(pieces).decode("utf-8", errors="replace")}
+
+
+async def _template_source(system: Any) -> dict[str, Any]:
+    """The chat template chats render with: --chat-template-file, else the model's."""
+    import anyio
+
+    from actord.engine import jobs as J
+    from actord.service.errors import FileNotFound
+
+    info = await system.engine.run(J.ChatInfo())
+    source = info.template
+    path = system.config.chat_template_file
+    if path:
+        from pathlib import Path
+
+        run_sync = getattr(system, "_run_sync", anyio.to_thread.run_sync)
+        try:
+            source = await run_sync(Path(path).read_text)
+        except (OSError, UnicodeDecodeError) as e:
+            raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
+    return {"template": source, "bos_token": info.bos_text, "eos_token": info.eos_text,
+            "from": "file" if path else "model"}
+
+
+async def _chat_template(system: Any, p: NoParams, _: Any) -> Any:
+    await system.dispatcher.input("chat.template", p)
+    return await _template_source(system)
+
+
+async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
+    """{prompt}: the messages rendered as a chat would render them, without generating."""
+    from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate, as_dicts
+    from actord.service.errors import InvalidParams, NoChatTemplate, PromptTooLong
+
+    if not p.messages:
+        raise InvalidParams("messages is empty", param="messages")
+    limit = system.config.request_limits().max_prompt_bytes
+    n = sum(len(m.role.encode()) + len(m.content.encode()) for m in p.messages)
+    n += len(p.template.encode()) if p.template else 0
+    if n > limit:
+        raise PromptTooLong(f"chat of {n} bytes is over the limit of {limit}", n_prompt_bytes=n,
+                            max_prompt_bytes=limit)
+    if p.template is not None and not p.template.strip():
+        raise InvalidParams("template is empty", param="template")
+    await system.dispatcher.input("apply_template", p)
+    src = await _template_source(system)
+    source = p.template or src["template"]
+    if source is None:
+        raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
+    import anyio
+
+    tpl = ChatTemplate(source, bos_token=src["bos_token"], eos_token=src["eos_token"],
+                       budget=REQUEST_TEMPLATE_BUDGET if p.template else 0,
+                       run_sync=getattr(system, "_run_sync", anyio.to_thread.run_sync))
+    return {"prompt": await tpl.render_async(as_dicts(p.messages), add_generation_prompt=p.add_generation_prompt)}
+
+
+METHODS: dict[str, Method] = {
+    "completion": Method(CompletionRequest, _completion, streams=True, control=False),
+    "chat": Method(ChatRequest, _chat, streams=True, control=False),
+    "slot.list": Method(NoParams, lambda s, p, _: _wrap(s.slot_list())),
+    "slot.erase": Method(SlotParams, lambda s, p, _: _wrap(s.slot_erase(p.slot))),
+    "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict()), control=False),
+    "health": Method(NoParams, lambda s, p, _: _wrap(s.health()), control=False),
+    "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()}), control=False),
+    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, check_page_name(p.page)))),
+    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, check_page_name(p.page)))),
+    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page)))),
+    "page.list": Method(NoParams, lambda s, p, _: _wrap(s.page_list())),
+    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(check_page_name(p.page), p.file, p.drop))),
+    "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file))),
+    "slot.restore": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_restore(p.slot, p.file))),
+    "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path, default=p.default))),
+    "gene.unload": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_unload(p.id))),
+    "gene.page_out": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_out(p.id))),
+    "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id))),
+    "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list())),
+    "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats())),
+    "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats())),
+    "tokenize": Method(TokenizeParams, _tokenize),
+    "detokenize": Method(DetokenizeParams, _detokenize),
+    "chat.template": Method(NoParams, _chat_template),
+    "apply_template": Method(ApplyTemplateParams, _apply_template),
+}
+
+
+async def _wrap(aw: Awaitable[Any]) -> Any:
+    return _b(await aw)
+
+
+async def _const(v: Any) -> Any:
+    return v

@@ -1,0 +1,376 @@
+"""A deterministic dispatcher: one event at a time, in an order a policy chooses.
+
+Events are the only places where an actor system's interleaving can differ between runs:
+a message delivered to an idle actor, an engine result handed back to its waiter, a worker
+(disk) completion handed back, an external input let in. This dispatcher holds every one
+of them until the system is quiet (no task can run, no engine or worker job is in flight),
+then lets exactly one go, chosen by a policy: the recorded order (replay) or a seeded
+random pick among the ready events (exploration, the way trio shuffles its run queue on
+purpose so no code relies on an accidental order). Everything between two events runs
+single-threaded on the loop, so a seed fixes the whole run.
+
+Quiet is detected exactly, in two halves.
+
+- The loop: no task can run. On trio, `wait_all_tasks_blocked` is exact (trio wakes it only
+  when its run queue is empty after an I/O poll). On asyncio anyio's version polls with
+  0.1 s sleeps, so we yield one loop pass at a time and look at the loop's ready queue: a
+  task that can run always has a handle there (its next step or its wakeup), and so does a
+  callback that is about to wake one (a finished task's done callbacks, anyio's cancellation
+  delivery), so an empty queue while we run means nothing else can. (uvloop hides its
+  queue: this dispatcher runs on asyncio's own loop or on trio.)
+- The threads: a task blocked on a thread looks exactly like an idle one, so every thread
+  job the system awaits is counted from submit until its waiting task has resumed: engine
+  jobs (`EngineThread.inflight`), disk work (`offload`) and untraced thread work such as a
+  gene file read or a client's chat template (`run_sync`, which the system routes through
+  here). Each resumption calls `_settle`, which sets the event quiesce waits on while a job
+  is out, so no time passes between a job's end and the next look.
+
+Timers are not activity: nothing in a run waits on a short timer (asks have bounds of
+seconds), so a step that finds the system quiet with nothing ready returns False at once,
+for nothing ever will be.
+
+This replaced a progress counter (six `sleep(0)` rounds without an instrumented step, 0.2 ms
+sleeps while a job was out, a 20 ms "longer look" when nothing was ready). It gave the same
+event order, but it guessed that the counter saw every step, a simulation spent more than
+half its wall time asleep in it, and its longer look hid the thread jobs nobody counted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import anyio
+import sniffio
+
+from actord.serving.kernel import Actor, Dispatcher, Envelope
+from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, canonical, deliver_event, digest
+
+
+# Who is asking: a simulated client sets it, so two identical inputs stay distinguishable.
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("actord_client", default="-")
+
+
+class Divergence(Exception):
+    def __init__(self, position: int, expected: Any, available: list[Any]) -> None:
+        super().__init__(f"divergence at event {position}: expected {expected}, available {available}")
+        self.position, self.expected, self.available = position, expected, available
+
+
+@dataclass
+class Ready:
+    kind: str  # "deliver" | "engine" | "worker" | "input"
+    key: str  # actor name, job seq, op seq, client id: a stable sort key
+    event: Event | None  # what it will look like in a trace (for matching)
+    release: Callable[[], None]
+
+
+class SeededPolicy:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def choose(self, ready: list[Ready], position: int) -> Ready:
+        return ready[self.rng.randrange(len(ready))]
+
+
+class RecordedPolicy:
+    """Follow a recorded trace; the first event that cannot be matched is a divergence."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = [e for e in events if isinstance(e, (Deliver, EngineDone, WorkerDone, Input))]
+        self.i = 0
+
+    @property
+    def done(self) -> bool:
+        return self.i >= len(self.events)
+
+    def peek(self) -> Event | None:
+        return self.events[self.i] if self.i < len(self.events) else None
+
+    def choose(self, ready: list[Ready], position: int) -> Ready:
+        want = self.peek()
+        for r in ready:
+            if want is not None and _matches(r, want):
+                if isinstance(want, (EngineDone, WorkerDone)) and r.event.result != want.result:  # type: ignore[union-attr]
+                    raise Divergence(position, want, [r.event])
+                self.i += 1
+                return r
+        raise Divergence(position, want, [r.event for r in ready])
+
+
+def _matches(r: Ready, want: Event) -> bool:
+    ev = r.event
+    if isinstance(want, Deliver):
+        return isinstance(ev, Deliver) and ev == want
+    if isinstance(want, EngineDone):  # the job must match; its result is checked on release
+        return isinstance(ev, EngineDone) and ev.job == want.job and ev.digest == want.digest
+    if isinstance(want, WorkerDone):
+        return isinstance(ev, WorkerDone) and ev.op == want.op
+    if isinstance(want, Input):
+        return isinstance(ev, Input) and ev.method == want.method and ev.params == want.params
+    return False
+
+
+class EngineOrder:
+    """A replay runs engine jobs in the order the recorded engine thread ran them.
+
+    Cells go where the jobs before put them, and a sequence's state lists its cells in
+    cell order: a page taken after two slots' steps and an erase ran in another order holds
+    the same tokens in another layout, a different digest. The trace's engine events carry
+    their execution order (`EngineDone.n`); a job submitted here takes the first unclaimed
+    recorded place of the same job (name and digest) and is queued only once every
+    recorded job before it has run and reached its waiter, one at a time, so the engine's
+    own between-steps lane cannot reorder them either. A job the trace has no place for
+    (its result never reached a waiter there, or it diverged) is queued at once; one whose
+    predecessor never comes is never queued, and the policy reports the divergence.
+    """
+
+    def __init__(self, events: list[Event]) -> None:
+        done = sorted((e for e in events if isinstance(e, EngineDone) and e.n >= 0), key=lambda e: e.n)
+        self.places: dict[tuple[str, str], list[int]] = {}
+        for i, e in enumerate(done):
+            self.places.setdefault((e.job, e.digest), []).append(i)
+        for v in self.places.values():
+            v.reverse()  # popped from the end: the earliest first
+        self.next = 0  # the next place to run
+        self.parked: dict[int, tuple[Any, Any]] = {}
+        self.running: Any = None  # the ordered job out on the engine thread
+        self.engine: Any = None
+
+    def admit(self, job: Any, p: Any) -> bool:
+        free = self.places.get((type(job).__name__, digest(job)))
+        if not free:
+            return True
+        self.parked[free.pop()] = (job, p)
+        self._admit()
+        return False
+
+    def settled(self) -> None:
+        if self.running is not None and self.running.settled:
+            self.running = None
+            self.next += 1
+            self._admit()
+
+    def _admit(self) -> None:
+        if self.running is None and self.next in self.parked:
+            job, p = self.parked.pop(self.next)
+            self.running = p
+            self.engine.enqueue(job, p)
+
+    def drop(self) -> list[tuple[Any, Any]]:
+        out, self.parked = list(self.parked.values()), {}
+        return out
+
+
+class DeterministicDispatcher(Dispatcher):
+    def __init__(self, policy: Any) -> None:
+        super().__init__()
+        self.loop_in_handler = False  # every step is a delivery this dispatcher orders
+        self.policy = policy
+        self.engine = None  # EngineThread: its in-flight count (see the property)
+        self.workers_inflight = 0  # thread jobs through offload and run_sync
+        self._settled: anyio.Event | None = None  # set when a thread job's waiter resumes
+        self._loop_ready: Any = None  # asyncio's ready queue, once looked up
+        self._gates: dict[str, tuple[Actor[Any], anyio.Event]] = {}
+        self._handoff: dict[str, Envelope[Any] | None] = {}
+        self.any_queued = isinstance(policy, RecordedPolicy)
+        self._held: list[Ready] = []
+        self._seq = 0
+        self.position = 0
+        self.stopped = False
+        self.live = False  # until the driver starts stepping, engine/worker/input events pass
+        self.reseed: Callable[[int], None] | None = None  # per-step reseed of a backend's shuffle
+        self.choices: list[str] = []
+        self._shut = 0  # actors released because their mailbox closed (not a choice)
+        self.order: EngineOrder | None = None  # a replay's engine execution order (set before the engine)
+
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        # The system hands us its engine thread; its waiters tell us when they resume.
+        self._engine = engine
+        if engine is not None:
+            engine.on_settled = self._settle
+            if self.order is not None:
+                self.order.engine = engine
+                engine.gate = self.order
+
+    # -- seams -------------------------------------------------------------------------
+
+    async def actor_loop(self, actor: Actor[Any]) -> None:
+        try:
+            while True:
+                ev = anyio.Event()
+                self._gates[actor.name] = (actor, ev)
+                await ev.wait()
+                env = self._handoff.pop(actor.name)
+                if env is None:
+                    return
+                await actor.deliver(env)
+        except BaseException:
+            # Killed at the gate (a simulated crash, a cancelled system): an envelope released
+            # to us and not delivered still gets its answer.
+            self._gates.pop(actor.name, None)
+            env = self._handoff.pop(actor.name, None)
+            if env is not None and env.reply is not None:
+                from actord.service.errors import ShuttingDown
+
+                env.reply.fail(ShuttingDown(f"actor {actor.name} stopped", actor=actor.name))
+            raise
+
+    async def _hold(self, kind: str, event: Event | None) -> None:
+        if not self.live:
+            return
+        gate = anyio.Event()
+        # The key is what the event is (and who asks), never when it arrived: arrival order
+        # within one step can depend on a backend's run-queue order.
+        key = f"{CLIENT.get()}:{digest(event)}"
+        self._held.append(Ready(kind, key, event, gate.set))
+        await gate.wait()
+
+    async def engine_done(self, job: Any, value: Any, error: BaseException | None, n: int = -1) -> None:
+        ev = EngineDone(job=type(job).__name__, digest=digest(job),
+                        result=digest(error if error is not None else value))
+        await self._hold("engine", ev)
+        await super().engine_done(job, value, error, n)
+
+    async def offload(self, op: str, fn: Callable[..., Any], *args: Any, limiter: Any = None) -> Any:
+        try:
+            result, error = await self.run_sync(fn, *args, limiter=limiter), None
+        except Exception as e:
+            result, error = None, e
+        await self._hold("worker", WorkerDone(op=op, result=digest(error if error is not None else result)))
+        if self.event_hooks:
+            self.event("worker", op=op, value=result, error=error)
+        if error is not None:
+            raise error
+        return result
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any, limiter: Any = None,
+                       abandon_on_cancel: bool = False) -> Any:
+        """Thread work that is no event of its own (a gene file read, a client's chat
+        template): it leaves no trace line, but quiet must wait for it all the same."""
+        self.workers_inflight += 1
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)
+        finally:
+            self.workers_inflight -= 1
+            self._settle()
+
+    async def input(self, method: str, params: Any) -> None:
+        import msgspec
+
+        # As the recorder writes it (paths relative to their folders), or a replay could never
+        # match an input that names a file beside the model (a gene.load).
+        await self._hold("input", Input(method=method, params=canonical(msgspec.to_builtins(params))))
+        await super().input(method, params)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def quiesce(self) -> None:
+        """Return once no task can run and no thread job is in flight."""
+        while True:
+            await self._loop_blocked()
+            if not (self.workers_inflight or (self.engine is not None and self.engine.inflight)):
+                return
+            # Only a job's end can change anything now: its waiter resumes on the loop and
+            # calls _settle (no await between this check and the wait, so none is missed).
+            self._settled = anyio.Event()
+            await self._settled.wait()
+
+    def _settle(self) -> None:
+        if self.order is not None:
+            self.order.settled()
+        if self._settled is not None:
+            self._settled.set()
+
+    async def _loop_blocked(self) -> None:
+        """Return when every other task on the loop is blocked (see the module docstring)."""
+        if self._loop_ready is None:
+            if sniffio.current_async_library() == "trio":
+                self._loop_ready = False
+            else:
+                import asyncio
+
+                ready = getattr(asyncio.get_running_loop(), "_ready", None)
+                if ready is None:
+                    raise RuntimeError("the deterministic dispatcher needs asyncio's own event loop or trio: "
+                                       "this loop does not show its ready queue")
+                self._loop_ready = ready
+        if self._loop_ready is False:
+            await anyio.wait_all_tasks_blocked()
+            return
+        ready = self._loop_ready
+        await anyio.lowlevel.checkpoint()
+        # The loop took our own handle off the queue to run us: whatever is left is another
+        # task's step or wakeup, or a callback that leads to one.
+        while ready:
+            await anyio.lowlevel.checkpoint()
+
+    def ready(self) -> list[Ready]:
+        out = list(self._held)
+        for name in sorted(self._gates):
+            actor, gate = self._gates[name]
+            closed = actor.drain()  # everything already queued for this actor, in arrival order
+            queue = actor._arrived
+            if not queue:
+                if closed:
+                    self._release_actor(name, None)  # shutdown is not a choice
+                    self._shut += 1
+                continue
+            # Seeded exploration delivers in the kernel's own order (Actor.pick). A replay may
+            # take any queued message: in the recorded run, puts from concurrent handlers
+            # could land in another order.
+            picks = range(len(queue)) if self.any_queued else [actor.pick(queue)]
+            for idx in picks:
+                env = queue[idx]
+                out.append(Ready("deliver", f"{name}:{idx:04d}", deliver_event(actor, env),
+                                 lambda n=name, e=env: self._deliver(n, e)))
+        out.sort(key=lambda r: (r.kind, r.key))
+        return out
+
+    def _release_actor(self, name: str, env: Envelope[Any] | None) -> None:
+        _, gate = self._gates.pop(name)
+        self._handoff[name] = env
+        gate.set()
+
+    def _deliver(self, name: str, env: Envelope[Any]) -> None:
+        self._gates[name][0]._arrived.remove(env)
+        self._release_actor(name, env)
+
+    async def step(self) -> bool:
+        """Let one event go. False when the system is quiet and nothing is ready: then
+        nothing ever will be."""
+        if self.reseed is not None:
+            self.reseed(self.position)
+        while True:
+            await self.quiesce()
+            shut = self._shut
+            ready = self.ready()
+            # An actor let go because its mailbox closed runs its stop (failing what it
+            # held, answering clients): that can make events, so look again once it is done.
+            if ready or self._shut == shut:
+                break
+        if not ready:
+            return False
+        pick = self.policy.choose(ready, self.position)
+        if pick.kind != "deliver":
+            self._held.remove(pick)
+        self.position += 1
+        self.choices.append(f"{pick.kind}:{pick.key}")
+        pick.release()
+        return True
+
+    async def run_until_idle(self) -> None:
+        while await self.step():
+            pass
+
+    def close_actors(self) -> None:
+        """Shutdown: end every actor loop parked at its gate."""
+        for name in list(self._gates):
+            self._release_actor(name, None)

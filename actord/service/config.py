@@ -1,0 +1,356 @@
+"""All configuration in one typed place.
+
+The daemon's flags, the embedded API and the tests all build a `Config`; nothing else reads
+the environment or argv. Sizes are bytes, counts are tokens, so a flag means one thing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from actord.policy.checkpoint_select import POLICIES as CHECKPOINT_POLICIES
+from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
+
+FLASH_ATTN_MODES = ("auto", "on", "off")
+BACKEND_SAMPLING_MODES = ("auto", "on", "off")
+SPEC_MODES = ("", "off", "draft", "mtp")
+
+if TYPE_CHECKING:
+    from actord.service.types import RequestLimits
+
+
+def engine_threads(threads: int) -> int:
+    """What `threads` means: 0 = all CPUs this process may use but one (llama.cpp's threads
+    spin, and the event loop needs a core)."""
+    import os
+
+    return threads or max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+class Config(msgspec.Struct, kw_only=True, frozen=True):
+    model: str
+    slots: int = 4
+    ctx: int = 4096  # total KV cells, shared by all slots (unified KV)
+    batch: int = 512  # most tokens in one llama_decode step
+    # Prompt pieces end at multiples of this many positions where they can: ggml's batched
+    # matmuls run whole tiles at full speed (a 135-token piece ran ~11% slower than one of
+    # 128 or 192 on Gemma 3 270M); grid checkpoints sit on the same boundaries. 1: off.
+    piece_tile: int = 64
+    # Engine steps in flight at once: step k+1 (and more) is planned before step k's samples
+    # reach Python, and the engine feeds them itself, so it never waits for Python. A
+    # request that ends by its sample is answered up to depth-1 steps later; a stop string
+    # leaves up to depth-1 extra tokens in its KV (an eog or stop token none past itself).
+    # 0 = auto: 4 on a GPU backend, 2 on the CPU (actord/policy/pipeline.py).
+    pipeline_depth: int = 0
+    # How long a decode step's result may wait before the engine wakes the loop for it
+    # (engine/thread.py `_announce`): with depth >= 3 on a fast device the loop then routes a
+    # few steps per wake-up instead of one. A slow step (longer than this) is always
+    # announced at once. 0: every step rings.
+    announce_within_ms: float = 1.0
+    threads: int = 0  # 0 = all CPUs but one (llama.cpp's threads spin; the loop needs a core)
+    # The engine thread's CPUs (actord/policy/cpus.py): "auto" keeps it, and libllama's
+    # compute threads, off the first CPU so the loop always has one; "off"; or a list "1-3".
+    engine_cpus: str = "auto"
+    # Speculative decoding (engine/draft.py, serving/steps/spec.py): a draft model with the target's
+    # vocabulary proposes up to spec_n_max tokens per step for each generating request, which
+    # the target verifies in the same batched step. spec: "" = "draft" when
+    # spec_draft_model is named, else off; "mtp" = the model's own MTP head (engine/mtp.py;
+    # a model without an MTP layer is refused at start). A draft token is kept only while
+    # the request's own sampler, run at each position, picks it: output is the same as
+    # without speculation, on every memory kind (engine/engine.py `_verify`). spec_p_min > 0 stops a
+    # draft at its first token whose draft probability is below it (llama-server's p_min).
+    spec: str = ""
+    spec_draft_model: str | None = None
+    spec_n_max: int = 4
+    spec_p_min: float = 0.0
+    seed: int = 0  # default sampling seed when a request names none
+    # Pages
+    page_ram_bytes: int = 2 << 30
+    page_dir: str = "./pages"
+    # Context checkpoints
+    ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
+    ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
+    checkpoint_every: int = 512  # spacing for the "divergence" and "oldest" policies
+    # "placement": make and keep checkpoints where the mind's next request is expected to
+    # diverge (actord.policy.checkpoint_placement); "divergence": the seed's spacing + count rule aware
+    # of the last raw lcp; "oldest": the original keep-head-and-newest rule (a baseline).
+    checkpoint_policy: str = "placement"
+    # A full SWA cache makes checkpoints unnecessary but costs memory (actord.policy.swa):
+    # "auto" takes it when bytes/token x ctx fits swa_full_share of the device budget
+    # (device_bytes, else the host's memory), "on"/"off" decide outright.
+    swa_full: str = "auto"
+    swa_full_share: float = SWA_FULL_SHARE
+    # The accelerator (llama-server's flags of the same names). n_gpu_layers: layers whose
+    # weights and KV cache go to the GPU, -1 = all of them (libllama ignores it where the
+    # build has no GPU backend: props report 0 there). flash_attn: auto lets libllama use
+    # flash attention wherever the backend has it (its V cache is then not transposed, so
+    # state copies are contiguous rows); on/off decide outright. main_gpu: -1 = every GPU,
+    # layers split between them (libllama's default); N = the whole model on GPU N.
+    n_gpu_layers: int = -1
+    flash_attn: str = "auto"
+    main_gpu: int = -1
+    # Sampler chains that can run inside the decode's graph (greedy, top-k/top-p/min-p/
+    # temperature/dist, logit bias; not grammar, penalties, logprobs, speculation) do, so a
+    # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
+    # auto: on where the model runs on a GPU backend; on/off decide outright.
+    backend_sampling: str = "auto"
+    # Genes
+    # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
+    # GPU, what it has free at start less a margin (actord.policy.device says which; props
+    # report the figure and why).
+    device_bytes: int = 0
+    gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
+    # Daemon
+    socket: str = "./actord.sock"
+    metrics_http: str | None = None  # "127.0.0.1:9464" serves Prometheus text over HTTP
+    # OpenAI-compatible HTTP front (actord/frontends/http/), in the daemon's own event loop
+    http: str | None = None  # "127.0.0.1:8080"; port 0 picks a free one (props reports it)
+    api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
+    http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
+    # The front's own bounds (actord/frontends/http/bounds.py), beside the socket's below. A request
+    # line + headers over http_max_header_bytes get 431 before more is read; a request head
+    # not in within http_header_timeout_s of the connection (or of its first byte after a
+    # keep-alive answer) gets 408; a keep-alive connection idle for http_idle_timeout_s is
+    # closed; a body not in within http_body_timeout_s gets 408; connections beyond
+    # http_max_connections get 503 and are closed (the fd limit is raised to cover them).
+    http_max_header_bytes: int = 64 << 10
+    http_header_timeout_s: float = 10.0
+    http_idle_timeout_s: float = 5.0
+    http_body_timeout_s: float = 60.0
+    http_max_connections: int = 256
+    # A chat completion naming no max_tokens generates at most this many (capped by ctx),
+    # not the whole context: a model that never emits EOS would otherwise hold its slot
+    # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
+    http_default_max_tokens: int = 2048
+    # The most choices one request may ask for (OpenAI's `n`, llama-server's `n_cmpl`); over
+    # it, a 400 naming the field. Choices beyond the idle slots queue (actord/chat/choices.py).
+    max_n: int = 8
+    model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
+    cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
+    # Exact prompt+reply tokens kept for chat turns, in 4-byte units: each turn kept is also
+    # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
+    chat_memory_tokens: int = 1 << 22
+    chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
+    # Tool calling's output format (actord.chat.tools): "auto" reads it from the chat template;
+    # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
+    tool_format: str = "auto"
+    # The Responses API (POST /v1/responses) remembers this many responses, oldest dropped
+    # first, for `previous_response_id` and GET /v1/responses/{id}, in at most
+    # http_responses_max_bytes of conversation text.
+    http_responses_max: int = 1024
+    http_responses_max_bytes: int = 64 << 20
+    trace: str | None = None
+    mailbox_capacity: int = 64
+    disk_threads: int = 4
+    # Bounds in time
+    ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
+    request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
+    shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
+    # Clients: every resource a client can make the daemon hold is bounded. Over a bound a
+    # request gets a typed error; a client that stops reading is disconnected (logged).
+    max_connections: int = 512  # open connections; one more is answered Overloaded and closed
+    max_line_bytes: int = 4 << 20  # one request line (exact; the newline not counted)
+    max_requests_in_flight: int = 64  # per connection (a batch counts each element)
+    max_inflight_bytes: int = 16 << 20  # per connection: bytes of request lines being served
+    max_outbox_bytes: int = 8 << 20  # per connection: answers and chunks queued for a slow reader
+    # Control calls (slot.*, page.*, gene.*, the stats: everything but completion, chat and
+    # the cheap props/health/metrics) served at once, per connection and in all: more wait
+    # their turn, in order, so a flood of them cannot take the event loop and the actors'
+    # mailboxes from generation (actord/frontends/rpc/server.py).
+    max_control_in_flight: int = 4
+    max_control_total: int = 16
+    max_prompt_bytes: int = 0  # UTF-8 bytes of a text prompt, checked before tokenizing; 0 = 32 x ctx
+    max_stop: int = 32  # stop strings per request
+    max_stop_bytes: int = 256  # UTF-8 bytes of one stop string
+    max_stop_tokens: int = 1024  # stop token ids per request
+    max_request_genes: int = 64  # genes one request may apply
+    max_gene_bytes: int = 4 << 30  # a gene file larger than this is refused before reading
+    # Bytes of gene files being read or loaded at once, across all gene.load calls: more wait
+    # their turn (within client_file_timeout). At least max_gene_bytes.
+    max_gene_read_bytes: int = 4 << 30
+    gene_dir: str | None = None  # confine gene.load to files under this folder (as page_dir confines pages)
+    client_file_timeout: float = 60.0  # seconds to read one client-named file
+    client_file_threads: int = 4  # worker threads reading client-named files, hung ones included
+    allow_uid: list[int] = []  # peers (SO_PEERCRED) allowed besides the daemon's own uid
+    allow_gid: list[int] = []  # peers whose primary gid is one of these are allowed too
+
+    def validate(self) -> "Config":
+        from actord.service.errors import InvalidParams
+
+        if self.slots < 1:
+            raise InvalidParams("slots must be >= 1")
+        if self.ctx < 16:
+            raise InvalidParams("ctx must be >= 16")
+        if self.piece_tile < 1:
+            raise InvalidParams("piece_tile must be >= 1")
+        if not 0 <= self.pipeline_depth <= 8:
+            raise InvalidParams("pipeline_depth is between 1 and 8, or 0 (auto)", pipeline_depth=self.pipeline_depth)
+        from actord.policy.cpus import check_mode
+
+        check_mode(self.engine_cpus)
+        if not 0 <= self.announce_within_ms <= 1000:
+            raise InvalidParams("announce_within_ms is between 0 and 1000",
+                                announce_within_ms=self.announce_within_ms)
+        if self.batch < 1:
+            raise InvalidParams("batch must be >= 1")
+        if self.spec not in SPEC_MODES:
+            raise InvalidParams(f"spec is one of {SPEC_MODES}", spec=self.spec)
+        if self.spec == "draft" and not self.spec_draft_model:
+            raise InvalidParams("--spec draft needs --spec-draft-model PATH")
+        if self.spec in ("mtp", "off") and self.spec_draft_model:
+            raise InvalidParams(f"--spec {self.spec} and --spec-draft-model exclude each other")
+        if not 1 <= self.spec_n_max <= 32 or not 0 <= self.spec_p_min <= 1:
+            raise InvalidParams("spec_n_max is between 1 and 32, spec_p_min a probability in [0, 1]")
+        if self.page_ram_bytes < 0 or self.ctx_checkpoints_bytes < 0 or self.device_bytes < 0:
+            raise InvalidParams("byte budgets must be >= 0")
+        if self.swa_full not in SWA_FULL_MODES:
+            raise InvalidParams(f"swa_full is one of {SWA_FULL_MODES}")
+        if not 0 <= self.swa_full_share <= 1:
+            raise InvalidParams("swa_full_share is a fraction in [0, 1]")
+        if self.n_gpu_layers < -1:
+            raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.backend_sampling not in BACKEND_SAMPLING_MODES:
+            raise InvalidParams(f"backend_sampling is one of {BACKEND_SAMPLING_MODES}",
+                                backend_sampling=self.backend_sampling)
+        if self.main_gpu < -1:
+            raise InvalidParams("main_gpu is -1 (split across every GPU) or a GPU index >= 0", main_gpu=self.main_gpu)
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
+        if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
+            raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
+        if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
+            raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
+        if self.http_max_body_bytes < 1 or self.chat_memory_tokens < 0:
+            raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
+        if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
+            raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_header_bytes < 1024:
+            raise InvalidParams("http_max_header_bytes must be >= 1024")
+        if not 1 <= self.max_n <= 128:
+            raise InvalidParams("max_n is between 1 and 128", max_n=self.max_n)
+        if self.http_max_connections < 1 or self.http_default_max_tokens < 1:
+            raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
+        if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):
+            raise InvalidParams("tool_format is one of auto, hermes, mistral, llama3, generic")
+        if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
+            raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
+        if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):
+            raise InvalidParams("model_alias and cors_origin values must not be empty")
+        if self.http is not None:
+            host, port = http_address(self.http)
+            if not is_loopback(host) and not self.api_key:
+                raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
+                                    http=self.http)
+        positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
+                    "max_outbox_bytes", "max_control_in_flight", "max_control_total", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise InvalidParams(f"{name} must be >= 1")
+        counts = ("max_prompt_bytes", "max_stop", "max_stop_tokens", "max_request_genes")
+        for name in counts:
+            if getattr(self, name) < 0:
+                raise InvalidParams(f"{name} must be >= 0")
+        if self.max_gene_read_bytes < self.max_gene_bytes:
+            raise InvalidParams("max_gene_read_bytes must be >= max_gene_bytes (a file of the largest size must fit)")
+        if not self.client_file_timeout > 0:
+            raise InvalidParams("client_file_timeout must be > 0")
+        return self
+
+    @property
+    def spec_mode(self) -> str:
+        """What speculative decoding runs: "" (none), "draft" or "mtp"."""
+        if self.spec == "off":
+            return ""
+        return self.spec or ("draft" if self.spec_draft_model else "")
+
+    def request_limits(self) -> "RequestLimits":
+        """The bounds `CompletionRequest.check` applies, from this configuration."""
+        from actord.service.types import RequestLimits
+
+        return RequestLimits(
+            max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx, max_prompt_tokens=self.ctx,
+            max_stop=self.max_stop, max_stop_bytes=self.max_stop_bytes,
+            max_stop_tokens=self.max_stop_tokens, max_genes=self.max_request_genes,
+        )
+
+
+def http_address(spec: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:8080) -> (host, port)."""
+    from actord.service.errors import InvalidParams
+
+    host, sep, port = spec.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidParams(f"--http wants HOST:PORT, got {spec!r}", http=spec)
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The cluster (actord[ray], actord/cluster/): one NodeDaemon per Ray node hosting an
+    `ActorSystem` built from `node` (its page_dir is replaced per node), one MindRouter.
+
+    `root` is the cluster's shared folder: `root/router/directory.json` (the directory,
+    crash-safe), `root/nodes/NAME/pages` (each node's page files) and
+    `root/nodes/NAME/fence` (each node's epochs and applied turns). On one machine, or with
+    `root` on a filesystem every node mounts, a lost node's page files are read by the node
+    that takes its minds over; where they cannot be read the minds are re-prefilled.
+    """
+
+    node: Config
+    root: str = "./actord-cluster"
+    namespace: str = "actord"
+    nodes: int = 3  # NodeDaemons `actord cluster up` starts (one per simulated node)
+    num_gpus: float = 0.0  # per NodeDaemon (1 where a node has a GPU); num_cpus is always 0
+    # How many of a mind's applied turns (id -> answer) a node keeps for duplicates.
+    turns_kept: int = 16
+    # After each turn, make the mind's state durable in its page file (a save per turn:
+    # a lost node's minds then come back from their files, not re-prefilled).
+    durable_turns: bool = False
+    # The router's view of node health: how often it polls Ray's node table, and how long
+    # it waits for a restarted daemon (after an actor failure) before treating it as lost.
+    monitor_interval_s: float = 0.5
+    restart_wait_s: float = 60.0
+    call_timeout_s: float = 600.0  # one call from the router to a node
+    # Ray's node health checks (its GCS config; 0 = Ray's default, where a hung node is
+    # declared dead after about 66 s). A node stops answering -> dead after about
+    # period x threshold; `local.FAST_HEALTH` is 1000 ms x 5 with a 2000 ms timeout.
+    health_check_period_ms: int = 0
+    health_check_timeout_ms: int = 0
+    health_check_failure_threshold: int = 0
+    socket: str | None = None  # the router's JSON-RPC socket (None: root/router/actord.sock)
+    log_level: str = "warning"
+
+    def validate(self) -> "ClusterConfig":
+        from actord.service.errors import InvalidParams
+
+        self.node.validate()
+        if self.nodes < 1 or self.turns_kept < 1:
+            raise InvalidParams("cluster nodes and turns_kept must be >= 1")
+        if min(self.health_check_period_ms, self.health_check_timeout_ms, self.health_check_failure_threshold) < 0:
+            raise InvalidParams("health check settings are >= 0 (0: Ray's default)")
+        if self.num_gpus < 0 or self.monitor_interval_s <= 0 or self.restart_wait_s <= 0 or self.call_timeout_s <= 0:
+            raise InvalidParams("num_gpus >= 0; monitor_interval_s, restart_wait_s, call_timeout_s > 0")
+        return self
+
+    def ray_system_config(self) -> dict[str, int]:
+        """The health-check settings given, as Ray's `_system_config` keys."""
+        names = ("health_check_period_ms", "health_check_timeout_ms", "health_check_failure_threshold")
+        out = {n: getattr(self, n) for n in names if getattr(self, n)}
+        if out:
+            out["health_check_initial_delay_ms"] = 1000
+        return out

@@ -1,0 +1,196 @@
+"""Every message actors exchange: one tagged union per mailbox.
+
+Actors are nouns, messages are verbs (`Complete`, `PageOut`) or facts (`Ended`).
+Messages are pure data; reply channels and stream sinks travel in the envelope.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from actord.service.types import CompletionRequest
+
+
+class Msg(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+# ---- Slot inbox ------------------------------------------------------------------------
+
+
+class Complete(Msg):
+    rid: int
+    req: CompletionRequest
+
+
+class CancelRequest(Msg):
+    rid: int
+
+
+class Ended(Msg):
+    """From the Scheduler: request `rid` is over and nothing of it is in flight. The
+    sequence's KV holds exactly `kv_tokens`, unless `cut_back`: a failed step may have left
+    cells past them, which the slot removes (or, where the memory refuses, erases)."""
+
+    rid: int
+    kv_tokens: list[int]
+    reason: str
+    cut_back: bool = False
+    draft_n: int = 0  # how much of kv_tokens the draft context's sequence holds (speculation)
+
+
+class CheckpointTaken(Msg):
+    """From the Scheduler: the engine snapshotted request `rid`'s sequence at `pos`."""
+
+    rid: int
+    pos: int
+    data: bytearray
+
+
+class Erase(Msg):
+    pass
+
+
+class Info(Msg):
+    pass
+
+
+class PageOutSlot(Msg):
+    page: str
+
+
+class PageInSlot(Msg):
+    page: str
+    evict_first: bool = False  # the placer's page-in: whatever landed in the slot meanwhile makes way
+
+
+class SaveSlot(Msg):
+    file: str
+
+
+class RestoreSlot(Msg):
+    file: str
+
+
+class DropCheckpoint(Msg):
+    """From the CheckpointBudget: this checkpoint was evicted to fit the budget; drop it."""
+
+    pos: int
+
+
+class GenesGranted(Msg):
+    """From the GeneResidency: the genes of acquisition `ticket` are on device and in use."""
+
+    ticket: int
+    paged_in: list[int] = []
+
+
+class GenesRefused(Msg):
+    ticket: int
+    error_type: str
+    message: str
+
+
+class Evict(Msg):
+    """Give up the sequence if idle: to the mind's page, else its file, else dropped.
+
+    Told by the GeneResidency (device room; the slot tells back `EvictDone`), asked by the
+    Scheduler (KV cells; the reply is `(cells freed, the seq of its last Cells tell)`). A
+    busy slot refuses.
+    """
+
+    reason: str  # "device" | "kv"
+
+
+class Fork(Msg):
+    """Asked by the system (n > 1 choices: actord/chat/choices.py): when idle, hold a copy of
+    slot `src`'s sequence, which must be idle and hold exactly `tokens` (else nothing
+    changes and the reply is False). A mind this slot held goes to its page first (as an
+    eviction). The reply: whether the copy was made."""
+
+    src: int
+    tokens: list[int]
+
+
+SlotInbox = (
+    Complete | CancelRequest | Ended | CheckpointTaken | Erase | Info | PageOutSlot | PageInSlot
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | Fork
+)
+
+
+# ---- Scheduler inbox -------------------------------------------------------------------
+
+
+class Enroll(Msg):
+    """From a slot: run request `rid` on its sequence. The sequence's KV holds
+    `prompt[:pos0]`; the envelope carries the client's reply channel and stream sink: the
+    scheduler answers the client itself and tells the slot `Ended`."""
+
+    rid: int
+    slot: int
+    seq: int
+    prompt: list[int]
+    pos0: int
+    n_predict: int
+    genes: tuple[tuple[int, float], ...] = ()
+    checkpoint_at: list[int] = []  # absolute positions after which to snapshot
+    stop: list[str] = []
+    stop_tokens: list[int] = []
+    ignore_eos: bool = False
+    stream: bool = False
+    resumed_from_checkpoint: bool = False
+    t_start: float = 0.0
+    spec: int = 0  # draft up to this many tokens per step (0: no speculation)
+    draft_pos0: int = 0  # the draft context's sequence holds prompt[:draft_pos0]
+    logprobs: bool = False  # the engine returns logprobs: collect them for the answer and the stream
+
+
+class Abort(Msg):
+    """End request `rid` at the next step (idempotent)."""
+
+    rid: int
+
+
+class RunStep(Msg):
+    pass
+
+
+class Cells(Msg):
+    """A slot's sequence now holds `n` KV cells (told after changes outside a step). `seq`
+    counts the slot's tells: the scheduler ignores one older than what it already knows (an
+    eviction's answer carries the count it left, and a tell queued before it is stale)."""
+
+    slot: int
+    n: int
+    seq: int = 0
+
+
+class MakeRoom(Msg):
+    """From above (placer, clients): slot `slot` is about to take `cells` cells (a page-in,
+    a restore): evict idle slots until they are free (`evict`; without it, only what is
+    free now: a fork, actord/chat/choices.py, never costs another slot its sequence), and hold
+    them for it. The reply is a `Room`: the cells held and the token that `ReleaseRoom`
+    gives back once the move is over (however it ended)."""
+
+    slot: int
+    cells: int
+    evict: bool = True
+
+
+class ReleaseRoom(Msg):
+    token: int
+
+
+class Room(Msg):
+    token: int
+    cells: int
+
+
+class SlotLost(Msg):
+    """Slot `slot`'s actor crashed: its request ends, and once nothing of it is in flight
+    its sequence is cleared and its cells are free again (nobody owns them any more)."""
+
+    slot: int
+
+
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom | SlotLost

@@ -1,0 +1,396 @@
+"""The PageStore: named pages of slot state in host RAM, under one byte ceiling.
+
+Policy only: it admits, charges, hands out and takes back pages; the bytes are copied by
+the engine (out of and into the context) and written by storage worker threads (spill).
+
+Charging rule (from the original server, where getting it wrong leaked or double-counted
+hundreds of MB): a page's charge is measured at admission, before any copy, and that same
+number is what the store charges. The charge lives as long as any owner holds the page:
+the store itself, a slot that took it for page_in until the copy is done, an in-flight
+spill. So a page a spill still holds after page_in, drop or replacement keeps counting.
+Replacing a page under the same name subtracts the old one at admission only if the store
+is its sole owner. Every change of the count happens in this actor's handlers, so the
+invariant `charged == sum(live generations) + sum(reservations)` is checkable at any
+message boundary.
+
+What the ceiling bounds, exactly: `charged - earmarked <= ceiling` at every message
+boundary. A replacement admitted against the old generation's bytes holds both generations
+between admission and commit; the old one's bytes (up to the new one's size) are
+*earmarked*: no new holder may extend its life (a spill of an earmarked generation is
+admitted only if its bytes fit on their own), so they are freed at commit, or when a
+page-in that took the old generation meanwhile lets go of it. So `charged` may exceed the
+ceiling by at most the earmarked bytes, and only while a replacement is under way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from actord.serving.kernel import Actor, Dispatcher, Envelope
+from actord.serving.buffer_pool import BufferPool, buffer_of, capacity_for
+from actord.serving.messages import Msg
+from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
+from actord.service.log import get
+from actord.service.metrics import Metrics
+from actord.policy.checkpoint_placement import Divergence
+
+log = get("actord.pages")
+
+
+class PageCheckpoint(msgspec.Struct, frozen=True):
+    pos: int
+    data: bytearray
+
+
+class Page(msgspec.Struct, frozen=True):
+    """One generation of a page. Its buffers are never mutated after commit."""
+
+    gen: int
+    name: str
+    n_bytes: int
+    state: bytearray
+    tokens: list[int]
+    checkpoints: list[PageCheckpoint] = []
+    genes: tuple[tuple[int, float], ...] = ()
+    draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
+    draft_n: int = 0  # how many of `tokens` that state holds
+    # The mind's divergence history and where its last prompt ended (checkpoint placement).
+    divergences: list[Divergence] = []
+    prompt_end: int = 0
+
+
+class PageInfo(msgspec.Struct, frozen=True):
+    page: str
+    gen: int
+    n_bytes: int
+    n_tokens: int
+    n_checkpoints: int
+    holders: int
+
+
+# ---- inbox ------------------------------------------------------------------------------
+
+
+class Admit(Msg):
+    name: str
+    n_bytes: int
+
+
+class AdmitState(Msg):
+    """Admit a page whose sequence state is `n_state` of its `n_bytes`, and hand out the
+    buffer the state is to be copied into (a warm one from the pool when one fits). The
+    page's charge is `n_bytes` plus the buffer's bytes beyond `n_state` (Admission.n_bytes)."""
+
+    name: str
+    n_bytes: int
+    n_state: int
+
+
+class Admission(msgspec.Struct, frozen=True):
+    reservation: int
+    n_bytes: int  # the charge: what the page's Commit must carry
+    into: Any = None  # HostBuffer from the pool, or None: the engine allocates `capacity`
+    capacity: int = 0
+
+
+class Commit(Msg):
+    reservation: int
+    page: Page
+
+
+class CancelReservation(Msg):
+    reservation: int
+
+
+class Take(Msg):
+    name: str
+
+
+class Return(Msg):
+    """A page_in failed: the page goes back under its name (if no newer one took it)."""
+
+    gen: int
+
+
+class Release(Msg):
+    gen: int
+
+
+class DropPage(Msg):
+    name: str
+
+
+class ListPages(Msg):
+    pass
+
+
+class SpillBegin(Msg):
+    name: str
+
+
+class SpillEnd(Msg):
+    gen: int
+    drop: bool = False
+
+
+class StoreStats(Msg):
+    pass
+
+
+PageStoreInbox = (
+    Admit | AdmitState | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
+    | SpillBegin | SpillEnd | StoreStats
+)
+
+
+class PageStoreStats(msgspec.Struct, frozen=True):
+    charged: int
+    ceiling: int
+    pages: int
+    generations: int
+    reservations: int
+    live_bytes: int
+    earmarked: int = 0
+    pooled: int = 0  # bytes of warm state buffers kept for the next page_out (within the ceiling)
+    pool_buffers: int = 0
+    pool_hits: int = 0
+    pool_misses: int = 0
+
+
+@dataclass
+class _Gen:
+    page: Page | None  # None while only reserved
+    n_bytes: int
+    holders: int
+
+
+class PageStore(Actor[PageStoreInbox]):
+    rank = 40
+
+    def __init__(self, dispatcher: Dispatcher, ceiling: int, metrics: Metrics, capacity: int = 256) -> None:
+        super().__init__(dispatcher, "pagestore", capacity)
+        self.ceiling = ceiling
+        self.metrics = metrics
+        self.names: dict[str, int] = {}
+        self.gens: dict[int, _Gen] = {}
+        self.reserved: dict[int, tuple[str, int]] = {}
+        self._ids = itertools.count(1)
+        self.charged = 0
+        self.earmarks: dict[int, int] = {}  # generation -> bytes a replacement counted as freed
+        self._earmark_of: dict[int, int] = {}  # reservation -> the generation it earmarked
+        # Warm state buffers of pages gone (serving/buffer_pool.py), within the ceiling:
+        # effective + pool.bytes <= ceiling at every message boundary.
+        self.pool = BufferPool()
+
+    async def handle(self, msg: PageStoreInbox, env: Envelope[PageStoreInbox]) -> None:
+        reply = env.reply
+        match msg:
+            case Admit(name=name, n_bytes=n):
+                out = self.admit(name, n)
+            case AdmitState(name=name, n_bytes=n, n_state=n_state):
+                out = self.admit_state(name, n, n_state)
+            case Commit(reservation=r, page=page):
+                out = self.commit(r, page)
+            case CancelReservation(reservation=r):
+                out = self.cancel(r)
+            case Take(name=name):
+                out = self.take(name)
+            case Return(gen=gen):
+                out = self.give_back(gen)
+            case Release(gen=gen):
+                out = self.release(gen)
+            case DropPage(name=name):
+                out = self.drop(name)
+            case ListPages():
+                out = [self.info(n) for n in sorted(self.names)]
+            case SpillBegin(name=name):
+                out = self.spill_begin(name)
+            case SpillEnd(gen=gen, drop=drop):
+                out = self.spill_end(gen, drop)
+            case StoreStats():
+                out = self.stats()
+            case _:
+                raise InvalidParams(f"page store cannot handle {type(msg).__name__}")
+        self._publish_metrics()
+        if reply is not None:
+            reply.send(out)
+
+    # -- the rules ---------------------------------------------------------------------
+
+    def admit(self, name: str, n_bytes: int) -> int:
+        if not name or len(name) > 255 or "\0" in name:
+            raise InvalidParams("page names are 1-255 characters without NUL", page=name)
+        old = self.names.get(name)
+        replaced = self._replaced(name, n_bytes)
+        if self.effective - replaced + n_bytes > self.ceiling:
+            # A refusal, not a failure: page RAM is a cache, and its callers (the placer, an
+            # eviction) spill to a file when it is full. Counted apart, logged at info.
+            self.metrics.page_refused_total.inc()
+            log.info("page.refused", page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling)
+            raise PageRamExceeded(
+                f"page of {n_bytes} bytes would exceed the page RAM ceiling",
+                page=name, n_bytes=n_bytes, charged=self.charged, ceiling=self.ceiling,
+            )
+        r = next(self._ids)
+        self.reserved[r] = (name, n_bytes)
+        self.charged += n_bytes
+        if replaced:
+            self.earmarks[old] = replaced  # type: ignore[index]
+            self._earmark_of[r] = old  # type: ignore[assignment]
+        self.pool.trim(self.ceiling - self.effective)  # the pages' bytes come first
+        return r
+
+    def _replaced(self, name: str, n_bytes: int) -> int:
+        """The bytes an admission under `name` counts as freed: the old generation's, when the
+        store is its sole owner (and no other replacement counted them already)."""
+        old = self.names.get(name)
+        if old is not None and self.gens[old].holders == 1 and old not in self.earmarks:
+            return min(self.gens[old].n_bytes, n_bytes)
+        return 0
+
+    def admit_state(self, name: str, n_bytes: int, n_state: int) -> Admission:
+        """Admit, and choose the buffer the state goes into: a warm pooled one that fits, else
+        a fresh one with headroom. Its bytes beyond the state are charged with the page."""
+        buf = self.pool.take(n_state)
+        capacity = buf.capacity if buf is not None else capacity_for(n_state)
+        charge = n_bytes + capacity - n_state
+        if self.effective - self._replaced(name, charge) + charge > self.ceiling:
+            # The buffer's slack (pooled, or a fresh one's headroom) would pass the ceiling:
+            # the exact size may still fit, in a fresh buffer of just that size.
+            buf, capacity, charge = None, n_state, n_bytes
+        r = self.admit(name, charge)
+        return Admission(reservation=r, n_bytes=charge, into=buf, capacity=capacity)
+
+    @property
+    def earmarked(self) -> int:
+        return sum(self.earmarks.values())
+
+    @property
+    def effective(self) -> int:
+        """What the ceiling bounds: the charge less the bytes a replacement will free."""
+        return self.charged - self.earmarked
+
+    def commit(self, reservation: int, page: Page) -> PageInfo:
+        name, n_bytes = self.reserved.pop(reservation)
+        self._earmark_of.pop(reservation, None)
+        assert page.n_bytes == n_bytes and page.name == name and page.gen == reservation, \
+            "a page must be charged what was admitted"
+        old = self.names.get(name)
+        self.gens[page.gen] = _Gen(page=page, n_bytes=n_bytes, holders=1)
+        self.names[name] = page.gen
+        if old is not None:
+            self._unhold(old)
+        return self.info(name)
+
+    def cancel(self, reservation: int) -> None:
+        entry = self.reserved.pop(reservation, None)
+        if entry is not None:
+            self.charged -= entry[1]
+            gen = self._earmark_of.pop(reservation, None)
+            if gen is not None:
+                self.earmarks.pop(gen, None)  # the old generation stays: it counts again
+                self.pool.trim(self.ceiling - self.effective)
+
+    def take(self, name: str) -> Page:
+        gen = self.names.pop(name, None)
+        if gen is None:
+            raise PageNotFound(f"no page named {name!r}", page=name)
+        page = self.gens[gen].page
+        assert page is not None
+        return page  # the store's hold passes to the taker, who Releases or Returns it
+
+    def give_back(self, gen: int) -> None:
+        g = self.gens.get(gen)
+        if g is None or g.page is None:
+            return
+        name = g.page.name
+        if name in self.names:  # a newer page took the name meanwhile: ours is released
+            self._unhold(gen)
+        else:
+            self.names[name] = gen
+
+    def release(self, gen: int) -> None:
+        if gen in self.gens:
+            self._unhold(gen)
+
+    def drop(self, name: str) -> PageInfo:
+        info = self.info(name)
+        gen = self.names.pop(name)
+        self._unhold(gen)
+        log.info("page.dropped", page=name, n_bytes=info.n_bytes, still_held=info.holders > 1)
+        return info
+
+    def spill_begin(self, name: str) -> Page:
+        gen = self.names.get(name)
+        if gen is None:
+            raise PageNotFound(f"no page named {name!r}", page=name)
+        g = self.gens[gen]
+        if gen in self.earmarks:
+            # A replacement counted these bytes as freed at its commit; holding them longer
+            # must fit the ceiling on its own.
+            if self.effective + self.earmarks[gen] > self.ceiling:
+                self.metrics.page_refused_total.inc()
+                log.info("page.spill_refused", page=name, reason="being replaced", n_bytes=g.n_bytes)
+                raise PageRamExceeded(f"page {name!r} is being replaced and its bytes cannot be held longer",
+                                      page=name, n_bytes=g.n_bytes, charged=self.charged, ceiling=self.ceiling)
+            del self.earmarks[gen]
+            for r, eg in list(self._earmark_of.items()):
+                if eg == gen:
+                    del self._earmark_of[r]
+            self.pool.trim(self.ceiling - self.effective)
+        g.holders += 1
+        assert g.page is not None
+        return g.page
+
+    def spill_end(self, gen: int, drop: bool) -> bool:
+        g = self.gens.get(gen)
+        if g is None:
+            return False
+        dropped = False
+        if drop and g.page is not None and self.names.get(g.page.name) == gen:
+            del self.names[g.page.name]  # only this generation: a newer one stays
+            self._unhold(gen)
+            dropped = True
+        self._unhold(gen)
+        return dropped
+
+    def _unhold(self, gen: int) -> None:
+        g = self.gens[gen]
+        g.holders -= 1
+        if g.holders == 0:
+            del self.gens[gen]
+            self.charged -= g.n_bytes
+            self.earmarks.pop(gen, None)
+            # Nobody holds the page any more: its state buffer stays warm for the next
+            # page_out, if it fits beside the pages under the ceiling.
+            buf = buffer_of(g.page.state) if g.page is not None else None
+            if buf is not None:
+                self.pool.give(buf, self.ceiling - self.effective)
+
+    # -- views -------------------------------------------------------------------------
+
+    def info(self, name: str) -> PageInfo:
+        gen = self.names.get(name)
+        if gen is None:
+            raise PageNotFound(f"no page named {name!r}", page=name)
+        g = self.gens[gen]
+        assert g.page is not None
+        return PageInfo(page=name, gen=gen, n_bytes=g.n_bytes, n_tokens=len(g.page.tokens),
+                        n_checkpoints=len(g.page.checkpoints), holders=g.holders)
+
+    def live_bytes(self) -> int:
+        return sum(g.n_bytes for g in self.gens.values()) + sum(n for _, n in self.reserved.values())
+
+    def stats(self) -> PageStoreStats:
+        return PageStoreStats(charged=self.charged, ceiling=self.ceiling, pages=len(self.names),
+                              generations=len(self.gens), reservations=len(self.reserved),
+                              live_bytes=self.live_bytes(), earmarked=self.earmarked, pooled=self.pool.bytes,
+                              pool_buffers=len(self.pool), pool_hits=self.pool.hits, pool_misses=self.pool.misses)
+
+    def _publish_metrics(self) -> None:
+        self.metrics.page_store_bytes.set(self.charged)
+        self.metrics.page_store_pages.set(len(self.names))

@@ -1,0 +1,420 @@
+"""The Scheduler actor: runs the pure scheduling core (actord/serving/steps/core.py) against the engine.
+
+The loop, one `RunStep` delivery at a time (its own tell, so every queued `Enroll`, `Abort`
+and `Cells` is delivered between two steps):
+
+    fill: while fewer than `depth` steps are in flight, core.schedule() and submit
+    wait for the oldest step in flight
+    core.update() -> events; fill again (the engine now holds the next step); route events
+
+So while the engine runs step k+1, step k's events are routed: tokens to the requests'
+stream sinks, final answers to their reply channels, `CheckpointTaken` and `Ended` to the
+slots (control-lane tells: they never block). Nothing per token is an ask. A sink that
+raises, or an output the core cannot handle, ends that request with a typed error; every
+other request goes on.
+
+KV cells are charged per slot (unified KV): the core counts an enrolled slot's tokens and
+idle slots tell theirs (`Cells`). When the next step cannot get its cells, idle slots are
+asked to `Evict` (least recently stepped first: to the mind's page, else its file, else
+dropped); a slot with work refuses. When nothing can be freed and nothing can run, the
+youngest request gives way: a generation stops with "context", a prompt fails with
+`ContextFull`.
+
+In the ask order the scheduler sits above the slots: it asks them only `Evict`; they tell it
+(`Enroll`, `Abort`, `Cells`) and it tells them (`Ended`, `CheckpointTaken`).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
+from actord.serving.messages import (
+    Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
+    SlotLost,
+)
+from actord.service.types import CompletionResult, Timings
+from actord.serving.steps.core import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
+from actord.serving.steps.text import TextState
+from actord.engine import jobs as J
+from actord.service.errors import ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, StepSkipped
+from actord.service.log import get
+from actord.service.metrics import Metrics
+
+log = get("actord.scheduler")
+
+
+@dataclass(slots=True)
+class _Channel:
+    """Where one request's output goes (never serialized: it lives beside the core)."""
+
+    reply: Reply | None
+    stream: Any
+    t_start: float
+    resumed: bool
+    slot: int
+
+
+class SchedulerStats(msgspec.Struct, frozen=True):
+    enrolled: int
+    groups: int
+    steps: int
+    group_switches: int
+    in_flight: int
+
+
+class Scheduler(Actor[SchedulerInbox]):
+    rank = 20
+
+    def __init__(
+        self, dispatcher: Dispatcher, engine: Any, slots: list[Actor[Any]], n_batch: int,
+        metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0, piece_tile: int = 1,
+        depth: int = 2,
+    ) -> None:
+        super().__init__(dispatcher, "scheduler", capacity)
+        self.engine = engine
+        self.slots = slots
+        self.metrics = metrics
+        self.core = SchedulerCore(n_batch, n_ctx=n_ctx, piece_tile=piece_tile, group_quantum=group_quantum,
+                                  depth=depth)
+        self.core.cells.update({i: 0 for i in range(len(slots))})
+        self.channels: dict[int, _Channel] = {}
+        self.cells_seq: dict[int, int] = {}  # the newest Cells tell applied, per slot
+        self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
+        self.stepping = False
+        self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
+        self._tallied: list[Any] = [0, 0.0]  # steps, busy seconds not yet in the registry
+        self._step_tokens: list[int] = []
+
+    @property
+    def n_ctx(self) -> int:
+        return self.core.n_ctx
+
+    @n_ctx.setter
+    def n_ctx(self, n: int) -> None:
+        self.core.n_ctx = n
+
+    @property
+    def free_cells(self) -> int:
+        return self.core.free_cells
+
+    def held(self, slot: int) -> int:
+        return self.core.held(slot)
+
+    @property
+    def work(self) -> dict[int, Request]:
+        """Enrolled requests by slot (what the simulation's invariants read)."""
+        return {r.slot: r for r in self.core.reqs.values()}
+
+    async def handle(self, msg: SchedulerInbox, env: Envelope[SchedulerInbox]) -> None:
+        match msg:
+            case Enroll():
+                self._enroll(msg, env)
+            case Abort(rid=rid):
+                self._route(self.core.abort(rid))
+            case Cells(slot=slot, n=n, seq=seq):
+                # A stale tell (queued before an eviction's answer) changes nothing.
+                if slot not in self.lost and (not seq or seq > self.cells_seq.get(slot, 0)):
+                    self.cells_seq[slot] = seq
+                    self.core.set_cells(slot, n)
+            case SlotLost(slot=slot):
+                self.lost.add(slot)
+                rid = self.core.by_slot.get(slot)
+                if rid is not None:
+                    self._route(self.core.abort(rid, "error", ActorFailed(f"slot {slot} crashed", slot=slot)))
+                await self._reclaim()
+            case MakeRoom(slot=slot, cells=n, evict=evict):
+                # The reply is the cells free for the slot (at most n), held for it until the
+                # asker releases them: a caller that got fewer must not move a sequence in (it
+                # would over-commit the cache that the steps in flight are counted against).
+                room = Room(token=0, cells=n)
+                if self.n_ctx and slot not in self.core.by_slot:
+                    short = n - (self.free_cells + self.held(slot))
+                    if short > 0 and evict:
+                        await self._make_room(short, exclude=slot)
+                    # Held for the slot until whoever asked releases it (ReleaseRoom).
+                    granted = min(n, self.free_cells + self.held(slot))
+                    room = Room(token=self.core.reserve(slot, granted), cells=granted)
+                if env.reply is not None:
+                    env.reply.send(room)
+                else:
+                    self.core.release(room.token)
+            case ReleaseRoom(token=token):
+                self.core.release(token)
+                if env.reply is not None:
+                    env.reply.send(self.free_cells)
+            case RunStep():
+                self.stepping = False
+                try:
+                    await self._advance()
+                    # While nothing else waits in the mailbox, go on stepping here (no hop).
+                    while self._pending and self.dispatcher.loop_in_handler and not self.mail_waiting():
+                        await self._advance()
+                finally:
+                    self._kick()
+                return
+        self._kick()
+
+    def _enroll(self, m: Enroll, env: Envelope[Any]) -> None:
+        r = Request(
+            rid=m.rid, slot=m.slot, seq=m.seq, tokens=list(m.prompt), n_prompt=len(m.prompt), n_done=m.pos0,
+            n_predict=m.n_predict, genes=m.genes, stop_tokens=frozenset(m.stop_tokens), ignore_eos=m.ignore_eos,
+            checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
+            spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
+            logprobs=[] if m.logprobs else None,
+        )
+        try:
+            self.core.add(r)
+        except ValueError as e:  # a second request on one slot: a protocol error by the slot
+            if env.reply is not None:
+                env.reply.fail(InternalError(str(e), slot=m.slot))
+            return
+        self.channels[m.rid] = _Channel(reply=env.reply, stream=env.stream if m.stream else None,
+                                        t_start=m.t_start or time.perf_counter(), resumed=m.resumed_from_checkpoint,
+                                        slot=m.slot)
+
+    def _kick(self) -> None:
+        if (self.core.reqs or self._pending) and not self.stepping:
+            try:
+                self.tell_nowait(RunStep())
+            except ActordError:
+                return  # shutting down
+            self.stepping = True
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _fill(self) -> None:
+        core = self.core
+        while len(self._pending) < core.depth:
+            if core.n_ctx and not self._pending:
+                want = core.wanted()
+                if want and core.free_cells < want:
+                    await self._make_room(want - core.free_cells)
+            plan = core.schedule()
+            if plan is None:
+                break
+            self._pending.append((plan, self.engine.submit(plan.step)))
+        if not self._pending and core.runnable() and core.n_ctx and core.free_cells <= 0:
+            self._yield_youngest()
+
+    async def _advance(self) -> None:
+        if len(self._pending) < self.core.depth:  # (a full pipeline: nothing to fill)
+            await self._fill()
+        if not self._pending:
+            return
+        plan, pending = self._pending.popleft()
+        core = self.core
+        try:
+            out = await self.engine.wait(pending)
+        except StepSkipped as e:
+            self.metrics.engine_steps_skipped_total.inc()
+            events = core.skipped(plan, int(e.data.get("epoch", core.epoch)))
+        except KvCacheFull as e:
+            # Our count said it fits; the cache disagreed (e.g. cells an SWA window still
+            # holds). Make room as if the step had not fitted, and plan again.
+            log.warning("scheduler.kv_full", error=e.to_dict(), free=self.free_cells)
+            events = core.skipped(plan, int(e.data.get("epoch", core.epoch + 1)))
+            self._route(events)
+            if await self._make_room(sum(plan.fed)) == 0 and not self._pending:
+                self._yield_youngest()
+            return
+        except ActordError as e:
+            log.error("scheduler.step_failed", error=e.to_dict(), slots=[core.reqs[r].slot for r in plan.rids])
+            self.metrics.engine_jobs_failed_total.inc()
+            events = core.fail(plan, e)
+        else:
+            events = core.update(plan, out, time.perf_counter())
+            self._tally(out)
+        if len(self._pending) < core.depth:
+            await self._fill()  # the engine gets its next step before Python routes this one's output
+        self._route(events)
+        if not self._pending:
+            self._flush_tally()
+        if self.lost:
+            await self._reclaim()
+
+    async def _reclaim(self) -> None:
+        """Clear the sequences of crashed slots once nothing of theirs is in flight."""
+        for slot in sorted(self.lost):
+            if slot in self.core.by_slot or self.core.cells.get(slot, 0) == 0:
+                continue
+            try:
+                await self.engine.run(J.SeqRm(seq=slot, p0=-1, p1=-1))
+            except ActordError as e:
+                log.error("scheduler.reclaim_failed", slot=slot, error=e.to_dict())
+                continue
+            self.core.cells[slot] = 0
+            log.warning("scheduler.slot_reclaimed", slot=slot)
+
+    def _tally(self, out: Any) -> None:
+        """Per-step metrics are summed here and written to the registry every few steps
+        (each registry write takes a lock: three per step showed in the profile)."""
+        t = self._tallied
+        t[0] += 1
+        t[1] += (out.t_decode_ms + out.t_sample_ms) / 1e3
+        self._step_tokens.append(out.n_tokens)
+        if t[0] >= 32:
+            self._flush_tally()
+
+    def _flush_tally(self) -> None:
+        t = self._tallied
+        if t[0]:
+            self.metrics.engine_steps_total.inc(t[0])
+            self.metrics.engine_busy_seconds_total.inc(t[1])
+            for n in self._step_tokens:
+                self.metrics.engine_step_tokens.observe(n)
+            self._tallied, self._step_tokens = [0, 0.0], []
+
+    # -- routing -----------------------------------------------------------------------
+
+    def _route(self, events: list[Event]) -> None:
+        queue = collections.deque(events)
+        while queue:
+            ev = queue.popleft()
+            if isinstance(ev, Delta):
+                ch = self.channels.get(ev.rid)
+                if ch is None or ch.stream is None:
+                    continue
+                chunk: dict[str, Any] = {"slot": ch.slot, "content": ev.text, "tokens": [ev.token]}
+                if ev.logprobs is not None:
+                    chunk["logprobs"] = ev.logprobs
+                try:
+                    ch.stream(chunk)
+                except Exception as e:  # the sink failed: this request ends, nobody else's
+                    log.warning("scheduler.sink_failed", rid=ev.rid, error=repr(e))
+                    queue.extend(self.core.fail_request(ev.rid, InternalError(f"stream sink failed: {e!r}")))
+            elif isinstance(ev, Checkpoint):
+                self._tell_slot(ev.slot, CheckpointTaken(rid=ev.rid, pos=ev.pos, data=ev.data))
+            elif isinstance(ev, Finished):
+                self._finish(ev)
+
+    def _tell_slot(self, slot: int, msg: Any) -> None:
+        try:
+            self.slots[slot].tell_nowait(msg)
+        except ActordError as e:  # a failed or stopped slot: nothing to tell
+            log.info("scheduler.slot_gone", slot=slot, msg=type(msg).__name__, error=e.to_dict())
+
+    def _finish(self, ev: Finished) -> None:
+        """The final answer goes to the client through the slot: `Ended` carries it, and the
+        slot hands it on after its own end-of-request work (gene lease, cells), so a client
+        that hears back finds the slot, the residency and the cell count settled."""
+        r = ev.req
+        ch = self.channels.pop(r.rid, None)
+        m = self.metrics
+        m.requests_in_flight.dec()
+        m.requests_total.labels(outcome=r.reason).inc()
+        if r.n_drafted:  # llama-server's counters, for every request that drafted
+            m.spec_decode_num_draft_tokens_total.inc(r.n_drafted)
+            m.spec_decode_num_accepted_tokens_total.inc(r.n_accepted)
+            m.spec_decode_num_drafts_total.inc(r.n_spec_steps)
+        answer: Any = None
+        if r.reason == "error":
+            answer = r.error if isinstance(r.error, ActordError) else InternalError(f"{r.error!r}")
+        elif ch is not None:
+            m.predicted_tokens_total.inc(len(r.out))
+            rest = r.unsent_logprobs()
+            if ch.stream is not None and (r.tail or rest):
+                chunk: dict[str, Any] = {"slot": r.slot, "content": r.tail, "tokens": []}
+                if rest is not None:
+                    chunk["logprobs"] = rest
+                try:
+                    ch.stream(chunk)
+                except Exception as e:
+                    log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
+            answer = self._result(r, ch)
+        reply = ch.reply if ch is not None else None
+        cut_back = r.reason == "error" and not isinstance(r.error, ContextFull)
+        env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back,
+                             draft_n=ev.draft_n), reply, answer=answer)
+        try:
+            if r.slot in self.lost:
+                raise ActorFailed(f"slot {r.slot} crashed", slot=r.slot)
+            self.slots[r.slot].put_nowait(env)
+        except ActordError as e:  # a failed or stopped slot: answer here
+            log.info("scheduler.slot_gone", slot=r.slot, error=e.to_dict())
+            if reply is not None:
+                if isinstance(answer, BaseException):
+                    reply.fail(answer)
+                elif answer is not None:
+                    reply.send(answer)
+                else:
+                    reply.fail(e)
+
+    def _result(self, r: Request, ch: _Channel) -> CompletionResult:
+        now = time.perf_counter()
+        t_first = r.t_first or now
+        prompt_ms = (t_first - ch.t_start) * 1e3
+        predicted_ms = (now - t_first) * 1e3
+        n_proc = r.n_prompt - r.n_cached
+        assert r.text is not None
+        return CompletionResult(
+            content=r.text.text, tokens=list(r.out), n_prompt_tokens=r.n_prompt, n_prompt_processed=n_proc,
+            n_cached=r.n_cached, slot=r.slot, stop_reason=r.reason or "", resumed_from_checkpoint=ch.resumed,
+            logprobs=r.logprobs,
+            timings=Timings(
+                prompt_ms=prompt_ms, predicted_ms=predicted_ms,
+                prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+                predicted_per_second=len(r.out) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+                draft_n=r.n_drafted, draft_n_accepted=r.n_accepted, draft_steps=r.n_spec_steps,
+            ),
+        )
+
+    # -- memory pressure ---------------------------------------------------------------
+
+    async def _make_room(self, need: int, exclude: int | None = None) -> int:
+        """Ask idle slots, least recently stepped first, to give up their cells."""
+        core = self.core
+        victims = sorted((s for s, n in core.cells.items()
+                          if n > 0 and s not in core.by_slot and s != exclude),
+                         key=lambda s: (core.last_use.get(s, 0), s))
+        freed = 0
+        for s in victims:
+            if freed >= need:
+                break
+            try:
+                n, seq = await self.slots[s].ask(Evict(reason="kv"))
+            except ActordError as e:  # it has work coming (busy), or it failed
+                log.info("scheduler.evict_refused", slot=s, error=e.to_dict())
+                continue
+            if s not in core.by_slot and seq >= self.cells_seq.get(s, 0):
+                # What the slot holds now (its Cells tell of this eviction is on its way;
+                # anything it told before, still queued here, is older and is ignored).
+                self.cells_seq[s] = seq
+                core.cells[s] = 0
+            freed += n
+            self.metrics.kv_evictions_total.inc()
+        if freed:
+            log.info("scheduler.made_room", freed=freed, need=need, free=self.free_cells)
+        return freed
+
+    def _yield_youngest(self) -> None:
+        """Nothing can be freed and nothing can run: the youngest request gives way."""
+        r = self.core.youngest()
+        if r is None:
+            return
+        log.warning("scheduler.no_room", slot=r.slot, n_ctx=self.n_ctx, cells=dict(self.core.cells))
+        if r.out:
+            self._route(self.core.abort(r.rid, "context"))
+        else:
+            self._route(self.core.abort(r.rid, "error", ContextFull(
+                f"no KV cells for slot {r.slot}'s prompt: the shared cache (n_ctx {self.n_ctx}) is held by "
+                "requests in flight", slot=r.slot, n_ctx=self.n_ctx, n_prompt_tokens=r.n_prompt)))
+
+    def on_crash(self, error: BaseException) -> None:
+        """Every request the scheduler holds gets its one answer (the error)."""
+        for ch in self.channels.values():
+            if ch.reply is not None:
+                ch.reply.fail(error)
+        self.channels.clear()
+
+    def stats(self) -> SchedulerStats:
+        live = self.core.runnable()
+        return SchedulerStats(
+            enrolled=len(self.core.reqs), groups=len({r.genes for r in live}), steps=self.core.steps,
+            group_switches=self.core.group_switches, in_flight=len(self._pending),
+        )

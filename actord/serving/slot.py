@@ -1,0 +1,414 @@
+"""A Slot actor: one llama sequence id, the owner of its memory between turns.
+
+The slot owns `kv_tokens` (exactly the tokens whose KV sit in its sequence, in order),
+`resume_raw_lcp` (the raw longest common prefix its current request found, before any
+fallback; reset per request, on page-in/restore and on erase), its context checkpoints and
+its gene lease. It never touches libllama: it sends jobs to the engine.
+
+A request's life here: tokenize and check the prompt, acquire its genes (a tell to the
+residency, answered by `GenesGranted`), plan the resume (`cut_to`: the longest usable
+prefix) and where to snapshot, then hand the request to the Scheduler (`Enroll`, with the
+client's reply channel and stream sink in the envelope). From then on the per-token path
+is the scheduler's pure core: the slot hears nothing per token, only `CheckpointTaken` when
+the engine snapshotted its sequence and, once, `Ended` with the tokens its KV now holds.
+The scheduler answers the client itself.
+
+A request for a busy slot is deferred (kept in order, counted) and started when the slot is
+idle again; so are page and file operations, which need a quiet sequence.
+
+Its place in the ask order (serving/kernel.py): below the placer and the scheduler, above the
+page store, the checkpoint budget and the gene residency. A slot waiting for its genes is
+busy: it defers page moves and requests, refuses evictions and handles a cancel at once.
+
+The slot's other jobs live beside it: `slot_memory.py` (cut back, evict, checkpoints,
+cells) and `slot_pages.py` (page out/in, save/restore, the model fingerprint).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import anyio
+
+from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
+from actord.serving.checkpoint_plan import CheckpointPlan
+from actord.serving.gene_residency import Acquire as GeneAcquire
+from actord.serving.messages import (
+    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, GenesGranted,
+    GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox,
+)
+from actord.serving.placer import SlotIdle
+from actord.serving.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
+from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
+from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
+from actord.engine import jobs as J
+from actord.service.errors import ActordError, Cancelled, InvalidParams, PromptTooLong, from_dict
+from actord.service.log import get
+from actord.service.metrics import Metrics
+
+log = get("actord.slot")
+
+__all__ = ["Slot", "SlotCheckpoint", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
+
+
+@dataclass
+class _Active:
+    rid: int
+    req: CompletionRequest
+    prompt: list[int]
+    reply: Reply | None  # until enrolled: then the scheduler answers
+    stream: Callable[[Any], Any] | None
+    t_start: float
+    cancelled: bool = False
+    genes: tuple[tuple[int, float], ...] = ()
+    ticket: int = 0  # the gene acquisition this request waits for (0: none)
+    running: bool = False  # past gene acquisition
+    enrolled: bool = False  # handed to the scheduler: it ends with `Ended`
+
+
+def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.SamplingParams:
+    """A request's sampler chain (its `grammar` is GBNF by now: check() converts a schema)."""
+    last_n = n_ctx if req.repeat_last_n < 0 else req.repeat_last_n
+    return J.SamplingParams(
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed, grammar=req.grammar,
+        logit_bias=req.bias_pairs(), penalty_last_n=last_n, repeat_penalty=req.repeat_penalty,
+        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty, min_p=req.min_p,
+        top_logprobs=req.top_logprobs if req.logprobs else -1,
+        grammar_triggers=tuple((t.text, t.at_start) for t in req.grammar_triggers), preserve=tuple(req.preserve),
+        end_on_eog=not req.ignore_eos, end_tokens=tuple(req.stop_tokens),
+    )
+
+
+class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
+    rank = 30
+
+    def __init__(
+        self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps,
+        metrics: Metrics, default_seed: int = 0, capacity: int = 64,
+    ) -> None:
+        super().__init__(dispatcher, f"slot{slot_id}", capacity)
+        self.id = slot_id
+        self.seq = slot_id
+        self.engine = engine
+        self.props = props
+        self.metrics = metrics
+        self.default_seed = default_seed
+        self.scheduler: Actor[Any] | None = None
+        self.placer: Actor[Any] | None = None  # told SlotIdle when a request ends
+        self.pages: Actor[Any] | None = None
+        self.residency: Actor[Any] | None = None
+        self.ckpt_budget: Actor[Any] | None = None
+        self.files: Any = None  # storage.files.PageFiles
+        self.ckpt = CheckpointPlan()  # the mind's divergence history and the checkpoint policy
+        self.default_genes: list[int] = []
+        self.track_footprint = False
+        self._acquired = False
+        self.kv_tokens: list[int] = []
+        self.resume_raw_lcp: int | None = None
+        self.checkpoints: list[SlotCheckpoint] = []
+        self.genes: tuple[tuple[int, float], ...] = ()
+        self.mind: str | None = None
+        self.draft_n = 0  # kv_tokens[:draft_n] are in the draft context's sequence (speculation)
+        self.active: _Active | None = None
+        self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
+        self._tickets = 0
+        self.handling = 0  # handlers at work (nested: deferred messages run inside one)
+        self.peers: list[Slot] = []  # every slot, by id (a Fork reads its source's tokens)
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None
+
+    async def handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        self.handling += 1
+        try:
+            await self._handle(msg, env)
+        finally:
+            self.handling -= 1
+
+    async def _handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        match msg:
+            case Ended():
+                try:
+                    await self._on_ended(msg)
+                finally:  # the scheduler's answer to the client, handed on once
+                    if env.reply is not None:
+                        if isinstance(env.answer, BaseException):
+                            env.reply.fail(env.answer)
+                        else:
+                            env.reply.send(env.answer)
+                if self.props.device.backend_sampling:
+                    # An attached chain runs in every decode's graph, its sequence in the
+                    # batch or not (engine/backend_sampling.py): it goes with its request,
+                    # once the answer is out (behind the steps already queued).
+                    try:
+                        await self.engine.run(J.FreeSampler(seq=self.seq))
+                    except ActordError as e:
+                        log.warning("slot.free_sampler_failed", slot=self.id, error=e.to_dict())
+                await self._drain_deferred()
+            case CheckpointTaken(rid=rid, pos=pos, data=data):
+                a = self.active
+                if a is not None and a.rid == rid and self.ckpt_budget is not None:
+                    await self.on_checkpoint(pos, data)
+            case Info():
+                env.reply.send(self.info())  # type: ignore[union-attr]
+            case CancelRequest(rid=rid):
+                a = self.active
+                if a is not None and a.rid == rid:
+                    a.cancelled = True
+                    if a.enrolled:
+                        assert self.scheduler is not None
+                        self.scheduler.tell_nowait(Abort(rid=rid))
+                    elif not a.running:  # still waiting for genes: end it now
+                        await self._answer_here("cancelled")
+                        await self._drain_deferred()
+                self._drop_deferred(rid)
+            case DropCheckpoint(pos=pos):
+                self.checkpoints = [c for c in self.checkpoints if c.pos != pos]
+                # Re-send the list: a mirror update of ours may have crossed this drop.
+                await self._sync_budget(self.checkpoints)
+            case GenesGranted(ticket=ticket):
+                await self._on_genes_granted(ticket)
+                if self.active is None:
+                    await self._drain_deferred()
+            case GenesRefused(ticket=ticket):
+                a = self.active
+                if a is not None and a.ticket == ticket and not a.running:
+                    self._acquired = False  # the residency already let go of this acquisition
+                    await self._abort(from_dict({"type": msg.error_type, "message": msg.message}))
+                    await self._drain_deferred()
+            case Evict(reason=reason):
+                await self._on_evict(reason, env)
+            case _ if self.busy:
+                self.deferred.append(env)
+                self.metrics.requests_deferred_total.inc()
+                log.debug("slot.deferred", slot=self.id, msg=type(msg).__name__, queued=len(self.deferred))
+            case Complete():
+                await self._start(msg, env)
+            case Fork(src=src, tokens=tokens):
+                if not 0 <= src < len(self.peers):
+                    raise InvalidParams(f"no slot {src} to fork from", slot=src)
+                env.reply.send(await self.fork_from(self.peers[src], tokens))  # type: ignore[union-attr]
+            case Erase():
+                await self.erase()
+                env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]
+            case PageOutSlot() | PageInSlot() | SaveSlot() | RestoreSlot():
+                await self.handle_page_op(msg, env)
+            case _:
+                raise InvalidParams(f"slot cannot handle {type(msg).__name__}")
+
+    async def _drain_deferred(self) -> None:
+        while self.deferred and not self.busy:
+            env = self.deferred.popleft()
+            try:
+                await self.handle(env.msg, env)
+            except ActordError as e:
+                if env.reply is not None:
+                    env.reply.fail(e)
+        if not self.busy and self.placer is not None:
+            try:  # a placement may be parked for want of an idle slot (serving/placer.py)
+                self.placer.tell_nowait(SlotIdle(slot=self.id))
+            except ActordError:
+                pass  # the placer is stopping or failed
+
+    def _drop_deferred(self, rid: int) -> None:
+        for env in list(self.deferred):
+            if isinstance(env.msg, Complete) and env.msg.rid == rid:
+                self.deferred.remove(env)
+                self.metrics.requests_total.labels(outcome="cancelled").inc()
+                if env.reply is not None:
+                    env.reply.fail(Cancelled("request cancelled before it started", rid=rid))
+
+    def deferred_count(self) -> int:
+        return len(self.deferred)
+
+    def on_crash(self, error: BaseException) -> None:
+        if self.active is not None and self.active.reply is not None:
+            self.active.reply.fail(error)
+        for env in self.deferred:
+            if env.reply is not None:
+                env.reply.fail(error)
+        self.deferred.clear()
+        # An enrolled request is the scheduler's to answer: the system tells it `SlotLost`.
+
+    def info(self) -> SlotInfo:
+        return SlotInfo(
+            id=self.id, state="processing" if self.busy else "idle", n_tokens=len(self.kv_tokens),
+            resume_raw_lcp=self.resume_raw_lcp, n_checkpoints=len(self.checkpoints),
+            checkpoint_bytes=sum(c.n_bytes for c in self.checkpoints),
+            genes=[GeneRef(id=g, scale=s) for g, s in self.genes], deferred=len(self.deferred),
+            mind=self.mind, checkpoint_positions=[c.pos for c in self.checkpoints], checkpoint_plan=list(self.ckpt.last),
+        )
+
+    # -- a request ---------------------------------------------------------------------
+
+    async def _tokens_of(self, req: CompletionRequest) -> list[int]:
+        if isinstance(req.prompt, str):
+            return await self.engine.run(J.Tokenize(text=req.prompt))
+        n_vocab = self.props.n_vocab
+        bad = [t for t in req.prompt if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidParams(f"token ids out of range [0, {n_vocab})", bad=bad[:8])
+        return list(req.prompt)
+
+    async def _start(self, msg: Complete, env: Envelope[SlotInbox]) -> None:
+        req = msg.req
+        t_start = time.perf_counter()
+        prompt = await self._tokens_of(req)
+        n_vocab = self.props.n_vocab
+        bad = [t for t, _ in req.bias_pairs() if t >= n_vocab]
+        if bad:
+            raise InvalidParams(f"logit_bias names token ids outside the vocab [0, {n_vocab})",
+                                param="logit_bias", bad=bad[:8])
+        # Only attention layers take a cell per token: a pure recurrent model (kv_cells 0)
+        # runs sequences past n_ctx (libllama 0.3.36: its memory is one state per sequence).
+        cells = self.props.kv_cells
+        if cells and len(prompt) + 1 > cells:
+            raise PromptTooLong(
+                f"prompt of {len(prompt)} tokens does not fit n_ctx {cells}",
+                n_prompt_tokens=len(prompt), n_ctx=cells,
+            )
+        genes = self.gene_set(req)
+        self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
+                              t_start=t_start, genes=genes)
+        self.metrics.requests_in_flight.inc()
+        if self.residency is not None and (genes or self.genes or self.track_footprint):
+            # An empty set is announced too when it replaces a non-empty one (it unpins) and
+            # under a device budget (the residency must know which slots run).
+            self._tickets += 1
+            self.active.ticket = self._tickets
+            self._acquired = True
+            try:
+                await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+            except ActordError as e:  # the residency is gone: this request ends, the slot stays usable
+                self._acquired = False
+                await self._abort(e)
+            return  # continued by GenesGranted / GenesRefused
+        await self._run_active()
+
+    async def _on_genes_granted(self, ticket: int) -> None:
+        a = self.active
+        if a is None or a.ticket != ticket or a.running:
+            return  # a grant for a request that already ended (cancelled): its Finish went out
+        if a.cancelled:
+            await self._answer_here("cancelled")
+            return
+        await self._run_active()
+
+    async def _run_active(self) -> None:
+        a = self.active
+        assert a is not None
+        a.running = True
+        try:
+            # A slot evicted while its request waited for genes starts that request from what
+            # it holds now (nothing): it does not page the mind back in by itself, because
+            # cells that appear outside the scheduler's plan over-commit the shared cache
+            # (the scheduler alone admits cells; seed 8 x 60 steps charged 258 of 256). The
+            # mind's page stays in the store for the placer.
+            await self._begin(a)
+        except ActordError as e:
+            await self._abort(e)
+
+    async def _abort(self, error: ActordError) -> None:
+        """The active request ends with `error` before it was enrolled; the slot stays consistent."""
+        a = self.active
+        if a is None:
+            return
+        self.active = None
+        self.metrics.requests_in_flight.dec()
+        self.metrics.requests_total.labels(outcome="error").inc()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.finish_genes()
+                await self._tell_cells()
+        except ActordError as e:  # a peer that is gone does not keep the slot busy
+            log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
+        finally:
+            if a.reply is not None:
+                a.reply.fail(error)
+
+    async def _begin(self, a: _Active) -> None:
+        req, prompt, genes = a.req, a.prompt, a.genes
+        # The sampler first: a grammar libllama cannot parse fails here, before the
+        # sequence is cut back, so a refused request changes nothing.
+        seed = req.seed if req.seed is not None else self.default_seed
+        await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
+        raw = common_prefix(self.kv_tokens, prompt)
+        self.resume_raw_lcp = raw
+        usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
+        self.draft_n = min(self.draft_n, usable)  # every cut of the sequence cuts the draft's too
+        if usable == 0 and raw > 0:
+            self.metrics.full_reprefills_total.inc()
+            log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
+        self.genes = genes
+        if self.mind is not None and req.mind != self.mind:
+            log.info("slot.mind_overwritten", slot=self.id, mind=self.mind, by="slot request")
+        # A slot-addressed request writes over whatever the sequence held: it is no longer
+        # the mind's state, so it no longer carries her name (nobody pages it in as hers).
+        self.mind = req.mind
+        self.metrics.prompt_tokens_total.inc(len(prompt))
+        self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
+        if req.n_predict == 0 and usable == len(prompt):
+            await self._answer_here("length", n_cached=usable)
+            return
+        if a.cancelled:
+            await self._answer_here("cancelled", n_cached=usable)
+            return
+        assert self.scheduler is not None
+        enroll = Enroll(
+            rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
+            genes=self.genes, checkpoint_at=self.checkpoint_positions(usable, len(prompt)), stop=list(req.stop),
+            stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
+            resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
+            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n,
+        )
+        self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
+        a.reply, a.enrolled = None, True  # the scheduler answers from here on
+
+    async def _on_ended(self, msg: Ended) -> None:
+        a = self.active
+        if a is None or a.rid != msg.rid:
+            return
+        self.kv_tokens = list(msg.kv_tokens)
+        self.draft_n = min(msg.draft_n, len(self.kv_tokens))
+        self.active = None
+        try:
+            if msg.cut_back:
+                await self.cut_back_after_failure()
+            await self.finish_genes()
+            await self._tell_cells()
+        except ActordError as e:  # the slot is idle whatever a peer said
+            log.warning("slot.end_failed", slot=self.id, rid=msg.rid, error=e.to_dict())
+
+    async def _answer_here(self, reason: str, n_cached: int = 0) -> None:
+        """A request that ends before the scheduler had it (cancelled, nothing to decode)."""
+        a = self.active
+        assert a is not None
+        self.active = None
+        self.metrics.requests_in_flight.dec()
+        self.metrics.requests_total.labels(outcome=reason).inc()
+        result = CompletionResult(
+            content="", tokens=[], n_prompt_tokens=len(a.prompt), n_prompt_processed=len(a.prompt) - n_cached,
+            n_cached=n_cached, slot=self.id, stop_reason=reason, resumed_from_checkpoint=False,
+            timings=Timings(prompt_ms=(time.perf_counter() - a.t_start) * 1e3, predicted_ms=0.0,
+                            prompt_per_second=0.0, predicted_per_second=0.0),
+        )
+        try:
+            await self.finish_genes()
+            await self._tell_cells()
+        except ActordError as e:
+            log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
+        finally:
+            if a.reply is not None:
+                a.reply.send(result)
+
+    def gene_set(self, req: CompletionRequest) -> tuple[tuple[int, float], ...]:
+        """Default genes at scale 1 unless the request names them, plus the request's genes."""
+        scales = {gid: 1.0 for gid in self.default_genes}
+        scales.update({g.id: float(g.scale) for g in req.genes})
+        return tuple(sorted(scales.items()))

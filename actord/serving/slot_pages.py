@@ -1,0 +1,384 @@
+"""What a slot does with its whole sequence: page it out and in, save it to and restore it
+from a page file, and what a page or file records about the model it came from.
+
+A mixin of `Slot` (serving/slot.py), kept apart because it is the slot's second job: moving
+memory between a sequence, the PageStore and page files. Nothing is ever half-moved: a
+refused or failed page_out leaves the sequence intact, a failed page_in leaves the page in
+the store, a failed restore leaves the slot empty and usable.
+
+With speculative decoding on, the draft context's sequence for this slot travels with it:
+a page carries its state (`Page.draft`, charged against the page RAM ceiling with the rest)
+and how many tokens it holds; a page file carries it in the `.dft` sidecar of the same
+generation, with the draft model's digest in the main file's meta. A page or file without
+one (saved with speculation off, or from another draft model) starts the draft cold: the
+draft context catches up on the slot's tokens at its next request (logged, not an error).
+The target verifies every draft, so a cold or stale draft costs acceptance, never output.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from actord.serving.kernel import Envelope
+from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision
+from actord.serving.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
+from actord.serving.page_store import (
+    Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+)
+from actord.serving.slot_memory import SlotCheckpoint
+from actord.engine import jobs as J
+from actord.service.errors import EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.service.log import get
+from actord.policy.checkpoint_placement import Divergence
+from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+
+log = get("actord.slot")
+
+
+class SlotPages:
+    """Page and file moves of a slot's sequence (see the module docstring)."""
+
+    # Provided by Slot.
+    id: int
+    seq: int
+    engine: Any
+    props: J.ModelProps
+    metrics: Any
+    pages: Any
+    files: Any
+    ckpt: Any
+    kv_tokens: list[int]
+    draft_n: int
+    resume_raw_lcp: int | None
+    checkpoints: list[SlotCheckpoint]
+    genes: tuple[tuple[int, float], ...]
+    mind: str | None
+
+    async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        try:
+            match msg:
+                case PageOutSlot(page=name):
+                    out = await self.page_out(name)
+                case PageInSlot(page=name, evict_first=evict_first):
+                    if evict_first and self.kv_tokens:
+                        await self.evict("placer")
+                    out = await self.page_in(name)
+                case SaveSlot(file=file):
+                    out = await self.save(file)
+                case RestoreSlot(file=file):
+                    out = await self.restore(file)
+                case _:
+                    raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+        except BaseException:
+            # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
+            # or restore): a refused or failed move tells what the sequence really holds, so
+            # no false count is left to evict other clients' caches.
+            with anyio.CancelScope(shield=True):
+                await self._tell_cells()  # type: ignore[attr-defined]
+            raise
+        if env.reply is not None:
+            env.reply.send(out)
+
+    def page_checkpoints(self) -> list[SlotCheckpoint]:
+        """What a page or file keeps: the policy's choice (placement: the best subset for
+        the mind's forecast; divergence/oldest: the seed's count rule)."""
+        idx = self.ckpt.keep_indices(self.checkpoints, self.resume_raw_lcp, len(self.kv_tokens))
+        return [self.checkpoints[i] for i in idx]
+
+    def selection_lcp(self) -> int | None:
+        """The raw lcp the seed's selection may use; 'oldest' ignores it on purpose."""
+        return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
+
+    async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
+        if not self.kv_tokens:
+            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
+
+    async def page_out(self, name: str) -> dict[str, Any]:
+        if self.pages is None:
+            raise InvalidParams("no page store on this system")
+        name = name or self.mind or f"evicted-slot{self.id}"
+        if not self.kv_tokens:
+            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        t0 = time.perf_counter()
+        ckpts = self.page_checkpoints()
+        n_state = await self.engine.run(J.StateSize(seq=self.seq))
+        n_draft = await self.engine.run(J.StateSize(seq=self.seq, draft=True)) if self.drafting and self.draft_n else 0
+        n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+        # The store admits the page and hands out the buffer the state goes into (a warm one
+        # from its pool when one fits); libllama writes the state there, the one copy.
+        adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        reservation, n_bytes = adm.reservation, adm.n_bytes
+        # Without a draft the copy also removes the sequence (one engine round trip less: a
+        # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token
+        # Gemma page_out); if the page cannot be kept, the state is set back from the copy.
+        take = n_draft == 0 and not self.drafting
+        taken: J.StateData | None = None
+        try:
+            with anyio.CancelScope(shield=take):  # a taken state must not be lost to a cancel
+                st = await self.engine.run(J.StateGet(seq=self.seq, into=adm.into, capacity=adm.capacity,
+                                                      then_erase=take))
+            taken = st if take else None
+            if st.n_bytes != n_state:
+                raise EngineError("sequence state changed size between admission and copy", slot=self.id)
+            draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if n_draft else None
+            if draft is not None and draft.n_bytes != n_draft:
+                raise EngineError("draft state changed size between admission and copy", slot=self.id)
+            page = Page(
+                gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
+                checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
+                divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
+                draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
+            )
+            info = await self.pages.ask(Commit(reservation=reservation, page=page))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if taken is not None:  # before the reservation (and the buffer) goes back
+                    await self._put_back(taken.data)
+                await self.pages.tell(CancelReservation(reservation=reservation))
+            self.metrics.page_failed_total.inc()
+            raise
+        # The page is whole in the store; only now is the slot freed.
+        if not take:
+            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+        n_tokens = len(self.kv_tokens)
+        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.draft_n = 0
+        self.ckpt.reset()
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_out_total.inc()
+        await self.footprint_changed()
+        await self._tell_cells()
+        log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
+                 copy_ms=round(st.t_ms, 3), draft_bytes=n_draft)
+        return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
+                **({"draft_bytes": n_draft} if self.drafting else {})}
+
+    async def _put_back(self, data: Any) -> None:
+        """A page_out that took the sequence failed: the state goes back from its copy. Should
+        libllama refuse it (it has just written it), the slot is erased rather than claim a
+        sequence it no longer holds."""
+        try:
+            await self.engine.run(J.StateSet(seq=self.seq, data=data))
+        except ActordError as e:
+            log.error("page.put_back_failed", slot=self.id, error=str(e))
+            await self.erase()
+
+    async def page_in(self, name: str) -> dict[str, Any]:
+        if self.pages is None:
+            raise InvalidParams("no page store on this system")
+        if self.kv_tokens:
+            raise SlotBusy(f"slot {self.id} holds a sequence: page it out or erase it first", slot=self.id)
+        t0 = time.perf_counter()
+        page: Page = await self.pages.ask(Take(name=name))
+        genes = self.genes
+        try:
+            # The copy runs on the engine thread while the page's checkpoints enter the
+            # budget here (an ask of ~0.3 ms for 16 checkpoints, no longer after the copy).
+            pending = self.engine.submit(J.StateSet(seq=self.seq, data=page.state))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.pages.tell(Return(gen=page.gen))
+            raise
+        copied = False
+        try:
+            try:
+                self.kv_tokens = list(page.tokens)
+                self.genes = page.genes
+                self.resume_raw_lcp = None
+                self.mind = name
+                self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
+                await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
+            finally:
+                with anyio.CancelScope(shield=True):
+                    st = await self.engine.wait(pending)
+                    copied = True
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if copied:  # the state is in, the bookkeeping is not: the sequence goes
+                    await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+                self.kv_tokens, self.genes, self.mind = [], genes, None
+                self.ckpt.reset()
+                self.checkpoints = []
+                await self.release_checkpoints([])
+                await self.pages.tell(Return(gen=page.gen))
+                await self._tell_cells()
+            self.metrics.page_failed_total.inc()
+            log.warning("page.in_failed", slot=self.id, page=name)
+            raise
+        await self._adopt_draft(page.draft, page.draft_n, f"page {name}")
+        await self.pages.tell(Release(gen=page.gen))
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_in_total.inc()
+        await self.footprint_changed()
+        await self._tell_cells()
+        log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
+                 t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
+        return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
+                **self._draft_info()}
+
+    @property
+    def drafting(self) -> bool:
+        """This system runs a draft context (speculative decoding)."""
+        return bool(self.props.spec)
+
+    def _draft_info(self) -> dict[str, Any]:
+        """What a page-in or restore answers about the draft: the tokens its state holds
+        ("warm") or none ("cold": it catches up at the next request)."""
+        if not self.drafting:
+            return {}
+        return {"draft": "warm" if self.draft_n else "cold", "draft_n_tokens": self.draft_n}
+
+    async def _adopt_draft(self, data: Any, n: int, source: str) -> None:
+        """The draft context's sequence takes a page's or file's draft state; without one (or
+        one libllama refuses) the draft starts cold, which is logged, never an error."""
+        self.draft_n = 0
+        if not self.drafting:
+            return
+        if data is not None and 0 < n <= len(self.kv_tokens):
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=data, draft=True))
+            if st.n_bytes:
+                self.draft_n = n
+                return
+            why = "the draft context refused the state"
+        else:
+            why = "no draft state" if data is None else f"draft state of {n} tokens does not fit {len(self.kv_tokens)}"
+            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1, draft=True))
+        log.info("slot.draft_cold", slot=self.id, source=source, reason=why, n_tokens=len(self.kv_tokens))
+
+    async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
+        """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
+        in one ask (a page_in's actor hops, not one per checkpoint)."""
+        self.checkpoints = []
+        await self._sync_budget([])
+        if self.ckpt_budget is None or not ckpts:
+            return
+        items = []
+        for ck in ckpts:
+            self.ckpt.ckpt_bytes = len(ck.data)
+            history, n, population = self.ckpt.view(len(self.kv_tokens))
+            items.append(AdmitCheckpoint(slot=self.id, pos=ck.pos, n_bytes=len(ck.data), raw_lcp=self.selection_lcp(),
+                                         history=history, n_tokens=n, population=population))
+        decisions: list[Decision] = await self.ckpt_budget.ask(AdmitCheckpoints(items=items))
+        for ck, d in zip(ckpts, decisions):
+            if d.drop_own:
+                self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
+            if d.admit:
+                self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
+
+    async def save(self, file: str) -> dict[str, Any]:
+        if self.files is None:
+            raise InvalidParams("no page folder on this system")
+        self.files.check(file)
+        t0 = time.perf_counter()
+        st, ckpts = await self._capture()
+        draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
+        stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
+                                                          self.ckpt.history, self.ckpt.prompt_end,
+                                                          draft=draft.data if draft else None, draft_n=self.draft_n))
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
+        return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
+                "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
+
+    async def restore(self, file: str) -> dict[str, Any]:
+        if self.files is None:
+            raise InvalidParams("no page folder on this system")
+        t0 = time.perf_counter()
+        image = await self.files.read(file)
+        check_fingerprint(image, self.props, file)
+        # The slot's old content goes; a failed restore leaves the slot empty and usable.
+        self.kv_tokens, self.resume_raw_lcp, self.mind, self.draft_n = [], None, None, 0
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        try:
+            st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.footprint_changed()
+                await self._tell_cells()
+            raise
+        self.kv_tokens = list(image.tokens)
+        draft, draft_n = image.draft, int(image.meta.get("draft_n", 0) or 0)
+        if draft is not None and image.meta.get("draft_digest") != self.props.draft_digest:
+            draft = None  # made by another draft model (or with speculation off here)
+        await self._adopt_draft(draft, draft_n, f"file {file}")
+        self.genes = tuple((g.id, g.scale) for g in image.genes)
+        self.mind = file[: -len(".page")] if file.endswith(".page") else file
+        self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
+        await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
+        await self.footprint_changed()
+        await self._tell_cells()
+        t_ms = (time.perf_counter() - t0) * 1e3
+        log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
+                 draft="warm" if self.draft_n else "cold")
+        return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
+                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
+
+
+def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
+               genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
+               prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0) -> PageImage:
+    """A slot or a page as one page-file generation (the state bytes are not copied). A draft
+    state goes to the `.dft` sidecar, with its token count and draft model in the meta."""
+    meta = model_fingerprint(props)
+    if draft is not None and draft_n > 0:
+        meta.update(draft_n=draft_n, draft_digest=props.draft_digest, draft_model=props.draft_desc)
+    else:
+        draft = None
+    return PageImage(
+        tokens=list(tokens), state=state,
+        checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
+        genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
+        meta={**meta, **state_layout(props)}, draft=draft,
+        divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
+    )
+
+
+def model_fingerprint(props: J.ModelProps) -> dict[str, Any]:
+    """What a page file records about its model: the description and shapes, and the digest
+    of its weights (actord/engine/weights.py), without which two models of one architecture
+    and shape (two fine-tunes, two seeds) would take each other's pages and decode garbage."""
+    return {"model": props.desc, "n_vocab": props.n_vocab, "n_ctx_train": props.n_ctx_train, "n_swa": props.n_swa,
+            "weights": props.weights_digest}
+
+
+def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
+    """Refuse a file from another model (ForeignPage) before anything changes. A file with
+    no weights digest (written before actord recorded one) cannot prove its model: refused."""
+    want = model_fingerprint(props)
+    got = {k: image.meta.get(k) for k in want}
+    if got != want:
+        differs = sorted(k for k in want if got[k] != want[k])
+        raise ForeignPage(f"{file} was saved from another model ({', '.join(differs)} differ)", file=file,
+                          saved=got, model=want, differs=differs)
+    check_state_layout(image, props, file)
+
+
+def state_layout(props: J.ModelProps) -> dict[str, Any]:
+    """What a state's bytes need of the context they go into, beyond the model: the V cache's
+    layout. libllama refuses a state whose V transposition differs ("incompatible V
+    transposition"); it is transposed only where flash attention is off outright."""
+    return {"v_trans": props.device.v_trans}
+
+
+def check_state_layout(image: PageImage, props: J.ModelProps, file: str) -> None:
+    # A file from before the layout was recorded was written with flash attention "auto",
+    # the only setting there was: V not transposed.
+    saved = bool(image.meta.get("v_trans", False))
+    if saved != props.device.v_trans:
+        def fa(v: bool) -> str:
+            return "off" if v else "auto or on"
+
+        raise PageDoesNotFit(
+            f"{file} holds a state taken with flash attention {fa(saved)}, and this daemon runs with "
+            f"--flash-attn {props.device.flash_attn}: its V cache layout differs; restore it under "
+            f"--flash-attn {'off' if saved else 'auto'}",
+            file=file, saved_v_trans=saved, v_trans=props.device.v_trans)

@@ -1,0 +1,149 @@
+"""The Responses API (POST /v1/responses, GET/DELETE /v1/responses/{id}) with the official
+`openai` client against `actord serve --http` on the generated tiny chat model: a string
+or items as input, instructions, previous_response_id continuing the conversation in its
+mind (the second turn's prompt served from the mind's cache), the streaming events, function
+calls through the Hermes-style template, and every refused field a 400 naming it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.frontends.test_openai_http import KEY, _start, _stop
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                          "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_llama
+
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-resp.gguf", seed=1,
+                                 chat_template=HERMES_TOOL_TEMPLATE, control_tokens=("<tool_call>", "</tool_call>")))
+    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, "--http-responses-max", "8")
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def client(front) -> openai.OpenAI:
+    return openai.OpenAI(base_url=front + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_previous_response_id_continues_in_the_mind_from_its_cache(client):
+    r1 = client.responses.create(model="m", input="hello world", instructions="be brief", max_output_tokens=6,
+                                 temperature=0)
+    assert r1.status == "incomplete" and r1.incomplete_details.reason == "max_output_tokens"
+    assert r1.output_text and r1.usage.output_tokens == 6 and r1.id.startswith("resp_")
+    r2 = client.responses.create(model="m", input="and then", instructions="be brief", max_output_tokens=6,
+                                 temperature=0, previous_response_id=r1.id)
+    assert r2.previous_response_id == r1.id
+    # Everything of turn 1 (its prompt and reply, but the reply's last, unfed token) came
+    # from the mind's cache: only the new user turn was processed.
+    cached = r2.usage.input_tokens_details.cached_tokens
+    assert cached >= r1.usage.input_tokens + r1.usage.output_tokens - 1 > 0
+    assert r2.usage.input_tokens - cached <= len("<|im_end|>\n<|im_start|>user\nand then<|im_end|>\n<|im_start|>assistant\n") + 1
+    # The same conversation sent whole (no previous_response_id) lands in the same mind.
+    whole = client.responses.create(model="m", instructions="be brief", max_output_tokens=6, temperature=0, input=[
+        {"role": "user", "content": "hello world"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": r1.output_text}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "and then"}]}])
+    assert whole.output_text == r2.output_text and whole.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_a_stored_response_is_retrieved_and_deleted(client):
+    r = client.responses.create(model="m", input="keep me", max_output_tokens=3, temperature=0)
+    got = client.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text and got.usage.output_tokens == 3
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    gone = client.responses.create(model="m", input="not kept", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(gone.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="m", input="x", previous_response_id=gone.id, max_output_tokens=2)
+    assert e.value.param == "previous_response_id"
+
+
+def test_the_store_drops_the_oldest_response_past_its_bound(client):
+    first = client.responses.create(model="m", input="first", max_output_tokens=2)
+    for i in range(8):  # --http-responses-max 8
+        client.responses.create(model="m", input=f"filler {i}", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+
+
+def test_streamed_events_add_up_to_the_whole_response(client):
+    whole = client.responses.create(model="m", input="stream me", max_output_tokens=8, temperature=0, store=False)
+    events = list(client.responses.create(model="m", input="stream me", max_output_tokens=8, temperature=0,
+                                          stream=True, store=False))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.incomplete"
+    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text == [e for e in events if e.type == "response.output_text.done"][0].text
+    final = events[-1].response
+    assert final.output_text == text and final.usage.output_tokens == 8
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_function_call_round_trip(client, stream):
+    kw = dict(model="m", input="weather in Paris?", tools=[WEATHER], tool_choice="required",
+              parallel_tool_calls=False, max_output_tokens=120, temperature=0)
+    if stream:
+        events = list(client.responses.create(stream=True, **kw))
+        r = events[-1].response
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert len(done) == 1 and done[0].arguments == r.output[0].arguments
+    else:
+        r = client.responses.create(**kw)
+    assert r.status == "completed"
+    [call] = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+    again = client.responses.create(model="m", previous_response_id=r.id, tools=[WEATHER], max_output_tokens=4,
+                                    temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                           "output": '{"temp": 21}'}])
+    assert again.output_text and again.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
+
+
+def test_structured_output_through_text_format(client):
+    r = client.responses.create(model="m", input="a json", max_output_tokens=200, temperature=0, text={
+        "format": {"type": "json_schema", "name": "x", "schema": {
+            "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+            "additionalProperties": False}}})
+    assert isinstance(json.loads(r.output_text)["ok"], bool)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"background": True}, "background"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"max_tool_calls": 2}, "max_tool_calls"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
+    ({"previous_response_id": "resp_nope"}, "previous_response_id"),
+    ({"input": ""}, "input"),
+])
+def test_a_refused_responses_field_is_a_400_naming_it(front, body, param):
+    r = httpx.post(front + "/v1/responses", headers={"authorization": f"Bearer {KEY}"},
+                   json={"model": "m", "input": "hi", "max_output_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()

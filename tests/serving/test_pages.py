@@ -1,0 +1,174 @@
+"""Slot pages in host RAM: moves keep the cache, the ceiling refuses cleanly, nothing is half-moved."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from actord.service.config import Config
+from actord.engine import jobs as J
+from actord.service.errors import PageDoesNotFit, PageNotFound, PageRamExceeded, SlotBusy, SlotEmpty
+from actord.service.system import ActorSystem
+
+pytestmark = pytest.mark.anyio
+
+PROMPT = [1, 50, 61, 72, 83, 94, 105, 116, 127, 138, 149, 160, 171, 182]
+
+
+def cfg(model: str, **kw) -> Config:
+    return Config(model=model, slots=kw.pop("slots", 2), ctx=kw.pop("ctx", 512), batch=kw.pop("batch", 64), **kw)
+
+
+async def _turn(s, slot, prompt, n=8):
+    return await s.complete(prompt=prompt, n_predict=n, slot=slot, ignore_eos=True)
+
+
+async def test_paged_slot_resumes_in_another_slot_with_only_the_suffix(tiny_model):
+    async with ActorSystem(cfg(tiny_model, slots=3)) as s:
+        first = await _turn(s, 0, PROMPT)
+        out = await s.page_out(0, "mind-a")
+        assert out["n_bytes"] > 0 and out["n_tokens"] == len(PROMPT) + 7
+        assert (await s.slot_list())[0].n_tokens == 0
+        assert [p.page for p in await s.page_list()] == ["mind-a"]
+        await s.page_in(2, "mind-a")
+        assert await s.page_list() == []
+        nxt = PROMPT + first.tokens + [9, 8, 7]
+        paged = await _turn(s, 2, nxt)
+        assert paged.n_prompt_processed == 4  # the last output token (never fed) + 3 new
+        fresh = await _turn(s, 1, nxt)
+        assert paged.tokens == fresh.tokens
+        assert (await s.page_stats()).charged == 0
+
+
+async def test_refused_page_out_leaves_slot_intact(tiny_model):
+    async with ActorSystem(cfg(tiny_model, page_ram_bytes=1000)) as s:
+        first = await _turn(s, 0, PROMPT)
+        with pytest.raises(PageRamExceeded):
+            await s.page_out(0, "too-big")
+        info = (await s.slot_list())[0]
+        assert info.n_tokens == len(PROMPT) + 7
+        again = await _turn(s, 0, PROMPT + first.tokens)
+        assert again.n_prompt_processed == 1
+        m = s.metrics.snapshot()
+        assert (m["page_refused_total"], m["page_failed_total"]) == (1, 0)  # a refusal, not a failure
+        assert (await s.page_stats()).charged == 0
+
+
+async def test_failed_page_out_copy_cancels_its_reservation(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        await _turn(s, 0, PROMPT)
+        real_run = s.engine.run
+
+        async def failing_run(job):
+            if isinstance(job, J.StateGet):
+                return await real_run(J.Fail(reason="copy"))
+            return await real_run(job)
+
+        s.engine.run = failing_run  # the slot's view of the engine
+        for sl in s.slots:
+            sl.engine = s.engine
+        with pytest.raises(Exception):
+            await s.page_out(0, "m")
+        s.engine.run = real_run
+        assert (await s.page_stats()).charged == 0 and await s.page_list() == []
+        assert (await s.slot_list())[0].n_tokens == len(PROMPT) + 7
+
+
+async def test_a_page_out_whose_commit_fails_puts_the_taken_state_back(tiny_model):
+    """page_out's copy also removes the sequence (one engine round trip): should the store
+    then refuse the page, the state goes back into the slot from the copy, bit for bit."""
+    from actord.serving.page_store import Commit
+    from actord.service.errors import InvalidParams
+
+    async with ActorSystem(cfg(tiny_model)) as s:
+        first = await _turn(s, 0, PROMPT)
+        store = s.slots[0].pages
+        real_ask = store.ask
+
+        async def failing_ask(msg):
+            if isinstance(msg, Commit):
+                raise InvalidParams("planted")
+            return await real_ask(msg)
+
+        store.ask = failing_ask
+        try:
+            with pytest.raises(InvalidParams):
+                await s.page_out(0, "m")
+        finally:
+            del store.ask
+        assert await s.page_list() == []
+        assert (await s.page_stats()).charged == 0
+        assert (await s.slot_list())[0].n_tokens == len(PROMPT) + 7
+        nxt = PROMPT + first.tokens + [9, 8]
+        again = await _turn(s, 0, nxt)
+        assert again.n_prompt_processed == 3  # the state was put back: only the suffix
+        fresh = await _turn(s, 1, nxt)
+        assert again.tokens == fresh.tokens
+
+
+async def test_failed_page_in_leaves_the_page_in_the_store(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        await _turn(s, 0, PROMPT)
+        out = await s.page_out(0, "m")
+        real_run = s.engine.run
+
+        async def failing_run(job):
+            if isinstance(job, J.StateSet):
+                raise PageDoesNotFit("planted")
+            return await real_run(job)
+
+        for sl in s.slots:
+            # page_in submits the copy and waits for it after the checkpoints' bookkeeping
+            sl.engine = type("E", (), {"run": staticmethod(failing_run), "submit": staticmethod(lambda job: job),
+                                       "wait": staticmethod(failing_run)})()
+        with pytest.raises(PageDoesNotFit):
+            await s.page_in(1, "m")
+        for sl in s.slots:
+            sl.engine = s.engine
+        assert [p.page for p in await s.page_list()] == ["m"]
+        assert (await s.page_stats()).charged == out["n_bytes"]
+        assert (await s.slot_list())[1].n_tokens == 0
+        await s.page_in(1, "m")
+        assert (await s.slot_list())[1].n_tokens == out["n_tokens"]
+
+
+async def test_typed_errors_for_empty_slot_unknown_page_and_occupied_target(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        with pytest.raises(SlotEmpty):
+            await s.page_out(0, "m")
+        with pytest.raises(PageNotFound):
+            await s.page_in(0, "nope")
+        with pytest.raises(PageNotFound):
+            await s.page_drop("nope")
+        await _turn(s, 0, PROMPT)
+        await _turn(s, 1, PROMPT[:5])
+        await s.page_out(0, "m")
+        with pytest.raises(SlotBusy):
+            await s.page_in(1, "m")
+        assert [p.page for p in await s.page_list()] == ["m"]
+
+
+async def test_page_out_of_a_processing_slot_waits_until_it_is_idle(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        results = {}
+
+        async def gen():
+            results["gen"] = await s.complete(prompt=PROMPT, n_predict=40, slot=0, ignore_eos=True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gen)
+            while (await s.slot_list())[0].state != "processing":
+                await anyio.sleep(0)
+            results["page"] = await s.page_out(0, "m")
+        assert results["page"]["n_tokens"] == len(PROMPT) + 39
+        assert s.metrics.snapshot()["requests_deferred_total"] >= 1
+
+
+async def test_replacing_a_page_subtracts_the_old_one_only_when_the_store_owns_it_alone(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        await _turn(s, 0, PROMPT)
+        a = await s.page_out(0, "m")
+        await _turn(s, 0, PROMPT[:6])
+        b = await s.page_out(0, "m")  # replaces: old one was solely the store's
+        st = await s.page_stats()
+        assert st.charged == b["n_bytes"] and st.pages == 1 and a["n_bytes"] != b["n_bytes"]

@@ -1,0 +1,298 @@
+"""The pure scheduling core, driven by hand-built step outputs and no model.
+
+What these pin: decodes go first and prompts are tiled; checkpoint cuts; gene groups take
+turns; the overlap (step k+1 planned before step k's sample is known, fed by the engine);
+the end of a request one step late frees its slot with exactly the tokens the KV holds;
+KV cells; the context's end; cancel between steps; a failing or skipped step; and one
+request whose output cannot be handled ending alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actord.serving.steps.core import Checkpoint, Delta, Finished, Request, SchedulerCore
+from actord.serving.steps.text import TextState
+from actord.engine import jobs as J
+
+
+def req(rid: int, slot: int, prompt: int = 4, n_predict: int = 3, pos0: int = 0, genes=(), stop=(), stream=False,
+        **kw) -> Request:
+    return Request(rid=rid, slot=slot, seq=slot, tokens=list(range(100, 100 + prompt)), n_prompt=prompt,
+                   n_done=pos0, n_predict=n_predict, genes=genes, text=TextState(list(stop), stream), **kw)
+
+
+def out_for(plan, tokens: dict[int, int] | None = None, eog: set[int] = frozenset(), pieces=None, ckpt=None):
+    """A StepOut for `plan`: seq s samples tokens[s] (default 7 + seq)."""
+    tokens = tokens or {}
+    pieces = pieces or {}
+    entries = []
+    for e in plan.step.entries:
+        if e.sample:
+            t = tokens.get(e.seq, 7 + e.seq)
+            entries.append(J.EntryOut(seq=e.seq, token=t, piece=pieces.get(e.seq, b"x"), eog=e.seq in eog,
+                                      checkpoint=ckpt if e.checkpoint else None,
+                                      checkpoint_pos=e.pos0 + len(e.tokens) if e.checkpoint else 0))
+        else:
+            entries.append(J.EntryOut(seq=e.seq, checkpoint=ckpt if e.checkpoint else None,
+                                      checkpoint_pos=e.pos0 + len(e.tokens) if e.checkpoint else 0))
+    return J.StepOut(step=0, entries=entries, n_tokens=sum(len(e.tokens) + e.feed_last for e in plan.step.entries),
+                     t_decode_ms=0.0, t_sample_ms=0.0)
+
+
+def finished(events) -> list[Finished]:
+    return [e for e in events if isinstance(e, Finished)]
+
+
+def run_to_end(core: SchedulerCore, **kw) -> list:
+    events: list = []
+    while core.reqs:
+        while core.schedule() is not None:
+            pass
+        plan = core.inflight[0]
+        events += core.update(plan, out_for(plan, **kw))
+    return events
+
+
+def test_decodes_go_first_then_prompts_in_enrolment_order_within_the_batch():
+    core = SchedulerCore(n_batch=8, depth=1)
+    core.add(req(1, 0, prompt=3))
+    plan = core.schedule()
+    core.update(plan, out_for(plan))
+    core.add(req(2, 1, prompt=20))
+    plan = core.schedule()
+    kinds = [(e.seq, len(e.tokens), e.sample) for e in plan.step.entries]
+    assert kinds == [(0, 1, True), (1, 7, False)]  # one decode, then the prompt fills the batch
+
+
+def test_a_prompt_piece_ends_at_a_checkpoint_and_the_checkpoint_event_names_its_slot():
+    core = SchedulerCore(n_batch=64, depth=1)
+    core.add(req(1, 0, prompt=40, checkpoint_at=[16, 32]))
+    ends, cps = [], []
+    while core.reqs[1].n_done < 40:
+        plan = core.schedule()
+        [e] = plan.step.entries
+        ends.append(e.pos0 + len(e.tokens))
+        cps += [ev for ev in core.update(plan, out_for(plan, ckpt=bytearray(b"ck"))) if isinstance(ev, Checkpoint)]
+    assert ends == [16, 32, 40]
+    assert [(c.slot, c.pos) for c in cps] == [(0, 16), (0, 32)]
+
+
+def test_gene_groups_take_turns_and_a_step_holds_one_group():
+    core = SchedulerCore(n_batch=64, group_quantum=2, depth=1)
+    core.add(req(1, 0, prompt=2, n_predict=50, genes=((1, 1.0),)))
+    core.add(req(2, 1, prompt=2, n_predict=50, genes=((2, 1.0),)))
+    seen = []
+    for _ in range(8):
+        plan = core.schedule()
+        assert len({core.reqs[r].genes for r in plan.rids}) == 1
+        seen.append(plan.step.genes)
+        core.update(plan, out_for(plan))
+    assert seen == [((1, 1.0),)] * 2 + [((2, 1.0),)] * 2 + [((1, 1.0),)] * 2 + [((2, 1.0),)] * 2
+    assert core.group_switches == 3
+
+
+def test_step_k_plus_1_is_planned_before_step_k_samples_and_the_engine_feeds_the_sample():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=5))
+    k = core.schedule()
+    k1 = core.schedule()  # planned while k runs
+    assert k.step.entries[0].sample and not k.step.entries[0].feed_last
+    [e] = k1.step.entries
+    assert e.feed_last and e.tokens == [] and e.pos0 == 4  # the token k samples, at position 4
+    assert core.schedule() is None  # at most `depth` in flight
+    core.update(k, out_for(k, {0: 55}))
+    assert core.reqs[1].tokens[4] == 55 and core.reqs[1].out == [55]
+    k2 = core.schedule()  # k+1's sample is the newest in flight: fed by the engine again
+    assert k2.step.entries[0].feed_last and k2.step.entries[0].pos0 == 5
+
+
+def test_a_request_ended_by_its_sample_is_answered_when_its_speculative_step_drains():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k = core.schedule()
+    k1 = core.schedule()
+    assert finished(core.update(k, out_for(k, {0: 9}, eog={0}))) == []  # k+1 still feeds it
+    assert core.schedule() is None  # nothing more for an ended request
+    [f] = finished(core.update(k1, out_for(k1)))
+    assert f.req.reason == "eos" and f.req.out == []
+    assert f.kv_tokens == [100, 101, 102, 103, 9]  # the end-of-generation token was fed by k+1
+    assert core.held(0) == 5 and 1 not in core.reqs
+
+
+def test_at_depth_3_an_ended_request_keeps_the_sample_a_step_in_flight_fed():
+    core = SchedulerCore(n_batch=64, depth=3)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k, k1, k2 = core.schedule(), core.schedule(), core.schedule()
+    assert k1.step.entries[0].feed_last and k2.step.entries[0].feed_last  # each feeds the one before's sample
+    assert finished(core.update(k, out_for(k, {0: 9}, eog={0}))) == []
+    assert finished(core.update(k1, out_for(k1, {0: 11}))) == []  # sampled after the end: k+2 feeds it
+    [f] = finished(core.update(k2, out_for(k2, {0: 12})))
+    assert f.req.reason == "eos" and f.req.out == []
+    assert f.kv_tokens == [100, 101, 102, 103, 9, 11]  # what the KV holds: the eog token and the fed sample
+    assert core.held(0) == len(f.kv_tokens)
+
+
+def test_at_depth_3_a_feed_the_engine_skipped_after_an_eog_leaves_the_kv_at_the_eog():
+    core = SchedulerCore(n_batch=64, depth=3)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k, k1, k2 = core.schedule(), core.schedule(), core.schedule()
+    core.update(k, out_for(k, {0: 9}, eog={0}))
+    core.update(k1, out_for(k1, {0: 11}))  # k+1 fed the eog token; what it sampled is never fed
+    skipped = J.StepOut(step=0, entries=[J.EntryOut(seq=0, skipped=True)], n_tokens=0, t_decode_ms=0.0,
+                        t_sample_ms=0.0)
+    [f] = finished(core.update(k2, skipped))
+    assert f.kv_tokens == [100, 101, 102, 103, 9] and core.held(0) == 5  # as at depth 2
+
+
+def test_a_skipped_entry_of_a_request_that_had_not_ended_ends_it_alone_with_a_typed_error():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    core.add(req(2, 1, prompt=4, n_predict=3))
+    k = core.schedule()
+    core.update(k, out_for(k))
+    k1 = core.schedule()
+    entries = [J.EntryOut(seq=0, skipped=True), J.EntryOut(seq=1, token=8, piece=b"x")]
+    events = core.update(k1, J.StepOut(step=0, entries=entries, n_tokens=1, t_decode_ms=0.0, t_sample_ms=0.0))
+    [f] = finished(events)
+    assert f.req.rid == 1 and f.req.reason == "error" and "skipped" in str(f.req.error)
+    assert f.kv_tokens == [100, 101, 102, 103]  # the skipped feed is not in the KV
+    assert core.reqs[2].out == [8, 8] and core.reqs[2].reason is None  # the other goes on
+
+
+def test_the_last_sample_by_n_predict_is_never_fed():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=1))
+    k = core.schedule()
+    assert core.schedule() is None  # its only sample is its last: no speculative feed
+    [f] = finished(core.update(k, out_for(k, {0: 42})))
+    assert f.req.reason == "length" and f.req.out == [42] and f.kv_tokens == [100, 101, 102, 103]
+
+
+def test_n_predict_zero_decodes_the_prompt_and_samples_nothing():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=0))
+    k = core.schedule()
+    assert not k.step.entries[0].sample
+    [f] = finished(core.update(k, out_for(k)))
+    assert f.req.reason == "length" and f.req.out == [] and len(f.kv_tokens) == 4
+
+
+def test_a_stop_string_cuts_the_text_and_streams_only_what_precedes_it():
+    core = SchedulerCore(n_batch=64, depth=1)
+    r = req(1, 0, prompt=2, n_predict=20, stop=["END"], stream=True)
+    core.add(r)
+    pieces = [b"he", b"llo E", b"N", b"D more"]
+    events = []
+    for p in pieces:
+        plan = core.schedule()
+        if plan is None:
+            break
+        events += core.update(plan, out_for(plan, pieces={0: p}))
+    [f] = finished(events)
+    streamed = "".join(e.text for e in events if isinstance(e, Delta))
+    assert f.req.reason == "stop" and f.req.text.text == "hello "
+    assert streamed + f.req.tail == "hello "
+
+
+def test_cells_count_in_flight_tokens_and_a_plan_fits_the_free_cells():
+    core = SchedulerCore(n_batch=64, n_ctx=40, depth=2)
+    core.set_cells(1, 10)  # an idle slot's cache
+    core.add(req(1, 0, prompt=50, n_predict=1))
+    plan = core.schedule()
+    assert sum(plan.fed) == 30 and core.free_cells == 0
+    assert core.schedule() is None
+    core.update(plan, out_for(plan))
+    assert core.held(0) == 30 and core.held(1) == 10
+
+
+def test_generation_at_the_end_of_the_context_stops_with_context():
+    core = SchedulerCore(n_batch=64, n_ctx=8, depth=2)
+    core.add(req(1, 0, prompt=5, n_predict=50))
+    events = run_to_end(core)
+    [f] = finished(events)
+    assert f.req.reason == "context" and len(f.kv_tokens) <= 7
+
+
+def test_abort_between_steps_is_idempotent_and_waits_for_the_step_in_flight():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k = core.schedule()
+    assert core.abort(1) == [] and core.abort(1) == []  # its step is in flight: answered when it drains
+    assert core.schedule() is None
+    [f] = finished(core.update(k, out_for(k)))
+    assert f.req.reason == "cancelled" and f.req.out == []
+    assert core.abort(1) == [] and core.abort(99) == []
+
+
+def test_a_failed_step_ends_its_requests_and_a_skipped_one_is_replanned():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0, prompt=4, n_predict=10))
+    k = core.schedule()
+    core.add(req(2, 1, prompt=3, n_predict=2))
+    k1 = core.schedule()  # holds request 1's speculative decode and request 2's prompt
+
+    class Boom(Exception):
+        data = {"epoch": 1}
+
+    assert finished(core.fail(k, Boom())) == []  # request 1 still has k+1 in flight
+    assert core.schedule() is None  # k+1 belongs to the ended epoch: wait for it
+    events = core.skipped(k1, 1)
+    [f] = finished(events)
+    assert f.req.rid == 1 and f.req.reason == "error" and f.kv_tokens == []
+    assert core.reqs[2].n_sched == 0 and core.reqs[2].n_done == 0
+    again = core.schedule()
+    assert again.rids == [2] and again.step.epoch == 1 and again.step.entries[0].pos0 == 0
+
+
+def test_one_request_whose_output_cannot_be_handled_ends_alone():
+    core = SchedulerCore(n_batch=64, depth=1)
+    core.add(req(1, 0, prompt=2, n_predict=5))
+    core.add(req(2, 1, prompt=2, n_predict=5))
+    plan = core.schedule()
+    core.reqs[1].text = None  # a broken text state: handling its sample raises
+    events = core.update(plan, out_for(plan))
+    [f] = finished(events)
+    assert f.req.rid == 1 and f.req.reason == "error"
+    assert core.reqs[2].out == [8] and not core.reqs[2].ended
+
+
+def test_results_must_come_back_in_submission_order():
+    core = SchedulerCore(n_batch=64, depth=2)
+    core.add(req(1, 0))
+    k = core.schedule()
+    k1 = core.schedule()
+    with pytest.raises(ValueError):
+        core.update(k1, out_for(k1))
+    core.update(k, out_for(k))
+
+
+def test_the_youngest_runnable_request_is_the_one_to_give_way():
+    core = SchedulerCore(n_batch=64)
+    core.add(req(1, 0))
+    core.add(req(2, 1))
+    assert core.youngest().rid == 2
+    core.abort(2)
+    assert core.youngest().rid == 1
+
+
+def test_cells_held_for_a_page_move_are_their_own_record_released_by_whoever_made_them():
+    """A reservation (MakeRoom) is not the slot's count: a slot telling its cells meanwhile
+    does not erase it, and releasing it leaves exactly what the slot told (issue 19.8: a
+    refused page.in left a false count that evicted other clients' caches)."""
+    from actord.serving.steps.core import SchedulerCore
+
+    core = SchedulerCore(n_batch=32, n_ctx=100)
+    core.set_cells(0, 10)
+    t = core.reserve(0, 60)
+    assert core.held(0) == 60 and core.free_cells == 40
+    core.set_cells(0, 0)  # the page-in was refused: the slot tells what it holds
+    assert core.held(0) == 60  # still held until the mover is done
+    core.release(t)
+    assert core.held(0) == 0 and core.free_cells == 100
+    t1, t2 = core.reserve(1, 30), core.reserve(1, 50)  # two movers racing for one slot
+    core.set_cells(1, 30)  # the first landed
+    core.release(t1)
+    assert core.held(1) == 50
+    core.release(t2)
+    assert core.held(1) == 30 and core.free_cells == 70
