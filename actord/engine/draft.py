@@ -1,7 +1,7 @@
 """The draft context of speculative decoding: a second model and llama context on the
 engine thread, one sequence per slot (sequence i drafts for slot i).
 
-Mechanism only, like engine/engine.py: the scheduling core (serving/steps/core.py, serving/steps/spec.py)
+Mechanism only, like engine/engine.py: the scheduling core (serving/steps/core.py, policy/speculation.py)
 decides what each entry catches up on and how many tokens it drafts; this module decodes
 the catch-up, proposes the draft tokens greedily (batched across every drafting sequence:
 one llama_decode per draft position, llama-server's draft-simple), and cuts its sequences

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from actord.service.config import Config, engine_threads
-from actord.serving.steps import spec as S
+from actord.policy import speculation as S
 from actord.engine import backend_sampling, devices
 from actord.engine import jobs as J
 from actord.engine.draft import Drafter, open_drafter
@@ -754,7 +754,7 @@ class Engine(Sampling, Embedding):
     def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int, saved: Any = None) -> J.EntryOut:
         """A drafted entry after the decode: the request's own sampling (its chain, its
         grammar, its logprobs: as the plain path in `_step`) runs at each position in order
-        while it picks the draft (serving/steps/spec.py `accept`); the rejected positions leave the
+        while it picks the draft (policy/speculation.py `accept`); the rejected positions leave the
         target's and the draft's memory in this same job.
 
         How the target takes them back (`self.rollback`): attention memory cuts them

@@ -126,7 +126,7 @@ class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     # empty): the scheduler plans step k+1 before step k's sample reaches Python, so the
     # engine never waits for Python between two steps.
     feed_last: bool = False
-    # Speculative decoding (engine/draft.py, serving/steps/spec.py). `draft_tokens` go into the draft
+    # Speculative decoding (engine/draft.py, policy/speculation.py). `draft_tokens` go into the draft
     # context's sequence at `draft_pos0` before the step (the draft catching up with what
     # the target holds); then, with `draft` = k > 0, the draft model proposes k tokens after
     # the entry's last token, which the target decodes in this same batch and verifies
