@@ -327,7 +327,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     # Speculative decoding as started: "" (none), "draft" (a separate draft model) or "mtp"
     # (the model's own MTP head, engine/mtp.py), with at most spec_n_max draft tokens per
     # step and the drafter's description. spec_rollback: how a verify takes rejected drafts
-    # back from the target (engine/engine.py `_verify`): "cut" (attention memory), "rs"
+    # back from the target (engine/step.py `_verify`): "cut" (attention memory), "rs"
     # (recurrent rollback snapshots, n_rs_seq >= spec_n_max) or "replay" (the recurrent
     # state copied before the verify, restored, the accepted tokens decoded again).
     spec: str = ""

@@ -59,7 +59,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # spec_draft_model is named, else off; "mtp" = the model's own MTP head (engine/mtp.py;
     # a model without an MTP layer is refused at start). A draft token is kept only while
     # the request's own sampler, run at each position, picks it: output is the same as
-    # without speculation, on every memory kind (engine/engine.py `_verify`). spec_p_min > 0 stops a
+    # without speculation, on every memory kind (engine/step.py `_verify`). spec_p_min > 0 stops a
     # draft at its first token whose draft probability is below it (llama-server's p_min).
     spec: str = ""
     spec_draft_model: str | None = None
