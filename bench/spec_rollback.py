@@ -2,7 +2,7 @@
 
 A verify decodes the entry's token t and k drafts in one batch; when the target rejects
 them all, its memory must go back to the state after t. actord does it two ways
-(engine/engine.py `_verify`, props.spec_rollback):
+(engine/step.py `_verify`, props.spec_rollback):
 - "rs": libllama's n_rs_seq rollback snapshots (qwen35 has them): a seq_rm inside the batch
   just decoded. Its price is memory, (1 + n_rs_seq) recurrent states per sequence, and the
   snapshot writes in every decode.

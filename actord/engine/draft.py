@@ -1,11 +1,11 @@
 """The draft context of speculative decoding: a second model and llama context on the
 engine thread, one sequence per slot (sequence i drafts for slot i).
 
-Mechanism only, like engine/engine.py: the scheduling core (serving/steps/core.py, serving/steps/spec.py)
+Mechanism only, like engine/engine.py: the scheduling core (serving/steps/core.py, policy/speculation.py)
 decides what each entry catches up on and how many tokens it drafts; this module decodes
 the catch-up, proposes the draft tokens greedily (batched across every drafting sequence:
 one llama_decode per draft position, llama-server's draft-simple), and cuts its sequences
-back. The target verifies in the step's own llama_decode (engine/engine.py `_step`).
+back. The target verifies in the step's own llama_decode (engine/step.py `_step`).
 
 What makes it safe to share one engine step:
 - The draft's sequence for a slot always holds a prefix of the slot's tokens. The plan says
@@ -21,7 +21,7 @@ What makes it safe to share one engine step:
   batch to roll back inside) copies its sequence's recurrent state after the entry's token
   and, when drafts are rejected, restores it and decodes the accepted ones again (`keep`,
   `settle`); a cut it cannot make erases the sequence, which then catches up cold. The
-  target's rollback is engine/engine.py `_verify`'s (seq_rm, n_rs_seq snapshots, or replay).
+  target's rollback is engine/step.py `_verify`'s (seq_rm, n_rs_seq snapshots, or replay).
   The draft context always keeps a full SWA cache; a target with a sliding-window cache
   that is not full is refused at start (`SpecUnsupported`). A draft model whose vocabulary
   differs (type, BOS/EOS, size, any token's text) is refused with `DraftVocabMismatch`.
@@ -330,7 +330,7 @@ def open_drafter(config: Any, model: Any, vocab: Any, *, swa_full: bool, threads
     if mode == "mtp":  # engine/mtp.py
         raise InvalidParams("open_drafter opens a draft model; --spec mtp is engine/mtp.py's open_mtp")
     # A recurrent or hybrid target rolls rejected drafts back in the verify itself
-    # (engine/engine.py `_verify`); a sliding window that is not full cannot be cut at all.
+    # (engine/step.py `_verify`); a sliding window that is not full cannot be cut at all.
     if int(lib.llama_model_n_swa(model)) > 0 and not swa_full:
         why = "a sliding-window cache that is not full (--swa-full on would allow it)"
         raise SpecUnsupported(

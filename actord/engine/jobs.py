@@ -126,7 +126,7 @@ class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     # empty): the scheduler plans step k+1 before step k's sample reaches Python, so the
     # engine never waits for Python between two steps.
     feed_last: bool = False
-    # Speculative decoding (engine/draft.py, serving/steps/spec.py). `draft_tokens` go into the draft
+    # Speculative decoding (engine/draft.py, policy/speculation.py). `draft_tokens` go into the draft
     # context's sequence at `draft_pos0` before the step (the draft catching up with what
     # the target holds); then, with `draft` = k > 0, the draft model proposes k tokens after
     # the entry's last token, which the target decodes in this same batch and verifies
@@ -327,7 +327,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     # Speculative decoding as started: "" (none), "draft" (a separate draft model) or "mtp"
     # (the model's own MTP head, engine/mtp.py), with at most spec_n_max draft tokens per
     # step and the drafter's description. spec_rollback: how a verify takes rejected drafts
-    # back from the target (engine/engine.py `_verify`): "cut" (attention memory), "rs"
+    # back from the target (engine/step.py `_verify`): "cut" (attention memory), "rs"
     # (recurrent rollback snapshots, n_rs_seq >= spec_n_max) or "replay" (the recurrent
     # state copied before the verify, restored, the accepted tokens decoded again).
     spec: str = ""

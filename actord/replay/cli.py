@@ -78,7 +78,7 @@ def main(cmd: str, argv: list[str]) -> int:
         from actord.testing.draft_models import has_mtp_layers, has_recurrent_layers, write_pruned_draft
         from actord.testing.models import write_tiny_llama
 
-        # Recurrent and hybrid memory roll rejected drafts back in the verify (engine/engine.py
+        # Recurrent and hybrid memory roll rejected drafts back in the verify (engine/step.py
         # `_verify`); a pruned copy of one is no model (its first block is recurrent alone),
         # so an MTP layer drafts where there is one, else a tiny llama of the same vocabulary.
         spec_dir = tempfile.TemporaryDirectory(prefix="actord-simdraft-")

@@ -53,13 +53,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # The engine thread's CPUs (actord/policy/cpus.py): "auto" keeps it, and libllama's
     # compute threads, off the first CPU so the loop always has one; "off"; or a list "1-3".
     engine_cpus: str = "auto"
-    # Speculative decoding (engine/draft.py, serving/steps/spec.py): a draft model with the target's
+    # Speculative decoding (engine/draft.py, policy/speculation.py): a draft model with the target's
     # vocabulary proposes up to spec_n_max tokens per step for each generating request, which
     # the target verifies in the same batched step. spec: "" = "draft" when
     # spec_draft_model is named, else off; "mtp" = the model's own MTP head (engine/mtp.py;
     # a model without an MTP layer is refused at start). A draft token is kept only while
     # the request's own sampler, run at each position, picks it: output is the same as
-    # without speculation, on every memory kind (engine/engine.py `_verify`). spec_p_min > 0 stops a
+    # without speculation, on every memory kind (engine/step.py `_verify`). spec_p_min > 0 stops a
     # draft at its first token whose draft probability is below it (llama-server's p_min).
     spec: str = ""
     spec_draft_model: str | None = None

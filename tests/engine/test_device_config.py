@@ -119,7 +119,7 @@ def dev(name: str, typ: str, free: int, total: int) -> J.DeviceInfo:
 
 
 def test_the_main_device_is_the_asked_gpu_or_every_gpu_split() -> None:
-    from actord.engine.engine import _main_device
+    from actord.engine.context import _main_device
 
     cpu = dev("CPU", "cpu", 10 * GIB, 10 * GIB)
     gpus = [cpu, dev("CUDA0", "gpu", 100 * GIB, 141 * GIB), dev("CUDA1", "gpu", 50 * GIB, 141 * GIB)]
@@ -132,7 +132,7 @@ def test_the_main_device_is_the_asked_gpu_or_every_gpu_split() -> None:
 
 
 def test_how_auto_flash_attention_resolved_is_read_from_libllama_log() -> None:
-    from actord.engine.engine import _flash_attn_resolved
+    from actord.engine.context import _flash_attn_resolved
 
     assert _flash_attn_resolved("auto", ["llama_context: ...\n", "resolve_fused_ops: Flash Attention enabled\n"]) == "on"
     assert _flash_attn_resolved("auto", ["resolve_fused_ops: Flash Attention not supported, set to disabled\n"]) == "off"

@@ -56,7 +56,7 @@ async def test_a_page_in_jumps_the_steps_already_queued() -> None:
 
 async def test_jobs_finished_while_the_loop_is_busy_all_reach_their_waiters() -> None:
     """One ring of the doorbell serves every job finished before the loop drains; a job
-    finished after a drain rings again (engine/thread.py `_Doorbell`)."""
+    finished after a drain rings again (engine/doorbell.py `Doorbell`)."""
     t = EngineThread(lambda: None, lambda e, job: job.text, lambda e: None)
     await t.start()
     try:

@@ -29,7 +29,7 @@ told (`set_cells`), or more while a page-in or restore has cells reserved for th
 is its own record, released by whoever made it once the move is over, however it ended: a
 slot's count never carries it, so none is left behind by a move that failed.
 
-Speculative decoding (serving/steps/spec.py): a request with `spec` = k_max > 0 drafts. Its entry
+Speculative decoding (policy/speculation.py): a request with `spec` = k_max > 0 drafts. Its entry
 carries what the draft context must catch up on and how many tokens to draft; `update`
 advances `n_done` by the tokens the target accepted plus its own (the engine has cut the
 rest in the same step job), and records how far the draft context reaches. Such a request
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actord.service.types import TokenLogprob, TopLogprob
-from actord.serving.steps import spec as S
+from actord.policy import speculation as S
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 from actord.service.errors import InternalError, InvalidParams
@@ -86,7 +86,7 @@ class Request:
     n_accepted: int = 0
     n_spec_steps: int = 0
     spec_misses: int = 0  # verifies in a row that accepted nothing
-    spec_pause: int = 0  # steps left without drafting (serving/steps/spec.py `pause_after`)
+    spec_pause: int = 0  # steps left without drafting (policy/speculation.py `pause_after`)
 
     @property
     def ended(self) -> bool:

@@ -25,7 +25,7 @@ The shape (llama-server's draft-simple, fitted to actord's step):
   the engine takes the rest back in both contexts in the same job: seq_rm on attention
   memory, and on recurrent or hybrid memory a rollback inside the verify batch (n_rs_seq
   snapshots) or a restore of the state copied before it and a replay of the accepted
-  tokens (engine/engine.py `_verify`, engine/draft.py `keep`). The MTP head (engine/mtp.py)
+  tokens (engine/step.py `_verify`, engine/draft.py `keep`). The MTP head (engine/mtp.py)
   follows the target's decode one position behind and re-decodes the accepted drafts.
 
 A speculating request steps at depth 1: its next entry needs the tokens this one accepts.

@@ -1,0 +1,290 @@
+"""The step: one llama_decode over every slot's entry, then each sampling entry's token.
+
+A mixin of Engine (engine/engine.py), on the engine thread only, and the hot path: what it
+costs per step is what actord adds to each decode (bench/hot_path.py). So the batch's
+arrays are bound once and only what changed is written (`_batch_seq`, `_batch_one`), a
+token's piece and eog flag are cached per token, greedy chains take one argmax over all
+rows (sampling.py `_greedy_rows`), and the rare paths (grammar, logprobs, a watch, drafts)
+are tested once per entry. It decides nothing: which tokens go in is the step's plan
+(serving/steps/core.py); what every engine promises about a step is engine/step_contract.py.
+
+Speculation (engine/draft.py, engine/mtp.py) adds the draft's proposals to the batch and
+`_verify` accepts them by the request's own chain (policy/speculation.py `accept`).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import msgspec
+
+from actord.engine import jobs as J
+from actord.engine.llama import lib
+from actord.engine.step_contract import check_step, run_in_epoch
+from actord.policy import speculation as S
+from actord.service.errors import EngineError, KvCacheFull
+
+_NO_REPLAY: list = []  # never appended to: a step without rollback "replay" shares it
+
+
+class Stepping:
+    """A mixin of Engine: `step` (see the module docstring)."""
+
+    ctx: Any
+    mem: Any
+    vocab: Any
+    batch: Any
+    drafter: Any
+    samplers: dict[int, Any]
+    last_sampled: dict[int, int]
+    records: collections.deque[J.StepRecord]
+
+    def step(self, job: J.Step) -> J.StepOut:
+        return run_in_epoch(self, job, self._step)
+
+    def _step(self, job: J.Step) -> J.StepOut:
+        last = self.last_sampled
+        fed_end, ends, end_tokens, text = self.fed_end, self.ends_on_eog, self.end_tokens, self._token_text
+        check_step(job, self.n_batch, self.n_seq_max, self.samplers, last, fed_end)
+        self.genes.apply(job.genes)
+        lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
+        # Speculation (engine/draft.py): the draft context catches up and proposes first.
+        drafts: dict[int, list[int]] = {}
+        extent: dict[int, int] = {}
+        d = self.drafter
+        if d is not None and (d.every_step or any(e.draft_tokens or e.draft for e in job.entries)):
+            if self.before_decode is not None:  # the draft's decodes are this step's first
+                self.before_decode()
+            drafts, extent = d.draft(job.entries)
+        # Rollback "replay": the recurrent state of each drafting sequence before the verify.
+        saved = {i: self.state_get(job.entries[i].seq, True).data for i in drafts} if (
+            drafts and self.rollback == "replay") else {}
+        token, position, n_seq_id, seq_id, logits = self._batch_views
+        # What the batch already holds is not written again: every n_seq_id below the mark is
+        # 1, and seq_id[k][0] is `held[k]` (libllama reads the batch, never writes it; a
+        # steady decode puts each sequence at the same index step after step).
+        held = self._batch_seq
+        k = 0
+        last_index: list[int] = []
+        follow = d is not None and d.every_step  # the MTP head reads this decode's hidden rows
+        spans: list[tuple[int, int]] = []  # each entry's first batch row and row count (MTP)
+        skipped: set[int] | None = None  # entries not decoded (their request ended at a token fed)
+        for i, e in enumerate(job.entries):
+            pos = e.pos0
+            seq = e.seq
+            start = k
+            if e.feed_last:  # one token, the one this sequence sampled last step
+                if seq in fed_end:
+                    if skipped is None:
+                        skipped = set()
+                    skipped.add(i)
+                    last_index.append(-1)
+                    continue
+                tok = token[k] = last[seq]
+                if d is None:  # (a drafter's context follows every fed token: nothing skipped)
+                    if seq in ends:
+                        known = text.get(tok)
+                        if known is not None and known[1]:  # ends its request: later feeds are skipped
+                            fed_end.add(seq)
+                    if end_tokens and tok in end_tokens.get(seq, ()):
+                        fed_end.add(seq)
+                position[k] = pos
+                if held[k] != seq:
+                    seq_id[k][0] = held[k] = seq
+                logits[k] = e.sample
+                last_index.append(k)
+                k += 1
+                pos += 1
+            else:
+                if fed_end and seq in fed_end:  # new tokens for the sequence: a new request's
+                    fed_end.discard(seq)
+                for t in e.tokens:
+                    token[k] = t
+                    position[k] = pos
+                    if held[k] != seq:
+                        seq_id[k][0] = held[k] = seq
+                    logits[k] = 0
+                    pos += 1
+                    k += 1
+                if e.sample:
+                    logits[k - 1] = 1
+                last_index.append(k - 1)
+            if drafts and i in drafts:  # verified in this same decode: logits on each
+                for t in drafts[i]:
+                    token[k], position[k], logits[k] = t, pos, 1
+                    if held[k] != seq:
+                        seq_id[k][0] = held[k] = seq
+                    pos += 1
+                    k += 1
+            if follow:
+                spans.append((start, k - start))
+        if k > self._batch_one:
+            for j in range(self._batch_one, k):
+                n_seq_id[j] = 1
+            self._batch_one = k
+        self.batch.n_tokens = k
+        if self.before_decode is not None:
+            self.before_decode()
+        t0 = time.perf_counter()
+        rc = self._decode(self.ctx, self.batch) if k else 0  # (every entry skipped: nothing to decode)
+        t1 = time.perf_counter()
+        if rc != 0 and extent:
+            self.drafter.undo(job.entries, extent)  # type: ignore[union-attr]
+        if rc == 1:  # no cells for this batch; libllama left the memory as it was
+            raise KvCacheFull("llama_decode found no free KV cells for the step", rc=rc, n_tokens=k)
+        if rc != 0:
+            raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
+        if follow:
+            d.decoded(job.entries, spans, token)  # type: ignore[union-attr]
+        self._replay: list[tuple[int, Any, list[int], int]] = [] if saved else _NO_REPLAY
+        out: list[J.EntryOut] = []
+        last.clear()
+        sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
+        grammars, logprobs, watches, greedy = self.grammars, self.logprobs, self.watches, self.greedy
+        EntryOut = J.EntryOut
+        # Without drafts the logit rows are the sampling entries' in order: greedy-only chains
+        # take their tokens from one argmax over those rows.
+        argmax: list[int] | None = None
+        row = 0
+        if greedy and not drafts:
+            n_out, use = 0, False
+            for i, e in enumerate(job.entries):
+                if e.sample and not (skipped and i in skipped):
+                    if not (e.feed_last or e.tokens):  # (its logits flag lands on another's token)
+                        use = False
+                        break
+                    n_out += 1
+                    use = use or e.seq in greedy
+            if use:
+                argmax = self._greedy_rows(n_out)
+        for i, (e, idx) in enumerate(zip(job.entries, last_index)):
+            if idx < 0:
+                out.append(EntryOut(seq=e.seq, skipped=True))
+                continue
+            if drafts and i in drafts:
+                out.append(self._verify(e, idx, drafts[i], extent[i], saved.get(i)))
+                continue
+            if e.checkpoint:
+                ckpt, ckpt_pos = self.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
+            else:
+                ckpt, ckpt_pos = None, 0
+            if e.sample:
+                seq = e.seq
+                grammar, n_top = seq in grammars, logprobs.get(seq)
+                refused = ""
+                if grammar:
+                    tok, refused = self._sample_constrained(seq, idx, self._row(idx))
+                elif argmax is not None and seq in greedy:
+                    tok = argmax[row]
+                else:
+                    tok = sample(samplers[seq], ctx, idx)
+                row += 1
+                last[seq] = tok
+                known = text.get(tok)
+                if known is None:
+                    known = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+                piece = known[0]
+                if watches and seq in watches:  # a lazy grammar or preserved tokens (tool calls)
+                    piece = self._watch(seq, watches[seq], tok, piece)
+                if n_top is None and not refused:  # the common case: no extras to build
+                    out.append(EntryOut(seq, tok, piece, known[1], ckpt, ckpt_pos))
+                else:
+                    lp, top = self._logprobs(idx, tok, n_top) if n_top is not None else (None, [])
+                    out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
+                                        checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
+            else:
+                out.append(EntryOut(seq=e.seq, checkpoint=ckpt, checkpoint_pos=ckpt_pos))
+        if self._replay:
+            self._replay_accepted()
+        if d is not None:
+            d.settle()
+        for i, n in extent.items():  # entries that touched the draft but did not draft
+            if i not in drafts:
+                out[i] = msgspec.structs.replace(out[i], draft_n=n)
+        t2 = time.perf_counter()
+        self.step_no += 1
+        self.records.append(J.StepRecord(
+            step=self.step_no, seqs=[e.seq for e in job.entries], n_tokens=k, genes=job.genes,
+            drafts=[drafts.get(i, []) for i in range(len(job.entries))] if drafts else [],
+            draft_in=sum(len(e.draft_tokens) for e in job.entries) if extent else 0,
+        ))
+        return J.StepOut(
+            step=self.step_no, entries=out, n_tokens=k,
+            t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3, epoch=self.epoch,
+        )
+
+    def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int, saved: Any = None) -> J.EntryOut:
+        """A drafted entry after the decode: the request's own sampling (its chain, its
+        grammar, its logprobs: as the plain path in `_step`) runs at each position in order
+        while it picks the draft (policy/speculation.py `accept`); the rejected positions leave the
+        target's and the draft's memory in this same job.
+
+        How the target takes them back (`self.rollback`): attention memory cuts them
+        (seq_rm). Recurrent or hybrid memory with n_rs_seq >= k (qwen35) cuts them too: the
+        state rolled back to is the one after the entry's own token or an accepted draft,
+        all of them in the batch just decoded, whose last k + 1 tokens libllama keeps in one
+        ubatch with a snapshot after each (llama_memory_recurrent::seq_rm, split_equal's
+        n_keep_tail): the one place that rollback is right (tests/serving/test_recurrent_rollback.py).
+        Recurrent memory without snapshots (mamba2: llm_arch_supports_rs_rollback is false)
+        restores the recurrent state copied before the verify and decodes the entry's tokens
+        and the accepted drafts again, after every entry of the step has sampled
+        (`_replay_accepted`)."""
+        seq, text = e.seq, self._token_text
+        chain, constrained, n_top = self.samplers[seq], seq in self.grammars, self.logprobs.get(seq)
+        refused: dict[int, str] = {}
+
+        def known(tok: int) -> tuple[bytes, bool]:
+            k = text.get(tok)
+            if k is None:
+                k = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+            return k
+
+        def sample(j: int) -> int:
+            if not constrained:
+                return int(self._sample(chain, self.ctx, idx + j))
+            tok, why = self._sample_constrained(seq, idx + j, self._row(idx + j))
+            if why:
+                refused[j] = why
+            return tok
+
+        toks = S.accept(draft, sample, lambda t: known(t)[1] or bool(refused))
+        keep = e.pos0 + len(e.tokens) + len(toks) - 1  # the entry's tokens and the accepted drafts
+        if len(toks) - 1 < len(draft):
+            if saved is not None:
+                self._replay.append((seq, saved, list(e.tokens) + draft[:len(toks) - 1], e.pos0))
+            elif not lib.llama_memory_seq_rm(self.mem, seq, keep, -1):
+                raise EngineError("the target refused to cut back a rejected draft", seq=seq, pos=keep)
+        n = self.drafter.keep(seq, keep, extent)  # type: ignore[union-attr]
+        self.last_sampled[seq] = toks[-1]
+        rows = []
+        for j, t in enumerate(toks):
+            piece, eog = known(t)
+            lp, top = self._logprobs(idx + j, t, n_top) if n_top is not None else (None, [])
+            rows.append(J.Sampled(token=t, piece=piece, eog=eog, logprob=lp, top=top, refused=refused.get(j, "")))
+        f = rows[0]
+        return J.EntryOut(seq=seq, token=f.token, piece=f.piece, eog=f.eog, logprob=f.logprob, top=f.top,
+                          refused=f.refused, draft_n=n, drafted=len(draft), more=rows[1:])
+
+    def _replay_accepted(self) -> None:
+        """Rollback "replay": each sequence that rejected drafts gets back the recurrent
+        state it had before the verify, is cut there (its attention part, on hybrid memory),
+        and decodes the entry's tokens and its accepted drafts again, all in one decode
+        without outputs. Runs after every entry sampled: the decode replaces the logits."""
+        token, position, n_seq_id, seq_id, logits = self._batch_views
+        k = 0
+        for seq, state, toks, pos0 in self._replay:
+            self.state_set(seq, state, True)
+            if not lib.llama_memory_seq_rm(self.mem, seq, pos0, -1):
+                raise EngineError("the target refused to cut back to its state before a verify", seq=seq, pos=pos0)
+            for j, t in enumerate(toks):
+                token[k], position[k], n_seq_id[k], logits[k] = t, pos0 + j, 1, 0
+                seq_id[k][0] = self._batch_seq[k] = seq  # `_step` trusts what it last wrote
+                k += 1
+        self._replay = []
+        self.replays += 1
+        self.batch.n_tokens = k
+        rc = self._decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineError("decoding the accepted drafts again failed", rc=rc, n_tokens=k)

@@ -1,0 +1,48 @@
+"""Tokens and text: tokenize, a token's piece, a token's vocab text.
+
+A mixin of Engine (engine/engine.py), on the engine thread only. `piece` is on the step's
+hot path (each new token's bytes, cached per token in `_token_text` by the step): it
+writes into one reused buffer and allocates only for a piece over 256 bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from actord.engine.llama import lib
+from actord.service.errors import EngineError
+
+
+class Vocab:
+    """A mixin of Engine: text in and out (see the module docstring)."""
+
+    vocab: Any
+    _piece_buf: Any
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        raw = text.encode()
+        cap = len(raw) + 8
+        buf = (lib.llama_token * cap)()
+        n = lib.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lib.llama_token * cap)()
+            n = lib.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        n = lib.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        raw = lib.llama_vocab_get_text(self.vocab, token)
+        return raw.decode(errors="replace") if raw else ""
