@@ -1,7 +1,7 @@
 """`actord`: the daemon (`serve`) and a client for every verb (`call`, `complete`, ...).
 
-`serve`'s flags are generated from `Config`'s fields, so configuration has one typed home
-and a new setting is a flag the moment it exists.
+`serve`'s flags are generated from `Config`'s fields (config_flags.py), so configuration
+has one typed home and a new setting is a flag the moment it exists.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ import os
 import sys
 from typing import Any
 
-import msgspec
-
-from actord.service.config import BACKEND_SAMPLING_MODES, FLASH_ATTN_MODES, Config
-from actord.policy.swa import MODES as SWA_FULL_MODES
+from actord.frontends.config_flags import add_serve_flags, config_from_args, unknown_flag_message
 
 _VERBS = {
     # verb: (method, positional param names)
@@ -36,66 +33,6 @@ _VERBS = {
     "gene-page-in": ("gene.page_in", ["id"]),
     "genes": ("gene.list", []),
 }
-
-
-# llama-server's names for the same settings, accepted as aliases so a habit does not start
-# a daemon that is not what was asked. Only exact equivalents: `--lora` loads an adapter
-# active at scale 1 (as `--gene` does); llama-server flags with no actord meaning
-# (`--port`, `--mlock`, ...) are refused like any unknown flag.
-LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
-    "model": ["-m"],
-    "ctx": ["--ctx-size", "-c"],
-    "slots": ["--parallel", "-np"],
-    "batch": ["--batch-size", "-b"],
-    "threads": ["-t"],
-    "gene": ["--lora"],
-    "model_alias": ["--alias"],
-}
-
-
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    for f in msgspec.structs.fields(Config):
-        flag = ["--" + f.name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(f.name, [])]
-        typ = f.type
-        kw = {"dest": f.name, "default": None}
-        if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
-            p.add_argument(*flag, nargs="?", const="on", choices=SWA_FULL_MODES, **kw)
-        elif f.name == "flash_attn":  # a mode, as llama-server's -fa; a bare `--flash-attn` means "on"
-            p.add_argument(*flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, **kw)
-        elif f.name == "backend_sampling":  # a mode; a bare `--backend-sampling` means "on"
-            p.add_argument(*flag, nargs="?", const="on", choices=BACKEND_SAMPLING_MODES, **kw)
-        elif typ is bool:
-            p.add_argument(*flag, action=argparse.BooleanOptionalAction, **kw)
-        elif typ == list[str]:
-            p.add_argument(*flag, action="append", **kw)
-        elif typ == list[int]:  # --allow-uid 1000 --allow-uid 1001
-            p.add_argument(*flag, action="append", type=int, **kw)
-        elif typ in (int, float, str):
-            p.add_argument(*flag, type=typ, **kw)
-        else:  # optional str
-            p.add_argument(*flag, type=str, **kw)
-
-
-def unknown_flag_message(parser: argparse.ArgumentParser, rest: list[str]) -> str:
-    """`--slotz` -> "unknown flag --slotz (did you mean --slots?)"."""
-    import difflib
-
-    word = next((w for w in rest if w.startswith("-")), rest[0])
-    name = word.split("=", 1)[0]
-    if not name.startswith("-"):
-        return f"unexpected argument {word!r}"
-    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else "; see actord serve --help")
-
-
-def config_from_args(ns: argparse.Namespace) -> Config:
-    values = {f.name: getattr(ns, f.name) for f in msgspec.structs.fields(Config) if getattr(ns, f.name, None) is not None}
-    if "model" not in values:
-        from actord.service.models import default_model
-
-        values["model"] = str(default_model())
-    return msgspec.convert(values, Config).validate()
 
 
 def _genes(specs: list[str]) -> list[dict[str, Any]]:
@@ -128,9 +65,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sub = ap.add_subparsers(dest="cmd", required=True)
     # No abbreviations: `--slot 4` must not quietly mean `--slots 4`, nor a typo anything.
     serve = sub.add_parser("serve", help="run the daemon", allow_abbrev=False)
-    _add_config_flags(serve)
-    serve.add_argument("--log-json", action="store_true")
-    serve.add_argument("--log-level", default="info")
+    add_serve_flags(serve)
     call = sub.add_parser("call", help="call any JSON-RPC method")
     call.add_argument("method")
     call.add_argument("params", nargs="?", default="{}")
@@ -165,16 +100,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sub.add_parser("cluster", help="up|status|down: minds across nodes on Ray (actord[ray]; "
                    "see `actord cluster --help`)", add_help=False)
     return ap, serve
-
-
-def serve_config(argv: list[str]) -> Config:
-    """`actord serve ARGV`'s Config, or SystemExit(2) with the message on stderr (unknown
-    flags refused, with the closest known one suggested)."""
-    ap, serve = build_parser()
-    ns, rest = ap.parse_known_args(["serve", *argv])
-    if rest:
-        serve.exit(2, f"actord serve: {unknown_flag_message(serve, rest)}\n")
-    return config_from_args(ns)
 
 
 def main(argv: list[str] | None = None) -> int:
