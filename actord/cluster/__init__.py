@@ -11,7 +11,11 @@ single-node daemon does not import this package.
     messages.py   the Structs the router and the daemons exchange
     placer.py     the node's mind placer, with the two verbs migration needs
     node.py       the NodeDaemon Ray actor
-    router.py     the MindRouter Ray actor
+    nodelink.py   the router's calls to its nodes over Ray, their loads, what counts as a node gone
+    router.py     the MindRouter Ray actor: its state, its start, node registration, status
+    turns.py      the router's turns: one mind's on its node, retried once; a request of no mind
+    migration.py  the router's migrate and rebalance: export, adopt, flip the directory, release
+    loss.py       the router's monitor of Ray's nodes, and the re-homing of a lost node's minds
     rpc.py        the router's JSON-RPC socket (the daemon's protocol)
     front.py      the OpenAI HTTP front served at the router (the single-node front's code)
     local.py      a cluster on this machine (ray.cluster_utils.Cluster) and its handles

@@ -30,14 +30,13 @@ from typing import Any
 
 import msgspec
 
+from actord.frontends.config_flags import add_config_flags, config_from_args
 from actord.service.config import ClusterConfig
 
 STATE = "cluster.json"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from actord.frontends.cli import _add_config_flags
-
     ap = argparse.ArgumentParser(prog="actord cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="verb", required=True)
@@ -51,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--health-check-period-ms", type=int, default=0, help="Ray's node health checks (0: its default)")
     up.add_argument("--health-check-timeout-ms", type=int, default=0)
     up.add_argument("--health-check-failure-threshold", type=int, default=0)
-    _add_config_flags(up)
+    add_config_flags(up)
     for verb in ("status", "down"):
         v = sub.add_parser(verb)
         v.add_argument("--root", default="./actord-cluster")
@@ -91,7 +90,6 @@ def _state(root: Path) -> dict[str, Any] | None:
 
 
 def _up(ns: argparse.Namespace) -> int:
-    from actord.frontends.cli import config_from_args
     from actord.service.errors import ActordError
 
     from actord.cluster import require_ray

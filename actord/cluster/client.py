@@ -19,7 +19,8 @@ import uuid
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
-from actord.cluster.router import ROUTER_NAME, TurnOut
+from actord.cluster.router import ROUTER_NAME
+from actord.cluster.turns import TurnOut
 from actord.service.errors import ActordError, DuplicateTurn
 
 

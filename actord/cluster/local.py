@@ -32,7 +32,8 @@ import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from actord.cluster.node import NodeDaemon  # noqa: E402
-from actord.cluster.router import ROUTER_NAME, MindRouter, node_actor_name  # noqa: E402
+from actord.cluster.nodelink import node_actor_name  # noqa: E402
+from actord.cluster.router import ROUTER_NAME, MindRouter  # noqa: E402
 
 # Health checks for a simulated cluster: a node that stops answering is dead after about
 # period x threshold (Ray's defaults take about 66 s on these machines).

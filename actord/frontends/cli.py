@@ -1,7 +1,14 @@
-"""`actord`: the daemon (`serve`) and a client for every verb (`call`, `complete`, ...).
+"""`actord`: the daemon (`serve`) and a client verb for every JSON-RPC method.
 
-`serve`'s flags are generated from `Config`'s fields, so configuration has one typed home
-and a new setting is a flag the moment it exists.
+`serve`'s flags are generated from `Config`'s fields (config_flags.py), and the client verbs
+from the method table (rpc/methods.py), so each has one typed home and a new setting is a
+flag, a new method a verb, the moment it exists. A method's verb is its name with dashes
+(`page.out` -> `actord page-out`), its params Struct's required fields are the verb's
+arguments in order and its other fields `--flags`, sent only when given (the daemon's
+defaults hold), and its help is the method's. Two verbs are written by hand (`_SUGAR`):
+`complete` (a text prompt; `--stream` prints as it comes) and `chat` (messages from a file or
+stdin). Some verbs keep older, shorter names as aliases (`_ALIASES`: `actord spill`).
+`call METHOD JSON` calls any method with raw params.
 """
 
 from __future__ import annotations
@@ -10,96 +17,129 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import msgspec
+from msgspec import inspect as mi
 
-from actord.service.config import BACKEND_SAMPLING_MODES, FLASH_ATTN_MODES, Config
-from actord.policy.swa import MODES as SWA_FULL_MODES
+from actord.frontends.config_flags import add_serve_flags, config_from_args, unknown_flag_message
+from actord.frontends.rpc.methods import METHODS
 
-_VERBS = {
-    # verb: (method, positional param names)
-    "slots": ("slot.list", []),
-    "erase": ("slot.erase", ["slot"]),
-    "props": ("props", []),
-    "health": ("health", []),
-    "page-out": ("page.out", ["slot", "page"]),
-    "page-in": ("page.in", ["slot", "page"]),
-    "page-drop": ("page.drop", ["page"]),
-    "pages": ("page.list", []),
-    "spill": ("page.spill", ["page", "file"]),
-    "save": ("slot.save", ["slot", "file"]),
-    "restore": ("slot.restore", ["slot", "file"]),
-    "gene-load": ("gene.load", ["path"]),
-    "gene-unload": ("gene.unload", ["id"]),
-    "gene-page-out": ("gene.page_out", ["id"]),
-    "gene-page-in": ("gene.page_in", ["id"]),
-    "genes": ("gene.list", []),
+# Names the verbs had before they were generated, kept so every command line still works.
+_ALIASES: dict[str, list[str]] = {
+    "slot.list": ["slots"],
+    "slot.erase": ["erase"],
+    "page.list": ["pages"],
+    "page.spill": ["spill"],
+    "slot.save": ["save"],
+    "slot.restore": ["restore"],
+    "gene.list": ["genes"],
 }
 
 
-# llama-server's names for the same settings, accepted as aliases so a habit does not start
-# a daemon that is not what was asked. Only exact equivalents: `--lora` loads an adapter
-# active at scale 1 (as `--gene` does); llama-server flags with no actord meaning
-# (`--port`, `--mlock`, ...) are refused like any unknown flag.
-LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
-    "model": ["-m"],
-    "ctx": ["--ctx-size", "-c"],
-    "slots": ["--parallel", "-np"],
-    "batch": ["--batch-size", "-b"],
-    "threads": ["-t"],
-    "gene": ["--lora"],
-    "model_alias": ["--alias"],
-}
+def verb_name(method: str) -> str:
+    """A method's generated verb: `gene.page_out` -> `gene-page-out`."""
+    return method.replace(".", "-").replace("_", "-")
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    for f in msgspec.structs.fields(Config):
-        flag = ["--" + f.name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(f.name, [])]
-        typ = f.type
-        kw = {"dest": f.name, "default": None}
-        if f.name == "swa_full":  # a mode; a bare `--swa-full` means "on"
-            p.add_argument(*flag, nargs="?", const="on", choices=SWA_FULL_MODES, **kw)
-        elif f.name == "flash_attn":  # a mode, as llama-server's -fa; a bare `--flash-attn` means "on"
-            p.add_argument(*flag, nargs="?", const="on", choices=FLASH_ATTN_MODES, **kw)
-        elif f.name == "backend_sampling":  # a mode; a bare `--backend-sampling` means "on"
-            p.add_argument(*flag, nargs="?", const="on", choices=BACKEND_SAMPLING_MODES, **kw)
-        elif typ is bool:
-            p.add_argument(*flag, action=argparse.BooleanOptionalAction, **kw)
-        elif typ == list[str]:
-            p.add_argument(*flag, action="append", **kw)
-        elif typ == list[int]:  # --allow-uid 1000 --allow-uid 1001
-            p.add_argument(*flag, action="append", type=int, **kw)
-        elif typ in (int, float, str):
-            p.add_argument(*flag, type=typ, **kw)
-        else:  # optional str
-            p.add_argument(*flag, type=str, **kw)
+# -- verbs generated from a method's params Struct ----------------------------------------
+
+_SCALARS: dict[type, Callable[[str], Any]] = {mi.IntType: int, mi.FloatType: float, mi.StrType: str}
 
 
-def unknown_flag_message(parser: argparse.ArgumentParser, rest: list[str]) -> str:
-    """`--slotz` -> "unknown flag --slotz (did you mean --slots?)"."""
-    import difflib
-
-    word = next((w for w in rest if w.startswith("-")), rest[0])
-    name = word.split("=", 1)[0]
-    if not name.startswith("-"):
-        return f"unexpected argument {word!r}"
-    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else "; see actord serve --help")
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+    return text.lower() in ("true", "1")
 
 
-def config_from_args(ns: argparse.Namespace) -> Config:
-    values = {f.name: getattr(ns, f.name) for f in msgspec.structs.fields(Config) if getattr(ns, f.name, None) is not None}
-    if "model" not in values:
-        from actord.service.models import default_model
+def _arg_kind(t: Any) -> tuple[str, Callable[[str], Any], str]:
+    """How a param of type `t` is written: ("one" | "list" | "bool", its parser, its label).
+    Optional[X] is X; a type with no plain spelling (a list of Structs, a union) is JSON."""
+    info = mi.type_info(t)
+    if isinstance(info, mi.UnionType):
+        rest = [x for x in info.types if not isinstance(x, mi.NoneType)]
+        info = rest[0] if len(rest) == 1 else info
+    if isinstance(info, mi.BoolType):
+        return "bool", _bool, "bool"
+    if type(info) in _SCALARS:
+        conv = _SCALARS[type(info)]
+        return "one", conv, conv.__name__
+    if isinstance(info, mi.ListType) and type(info.item_type) in _SCALARS:
+        conv = _SCALARS[type(info.item_type)]
+        return "list", conv, conv.__name__
+    return "one", json.loads, "JSON"
 
-        values["model"] = str(default_model())
-    return msgspec.convert(values, Config).validate()
+
+def _add_params(v: argparse.ArgumentParser, params: type) -> list[str]:
+    """The params Struct's fields as `v`'s arguments; their names. Each is stored under
+    `param_NAME`, apart from the CLI's own (`--socket`)."""
+    names = []
+    for f in msgspec.structs.fields(params):
+        kind, conv, label = _arg_kind(f.type)
+        dest = "param_" + f.name
+        names.append(f.name)
+        if f.required:
+            nargs = "*" if kind == "list" else None
+            v.add_argument(dest, metavar=f.name, type=conv, nargs=nargs, help=label)
+            continue
+        default = f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+        flag, shown = "--" + f.name.replace("_", "-"), msgspec.json.encode(default).decode().replace("%", "%%")
+        if kind == "bool":
+            v.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"default {shown}")
+        else:
+            v.add_argument(flag, dest=dest, metavar=f.name.upper(), type=conv,
+                           action="append" if kind == "list" else "store", default=None,
+                           help=f"{label}, default {shown}")
+    return names
+
+
+def _generated_params(ns: argparse.Namespace) -> dict[str, Any]:
+    return {n: getattr(ns, "param_" + n) for n in ns.param_names if getattr(ns, "param_" + n) is not None}
+
+
+# -- verbs written by hand ----------------------------------------------------------------
 
 
 def _genes(specs: list[str]) -> list[dict[str, Any]]:
     return [{"id": int(g.split(":")[0]), "scale": float(g.split(":")[1]) if ":" in g else 1.0} for g in specs]
+
+
+def _complete_args(comp: argparse.ArgumentParser) -> None:
+    comp.add_argument("prompt")
+    comp.add_argument("-n", "--n-predict", type=int, default=32)
+    comp.add_argument("--slot", type=int)
+    comp.add_argument("--mind", help="a named session (the daemon, or a cluster's router, places it)")
+    comp.add_argument("--temperature", type=float, default=0.0)
+    comp.add_argument("--seed", type=int)
+    comp.add_argument("--stream", action="store_true")
+    comp.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
+
+
+def _complete_params(ns: argparse.Namespace) -> dict[str, Any]:
+    params: dict[str, Any] = {"prompt": ns.prompt, "n_predict": ns.n_predict, "temperature": ns.temperature,
+                              "stream": ns.stream}
+    for name in ("slot", "mind", "seed"):
+        if getattr(ns, name) is not None:
+            params[name] = getattr(ns, name)
+    if ns.gene:
+        params["genes"] = _genes(ns.gene)
+    return params
+
+
+def _chat_args(chat: argparse.ArgumentParser) -> None:
+    chat.add_argument("messages", nargs="?", default="-",
+                      help="JSON file with [{role, content}, ...] or {\"messages\": [...]}; - = stdin")
+    chat.add_argument("-n", "--n-predict", type=int, default=256)
+    chat.add_argument("--mind")
+    chat.add_argument("--slot", type=int)
+    chat.add_argument("--temperature", type=float, default=0.0)
+    chat.add_argument("--seed", type=int)
+    chat.add_argument("--stream", action="store_true", help="print the reply as it is generated")
+    chat.add_argument("--template", help="a Jinja2 chat template file to use instead of the model's")
+    chat.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
 
 
 def _chat_params(ns: argparse.Namespace) -> dict[str, Any]:
@@ -121,45 +161,63 @@ def _chat_params(ns: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
+def _chat_streamed(out: dict[str, Any]) -> dict[str, Any]:
+    """A streamed chat's answer, its text already printed: the message and the usage."""
+    return {"message": out["message"], "usage": {
+        k: out["completion"][k] for k in ("n_prompt_tokens", "n_cached", "n_prompt_processed")}}
+
+
+@dataclass(frozen=True)
+class _Sugar:
+    """A verb written by hand over its method: its arguments, the params they make (an
+    OSError or ValueError there is a usage error), and its streamed answer's shape."""
+
+    verb: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    params: Callable[[argparse.Namespace], dict[str, Any]]
+    streamed: Callable[[dict[str, Any]], dict[str, Any]] = lambda out: out
+
+
+_SUGAR: dict[str, _Sugar] = {
+    "completion": _Sugar("complete", _complete_args, _complete_params),
+    "chat": _Sugar("chat", _chat_args, _chat_params, _chat_streamed),
+}
+
+
+def verbs() -> dict[str, str]:
+    """Every client verb, aliases included -> the method it calls."""
+    out = {}
+    for method in METHODS:
+        names = [_SUGAR[method].verb] if method in _SUGAR else []
+        for v in [*names, verb_name(method), *_ALIASES.get(method, [])]:
+            out[v] = method
+    return out
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The CLI's parser and its `serve` subparser."""
-    ap = argparse.ArgumentParser(prog="actord", description=__doc__)
+    ap = argparse.ArgumentParser(prog="actord", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--socket", default=os.environ.get("ACTORD_SOCKET", "./actord.sock"), help="daemon socket (client verbs)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="VERB")
     # No abbreviations: `--slot 4` must not quietly mean `--slots 4`, nor a typo anything.
     serve = sub.add_parser("serve", help="run the daemon", allow_abbrev=False)
-    _add_config_flags(serve)
-    serve.add_argument("--log-json", action="store_true")
-    serve.add_argument("--log-level", default="info")
+    add_serve_flags(serve)
     call = sub.add_parser("call", help="call any JSON-RPC method")
     call.add_argument("method")
     call.add_argument("params", nargs="?", default="{}")
-    comp = sub.add_parser("complete", help="run a completion")
-    comp.add_argument("prompt")
-    comp.add_argument("-n", "--n-predict", type=int, default=32)
-    comp.add_argument("--slot", type=int)
-    comp.add_argument("--mind", help="a named session (the daemon, or a cluster's router, places it)")
-    comp.add_argument("--temperature", type=float, default=0.0)
-    comp.add_argument("--seed", type=int)
-    comp.add_argument("--stream", action="store_true")
-    comp.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
-    chat = sub.add_parser("chat", help="one chat turn: messages rendered with the model's chat template")
-    chat.add_argument("messages", nargs="?", default="-",
-                      help="JSON file with [{role, content}, ...] or {\"messages\": [...]}; - = stdin")
-    chat.add_argument("-n", "--n-predict", type=int, default=256)
-    chat.add_argument("--mind")
-    chat.add_argument("--slot", type=int)
-    chat.add_argument("--temperature", type=float, default=0.0)
-    chat.add_argument("--seed", type=int)
-    chat.add_argument("--stream", action="store_true", help="print the reply as it is generated")
-    chat.add_argument("--template", help="a Jinja2 chat template file to use instead of the model's")
-    chat.add_argument("--gene", action="append", default=[], help="ID[:SCALE]")
-    for verb, (method, names) in _VERBS.items():
-        v = sub.add_parser(verb, help=f"call {method}")
-        for n in names:
-            v.add_argument(n, type=int if n in ("slot", "id") else str)
-        if verb == "spill":
-            v.add_argument("--drop", action="store_true")
+    for method, m in METHODS.items():
+        help = m.help.replace("%", "%%")
+        sugar = _SUGAR.get(method)
+        if sugar is not None:
+            aliases = [n for n in (verb_name(method),) if n != sugar.verb]
+            v = sub.add_parser(sugar.verb, aliases=aliases, help=help, description=help)
+            sugar.add_args(v)
+            v.set_defaults(rpc=method)
+            continue
+        v = sub.add_parser(verb_name(method), aliases=_ALIASES.get(method, []), help=help,
+                           description=f"{help} (JSON-RPC {method})")
+        v.set_defaults(rpc=method, param_names=_add_params(v, m.params))
     for name in ("replay", "simulate"):
         sub.add_parser(name, help=f"see `actord {name} --help`", add_help=False)
     sub.add_parser("cluster", help="up|status|down: minds across nodes on Ray (actord[ray]; "
@@ -167,14 +225,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return ap, serve
 
 
-def serve_config(argv: list[str]) -> Config:
-    """`actord serve ARGV`'s Config, or SystemExit(2) with the message on stderr (unknown
-    flags refused, with the closest known one suggested)."""
-    ap, serve = build_parser()
-    ns, rest = ap.parse_known_args(["serve", *argv])
-    if rest:
-        serve.exit(2, f"actord serve: {unknown_flag_message(serve, rest)}\n")
-    return config_from_args(ns)
+def request_of(ns: argparse.Namespace) -> tuple[str, Any]:
+    """A parsed client verb's JSON-RPC method and params (OSError or ValueError: a file or
+    JSON argument that cannot be read)."""
+    if ns.cmd == "call":
+        return ns.method, json.loads(ns.params)
+    sugar = _SUGAR.get(ns.rpc)
+    return ns.rpc, sugar.params(ns) if sugar is not None else _generated_params(ns)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,49 +270,27 @@ def main(argv: list[str] | None = None) -> int:
     from actord.service.errors import ActordError
 
     try:
-        chat_params = _chat_params(ns) if ns.cmd == "chat" else None
+        method, params = request_of(ns)
     except (OSError, ValueError) as e:
-        print(f"actord chat: {e}", file=sys.stderr)
+        print(f"actord {ns.cmd}: {e}", file=sys.stderr)
         return 2
+    on_chunk = None
+    if ns.cmd != "call" and METHODS[method].streams and params.get("stream"):
+        on_chunk = lambda ch: (sys.stdout.write(ch["content"]), sys.stdout.flush())  # noqa: E731
     try:
         with Client(ns.socket) as c:
-            if ns.cmd == "call":
-                out = c.call(ns.method, json.loads(ns.params))
-            elif ns.cmd == "complete":
-                params: dict[str, Any] = {"prompt": ns.prompt, "n_predict": ns.n_predict,
-                                          "temperature": ns.temperature, "stream": ns.stream}
-                if ns.slot is not None:
-                    params["slot"] = ns.slot
-                if ns.mind is not None:
-                    params["mind"] = ns.mind
-                if ns.seed is not None:
-                    params["seed"] = ns.seed
-                if ns.gene:
-                    params["genes"] = _genes(ns.gene)
-                on_chunk = (lambda ch: (sys.stdout.write(ch["content"]), sys.stdout.flush())) if ns.stream else None
-                out = c.call("completion", params, on_chunk=on_chunk)
-                if ns.stream:
-                    print()
-            elif ns.cmd == "chat":
-                on_chunk = (lambda ch: (sys.stdout.write(ch["content"]), sys.stdout.flush())) if ns.stream else None
-                out = c.call("chat", chat_params, on_chunk=on_chunk)
-                if ns.stream:
-                    print()
-                    out = {"message": out["message"], "usage": {
-                        k: out["completion"][k] for k in ("n_prompt_tokens", "n_cached", "n_prompt_processed")}}
-            else:
-                method, names = _VERBS[ns.cmd]
-                params = {n: getattr(ns, n) for n in names}
-                if ns.cmd == "spill":
-                    params["drop"] = ns.drop
-                out = c.call(method, params)
+            out = c.call(method, params, on_chunk=on_chunk)
     except ActordError as e:
         print(json.dumps({"error": e.to_dict()}), file=sys.stderr)
         return 1
     except (FileNotFoundError, ConnectionRefusedError) as e:
         print(f"cannot reach the daemon at {ns.socket}: {e}", file=sys.stderr)
         return 2
-    if ns.cmd == "call" and ns.method == "metrics":
+    if on_chunk is not None:
+        print()  # the text streamed, then the answer
+        sugar = _SUGAR.get(method)
+        out = sugar.streamed(out) if sugar is not None else out
+    if method == "metrics":
         print(out["text"])
     else:
         print(json.dumps(out, indent=2))

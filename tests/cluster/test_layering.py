@@ -32,3 +32,10 @@ def test_nothing_outside_the_cluster_imports_it_at_module_level():
         mods = {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
         mods |= {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
         assert not [m for m in mods if m.startswith("actord.cluster")], p
+
+
+def test_the_cluster_cli_does_not_reach_back_into_the_daemon_cli():
+    """frontends/cli.py reaches the cluster's CLI by name; what both need (Config's flags)
+    lives below both, in frontends/config_flags.py: no import circle."""
+    for p in (PKG / "cluster").rglob("*.py"):
+        assert "actord.frontends.cli" not in _imports(p), p

@@ -122,11 +122,11 @@ def test_eligibility_and_the_mode():
 def test_config_and_flag():
     import argparse
 
-    from actord.frontends.cli import _add_config_flags, config_from_args
+    from actord.frontends.config_flags import add_config_flags, config_from_args
 
     def serve(*argv: str) -> Config:
         p = argparse.ArgumentParser()
-        _add_config_flags(p)
+        add_config_flags(p)
         return config_from_args(p.parse_args(["--model", "m.gguf", *argv]))
 
     with pytest.raises(InvalidParams):

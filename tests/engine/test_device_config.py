@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from actord.frontends.cli import _add_config_flags, config_from_args
+from actord.frontends.config_flags import add_config_flags, config_from_args
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.service.errors import InvalidParams
@@ -20,7 +20,7 @@ MIB = 1 << 20
 
 def serve_config(*argv: str) -> Config:
     p = argparse.ArgumentParser()
-    _add_config_flags(p)
+    add_config_flags(p)
     return config_from_args(p.parse_args(["--model", "m.gguf", *argv]))
 
 

@@ -158,3 +158,10 @@ def test_cli_verbs_reach_the_daemon(daemon):
     assert rc == 1 and json.loads(err)["error"]["type"] == "PageNotFound"
     assert json.loads(cli("props")[1])["slot_page_version"] == 1
     assert cli("genes")[0] == 0
+    # Verbs generated from the method table, for methods the old hand-written table lacked.
+    rc, out, _ = cli("tokenize", "hello")
+    tokens = json.loads(out)["tokens"]
+    assert rc == 0 and tokens
+    rc, out, _ = cli("detokenize", *map(str, tokens))
+    assert rc == 0 and "hello" in json.loads(out)["content"]
+    assert "predicted_tokens_total" in cli("metrics")[1]

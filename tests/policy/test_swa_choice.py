@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actord.frontends.cli import _add_config_flags, config_from_args
+from actord.frontends.config_flags import add_config_flags, config_from_args
 from actord.service.config import Config
 from actord.service.errors import InvalidParams
 from actord.policy.swa import choose_swa_full
@@ -45,7 +45,7 @@ def test_the_flag_is_a_mode_and_a_bare_flag_means_on():
     import argparse
 
     p = argparse.ArgumentParser()
-    _add_config_flags(p)
+    add_config_flags(p)
     assert config_from_args(p.parse_args(["--model", "m", "--swa-full"])).swa_full == "on"
     assert config_from_args(p.parse_args(["--model", "m", "--swa-full", "off"])).swa_full == "off"
     assert config_from_args(p.parse_args(["--model", "m"])).swa_full == "auto"

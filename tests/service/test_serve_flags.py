@@ -9,7 +9,8 @@ import sys
 import msgspec
 import pytest
 
-from actord.frontends.cli import LLAMA_SERVER_ALIASES, main, serve_config
+from actord.frontends.cli import main
+from actord.frontends.config_flags import LLAMA_SERVER_ALIASES, serve_config
 from actord.service.config import Config
 
 

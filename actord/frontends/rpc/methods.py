@@ -1,7 +1,8 @@
 """The method table: JSON-RPC method name -> typed params Struct and a call on the system.
 
-One table serves the daemon, the CLI's `call` and the docs, so a method's name and shape
-are defined once. Later issues add rows (page.*, gene.*).
+One table serves the daemon, the CLI (each method is a verb: `actord page-out 0 ada`, its
+params the verb's arguments, its `help` the verb's) and the docs, so a method's name,
+shape and description are defined once.
 
 Strings a client sends are bounded at decode (`Meta(max_length=...)`), and in-RAM page
 names are checked against the stated page-name character set (`storage/paths.py`) before
@@ -91,6 +92,7 @@ class Method:
     # control work (Config.max_control_in_flight / max_control_total). Generation and the
     # calls that ask no actor (props, health, metrics) never wait there.
     control: bool = True
+    help: str = ""  # one line: what the method does (the CLI verb's help)
 
 
 def _b(x: Any) -> Any:
@@ -215,31 +217,46 @@ async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
 
 
 METHODS: dict[str, Method] = {
-    "completion": Method(CompletionRequest, _completion, streams=True, control=False),
-    "chat": Method(ChatRequest, _chat, streams=True, control=False),
-    "slot.list": Method(NoParams, lambda s, p, _: _wrap(s.slot_list())),
-    "slot.erase": Method(SlotParams, lambda s, p, _: _wrap(s.slot_erase(p.slot))),
-    "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict()), control=False),
-    "health": Method(NoParams, lambda s, p, _: _wrap(s.health()), control=False),
-    "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()}), control=False),
-    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, check_page_name(p.page)))),
-    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, check_page_name(p.page)))),
-    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page)))),
-    "page.list": Method(NoParams, lambda s, p, _: _wrap(s.page_list())),
-    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(check_page_name(p.page), p.file, p.drop))),
-    "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file))),
-    "slot.restore": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_restore(p.slot, p.file))),
-    "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path, default=p.default))),
-    "gene.unload": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_unload(p.id))),
-    "gene.page_out": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_out(p.id))),
-    "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id))),
-    "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list())),
-    "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats())),
-    "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats())),
-    "tokenize": Method(TokenizeParams, _tokenize),
-    "detokenize": Method(DetokenizeParams, _detokenize),
-    "chat.template": Method(NoParams, _chat_template),
-    "apply_template": Method(ApplyTemplateParams, _apply_template),
+    "completion": Method(CompletionRequest, _completion, streams=True, control=False,
+                         help="generate from a prompt (text or token ids), in a slot or a named mind"),
+    "chat": Method(ChatRequest, _chat, streams=True, control=False,
+                   help="one chat turn: messages rendered with the model's chat template"),
+    "slot.list": Method(NoParams, lambda s, p, _: _wrap(s.slot_list()), help="the slots and what each holds"),
+    "slot.erase": Method(SlotParams, lambda s, p, _: _wrap(s.slot_erase(p.slot)), help="empty a slot"),
+    "props": Method(NoParams, lambda s, p, _: _wrap(s.props_dict()), control=False,
+                    help="the model's and the daemon's settings"),
+    "health": Method(NoParams, lambda s, p, _: _wrap(s.health()), control=False, help="whether the daemon serves"),
+    "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()}), control=False,
+                      help="the metrics, in Prometheus' text format"),
+    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, check_page_name(p.page))),
+                       help="page a slot's context out to a page in RAM"),
+    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, check_page_name(p.page))),
+                      help="page a page into a slot"),
+    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page))),
+                        help="forget a page"),
+    "page.list": Method(NoParams, lambda s, p, _: _wrap(s.page_list()), help="the pages held"),
+    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(check_page_name(p.page), p.file, p.drop)),
+                         help="write a page to a file in the page folder (drop: and free its RAM)"),
+    "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file)),
+                        help="save a slot's context to a file in the page folder"),
+    "slot.restore": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_restore(p.slot, p.file)),
+                           help="restore a slot's context from a file in the page folder"),
+    "gene.load": Method(GenePathParams, lambda s, p, _: _wrap(s.gene_load(p.path, default=p.default)),
+                        help="load a gene (a LoRA adapter) from a file (default: active by default, at scale 1)"),
+    "gene.unload": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_unload(p.id)), help="unload a gene"),
+    "gene.page_out": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_out(p.id)),
+                            help="page a gene's weights out of the device"),
+    "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id)),
+                           help="page a gene's weights back into the device"),
+    "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list()), help="the loaded genes"),
+    "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats()), help="the page store's counters"),
+    "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats()),
+                               help="the checkpoint budget's counters"),
+    "tokenize": Method(TokenizeParams, _tokenize, help="text -> token ids (with_pieces: and each one's text)"),
+    "detokenize": Method(DetokenizeParams, _detokenize, help="token ids -> text"),
+    "chat.template": Method(NoParams, _chat_template, help="the chat template chats render with"),
+    "apply_template": Method(ApplyTemplateParams, _apply_template,
+                             help="messages rendered as a chat renders them, without generating"),
 }
 
 

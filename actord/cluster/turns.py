@@ -1,0 +1,175 @@
+"""The router's turns: a mind's turn on its node, and a request of no mind on any node.
+
+Each turn carries (mind, epoch, turn id); one mind's turns are routed one at a time (a
+per-mind lock), so a migration "freezes" a mind by taking that lock. A node that fails
+mid-turn (its process died: a Ray actor error) is waited for; once Ray restarted it the turn
+is sent again with the same turn id, once: a node that recorded it answers `DuplicateTurn`
+with the recorded answer, which is the turn's answer. A node that does not come back (its
+Ray node is dead) is treated as lost (loss.py) and the turn goes to the mind's new home.
+
+Bad input is refused here (`check_turn`), before a new mind is placed, so a refused turn
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, Awaitable, Callable
+
+import msgspec
+
+from actord.chat.template import ChatRequest
+from actord.cluster.directory import Directory, Entry
+from actord.cluster.messages import KINDS, Holding, Turn
+from actord.cluster.nodelink import NODE_GONE, NodeLink
+from actord.service.errors import DuplicateTurn, InvalidParams, NodeUnavailable
+from actord.service.log import get
+from actord.service.types import CompletionRequest, RequestLimits, SamplingFields
+from actord.storage.paths import check_part
+
+log = get("actord.cluster.turns")
+
+
+class TurnOut(msgspec.Struct, frozen=True):
+    result: dict[str, Any]
+    node: str
+    epoch: int
+    turn: str
+    attempts: int = 1
+    placed: bool = False
+
+
+def check_turn(kind: str, mind: str | None, request: Any, limits: RequestLimits) -> None:
+    """Refuse bad input: the verb's own checks, under the nodes' limits (a chat's as its
+    rendered completion will be checked)."""
+    if not isinstance(request, dict) or "mind" in request and request["mind"] not in (None, mind) or "slot" in request:
+        raise InvalidParams("a cluster turn names its mind once and no slot")
+    if kind not in KINDS:
+        raise InvalidParams(f"a turn's kind is one of {', '.join(KINDS)}", kind=str(kind)[:32])
+    try:
+        if kind == "completion":
+            msgspec.convert({**request, "mind": mind}, CompletionRequest).check(limits)
+            return
+        chat = msgspec.convert({**request, "mind": mind}, ChatRequest).check()
+    except msgspec.ValidationError as e:
+        raise InvalidParams(str(e)) from None
+    CompletionRequest(prompt=[0], n_predict=chat.n_predict, mind=mind, temperature=chat.temperature,
+                      top_k=chat.top_k, top_p=chat.top_p,
+                      **{f: getattr(chat, f) for f in SamplingFields.__struct_fields__}).check(limits)
+
+
+class Turns:
+    """MindRouter's turn verbs, mixed into it: router.py owns the state and the calls named
+    below (annotations only: nothing here shadows them)."""
+
+    dir: Directory
+    nodes: NodeLink
+    limits: RequestLimits
+    place_lock: asyncio.Lock
+    _ensure: Callable[[], Awaitable[None]]
+    _lock: Callable[[str], asyncio.Lock]
+    _reconcile: Callable[[str, list[Holding]], Awaitable[None]]
+    _node_lost: Callable[..., Awaitable[None]]
+
+    async def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None,
+                   sink: Callable[[Any], None] | None = None, kind: str = "completion") -> TurnOut:
+        """Run one turn of `mind` on its node (placing it first if it is new): a completion
+        (CompletionRequest's fields) or a chat (ChatRequest's: the node renders it). `sink`
+        (in this process only: the socket's and the HTTP front's streams) gets each chunk once."""
+        await self._ensure()
+        if not isinstance(mind, str) or check_part(mind) is not None:
+            raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}")
+        check_turn(kind, mind, request, self.limits)
+        turn = turn_id or uuid.uuid4().hex
+        inflight = self.nodes.inflight
+        async with self._lock(mind):
+            placed = False
+            entry = self.dir.get(mind)
+            if entry is None:
+                entry = await self._place(mind)
+                placed = True
+            delivered = 0
+            for attempt in (1, 2):
+                node = entry.node
+                inflight[node] = inflight.get(node, 0) + 1
+                counted = [0]
+
+                def counting(chunk: Any, counted: list[int] = counted) -> None:
+                    counted[0] += 1
+                    sink(chunk)  # type: ignore[misc]
+
+                try:
+                    result = await self.nodes.run(
+                        node, "turn", (Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request, kind=kind),),
+                        counting if sink is not None else None, delivered)
+                    return TurnOut(result=result, node=entry.node, epoch=entry.epoch, turn=turn, attempts=attempt,
+                                   placed=placed)
+                except DuplicateTurn as e:
+                    if attempt == 2 and e.data.get("result") is not None:
+                        # Applied before the failure, its answer lost with the process: that answer.
+                        return TurnOut(result=e.data["result"], node=entry.node, epoch=entry.epoch, turn=turn,
+                                       attempts=attempt, placed=placed)
+                    raise
+                except NODE_GONE as e:
+                    if attempt == 2:
+                        raise NodeUnavailable(f"node {entry.node} failed turn {turn} of {mind!r} twice",
+                                              node=entry.node, mind=mind) from None
+                    log.warning("cluster.turn_node_failed", node=entry.node, mind=mind, turn=turn, error=repr(e))
+                    if await self.nodes.back(node):
+                        # Copies the restart reports that the directory does not name go, in
+                        # the background (it takes each mind's lock in turn; this one's is held).
+                        try:
+                            holdings = await self.nodes.call(node, "holdings")
+                            asyncio.get_running_loop().create_task(self._reconcile(node, holdings))
+                        except NODE_GONE:  # gone again: the retry below finds out
+                            pass
+                    else:
+                        await self._node_lost(node, only=mind)
+                    entry = self.dir.get(mind) or await self._place(mind)
+                finally:
+                    inflight[node] = inflight.get(node, 1) - 1
+                    delivered += counted[0]
+        raise AssertionError("unreachable")
+
+    async def free_turn(self, request: dict[str, Any], sink: Callable[[Any], None] | None = None,
+                        kind: str = "completion") -> TurnOut:
+        """A request that names no mind (an HTTP request with no `user`, `prompt_cache_key`
+        or mind header): run on the least loaded live node, placed there as one daemon
+        places it, and not remembered in the directory (a fresh mind per request would be
+        a mind no later request names, held until evicted). It changes no mind, so a node
+        that fails before it sent a chunk is replaced by another, once."""
+        await self._ensure()
+        check_turn(kind, None, request, self.limits)
+        tried: set[str] = set()
+        inflight = self.nodes.inflight
+        for attempt in (1, 2):
+            node = self.nodes.pick(await self.nodes.loads(exclude=tried))
+            inflight[node] = inflight.get(node, 0) + 1
+            sent = [0]
+
+            def counting(chunk: Any, sent: list[int] = sent) -> None:
+                sent[0] += 1
+                sink(chunk)  # type: ignore[misc]
+
+            try:
+                result = await self.nodes.run(node, "free", (kind, request), counting if sink is not None else None, 0)
+                return TurnOut(result=result, node=node, epoch=0, turn="", attempts=attempt)
+            except NODE_GONE as e:
+                if attempt == 2 or sent[0]:
+                    raise NodeUnavailable(f"node {node} failed a request of no mind", node=node) from None
+                log.warning("cluster.free_turn_node_failed", node=node, error=repr(e))
+                tried.add(node)
+            finally:
+                inflight[node] = inflight.get(node, 1) - 1
+        raise AssertionError("unreachable")
+
+    async def _place(self, mind: str) -> Entry:
+        """A new mind: on the node `NodeLink.pick` names, at a fresh epoch."""
+        async with self.place_lock:
+            node = self.nodes.pick(await self.nodes.loads())
+            epoch = self.dir.issue(mind)
+            await self.nodes.call(node, "adopt", mind, epoch, None, None)
+            entry = self.dir.assign(mind, node, epoch)
+        log.info("cluster.placed", mind=mind, node=node, epoch=epoch)
+        return entry
