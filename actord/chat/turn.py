@@ -124,7 +124,7 @@ async def _end(system: Any, request: Any, prompter: Any, prompt: Any, result: Co
 def tool_turn(system: Any, request: Any, prompter: Any) -> Any:
     """What a chat turn with tools renders and samples under (actord.chat.tools), in the format
     the request, the daemon's --tool-format or the template names."""
-    from actord.chat.template import tools as T
+    from actord.chat import tools as T
 
     mode, name = T.check_tools(request.tools, request.tool_choice)
     fmt = request.tool_format or system.config.tool_format

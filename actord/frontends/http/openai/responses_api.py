@@ -422,7 +422,7 @@ class Responses(RouteGroup):
         front = self.front
         req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
         check(req)
-        from actord.chat.template import tools as T
+        from actord.chat import tools as T
 
         prev = None
         if req.previous_response_id is not None:

@@ -307,7 +307,7 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
     """The ChatRequest's tool fields (actord.chat.tools) from `tools` / `tool_choice` /
     `parallel_tool_calls`, or from the legacy `functions` / `function_call` (then the answer
     carries `function_call`, one call). A bad value is a 400 naming its field."""
-    from actord.chat.template import tools as T
+    from actord.chat import tools as T
 
     if req.functions is not None or req.function_call is not None:
         if req.tools is not None or req.tool_choice is not None:
@@ -329,7 +329,7 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
-    from actord.chat.template import tools as T
+    from actord.chat import tools as T
 
     out = []
     for i, m in enumerate(msgs):
