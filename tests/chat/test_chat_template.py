@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from actord.service.types import CompletionResult, Timings
-from actord.chat.template import ChatMessage, ChatPrompter, ChatTemplate, TurnMemory
+from actord.chat.messages import ChatMessage
+from actord.chat.prompter import ChatPrompter, TurnMemory
+from actord.chat.template import ChatTemplate
 from actord.engine.jobs import ChatTemplateInfo
 from actord.service.errors import ChatTemplateError, NoChatTemplate
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, write_tiny_llama
