@@ -108,23 +108,27 @@ class ChatPrompter:
     """Builds a conversation's prompt tokens, reusing the exact tokens of turns it served."""
 
     def __init__(self, info: TemplateInfo, tokenize: Tokenize, *, memory_tokens: int = 1 << 22,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None, max_bytes: int = 0) -> None:
+                 run_sync: Callable[..., Awaitable[Any]] | None = None, limiter: Any = None,
+                 max_bytes: int = 0) -> None:
         self.info = info
         self.max_bytes = max_bytes  # the prompt limit: no render produces more
         self._tokenize = tokenize
-        self._run_sync = run_sync  # for a request's template, which renders on a worker thread
+        self._run_sync = run_sync  # every render runs on a worker thread, through this seam
+        self._limiter = limiter  # ... under the system's render limiter (template.RENDER_THREADS)
         self.memory = TurnMemory(memory_tokens)
         self._default: ChatTemplate | None = None
 
     def template(self, source: str | None = None) -> ChatTemplate:
         if source is not None:
             return ChatTemplate(source, bos_token=self.info.bos_text, eos_token=self.info.eos_text,
-                                budget=REQUEST_TEMPLATE_BUDGET, run_sync=self._run_sync, max_bytes=self.max_bytes)
+                                budget=REQUEST_TEMPLATE_BUDGET, run_sync=self._run_sync, limiter=self._limiter,
+                                max_bytes=self.max_bytes)
         if self.info.template is None:
             raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
         if self._default is None:
             self._default = ChatTemplate(self.info.template, bos_token=self.info.bos_text,
-                                         eos_token=self.info.eos_text, max_bytes=self.max_bytes)
+                                         eos_token=self.info.eos_text, run_sync=self._run_sync,
+                                         limiter=self._limiter, max_bytes=self.max_bytes)
         return self._default
 
     async def tokens_of(self, text: str, *, first: bool) -> list[int]:

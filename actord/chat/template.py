@@ -223,22 +223,33 @@ def _environment() -> Any:
 
 
 # A template a request brings is code from a client: the sandbox stops it from reaching
-# anything, but not from looping (nested `range`s, loops over a long content). It renders on
-# a worker thread under a budget of traced Python events, so it can neither freeze the event
-# loop nor run for long. The model's own template is trusted: no budget, no tracing cost.
+# anything, but not from looping (nested `range`s, loops over a long content). It renders
+# under a budget of traced Python events, so it cannot run for long. The model's own
+# template is trusted: no budget, no tracing cost.
 REQUEST_TEMPLATE_BUDGET = 2_000_000
+
+# Every render, trusted or not, runs on a worker thread (`render_async`): a trusted template
+# over a long conversation is tens of milliseconds of Python per turn (Gemma 3's template
+# over 2,000 messages, 1 MB: ~30 ms measured), and on the event loop that is every other
+# request's stall; the hop to a thread costs ~0.2 ms. The threads come through the caller's
+# `run_sync` seam (a deterministic dispatcher counts the work, so a replay knows when the
+# system is quiet) and under one limiter per system, so renders cannot take every worker
+# thread the disk and gene reads need; more than a few would only queue on the GIL anyway.
+RENDER_THREADS = 4
 
 
 class ChatTemplate:
     """One compiled template plus the special-token texts it may refer to."""
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", budget: int = 0,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None, max_bytes: int = 0) -> None:
+                 run_sync: Callable[..., Awaitable[Any]] | None = None, limiter: Any = None,
+                 max_bytes: int = 0) -> None:
         import jinja2
 
         self.budget = budget  # 0: trusted, unbounded; else the most traced events one render may take
         self.max_bytes = max_bytes  # UTF-8 bytes a render may produce (0: unbounded); see above
         self._run_sync = run_sync  # anyio.to_thread.run_sync's signature (a dispatcher's, to count it)
+        self._limiter = limiter  # the system's render threads (RENDER_THREADS); None: anyio's default
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -298,13 +309,12 @@ class ChatTemplate:
 
     async def render_async(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                            tools: list[dict[str, Any]] | None = None) -> str:
-        """A budgeted (client) template renders on a worker thread; the trusted one inline."""
-        if not self.budget:
-            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        """`render` on a worker thread, whoever wrote the template (see RENDER_THREADS)."""
         import anyio
 
         return await (self._run_sync or anyio.to_thread.run_sync)(
-            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools))
+            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools),
+            limiter=self._limiter)
 
 
 # The request and result shapes live in actord.chat.messages. actord/cluster (under another

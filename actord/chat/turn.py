@@ -105,9 +105,22 @@ async def _prompter(system: Any) -> Any:
         return await system.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
 
     prompter = system._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=system.config.chat_memory_tokens,
-                                                    run_sync=system._run_sync,
+                                                    run_sync=system._run_sync, limiter=render_limiter(system),
                                                     max_bytes=system._limits.max_prompt_bytes)
     return prompter
+
+
+def render_limiter(system: Any) -> Any:
+    """The system's chat-template render threads (actord.chat.template.RENDER_THREADS), made
+    on first use: the chat turns and the socket's apply_template share them."""
+    limiter = getattr(system, "_chat_render_limiter", None)
+    if limiter is None:
+        import anyio
+
+        from actord.chat.template import RENDER_THREADS
+
+        limiter = system._chat_render_limiter = anyio.CapacityLimiter(RENDER_THREADS)
+    return limiter
 
 
 async def _end(system: Any, request: Any, prompter: Any, prompt: Any, result: CompletionResult, message: Any) -> Any:

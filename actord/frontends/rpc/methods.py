@@ -207,6 +207,7 @@ async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
     """{prompt}: the messages rendered as a chat would render them, without generating."""
     from actord.chat.messages import as_dicts
     from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate
+    from actord.chat.turn import render_limiter
     from actord.service.errors import InvalidParams, NoChatTemplate, PromptTooLong
 
     if not p.messages:
@@ -228,7 +229,7 @@ async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
 
     tpl = ChatTemplate(source, bos_token=src["bos_token"], eos_token=src["eos_token"],
                        budget=REQUEST_TEMPLATE_BUDGET if p.template else 0,
-                       run_sync=getattr(system, "_run_sync", anyio.to_thread.run_sync))
+                       run_sync=getattr(system, "_run_sync", anyio.to_thread.run_sync), limiter=render_limiter(system))
     return {"prompt": await tpl.render_async(as_dicts(p.messages), add_generation_prompt=p.add_generation_prompt)}
 
 
