@@ -34,7 +34,8 @@ class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     arguments: str = "{}"
 
 
-class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, weakref=True):
+    # weakref: the prompter's conversation keys remember a message object without keeping it.
     role: str
     content: str = ""
     # Tool calling (actord.chat.tools): an assistant turn's calls, a `tool` result's call id,

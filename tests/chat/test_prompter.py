@@ -1,5 +1,6 @@
 """The prompter (actord.chat.prompter): a served turn comes back as its exact tokens, the
-turn memory's bound, and every render on a worker thread through the system's seam."""
+turn memory's bound, the chained conversation keys (a turn hashes only its new messages),
+and every render on a worker thread through the system's seam."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import threading
 
 import anyio
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from actord.chat.messages import ChatMessage
-from actord.chat.prompter import ChatPrompter, TurnMemory
+from actord.chat.messages import ChatMessage, ToolCall
+from actord.chat.prompter import ChatPrompter, ConversationKeys, TurnMemory
 from actord.engine.jobs import ChatTemplateInfo
 from actord.service.errors import NoChatTemplate
 from actord.service.types import CompletionResult, Timings
@@ -75,6 +77,79 @@ async def test_no_template_is_a_typed_error_unless_the_request_names_one():
         await p.build([ChatMessage("user", "hi")])
     assert (await p.build([ChatMessage("user", "hi")], template=TINY_CHAT_TEMPLATE)).tokens[0] == 1
 
+
+
+# ---- the keys: chained, and a message kept as an object is hashed once -----------------------
+
+_roles = st.sampled_from(["system", "user", "assistant", "tool"])
+_msgs = st.lists(st.builds(ChatMessage, role=_roles, content=st.text(max_size=20)), max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(msgs=_msgs)
+def test_the_same_conversation_gets_the_same_key_whoever_keys_it_and_however_its_objects_come(msgs):
+    a = ConversationKeys().of("tpl", msgs)
+    copies = [ChatMessage(m.role, m.content) for m in msgs]  # as a client sends it again
+    b = ConversationKeys().of("tpl", copies)
+    keys = ConversationKeys()
+    keys.of("tpl", msgs)
+    c = keys.of("tpl", msgs)  # the objects seen before: the steps kept
+    assert a == b == c
+    assert len(set(a)) == len(a)  # every prefix a key of its own
+    assert ConversationKeys().of("other", msgs)[-1] != a[-1]  # the template is in the key
+
+
+def test_a_key_changes_with_any_field_the_model_sees():
+    call = ToolCall(id="c1", name="f", arguments="{}")
+    base = [ChatMessage("user", "hi"), ChatMessage("assistant", "", tool_calls=[call])]
+    variants = [
+        [ChatMessage("user", "hi!"), base[1]],
+        [ChatMessage("system", "hi"), base[1]],
+        [base[0], ChatMessage("assistant", "", tool_calls=[ToolCall(id="c1", name="f", arguments='{"a": 1}')])],
+        [base[0], ChatMessage("assistant", "", tool_calls=[ToolCall(id="c2", name="f", arguments="{}")])],
+        [*base, ChatMessage("tool", "1", tool_call_id="c1")],
+    ]
+    k = ConversationKeys().of("t", base)[-1]
+    assert all(ConversationKeys().of("t", v)[-1] != k for v in variants)
+
+
+@pytest.mark.anyio
+async def test_a_turn_whose_earlier_messages_were_seen_hashes_only_its_new_ones():
+    p = _prompter()
+    msgs = [ChatMessage("system", "be brief"), ChatMessage("user", "hi")]
+    first = await p.build(msgs)
+    assert p.keys.hashed == 2
+    reply = ChatMessage("assistant", "yo")
+    p.remember(first, reply, _result([500, 501]))
+    assert p.keys.hashed == 3  # the reply folds onto the prompt's key: the conversation is not hashed again
+    for turn in range(5):  # an embedded caller's list, growing: the reply and one new message each turn
+        msgs = [*msgs, reply, ChatMessage("user", f"more {turn}")]
+        before = p.keys.hashed
+        prompt = await p.build(msgs)
+        assert prompt.reused_turn and p.keys.hashed == before + 1  # the new user message only
+        reply = ChatMessage("assistant", f"ok {turn}")
+        p.remember(prompt, reply, _result([600 + turn]))
+        assert p.keys.hashed == before + 2
+    # The same conversation sent again as new objects (JSON from a client): read, hashed, and found.
+    again = [ChatMessage(m.role, m.content) for m in msgs]
+    before = p.keys.hashed
+    assert (await p.build(again)).reused_turn and p.keys.hashed == before + len(again)
+
+
+def test_the_kept_steps_are_bounded_and_hold_no_message_alive():
+    import gc
+    import weakref
+
+    keys = ConversationKeys(max_steps=4)
+    msgs = [ChatMessage("user", str(i)) for i in range(10)]
+    keys.of("t", msgs)
+    assert len(keys._steps) == 4
+    gone = ChatMessage("user", "gone")
+    ref = weakref.ref(gone)
+    keys.of("t", [gone])
+    del gone
+    gc.collect()
+    assert ref() is None
 
 
 # ---- every render on a worker thread, through the seam, under the limiter ---------------------
