@@ -225,8 +225,8 @@ def shared_prefill(r0: CompletionResult, pre: CompletionResult) -> CompletionRes
 
 def reply_message(scanner: Any, sink: Any, result: CompletionResult) -> Any:
     """A chat reply's message: the text, or (tools) the scanner's content and calls."""
-    from actord.chat.template import ChatMessage
-    from actord.chat.tools import StreamAdapter
+    from actord.chat.messages import ChatMessage
+    from actord.chat.tool_output import StreamAdapter
 
     if scanner is None:
         return ChatMessage(role="assistant", content=result.content)
@@ -242,8 +242,8 @@ async def chat_choices(system: Any, completion: CompletionRequest, n: int, turn:
                        end: Callable[[CompletionResult, Any], Awaitable[Any]]) -> list[Any]:
     """A chat turn's n choices: each parsed by its own scanner (tools), streamed with its
     index; choice 0's reply is the one `end` remembers (the others' ChatResults only)."""
-    from actord.chat.template import ChatResult
-    from actord.chat.tools import StreamAdapter
+    from actord.chat.messages import ChatResult
+    from actord.chat.tool_output import StreamAdapter
 
     scanners = [turn.scanner() if turn is not None and turn.parses else None for _ in range(n)]
     sinks: list[Any] = []

@@ -1,116 +1,36 @@
-"""Chat messages -> the model's own prompt, with the model's own template, prefix-stable.
+"""The chat template: a Jinja2 template the model ships, compiled in a bounded sandbox.
 
 Every system a user might pick instead of actord (llama-server, vLLM, SGLang, Ollama)
 takes `[{role, content}]` messages and renders them with the chat template the model ships
-(`tokenizer.chat_template` in the GGUF). This module does the same, in two layers:
+(`tokenizer.chat_template` in the GGUF). `ChatTemplate` does the same: a Jinja2 template
+compiled in `jinja2.sandbox.ImmutableSandboxedEnvironment` with the environment Hugging
+Face's `apply_chat_template` gives templates (trim_blocks, lstrip_blocks, the loopcontrols
+extension, `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text), so a
+template renders the way its authors tested it. Turning the rendered text into prompt
+tokens, and reusing a turn's exact tokens, is actord/chat/prompter.py's.
 
-* `ChatTemplate`: a Jinja2 template compiled in `jinja2.sandbox.ImmutableSandboxedEnvironment`
-  with the environment Hugging Face's `apply_chat_template` gives templates (trim_blocks,
-  lstrip_blocks, the loopcontrols extension, `raise_exception`, `strftime_now`, a `tojson`
-  that keeps non-ASCII text), so a template renders the way its authors tested it.
-  Why jinja2 directly rather than the formatter llama-cpp-python ships
-  (`llama_cpp.llama_chat_format.Jinja2ChatFormatter`): that formatter is a thin wrapper over
-  this same sandboxed environment, but it lives in the `llama_cpp` package, and only the
-  engine package may import that (the engine thread is the only caller of libllama, and
-  rendering runs on the event loop). Why not llama.cpp's own `llama_chat_apply_template`:
-  it recognises a fixed list of built-in formats by heuristics rather than running the
-  template, so an unknown template silently renders wrong. The sandbox (immutable: no
-  `list.append` games either) matters because a request may name its own template.
-
-* `ChatPrompter`: turns a conversation into prompt *tokens*. The text render is prefix-
-  stable by construction for well-behaved templates (turn n+1's prompt extends turn n's
-  prompt plus the reply), but tokens are not: the tokens a model generated need not be the
-  ones its tokenizer would give for the same text, and a template may trim a reply's
-  whitespace. So the prompter remembers, for each turn it served, the exact tokens of
-  prompt + reply (keyed by a digest of the conversation up to and including that reply,
-  bounded by a token budget, LRU). When a conversation comes back with that reply as its
-  last assistant message, the new prompt is those tokens followed by the tokenized text the
-  template renders *after* the reply (found by rendering with a sentinel in the reply's
-  place). The slot then decodes only the new messages. A conversation it does not know (or
-  a reply the client edited) is rendered and tokenized whole, which is what llama-server
-  does; prefix reuse then is whatever the tokenizer leaves in common.
-
-Trade-off, stated: for a remembered turn the prompt keeps the history exactly as the model
-saw and wrote it, even where the template would render past turns differently (a template
-that trims replies, or one that strips reasoning from earlier turns). That is what a mind
-is; the template still renders everything new.
-
-Templates that read the clock (`strftime_now`) are not prefix-stable across days; such a
-conversation falls back to whole tokenization on the next turn.
+Why jinja2 directly rather than the formatter llama-cpp-python ships
+(`llama_cpp.llama_chat_format.Jinja2ChatFormatter`): that formatter is a thin wrapper over
+this same sandboxed environment, but it lives in the `llama_cpp` package, and only the
+engine package may import that (the engine thread is the only caller of libllama, and
+rendering runs on worker threads). Why not llama.cpp's own `llama_chat_apply_template`: it
+recognises a fixed list of built-in formats by heuristics rather than running the
+template, so an unknown template silently renders wrong. The sandbox (immutable: no
+`list.append` games either) matters because a request may name its own template.
 """
 
 from __future__ import annotations
 
-import collections
 import contextvars
 import datetime
 import functools
 import hashlib
 import json
 import re
-import secrets
 import sys
-from array import array
 from typing import Any, Awaitable, Callable
 
-import msgspec
-
-from actord.service.types import CompletionResult, GeneRef, SamplingFields
-from actord.engine.jobs import ChatTemplateInfo as TemplateInfo
-from actord.service.errors import ChatTemplateError, InvalidParams, NoChatTemplate, PromptTooLong
-from actord.chat.tools import Tool, ToolCall
-
-# -- request and result shapes ---------------------------------------------------------
-
-
-class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    role: str
-    content: str = ""
-    # Tool calling (actord.chat.tools): an assistant turn's calls, a `tool` result's call id,
-    # and a message's name (a tool result's function, where the template reads it).
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-
-
-class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    messages: list[ChatMessage]
-    n_predict: int = 256
-    slot: int | None = None
-    mind: str | None = None
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = []
-    stream: bool = False
-    genes: list[GeneRef] = []
-    template: str | None = None  # Jinja2 source; default: the model's tokenizer.chat_template
-    add_generation_prompt: bool = True
-    # Tool calling (actord.chat.tools): the functions offered, auto | none | required | a named
-    # function ({"type": "function", "function": {"name": ...}}), and the output format
-    # ("" = the daemon's --tool-format, which by default reads it from the template).
-    tools: list[Tool] = []
-    tool_choice: str | dict = "auto"
-    parallel_tool_calls: bool = True
-    tool_format: str = ""
-
-    def check(self) -> "ChatRequest":
-        if not self.messages:
-            raise InvalidParams("messages is empty")
-        for i, m in enumerate(self.messages):
-            if not m.role:
-                raise InvalidParams(f"messages[{i}].role is empty", index=i)
-        if self.template is not None and not self.template.strip():
-            raise InvalidParams("template is empty")
-        return self
-
-
-class ChatResult(msgspec.Struct, frozen=True):
-    message: ChatMessage  # the reply, as the next turn should send it back
-    completion: CompletionResult  # usage: n_prompt_tokens, n_cached, n_prompt_processed, ...
-    reused_turn: bool  # the prompt began with the exact tokens of a turn this daemon served
-
+from actord.service.errors import ChatTemplateError, PromptTooLong
 
 # -- templates -------------------------------------------------------------------------
 
@@ -303,22 +223,33 @@ def _environment() -> Any:
 
 
 # A template a request brings is code from a client: the sandbox stops it from reaching
-# anything, but not from looping (nested `range`s, loops over a long content). It renders on
-# a worker thread under a budget of traced Python events, so it can neither freeze the event
-# loop nor run for long. The model's own template is trusted: no budget, no tracing cost.
+# anything, but not from looping (nested `range`s, loops over a long content). It renders
+# under a budget of traced Python events, so it cannot run for long. The model's own
+# template is trusted: no budget, no tracing cost.
 REQUEST_TEMPLATE_BUDGET = 2_000_000
+
+# Every render, trusted or not, runs on a worker thread (`render_async`): a trusted template
+# over a long conversation is tens of milliseconds of Python per turn (Gemma 3's template
+# over 2,000 messages, 1 MB: ~30 ms measured), and on the event loop that is every other
+# request's stall; the hop to a thread costs ~0.2 ms. The threads come through the caller's
+# `run_sync` seam (a deterministic dispatcher counts the work, so a replay knows when the
+# system is quiet) and under one limiter per system, so renders cannot take every worker
+# thread the disk and gene reads need; more than a few would only queue on the GIL anyway.
+RENDER_THREADS = 4
 
 
 class ChatTemplate:
     """One compiled template plus the special-token texts it may refer to."""
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", budget: int = 0,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None, max_bytes: int = 0) -> None:
+                 run_sync: Callable[..., Awaitable[Any]] | None = None, limiter: Any = None,
+                 max_bytes: int = 0) -> None:
         import jinja2
 
         self.budget = budget  # 0: trusted, unbounded; else the most traced events one render may take
         self.max_bytes = max_bytes  # UTF-8 bytes a render may produce (0: unbounded); see above
         self._run_sync = run_sync  # anyio.to_thread.run_sync's signature (a dispatcher's, to count it)
+        self._limiter = limiter  # the system's render threads (RENDER_THREADS); None: anyio's default
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -378,165 +309,14 @@ class ChatTemplate:
 
     async def render_async(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                            tools: list[dict[str, Any]] | None = None) -> str:
-        """A budgeted (client) template renders on a worker thread; the trusted one inline."""
-        if not self.budget:
-            return self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        """`render` on a worker thread, whoever wrote the template (see RENDER_THREADS)."""
         import anyio
 
         return await (self._run_sync or anyio.to_thread.run_sync)(
-            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools))
+            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools),
+            limiter=self._limiter)
 
 
-def as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
-
-
-def has_tools(messages: list[ChatMessage]) -> bool:
-    """Whether a conversation holds tool calls or results (it then renders through actord.chat.tools)."""
-    return any(m.tool_calls or m.role == "tool" for m in messages)
-
-
-# -- prompts ---------------------------------------------------------------------------
-
-
-class Prompt(msgspec.Struct):
-    tokens: list[int]
-    key_messages: list[ChatMessage]  # the conversation the tokens stand for (for remember)
-    template_id: str
-    reused_turn: bool
-
-
-def _digest(template_id: str, messages: list[ChatMessage]) -> bytes:
-    h = hashlib.sha256(template_id.encode())
-    h.update(msgspec.msgpack.encode([(m.role, m.content) if not (m.tool_calls or m.tool_call_id) else
-                                     (m.role, m.content, [(c.id, c.name, c.arguments) for c in m.tool_calls or []],
-                                      m.tool_call_id) for m in messages]))
-    return h.digest()
-
-
-ENTRY_TOKENS = 64  # what one kept turn costs beside its tokens, in 4-byte tokens (~256 B)
-
-
-class TurnMemory:
-    """LRU of digest(conversation up to a reply) -> exact tokens of prompt + reply.
-
-    Bounded in 4-byte token units across all entries: each entry is charged its tokens and
-    `entry_tokens` more for its key, array header and LRU node (~220 B measured), so many
-    short turns cannot hold several times the budget (16 MB by default: 1,868 turns of
-    ~240 tokens each had cost 0.3 KB apiece uncounted). An entry larger than the whole budget
-    is not kept.
-    """
-
-    def __init__(self, max_tokens: int, entry_tokens: int = ENTRY_TOKENS) -> None:
-        self.max_tokens = max_tokens
-        self.entry_tokens = entry_tokens
-        self.held = 0
-        self._entries: collections.OrderedDict[bytes, array] = collections.OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: bytes) -> list[int] | None:
-        arr = self._entries.get(key)
-        if arr is None:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return arr.tolist()
-
-    def put(self, key: bytes, tokens: list[int]) -> None:
-        cost = len(tokens) + self.entry_tokens
-        if cost > self.max_tokens:
-            return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.held -= len(old) + self.entry_tokens
-        self._entries[key] = array("i", tokens)
-        self.held += cost
-        while self.held > self.max_tokens:
-            _, dropped = self._entries.popitem(last=False)
-            self.held -= len(dropped) + self.entry_tokens
-
-
-Tokenize = Callable[[str], Awaitable[list[int]]]
-
-
-class ChatPrompter:
-    """Builds a conversation's prompt tokens, reusing the exact tokens of turns it served."""
-
-    def __init__(self, info: TemplateInfo, tokenize: Tokenize, *, memory_tokens: int = 1 << 22,
-                 run_sync: Callable[..., Awaitable[Any]] | None = None, max_bytes: int = 0) -> None:
-        self.info = info
-        self.max_bytes = max_bytes  # the prompt limit: no render produces more
-        self._tokenize = tokenize
-        self._run_sync = run_sync  # for a request's template, which renders on a worker thread
-        self.memory = TurnMemory(memory_tokens)
-        self._default: ChatTemplate | None = None
-
-    def template(self, source: str | None = None) -> ChatTemplate:
-        if source is not None:
-            return ChatTemplate(source, bos_token=self.info.bos_text, eos_token=self.info.eos_text,
-                                budget=REQUEST_TEMPLATE_BUDGET, run_sync=self._run_sync, max_bytes=self.max_bytes)
-        if self.info.template is None:
-            raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
-        if self._default is None:
-            self._default = ChatTemplate(self.info.template, bos_token=self.info.bos_text,
-                                         eos_token=self.info.eos_text, max_bytes=self.max_bytes)
-        return self._default
-
-    async def tokens_of(self, text: str, *, first: bool) -> list[int]:
-        """Tokenize rendered text: special-token text (e.g. <bos>) parses as the token; BOS
-        is added only when the model wants one and the template did not write it."""
-        tokens = await self._tokenize(text)
-        if first and self.info.add_bos and self.info.bos >= 0 and (not tokens or tokens[0] != self.info.bos):
-            tokens.insert(0, self.info.bos)
-        return tokens
-
-    async def build(self, messages: list[ChatMessage], *, template: str | None = None,
-                    add_generation_prompt: bool = True, render: list[dict[str, Any]] | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> Prompt:
-        """`render`: the messages as the template gets them, when they differ from `messages`
-        (actord.chat.tools rewrites a history for templates without tool support; each assistant
-        message stays one assistant message); `tools`: the template's `tools`."""
-        tpl = self.template(template)
-        dicts = as_dicts(messages) if render is None else render
-        k = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
-        kr = max((i for i, d in enumerate(dicts) if d["role"] == "assistant"), default=-1)
-        if k > 0 and kr > 0 and add_generation_prompt:
-            known = self.memory.get(_digest(tpl.id, messages[: k + 1]))
-            if known is not None:
-                tail = await self._tail_after(tpl, dicts, kr, tools)
-                if tail is not None:
-                    tokens = known + (await self.tokens_of(tail, first=False) if tail else [])
-                    return Prompt(tokens=tokens, key_messages=list(messages), template_id=tpl.id,
-                                  reused_turn=True)
-        text = await tpl.render_async(dicts, add_generation_prompt=add_generation_prompt, tools=tools)
-        if not text:
-            raise ChatTemplateError("the chat template rendered an empty prompt")
-        return Prompt(tokens=await self.tokens_of(text, first=True), key_messages=list(messages),
-                      template_id=tpl.id, reused_turn=False)
-
-    @staticmethod
-    async def _tail_after(tpl: ChatTemplate, dicts: list[dict[str, Any]], k: int,
-                          tools: list[dict[str, Any]] | None = None) -> str | None:
-        """What the template renders after message k's content (its closing markup and every
-        later message), found by rendering a sentinel in the content's place (a reply that
-        made tool calls is probed as text: the tokens kept hold the calls as generated)."""
-        sentinel = f"@@actord-reply-{secrets.token_hex(8)}@@"
-        probe = [dict(d) for d in dicts]
-        probe[k] = {"role": probe[k]["role"], "content": sentinel}
-        text = await tpl.render_async(probe, add_generation_prompt=True, tools=tools)
-        i = text.find(sentinel)
-        if i < 0 or text.find(sentinel, i + 1) >= 0:
-            return None  # the template does not place the reply verbatim, once
-        return text[i + len(sentinel):]
-
-    def remember(self, prompt: Prompt, reply: str | ChatMessage, result: CompletionResult) -> None:
-        """Keep prompt + reply tokens for the conversation's next turn (`reply`: its text, or
-        the message as the client will send it back, tool calls included)."""
-        msg = reply if isinstance(reply, ChatMessage) else ChatMessage(role="assistant", content=reply)
-        convo = [*prompt.key_messages, msg]
-        self.memory.put(_digest(prompt.template_id, convo), prompt.tokens + result.tokens)
+# The request and result shapes live in actord.chat.messages. actord/cluster (under another
+# change now) still imports them from here: remove this line once its imports name messages.
+from actord.chat.messages import ChatRequest, ChatResult  # noqa: E402,F401

@@ -1,9 +1,12 @@
-"""Tool calling: the tools in the prompt, a grammar for the call, the output parsed back.
+"""Tool calling: the tools in the prompt, a grammar for the call, the format's choice.
 
-Pure code (no I/O, no libllama): `system.chat` asks `plan_turn` for what one turn needs
-(the messages and tools as the template gets them, the grammar and its triggers, the
-control tokens whose text the output must keep) and parses the output with that turn's
-`Scanner`, which the streamed and the whole answer share, so both always agree.
+Pure code (no I/O, no libllama): a chat turn (actord/chat/turn.py) asks `plan_turn` for
+what one turn needs (the messages and tools as the template gets them, the grammar and its
+triggers, the control tokens whose text the output must keep) and parses the output with
+that turn's `Scanner` (actord/chat/tool_output.py, the parser and the typed stream events),
+which the streamed and the whole answer share, so both always agree. The tool and call
+shapes are actord.chat.messages'; OpenAI's wire forms of them are the HTTP front's
+(actord/frontends/http/openai/tools_wire.py).
 
 Formats, chosen from the chat template's source (`detect_format`, first match wins; the
 daemon's `--tool-format` overrides it):
@@ -34,10 +37,6 @@ answer): text before a call is free, and a call, once begun, is valid JSON under
 schema. `none` renders no tools and parses nothing: the answer is text. `parallel_tool_calls:
 false` lets the grammar take one call. The grammar guarantees a call only when generation
 ends by itself: a `length` cut leaves an unfinished call, which parses as text.
-
-Parsing never raises: a call section that is not well-formed JSON, names a function the
-request did not offer, or carries non-object arguments is kept as content text; what is
-well-formed becomes `tool_calls`, and the rest of the output is content.
 """
 
 from __future__ import annotations
@@ -45,36 +44,17 @@ from __future__ import annotations
 import functools
 import json
 import re
-import secrets
-import string
-from typing import Any, Iterable
+from typing import Any
 
 import msgspec
 
-from actord.service.types import Trigger
+from actord.chat.messages import Tool, ToolCall
+from actord.chat.tool_output import AT_START, OPENERS, Scanner
 from actord.service.errors import InvalidParams
+from actord.service.types import Trigger
 
 FORMATS = ("hermes", "mistral", "llama3", "generic")
 MAX_TOOLS = 128
-
-
-# -- shapes ------------------------------------------------------------------------------
-
-
-class Tool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One function the model may call (OpenAI's `tools[].function`)."""
-
-    name: str
-    description: str = ""
-    parameters: dict | None = None
-
-
-class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One call the model made: `arguments` is the JSON text of an object (OpenAI's)."""
-
-    id: str
-    name: str
-    arguments: str = "{}"
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -126,72 +106,6 @@ def _check_schema(schema: bytes, param: str) -> None:
     schema_grammar(json.loads(schema), param)
 
 
-def new_call_id(fmt: str) -> str:
-    if fmt == "mistral":  # Mistral's templates refuse any other id
-        alphabet = string.ascii_letters + string.digits
-        return "".join(secrets.choice(alphabet) for _ in range(9))
-    return "call_" + secrets.token_hex(12)
-
-
-# -- OpenAI's wire shapes -> these -----------------------------------------------------------
-
-
-def tools_from_openai(v: Any, param: str = "tools", flat: bool = False) -> list[Tool]:
-    """OpenAI's `tools` (chat: `{"type": "function", "function": {...}}`; Responses, `flat`:
-    `{"type": "function", "name": ..., "parameters": ...}`) as Tools. Other tool types
-    (built-in tools, custom grammars) are a 400 naming them."""
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise _bad(param, "a list of tools")
-    out = []
-    for i, t in enumerate(v):
-        if not isinstance(t, dict) or t.get("type", "function") != "function":
-            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise _bad(f"{param}[{i}].type", f"only function tools are supported, not {str(kind)[:40]!r}")
-        fn = t if flat else t.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise _bad(f"{param}[{i}]", "a function tool needs a function with a name")
-        desc = fn.get("description") or ""
-        if not isinstance(desc, str):
-            raise _bad(f"{param}[{i}].description", "a string")
-        out.append(Tool(name=fn["name"], description=desc, parameters=fn.get("parameters")))
-    return out
-
-
-def functions_from_openai(functions: Any, function_call: Any) -> tuple[list[Tool], Any]:
-    """Legacy `functions` / `function_call` as tools and a tool_choice."""
-    tools = tools_from_openai([{"type": "function", "function": f} for f in functions]
-                              if isinstance(functions, list) else functions, "functions")
-    if function_call is None or function_call in ("auto", "none"):
-        return tools, function_call or "auto"
-    if isinstance(function_call, dict) and isinstance(function_call.get("name"), str):
-        return tools, {"type": "function", "function": {"name": function_call["name"]}}
-    raise _bad("function_call", 'auto, none, or {"name": ...}')
-
-
-def calls_from_openai(v: Any, param: str) -> list[ToolCall]:
-    """An assistant message's `tool_calls` as the client sends them back."""
-    if not isinstance(v, list):
-        raise _bad(param, "a list of tool calls")
-    out = []
-    for j, c in enumerate(v):
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise _bad(f"{param}[{j}]", 'a tool call is {"id", "type": "function", "function": {"name", "arguments"}}')
-        args = fn.get("arguments", "{}")
-        if isinstance(args, dict):
-            args = json.dumps(args, ensure_ascii=False)
-        if not isinstance(args, str):
-            raise _bad(f"{param}[{j}].function.arguments", "the JSON text of an object")
-        cid = c.get("id")
-        out.append(ToolCall(id=cid if isinstance(cid, str) else f"call_{j}", name=fn["name"], arguments=args))
-    return out
-
-
-def call_to_openai(c: ToolCall) -> dict[str, Any]:
-    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-
 
 # -- which format ----------------------------------------------------------------------------
 
@@ -214,9 +128,6 @@ def detect_format(template: str | None) -> tuple[str, str]:
 
 
 _ARG_KEY = {"hermes": "arguments", "mistral": "arguments", "llama3": "parameters", "generic": "arguments"}
-_OPENERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>",), "generic": ()}
-_CLOSER = {"hermes": "</tool_call>"}
-_AT_START = {"llama3": "{", "generic": "{"}
 _PRESERVE = {"hermes": ("<tool_call>", "</tool_call>"), "mistral": ("[TOOL_CALLS]",),
              "llama3": ("<|python_tag|>",), "generic": ()}
 
@@ -332,7 +243,7 @@ class Turn:
 
 def plan_turn(fmt: str, messages: list[Any], tools: list[Tool], mode: str, name: str = "",
               parallel: bool = True) -> Turn:
-    """A turn's rendering and constraints. `messages` are actord.chat.template.ChatMessages (with
+    """A turn's rendering and constraints. `messages` are actord.chat.messages.ChatMessages (with
     `tool_calls`, `tool_call_id`, `name`); `mode`/`name` as `check_tools` returns them."""
     if fmt not in FORMATS:
         raise _bad("tool_format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
@@ -349,9 +260,9 @@ def plan_turn(fmt: str, messages: list[Any], tools: list[Tool], mode: str, name:
         allowed = [t for t in active if mode != "named" or t.name == name]
         grammar = call_grammar(fmt, tuple(msgspec.json.encode(t) for t in allowed), mode, parallel)
         if mode == "auto" and fmt != "generic":
-            triggers = [Trigger(text=o) for o in _OPENERS[fmt]]
-            if fmt in _AT_START:
-                triggers.append(Trigger(text=_AT_START[fmt], at_start=True))
+            triggers = [Trigger(text=o) for o in OPENERS[fmt]]
+            if fmt in AT_START:
+                triggers.append(Trigger(text=AT_START[fmt], at_start=True))
     return Turn(fmt, mode, active, render, template_tools, grammar, triggers,
                 list(_PRESERVE[fmt]) if active else [], parallel)
 
@@ -395,278 +306,3 @@ def call_grammar(fmt: str, tools: tuple[bytes, ...], mode: str, parallel: bool) 
         else:
             root = f"root ::= {calls}"
     return f"{root}\n{ws}{body}"
-
-
-# -- parsing --------------------------------------------------------------------------------------------
-
-
-_WS = " \t\r\n"
-
-
-class Scanner:
-    """Incremental parser of one output in one format: `feed` text as it streams, `finish`
-    at the end; each returns events, ("content", text) or ("call", ToolCall). The content
-    and calls so far are in `content` and `calls`. Leading and trailing whitespace of the
-    content is dropped (held back until text follows), and text that may be the start of
-    a marker is held back until it is not. `names`: the functions offered (None: no tools,
-    nothing parses). Work per feed is proportional to the new text (the JSON scan resumes)."""
-
-    def __init__(self, fmt: str, names: set[str] | None, max_calls: int | None = None) -> None:
-        self.fmt = fmt
-        self.names = names
-        self.max_calls = max_calls
-        self.openers = _OPENERS[fmt] if names is not None else ()
-        self.at_start = _AT_START.get(fmt) if names is not None else None
-        self.closer = _CLOSER.get(fmt)
-        self.buf = ""
-        self.pos = 0  # buf[:pos] is consumed
-        self.boundary = True  # at the output's start or right after a call: leading whitespace drops
-        self.held_ws = ""
-        self.section: int | None = None  # buf index where the open section starts
-        self.section_opener = ""
-        self._json_at = -1  # the JSON value being scanned: where it starts, and the scan's state
-        self._scan = (0, 0, False, False)  # next index, depth, in string, after backslash
-        self._content: list[str] = []
-        self.calls: list[ToolCall] = []
-
-    @property
-    def content(self) -> str:
-        return "".join(self._content)
-
-    def feed(self, text: str) -> list[tuple[str, Any]]:
-        self.buf += text
-        return self._run(final=False)
-
-    def finish(self) -> list[tuple[str, Any]]:
-        return self._run(final=True)
-
-    # -- internals --
-
-    def _emit_text(self, s: str, out: list[tuple[str, Any]]) -> None:
-        if not s:
-            return
-        if self.boundary:
-            s = s.lstrip(_WS)
-            if not s:
-                return
-        stripped = s.rstrip(_WS)
-        if not stripped:
-            self.held_ws += s
-            return
-        text = self.held_ws + stripped
-        self.held_ws = s[len(stripped):]
-        self.boundary = False
-        self._content.append(text)
-        out.append(("content", text))
-
-    def _run(self, final: bool) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        while True:
-            if self.section is not None:
-                if not self._section(final, out):
-                    break
-                continue
-            if not self._text(final, out):
-                break
-        if final:
-            self.held_ws = ""
-        return out
-
-    def _text(self, final: bool, out: list[tuple[str, Any]]) -> bool:
-        """Text mode: emit what cannot be a marker; True when a section opened."""
-        rest = self.buf[self.pos:]
-        if not rest:
-            return False
-        can_call = self.max_calls is None or len(self.calls) < self.max_calls
-        if self.boundary and self.at_start and can_call:
-            s = rest.lstrip(_WS + (";" if self.calls else ""))
-            if not s:
-                if final:
-                    self.pos = len(self.buf)
-                return False
-            if s[0] == self.at_start:
-                self._open(self.pos + len(rest) - len(s), "")
-                return True
-        best, which = -1, ""
-        if can_call:
-            for op in self.openers:
-                i = rest.find(op)
-                if i >= 0 and (best < 0 or i < best):
-                    best, which = i, op
-        if best >= 0:
-            self._emit_text(rest[:best], out)
-            self._open(self.pos + best, which)
-            return True
-        hold = 0
-        if not final and can_call:
-            for op in self.openers:
-                for k in range(min(len(op) - 1, len(rest)), 0, -1):
-                    if rest.endswith(op[:k]):
-                        hold = max(hold, k)
-                        break
-        self._emit_text(rest[:len(rest) - hold], out)
-        self.pos = len(self.buf) - hold
-        return False
-
-    def _open(self, at: int, opener: str) -> None:
-        self.pos = at
-        self.section, self.section_opener = at, opener
-        self._json_at = -1
-
-    def _fail(self, out: list[tuple[str, Any]]) -> None:
-        """The open section is not a call: its opening becomes text, and scanning goes on after it."""
-        assert self.section is not None
-        head = self.section_opener or self.buf[self.section]
-        self.boundary = False if head.strip() else self.boundary
-        self._emit_text(head, out)
-        self.pos = self.section + len(head)
-        self.section = None
-
-    def _section(self, final: bool, out: list[tuple[str, Any]]) -> bool:
-        """Section mode: True when the section ended (a call or a failure), False to wait."""
-        assert self.section is not None
-        j = self.section + len(self.section_opener)
-        if self._json_at < 0:
-            while j < len(self.buf) and self.buf[j] in _WS:
-                j += 1
-            if j >= len(self.buf):
-                if final:
-                    self._fail(out)
-                    return True
-                return False
-            if self.buf[j] not in "{[":
-                self._fail(out)
-                return True
-            self._json_at = j
-            self._scan = (j, 0, False, False)
-        end = self._scan_json()
-        if end is None:
-            if final:
-                self._fail(out)
-                return True
-            return False
-        if end < 0:
-            self._fail(out)
-            return True
-        calls = self._calls(self.buf[self._json_at:end])
-        if calls is None:
-            self._fail(out)
-            return True
-        stop = end
-        if self.closer:
-            k = end
-            while k < len(self.buf) and self.buf[k] in _WS:
-                k += 1
-            tail = self.buf[k:k + len(self.closer)]
-            if tail == self.closer:
-                stop = k + len(self.closer)
-            elif self.closer.startswith(tail) and not final:
-                return False  # the closer may be on its way
-            # else: no closer (a model that ends the call with EOS): the call stands.
-        for c in calls:
-            self.calls.append(c)
-            out.append(("call", c))
-        self.pos, self.section, self.boundary, self.held_ws = stop, None, True, ""
-        return True
-
-    def _scan_json(self) -> int | None:
-        """Where the JSON value at `_json_at` ends (exclusive); None: not yet; -1: broken."""
-        k, depth, in_str, esc = self._scan
-        if depth < 0:
-            return k  # found before (a closer was awaited)
-        buf, n = self.buf, len(self.buf)
-        while k < n:
-            c = buf[k]
-            if in_str:
-                if esc:
-                    esc = False
-                elif c == "\\":
-                    esc = True
-                elif c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    self._scan = (k + 1, -1, False, False)
-                    return k + 1
-            k += 1
-        self._scan = (k, depth, in_str, esc)
-        return None
-
-    def _calls(self, text: str) -> list[ToolCall] | None:
-        try:
-            v = json.loads(text)
-        except ValueError:
-            return None
-        items = v if isinstance(v, list) and self.fmt == "mistral" else [v]
-        if not items:
-            return None
-        calls = []
-        for it in items:
-            c = self._call(it)
-            if c is None:
-                return None
-            calls.append(c)
-        if self.max_calls is not None and len(self.calls) + len(calls) > self.max_calls:
-            return None
-        return calls
-
-    def _call(self, it: Any) -> ToolCall | None:
-        if not isinstance(it, dict) or not isinstance(it.get("name"), str):
-            return None
-        if self.names is not None and it["name"] not in self.names:
-            return None
-        args = it.get("arguments", it.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        return ToolCall(id=new_call_id(self.fmt), name=it["name"], arguments=json.dumps(args, ensure_ascii=False))
-
-
-class StreamAdapter:
-    """A chat's stream sink seen through a Scanner: each raw chunk goes on with its content
-    parsed (text only) and `tool_calls` deltas (OpenAI's shape) when calls completed."""
-
-    def __init__(self, scanner: Scanner, sink: Any) -> None:
-        self.scanner, self.sink, self.n_calls = scanner, sink, 0
-
-    def __call__(self, chunk: dict[str, Any]) -> None:
-        self._send(chunk, self.scanner.feed(chunk.get("content", "")))
-
-    def finish(self, slot: int) -> None:
-        events = self.scanner.finish()
-        if events:
-            self._send({"slot": slot, "content": "", "tokens": []}, events)
-
-    def _send(self, chunk: dict[str, Any], events: list[tuple[str, Any]]) -> None:
-        text, deltas = events_to_deltas(events, self.n_calls)
-        self.n_calls += len(deltas)
-        if not (text or deltas or chunk.get("logprobs")):
-            return  # held back (a marker may be starting, or a call is being written)
-        out = {**chunk, "content": text}
-        if deltas:
-            out["tool_calls"] = deltas
-        self.sink(out)
-
-
-def events_to_deltas(events: Iterable[tuple[str, Any]], first_index: int) -> tuple[str, list[dict[str, Any]]]:
-    """Scanner events as one OpenAI chat delta's parts: (content, tool_calls deltas); the
-    call indices count on from `first_index`. A call arrives whole: its header and its
-    arguments in one delta (a call is sent once its JSON is complete, so a streamed answer
-    never holds a call the final parse would refuse)."""
-    text, deltas = [], []
-    for kind, v in events:
-        if kind == "content":
-            text.append(v)
-        else:
-            deltas.append({"index": first_index + len(deltas), "id": v.id, "type": "function",
-                           "function": {"name": v.name, "arguments": v.arguments}})
-    return "".join(text), deltas

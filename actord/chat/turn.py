@@ -1,5 +1,5 @@
 """One chat turn (`ActorSystem.chat`): a conversation rendered into the model's prompt
-(actord.chat.template), tool calling planned (actord.chat.tools), the completion run (`n` > 1: several
+(actord/chat/prompter.py), tool calling planned (actord/chat/tools.py), the completion run (`n` > 1: several
 choices from one prefill, actord/chat/choices.py), the reply parsed and remembered.
 
 Why a module of its own: this is the chat verb's whole body, the socket's `chat` and the
@@ -30,9 +30,9 @@ log = get("actord.service.system")
 
 async def run_turn(system: Any, request: Any, on_token: Callable[[Any], None] | None, n: int = 1) -> Any:
     """The turn's ChatResult (with `n` > 1, a list of n, choice 0's reply remembered)."""
-    from actord.chat.template import has_tools
     from actord.chat.choices import reply_message
-    from actord.chat.tools import StreamAdapter
+    from actord.chat.messages import has_tools
+    from actord.chat.tool_output import StreamAdapter
 
     request.check()
     system._check_open()
@@ -85,7 +85,7 @@ async def run_turn(system: Any, request: Any, on_token: Callable[[Any], None] | 
 
 async def _prompter(system: Any) -> Any:
     """The system's ChatPrompter, made on the first turn (the model's template, or --chat-template-file)."""
-    from actord.chat.template import ChatPrompter
+    from actord.chat.prompter import ChatPrompter
 
     prompter: ChatPrompter | None = getattr(system, "_chat_prompter", None)
     if prompter is not None:
@@ -105,14 +105,27 @@ async def _prompter(system: Any) -> Any:
         return await system.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
 
     prompter = system._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=system.config.chat_memory_tokens,
-                                                    run_sync=system._run_sync,
+                                                    run_sync=system._run_sync, limiter=render_limiter(system),
                                                     max_bytes=system._limits.max_prompt_bytes)
     return prompter
 
 
+def render_limiter(system: Any) -> Any:
+    """The system's chat-template render threads (actord.chat.template.RENDER_THREADS), made
+    on first use: the chat turns and the socket's apply_template share them."""
+    limiter = getattr(system, "_chat_render_limiter", None)
+    if limiter is None:
+        import anyio
+
+        from actord.chat.template import RENDER_THREADS
+
+        limiter = system._chat_render_limiter = anyio.CapacityLimiter(RENDER_THREADS)
+    return limiter
+
+
 async def _end(system: Any, request: Any, prompter: Any, prompt: Any, result: CompletionResult, message: Any) -> Any:
     """The turn's ChatResult; its reply remembered for the conversation's next turn."""
-    from actord.chat.template import ChatResult
+    from actord.chat.messages import ChatResult
 
     if result.stop_reason != "cancelled" and (
         not request.stop or await system.engine.run(J.Detokenize(tokens=result.tokens)) == result.content

@@ -362,7 +362,7 @@ class ActorSystem:
         `ChatResult` (the reply message, the completion's result and usage); with `n` > 1,
         a list of n, one per choice (actord/chat/choices.py: choice 0's reply is the one remembered).
         """
-        from actord.chat.template import ChatRequest
+        from actord.chat.messages import ChatRequest
         from actord.chat.turn import run_turn
 
         if request is None:

@@ -17,7 +17,7 @@ import jinja2
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from actord.chat.template import ChatMessage
+from actord.chat.messages import ChatMessage
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.service.errors import ChatTemplateError, NoChatTemplate

@@ -1,4 +1,4 @@
-"""Chat templates (actord.chat.template): the sandboxed Jinja2 environment, prefix stability, turn memory.
+"""Chat templates (actord.chat.template): the sandboxed Jinja2 environment, prefix stability, bounds.
 
 Why: a mind's next turn must decode only its new messages, which needs the rendered prompt
 of turn n+1 to extend turn n's prompt plus the reply; and a template is code a request may
@@ -13,10 +13,8 @@ import jinja2
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from actord.service.types import CompletionResult, Timings
-from actord.chat.template import ChatMessage, ChatPrompter, ChatTemplate, TurnMemory
-from actord.engine.jobs import ChatTemplateInfo
-from actord.service.errors import ChatTemplateError, NoChatTemplate
+from actord.chat.template import ChatTemplate
+from actord.service.errors import ChatTemplateError
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, write_tiny_llama
 
 
@@ -96,66 +94,6 @@ def test_environment_is_the_hugging_face_one():
                        "{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}")
     out = tpl.render([{"role": "user", "content": "é"}, {"role": "user", "content": "x"}])
     assert out == '{"role": "user", "content": "é"}4'
-
-
-def test_turn_memory_is_bounded_by_tokens_and_least_recently_used_goes_first():
-    mem = TurnMemory(max_tokens=10, entry_tokens=0)
-    mem.put(b"a", [1] * 4)
-    mem.put(b"b", [2] * 4)
-    assert mem.get(b"a") == [1] * 4  # a is now the most recent
-    mem.put(b"c", [3] * 4)  # 12 > 10: b goes
-    assert mem.get(b"b") is None and mem.get(b"a") is not None and mem.held == 8
-    mem.put(b"huge", [0] * 11)  # larger than the budget: not kept, nothing dropped
-    assert mem.get(b"huge") is None and len(mem) == 2
-
-
-def test_turn_memory_charges_each_turn_its_bookkeeping_so_many_short_turns_stay_bounded():
-    mem = TurnMemory(max_tokens=1000)  # the default charge: 64 units per turn kept
-    for i in range(1000):
-        mem.put(b"k%d" % i, [7])
-    assert len(mem) == 1000 // 65 and mem.held <= 1000  # 15 turns of 1 token, not 1000
-    assert mem.get(b"k999") == [7] and mem.get(b"k0") is None  # the newest stay
-    mem.put(b"k999", [8, 9])  # a turn kept again is charged once
-    assert mem.held == 14 * 65 + 66 and mem.get(b"k999") == [8, 9]
-
-
-def _result(tokens: list[int]) -> CompletionResult:
-    return CompletionResult(content="", tokens=tokens, n_prompt_tokens=0, n_prompt_processed=0, n_cached=0,
-                            slot=0, stop_reason="length", timings=Timings(0, 0, 0, 0))
-
-
-def _prompter(template: str | None = TINY_CHAT_TEMPLATE) -> ChatPrompter:
-    async def tokenize(text: str) -> list[int]:  # one token per character, "<s>" parsed as 1
-        return [1 if i == 0 and text.startswith("<s>") else ord(c) + 10 for i, c in enumerate(text.replace("<s>", "\0", 1))]
-
-    info = ChatTemplateInfo(template=template, bos_text="<s>", eos_text="</s>", add_bos=True, bos=1)
-    return ChatPrompter(info, tokenize)
-
-
-@pytest.mark.anyio
-async def test_a_served_turn_comes_back_as_its_exact_tokens():
-    p = _prompter()
-    msgs = [ChatMessage("user", "hi")]
-    first = await p.build(msgs)
-    assert first.tokens[0] == 1 and not first.reused_turn
-    generated = [500, 501, 502]  # what the model produced (not what "yo" would tokenize to)
-    p.remember(first, "yo", _result(generated))
-    nxt = [*msgs, ChatMessage("assistant", "yo"), ChatMessage("user", "more")]
-    second = await p.build(nxt)
-    assert second.reused_turn
-    assert second.tokens[: len(first.tokens) + 3] == first.tokens + generated
-    tail = "</s>\n<|user|>\nmore</s>\n<|assistant|>\n"
-    assert second.tokens[len(first.tokens) + 3:] == [ord(c) + 10 for c in tail]
-    edited = [*msgs, ChatMessage("assistant", "yo!"), ChatMessage("user", "more")]
-    assert not (await p.build(edited)).reused_turn  # an edited reply is rendered whole
-
-
-@pytest.mark.anyio
-async def test_no_template_is_a_typed_error_unless_the_request_names_one():
-    p = _prompter(template=None)
-    with pytest.raises(NoChatTemplate):
-        await p.build([ChatMessage("user", "hi")])
-    assert (await p.build([ChatMessage("user", "hi")], template=TINY_CHAT_TEMPLATE)).tokens[0] == 1
 
 
 def test_a_client_template_that_loops_without_end_is_stopped_by_its_budget():

@@ -1,4 +1,4 @@
-"""actord.chat.tools: the format chosen from a template, each format's parser (whole and streamed
+"""actord.chat.tools and tool_output: the format chosen from a template, each format's parser (whole and streamed
 in any split), malformed output kept as text, the call grammar's shape, and the history
 rewritten for templates without tool support. Pure: no model."""
 
@@ -11,22 +11,24 @@ import pytest
 from hypothesis import given, settings
 
 from actord.chat import tools as T
-from actord.chat.template import ChatMessage
+from actord.chat.messages import ChatMessage, Tool, ToolCall
+from actord.chat.tool_output import CallMade, Scanner, StreamAdapter, new_call_id
 from actord.service.errors import InvalidParams
+from actord.service.types import Trigger
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, TINY_CHAT_TEMPLATE
 
 NAMES = {"get_weather", "add"}
 
 
 def _scan(fmt: str, text: str, max_calls: int | None = None, names=NAMES) -> tuple[str, list[tuple[str, dict]]]:
-    sc = T.Scanner(fmt, names, max_calls)
+    sc = Scanner(fmt, names, max_calls)
     sc.feed(text)
     sc.finish()
     return sc.content, [(c.name, json.loads(c.arguments)) for c in sc.calls]
 
 
 def _streamed(fmt: str, text: str, cuts: list[int], max_calls: int | None = None):
-    sc = T.Scanner(fmt, NAMES, max_calls)
+    sc = Scanner(fmt, NAMES, max_calls)
     events = []
     last = 0
     for c in sorted(set(cuts)) + [len(text)]:
@@ -119,35 +121,37 @@ def test_with_no_tools_nothing_parses():
 
 
 def test_text_that_may_open_a_marker_is_held_back_until_it_does_not():
-    sc = T.Scanner("hermes", NAMES)
+    sc = Scanner("hermes", NAMES)
     assert sc.feed("Hi <tool") == [("content", "Hi")]
     assert sc.feed("box") == [("content", " <toolbox")]
     assert sc.finish() == []
 
 
 def test_calls_get_ids_and_mistral_ids_are_nine_alphanumerics():
-    sc = T.Scanner("mistral", NAMES)
+    sc = Scanner("mistral", NAMES)
     sc.feed('[TOOL_CALLS][{"name": "add", "arguments": {}}]')
     sc.finish()
     assert len(sc.calls[0].id) == 9 and sc.calls[0].id.isalnum()
-    assert T.new_call_id("hermes").startswith("call_")
+    assert new_call_id("hermes").startswith("call_")
 
 
-def test_stream_adapter_turns_raw_chunks_into_content_and_tool_call_deltas():
+def test_stream_adapter_turns_raw_chunks_into_content_and_typed_call_events():
     got = []
-    ad = T.StreamAdapter(T.Scanner("hermes", NAMES), got.append)
-    for piece in ["Sure", ". <tool", "_call>", '{"name": "add", ', '"arguments": {"a": 1}}', "</tool_call>"]:
+    ad = StreamAdapter(Scanner("hermes", NAMES), got.append)
+    for piece in ["Sure", ". <tool", "_call>", '{"name": "add", ', '"arguments": {"a": 1}}', "</tool_call>",
+                  '<tool_call>{"name": "add", "arguments": {}}']:
         ad({"slot": 0, "content": piece, "tokens": [1]})
     ad.finish(0)
-    assert [c["content"] for c in got] == ["Sure", "."] + [""]
-    call = got[-1]["tool_calls"]
-    assert call[0]["index"] == 0 and call[0]["type"] == "function" and call[0]["function"] == {
-        "name": "add", "arguments": '{"a": 1}'}
+    assert [c["content"] for c in got] == ["Sure", ".", "", ""]
+    assert all("tool_calls" not in c for c in got)  # no wire's shape: the fronts write their own
+    [first], [second] = got[2]["calls"], got[3]["calls"]
+    assert isinstance(first, CallMade) and first.index == 0 and second.index == 1
+    assert (first.call.name, first.call.arguments) == ("add", '{"a": 1}') and first.call.id.startswith("call_")
 
 
-WEATHER = T.Tool(name="get_weather", description="weather", parameters={
+WEATHER = Tool(name="get_weather", description="weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
-ADD = T.Tool(name="add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
+ADD = Tool(name="add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
 
 
 @pytest.mark.parametrize("fmt", T.FORMATS)
@@ -160,7 +164,7 @@ def test_the_call_grammar_names_the_allowed_functions_in_the_format(fmt, mode):
     lazy = mode == "auto" and fmt != "generic"
     assert bool(turn.triggers) == lazy
     if fmt == "llama3" and lazy:
-        assert T.Trigger(text="{", at_start=True) in turn.triggers
+        assert Trigger(text="{", at_start=True) in turn.triggers
     if fmt == "generic" and mode == "auto":
         assert "actord-text" in g  # a call, or text that does not open with '{'
     assert "(actord-ws" not in g and ")*" not in g.split("\n", 1)[0]  # one call: no repetition
@@ -172,9 +176,9 @@ def test_tool_choice_none_renders_no_tools_and_constrains_nothing():
 
 
 def test_generic_history_becomes_text_turns_that_alternate():
-    call = T.ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')
+    call = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')
     msgs = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="weather?"),
-            ChatMessage(role="assistant", tool_calls=[call, T.ToolCall(id="call_2", name="add", arguments="{}")]),
+            ChatMessage(role="assistant", tool_calls=[call, ToolCall(id="call_2", name="add", arguments="{}")]),
             ChatMessage(role="tool", tool_call_id="call_1", content="sunny"),
             ChatMessage(role="tool", tool_call_id="call_2", content="3"),
             ChatMessage(role="user", content="thanks")]
@@ -189,7 +193,7 @@ def test_generic_history_becomes_text_turns_that_alternate():
 
 
 def test_native_history_gives_the_template_argument_objects_and_tool_names():
-    call = T.ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')
+    call = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')
     msgs = [ChatMessage(role="user", content="weather?"), ChatMessage(role="assistant", tool_calls=[call]),
             ChatMessage(role="tool", tool_call_id="call_1", content="sunny")]
     turn = T.plan_turn("hermes", msgs, [WEATHER], "auto")
@@ -199,12 +203,12 @@ def test_native_history_gives_the_template_argument_objects_and_tool_names():
 
 
 @pytest.mark.parametrize("tools,choice,param", [
-    ([T.Tool(name="a b")], "auto", "tools[0].function.name"),
+    ([Tool(name="a b")], "auto", "tools[0].function.name"),
     ([WEATHER, WEATHER], "auto", "tools[1].function.name"),
     ([WEATHER], "maybe", "tool_choice"),
     ([], "required", "tool_choice"),
     ([WEATHER], {"type": "function", "function": {"name": "add"}}, "tool_choice"),
-    ([T.Tool(name="f", parameters={"type": "string", "minLength": 10**6})], "auto", "tools[0].function.parameters"),
+    ([Tool(name="f", parameters={"type": "string", "minLength": 10**6})], "auto", "tools[0].function.parameters"),
 ])
 def test_check_tools_refuses_naming_the_field(tools, choice, param):
     with pytest.raises(InvalidParams) as e:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Awaitable, Callable
 import msgspec
 
 from actord.service.types import CompletionRequest
-from actord.chat.template import ChatMessage, ChatRequest
+from actord.chat.messages import ChatMessage, ChatRequest
 from actord.storage.clientfiles import MAX_PATH
 from actord.storage.paths import MAX_NAME, check_page_name
 
@@ -103,8 +103,25 @@ async def _completion(system: Any, p: CompletionRequest, sink: Any) -> Any:
     return _b(await system.complete(p, on_token=sink if p.stream else None))
 
 
+def socket_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+    """A chat chunk as the socket streams it: the calls it completed (`calls`, actord's
+    CallMade events) become `tool_calls` deltas in OpenAI's shape, in the same place, which
+    is what the socket's `completion.chunk` has always carried. Written here rather than
+    borrowed from the HTTP front: this is the socket's own wire, which only looks like OpenAI's."""
+    if not chunk.get("calls"):
+        return chunk
+    return {("tool_calls" if k == "calls" else k): [
+        {"index": m.index, "id": m.call.id, "type": "function",
+         "function": {"name": m.call.name, "arguments": m.call.arguments}} for m in v] if k == "calls" else v
+        for k, v in chunk.items()}
+
+
 async def _chat(system: Any, p: ChatRequest, sink: Any) -> Any:
-    return _b(await system.chat(p, on_token=sink if p.stream else None))
+    on_token = None
+    if p.stream and sink is not None:
+        def on_token(chunk: dict[str, Any]) -> None:
+            sink(socket_chunk(chunk))
+    return _b(await system.chat(p, on_token=on_token))
 
 
 # -- text verbs: the tokenizer and the chat template, without generating -----------------
@@ -190,7 +207,9 @@ async def _chat_template(system: Any, p: NoParams, _: Any) -> Any:
 
 async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
     """{prompt}: the messages rendered as a chat would render them, without generating."""
-    from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate, as_dicts
+    from actord.chat.messages import as_dicts
+    from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate
+    from actord.chat.turn import render_limiter
     from actord.service.errors import InvalidParams, NoChatTemplate, PromptTooLong
 
     if not p.messages:
@@ -212,7 +231,7 @@ async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
 
     tpl = ChatTemplate(source, bos_token=src["bos_token"], eos_token=src["eos_token"],
                        budget=REQUEST_TEMPLATE_BUDGET if p.template else 0,
-                       run_sync=getattr(system, "_run_sync", anyio.to_thread.run_sync))
+                       run_sync=getattr(system, "_run_sync", anyio.to_thread.run_sync), limiter=render_limiter(system))
     return {"prompt": await tpl.render_async(as_dicts(p.messages), add_generation_prompt=p.add_generation_prompt)}
 
 

@@ -38,7 +38,7 @@ def _many(r: Any) -> list[Any]:
 def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, Any]:
     """The answer's `message`: with tool calls, `tool_calls` (and `content` null when the
     model wrote no text), or the legacy `function_call` (the first call)."""
-    from actord.chat.tools import call_to_openai
+    from actord.frontends.http.openai.tools_wire import call_to_openai
 
     calls = msg.tool_calls if msg is not None else None
     if not calls:
@@ -152,7 +152,7 @@ class Chunks:
     def delta(self, text: str, lps: list[TokenLogprob] | None = None,
               tool_calls: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
         """One chunk of choice `index`: `text` and, when asked, the logprobs of the tokens it
-        holds; a chat's `tool_calls` deltas (actord.chat.tools.events_to_deltas: each call whole,
+        holds; a chat's `tool_calls` deltas (tools_wire.call_deltas: each call whole,
         by index within the choice)."""
         if self.chat:
             choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "finish_reason": None}

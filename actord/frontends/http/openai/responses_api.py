@@ -8,7 +8,7 @@ count and bytes, oldest dropped first). A request naming `previous_response_id` 
 that conversation in that mind, so its state is still in the mind's slot, or in its page
 (RAM or file) when other minds took the slot meanwhile, and the turn decodes only the new
 input: the prompt starts with the exact tokens of the previous prompt and reply
-(actord.chat.template's turn memory).
+(actord.chat.prompter's turn memory).
 
 Which mind: the `X-Actord-Mind` header, `prompt_cache_key` or `user` when given (as on the
 chat route); else the previous response's; else, for a conversation's first response, a
@@ -57,10 +57,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.chat.template import ChatMessage, ChatRequest
+from actord.chat.messages import ChatMessage, ChatRequest, ToolCall
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.routes import decode_body, request_mind
+from actord.frontends.http.openai.tools_wire import tools_from_openai
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import Generation
 
@@ -143,8 +144,6 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
 def input_messages(v: Any, developer_is_system: bool = True) -> list[ChatMessage]:
     """`input` as chat messages: a string is one user message; items are messages,
     function calls (joined onto the assistant turn before them) and their outputs."""
-    from actord.chat.tools import ToolCall
-
     if isinstance(v, str):
         return [ChatMessage(role="user", content=v)]
     if not isinstance(v, list):
@@ -383,12 +382,9 @@ class ResponsesAnswer:
         return None  # response.created and .in_progress lead the first chunk's events (Events._lead)
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
-        from actord.chat.tools import ToolCall
-
         data = self.events.text(chunk["content"]) if chunk.get("content") else b""
-        for tc in chunk.get("tool_calls") or []:
-            f = tc["function"]
-            data += self.events.call(ToolCall(id=tc["id"], name=f["name"], arguments=f["arguments"]))
+        for made in chunk.get("calls") or []:  # actord.chat.tool_output.CallMade: the call, whole
+            data += self.events.call(made.call)
         return data  # b"": nothing to send (no text, no call)
 
     def error_event(self, e: HttpError | ActordError) -> bytes:
@@ -435,7 +431,7 @@ class Responses(RouteGroup):
         new = input_messages(req.input, developer_is_system=not developer)
         history = (prev.messages if prev is not None else []) + new
         convo = ([ChatMessage(role="system", content=req.instructions)] if req.instructions else []) + history
-        tools = T.tools_from_openai(req.tools, "tools", flat=True)
+        tools = tools_from_openai(req.tools, "tools", flat=True)
         if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
             raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         choice = req.tool_choice if req.tool_choice is not None else "auto"

@@ -38,9 +38,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.types import CompletionRequest
-from actord.chat.template import ChatRequest
+from actord.chat.messages import ChatRequest
 from actord.service.errors import InvalidParams, ModelNotFound
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.tools_wire import call_deltas
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import DONE, Generation, sse
 
@@ -89,7 +90,7 @@ class OpenAIAnswer:
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
-        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), chunk.get("tool_calls"),
+        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
                                  chunk.get("index", 0))
 
 

@@ -60,8 +60,9 @@ from typing import Any
 import msgspec
 
 from actord.service.types import GeneRef
-from actord.chat.template import ChatMessage
+from actord.chat.messages import ChatMessage
 from actord.service.errors import ActordError, InvalidParams, PromptTooLong
+from actord.frontends.http.openai.tools_wire import calls_from_openai, functions_from_openai, tools_from_openai
 # The answer's shapes (one choice or n) live in answers.py; re-exported here.
 from actord.frontends.http.openai.answers import (  # noqa: F401
     Chunks, _split, chat_completion, chat_logprobs, chat_message, finish_reason, new_id, text_completion,
@@ -312,10 +313,10 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
     if req.functions is not None or req.function_call is not None:
         if req.tools is not None or req.tool_choice is not None:
             raise _refuse("functions", "send tools or the legacy functions, not both")
-        tools, choice = T.functions_from_openai(req.functions or [], req.function_call)
+        tools, choice = functions_from_openai(req.functions or [], req.function_call)
         parallel = False
     else:
-        tools, choice = T.tools_from_openai(req.tools), req.tool_choice
+        tools, choice = tools_from_openai(req.tools), req.tool_choice
         parallel = req.parallel_tool_calls is not False
     if choice is not None and not tools and choice not in ("none", "auto"):
         raise InvalidParams("tool_choice names a tool, but there are no tools", param="tool_choice")
@@ -329,8 +330,6 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
-    from actord.chat import tools as T
-
     out = []
     for i, m in enumerate(msgs):
         calls = None
@@ -338,9 +337,9 @@ def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> l
             if m.role != "assistant":
                 raise InvalidParams(f"messages[{i}]: only assistant messages carry tool_calls",
                                     param=f"messages[{i}].tool_calls")
-            calls = T.calls_from_openai(m.tool_calls, f"messages[{i}].tool_calls")
+            calls = calls_from_openai(m.tool_calls, f"messages[{i}].tool_calls")
         elif m.function_call is not None and m.role == "assistant":  # legacy: one call, no id
-            calls = T.calls_from_openai([{"id": "call_0", "function": m.function_call}], f"messages[{i}].function_call")
+            calls = calls_from_openai([{"id": "call_0", "function": m.function_call}], f"messages[{i}].function_call")
         role = m.role
         call_id = m.tool_call_id
         if role == "function":  # legacy: a function's result, named

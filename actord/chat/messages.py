@@ -1,0 +1,94 @@
+"""The chat verb's shapes: a message, a tool and a call, the request and its result.
+
+Why a module of their own: every part of a chat turn and every front reads them (the
+template renders messages, the prompter keys its memory on them, tool planning reads
+their calls, the socket and the HTTP fronts decode requests into them, the cluster ships
+them between nodes), so they sit below all of those and import none of them. They are
+actord's own shapes: the OpenAI wire forms of tools and calls are converted at the HTTP
+front (actord/frontends/http/openai/tools_wire.py), not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from actord.service.types import CompletionResult, GeneRef, SamplingFields
+from actord.service.errors import InvalidParams
+
+
+class Tool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One function the model may call (OpenAI's `tools[].function`)."""
+
+    name: str
+    description: str = ""
+    parameters: dict | None = None
+
+
+class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One call the model made: `arguments` is the JSON text of an object (OpenAI's)."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, weakref=True):
+    # weakref: the prompter's conversation keys remember a message object without keeping it.
+    role: str
+    content: str = ""
+    # Tool calling (actord.chat.tools): an assistant turn's calls, a `tool` result's call id,
+    # and a message's name (a tool result's function, where the template reads it).
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    messages: list[ChatMessage]
+    n_predict: int = 256
+    slot: int | None = None
+    mind: str | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    stream: bool = False
+    genes: list[GeneRef] = []
+    template: str | None = None  # Jinja2 source; default: the model's tokenizer.chat_template
+    add_generation_prompt: bool = True
+    # Tool calling (actord.chat.tools): the functions offered, auto | none | required | a named
+    # function ({"type": "function", "function": {"name": ...}}), and the output format
+    # ("" = the daemon's --tool-format, which by default reads it from the template).
+    tools: list[Tool] = []
+    tool_choice: str | dict = "auto"
+    parallel_tool_calls: bool = True
+    tool_format: str = ""
+
+    def check(self) -> "ChatRequest":
+        if not self.messages:
+            raise InvalidParams("messages is empty")
+        for i, m in enumerate(self.messages):
+            if not m.role:
+                raise InvalidParams(f"messages[{i}].role is empty", index=i)
+        if self.template is not None and not self.template.strip():
+            raise InvalidParams("template is empty")
+        return self
+
+
+class ChatResult(msgspec.Struct, frozen=True):
+    message: ChatMessage  # the reply, as the next turn should send it back
+    completion: CompletionResult  # usage: n_prompt_tokens, n_cached, n_prompt_processed, ...
+    reused_turn: bool  # the prompt began with the exact tokens of a turn this daemon served
+
+
+def as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as a template without tool support gets them (role and content)."""
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def has_tools(messages: list[ChatMessage]) -> bool:
+    """Whether a conversation holds tool calls or results (it then renders through actord.chat.tools)."""
+    return any(m.tool_calls or m.role == "tool" for m in messages)
