@@ -154,9 +154,9 @@ def test_a_stream_sends_its_chunks_and_ends_as_its_api_does(kind):
             {"index": 0, "content": "a", "tokens": [5], "stop": False, "id_slot": 1, "tokens_predicted": 1},
             {"index": 0, "content": "b", "tokens": [6], "stop": False, "id_slot": 1, "tokens_predicted": 2},
             {"index": 0, "content": "", "stop": True, "tokens_predicted": 2}]
-        assert wire.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+        assert wire.sent[-1]["body"].endswith(b'"tokens_predicted":2}\n\n')  # the last events end it
         return
-    assert events[-1] == "[DONE]" and wire.sent[-1]["body"] == b"data: [DONE]\n\n"
+    assert events[-1] == "[DONE]" and wire.sent[-1]["body"].endswith(b"data: [DONE]\n\n")
     chunks = events[:-1]
     assert len({c["id"] for c in chunks}) == 1 and {c["system_fingerprint"] for c in chunks} == {"fp_test"}
     if kind == "chat":  # the role comes first, alone
@@ -272,3 +272,34 @@ def test_a_client_too_slow_to_drain_its_chunks_is_cut_off(kind):
     anyio.run(wire.drive, _answer(kind, front, run, stream=True))
     assert cancelled == [True] and front.gone == []
     assert not any(m["type"] == "http.response.body" and not m.get("more_body", False) for m in wire.sent)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunks_are_encoded_by_the_response_and_what_queued_goes_out_in_one_write(kind, monkeypatch):
+    from actord.frontends.http import streaming
+
+    encoded_in_sink = []
+    real_sse = streaming.sse
+    in_sink = [False]
+
+    def sse(obj: Any) -> bytes:
+        encoded_in_sink.append(in_sink[0])
+        return real_sse(obj)
+
+    monkeypatch.setattr(streaming, "sse", sse)
+    front, wire = FakeFront(), Wire()
+
+    async def run(on_token: Any) -> CompletionResult:
+        def sink(chunk: Any) -> None:
+            in_sink[0] = True
+            on_token(chunk)
+            in_sink[0] = False
+
+        _tokens(sink, [("x", 7)] * 5000)  # all queued before the response's task runs
+        return _result("x" * 5000, (7,) * 5000)
+
+    anyio.run(wire.drive, _answer(kind, front, run, stream=True))
+    bodies = [m for m in wire.sent if m["type"] == "http.response.body"]
+    assert len(bodies) <= 2 and wire.ended()  # the 5000 chunks in one write; the last events and the end
+    assert bodies[0]["body"].count(b"data: ") >= 5000
+    assert encoded_in_sink and not any(encoded_in_sink)  # none in the sink: all in the response

@@ -15,9 +15,14 @@ the answer is the same, and subtle enough to be written once:
   context, 503 overloaded) still arrives as an HTTP status with the API's error object;
   one found later is an SSE `data:` event holding that object, and the stream then ends
   as it always does.
-- Chunks queue in a bounded memory stream (OUTBOX); what queued while the last write was
-  under way goes out in one write. A client too slow to drain it is cut off, as on the
-  socket.
+- Chunks are encoded where they are sent, not where they are made: `on_token` runs inside
+  a slot's turn, so it only shapes the API's event (`Answer.chunk`: an answer may keep
+  state across chunks that its last events read, so shaping stays in order, there) and
+  queues it in a bounded memory stream (OUTBOX events). The response's own task takes
+  what is queued, frames each event and sends them in one write (one `b"".join`: the
+  copying is linear in what is sent, however many events waited). A client too slow to
+  drain the queue is cut off, as on the socket. (The Responses API's answer still frames
+  its events as it shapes them, in `Answer.chunk`: those are encoded in the sink.)
 - The http.disconnect uvicorn reports once a response is complete is the end of an answer,
   not a client that went away.
 - A bug in one request (an exception that is not a typed error) is logged and answered
@@ -151,21 +156,24 @@ class Generation(Response):
             return  # the client went away: nothing to answer
         await response(scope, receive, send)
 
+    def _framed(self, event: Any) -> bytes:
+        return self._error_event(event.error) if isinstance(event, _Failed) else frame(event)
+
     async def _streamed(self, scope: Any, receive: Any, send: Any) -> None:
         answer = self.answer
-        tx, rx = anyio.create_memory_object_stream[tuple[str, Any]](OUTBOX)
+        tx, rx = anyio.create_memory_object_stream[Any](OUTBOX)  # events, a _Failed last
         # Set before the answer's last write: from then on, the http.disconnect that
         # uvicorn reports once a response is complete is the end of a stream, not a client
         # that went away.
         finished = False
 
         async with anyio.create_task_group() as tg:
-            def on_token(chunk: dict[str, Any]) -> None:
-                data = frame(answer.chunk(chunk))
-                if not data:  # nothing to send for this chunk (the answer framed no event)
+            def on_token(chunk: dict[str, Any]) -> None:  # in a slot's turn: shape and queue, no more
+                event = answer.chunk(chunk)
+                if isinstance(event, bytes) and not event:  # the answer framed no event for this chunk
                     return
                 try:
-                    tx.send_nowait(("data", data))
+                    tx.send_nowait(event)
                 except anyio.WouldBlock:
                     log.warning("http.client_too_slow")
                     tg.cancel_scope.cancel()
@@ -177,10 +185,10 @@ class Generation(Response):
                     try:
                         final = await guarded(lambda: answer.streamed(on_token))
                     except (ActordError, HttpError) as e:
-                        await tx.send(("error", e))
+                        await tx.send(_Failed(e))
                         return
                     for event in final:
-                        await tx.send(("data", frame(event)))
+                        await tx.send(event)
 
             async def watch() -> None:
                 await until_disconnect(receive)
@@ -192,32 +200,49 @@ class Generation(Response):
             tg.start_soon(watch)
             started = False
             async with rx:
-                async for kind, payload in rx:
+                while not finished:
+                    events, ended = await _available(rx)
                     if not started:
-                        if kind == "error":  # before the first chunk: still an HTTP status
+                        if not events:
+                            break  # nothing was ever queued: nothing to answer
+                        if isinstance(events[0], _Failed):  # before the first chunk: still an HTTP status
                             finished = True
-                            await self._error(payload)(scope, receive, send)
+                            await self._error(events[0].error)(scope, receive, send)
                             break
                         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
                         started = True
                         first = answer.first()
                         if first is not None:
-                            await send({"type": "http.response.body", "body": frame(first), "more_body": True})
-                    if kind == "error":
-                        payload = self._error_event(payload)
-                    else:  # coalesce what queued while the last write was under way: one write
-                        while True:
-                            try:
-                                more_kind, more = rx.receive_nowait()
-                            except (anyio.WouldBlock, anyio.EndOfStream):
-                                break
-                            if more_kind != "data":
-                                payload += self._error_event(more)
-                                break
-                            payload += more
-                    await send({"type": "http.response.body", "body": payload, "more_body": True})
-                else:
-                    if started:
+                            events.insert(0, first)
+                    parts = [self._framed(e) for e in events]
+                    if ended:
                         finished = True
-                        await send({"type": "http.response.body", "body": answer.done, "more_body": False})
+                        parts.append(answer.done)
+                    await send({"type": "http.response.body", "body": b"".join(parts), "more_body": not ended})
             tg.cancel_scope.cancel()
+
+
+class _Failed:
+    """A typed error in the event stream: its answer's error event (or, before the first
+    chunk, its HTTP status)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: HttpError | ActordError) -> None:
+        self.error = error
+
+
+async def _available(rx: Any) -> tuple[list[Any], bool]:
+    """What is queued (waiting for one event if none is), and whether the stream ended. A
+    _Failed is the last event: work sends nothing after one."""
+    try:
+        events = [await rx.receive()]
+    except anyio.EndOfStream:
+        return [], True
+    while True:
+        try:
+            events.append(rx.receive_nowait())
+        except anyio.WouldBlock:
+            return events, False
+        except anyio.EndOfStream:
+            return events, True

@@ -19,10 +19,11 @@ disconnect with a logged reason:
   share of the event loop and of the scheduler (whose own turns are kept by the actor
   kernel's control lane, serving/kernel.py).
 - output: everything a connection is sent (answers, streamed chunks) goes through one
-  outbox drained by one writer task, so lines never interleave; when more than
-  `max_outbox_bytes` wait in it the client is not reading: it is disconnected (logged,
-  counted in `rpc_disconnects_total{reason="outbox_overflow"}`), and nothing is silently
-  dropped while the connection stays open.
+  queue, encoded and written in order by one writer task (`outbox.py`: streamed chunks
+  are encoded there, not in the slot's turn); when more than `max_outbox_bytes` wait
+  encoded the client is not reading: it is disconnected (logged, counted in
+  `rpc_disconnects_total{reason="outbox_overflow"}`), and nothing is silently dropped
+  while the connection stays open.
 - abandoned work: when a connection ends (the peer hangs up, a write fails, or the daemon
   disconnects it) its request tasks are cancelled; `ActorSystem.complete` then tells the
   slot, which ends the request at its next step (`requests_total{outcome="cancelled"}`).
@@ -42,7 +43,6 @@ daemon and the other clients carry on. Log lines about one client are one per ev
 
 from __future__ import annotations
 
-import collections
 import os
 import select
 import socket
@@ -59,11 +59,11 @@ from actord.service.errors import (
 from actord.service.log import get
 from actord.frontends.rpc import protocol as P
 from actord.frontends.rpc.methods import METHODS
+from actord.frontends.rpc.outbox import Outbox
 from actord.frontends.rpc.peers import Peer, PeerPolicy, SocketClaim, claim_socket, peer_of, raise_fd_limit
 
 log = get("actord.frontends.rpc")
 
-WRITE_CHUNK = 256 << 10  # bytes the writer hands the socket at once
 HUP_POLL_S = 0.1  # how often a half-closed connection with work in flight is checked for a hang-up
 
 
@@ -221,11 +221,7 @@ class _Connection:
         self.c = server.config
         self.sock = sock
         self.peer = peer
-        self.out: collections.deque[bytes] = collections.deque()
-        self.out_bytes = 0
-        self.sending = 0  # bytes handed to the socket and not yet written
-        self.wake = anyio.Event()
-        self.closed = False
+        self.outbox = Outbox(sock, self.c.max_outbox_bytes, self.disconnect)
         self.inflight = 0
         self.inflight_bytes = 0
         self.scope = anyio.CancelScope()
@@ -238,74 +234,35 @@ class _Connection:
         with self.scope:
             async with anyio.create_task_group() as tg:
                 self.tg = tg
-                tg.start_soon(self._writer)
+                tg.start_soon(self.outbox.writer)
+                tg.start_soon(self.outbox.drained)
                 await self._reader()
                 await self._after_input()
                 self.scope.cancel()  # nothing left to do: stop the writer
 
     def disconnect(self, reason: str, **info: Any) -> None:
-        """End the connection now: cancel its requests and its writer (sync: a streaming
-        sink calls it from inside a slot's turn)."""
-        if self.closed:
+        """End the connection now: cancel its requests and its writer (sync: the writer calls
+        it when the client stops reading or a write fails)."""
+        if self.outbox.closed:
             return
-        self.closed = True
         level = log.warning if reason == "outbox_overflow" else log.info
         level("rpc.disconnect", reason=reason, pid=self.peer and self.peer.pid, in_flight=self.inflight,
-              queued_bytes=self.out_bytes, **info)
+              queued_bytes=self.outbox.out_bytes, **info)
         self.server.count("rpc_disconnects_total", reason)
-        self.out.clear()
-        self.out_bytes = 0
+        self.outbox.close()
         self.scope.cancel()
 
     async def _after_input(self) -> None:
         """The client sent end of input: a hang-up, or a half-close that still reads."""
         if _peer_gone(self.sock):
-            if self.inflight or self.out:
+            if self.inflight or self.outbox.busy:
                 self.disconnect("hangup")
             return
-        while self.inflight or self.out or self.sending:
+        while self.inflight or self.outbox.busy:
             if _peer_gone(self.sock):
                 self.disconnect("hangup")
                 return
             await anyio.sleep(HUP_POLL_S)
-
-    # -- output --------------------------------------------------------------------------
-
-    def put(self, data: bytes) -> None:
-        """Queue one line for the client; never blocks, never raises."""
-        if self.closed:
-            return
-        if self.out and self.out_bytes + len(data) > self.c.max_outbox_bytes:
-            self.disconnect("outbox_overflow", limit=self.c.max_outbox_bytes)
-            return
-        self.out.append(data)
-        self.out_bytes += len(data)
-        self.wake.set()
-
-    async def _writer(self) -> None:
-        while True:
-            while not self.out:
-                self.wake = anyio.Event()
-                await self.wake.wait()
-            parts, n = [], 0
-            while self.out and (n == 0 or n + len(self.out[0]) <= WRITE_CHUNK):
-                part = self.out.popleft()
-                parts.append(part)
-                n += len(part)
-            self.out_bytes -= n
-            self.sending = n
-            view = memoryview(b"".join(parts) if len(parts) > 1 else parts[0])
-            while view:
-                try:
-                    sent = self.sock.send(view)
-                except BlockingIOError:
-                    await anyio.wait_writable(self.sock)
-                    continue
-                except OSError:
-                    self.disconnect("hangup")
-                    return
-                view = view[sent:]
-                self.sending = len(view)
 
     # -- input ---------------------------------------------------------------------------
 
@@ -350,7 +307,8 @@ class _Connection:
 
     def _too_long(self, limit: int) -> None:
         self.server.count("rpc_refused_total", "line")
-        self.put(P.error_response(None, RequestTooLarge(f"request line over {limit} bytes", max_line_bytes=limit)))
+        err = RequestTooLarge(f"request line over {limit} bytes", max_line_bytes=limit)
+        self.outbox.put(P.error_response(None, err))
 
     def _dispatch(self, line: bytes) -> None:
         if not line.strip():
@@ -360,7 +318,7 @@ class _Connection:
             self.server.count("rpc_refused_total", "in_flight")
             answer, rid = P.peek_id(line)
             if answer:
-                self.put(P.error_response(rid, TooManyRequests(
+                self.outbox.put(P.error_response(rid, TooManyRequests(
                     f"{self.inflight} requests ({self.inflight_bytes} bytes) already in flight on this connection",
                     max_requests_in_flight=self.c.max_requests_in_flight,
                     max_inflight_bytes=self.c.max_inflight_bytes)))
@@ -377,20 +335,20 @@ class _Connection:
             if not P.is_batch(line):
                 out = await self._serve_one(line)
                 if out is not None:
-                    self.put(out + b"\n")
+                    self.outbox.put(out + b"\n")
                 return
             try:
                 items = P.decode_batch(line)
             except P.ProtocolError as e:
-                self.put(P.error_response(None, e))
+                self.outbox.put(P.error_response(None, e))
                 return
             if not items:
-                self.put(P.error_response(None, P.ProtocolError(-32600, "invalid request: empty batch")))
+                self.outbox.put(P.error_response(None, P.ProtocolError(-32600, "invalid request: empty batch")))
                 return
             room = self.c.max_requests_in_flight - self.inflight + 1
             if len(items) > room:
                 self.server.count("rpc_refused_total", "batch")
-                self.put(P.error_response(None, RequestTooLarge(
+                self.outbox.put(P.error_response(None, RequestTooLarge(
                     f"a batch of {len(items)} requests; this connection may have {room} more in flight",
                     max_requests_in_flight=self.c.max_requests_in_flight)))
                 return
@@ -406,7 +364,7 @@ class _Connection:
                     tg.start_soon(one, i, raw)
             parts = [a for a in answers if a is not None]
             if parts:
-                self.put(P.batch_response(parts))
+                self.outbox.put(P.batch_response(parts))
         finally:
             self.inflight -= held
             self.inflight_bytes -= n
@@ -452,8 +410,8 @@ class _Connection:
             server.on_request(req.method, raw)
         rid = req.rid
 
-        def stream(chunk: Any) -> None:
-            self.put(P.notification("completion.chunk", {"id": rid, **chunk}))
+        def stream(chunk: Any) -> None:  # in a slot's turn: queued as it is, the writer encodes it
+            self.outbox.put((rid, chunk))
 
         if not method.control:
             return await method.call(server.system, params, stream if method.streams else None)
