@@ -11,24 +11,30 @@ between the two: the slot's mailbox keeps them in order.
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import (
-    CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Info, Msg, PageInSlot, PageOutSlot, RestoreSlot, Room, SaveSlot, SchedulerInbox,
 )
+from actord.serving.room import holding_room
 from actord.serving.page_store import ListPages
 from actord.service.errors import (
     ActordError, Cancelled, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded, SlotEmpty,
 )
 from actord.service.log import get
 from actord.service.metrics import Metrics
+from actord.storage.files import PageFiles
 from actord.storage.paths import MIND_FILE_SUFFIX
 
 log = get("actord.placer")
+
+# The system's spill of a page to its file: (page, file, drop) -> its report.
+Spill = Callable[[str, str, bool], Awaitable[dict[str, Any]]]
 
 
 class PlaceMind(Msg):
@@ -60,6 +66,11 @@ class _Parked:
     env: Envelope[Any]
 
 
+@asynccontextmanager
+async def _no_room() -> AsyncIterator[Room]:
+    yield Room(token=0, cells=0)
+
+
 def mind_file(mind: str) -> str:
     return f"{mind}{MIND_FILE_SUFFIX}"
 
@@ -67,20 +78,22 @@ def mind_file(mind: str) -> str:
 class MindPlacer(Actor[PlacerInbox]):
     rank = 10
 
-    def __init__(self, dispatcher: Dispatcher, slots: list[Actor[Any]], pages: Actor[Any], files: Any,
-                 spill: Any, metrics: Metrics, capacity: int = 256) -> None:
+    def __init__(self, dispatcher: Dispatcher, slots: Sequence[Actor[Any]], pages: Actor[Any], files: PageFiles,
+                 spill: Spill, metrics: Metrics, scheduler: Actor[SchedulerInbox], *, kv_cells: int = 0,
+                 n_slots: int | None = None, capacity: int = 256) -> None:
         super().__init__(dispatcher, "placer", capacity)
         self.slots = slots
         self.pages = pages
         self.files = files
-        self.spill = spill  # async (page, file, drop) -> dict: the system's spill
+        self.spill = spill
         self.metrics = metrics
-        self.slot_mind: dict[int, str | None] = {i: None for i in range(len(slots))}
-        self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
+        n = len(slots) if n_slots is None else n_slots
+        self.slot_mind: dict[int, str | None] = {i: None for i in range(n)}
+        self.last_use: dict[int, int] = {i: 0 for i in range(n)}
         self.paged: list[str] = []  # minds paged out by the placer, oldest first
-        self.kv_cells = 0  # the shared KV cache's cells (set by the system; 0: not charged)
+        self.kv_cells = kv_cells  # the shared KV cache's cells (0: not charged)
         self.clock = 0
-        self.scheduler: Actor[Any] | None = None  # asked for KV cells before a page-in or restore
+        self.scheduler = scheduler  # asked for KV cells before a page-in or restore
         # Minds whose page file was refused (corrupt, another model), with the file's
         # signature: a file published since is tried again.
         self.unreadable: dict[str, tuple[int, int, int]] = {}
@@ -225,28 +238,12 @@ class MindPlacer(Actor[PlacerInbox]):
                 if victim in self.paged:
                     self.paged.remove(victim)
 
-    async def _room(self, slot: int, cells: int) -> tuple[int, bool]:
-        """Cells held for a page-in or restore into `slot`: the token to `_unroom`, and
-        whether all `cells` are held (False when requests in flight hold them)."""
-        if self.scheduler is None:
-            return 0, True
-        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
-        return room.token, room.cells >= cells
-
     def _note_paged(self, mind: str) -> None:
         """`mind` was paged out (or moved by someone else) just now: the newest victim. Once
         per mind, so the list stays as long as the minds are many."""
         if mind in self.paged:
             self.paged.remove(mind)
         self.paged.append(mind)
-
-    async def _unroom(self, token: int) -> None:
-        if token and self.scheduler is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self.scheduler.ask(ReleaseRoom(token=token))
-                except ActordError:
-                    pass  # stopping
 
     async def _bring_in(self, slot: int, mind: str, erase_if_fresh: bool = False) -> str:
         how = await self._bring_in_how(slot, mind)
@@ -256,24 +253,22 @@ class MindPlacer(Actor[PlacerInbox]):
 
     async def _bring_in_how(self, slot: int, mind: str) -> str:
         pages = {p.page: p for p in await self.pages.ask(ListPages())}
-        token = 0
-        if mind in pages:
-            token, whole = await self._room(slot, pages[mind].n_tokens)
-            if not whole:
+        n = pages[mind].n_tokens if mind in pages else 0
+        # Asked even when the page is not listed: the slot first makes way for whatever
+        # landed in it meanwhile (evict_first), whether or not the page is there.
+        async with holding_room(self.scheduler, slot, n) if n else _no_room() as room:
+            if room.cells < n:
                 # The page stays whole in the store for a later turn; this one starts fresh
                 # rather than over-commit the cache the steps in flight are counted against.
-                await self._unroom(token)
-                log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=pages[mind].n_tokens)
+                log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=n)
                 return "fresh"
-        try:
-            await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
-            if mind in self.paged:
-                self.paged.remove(mind)
-            return "page_in"
-        except PageNotFound:
-            pass
-        finally:
-            await self._unroom(token)
+            try:
+                await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
+                if mind in self.paged:
+                    self.paged.remove(mind)
+                return "page_in"
+            except PageNotFound:
+                pass
         sig = await self.files.signature(mind_file(mind))
         if sig is not None and self.unreadable.get(mind) != sig:
             try:
@@ -282,23 +277,20 @@ class MindPlacer(Actor[PlacerInbox]):
                     n = await self.files.n_tokens(mind_file(mind))
                     if n and self.kv_cells and n > self.kv_cells:
                         n = None  # larger than the whole cache: the restore refuses it, typed
-                    token, whole = await self._room(slot, n) if n else (0, True)
-                    try:
-                        if not whole:
-                            log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
-                            return "fresh"
+                    if not n:
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                    finally:
-                        await self._unroom(token)
+                    else:
+                        async with holding_room(self.scheduler, slot, n) as room:
+                            if room.cells < n:
+                                log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
+                                return "fresh"
+                            await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
                 except PageDoesNotFit as e:
                     if "saved" in e.data:  # another model's file: no room makes it fit
                         raise
                     # Its size is known only once read: free the whole cache, once.
-                    token, _ = await self._room(slot, 1 << 30)
-                    try:
+                    async with holding_room(self.scheduler, slot, 1 << 30):
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                    finally:
-                        await self._unroom(token)
             except (CorruptPageFile, PageDoesNotFit) as e:
                 if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
                     raise  # whole but larger than this context: the request is refused, the file kept

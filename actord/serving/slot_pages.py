@@ -18,7 +18,7 @@ The target verifies every draft, so a cold or stale draft costs acceptance, neve
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -35,6 +35,17 @@ from actord.service.log import get
 from actord.policy.checkpoint_placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
 
+
+if TYPE_CHECKING:
+    from actord.serving.checkpoint_budget import CheckpointInbox
+    from actord.serving.checkpoint_plan import CheckpointPlan
+    from actord.serving.gene_residency import GeneInbox
+    from actord.serving.kernel import Actor
+    from actord.serving.messages import SchedulerInbox
+    from actord.serving.page_store import PageStoreInbox
+    from actord.service.metrics import Metrics
+    from actord.storage.files import PageFiles
+
 log = get("actord.slot")
 
 
@@ -46,10 +57,11 @@ class SlotPages:
     seq: int
     engine: Any
     props: J.ModelProps
-    metrics: Any
-    pages: Any
-    files: Any
-    ckpt: Any
+    metrics: Metrics
+    pages: Actor[PageStoreInbox]
+    ckpt_budget: Actor[CheckpointInbox]
+    files: PageFiles
+    ckpt: CheckpointPlan
     kv_tokens: list[int]
     draft_n: int
     resume_raw_lcp: int | None
@@ -98,8 +110,6 @@ class SlotPages:
         return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
 
     async def page_out(self, name: str) -> dict[str, Any]:
-        if self.pages is None:
-            raise InvalidParams("no page store on this system")
         name = name or self.mind or f"evicted-slot{self.id}"
         if not self.kv_tokens:
             raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
@@ -171,8 +181,6 @@ class SlotPages:
             await self.erase()
 
     async def page_in(self, name: str) -> dict[str, Any]:
-        if self.pages is None:
-            raise InvalidParams("no page store on this system")
         if self.kv_tokens:
             raise SlotBusy(f"slot {self.id} holds a sequence: page it out or erase it first", slot=self.id)
         t0 = time.perf_counter()
@@ -258,7 +266,7 @@ class SlotPages:
         in one ask (a page_in's actor hops, not one per checkpoint)."""
         self.checkpoints = []
         await self._sync_budget([])
-        if self.ckpt_budget is None or not ckpts:
+        if not ckpts:
             return
         items = []
         for ck in ckpts:
@@ -274,8 +282,6 @@ class SlotPages:
                 self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
 
     async def save(self, file: str) -> dict[str, Any]:
-        if self.files is None:
-            raise InvalidParams("no page folder on this system")
         self.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
@@ -289,8 +295,6 @@ class SlotPages:
                 "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def restore(self, file: str) -> dict[str, Any]:
-        if self.files is None:
-            raise InvalidParams("no page folder on this system")
         t0 = time.perf_counter()
         image = await self.files.read(file)
         check_fingerprint(image, self.props, file)
