@@ -10,8 +10,10 @@ dance was written out in four places; here it is one async context manager.
 
 from __future__ import annotations
 
+import math
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import AsyncIterator
 
 import anyio
 
@@ -20,23 +22,36 @@ from actord.serving.kernel import Actor
 from actord.serving.messages import MakeRoom, ReleaseRoom, Room, SchedulerInbox
 
 
+@dataclass
+class Held:
+    """Cells held for a move: `cells` of what was asked (fewer: requests in flight hold
+    the rest). `handed_over`: the slot took the token with the move and gives it back in its
+    Cells tell, so the holder need not."""
+
+    token: int
+    cells: int
+    handed_over: bool = False
+
+
 @asynccontextmanager
 async def holding_room(scheduler: Actor[SchedulerInbox], slot: int, cells: int, *, evict: bool = True,
-                       release_timeout: float | None = None) -> AsyncIterator[Room]:
-    """Hold `cells` KV cells for `slot` while the body runs; the `Room` says how many the
-    scheduler could hold (fewer than asked: requests in flight hold the rest)."""
+                       release_timeout: float | None = None) -> AsyncIterator[Held]:
+    """Hold `cells` KV cells for `slot` while the body runs."""
     room: Room = await scheduler.ask(MakeRoom(slot=slot, cells=cells, evict=evict))
+    held = Held(token=room.token, cells=room.cells)
     try:
-        yield room
+        yield held
     finally:
-        if room.token:  # answered once the count is the slot's own again
+        if held.token and not held.handed_over:  # answered once the count is the slot's own again
             with anyio.CancelScope(shield=True):
-                scope: Any = anyio.move_on_after(release_timeout) if release_timeout is not None else None
-                try:
-                    if scope is None:
-                        await scheduler.ask(ReleaseRoom(token=room.token))
-                    else:
-                        with scope:
-                            await scheduler.ask(ReleaseRoom(token=room.token))
-                except ActordError:
-                    pass  # stopping
+                with anyio.move_on_after(release_timeout if release_timeout is not None else math.inf):
+                    try:
+                        await scheduler.ask(ReleaseRoom(token=held.token))
+                    except ActordError:
+                        pass  # stopping
+
+
+@asynccontextmanager
+async def no_room() -> AsyncIterator[Held]:
+    """Nothing to hold (a move of no cells), in the same shape."""
+    yield Held(token=0, cells=0)

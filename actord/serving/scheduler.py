@@ -36,7 +36,7 @@ import msgspec
 from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
 from actord.serving.messages import (
     Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
-    SlotLost,
+    SlotInbox, SlotLost,
 )
 from actord.service.types import CompletionResult, Timings
 from actord.serving.steps.core import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
@@ -117,11 +117,13 @@ class Scheduler(Actor[SchedulerInbox]):
                 self._enroll(msg, env)
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
-            case Cells(slot=slot, n=n, seq=seq):
+            case Cells(slot=slot, n=n, seq=seq, release=token):
                 # A stale tell (queued before an eviction's answer) changes nothing.
                 if slot not in self.lost and (not seq or seq > self.cells_seq.get(slot, 0)):
                     self.cells_seq[slot] = seq
                     self.core.set_cells(slot, n)
+                if token:  # a page move's room: the count above stands for it now
+                    self.core.release(token)
             case SlotLost(slot=slot):
                 self.lost.add(slot)
                 rid = self.core.by_slot.get(slot)

@@ -42,7 +42,7 @@ from actord.serving.messages import (
     GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SchedulerInbox, SlotInbox,
 )
 from actord.serving.page_store import PageStoreInbox
-from actord.serving.placer import PlacerInbox, SlotIdle
+from actord.serving.placer import Misplaced, PlacerInbox, SlotState
 from actord.serving.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
@@ -138,6 +138,12 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
         self.handling = 0  # handlers at work (nested: deferred messages run inside one)
+        self.cells_batched = False  # inside a page move that tells its cells once, at its end
+        self.cells_dirty = False
+        # What the placer knows of this slot (busy, mind): told when it changes, except where
+        # the placer made the change itself (its forwards, its page-ins' answers).
+        self._told: tuple[bool, str | None] = (False, None)
+        self._placed = 0  # the placer's forwards this slot took (a SlotState says how many)
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -148,9 +154,26 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
     async def handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         self.handling += 1
         try:
+            if isinstance(msg, Complete) and msg.req.mind is not None:
+                self._placed += 1  # the placer counts it busy until a state says it is done
+                self._told = (True, msg.req.mind)
             await self._handle(msg, env)
         finally:
             self.handling -= 1
+            if self.handling == 0:
+                self._tell_state()
+
+    def _tell_state(self) -> None:
+        """Tell the placer what changed in (busy, mind) since it last knew: the placer's table
+        is the truth it places by (no Info ask per placement)."""
+        now = (self.busy or bool(self.deferred), self.mind)
+        if now == self._told:
+            return
+        self._told = now
+        try:  # a placement may be parked for want of an idle slot (serving/placer.py)
+            self.placer.tell_nowait(SlotState(slot=self.id, busy=now[0], mind=now[1], placed=self._placed))
+        except ActordError:
+            pass  # the placer is stopping or failed
 
     async def _handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         match msg:
@@ -208,6 +231,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()
                 log.debug("slot.deferred", slot=self.id, msg=type(msg).__name__, queued=len(self.deferred))
+            case Complete(resident=True) if self.mind != msg.req.mind:
+                # Placed here as the mind's slot, but she left meanwhile (evicted, moved):
+                # the placer places her again (it has heard of the move by now).
+                self._placed -= 1  # not taken: the placer takes its forward back
+                self.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg), env.reply, env.stream))
             case Complete():
                 await self._start(msg, env)
             case Fork(src=src, tokens=tokens):
@@ -230,11 +258,6 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             except ActordError as e:
                 if env.reply is not None:
                     env.reply.fail(e)
-        if not self.busy:
-            try:  # a placement may be parked for want of an idle slot (serving/placer.py)
-                self.placer.tell_nowait(SlotIdle(slot=self.id))
-            except ActordError:
-                pass  # the placer is stopping or failed
 
     def _drop_deferred(self, rid: int) -> None:
         for env in list(self.deferred):
@@ -399,8 +422,10 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         try:
             if msg.cut_back:
                 await self.cut_back_after_failure()
+                await self._tell_cells()
+            # Otherwise the scheduler counted the cells as it ended the request (kv_tokens):
+            # nothing new to tell it.
             await self.finish_genes()
-            await self._tell_cells()
         except ActordError as e:  # the slot is idle whatever a peer said
             log.warning("slot.end_failed", slot=self.id, rid=msg.rid, error=e.to_dict())
 

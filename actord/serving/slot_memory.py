@@ -80,6 +80,8 @@ class SlotMemory:
     mind: str | None
     genes: Any
     handling: int
+    cells_batched: bool
+    cells_dirty: bool
 
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
@@ -98,10 +100,16 @@ class SlotMemory:
         await self.footprint_changed()
         await self._tell_cells()
 
-    async def _tell_cells(self) -> None:
-        """The scheduler charges KV cells per slot; tell it after a change outside a step."""
+    async def _tell_cells(self, release: int = 0) -> None:
+        """The scheduler charges KV cells per slot; tell it after a change outside a step.
+        Inside a page move that tells once at its end (`cells_batched`), only that end's
+        count is sent, with the move's room token (`release`)."""
+        if self.cells_batched and not release:
+            self.cells_dirty = True
+            return
+        self.cells_dirty = False
         self._cells_seq = getattr(self, "_cells_seq", 0) + 1
-        await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq))
+        await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq, release=release))
 
     async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
         try:
@@ -117,7 +125,7 @@ class SlotMemory:
         if env.reply is not None:
             env.reply.send((freed, getattr(self, "_cells_seq", 0)))
 
-    async def evict(self, reason: str) -> int:
+    async def evict(self, reason: str, *, ram_only: bool = False) -> int:
         """Give up an idle sequence: to the mind's page, else its file; a sequence without a
         mind (a slot-addressed cache) is dropped.
 
@@ -141,7 +149,9 @@ class SlotMemory:
             try:
                 await self.page_out(mind)
                 how = "paged_out"
-            except PageRamExceeded:
+            except PageRamExceeded as e:
+                if ram_only:  # the asker spills by its own order and asks again; nothing moved
+                    raise PageRamExceeded(e.message, **{**e.data, "mind": mind}) from None
                 from actord.serving.placer import mind_file
 
                 try:
@@ -163,6 +173,8 @@ class SlotMemory:
         await self._sync_budget([])
 
     async def _sync_budget(self, ckpts: list[SlotCheckpoint]) -> None:
+        if not self.props.needs_checkpoints:
+            return  # a model that never checkpoints: the budget holds nothing of ours to mirror
         history, n, population = self.ckpt.view(len(self.kv_tokens))
         await self.ckpt_budget.tell(SlotCheckpoints(
             slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
