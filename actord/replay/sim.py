@@ -290,10 +290,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             def wrap(sl: Any = sl, evict: Any = sl.evict, erase: Any = sl.erase) -> tuple[Any, Any]:
                 evicting: list[tuple[str | None, tuple[int, ...]]] = []
 
-                async def watched_evict(reason: str) -> int:
+                async def watched_evict(reason: str, **kw: Any) -> int:
                     evicting.append((sl.mind, tuple(sl.kv_tokens)))
                     try:
-                        return await evict(reason)
+                        return await evict(reason, **kw)
                     finally:
                         evicting.pop()
 

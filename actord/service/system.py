@@ -14,36 +14,36 @@ gives the actors a bounded time to drain before they are cancelled.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import anyio
 import msgspec
 
-from actord.serving.kernel import Actor, Dispatcher
-from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
-from actord.serving.checkpoint_plan import CheckpointPlan
-from actord.serving.gene_residency import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
-from actord.serving.messages import (
-    SlotLost, CancelRequest, Complete, Erase, Info, MakeRoom, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot,
-    SaveSlot,
-)
-from actord.serving.page_store import DropPage, ListPages, PageStore, SpillBegin, SpillEnd, StoreStats
-from actord.serving.placer import CancelPlaced, MindPlacer, PlaceMind
-from actord.serving.scheduler import Scheduler
-from actord.serving.slot import Slot, common_prefix, page_image
-from actord.service.types import CompletionRequest, CompletionResult, SlotInfo
-from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.service.errors import (
-    ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound,
-)
+from actord.service.builder import Actors, build_actors
+from actord.service.config import Config
+from actord.service.errors import ActordError, AskTimeout, ContextFull, InvalidParams, NoFreeSlot, ShuttingDown, SlotNotFound
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.policy.pipeline import pipeline_depth
+from actord.service.spill import spill_page
+from actord.service.types import CompletionRequest, CompletionResult, SlotInfo
+from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
+from actord.serving.gene_residency import GeneResidency, ListGenes, LoadGene, PageInGene, PageOutGene, UnloadGene
+from actord.serving.kernel import Actor, Dispatcher
+from actord.serving.messages import (
+    CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotLost,
+)
+from actord.serving.page_store import DropPage, ListPages, PageStore, StoreStats
+from actord.serving.placer import CancelPlaced, MindPlacer, PlaceMind
+from actord.serving.room import holding_room
+from actord.serving.scheduler import Scheduler
+from actord.serving.slot import Slot, common_prefix
 from actord.storage.clientfiles import ByteBudget, ClientFiles
 from actord.storage.files import PageFiles
 
@@ -51,10 +51,36 @@ log = get("actord.service.system")
 
 PROPS_VERSION = {"slot_page_version": 1, "lora_page_version": 1}
 
+V = TypeVar("V", bound=Callable[..., Awaitable[Any]])
+
+
+def entry(method: str, *, check_open: bool = True, **names: str) -> Callable[[V], V]:
+    """A verb's entry at the façade: refused once the system is closing (`check_open`), and
+    recorded as the external input `method` with its arguments (under the RPC's parameter
+    names: `names` maps an RPC name to the argument's), so a replay re-executes it. One hook
+    here instead of the same two lines in every verb."""
+    def deco(fn: V) -> V:
+        sig = inspect.signature(fn)
+        rpc_name = {arg: rpc for rpc, arg in names.items()}
+
+        @functools.wraps(fn)
+        async def verb(self: "ActorSystem", *args: Any, **kwargs: Any) -> Any:
+            if check_open:
+                self._check_open()
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            params = {rpc_name.get(k, k): v for k, v in list(bound.arguments.items())[1:]}
+            await self.dispatcher.input(method, params)
+            return await fn(self, *args, **kwargs)
+
+        return verb  # type: ignore[return-value]
+
+    return deco
+
 
 class ActorSystem:
     # The mind placer's class: a host may give a subclass with more verbs (the cluster's
-    # node daemon does, actord/cluster/placer.py); it is built and wired as this one.
+    # node daemon does, actord/cluster/placer.py); the builder makes it as this one.
     placer_class: type[MindPlacer] = MindPlacer
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None,
@@ -78,14 +104,9 @@ class ActorSystem:
             # A replay delivers every step as a message: record the run the same way.
             self.dispatcher.loop_in_handler = False
             self.recorder.attach(self.dispatcher)
-        self.props: J.ModelProps | None = None
-        self.slots: list[Slot] = []
-        self.scheduler: Scheduler | None = None
-        self.pages: PageStore | None = None
-        self.residency: GeneResidency | None = None
-        self.ckpt_budget: CheckpointBudget | None = None
-        self.files: Any = None
-        self.placer: MindPlacer | None = None
+        self._props: J.ModelProps | None = None
+        self._actors: Actors | None = None
+        self.default_genes: list[int] = []  # --gene files, loaded at start; every slot applies them
         self._rids = itertools.count(1)
         self._limits = self.config.request_limits()
         c = self.config
@@ -93,6 +114,7 @@ class ActorSystem:
         # goes through a deterministic dispatcher's run_sync: it must know the work is in
         # flight to tell when the system is quiet. The plain dispatcher has no such seam.
         self._run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
+        self.files = PageFiles(c.page_dir, threads=c.disk_threads, offload=self.dispatcher.offload)
         # Gene files being read or loaded hold at most max_gene_read_bytes in all, whoever
         # named them; a file must be a GGUF to be read at all.
         self.gene_read_budget = ByteBudget(c.max_gene_read_bytes)
@@ -108,15 +130,54 @@ class ActorSystem:
         self._inflight: dict[int, int | None] = {}  # rid -> slot (None: placed by the placer)
         self._idle: anyio.Event | None = None
 
+    # -- what start built (typed; reading one before the start is a bug) ---------------
+
+    @property
+    def props(self) -> J.ModelProps:
+        if self._props is None:
+            raise ShuttingDown("the system is not running")
+        return self._props
+
+    @property
+    def built(self) -> Actors:
+        if self._actors is None:
+            raise ShuttingDown("the system is not running")
+        return self._actors
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self._actors.slots if self._actors is not None else []
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.built.scheduler
+
+    @property
+    def pages(self) -> PageStore:
+        return self.built.pages
+
+    @property
+    def residency(self) -> GeneResidency:
+        return self.built.residency
+
+    @property
+    def ckpt_budget(self) -> CheckpointBudget:
+        return self.built.ckpt_budget
+
+    @property
+    def placer(self) -> MindPlacer:
+        return self.built.placer
+
     # -- lifecycle ---------------------------------------------------------------------
 
     async def __aenter__(self) -> "ActorSystem":
         await self.engine.start()
         try:
-            self.props = await self.engine.run(J.ModelInfo())
-            if not self.props.kv_cells:  # pure recurrent: a prompt is not bounded by n_ctx
+            self._props = await self.engine.run(J.ModelInfo())
+            if not self._props.kv_cells:  # pure recurrent: a prompt is not bounded by n_ctx
                 self._limits = msgspec.structs.replace(self._limits, max_prompt_tokens=self._limits.max_prompt_bytes)
-            self._build_actors()
+            self._actors = build_actors(self.config, self._props, self.dispatcher, self.engine, self.metrics,
+                                        self.files, self._spill, self.default_genes, self.placer_class)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
         except BaseException:
@@ -129,8 +190,7 @@ class ActorSystem:
                 self.dispatcher.spawn(actor)
             for path in self.config.gene:
                 info = await self.gene_load(path, default=True)
-                for s in self.slots:
-                    s.default_genes.append(info.id)
+                self.default_genes.append(info.id)
         except BaseException:
             # A failed start leaves nothing running: actors stopped, engine thread joined.
             # (Not inside a shielding scope of ours: the task group's own scope must be the
@@ -213,61 +273,12 @@ class ActorSystem:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
-    def _build_actors(self) -> None:
-        assert self.props is not None
-        cap = self.config.mailbox_capacity
-        self.slots = [
-            self.make_slot(i) for i in range(self.config.slots)
-        ]
-        depth = pipeline_depth(self.config.pipeline_depth, self.props.device.backend)
-        log.info("scheduler.pipeline_depth", depth=depth, asked=self.config.pipeline_depth,
-                 backend=self.props.device.backend)
-        self.scheduler = Scheduler(
-            self.dispatcher, self.engine, self.slots, self.props.n_batch, self.metrics,
-            capacity=max(cap, 256, 8 * self.config.slots), n_ctx=self.props.kv_cells,  # 0: cells not charged
-            piece_tile=self.config.piece_tile, depth=depth,
-        )
-        self.pages = PageStore(self.dispatcher, self.config.page_ram_bytes, self.metrics, capacity=max(cap, 256))
-        # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).
-        device_budget = self.props.device.budget_bytes
-        self.residency = GeneResidency(self.dispatcher, self.engine, self.slots, device_budget,
-                                       self.metrics, capacity=max(cap, 256))
-        self.ckpt_budget = CheckpointBudget(self.dispatcher, self.config.ctx_checkpoints_bytes, self.slots,
-                                            self.metrics, capacity=max(cap, 256),
-                                            policy=self.config.checkpoint_policy, cap=1 + self.config.ctx_checkpoints)
-        self.files = PageFiles(self.config.page_dir, threads=self.config.disk_threads,
-                               offload=self.dispatcher.offload)
-        self.placer = self.placer_class(self.dispatcher, self.slots, self.pages, self.files, self._spill,
-                                        self.metrics, capacity=max(cap, 256))
-        self.placer.scheduler = self.scheduler
-        self.placer.kv_cells = self.scheduler.n_ctx if self.scheduler is not None else 0
-        for s in self.slots:
-            s.placer = self.placer
-            s.files = self.files
-            s.ckpt_budget = self.ckpt_budget
-            s.ckpt = CheckpointPlan(
-                policy=self.config.checkpoint_policy, keep=self.config.ctx_checkpoints,
-                every=self.config.checkpoint_every, align=self.props.n_batch, tile=self.config.piece_tile,
-                share_bytes=self.config.ctx_checkpoints_bytes // max(1, self.config.slots),
-            )
-            s.scheduler = self.scheduler
-            s.peers = self.slots
-            s.pages = self.pages
-            s.residency = self.residency
-            s.track_footprint = device_budget > 0
-
-    def make_slot(self, i: int) -> Slot:
-        assert self.props is not None
-        return Slot(self.dispatcher, i, self.engine, self.props, self.metrics,
-                    default_seed=self.config.seed, capacity=self.config.mailbox_capacity)
-
     def actors(self) -> list[Actor[Any]]:
-        extra = [a for a in (self.scheduler, self.pages, self.residency, self.ckpt_budget, self.placer) if a is not None]
-        return [*self.slots, *extra]
+        return self._actors.all() if self._actors is not None else []
 
     def _on_actor_failure(self, actor: Actor[Any], error: BaseException) -> None:
         self.metrics.actor_failures_total.labels(actor=actor.name).inc()
-        if isinstance(actor, Slot) and self.scheduler is not None and not self.scheduler.failed:
+        if isinstance(actor, Slot) and not self.scheduler.failed:
             try:  # its cells must not stay charged for good
                 self.scheduler.tell_nowait(SlotLost(slot=actor.id))
             except ActordError:
@@ -303,7 +314,6 @@ class ActorSystem:
         self._inflight[rid] = None
         try:
             if request.mind is not None:
-                assert self.placer is not None
                 return await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token,
                                              timeout=bound)
             slot = self._slot(request.slot) if request.slot is not None else await self._place(request)
@@ -345,7 +355,7 @@ class ActorSystem:
             try:
                 if slot is not None:
                     await self.slots[slot].tell(CancelRequest(rid=rid))
-                elif self.placer is not None:
+                else:
                     # Through the placer: it forwards the cancel after the placement it may
                     # still be making, so the cancel cannot overtake the request.
                     await self.placer.tell(CancelPlaced(rid=rid))
@@ -394,146 +404,88 @@ class ActorSystem:
 
     # -- slots -------------------------------------------------------------------------
 
+    @entry("slot.list", check_open=False)
     async def slot_list(self) -> list[SlotInfo]:
-        await self.dispatcher.input('slot.list', {})
         return [await s.ask(Info()) for s in self.slots]
 
+    @entry("slot.erase")
     async def slot_erase(self, slot: int) -> dict[str, Any]:
-        self._check_open()
-        await self.dispatcher.input('slot.erase', {'slot': slot})
         return await self._slot(slot).ask(Erase())
 
     # -- pages -------------------------------------------------------------------------
 
+    @entry("page.out")
     async def page_out(self, slot: int, page: str) -> dict[str, Any]:
-        self._check_open()
-        await self.dispatcher.input("page.out", {"slot": slot, "page": page})
         if not page:
             raise InvalidParams("page name is empty")
         return await self._slot(slot).ask(PageOutSlot(page=page))
 
+    @entry("page.in")
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
-        self._check_open()
-        await self.dispatcher.input('page.in', {'slot': slot, 'page': page})
         target = self._slot(slot)
-        assert self.pages is not None and self.scheduler is not None
         held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
         if page not in held:
             return await target.ask(PageInSlot(page=page))  # refused by the slot, typed
         # KV cells for the page, from idle slots if need be, held for this move until it is
         # over, however it ends (no count is left behind by a refused page-in).
-        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=held[page]))
-        try:
+        async with holding_room(self.scheduler, slot, held[page], release_timeout=self.config.ask_timeout_s) as room:
             if room.cells < held[page]:
                 raise ContextFull(f"no KV cells for page {page!r} now: it needs {held[page]}, the shared cache "
                                   f"(n_ctx {self.props.n_ctx}) has {room.cells} free for slot {slot}",
                                   page=page, slot=slot, n_tokens=held[page], free=room.cells)
             return await target.ask(PageInSlot(page=page))
-        finally:
-            if room.token:  # answered once the count is the slot's own again
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.ask_timeout_s):
-                    try:
-                        await self.scheduler.ask(ReleaseRoom(token=room.token))
-                    except ActordError:
-                        pass  # stopping
 
+    @entry("page.drop")
     async def page_drop(self, page: str) -> Any:
-        self._check_open()
-        await self.dispatcher.input('page.drop', {'page': page})
-        assert self.pages is not None
         return await self.pages.ask(DropPage(name=page))
 
+    @entry("page.list", check_open=False)
     async def page_list(self) -> Any:
-        await self.dispatcher.input('page.list', {})
-        assert self.pages is not None
         return await self.pages.ask(ListPages())
 
+    @entry("checkpoint.stats", check_open=False)
     async def checkpoint_stats(self) -> Any:
-        await self.dispatcher.input('checkpoint.stats', {})
-        assert self.ckpt_budget is not None
         return await self.ckpt_budget.ask(BudgetStats())
 
+    @entry("page.spill")
     async def page_spill(self, page: str, file: str, drop: bool = False) -> dict[str, Any]:
         """Write a page to a page file on a worker thread; with drop, free that generation.
 
         The store holds the page for the spill's whole duration, so its charge keeps counting
         even if the page is paged in, dropped or replaced meanwhile.
         """
-        assert self.pages is not None
-        self._check_open()
-        await self.dispatcher.input("page.spill", {"page": page, "file": file, "drop": drop})
         return await self._spill(page, file, drop)
 
     async def _spill(self, page: str, file: str, drop: bool) -> dict[str, Any]:
-        assert self.pages is not None
-        self.files.check(file)
-        t0 = time.perf_counter()
-        async with self.files.holding(file):  # no other publication of `file` until the drop
-            held = await self.pages.ask(SpillBegin(name=page))
-            dropped = False
-            durable = False
-            try:
-                stats = await self.files.publish(
-                    file, page_image(self.props, held.state, held.checkpoints, held.tokens, held.genes,
-                                     held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n),
-                    held=True)
-                durable = True  # publish returns only once every file and folder is fsynced
-            except ActordError as e:
-                self.metrics.page_failed_total.inc()
-                log.warning("page.spill_failed", page=page, file=file, kept=True, error=e.to_dict())
-                raise
-            finally:
-                # The RAM page goes only once its file is durable, and before anyone can
-                # publish over that file: a failed or cancelled spill (a full or read-only
-                # page folder, EIO) leaves the page where it was.
-                with anyio.CancelScope(shield=True):
-                    dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop and durable))
-        self.metrics.page_spill_total.inc()
-        t_ms = (time.perf_counter() - t0) * 1e3
-        log.info("page.spilled", page=page, file=file, n_bytes=stats.n_bytes, dropped=dropped, t_ms=round(t_ms, 3))
-        return {"page": page, "file": file, "n_bytes": stats.n_bytes, "dropped": dropped, "t_ms": t_ms}
+        return await spill_page(self.pages, self.files, self.props, self.metrics, page, file, drop)
 
+    @entry("slot.save")
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
-        self._check_open()
-        await self.dispatcher.input('slot.save', {'slot': slot, 'file': file})
         return await self._slot(slot).ask(SaveSlot(file=file))
 
+    @entry("slot.restore")
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:
-        self._check_open()
-        await self.dispatcher.input('slot.restore', {'slot': slot, 'file': file})
         target = self._slot(slot)
-        n = await self.files.n_tokens(file) if self.files is not None and self.scheduler is not None else None
+        n = await self.files.n_tokens(file)
         if not n:
             return await target.ask(RestoreSlot(file=file))  # nothing to hold, or refused by the slot, typed
         # As a page-in: the file's cells (its header says how many) held for this move until
         # it is over, so the steps in flight are never counted against cells it takes.
-        assert self.scheduler is not None
-        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=n))
-        try:
+        async with holding_room(self.scheduler, slot, n, release_timeout=self.config.ask_timeout_s) as room:
             if room.cells < n:
                 raise ContextFull(f"no KV cells for file {file!r} now: it needs {n}, the shared cache "
                                   f"(n_ctx {self.props.n_ctx}) has {room.cells} free for slot {slot}",
                                   file=file, slot=slot, n_tokens=n, free=room.cells)
             return await target.ask(RestoreSlot(file=file))
-        finally:
-            if room.token:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.ask_timeout_s):
-                    try:
-                        await self.scheduler.ask(ReleaseRoom(token=room.token))
-                    except ActordError:
-                        pass  # stopping
 
+    @entry("page.stats", check_open=False)
     async def page_stats(self) -> Any:
-        await self.dispatcher.input('page.stats', {})
-        assert self.pages is not None
         return await self.pages.ask(StoreStats())
 
     # -- genes -------------------------------------------------------------------------
 
+    @entry("gene.load")
     async def gene_load(self, path: str, *, default: bool = False) -> Any:
-        assert self.residency is not None
-        self._check_open()
-        await self.dispatcher.input("gene.load", {"path": path, "default": default})
         # A client-named file: regular, bounded, timed, confined to --gene-dir when set
         # (storage/clientfiles.py). Files the operator listed with --gene are not confined.
         files = self.operator_files if path in self.config.gene else self.client_files
@@ -549,29 +501,25 @@ class ActorSystem:
                 del msg
                 raise e.with_traceback(None) from None
 
+    @entry("gene.unload", id="gene_id")
     async def gene_unload(self, gene_id: int) -> Any:
-        self._check_open()
-        await self.dispatcher.input('gene.unload', {'id': gene_id})
-        return await self.residency.ask(UnloadGene(id=gene_id))  # type: ignore[union-attr]
+        return await self.residency.ask(UnloadGene(id=gene_id))
 
+    @entry("gene.page_out", id="gene_id")
     async def gene_page_out(self, gene_id: int) -> Any:
-        self._check_open()
-        await self.dispatcher.input('gene.page_out', {'id': gene_id})
-        return await self.residency.ask(PageOutGene(id=gene_id))  # type: ignore[union-attr]
+        return await self.residency.ask(PageOutGene(id=gene_id))
 
+    @entry("gene.page_in", id="gene_id")
     async def gene_page_in(self, gene_id: int) -> Any:
-        self._check_open()
-        await self.dispatcher.input('gene.page_in', {'id': gene_id})
-        return await self.residency.ask(PageInGene(id=gene_id))  # type: ignore[union-attr]
+        return await self.residency.ask(PageInGene(id=gene_id))
 
+    @entry("gene.list", check_open=False)
     async def gene_list(self) -> Any:
-        await self.dispatcher.input('gene.list', {})
-        return await self.residency.ask(ListGenes())  # type: ignore[union-attr]
+        return await self.residency.ask(ListGenes())
 
     # -- introspection -----------------------------------------------------------------
 
     async def props_dict(self) -> dict[str, Any]:
-        assert self.props is not None
         return {
             "model": self.config.model,
             "n_slots": len(self.slots),
@@ -601,13 +549,14 @@ class ActorSystem:
 
         # Wall-clock series (creation stamps, seconds busy) differ run to run: not state.
         metrics = {k: v for k, v in self.metrics.snapshot().items() if "_created" not in k and "_seconds" not in k}
+        a = self._actors
         return {
             "slots": [(s.id, digest(s.kv_tokens), s.resume_raw_lcp, [(c.pos, c.n_bytes) for c in s.checkpoints],
                        s.genes, s.mind) for s in self.slots],
-            "pages": sorted((n, g) for n, g in self.pages.names.items()) if self.pages else [],
-            "charged": self.pages.charged if self.pages else 0,
-            "genes": sorted((g.id, g.resident) for g in self.residency.genes.values()) if self.residency else [],
-            "ckpt_used": self.ckpt_budget.used if self.ckpt_budget else 0,
+            "pages": sorted((n, g) for n, g in a.pages.names.items()) if a else [],
+            "charged": a.pages.charged if a else 0,
+            "genes": sorted((g.id, g.resident) for g in a.residency.genes.values()) if a else [],
+            "ckpt_used": a.ckpt_budget.used if a else 0,
             "metrics": sorted(metrics.items()),
         }
 

@@ -17,7 +17,7 @@ would deadlock. Every eviction and skip is logged and counted.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
@@ -83,8 +83,9 @@ class CheckpointBudgetStats(msgspec.Struct, frozen=True):
 class CheckpointBudget(Actor[CheckpointInbox]):
     rank = 40
 
-    def __init__(self, dispatcher: Dispatcher, budget: int, slots: list[Actor[Any]], metrics: Metrics,
-                 capacity: int = 256, policy: str = "placement", cap: int | None = None) -> None:
+    def __init__(self, dispatcher: Dispatcher, budget: int, slots: Sequence[Actor[Any]], metrics: Metrics,
+                 capacity: int = 256, policy: str = "placement", cap: int | None = None,
+                 n_slots: int | None = None) -> None:
         super().__init__(dispatcher, "ckpt_budget", capacity)
         self.budget = budget
         self.policy = policy
@@ -92,8 +93,9 @@ class CheckpointBudget(Actor[CheckpointInbox]):
         self.forecasts: dict[int, Forecast] = {}
         self.slots = slots
         self.metrics = metrics
-        self.lists: dict[int, list[CheckpointMeta]] = {i: [] for i in range(len(slots))}
-        self.raw: dict[int, int | None] = {i: None for i in range(len(slots))}
+        n = len(slots) if n_slots is None else n_slots
+        self.lists: dict[int, list[CheckpointMeta]] = {i: [] for i in range(n)}
+        self.raw: dict[int, int | None] = {i: None for i in range(n)}
         self.evicted = 0
         self.skipped = 0
 

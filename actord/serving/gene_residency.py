@@ -21,7 +21,7 @@ that could not fit even with every other slot evicted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
@@ -121,7 +121,7 @@ class GeneRecord(msgspec.Struct):
 class GeneResidency(Actor[GeneInbox]):
     rank = 40
 
-    def __init__(self, dispatcher: Dispatcher, engine: Any, slots: list[Actor[Any]], budget: int,
+    def __init__(self, dispatcher: Dispatcher, engine: Any, slots: Sequence[Actor[Any]], budget: int,
                  metrics: Metrics, capacity: int = 256) -> None:
         super().__init__(dispatcher, "genes", capacity)
         self.engine = engine

@@ -21,6 +21,10 @@ class Msg(msgspec.Struct, tag=True, frozen=True):
 class Complete(Msg):
     rid: int
     req: CompletionRequest
+    # Forwarded by the placer as the mind's resident slot: if the slot no longer holds
+    # `req.mind` when it starts (evicted or moved meanwhile; the slot's tell of it crossed
+    # the forward), it hands the request back to the placer (`Misplaced`) to place again.
+    resident: bool = False
 
 
 class CancelRequest(Msg):
@@ -60,8 +64,21 @@ class PageOutSlot(Msg):
 
 
 class PageInSlot(Msg):
+    """Take page `page` into the (empty) slot.
+
+    The placer's page-in (`evict_first`) first pages out whatever the slot holds to its
+    mind's page (a sequence without a mind is dropped); when the page RAM refuses, nothing
+    moves and the slot answers `PageRamExceeded` (its data names the mind), so the placer
+    spills by its own order and asks again. `room` is a KV room token the asker holds for
+    this move: the slot hands it back with its cell count (`Cells.release`), one tell for
+    both, whatever the outcome. `room_cells` (>= 0) is how many cells that room holds: a
+    page of more tokens (replaced since the asker sized it) is refused with `ContextFull`
+    before anything moves."""
+
     page: str
-    evict_first: bool = False  # the placer's page-in: whatever landed in the slot meanwhile makes way
+    evict_first: bool = False
+    room: int = 0
+    room_cells: int = -1
 
 
 class SaveSlot(Msg):
@@ -163,6 +180,7 @@ class Cells(Msg):
     slot: int
     n: int
     seq: int = 0
+    release: int = 0  # a room token the count now stands for (a page-in's): released with it
 
 
 class MakeRoom(Msg):

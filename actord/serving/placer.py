@@ -12,23 +12,28 @@ between the two: the slot's mailbox keeps them in order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, Sequence
 
-import anyio
+import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import (
-    CancelRequest, Complete, Erase, Info, MakeRoom, Msg, PageInSlot, PageOutSlot, ReleaseRoom, RestoreSlot, SaveSlot,
+    CancelRequest, Complete, Erase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
 )
+from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import ListPages
 from actord.service.errors import (
-    ActordError, Cancelled, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded, SlotEmpty,
+    ActordError, Cancelled, ContextFull, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded,
 )
 from actord.service.log import get
 from actord.service.metrics import Metrics
+from actord.storage.files import PageFiles
 from actord.storage.paths import MIND_FILE_SUFFIX
 
 log = get("actord.placer")
+
+# The system's spill of a page to its file: (page, file, drop) -> its report.
+Spill = Callable[[str, str, bool], Awaitable[dict[str, Any]]]
 
 
 class PlaceMind(Msg):
@@ -44,14 +49,27 @@ class CancelPlaced(Msg):
     rid: int
 
 
-class SlotIdle(Msg):
-    """From a slot: its request ended and nothing waits in it; a placement parked for want
-    of an idle slot may go now."""
+class SlotState(Msg):
+    """From a slot: what it is now (busy: a request runs or waits in it; the mind it
+    holds), told whenever that changed in a way the placer did not make itself. `placed`
+    counts the placer's forwards the slot has taken: a state sent before the newest forward
+    arrived does not overrule what the placer knows since."""
 
     slot: int
+    busy: bool
+    mind: str | None
+    placed: int
 
 
-PlacerInbox = PlaceMind | CancelPlaced | SlotIdle
+class Misplaced(Msg):
+    """From a slot: a request forwarded as its mind's resident slot found the mind gone
+    (the slot's tell of the move crossed the forward); place it again."""
+
+    slot: int
+    complete: Complete
+
+
+PlacerInbox = PlaceMind | CancelPlaced | SlotState | Misplaced
 
 
 @dataclass
@@ -67,24 +85,33 @@ def mind_file(mind: str) -> str:
 class MindPlacer(Actor[PlacerInbox]):
     rank = 10
 
-    def __init__(self, dispatcher: Dispatcher, slots: list[Actor[Any]], pages: Actor[Any], files: Any,
-                 spill: Any, metrics: Metrics, capacity: int = 256) -> None:
+    def __init__(self, dispatcher: Dispatcher, slots: Sequence[Actor[Any]], pages: Actor[Any], files: PageFiles,
+                 spill: Spill, metrics: Metrics, scheduler: Actor[SchedulerInbox], *, kv_cells: int = 0,
+                 n_slots: int | None = None, capacity: int = 256) -> None:
         super().__init__(dispatcher, "placer", capacity)
         self.slots = slots
         self.pages = pages
         self.files = files
-        self.spill = spill  # async (page, file, drop) -> dict: the system's spill
+        self.spill = spill
         self.metrics = metrics
-        self.slot_mind: dict[int, str | None] = {i: None for i in range(len(slots))}
-        self.last_use: dict[int, int] = {i: 0 for i in range(len(slots))}
+        n = len(slots) if n_slots is None else n_slots
+        self.slot_mind: dict[int, str | None] = {i: None for i in range(n)}
+        self.last_use: dict[int, int] = {i: 0 for i in range(n)}
         self.paged: list[str] = []  # minds paged out by the placer, oldest first
-        self.kv_cells = 0  # the shared KV cache's cells (set by the system; 0: not charged)
+        self.kv_cells = kv_cells  # the shared KV cache's cells (0: not charged)
         self.clock = 0
-        self.scheduler: Actor[Any] | None = None  # asked for KV cells before a page-in or restore
+        self.scheduler = scheduler  # asked for KV cells before a page-in or restore
         # Minds whose page file was refused (corrupt, another model), with the file's
         # signature: a file published since is tried again.
         self.unreadable: dict[str, tuple[int, int, int]] = {}
         self.parked: list[_Parked] = []  # placements waiting for an idle slot, oldest first
+        # The table placements read, kept by the slots' tells (SlotState) and our own moves:
+        # which slots are busy, how many forwards each has taken, the size of each page a
+        # mind of ours went to (a hint: a page-in sized by a stale one is refused, typed).
+        self.busy: dict[int, bool] = {i: False for i in range(n)}
+        self.forwarded: dict[int, int] = {i: 0 for i in range(n)}
+        self.taken: dict[int, int] = {i: 0 for i in range(n)}
+        self.page_tokens: dict[str, int] = {}
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -93,9 +120,21 @@ class MindPlacer(Actor[PlacerInbox]):
                     raise InvalidParams("no mind to place")
                 self.parked.append(_Parked(c, env))
                 await self._serve_parked()
-            case SlotIdle():
-                if self.parked:
+            case SlotState(slot=s, busy=busy, mind=mind, placed=placed):
+                self.taken[s] = placed
+                if placed >= self.forwarded[s]:  # nothing of ours is on its way there
+                    self.busy[s] = busy
+                    if self.slot_mind[s] is not None and self.slot_mind[s] != mind:
+                        self._note_paged(self.slot_mind[s])  # moved by someone else (to its page, by name)
+                    self.slot_mind[s] = mind
+                if self.parked and not self._busy(s):
                     await self._serve_parked()
+            case Misplaced(slot=s, complete=c):
+                self.forwarded[s] -= 1
+                if self.slot_mind[s] == c.req.mind:
+                    self.slot_mind[s] = None
+                self.parked.insert(0, _Parked(c, env))
+                await self._serve_parked()
             case CancelPlaced(rid=rid):
                 for p in [p for p in self.parked if p.complete.rid == rid]:
                     self.parked.remove(p)
@@ -122,18 +161,22 @@ class MindPlacer(Actor[PlacerInbox]):
                 i += 1
                 continue
             try:
-                slot = await self.place(mind)
+                placed = await self.place(mind)
             except ActordError as e:
                 self.parked.remove(p)
                 if p.env.reply is not None:
                     p.env.reply.fail(e)
                 continue
-            if slot is None:
+            if placed is None:
                 held_back.add(mind)
                 i += 1
                 continue
             self.parked.remove(p)
-            await self.slots[slot].forward(Envelope(p.complete, p.env.reply, p.env.stream))
+            slot, resident = placed
+            self.forwarded[slot] += 1
+            self.busy[slot] = True
+            c = msgspec.structs.replace(p.complete, resident=resident)
+            await self.slots[slot].forward(Envelope(c, p.env.reply, p.env.stream))
 
     def on_crash(self, error: BaseException) -> None:
         for p in self.parked:
@@ -144,94 +187,65 @@ class MindPlacer(Actor[PlacerInbox]):
     def deferred_count(self) -> int:
         return len(self.parked)
 
-    async def place(self, mind: str) -> int | None:
-        """The slot `mind` is in, after bringing it there; None if that has to wait for a
-        busy slot."""
+    def _busy(self, slot: int) -> bool:
+        return self.busy[slot] or self.taken[slot] < self.forwarded[slot]
+
+    async def place(self, mind: str) -> tuple[int, bool] | None:
+        """(The slot `mind` is in, after bringing it there; whether she was there already),
+        or None if that has to wait for a busy slot. Read from the table, with no ask: a
+        slot that lost her meanwhile hands a resident forward back (`Misplaced`)."""
         self.clock += 1
         for slot, held in self.slot_mind.items():
             if held == mind:
-                # Another actor may have moved it (the residency evicts idle slots under
-                # their mind's name; a client's page moves): trust the slot, not our memory.
-                if (await self.slots[slot].ask(Info())).mind == mind:
-                    self.last_use[slot] = self.clock
-                    return slot
-                self.slot_mind[slot] = None
-                self._note_paged(mind)
+                self.last_use[slot] = self.clock
+                return slot, True
         # An idle slot, one without a mind first, then the least recently placed. With
         # every slot busy the placement waits (parked), rather than hold this mailbox.
-        infos = {i: await self.slots[i].ask(Info()) for i in self.slot_mind}
-        idle = [i for i, info in infos.items() if info.state == "idle" and not info.deferred]
+        idle = [s for s in self.slot_mind if not self._busy(s)]
         if not idle:
             return None
         slot = min(idle, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
-        held_mind = infos[slot].mind
-        clean = False  # an empty idle slot, not erased yet
-        if held_mind is not None and infos[slot].n_tokens:
-            # Whoever's it is (ours, or one a client paged in by name): it goes to its page
-            # or file, never erased.
-            await self._page_out(slot, held_mind)
-        else:
-            # An empty idle slot (its mind paged out, say) is not erased ahead of a page-in
-            # or restore: libllama clears the sequence as it sets the state, and the erase's
-            # engine job would wait for a step boundary of its own when other minds decode
-            # (~one step of a busy turn's first-token time). A fresh start erases first.
-            info = infos[slot]
-            if info.n_tokens or info.n_checkpoints or info.mind is not None or info.state != "idle":
-                await self.slots[slot].ask(Erase())
-            else:
-                clean = True
-        if old is not None and old != held_mind:  # moved meanwhile (the residency pages idle slots out by name)
-            self._note_paged(old)
         self.slot_mind[slot] = None
-        how = await self._bring_in(slot, mind, erase_if_fresh=clean)
+        try:
+            how = await self._bring_in(slot, mind)
+        except BaseException:
+            # What the slot holds now is its to say: a move that got under way tells it
+            # (SlotState, after this handler); one refused before anything moved does not.
+            self.slot_mind[slot] = old
+            raise
         self.slot_mind[slot] = mind
         self.last_use[slot] = self.clock
-        log.info("mind.placed", mind=mind, slot=slot, how=how, displaced=held_mind or old)
-        return slot
+        log.info("mind.placed", mind=mind, slot=slot, how=how, displaced=old)
+        return slot, False
 
-    async def _page_out(self, slot: int, mind: str) -> None:
-        """Move `mind` out of `slot`: to its page, else (page RAM full) spill the oldest page
-        this placer made to its file and try again, else save the slot to the mind's file.
+    async def _page_room(self, slot: int, held: str | None) -> None:
+        """The page RAM refused `held`'s page-out from `slot`: spill the oldest page this
+        placer made to its file, else (none) save the slot to `held`'s file and erase it.
 
         Nothing is dropped without a durable copy: a spill drops its page only once the file
         is durable, and the slot is erased only after its own save succeeded. When the disk
         refuses (full, read-only, EIO) the error goes to the request being placed and every
         mind stays where it was."""
-        while True:
-            try:
-                await self.slots[slot].ask(PageOutSlot(page=mind))
-                self._note_paged(mind)
-                return
-            except SlotEmpty:  # moved meanwhile (the residency evicts idle slots by name)
-                self._note_paged(mind)
-                return
-            except PageRamExceeded:
-                live = {p.page for p in await self.pages.ask(ListPages())}
-                victims = [m for m in self.paged if m in live and m != mind]
-                if not victims:  # nothing to spill: the slot goes straight to its file
-                    await self.slots[slot].ask(SaveSlot(file=mind_file(mind)))
-                    await self.slots[slot].ask(Erase())
-                    self._note_paged(mind)
-                    return
-                victim = victims[0]
-                try:
-                    await self.spill(victim, mind_file(victim), True)
-                except PageNotFound:  # paged in (or dropped) meanwhile: not ours to spill
-                    pass
-                except ActordError as e:
-                    log.warning("mind.spill_failed", mind=victim, placing_for=mind, kept=True, error=e.to_dict())
-                    raise
-                if victim in self.paged:
-                    self.paged.remove(victim)
-
-    async def _room(self, slot: int, cells: int) -> tuple[int, bool]:
-        """Cells held for a page-in or restore into `slot`: the token to `_unroom`, and
-        whether all `cells` are held (False when requests in flight hold them)."""
-        if self.scheduler is None:
-            return 0, True
-        room = await self.scheduler.ask(MakeRoom(slot=slot, cells=cells))
-        return room.token, room.cells >= cells
+        live = {p.page for p in await self.pages.ask(ListPages())}
+        victims = [m for m in self.paged if m in live and m != held]
+        if not victims:  # nothing to spill: the slot goes straight to its file
+            if held is not None:
+                await self.slots[slot].ask(SaveSlot(file=mind_file(held)))
+                self._note_paged(held)
+            await self.slots[slot].ask(Erase())
+            return
+        victim = victims[0]
+        try:
+            await self.spill(victim, mind_file(victim), True)
+        except PageNotFound:  # paged in (or dropped) meanwhile: not ours to spill
+            pass
+        except ActordError as e:
+            log.warning("mind.spill_failed", mind=victim, placing_for=held, kept=True, error=e.to_dict())
+            raise
+        if victim in self.paged:
+            self.paged.remove(victim)
+        self.page_tokens.pop(victim, None)
 
     def _note_paged(self, mind: str) -> None:
         """`mind` was paged out (or moved by someone else) just now: the newest victim. Once
@@ -240,40 +254,73 @@ class MindPlacer(Actor[PlacerInbox]):
             self.paged.remove(mind)
         self.paged.append(mind)
 
-    async def _unroom(self, token: int) -> None:
-        if token and self.scheduler is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self.scheduler.ask(ReleaseRoom(token=token))
-                except ActordError:
-                    pass  # stopping
-
-    async def _bring_in(self, slot: int, mind: str, erase_if_fresh: bool = False) -> str:
+    async def _bring_in(self, slot: int, mind: str) -> str:
         how = await self._bring_in_how(slot, mind)
-        if how == "fresh" and erase_if_fresh:
+        if how == "fresh":  # a fresh start begins from an erased sequence
             await self.slots[slot].ask(Erase())
         return how
 
+    async def _page_in(self, slot: int, mind: str) -> bool:
+        """Page `mind` in, the slot's own mind (if any) paged out first in the same message;
+        False when she has no page. The cells are held by `holding_room` and handed back by
+        the slot's one Cells tell at the end of the move."""
+        fresh_size = False
+        while True:
+            if mind not in self.page_tokens or fresh_size:
+                self.page_tokens = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
+                fresh_size = True
+            n = self.page_tokens.get(mind, 0)
+            async with holding_room(self.scheduler, slot, n) if n else no_room() as room:
+                if room.cells < n:
+                    # The page stays whole in the store for a later turn; this one starts
+                    # fresh rather than over-commit the cache the steps in flight are
+                    # counted against. The slot still makes way.
+                    log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=n)
+                    await self._make_way(slot)
+                    return False
+                try:
+                    out = await self.slots[slot].ask(PageInSlot(
+                        page=mind, evict_first=True, room=room.token, room_cells=n if n else -1))
+                    room.handed_over = True
+                    self._evicted(out.get("evicted"))
+                    self.page_tokens.pop(mind, None)
+                    if mind in self.paged:
+                        self.paged.remove(mind)
+                    return True
+                except PageNotFound as e:
+                    room.handed_over = True
+                    self._evicted(e.data.get("evicted"))
+                    self.page_tokens.pop(mind, None)
+                    return False
+                except PageRamExceeded as e:  # nothing moved: make page RAM and ask again
+                    room.handed_over = True
+                    await self._page_room(slot, e.data.get("mind"))
+                except ContextFull as e:
+                    room.handed_over = True
+                    self._evicted(e.data.get("evicted"))
+                    if "held" not in e.data or fresh_size:
+                        raise
+                    fresh_size = True  # sized by an older page of hers: size it again
+
+    async def _make_way(self, slot: int) -> None:
+        """The slot's mind goes to her page (its sequence, with no mind, is dropped)."""
+        while True:
+            try:
+                out = await self.slots[slot].ask(PageInSlot(page="", evict_first=True))
+            except PageRamExceeded as e:
+                await self._page_room(slot, e.data.get("mind"))
+                continue
+            self._evicted(out.get("evicted"))
+            return
+
+    def _evicted(self, ev: dict[str, Any] | None) -> None:
+        if ev:
+            self._note_paged(ev["mind"])
+            self.page_tokens[ev["mind"]] = ev["n_tokens"]
+
     async def _bring_in_how(self, slot: int, mind: str) -> str:
-        pages = {p.page: p for p in await self.pages.ask(ListPages())}
-        token = 0
-        if mind in pages:
-            token, whole = await self._room(slot, pages[mind].n_tokens)
-            if not whole:
-                # The page stays whole in the store for a later turn; this one starts fresh
-                # rather than over-commit the cache the steps in flight are counted against.
-                await self._unroom(token)
-                log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=pages[mind].n_tokens)
-                return "fresh"
-        try:
-            await self.slots[slot].ask(PageInSlot(page=mind, evict_first=True))
-            if mind in self.paged:
-                self.paged.remove(mind)
+        if await self._page_in(slot, mind):
             return "page_in"
-        except PageNotFound:
-            pass
-        finally:
-            await self._unroom(token)
         sig = await self.files.signature(mind_file(mind))
         if sig is not None and self.unreadable.get(mind) != sig:
             try:
@@ -282,23 +329,20 @@ class MindPlacer(Actor[PlacerInbox]):
                     n = await self.files.n_tokens(mind_file(mind))
                     if n and self.kv_cells and n > self.kv_cells:
                         n = None  # larger than the whole cache: the restore refuses it, typed
-                    token, whole = await self._room(slot, n) if n else (0, True)
-                    try:
-                        if not whole:
-                            log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
-                            return "fresh"
+                    if not n:
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                    finally:
-                        await self._unroom(token)
+                    else:
+                        async with holding_room(self.scheduler, slot, n) as room:
+                            if room.cells < n:
+                                log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
+                                return "fresh"
+                            await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
                 except PageDoesNotFit as e:
                     if "saved" in e.data:  # another model's file: no room makes it fit
                         raise
                     # Its size is known only once read: free the whole cache, once.
-                    token, _ = await self._room(slot, 1 << 30)
-                    try:
+                    async with holding_room(self.scheduler, slot, 1 << 30):
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                    finally:
-                        await self._unroom(token)
             except (CorruptPageFile, PageDoesNotFit) as e:
                 if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
                     raise  # whole but larger than this context: the request is refused, the file kept

@@ -29,14 +29,14 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
 from actord.serving.messages import (
     Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
-    SlotLost,
+    SlotInbox, SlotLost,
 )
 from actord.service.types import CompletionResult, Timings
 from actord.serving.steps.core import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
@@ -72,9 +72,9 @@ class Scheduler(Actor[SchedulerInbox]):
     rank = 20
 
     def __init__(
-        self, dispatcher: Dispatcher, engine: Any, slots: list[Actor[Any]], n_batch: int,
+        self, dispatcher: Dispatcher, engine: Any, slots: Sequence[Actor[SlotInbox]], n_batch: int,
         metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0, piece_tile: int = 1,
-        depth: int = 2,
+        depth: int = 2, n_slots: int | None = None,
     ) -> None:
         super().__init__(dispatcher, "scheduler", capacity)
         self.engine = engine
@@ -82,7 +82,7 @@ class Scheduler(Actor[SchedulerInbox]):
         self.metrics = metrics
         self.core = SchedulerCore(n_batch, n_ctx=n_ctx, piece_tile=piece_tile, group_quantum=group_quantum,
                                   depth=depth)
-        self.core.cells.update({i: 0 for i in range(len(slots))})
+        self.core.cells.update({i: 0 for i in range(len(slots) if n_slots is None else n_slots)})
         self.channels: dict[int, _Channel] = {}
         self.cells_seq: dict[int, int] = {}  # the newest Cells tell applied, per slot
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
@@ -117,11 +117,13 @@ class Scheduler(Actor[SchedulerInbox]):
                 self._enroll(msg, env)
             case Abort(rid=rid):
                 self._route(self.core.abort(rid))
-            case Cells(slot=slot, n=n, seq=seq):
+            case Cells(slot=slot, n=n, seq=seq, release=token):
                 # A stale tell (queued before an eviction's answer) changes nothing.
                 if slot not in self.lost and (not seq or seq > self.cells_seq.get(slot, 0)):
                     self.cells_seq[slot] = seq
                     self.core.set_cells(slot, n)
+                if token:  # a page move's room: the count above stands for it now
+                    self.core.release(token)
             case SlotLost(slot=slot):
                 self.lost.add(slot)
                 rid = self.core.by_slot.get(slot)

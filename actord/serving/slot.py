@@ -29,18 +29,20 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import anyio
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
 from actord.serving.checkpoint_plan import CheckpointPlan
-from actord.serving.gene_residency import Acquire as GeneAcquire
+from actord.serving.checkpoint_budget import CheckpointInbox
+from actord.serving.gene_residency import Acquire as GeneAcquire, GeneInbox
 from actord.serving.messages import (
     Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, GenesGranted,
-    GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox,
+    GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SchedulerInbox, SlotInbox,
 )
-from actord.serving.placer import SlotIdle
+from actord.serving.page_store import PageStoreInbox
+from actord.serving.placer import Misplaced, PlacerInbox, SlotState
 from actord.serving.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
@@ -48,6 +50,7 @@ from actord.engine import jobs as J
 from actord.service.errors import ActordError, Cancelled, InvalidParams, PromptTooLong, from_dict
 from actord.service.log import get
 from actord.service.metrics import Metrics
+from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
@@ -82,12 +85,30 @@ def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.Sampling
     )
 
 
+@dataclass(frozen=True)
+class SlotPeers:
+    """Whom a slot speaks to, given at construction (the builder, service/builder.py, makes
+    them in ask order, so each exists before the slots). Upward (tells only): the scheduler
+    and the placer. Downward (asks): the page store, the checkpoint budget, the gene
+    residency, and the page files on worker threads. `slots` is every slot by id: a fork
+    reads its source's quiet sequence in the same tick as it submits the copy."""
+
+    scheduler: Actor[SchedulerInbox]
+    placer: Actor[PlacerInbox]
+    pages: Actor[PageStoreInbox]
+    ckpt_budget: Actor[CheckpointInbox]
+    residency: Actor[GeneInbox]
+    files: PageFiles
+    slots: Sequence["Slot"]
+
+
 class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
     rank = 30
 
     def __init__(
-        self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps,
-        metrics: Metrics, default_seed: int = 0, capacity: int = 64,
+        self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps, metrics: Metrics,
+        peers: SlotPeers, ckpt: CheckpointPlan, *, default_seed: int = 0, capacity: int = 64,
+        track_footprint: bool = False, default_genes: Sequence[int] = (),
     ) -> None:
         super().__init__(dispatcher, f"slot{slot_id}", capacity)
         self.id = slot_id
@@ -96,15 +117,16 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.props = props
         self.metrics = metrics
         self.default_seed = default_seed
-        self.scheduler: Actor[Any] | None = None
-        self.placer: Actor[Any] | None = None  # told SlotIdle when a request ends
-        self.pages: Actor[Any] | None = None
-        self.residency: Actor[Any] | None = None
-        self.ckpt_budget: Actor[Any] | None = None
-        self.files: Any = None  # storage.files.PageFiles
-        self.ckpt = CheckpointPlan()  # the mind's divergence history and the checkpoint policy
-        self.default_genes: list[int] = []
-        self.track_footprint = False
+        self.scheduler = peers.scheduler
+        self.placer = peers.placer  # told SlotIdle when a request ends
+        self.pages = peers.pages
+        self.residency = peers.residency
+        self.ckpt_budget = peers.ckpt_budget
+        self.files = peers.files
+        self.peers = peers.slots
+        self.ckpt = ckpt  # the mind's divergence history and the checkpoint policy
+        self.default_genes = default_genes  # the system's, loaded at start (a shared list)
+        self.track_footprint = track_footprint
         self._acquired = False
         self.kv_tokens: list[int] = []
         self.resume_raw_lcp: int | None = None
@@ -116,7 +138,12 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
         self.handling = 0  # handlers at work (nested: deferred messages run inside one)
-        self.peers: list[Slot] = []  # every slot, by id (a Fork reads its source's tokens)
+        self.cells_batched = False  # inside a page move that tells its cells once, at its end
+        self.cells_dirty = False
+        # What the placer knows of this slot (busy, mind): told when it changes, except where
+        # the placer made the change itself (its forwards, its page-ins' answers).
+        self._told: tuple[bool, str | None] = (False, None)
+        self._placed = 0  # the placer's forwards this slot took (a SlotState says how many)
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -127,9 +154,26 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
     async def handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         self.handling += 1
         try:
+            if isinstance(msg, Complete) and msg.req.mind is not None:
+                self._placed += 1  # the placer counts it busy until a state says it is done
+                self._told = (True, msg.req.mind)
             await self._handle(msg, env)
         finally:
             self.handling -= 1
+            if self.handling == 0:
+                self._tell_state()
+
+    def _tell_state(self) -> None:
+        """Tell the placer what changed in (busy, mind) since it last knew: the placer's table
+        is the truth it places by (no Info ask per placement)."""
+        now = (self.busy or bool(self.deferred), self.mind)
+        if now == self._told:
+            return
+        self._told = now
+        try:  # a placement may be parked for want of an idle slot (serving/placer.py)
+            self.placer.tell_nowait(SlotState(slot=self.id, busy=now[0], mind=now[1], placed=self._placed))
+        except ActordError:
+            pass  # the placer is stopping or failed
 
     async def _handle(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         match msg:
@@ -153,7 +197,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                 await self._drain_deferred()
             case CheckpointTaken(rid=rid, pos=pos, data=data):
                 a = self.active
-                if a is not None and a.rid == rid and self.ckpt_budget is not None:
+                if a is not None and a.rid == rid:
                     await self.on_checkpoint(pos, data)
             case Info():
                 env.reply.send(self.info())  # type: ignore[union-attr]
@@ -162,7 +206,6 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                 if a is not None and a.rid == rid:
                     a.cancelled = True
                     if a.enrolled:
-                        assert self.scheduler is not None
                         self.scheduler.tell_nowait(Abort(rid=rid))
                     elif not a.running:  # still waiting for genes: end it now
                         await self._answer_here("cancelled")
@@ -188,6 +231,11 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()
                 log.debug("slot.deferred", slot=self.id, msg=type(msg).__name__, queued=len(self.deferred))
+            case Complete(resident=True) if self.mind != msg.req.mind:
+                # Placed here as the mind's slot, but she left meanwhile (evicted, moved):
+                # the placer places her again (it has heard of the move by now).
+                self._placed -= 1  # not taken: the placer takes its forward back
+                self.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg), env.reply, env.stream))
             case Complete():
                 await self._start(msg, env)
             case Fork(src=src, tokens=tokens):
@@ -210,11 +258,6 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             except ActordError as e:
                 if env.reply is not None:
                     env.reply.fail(e)
-        if not self.busy and self.placer is not None:
-            try:  # a placement may be parked for want of an idle slot (serving/placer.py)
-                self.placer.tell_nowait(SlotIdle(slot=self.id))
-            except ActordError:
-                pass  # the placer is stopping or failed
 
     def _drop_deferred(self, rid: int) -> None:
         for env in list(self.deferred):
@@ -277,7 +320,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
                               t_start=t_start, genes=genes)
         self.metrics.requests_in_flight.inc()
-        if self.residency is not None and (genes or self.genes or self.track_footprint):
+        if genes or self.genes or self.track_footprint:
             # An empty set is announced too when it replaces a non-empty one (it unpins) and
             # under a device budget (the residency must know which slots run).
             self._tickets += 1
@@ -359,7 +402,6 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         if a.cancelled:
             await self._answer_here("cancelled", n_cached=usable)
             return
-        assert self.scheduler is not None
         enroll = Enroll(
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
             genes=self.genes, checkpoint_at=self.checkpoint_positions(usable, len(prompt)), stop=list(req.stop),
@@ -380,8 +422,10 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         try:
             if msg.cut_back:
                 await self.cut_back_after_failure()
+                await self._tell_cells()
+            # Otherwise the scheduler counted the cells as it ended the request (kv_tokens):
+            # nothing new to tell it.
             await self.finish_genes()
-            await self._tell_cells()
         except ActordError as e:  # the slot is idle whatever a peer said
             log.warning("slot.end_failed", slot=self.id, rid=msg.rid, error=e.to_dict())
 

@@ -12,7 +12,7 @@ the scheduler and the residency whenever the sequence changes outside a step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actord.serving.kernel import Envelope
 from actord.serving.checkpoint_budget import AdmitCheckpoint, Decision, SlotCheckpoints
@@ -22,6 +22,17 @@ from actord.engine import jobs as J
 from actord.service.errors import ActordError, PageRamExceeded, SlotBusy
 from actord.service.log import get
 from actord.policy.checkpoint_select import CheckpointMeta
+
+
+if TYPE_CHECKING:
+    from actord.serving.checkpoint_budget import CheckpointInbox
+    from actord.serving.checkpoint_plan import CheckpointPlan
+    from actord.serving.gene_residency import GeneInbox
+    from actord.serving.kernel import Actor
+    from actord.serving.messages import SchedulerInbox
+    from actord.serving.page_store import PageStoreInbox
+    from actord.service.metrics import Metrics
+    from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
@@ -52,13 +63,13 @@ class SlotMemory:
     seq: int
     engine: Any
     props: J.ModelProps
-    metrics: Any
-    scheduler: Any
-    pages: Any
-    residency: Any
-    ckpt_budget: Any
-    files: Any
-    ckpt: Any
+    metrics: Metrics
+    scheduler: Actor[SchedulerInbox]
+    pages: Actor[PageStoreInbox]
+    residency: Actor[GeneInbox]
+    ckpt_budget: Actor[CheckpointInbox]
+    files: PageFiles
+    ckpt: CheckpointPlan
     active: Any
     track_footprint: bool
     _acquired: bool
@@ -69,6 +80,8 @@ class SlotMemory:
     mind: str | None
     genes: Any
     handling: int
+    cells_batched: bool
+    cells_dirty: bool
 
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
@@ -87,27 +100,32 @@ class SlotMemory:
         await self.footprint_changed()
         await self._tell_cells()
 
-    async def _tell_cells(self) -> None:
-        """The scheduler charges KV cells per slot; tell it after a change outside a step."""
-        if self.scheduler is not None:
-            self._cells_seq = getattr(self, "_cells_seq", 0) + 1
-            await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq))
+    async def _tell_cells(self, release: int = 0) -> None:
+        """The scheduler charges KV cells per slot; tell it after a change outside a step.
+        Inside a page move that tells once at its end (`cells_batched`), only that end's
+        count is sent, with the move's room token (`release`)."""
+        if self.cells_batched and not release:
+            self.cells_dirty = True
+            return
+        self.cells_dirty = False
+        self._cells_seq = getattr(self, "_cells_seq", 0) + 1
+        await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq, release=release))
 
     async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
         try:
             freed = await self.evict(reason)
         except ActordError as e:
-            if reason == "device" and self.residency is not None:
+            if reason == "device":
                 await self.residency.tell(EvictDone(slot=self.id, freed=False, kept=not isinstance(e, SlotBusy)))
             if env.reply is not None:
                 env.reply.fail(e)
             return
-        if reason == "device" and self.residency is not None:
+        if reason == "device":
             await self.residency.tell(EvictDone(slot=self.id, freed=True))
         if env.reply is not None:
             env.reply.send((freed, getattr(self, "_cells_seq", 0)))
 
-    async def evict(self, reason: str) -> int:
+    async def evict(self, reason: str, *, ram_only: bool = False) -> int:
         """Give up an idle sequence: to the mind's page, else its file; a sequence without a
         mind (a slot-addressed cache) is dropped.
 
@@ -127,13 +145,13 @@ class SlotMemory:
             return 0
         how = "dropped"
         mind = self.mind
-        if mind is not None and self.pages is not None:
+        if mind is not None:
             try:
                 await self.page_out(mind)
                 how = "paged_out"
-            except PageRamExceeded:
-                if self.files is None:
-                    raise
+            except PageRamExceeded as e:
+                if ram_only:  # the asker spills by its own order and asks again; nothing moved
+                    raise PageRamExceeded(e.message, **{**e.data, "mind": mind}) from None
                 from actord.serving.placer import mind_file
 
                 try:
@@ -155,12 +173,13 @@ class SlotMemory:
         await self._sync_budget([])
 
     async def _sync_budget(self, ckpts: list[SlotCheckpoint]) -> None:
-        if self.ckpt_budget is not None:
-            history, n, population = self.ckpt.view(len(self.kv_tokens))
-            await self.ckpt_budget.tell(SlotCheckpoints(
-                slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
-                raw_lcp=self.selection_lcp(), history=history, n_tokens=n, population=population,
-            ))
+        if not self.props.needs_checkpoints:
+            return  # a model that never checkpoints: the budget holds nothing of ours to mirror
+        history, n, population = self.ckpt.view(len(self.kv_tokens))
+        await self.ckpt_budget.tell(SlotCheckpoints(
+            slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
+            raw_lcp=self.selection_lcp(), history=history, n_tokens=n, population=population,
+        ))
 
     async def cut_to(self, n: int) -> tuple[int, bool]:
         """Make the sequence hold exactly kv_tokens[:m] for the largest usable m <= n.
@@ -176,7 +195,7 @@ class SlotMemory:
             self.checkpoints = [c for c in self.checkpoints if c.pos <= m]
         self.ckpt.observe(self.resume_raw_lcp or 0)
         await self._sync_budget(self.checkpoints)
-        if (m < held and not from_ckpt and self.props.needs_checkpoints and self.ckpt_budget is not None
+        if (m < held and not from_ckpt and self.props.needs_checkpoints
                 and self.ckpt.wants_at_resume(m, [c.pos for c in self.checkpoints])):
             # The memory served this divergence; the next one is likely here again.
             st = await self.engine.run(J.StateGet(seq=self.seq, partial=True))
@@ -226,7 +245,7 @@ class SlotMemory:
         """Plan where to snapshot the prompt, decoded from pos0 (its divergence was noted
         by `cut_to`): as few pieces as the plan needs."""
         self.ckpt.started(n_prompt)
-        if not self.props.needs_checkpoints or self.ckpt_budget is None:
+        if not self.props.needs_checkpoints:
             return []
         out = self.ckpt.positions(pos0, n_prompt, [c.pos for c in self.checkpoints])
         if out:
@@ -235,7 +254,6 @@ class SlotMemory:
         return out
 
     async def on_checkpoint(self, pos: int, data: bytearray) -> None:
-        assert self.ckpt_budget is not None
         self.ckpt.ckpt_bytes = len(data)
         history, n, population = self.ckpt.view(len(self.kv_tokens))
         d: Decision = await self.ckpt_budget.ask(AdmitCheckpoint(
@@ -257,14 +275,14 @@ class SlotMemory:
         return n + self.props.n_rs_seq * self.props.recurrent_state_bytes
 
     async def finish_genes(self) -> None:
-        if self.residency is None or not (self._acquired or self.track_footprint):
+        if not (self._acquired or self.track_footprint):
             return
         self._acquired = False
         n = await self.device_bytes() if self.track_footprint else 0
         await self.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
 
     async def footprint_changed(self) -> None:
-        if self.residency is not None and self.track_footprint:
+        if self.track_footprint:
             await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=await self.device_bytes()))
 
     def quiet(self) -> bool:

@@ -18,7 +18,7 @@ The target verifies every draft, so a cold or stale draft costs acceptance, neve
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -30,10 +30,21 @@ from actord.serving.page_store import (
 )
 from actord.serving.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
-from actord.service.errors import EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty
+from actord.service.errors import (
+    ActordError, ContextFull, EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty,
+)
 from actord.service.log import get
 from actord.policy.checkpoint_placement import Divergence
 from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+
+
+if TYPE_CHECKING:
+    from actord.serving.checkpoint_budget import CheckpointInbox
+    from actord.serving.checkpoint_plan import CheckpointPlan
+    from actord.serving.kernel import Actor
+    from actord.serving.page_store import PageStoreInbox
+    from actord.service.metrics import Metrics
+    from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
@@ -46,10 +57,11 @@ class SlotPages:
     seq: int
     engine: Any
     props: J.ModelProps
-    metrics: Any
-    pages: Any
-    files: Any
-    ckpt: Any
+    metrics: Metrics
+    pages: Actor[PageStoreInbox]
+    ckpt_budget: Actor[CheckpointInbox]
+    files: PageFiles
+    ckpt: CheckpointPlan
     kv_tokens: list[int]
     draft_n: int
     resume_raw_lcp: int | None
@@ -58,29 +70,55 @@ class SlotPages:
     mind: str | None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
-        try:
-            match msg:
-                case PageOutSlot(page=name):
-                    out = await self.page_out(name)
-                case PageInSlot(page=name, evict_first=evict_first):
-                    if evict_first and self.kv_tokens:
-                        await self.evict("placer")
-                    out = await self.page_in(name)
-                case SaveSlot(file=file):
-                    out = await self.save(file)
-                case RestoreSlot(file=file):
-                    out = await self.restore(file)
-                case _:
-                    raise InvalidParams(f"not a page operation: {type(msg).__name__}")
-        except BaseException:
-            # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
-            # or restore): a refused or failed move tells what the sequence really holds, so
-            # no false count is left to evict other clients' caches.
-            with anyio.CancelScope(shield=True):
-                await self._tell_cells()  # type: ignore[attr-defined]
-            raise
+        if isinstance(msg, PageInSlot) and (msg.evict_first or msg.room):
+            out = await self._placer_page_in(msg)
+        else:
+            try:
+                match msg:
+                    case PageOutSlot(page=name):
+                        out = await self.page_out(name)
+                    case PageInSlot(page=name):
+                        out = await self.page_in(name)
+                    case SaveSlot(file=file):
+                        out = await self.save(file)
+                    case RestoreSlot(file=file):
+                        out = await self.restore(file)
+                    case _:
+                        raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+            except BaseException:
+                # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
+                # or restore): a refused or failed move tells what the sequence really holds, so
+                # no false count is left to evict other clients' caches.
+                with anyio.CancelScope(shield=True):
+                    await self._tell_cells()  # type: ignore[attr-defined]
+                raise
         if env.reply is not None:
             env.reply.send(out)
+
+    async def _placer_page_in(self, msg: PageInSlot) -> dict[str, Any]:
+        """The placer's page-in: make way (evict_first), then take the page; one Cells tell
+        at the end, whatever happened, carrying the room token back (`msg.room`)."""
+        self.cells_batched = True
+        evicted: dict[str, Any] = {}
+        try:
+            if msg.evict_first and self.kv_tokens:
+                mind, n = self.mind, len(self.kv_tokens)
+                await self.evict("placer", ram_only=True)  # type: ignore[attr-defined]
+                if mind is not None:
+                    evicted = {"evicted": {"mind": mind, "n_tokens": n}}
+            out = await self.page_in(msg.page, room_cells=msg.room_cells) if msg.page else {"slot": self.id}
+            # The placer knows what the slot holds now from this answer: no state to tell.
+            self._told = (self.busy or bool(self.deferred), self.mind)  # type: ignore[attr-defined]
+            return {**out, **evicted}
+        except ActordError as e:
+            if evicted:  # the placer learns where the mind it displaced went, even on a refusal
+                e.data.setdefault("evicted", evicted["evicted"])
+            raise
+        finally:
+            self.cells_batched = False
+            with anyio.CancelScope(shield=True):
+                if msg.room or self.cells_dirty:
+                    await self._tell_cells(release=msg.room)  # type: ignore[attr-defined]
 
     def page_checkpoints(self) -> list[SlotCheckpoint]:
         """What a page or file keeps: the policy's choice (placement: the best subset for
@@ -98,8 +136,6 @@ class SlotPages:
         return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
 
     async def page_out(self, name: str) -> dict[str, Any]:
-        if self.pages is None:
-            raise InvalidParams("no page store on this system")
         name = name or self.mind or f"evicted-slot{self.id}"
         if not self.kv_tokens:
             raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
@@ -170,13 +206,16 @@ class SlotPages:
             log.error("page.put_back_failed", slot=self.id, error=str(e))
             await self.erase()
 
-    async def page_in(self, name: str) -> dict[str, Any]:
-        if self.pages is None:
-            raise InvalidParams("no page store on this system")
+    async def page_in(self, name: str, room_cells: int = -1) -> dict[str, Any]:
         if self.kv_tokens:
             raise SlotBusy(f"slot {self.id} holds a sequence: page it out or erase it first", slot=self.id)
         t0 = time.perf_counter()
         page: Page = await self.pages.ask(Take(name=name))
+        if 0 <= room_cells < len(page.tokens):
+            # Sized by an older page of this name: the cells held for it would not cover it.
+            await self.pages.tell(Return(gen=page.gen))
+            raise ContextFull(f"page {name!r} holds {len(page.tokens)} tokens, more than the {room_cells} cells "
+                              "held for it", page=name, n_tokens=len(page.tokens), held=room_cells)
         genes = self.genes
         try:
             # The copy runs on the engine thread while the page's checkpoints enter the
@@ -258,7 +297,7 @@ class SlotPages:
         in one ask (a page_in's actor hops, not one per checkpoint)."""
         self.checkpoints = []
         await self._sync_budget([])
-        if self.ckpt_budget is None or not ckpts:
+        if not ckpts:
             return
         items = []
         for ck in ckpts:
@@ -274,8 +313,6 @@ class SlotPages:
                 self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
 
     async def save(self, file: str) -> dict[str, Any]:
-        if self.files is None:
-            raise InvalidParams("no page folder on this system")
         self.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
@@ -289,8 +326,6 @@ class SlotPages:
                 "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def restore(self, file: str) -> dict[str, Any]:
-        if self.files is None:
-            raise InvalidParams("no page folder on this system")
         t0 = time.perf_counter()
         image = await self.files.read(file)
         check_fingerprint(image, self.props, file)

@@ -183,7 +183,7 @@ def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(t
     from actord.serving.slot_memory import SlotMemory
     from actord.service.errors import ActordError, PageRamExceeded
 
-    async def old_evict(self, reason):
+    async def old_evict(self, reason, **kw):
         n = len(self.kv_tokens)
         if n == 0:
             return 0

@@ -1,0 +1,81 @@
+"""The actor system's wiring, in one place: every actor gets its peers in its constructor.
+
+Why a builder: the actors form an ask order (the placer above the scheduler above the slots
+above the page store, the checkpoint budget and the gene residency), and upward they only
+tell. Building them top-down from the bottom of that order means each actor's downward peers
+exist when it is made; the one upward reference every layer needs, the slots, is a list
+made first and filled last, in this function, so nothing is assigned into an actor after
+its constructor ran and no peer is Optional.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from actord.engine import jobs as J
+from actord.policy.pipeline import pipeline_depth
+from actord.service.config import Config
+from actord.service.log import get
+from actord.service.metrics import Metrics
+from actord.serving.checkpoint_budget import CheckpointBudget
+from actord.serving.checkpoint_plan import CheckpointPlan
+from actord.serving.gene_residency import GeneResidency
+from actord.serving.kernel import Actor, Dispatcher
+from actord.serving.page_store import PageStore
+from actord.serving.placer import MindPlacer, Spill
+from actord.serving.scheduler import Scheduler
+from actord.serving.slot import Slot, SlotPeers
+from actord.storage.files import PageFiles
+
+log = get("actord.service.builder")
+
+
+@dataclass(frozen=True)
+class Actors:
+    """The running system's actors, typed."""
+
+    slots: list[Slot]
+    scheduler: Scheduler
+    pages: PageStore
+    residency: GeneResidency
+    ckpt_budget: CheckpointBudget
+    placer: MindPlacer
+
+    def all(self) -> list[Actor[Any]]:
+        return [*self.slots, self.scheduler, self.pages, self.residency, self.ckpt_budget, self.placer]
+
+
+def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, engine: Any, metrics: Metrics,
+                 files: PageFiles, spill: Spill, default_genes: list[int],
+                 placer_class: type[MindPlacer] = MindPlacer) -> Actors:
+    cap = max(config.mailbox_capacity, 256)
+    n = config.slots
+    slots: list[Slot] = []  # filled below: the upper actors address the slots by id
+    depth = pipeline_depth(config.pipeline_depth, props.device.backend)
+    log.info("scheduler.pipeline_depth", depth=depth, asked=config.pipeline_depth, backend=props.device.backend)
+    scheduler = Scheduler(
+        dispatcher, engine, slots, props.n_batch, metrics, capacity=max(cap, 8 * n),
+        n_ctx=props.kv_cells,  # 0: cells not charged
+        piece_tile=config.piece_tile, depth=depth, n_slots=n,
+    )
+    pages = PageStore(dispatcher, config.page_ram_bytes, metrics, capacity=cap)
+    # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).
+    device_budget = props.device.budget_bytes
+    residency = GeneResidency(dispatcher, engine, slots, device_budget, metrics, capacity=cap)
+    ckpt_budget = CheckpointBudget(dispatcher, config.ctx_checkpoints_bytes, slots, metrics, capacity=cap,
+                                   policy=config.checkpoint_policy, cap=1 + config.ctx_checkpoints, n_slots=n)
+    placer = placer_class(dispatcher, slots, pages, files, spill, metrics, scheduler, kv_cells=scheduler.n_ctx,
+                          n_slots=n, capacity=cap)
+    peers = SlotPeers(scheduler=scheduler, placer=placer, pages=pages, ckpt_budget=ckpt_budget,
+                      residency=residency, files=files, slots=slots)
+    for i in range(n):
+        ckpt = CheckpointPlan(
+            policy=config.checkpoint_policy, keep=config.ctx_checkpoints, every=config.checkpoint_every,
+            align=props.n_batch, tile=config.piece_tile, share_bytes=config.ctx_checkpoints_bytes // max(1, n),
+        )
+        slots.append(Slot(dispatcher, i, engine, props, metrics, peers, ckpt, default_seed=config.seed,
+                          capacity=config.mailbox_capacity, track_footprint=device_budget > 0,
+                          default_genes=default_genes))
+    return Actors(slots=slots, scheduler=scheduler, pages=pages, residency=residency, ckpt_budget=ckpt_budget,
+                  placer=placer)
