@@ -1,0 +1,124 @@
+"""The house rules a newcomer relies on, checked over every import (lazy ones included):
+the parts stand on floors, asks and imports go down, and nothing goes round in a circle.
+
+    floor 8  frontends/cli.py     the program: dispatches to every part's subcommands
+    floor 7  cluster/, replay/, testing/
+    floor 6  frontends/           the socket, the HTTP fronts, the daemon, the client
+    floor 5  service/             the façade a host holds (ActorSystem), its builder
+    floor 4  chat/                prompts from messages, tools, choices, the chat turn
+    floor 3  serving/             the actors and the pure per-token core (serving/steps)
+    floor 2  engine/, service/types.py, service/config.py (the request vocabulary)
+    floor 1  policy/, storage/
+    floor 0  service/errors.py, log.py, metrics.py, models.py (spoken on every floor)
+
+A module may import its own floor or one below. One edge is known and named: the trace
+recorder's seam (service/hooks.py reaches replay/ only when a trace is asked for).
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "actord"
+
+FLOORS = {
+    "actord.frontends.cli": 8,
+    "actord.cluster": 7, "actord.replay": 7, "actord.testing": 7,
+    "actord.frontends": 6,
+    "actord.service": 5,
+    "actord.chat": 4,
+    "actord.serving": 3,
+    "actord.engine": 2, "actord.service.types": 2, "actord.service.config": 2,
+    "actord.policy": 1, "actord.storage": 1,
+    "actord.service.errors": 0, "actord.service.log": 0, "actord.service.metrics": 0, "actord.service.models": 0,
+}
+KNOWN_UP = {("actord.service.hooks", "actord.replay.trace")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _edges() -> dict[str, set[str]]:
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    for m, p in mods.items():
+        for n in ast.walk(ast.parse(p.read_text())):  # every import, at module level or inside a function
+            if isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                names = [f"{n.module}.{a.name}" for a in n.names]
+            else:
+                continue
+            for x in names:
+                r = resolve(x) if x.startswith("actord") else None
+                if r and r not in (m, "actord"):
+                    edges[m].add(r)
+    return edges
+
+
+def floor(m: str) -> int:
+    best = max((pre for pre in FLOORS if m == pre or m.startswith(pre + ".")), key=len)
+    return FLOORS[best]
+
+
+def test_every_module_stands_on_a_floor():
+    assert [m for m in _modules() if m != "actord" and not any(m == p or m.startswith(p + ".") for p in FLOORS)] == []
+
+
+def test_imports_go_down_the_floors_lazy_ones_included():
+    up = sorted((m, d) for m, ds in _edges().items() if m != "actord" for d in ds if floor(d) > floor(m))
+    assert [e for e in up if e not in KNOWN_UP] == []
+
+
+def test_no_import_goes_round_in_a_circle():
+    edges = _edges()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_top_of_the_package_holds_at_most_five_modules():
+    assert len(list(PKG.glob("*.py"))) <= 5
