@@ -8,7 +8,7 @@ miss), and from then until `Finish` they are in use, so no move can free them un
 decode. After each turn a coalesced `Reconcile` pages pinned host genes back in, off the
 request path.
 
-Its place in the ask order (serving/kernel.py) is below the slots, so it never awaits one: an
+Its place in the ask order (serving/kernel/) is below the slots, so it never awaits one: an
 acquisition is told, not asked, and answered by telling the slot `GenesGranted` or
 `GenesRefused`. When room needs an idle slot's state, the residency tells that slot to
 `Evict` and keeps the acquisition (or the gene load, or page-in) pending; the slot tells

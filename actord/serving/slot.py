@@ -16,7 +16,7 @@ The scheduler answers the client itself.
 A request for a busy slot is deferred (kept in order, counted) and started when the slot is
 idle again; so are page and file operations, which need a quiet sequence.
 
-Its place in the ask order (serving/kernel.py): below the placer and the scheduler, above the
+Its place in the ask order (serving/kernel/): below the placer and the scheduler, above the
 page store, the checkpoint budget and the gene residency. A slot waiting for its genes is
 busy: it defers page moves and requests, refuses evictions and handles a cancel at once.
 
