@@ -24,12 +24,14 @@ actor and `bench/reprefill_sim.py` all call these same functions.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Mapping, MutableMapping, Protocol, Sequence, TypeVar
+from typing import Any, Hashable, Mapping, MutableMapping, Sequence, TypeVar
 
 import msgspec
 
+from actord.policy.checkpoint_records import CheckpointLike
+
 __all__ = [
-    "POLICIES", "Admission", "CheckpointLike", "CheckpointMeta", "apply_evictions", "plan_budget_admission",
+    "POLICIES", "Admission", "apply_evictions", "plan_budget_admission",
     "select", "select_indices", "under_break_indices", "victim",
 ]
 
@@ -38,25 +40,8 @@ __all__ = [
 POLICIES = ("placement", "divergence", "oldest")
 
 
-class CheckpointLike(Protocol):
-    """Anything with a position (prompt tokens covered) and a byte size."""
-
-    @property
-    def pos(self) -> int: ...
-
-    @property
-    def n_bytes(self) -> int: ...
-
-
 T = TypeVar("T", bound=CheckpointLike)
 K = TypeVar("K", bound=Hashable)
-
-
-class CheckpointMeta(msgspec.Struct, frozen=True):
-    """A checkpoint without its bytes, for tests and simulations."""
-
-    pos: int
-    n_bytes: int
 
 
 class Admission(msgspec.Struct, frozen=True):

@@ -26,7 +26,8 @@ from actord.serving.messages import DropCheckpoint, Msg
 from actord.service.errors import InvalidParams
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.policy.checkpoint_select import CheckpointMeta, plan_budget_admission
+from actord.policy.checkpoint_records import CheckpointSize
+from actord.policy.checkpoint_select import plan_budget_admission
 from actord.policy.checkpoint_placement import Divergence, Forecast, expected_cost, forecast, plan_admission
 
 log = get("actord.checkpoints")
@@ -52,7 +53,7 @@ class SlotCheckpoints(Msg):
     """A slot's list changed by itself (resume, erase, page move): replace the mirror."""
 
     slot: int
-    metas: list[CheckpointMeta]
+    metas: list[CheckpointSize]
     raw_lcp: int | None
     history: list[Divergence] = []
     n_tokens: int = 0
@@ -94,7 +95,7 @@ class CheckpointBudget(Actor[CheckpointInbox]):
         self.slots = slots
         self.metrics = metrics
         n = len(slots) if n_slots is None else n_slots
-        self.lists: dict[int, list[CheckpointMeta]] = {i: [] for i in range(n)}
+        self.lists: dict[int, list[CheckpointSize]] = {i: [] for i in range(n)}
         self.raw: dict[int, int | None] = {i: None for i in range(n)}
         self.evicted = 0
         self.skipped = 0
@@ -136,7 +137,7 @@ class CheckpointBudget(Actor[CheckpointInbox]):
     async def _admit(self, msg: AdmitCheckpoint) -> Decision:
         self.raw[msg.slot] = msg.raw_lcp
         holdings = {k: self.lists[k] for k in sorted(self.lists)}
-        new = CheckpointMeta(pos=msg.pos, n_bytes=msg.n_bytes)
+        new = CheckpointSize(pos=msg.pos, n_bytes=msg.n_bytes)
         if self.policy == "placement":
             self._forecast(msg.slot, msg.history, max(msg.n_tokens, msg.pos + 1), msg.population)
             plan = plan_admission(holdings, self.forecasts, self.used, self.budget, msg.slot, new, cap=self.cap)

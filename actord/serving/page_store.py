@@ -37,13 +37,9 @@ from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
 from actord.policy.checkpoint_placement import Divergence
+from actord.policy.checkpoint_records import SlotCheckpoint
 
 log = get("actord.pages")
-
-
-class PageCheckpoint(msgspec.Struct, frozen=True):
-    pos: int
-    data: bytearray
 
 
 class Page(msgspec.Struct, frozen=True):
@@ -54,7 +50,7 @@ class Page(msgspec.Struct, frozen=True):
     n_bytes: int
     state: bytearray
     tokens: list[int]
-    checkpoints: list[PageCheckpoint] = []
+    checkpoints: list[SlotCheckpoint] = []  # the slot's, as they were
     genes: tuple[tuple[int, float], ...] = ()
     draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
     draft_n: int = 0  # how many of `tokens` that state holds

@@ -43,7 +43,8 @@ from actord.serving.messages import (
 )
 from actord.serving.page_store import PageStoreInbox
 from actord.serving.placer import Misplaced, PlacerInbox, SlotState
-from actord.serving.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
+from actord.policy.checkpoint_records import SlotCheckpoint
+from actord.serving.slot_memory import SlotMemory, common_prefix
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
@@ -54,7 +55,7 @@ from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
-__all__ = ["Slot", "SlotCheckpoint", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
+__all__ = ["Slot", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
 
 
 @dataclass

@@ -26,16 +26,16 @@ from actord.serving.kernel import Envelope
 from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision
 from actord.serving.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
 from actord.serving.page_store import (
-    Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+    Admission, AdmitState, CancelReservation, Commit, Page, Release, Return, Take,
 )
-from actord.serving.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
 from actord.service.errors import (
     ActordError, ContextFull, EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty,
 )
 from actord.service.log import get
 from actord.policy.checkpoint_placement import Divergence
-from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
+from actord.storage.pagefile import PageImage, StoredGene
 
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class SlotPages:
                 raise EngineError("draft state changed size between admission and copy", slot=self.id)
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
-                checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
+                checkpoints=list(ckpts), genes=self.genes,
                 divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
                 draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
             )
@@ -233,7 +233,7 @@ class SlotPages:
                 self.resume_raw_lcp = None
                 self.mind = name
                 self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
-                await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
+                await self.adopt_checkpoints(list(page.checkpoints))
             finally:
                 with anyio.CancelScope(shield=True):
                     st = await self.engine.wait(pending)
@@ -310,7 +310,7 @@ class SlotPages:
             if d.drop_own:
                 self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
             if d.admit:
-                self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
+                self.checkpoints.append(ck)
 
     async def save(self, file: str) -> dict[str, Any]:
         self.files.check(file)
