@@ -53,7 +53,9 @@ from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, c
 CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("actord_client", default="-")
 
 
-class Divergence(Exception):
+class ReplayDiverged(Exception):
+    """A replay reached an event its trace does not have next: the run diverged from the recording."""
+
     def __init__(self, position: int, expected: Any, available: list[Any]) -> None:
         super().__init__(f"divergence at event {position}: expected {expected}, available {available}")
         self.position, self.expected, self.available = position, expected, available
@@ -94,10 +96,10 @@ class RecordedPolicy:
         for r in ready:
             if want is not None and _matches(r, want):
                 if isinstance(want, (EngineDone, WorkerDone)) and r.event.result != want.result:  # type: ignore[union-attr]
-                    raise Divergence(position, want, [r.event])
+                    raise ReplayDiverged(position, want, [r.event])
                 self.i += 1
                 return r
-        raise Divergence(position, want, [r.event for r in ready])
+        raise ReplayDiverged(position, want, [r.event for r in ready])
 
 
 def _matches(r: Ready, want: Event) -> bool:
