@@ -1,14 +1,14 @@
 """Re-prefill cost of checkpoint policies, side by side on one workload, against the floor.
 
-Why: the seed chose its checkpoint rule by a throwaway simulation (mean re-prefill 32-37k
--> ~26.6k tokens, near-full re-prefills 154-300 -> 1 over 300 turns). This script is that
-experiment made repeatable, driven through the real policy functions, so a change to a
-rule shows its cost here. Three policies replay the very same turns:
+Why: the original C++ server chose its checkpoint rule by a throwaway simulation (mean
+re-prefill 32-37k -> ~26.6k tokens, near-full re-prefills 154-300 -> 1 over 300 turns). This
+script is that experiment made repeatable, driven through the real policy functions, so a
+change to a rule shows its cost here. Three policies replay the very same turns:
 
 - oldest: a checkpoint every `--spacing` tokens; a page keeps the head and the newest
   `--keep`; the budget takes the fullest list's oldest after its head (raw lcp unknown);
-- divergence: the seed's rule (`actord.policy.checkpoint_select`): the same spacing, and the
-  keep and the budget's victim aware of the slot's last raw lcp;
+- divergence: the original C++ server's rule (`actord.policy.checkpoint_select`): the same
+  spacing, and the keep and the budget's victim aware of the slot's last raw lcp;
 - placement (the default, `actord.policy.checkpoint_placement`): checkpoints made where the expected
   re-prefill of the mind's next request is least, given its divergence history, under the
   slot's share of the byte budget (grid aligned to `--align`, the scheduler's chunk); a
@@ -128,7 +128,7 @@ class Result:
 
 def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
     """Replay `turns` under one policy: "oldest" and "divergence" make a checkpoint every
-    `--spacing` tokens and keep by count (the seed's rules, with the raw lcp unknown or
+    `--spacing` tokens and keep by count (the original C++ server's rules, with the raw lcp unknown or
     known); "placement" makes and keeps what minimizes the expected re-prefill."""
     size = int(a.ckpt_mb * 1_000_000)
     budget = int(a.budget_mb * 1_000_000)

@@ -7,8 +7,8 @@ by message. Before a slot stores a new checkpoint it asks for admission. Under t
 checkpoint whose loss raises its slot's expected re-prefill least per byte freed goes,
 across slots, until the new one fits (and a slot holds at most the count cap); a trade
 that would not lower the total expected re-prefill is refused, so more checkpoints never
-cost more than fewer. Under "divergence"/"oldest" it plans with the seed's
-`plan_budget_admission` (the fullest holder gives up its count-rule victim). Either way a
+cost more than fewer. Under "divergence"/"oldest" it plans with the original C++ server's
+rule, `plan_budget_admission` (the fullest holder gives up its count-rule victim). Either way a
 checkpoint larger than the whole budget drops nothing and is skipped, and the budget tells
 each victim's slot to drop it. The requester's own victims come back
 in the reply instead: a slot waiting for this reply cannot read its mailbox, and asking it
@@ -90,7 +90,8 @@ class CheckpointBudget(Actor[CheckpointInbox]):
         super().__init__(dispatcher, "ckpt_budget", capacity)
         self.budget = budget
         self.policy = policy
-        self.cap = cap  # at most this many per slot (placement; the seed's rules cap pages only)
+        # At most this many per slot (placement; the original C++ server's rules cap pages only).
+        self.cap = cap
         self.forecasts: dict[int, Forecast] = {}
         self.slots = slots
         self.metrics = metrics

@@ -122,12 +122,12 @@ class SlotPages:
 
     def page_checkpoints(self) -> list[SlotCheckpoint]:
         """What a page or file keeps: the policy's choice (placement: the best subset for
-        the mind's forecast; divergence/oldest: the seed's count rule)."""
+        the mind's forecast; divergence/oldest: the original C++ server's count rule)."""
         idx = self.ckpt.keep_indices(self.checkpoints, self.resume_raw_lcp, len(self.kv_tokens))
         return [self.checkpoints[i] for i in idx]
 
     def selection_lcp(self) -> int | None:
-        """The raw lcp the seed's selection may use; 'oldest' ignores it on purpose."""
+        """The raw lcp the original C++ server's selection may use; 'oldest' ignores it on purpose."""
         return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
 
     async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
