@@ -179,7 +179,6 @@ class DeterministicDispatcher(Dispatcher):
         self._handoff: dict[str, Envelope[Any] | None] = {}
         self.any_queued = isinstance(policy, RecordedPolicy)
         self._held: list[Ready] = []
-        self._seq = 0
         self.position = 0
         self.stopped = False
         self.live = False  # until the driver starts stepping, engine/worker/input events pass
@@ -367,10 +366,6 @@ class DeterministicDispatcher(Dispatcher):
         self.choices.append(f"{pick.kind}:{pick.key}")
         pick.release()
         return True
-
-    async def run_until_idle(self) -> None:
-        while await self.step():
-            pass
 
     def close_actors(self) -> None:
         """Shutdown: end every actor loop parked at its gate."""

@@ -40,7 +40,7 @@ import msgspec
 from actord.service.errors import ActordError, ActorFailed, AskOrderViolated, AskTimeout, ShuttingDown
 from actord.service.log import get
 from actord.serving.kernel.dispatcher import Dispatcher
-from actord.serving.kernel.mailbox import PROGRESS, Envelope, M, Reply, StreamSink
+from actord.serving.kernel.mailbox import Envelope, M, Reply, StreamSink
 
 log = get("actord.serving")
 
@@ -125,7 +125,6 @@ class Actor(Generic[M]):
 
     def put_nowait(self, env: Envelope[M]) -> None:
         """Queue an envelope on the control lane (an actor's message: see the module docstring)."""
-        PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         try:
@@ -140,7 +139,6 @@ class Actor(Generic[M]):
             self.put_nowait(env)
             await anyio.lowlevel.checkpoint()
             return
-        PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         while self._mailbox_used >= self.capacity:  # a client waits for room

@@ -14,7 +14,7 @@ from anyio.abc import TaskGroup
 
 from actord.service.errors import AskCycle
 from actord.service.log import get
-from actord.serving.kernel.mailbox import PROGRESS, Envelope
+from actord.serving.kernel.mailbox import Envelope
 
 if TYPE_CHECKING:
     from actord.serving.kernel.actor import Actor
@@ -87,7 +87,6 @@ class Dispatcher:
         self._tg.start_soon(actor._run, name=f"actor:{actor.name}")
 
     def delivered(self, actor: "Actor[Any]", env: Envelope[Any]) -> None:
-        PROGRESS[0] += 1
         self.deliveries += 1
         env.seq = self.deliveries
         for hook in list(self.hooks):

@@ -13,10 +13,6 @@ import anyio
 M = TypeVar("M")
 StreamSink = Callable[[Any], Awaitable[None]]
 
-# Bumped at every instrumented step (mailbox put, delivery, reply); a deterministic
-# dispatcher reads it to tell when the system has gone quiet.
-PROGRESS = [0]
-
 
 class Reply:
     """A one-shot reply channel: exactly one value or one error, then it is spent."""
@@ -31,14 +27,12 @@ class Reply:
 
     def send(self, value: Any) -> None:
         if not self.done:
-            PROGRESS[0] += 1
             self.done = True
             self._value = value
             self._event.set()
 
     def fail(self, error: BaseException) -> None:
         if not self.done:
-            PROGRESS[0] += 1
             self.done = True
             self._error = error
             self._event.set()
