@@ -26,7 +26,7 @@ from actord.serving.kernel import Envelope
 from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision
 from actord.serving.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
 from actord.serving.page_store import (
-    Admission, AdmitState, CancelReservation, Commit, Page, Release, Return, Take,
+    AdmitState, CancelReservation, Commit, Page, PageAdmission, Release, Return, Take,
 )
 from actord.engine import jobs as J
 from actord.service.errors import (
@@ -146,7 +146,7 @@ class SlotPages:
         n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
         # The store admits the page and hands out the buffer the state goes into (a warm one
         # from its pool when one fits); libllama writes the state there, the one copy.
-        adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        adm: PageAdmission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
         reservation, n_bytes = adm.reservation, adm.n_bytes
         # Without a draft the copy also removes the sequence (one engine round trip less: a
         # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token
