@@ -9,7 +9,7 @@ mind's long system text) against `actord serve` subprocesses over the Unix socke
 
 - placement: the defaults, with the SWA cache windowed (`--swa-full off`): checkpoints
   placed where each mind's history says it diverges (`actord.policy.checkpoint_placement`);
-- spacing-128: the seed's rule, a checkpoint every 128 tokens kept by count
+- spacing-128: the original C++ server's rule, a checkpoint every 128 tokens kept by count
   (`--checkpoint-policy divergence --checkpoint-every 128 --swa-full off`);
 - oldest: the original rule (`--checkpoint-policy oldest --swa-full off`);
 - swa-full: a full SWA cache (`--swa-full on`): no checkpoint is needed, a diverging

@@ -256,9 +256,9 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
         return {}
     growth = a.reps * (a.n_predict + 16) + a.n_predict + 1
     ctx = a.ctx or ctx_for(a.prompt_tokens + growth)
+    # The windowed cache, as the original C++ server measured (auto may choose a full one).
     cfg = Config(model=str(model), slots=2, ctx=ctx, batch=a.batch, threads=a.threads,
-                 page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes,
-                 swa_full="off")  # the windowed cache, as the seed measured (auto may choose a full one)
+                 page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes, swa_full="off")
     results: dict[str, float] = {}
     share = CpuShare(engine_threads(a.threads))
     async with ActorSystem(cfg) as s:

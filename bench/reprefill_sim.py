@@ -1,14 +1,14 @@
 """Re-prefill cost of checkpoint policies, side by side on one workload, against the floor.
 
-Why: the seed chose its checkpoint rule by a throwaway simulation (mean re-prefill 32-37k
--> ~26.6k tokens, near-full re-prefills 154-300 -> 1 over 300 turns). This script is that
-experiment made repeatable, driven through the real policy functions, so a change to a
-rule shows its cost here. Three policies replay the very same turns:
+Why: the original C++ server chose its checkpoint rule by a throwaway simulation (mean
+re-prefill 32-37k -> ~26.6k tokens, near-full re-prefills 154-300 -> 1 over 300 turns). This
+script is that experiment made repeatable, driven through the real policy functions, so a
+change to a rule shows its cost here. Three policies replay the very same turns:
 
 - oldest: a checkpoint every `--spacing` tokens; a page keeps the head and the newest
   `--keep`; the budget takes the fullest list's oldest after its head (raw lcp unknown);
-- divergence: the seed's rule (`actord.policy.checkpoint_select`): the same spacing, and the
-  keep and the budget's victim aware of the slot's last raw lcp;
+- divergence: the original C++ server's rule (`actord.policy.checkpoint_select`): the same
+  spacing, and the keep and the budget's victim aware of the slot's last raw lcp;
 - placement (the default, `actord.policy.checkpoint_placement`): checkpoints made where the expected
   re-prefill of the mind's next request is least, given its divergence history, under the
   slot's share of the byte budget (grid aligned to `--align`, the scheduler's chunk); a
@@ -55,8 +55,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actord.service.config import Config  # noqa: E402
+from actord.policy.checkpoint_records import CheckpointSize  # noqa: E402
 from actord.policy.checkpoint_select import (  # noqa: E402
-    CheckpointMeta, apply_evictions, plan_budget_admission, select,
+    apply_evictions, plan_budget_admission, select,
 )
 from actord.policy.checkpoint_placement import (  # noqa: E402
     Divergence, forecast, keep_best, plan, plan_admission, remember, slot_count,
@@ -127,18 +128,18 @@ class Result:
 
 def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
     """Replay `turns` under one policy: "oldest" and "divergence" make a checkpoint every
-    `--spacing` tokens and keep by count (the seed's rules, with the raw lcp unknown or
+    `--spacing` tokens and keep by count (the original C++ server's rules, with the raw lcp unknown or
     known); "placement" makes and keeps what minimizes the expected re-prefill."""
     size = int(a.ckpt_mb * 1_000_000)
     budget = int(a.budget_mb * 1_000_000)
     cap = 1 + a.keep
     share = budget // a.slots
-    lists: dict[int, list[CheckpointMeta]] = {}  # resident mind -> its slot's list
+    lists: dict[int, list[CheckpointSize]] = {}  # resident mind -> its slot's list
     held: dict[int, int] = {}  # resident mind -> tokens its slot holds
     lcp: dict[int, int | None] = {}  # resident mind -> resume_raw_lcp
     history: dict[int, list[Divergence]] = {}  # every mind's divergences (slot, page, file)
     prompt_end: dict[int, int] = {}  # every mind's last prompt length
-    pages: dict[int, tuple[list[CheckpointMeta], int]] = {}
+    pages: dict[int, tuple[list[CheckpointSize], int]] = {}
     slot_of: dict[int, int] = {}  # resident mind -> its slot
     free = list(range(a.slots))
     population: dict[int, list[float]] = {s: [] for s in range(a.slots)}  # per slot, as in the daemon
@@ -149,7 +150,7 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
         pop = population[slot_of[mind]] if mind in slot_of else []
         return forecast(history.get(mind, []), n or prompt_end.get(mind, held.get(mind, 0)), population=pop)
 
-    def admit(mind: int, ck: CheckpointMeta) -> None:
+    def admit(mind: int, ck: CheckpointSize) -> None:
         nonlocal used
         res.made += 1
         if policy == "placement":
@@ -208,7 +209,7 @@ def simulate(turns: list[Turn], a: argparse.Namespace, policy: str) -> Result:
             at = list(range((resume // a.spacing + 1) * a.spacing, t.new_len + 1, a.spacing))
         prompt_end[t.mind] = t.new_len
         for pos in at:
-            admit(t.mind, CheckpointMeta(pos=pos, n_bytes=size))
+            admit(t.mind, CheckpointSize(pos=pos, n_bytes=size))
         held[t.mind] = t.new_len + t.gen
         if t.measured:
             cost = t.new_len - resume

@@ -22,7 +22,8 @@ import numpy as np
 
 from actord.cluster.fence import TurnRecord
 from actord.service.errors import CorruptPageFile
-from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+from actord.policy.checkpoint_records import StoredCheckpoint
+from actord.storage.pagefile import PageImage, StoredGene
 
 
 class PageBlob(msgspec.Struct, frozen=True):

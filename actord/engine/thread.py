@@ -56,7 +56,7 @@ def _one_token_each(step: Step) -> bool:
     return True
 
 
-class _Pending:
+class _SubmittedJob:
     """One submitted job: the engine thread fills it, the loop side awaits it.
 
     The waiter is made only when someone waits before the job is done (most steps: the
@@ -124,7 +124,7 @@ class EngineThread:
         self._start_error: BaseException | None = None
         self._stopping = False
         self.ident: int | None = None
-        self._held: _Pending | None = None  # a finished step whose completion waits (see _main)
+        self._held: _SubmittedJob | None = None  # a finished step whose completion waits (see _main)
         # How long a finished decode step's result may wait unannounced (`_announce`); 0: never.
         self._defer_s = defer_s
         self._unannounced_since = 0.0  # when the oldest deferred result was deferred (0: none)
@@ -134,7 +134,7 @@ class EngineThread:
         self.jobs_done = 0
         self.jobs_failed = 0
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
-        self.started = 0  # jobs the engine thread has begun (their order: `_Pending.n`)
+        self.started = 0  # jobs the engine thread has begun (their order: `_SubmittedJob.n`)
         # A replay's hold on the execution order (actord/replay/dispatcher.py, EngineOrder):
         # `gate.admit(job, p)` False keeps a job out of the queue until the gate enqueues
         # it; at the stop, `gate.drop()` hands back what it still holds.
@@ -172,18 +172,18 @@ class EngineThread:
     async def run(self, job: Any) -> Any:
         return await self.wait(self.submit(job))
 
-    def submit(self, job: Any) -> _Pending:
+    def submit(self, job: Any) -> _SubmittedJob:
         """Queue a job without waiting: the scheduler keeps the next step queued behind the
         running one, so the engine thread goes from one step to the next without a loop
         round trip in between. Await it with `wait`, exactly once."""
         if self._stopping:
             raise ShuttingDown("engine is shutting down")
-        p = _Pending(job, self)
+        p = _SubmittedJob(job, self)
         if self.gate is None or self.gate.admit(job, p):
             self.enqueue(job, p)
         return p
 
-    def enqueue(self, job: Any, p: _Pending) -> None:
+    def enqueue(self, job: Any, p: _SubmittedJob) -> None:
         """On the loop: put a job in the engine thread's queue (`submit`, or a gate later)."""
         self.inflight += 1
         if self._stopping:  # a gate letting a job go as the engine stops: answered, never run
@@ -196,7 +196,7 @@ class EngineThread:
         else:
             self._q.put((job, p))
 
-    async def wait(self, p: _Pending) -> Any:
+    async def wait(self, p: _SubmittedJob) -> Any:
         # A cancelled waiter does not cancel the job: libllama work is not interruptible,
         # and the actor that sent it re-synchronises from its own state.
         if p.settled:

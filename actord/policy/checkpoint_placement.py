@@ -1,13 +1,13 @@
 """Where a slot makes context checkpoints, which it keeps, and which the budget gives up.
 
 Why this exists. A model whose memory cannot be cut back (SWA without a full cache,
-recurrent, hybrid) resumes a request that diverges at raw lcp `d` from the newest
-checkpoint `p <= d`, and re-prefills `d - p` tokens it already had. Where checkpoints are
-made and which survive decides that cost. The seed made one every `--checkpoint-every`
+recurrent, hybrid) resumes a request that diverges at raw lcp `d` from the newest checkpoint
+`p <= d`, and re-prefills `d - p` tokens it already had. Where checkpoints are made and
+which survive decides that cost. The original C++ server made one every `--checkpoint-every`
 tokens and kept a count (head, two under the last raw lcp, the newest): on a workload none
-of us wrote (issue 11) that processed 17% more than the floor, and making checkpoints
-denser made it worse, because the keep was by count and the dense ones crowded out the
-ones under the divergence. More information led to a worse decision.
+of us wrote (issue 11) that processed 17% more than the floor, and making checkpoints denser
+made it worse, because the keep was by count and the dense ones crowded out the ones under
+the divergence. More information led to a worse decision.
 
 The rule here is one objective everywhere: the expected re-prefill of the mind's next
 request, E[d - max{p <= d}] (0 stands in when no checkpoint is at or below d),

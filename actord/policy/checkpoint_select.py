@@ -2,14 +2,14 @@
 
 Why this exists. A hybrid/SWA model cannot cut its memory back to an arbitrary position, so
 a request that shares only a prefix with what a slot holds resumes from the newest context
-checkpoint at or below the raw longest common prefix (raw lcp), else from zero. The original
-server kept a slot's oldest checkpoint plus its newest N, and its byte budget evicted each
-list's oldest checkpoint after the head. On the seed machine (4 minds paging over 3 slots,
-35-40k-token prompts whose next request diverged about 11k in) that was exactly wrong: the
-checkpoints near the end survived, the ones just under the divergence went first, and turns
-re-prefilled 20k+ tokens, once from zero ("no checkpoint passed the search, raw lcp 9710").
-A 300-turn simulation of the fix moved the mean re-prefill from 32-37k to about 26.6k tokens
-and near-full re-prefills from 154-300 to 1.
+checkpoint at or below the raw longest common prefix (raw lcp), else from zero. llama-server
+kept a slot's oldest checkpoint plus its newest N, and its byte budget evicted each list's
+oldest checkpoint after the head. On the original C++ server's machine (4 minds paging over
+3 slots, 35-40k-token prompts whose next request diverged about 11k in) that was exactly
+wrong: the checkpoints near the end survived, the ones just under the divergence went first,
+and turns re-prefilled 20k+ tokens, once from zero ("no checkpoint passed the search, raw
+lcp 9710"). A 300-turn simulation of the fix moved the mean re-prefill from 32-37k to about
+26.6k tokens and near-full re-prefills from 154-300 to 1.
 
 The fix, within the same count: keep the head, up to min(2, keep // 2) of the newest
 checkpoints at or below the slot's last raw lcp (the next divergence is likely near the
@@ -24,39 +24,24 @@ actor and `bench/reprefill_sim.py` all call these same functions.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Mapping, MutableMapping, Protocol, Sequence, TypeVar
+from typing import Any, Hashable, Mapping, MutableMapping, Sequence, TypeVar
 
 import msgspec
 
+from actord.policy.checkpoint_records import CheckpointLike
+
 __all__ = [
-    "POLICIES", "Admission", "CheckpointLike", "CheckpointMeta", "apply_evictions", "plan_budget_admission",
+    "POLICIES", "Admission", "apply_evictions", "plan_budget_admission",
     "select", "select_indices", "under_break_indices", "victim",
 ]
 
-# The names `--checkpoint-policy` takes: "placement" (actord.policy.checkpoint_placement) and the
-# seed's two rules here, kept as baselines.
+# The names `--checkpoint-policy` takes: "placement" (actord.policy.checkpoint_placement) and
+# the original C++ server's two rules here, kept as baselines.
 POLICIES = ("placement", "divergence", "oldest")
-
-
-class CheckpointLike(Protocol):
-    """Anything with a position (prompt tokens covered) and a byte size."""
-
-    @property
-    def pos(self) -> int: ...
-
-    @property
-    def n_bytes(self) -> int: ...
 
 
 T = TypeVar("T", bound=CheckpointLike)
 K = TypeVar("K", bound=Hashable)
-
-
-class CheckpointMeta(msgspec.Struct, frozen=True):
-    """A checkpoint without its bytes, for tests and simulations."""
-
-    pos: int
-    n_bytes: int
 
 
 class Admission(msgspec.Struct, frozen=True):

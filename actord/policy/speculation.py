@@ -79,9 +79,3 @@ def pause_after(misses: int) -> int:
     misses 4 verifies in a row 1 time in 16 (and one hit resets the count); one that never
     agrees probes about log2 of the steps it is given."""
     return 0 if misses < 4 else min(32, 1 << (misses - 3))
-
-
-def draft_after(p: int, k: int, accepted: int) -> int:
-    """How far the draft context's sequence is right after a k-token draft at position p
-    with `accepted` tokens accepted: it decoded t at p and d1..d(k-1) after it."""
-    return p + 1 + min(accepted, k - 1)

@@ -53,7 +53,9 @@ from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, c
 CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("actord_client", default="-")
 
 
-class Divergence(Exception):
+class ReplayDiverged(Exception):
+    """A replay reached an event its trace does not have next: the run diverged from the recording."""
+
     def __init__(self, position: int, expected: Any, available: list[Any]) -> None:
         super().__init__(f"divergence at event {position}: expected {expected}, available {available}")
         self.position, self.expected, self.available = position, expected, available
@@ -94,10 +96,10 @@ class RecordedPolicy:
         for r in ready:
             if want is not None and _matches(r, want):
                 if isinstance(want, (EngineDone, WorkerDone)) and r.event.result != want.result:  # type: ignore[union-attr]
-                    raise Divergence(position, want, [r.event])
+                    raise ReplayDiverged(position, want, [r.event])
                 self.i += 1
                 return r
-        raise Divergence(position, want, [r.event for r in ready])
+        raise ReplayDiverged(position, want, [r.event for r in ready])
 
 
 def _matches(r: Ready, want: Event) -> bool:
@@ -177,7 +179,6 @@ class DeterministicDispatcher(Dispatcher):
         self._handoff: dict[str, Envelope[Any] | None] = {}
         self.any_queued = isinstance(policy, RecordedPolicy)
         self._held: list[Ready] = []
-        self._seq = 0
         self.position = 0
         self.stopped = False
         self.live = False  # until the driver starts stepping, engine/worker/input events pass
@@ -365,10 +366,6 @@ class DeterministicDispatcher(Dispatcher):
         self.choices.append(f"{pick.kind}:{pick.key}")
         pick.release()
         return True
-
-    async def run_until_idle(self) -> None:
-        while await self.step():
-            pass
 
     def close_actors(self) -> None:
         """Shutdown: end every actor loop parked at its gate."""

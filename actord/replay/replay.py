@@ -19,7 +19,7 @@ import msgspec
 
 from actord.service.config import Config
 from actord.service.errors import ActordError
-from actord.replay.dispatcher import DeterministicDispatcher, Divergence, EngineOrder, RecordedPolicy, SeededPolicy
+from actord.replay.dispatcher import DeterministicDispatcher, EngineOrder, RecordedPolicy, ReplayDiverged, SeededPolicy
 from actord.replay.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
 from actord.frontends.rpc.methods import METHODS
 from actord.service.system import ActorSystem
@@ -79,8 +79,8 @@ async def replay(events: list[Event], model: str, *, page_dir: str | None = None
                         tg.start_soon(call, want)
                     try:
                         if not await disp.step():
-                            raise Divergence(disp.position, want, [])
-                    except Divergence as d:
+                            raise ReplayDiverged(disp.position, want, [])
+                    except ReplayDiverged as d:
                         result = ReplayResult(False, policy.i, lines.get(id(want)), want, d.available,
                                               f"divergence at trace line {lines.get(id(want))}")
                         tg.cancel_scope.cancel()

@@ -79,10 +79,6 @@ class _FlakyEngine(Engine):
         return super()._step(job)
 
 
-def repro(seed: int, steps: int, model: str) -> str:
-    return f"actord simulate --seed {seed} --steps {steps} --model {model}"
-
-
 FINDINGS = {"AskCycle", "AskOrderViolated", "AskTimeout", "ActorFailed", "GeneNotResident", "KvCacheFull"}
 
 

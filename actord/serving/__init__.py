@@ -1,6 +1,6 @@
 """Serving: the actors that hold minds' memory and the per-token core that runs their turns.
 
-    kernel.py            the actor kernel: bounded typed mailboxes, tell/ask, supervision, the dispatch seam
+    kernel/              the actor kernel: bounded typed mailboxes, tell/ask, supervision, the dispatch seam
     messages.py          the messages slots, the scheduler and the placer exchange
     steps/               the per-token path as a pure, synchronous core (no actors, no engine calls)
     scheduler.py         the Scheduler actor: runs the core against the engine, step after step

@@ -7,8 +7,8 @@ by message. Before a slot stores a new checkpoint it asks for admission. Under t
 checkpoint whose loss raises its slot's expected re-prefill least per byte freed goes,
 across slots, until the new one fits (and a slot holds at most the count cap); a trade
 that would not lower the total expected re-prefill is refused, so more checkpoints never
-cost more than fewer. Under "divergence"/"oldest" it plans with the seed's
-`plan_budget_admission` (the fullest holder gives up its count-rule victim). Either way a
+cost more than fewer. Under "divergence"/"oldest" it plans with the original C++ server's
+rule, `plan_budget_admission` (the fullest holder gives up its count-rule victim). Either way a
 checkpoint larger than the whole budget drops nothing and is skipped, and the budget tells
 each victim's slot to drop it. The requester's own victims come back
 in the reply instead: a slot waiting for this reply cannot read its mailbox, and asking it
@@ -26,7 +26,8 @@ from actord.serving.messages import DropCheckpoint, Msg
 from actord.service.errors import InvalidParams
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.policy.checkpoint_select import CheckpointMeta, plan_budget_admission
+from actord.policy.checkpoint_records import CheckpointSize
+from actord.policy.checkpoint_select import plan_budget_admission
 from actord.policy.checkpoint_placement import Divergence, Forecast, expected_cost, forecast, plan_admission
 
 log = get("actord.checkpoints")
@@ -52,7 +53,7 @@ class SlotCheckpoints(Msg):
     """A slot's list changed by itself (resume, erase, page move): replace the mirror."""
 
     slot: int
-    metas: list[CheckpointMeta]
+    metas: list[CheckpointSize]
     raw_lcp: int | None
     history: list[Divergence] = []
     n_tokens: int = 0
@@ -89,12 +90,13 @@ class CheckpointBudget(Actor[CheckpointInbox]):
         super().__init__(dispatcher, "ckpt_budget", capacity)
         self.budget = budget
         self.policy = policy
-        self.cap = cap  # at most this many per slot (placement; the seed's rules cap pages only)
+        # At most this many per slot (placement; the original C++ server's rules cap pages only).
+        self.cap = cap
         self.forecasts: dict[int, Forecast] = {}
         self.slots = slots
         self.metrics = metrics
         n = len(slots) if n_slots is None else n_slots
-        self.lists: dict[int, list[CheckpointMeta]] = {i: [] for i in range(n)}
+        self.lists: dict[int, list[CheckpointSize]] = {i: [] for i in range(n)}
         self.raw: dict[int, int | None] = {i: None for i in range(n)}
         self.evicted = 0
         self.skipped = 0
@@ -136,7 +138,7 @@ class CheckpointBudget(Actor[CheckpointInbox]):
     async def _admit(self, msg: AdmitCheckpoint) -> Decision:
         self.raw[msg.slot] = msg.raw_lcp
         holdings = {k: self.lists[k] for k in sorted(self.lists)}
-        new = CheckpointMeta(pos=msg.pos, n_bytes=msg.n_bytes)
+        new = CheckpointSize(pos=msg.pos, n_bytes=msg.n_bytes)
         if self.policy == "placement":
             self._forecast(msg.slot, msg.history, max(msg.n_tokens, msg.pos + 1), msg.population)
             plan = plan_admission(holdings, self.forecasts, self.used, self.budget, msg.slot, new, cap=self.cap)

@@ -1,19 +1,20 @@
 """A slot's checkpoint plan: its mind's divergence history and the policy that reads it.
 
-Why a separate object: the Slot actor owns a request's lifecycle; which checkpoints to
-make and keep is policy (`actord.policy.checkpoint_placement`, or the seed's spacing-and-count rules
-for `--checkpoint-policy divergence|oldest`), fed by a little state that travels with the
-mind: where its requests diverged (bounded, oldest first) and where its last prompt ended.
-That state moves with the mind into its page and page file and back; the slot only calls
-`observe`, `positions`, `keep` and `view` at the points where it already handled
-checkpoints. Synchronous and engine-free, so it is easy to test and to reason about.
+Why a separate object: the Slot actor owns a request's lifecycle; which checkpoints to make
+and keep is policy (`actord.policy.checkpoint_placement`, or the original C++ server's
+spacing-and-count rules for `--checkpoint-policy divergence|oldest`), fed by a little state
+that travels with the mind: where its requests diverged (bounded, oldest first) and where
+its last prompt ended. That state moves with the mind into its page and page file and back;
+the slot only calls `observe`, `positions`, `keep` and `view` at the points where it already
+handled checkpoints. Synchronous and engine-free, so it is easy to test and to reason about.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from actord.policy.checkpoint_select import POLICIES, CheckpointLike, select_indices
+from actord.policy.checkpoint_records import CheckpointLike
+from actord.policy.checkpoint_select import POLICIES, select_indices
 from actord.policy.checkpoint_placement import (
     HISTORY, Divergence, Forecast, forecast, keep_best, plan, remember, slot_count,
 )
@@ -28,7 +29,7 @@ class CheckpointPlan:
             raise ValueError(f"checkpoint policy is one of {POLICIES}, got {policy!r}")
         self.policy = policy
         self.keep = keep  # a list holds at most 1 + keep (the safety cap)
-        self.every = every  # spacing, for the seed's policies
+        self.every = every  # spacing, for the original C++ server's policies
         self.share_bytes = share_bytes  # this slot's share of the byte budget
         self.align = align  # the scheduler's chunk: grid checkpoints cost no extra decode
         self.tile = tile  # the scheduler ends pieces on multiples of this: so does the grid

@@ -8,7 +8,7 @@ miss), and from then until `Finish` they are in use, so no move can free them un
 decode. After each turn a coalesced `Reconcile` pages pinned host genes back in, off the
 request path.
 
-Its place in the ask order (serving/kernel.py) is below the slots, so it never awaits one: an
+Its place in the ask order (serving/kernel/) is below the slots, so it never awaits one: an
 acquisition is told, not asked, and answered by telling the slot `GenesGranted` or
 `GenesRefused`. When room needs an idle slot's state, the residency tells that slot to
 `Evict` and keeps the acquisition (or the gene load, or page-in) pending; the slot tells
@@ -95,7 +95,7 @@ GeneInbox = (
 
 
 @dataclass
-class _Pending:
+class _WaitingForRoom:
     """Work waiting for device room: an acquisition, a gene load or a gene page-in."""
 
     kind: str  # "acquire" | "load" | "page_in"
@@ -135,7 +135,7 @@ class GeneResidency(Actor[GeneInbox]):
         self.slot_use: dict[int, int] = {}
         self.clock = 0
         self._reconcile_queued = False
-        self.pending: list[_Pending] = []
+        self.pending: list[_WaitingForRoom] = []
         self.running: set[int] = set()  # slots granted their genes, until Finish
         self.evicting: set[int] = set()  # slots told to Evict, until EvictDone
         # Slots that refused an eviction (a mind whose state had no durable place to go):
@@ -157,7 +157,7 @@ class GeneResidency(Actor[GeneInbox]):
         """Genes a running (granted) request applies: never paged out under it."""
         return {gid for s in self.running for gid in self.processing.get(s, ())}
 
-    def waiting_slots(self, but: "_Pending | None" = None) -> set[int]:
+    def waiting_slots(self, but: "_WaitingForRoom | None" = None) -> set[int]:
         return {q.slot for q in self.pending if q.kind == "acquire" and q is not but}  # type: ignore[misc]
 
     def views(self, for_slot: int | None = None) -> tuple[list[GeneView], list[SlotView]]:
@@ -183,7 +183,7 @@ class GeneResidency(Actor[GeneInbox]):
             self.kept.clear()
         match msg:
             case LoadGene():
-                self.pending.append(_Pending("load", protect=set(), env=env, msg=msg))
+                self.pending.append(_WaitingForRoom("load", protect=set(), env=env, msg=msg))
                 out = _DEFERRED
             case UnloadGene(id=gid):
                 self._refuse_busy(gid, "unload")
@@ -195,7 +195,7 @@ class GeneResidency(Actor[GeneInbox]):
                 out = await self._page_out(gid)
             case PageInGene(id=gid):
                 self._get(gid)
-                self.pending.append(_Pending("page_in", protect={gid}, env=env, msg=msg))
+                self.pending.append(_WaitingForRoom("page_in", protect={gid}, env=env, msg=msg))
                 out = _DEFERRED
             case ListGenes():
                 out = await self.engine.run(J.GeneList())
@@ -300,9 +300,9 @@ class GeneResidency(Actor[GeneInbox]):
         self.slot_use[slot] = self.clock
         for gid in sorted(ids):
             self.genes[gid].uses = record_use(self.genes[gid].uses, self.clock)
-        self.pending.append(_Pending("acquire", protect=ids, slot=slot, ticket=ticket))
+        self.pending.append(_WaitingForRoom("acquire", protect=ids, slot=slot, ticket=ticket))
 
-    def _need(self, p: _Pending) -> int:
+    def _need(self, p: _WaitingForRoom) -> int:
         if p.kind == "load":
             return len(p.msg.image)
         return sum(self.genes[g].n_bytes for g in p.protect if g in self.genes and not self.genes[g].resident)
@@ -317,7 +317,7 @@ class GeneResidency(Actor[GeneInbox]):
                     self.pending.remove(p)
                     progress = True
 
-    async def _try(self, p: _Pending) -> bool:
+    async def _try(self, p: _WaitingForRoom) -> bool:
         """True when `p` is answered (granted, done or refused); False while it waits."""
         if p.kind == "page_in" and (p.msg.id not in self.genes):
             await self._refuse(p, GeneNotFound(f"no gene {p.msg.id}", id=p.msg.id))
@@ -350,7 +350,7 @@ class GeneResidency(Actor[GeneInbox]):
                                                    need=need, budget=self.budget, used=self.device_bytes()))
         return True
 
-    def _plan(self, p: _Pending, need: int, evict_waiting: bool) -> Any:
+    def _plan(self, p: _WaitingForRoom, need: int, evict_waiting: bool) -> Any:
         gv, sv = self.views(for_slot=p.slot)
         waiting = self.waiting_slots(but=p)
         if not evict_waiting:
@@ -363,7 +363,7 @@ class GeneResidency(Actor[GeneInbox]):
         return plan_room(need, self.budget, gv, sv, protected_genes=p.protect | self.in_use(),
                          pinned=self.pinned(unpinned) - p.protect)
 
-    async def _complete(self, p: _Pending) -> None:
+    async def _complete(self, p: _WaitingForRoom) -> None:
         if p.kind == "acquire":
             paged_in = []
             for gid in sorted(p.protect):
@@ -385,7 +385,7 @@ class GeneResidency(Actor[GeneInbox]):
         if p.env is not None and p.env.reply is not None:
             p.env.reply.send(out)
 
-    async def _refuse(self, p: _Pending, error: ActordError, counted: bool = False) -> None:
+    async def _refuse(self, p: _WaitingForRoom, error: ActordError, counted: bool = False) -> None:
         if not counted:
             self.metrics.lora_page_failed_total.inc()
         log.warning("gene.no_room" if isinstance(error, DeviceBudgetExceeded) else "gene.refused",

@@ -37,13 +37,9 @@ from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
 from actord.policy.checkpoint_placement import Divergence
+from actord.policy.checkpoint_records import SlotCheckpoint
 
 log = get("actord.pages")
-
-
-class PageCheckpoint(msgspec.Struct, frozen=True):
-    pos: int
-    data: bytearray
 
 
 class Page(msgspec.Struct, frozen=True):
@@ -54,7 +50,7 @@ class Page(msgspec.Struct, frozen=True):
     n_bytes: int
     state: bytearray
     tokens: list[int]
-    checkpoints: list[PageCheckpoint] = []
+    checkpoints: list[SlotCheckpoint] = []  # the slot's, as they were
     genes: tuple[tuple[int, float], ...] = ()
     draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
     draft_n: int = 0  # how many of `tokens` that state holds
@@ -83,14 +79,16 @@ class Admit(Msg):
 class AdmitState(Msg):
     """Admit a page whose sequence state is `n_state` of its `n_bytes`, and hand out the
     buffer the state is to be copied into (a warm one from the pool when one fits). The
-    page's charge is `n_bytes` plus the buffer's bytes beyond `n_state` (Admission.n_bytes)."""
+    page's charge is `n_bytes` plus the buffer's bytes beyond `n_state` (PageAdmission.n_bytes)."""
 
     name: str
     n_bytes: int
     n_state: int
 
 
-class Admission(msgspec.Struct, frozen=True):
+class PageAdmission(msgspec.Struct, frozen=True):
+    """The store's answer to AdmitState: room reserved for a page's state, and where to copy it."""
+
     reservation: int
     n_bytes: int  # the charge: what the page's Commit must carry
     into: Any = None  # HostBuffer from the pool, or None: the engine allocates `capacity`
@@ -252,7 +250,7 @@ class PageStore(Actor[PageStoreInbox]):
             return min(self.gens[old].n_bytes, n_bytes)
         return 0
 
-    def admit_state(self, name: str, n_bytes: int, n_state: int) -> Admission:
+    def admit_state(self, name: str, n_bytes: int, n_state: int) -> PageAdmission:
         """Admit, and choose the buffer the state goes into: a warm pooled one that fits, else
         a fresh one with headroom. Its bytes beyond the state are charged with the page."""
         buf = self.pool.take(n_state)
@@ -263,7 +261,7 @@ class PageStore(Actor[PageStoreInbox]):
             # the exact size may still fit, in a fresh buffer of just that size.
             buf, capacity, charge = None, n_state, n_bytes
         r = self.admit(name, charge)
-        return Admission(reservation=r, n_bytes=charge, into=buf, capacity=capacity)
+        return PageAdmission(reservation=r, n_bytes=charge, into=buf, capacity=capacity)
 
     @property
     def earmarked(self) -> int:

@@ -39,7 +39,8 @@ from actord.serving.messages import (
     SlotInbox, SlotLost,
 )
 from actord.service.types import CompletionResult, Timings
-from actord.serving.steps.core import Checkpoint, Delta, Event, Finished, Plan, Request, SchedulerCore
+from actord.serving.steps.core import SchedulerCore
+from actord.serving.steps.records import Delta, Event, Finished, Plan, Request, StepCheckpoint
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 from actord.service.errors import ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, StepSkipped
@@ -290,7 +291,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 except Exception as e:  # the sink failed: this request ends, nobody else's
                     log.warning("scheduler.sink_failed", rid=ev.rid, error=repr(e))
                     queue.extend(self.core.fail_request(ev.rid, InternalError(f"stream sink failed: {e!r}")))
-            elif isinstance(ev, Checkpoint):
+            elif isinstance(ev, StepCheckpoint):
                 self._tell_slot(ev.slot, CheckpointTaken(rid=ev.rid, pos=ev.pos, data=ev.data))
             elif isinstance(ev, Finished):
                 self._finish(ev)

@@ -16,7 +16,7 @@ The scheduler answers the client itself.
 A request for a busy slot is deferred (kept in order, counted) and started when the slot is
 idle again; so are page and file operations, which need a quiet sequence.
 
-Its place in the ask order (serving/kernel.py): below the placer and the scheduler, above the
+Its place in the ask order (serving/kernel/): below the placer and the scheduler, above the
 page store, the checkpoint budget and the gene residency. A slot waiting for its genes is
 busy: it defers page moves and requests, refuses evictions and handles a cancel at once.
 
@@ -43,7 +43,8 @@ from actord.serving.messages import (
 )
 from actord.serving.page_store import PageStoreInbox
 from actord.serving.placer import Misplaced, PlacerInbox, SlotState
-from actord.serving.slot_memory import SlotCheckpoint, SlotMemory, common_prefix
+from actord.policy.checkpoint_records import SlotCheckpoint
+from actord.serving.slot_memory import SlotMemory, common_prefix
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
@@ -54,7 +55,7 @@ from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
-__all__ = ["Slot", "SlotCheckpoint", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
+__all__ = ["Slot", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
 
 
 @dataclass

@@ -11,7 +11,6 @@ the scheduler and the residency whenever the sequence changes outside a step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actord.serving.kernel import Envelope
@@ -21,7 +20,7 @@ from actord.serving.messages import Cells, SlotInbox
 from actord.engine import jobs as J
 from actord.service.errors import ActordError, PageRamExceeded, SlotBusy
 from actord.service.log import get
-from actord.policy.checkpoint_select import CheckpointMeta
+from actord.policy.checkpoint_records import CheckpointSize, SlotCheckpoint
 
 
 if TYPE_CHECKING:
@@ -43,16 +42,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-@dataclass
-class SlotCheckpoint:
-    pos: int
-    data: bytearray
-
-    @property
-    def n_bytes(self) -> int:
-        return len(self.data)
 
 
 class SlotMemory:
@@ -177,7 +166,7 @@ class SlotMemory:
             return  # a model that never checkpoints: the budget holds nothing of ours to mirror
         history, n, population = self.ckpt.view(len(self.kv_tokens))
         await self.ckpt_budget.tell(SlotCheckpoints(
-            slot=self.id, metas=[CheckpointMeta(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
+            slot=self.id, metas=[CheckpointSize(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
             raw_lcp=self.selection_lcp(), history=history, n_tokens=n, population=population,
         ))
 

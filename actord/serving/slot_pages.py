@@ -26,16 +26,16 @@ from actord.serving.kernel import Envelope
 from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision
 from actord.serving.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
 from actord.serving.page_store import (
-    Admission, AdmitState, CancelReservation, Commit, Page, PageCheckpoint, Release, Return, Take,
+    AdmitState, CancelReservation, Commit, Page, PageAdmission, Release, Return, Take,
 )
-from actord.serving.slot_memory import SlotCheckpoint
 from actord.engine import jobs as J
 from actord.service.errors import (
     ActordError, ContextFull, EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty,
 )
 from actord.service.log import get
 from actord.policy.checkpoint_placement import Divergence
-from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
+from actord.storage.pagefile import PageImage, StoredGene
 
 
 if TYPE_CHECKING:
@@ -122,12 +122,12 @@ class SlotPages:
 
     def page_checkpoints(self) -> list[SlotCheckpoint]:
         """What a page or file keeps: the policy's choice (placement: the best subset for
-        the mind's forecast; divergence/oldest: the seed's count rule)."""
+        the mind's forecast; divergence/oldest: the original C++ server's count rule)."""
         idx = self.ckpt.keep_indices(self.checkpoints, self.resume_raw_lcp, len(self.kv_tokens))
         return [self.checkpoints[i] for i in idx]
 
     def selection_lcp(self) -> int | None:
-        """The raw lcp the seed's selection may use; 'oldest' ignores it on purpose."""
+        """The raw lcp the original C++ server's selection may use; 'oldest' ignores it on purpose."""
         return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
 
     async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
@@ -146,7 +146,7 @@ class SlotPages:
         n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
         # The store admits the page and hands out the buffer the state goes into (a warm one
         # from its pool when one fits); libllama writes the state there, the one copy.
-        adm: Admission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        adm: PageAdmission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
         reservation, n_bytes = adm.reservation, adm.n_bytes
         # Without a draft the copy also removes the sequence (one engine round trip less: a
         # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token
@@ -165,7 +165,7 @@ class SlotPages:
                 raise EngineError("draft state changed size between admission and copy", slot=self.id)
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
-                checkpoints=[PageCheckpoint(pos=c.pos, data=c.data) for c in ckpts], genes=self.genes,
+                checkpoints=list(ckpts), genes=self.genes,
                 divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
                 draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
             )
@@ -233,7 +233,7 @@ class SlotPages:
                 self.resume_raw_lcp = None
                 self.mind = name
                 self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
-                await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=c.data) for c in page.checkpoints])
+                await self.adopt_checkpoints(list(page.checkpoints))
             finally:
                 with anyio.CancelScope(shield=True):
                     st = await self.engine.wait(pending)
@@ -310,7 +310,7 @@ class SlotPages:
             if d.drop_own:
                 self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
             if d.admit:
-                self.checkpoints.append(SlotCheckpoint(pos=ck.pos, data=ck.data))
+                self.checkpoints.append(ck)
 
     async def save(self, file: str) -> dict[str, Any]:
         self.files.check(file)

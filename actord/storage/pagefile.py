@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from actord.policy.checkpoint_records import StoredCheckpoint
 from actord.service.errors import CorruptPageFile, FileNotFound
 from actord.service.log import get
 from actord.storage.osfs import Buffer, OsFs
@@ -67,11 +68,6 @@ _SECTION = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
 _BIG = sys.byteorder == "big"
 assert array("i").itemsize == 4 and array("q").itemsize == 8
-
-
-class StoredCheckpoint(msgspec.Struct, frozen=True):
-    pos: int
-    data: bytes | bytearray | memoryview
 
 
 class StoredGene(msgspec.Struct, frozen=True):

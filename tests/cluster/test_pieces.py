@@ -9,7 +9,8 @@ from actord.cluster.directory import Directory
 from actord.cluster.fence import FenceBook
 from actord.cluster.transfer import pack, unpack
 from actord.service.errors import CorruptPageFile, DuplicateTurn, InvalidParams, StaleEpoch
-from actord.storage.pagefile import PageImage, StoredCheckpoint
+from actord.policy.checkpoint_records import StoredCheckpoint
+from actord.storage.pagefile import PageImage
 
 
 def test_directory_persists_every_change_and_never_issues_an_epoch_twice(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from actord.engine import jobs as J
 from actord.engine.thread import EngineThread
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -19,9 +20,11 @@ class Recorder:
     def __init__(self) -> None:
         self.order: list[str] = []
         self.gate = threading.Event()
+        self.running = threading.Event()  # the first step is in `run`, held at the gate
 
     def run(self, job: J.Job) -> str:
         if isinstance(job, J.Step) and not self.order:
+            self.running.set()
             self.gate.wait(10)  # the running step: everything else queues behind it
         name = type(job).__name__ + (f"{job.epoch}" if isinstance(job, J.Step) else "")
         self.order.append(name)
@@ -42,7 +45,7 @@ async def test_a_page_in_jumps_the_steps_already_queued() -> None:
     await t.start()
     try:
         pend = [t.submit(J.Step(entries=[], epoch=i)) for i in (1, 2, 3)]  # step 1 runs, 2 and 3 wait
-        await anyio.sleep(0.05)
+        await eventually(rec.running.is_set, "step 1 running")
         pend.append(t.submit(J.GenePageIn(id=1)))  # in order, behind the steps
         pend.append(t.submit(J.StateSet(seq=1, data=b"x")))  # the page_in: next boundary
         pend.append(t.submit(J.StateGet(seq=1)))

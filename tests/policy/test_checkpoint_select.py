@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
+from actord.policy.checkpoint_records import CheckpointSize
 from actord.policy.checkpoint_select import (
-    Admission, CheckpointMeta, apply_evictions, plan_budget_admission, select, select_indices,
+    Admission, apply_evictions, plan_budget_admission, select, select_indices,
     under_break_indices, victim,
 )
 
@@ -26,7 +27,7 @@ def ckpt_lists(draw, min_size: int = 0, max_size: int = 24):
     pos, out = 0, []
     for g in gaps:
         pos += g
-        out.append(CheckpointMeta(pos=pos, n_bytes=draw(st.integers(1, 9)) * MB))
+        out.append(CheckpointSize(pos=pos, n_bytes=draw(st.integers(1, 9)) * MB))
     return out
 
 
@@ -87,14 +88,14 @@ def test_unknown_raw_lcp_is_head_plus_newest_keep(cps, keep):
 
 
 def test_keep_zero_keeps_only_the_head():
-    cps = [CheckpointMeta(p, 1) for p in (10, 20, 30)]
+    cps = [CheckpointSize(p, 1) for p in (10, 20, 30)]
     assert select(cps, 0, 25) == [cps[0]]
     assert select(cps, 0, None) == [cps[0]]
     assert select([], 0, 5) == []
 
 
 def test_early_divergence_keeps_the_two_under_it():
-    cps = [CheckpointMeta(p, 1) for p in range(2048, 40000, 2048)]  # 19 of them
+    cps = [CheckpointSize(p, 1) for p in range(2048, 40000, 2048)]  # 19 of them
     kept = [c.pos for c in select(cps, 8, 11_000)]
     assert kept == [2048, 8192, 10240, 28672, 30720, 32768, 34816, 36864, 38912]
     assert [c.pos for c in select(cps, 8, None)][:2] == [2048, 24576]
@@ -123,8 +124,8 @@ def held(lists):
 
 
 def test_fuller_list_evicts_until_the_new_one_fits_and_keeps_its_under_break():
-    a = [CheckpointMeta(p, 8 * MB) for p in range(2048, 36000, 2048)]  # 17 -> 136 MB
-    b = [CheckpointMeta(p, 8 * MB) for p in range(2048, 12000, 2048)]  # 5 -> 40 MB
+    a = [CheckpointSize(p, 8 * MB) for p in range(2048, 36000, 2048)]  # 17 -> 136 MB
+    b = [CheckpointSize(p, 8 * MB) for p in range(2048, 12000, 2048)]  # 5 -> 40 MB
     lists = {"a": list(a), "b": list(b)}
     lcps = {"a": 11_000, "b": None}
     used = held(lists)
@@ -141,21 +142,21 @@ def test_fuller_list_evicts_until_the_new_one_fits_and_keeps_its_under_break():
 
 
 def test_eviction_alternates_by_bytes_with_ties_to_the_first_holder():
-    lists = {s: [CheckpointMeta(p, MB) for p in (1, 2, 3, 4)] for s in ("x", "y")}
+    lists = {s: [CheckpointSize(p, MB) for p in (1, 2, 3, 4)] for s in ("x", "y")}
     plan = plan_budget_admission(lists, {}, 8 * MB, 8 * MB, 2 * MB)
     assert plan.evictions == [("x", 1), ("y", 1)]
 
 
 def test_over_budget_checkpoint_drops_nothing_and_is_skipped():
-    lists = {"a": [CheckpointMeta(p, MB) for p in range(1, 9)]}
+    lists = {"a": [CheckpointSize(p, MB) for p in range(1, 9)]}
     plan = plan_budget_admission(lists, {"a": 5}, 8 * MB, 10 * MB, 11 * MB)
     assert plan == Admission(skipped=True)
     assert apply_evictions(lists, plan) == [] and len(lists["a"]) == 8
 
 
 def test_no_victim_left_skips_without_evicting():
-    lists = {"a": [CheckpointMeta(1, 4 * MB), CheckpointMeta(2, 4 * MB)],
-             "b": [CheckpointMeta(1, 4 * MB), CheckpointMeta(2, 4 * MB), CheckpointMeta(3, 4 * MB)]}
+    lists = {"a": [CheckpointSize(1, 4 * MB), CheckpointSize(2, 4 * MB)],
+             "b": [CheckpointSize(1, 4 * MB), CheckpointSize(2, 4 * MB), CheckpointSize(3, 4 * MB)]}
     plan = plan_budget_admission(lists, {}, 20 * MB, 20 * MB, 8 * MB)
     assert plan.skipped and plan.evictions == []
 

@@ -15,7 +15,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from actord.policy.checkpoint_select import CheckpointMeta, apply_evictions
+from actord.policy.checkpoint_records import CheckpointSize
+from actord.policy.checkpoint_select import apply_evictions
 from actord.policy.checkpoint_placement import (
     GRID, Divergence, Forecast, candidates, choose, expected_cost, forecast, keep_best, marginal_losses, plan,
     plan_admission, remember, slot_count,
@@ -197,7 +198,7 @@ MB = 1_000_000
 
 
 def metas(*ps, size=MB):
-    return [CheckpointMeta(pos=p, n_bytes=size) for p in ps]
+    return [CheckpointSize(pos=p, n_bytes=size) for p in ps]
 
 
 def exact_at(pos: int, length: int = 999) -> Forecast:
@@ -211,7 +212,7 @@ def test_admission_evicts_the_least_valuable_per_byte_across_slots():
     raw = {(k, c.pos): loss for k, v in hold.items() for c, loss in zip(v, marginal_losses(fcs[k], [c.pos for c in v]))}
     assert min(raw, key=raw.get) == (0, 150)  # the least loss in tokens...
     assert raw[(1, 100)] / 2 < raw[(0, 150)]  # ...but slot 1's 100 loses less per byte
-    plan_ = plan_admission(hold, fcs, 9 * MB, 9 * MB, 1, CheckpointMeta(pos=700, n_bytes=MB))
+    plan_ = plan_admission(hold, fcs, 9 * MB, 9 * MB, 1, CheckpointSize(pos=700, n_bytes=MB))
     assert not plan_.skipped and plan_.freed_bytes == 2 * MB
     gone = apply_evictions({k: list(v) for k, v in hold.items()}, plan_)
     assert [(k, c.pos) for k, c in gone] == [(1, 100)]
@@ -220,15 +221,15 @@ def test_admission_evicts_the_least_valuable_per_byte_across_slots():
 def test_admission_skips_a_checkpoint_worth_less_than_what_it_would_evict():
     fcs = {0: exact_at(300)}
     hold = {0: metas(300, 999)}
-    p = plan_admission(hold, fcs, 2 * MB, 2 * MB, 0, CheckpointMeta(pos=900, n_bytes=MB))
+    p = plan_admission(hold, fcs, 2 * MB, 2 * MB, 0, CheckpointSize(pos=900, n_bytes=MB))
     assert p.skipped and p.evictions == []
-    assert plan_admission(hold, fcs, 0, MB // 2, 0, CheckpointMeta(pos=10, n_bytes=MB)).skipped  # > budget
+    assert plan_admission(hold, fcs, 0, MB // 2, 0, CheckpointSize(pos=10, n_bytes=MB)).skipped  # > budget
 
 
 def test_the_count_cap_only_competes_within_the_holder():
     fcs = {0: forecast([], 1000), 1: forecast([], 1000)}
     hold = {0: metas(10, 20), 1: metas(500, 999)}
-    p = plan_admission(hold, fcs, 0, 100 * MB, 0, CheckpointMeta(pos=700, n_bytes=MB), cap=2)
+    p = plan_admission(hold, fcs, 0, 100 * MB, 0, CheckpointSize(pos=700, n_bytes=MB), cap=2)
     assert not p.skipped and all(k == 0 for k, _ in p.evictions)
 
 
@@ -240,12 +241,12 @@ def test_admission_never_raises_the_total_expected_re_prefill(data):
     for s in range(n_slots):
         fcs[s] = data.draw(forecasts(max_len=200))
         ps = data.draw(st.lists(st.integers(1, 200), max_size=5))
-        hold[s] = [CheckpointMeta(pos=p, n_bytes=data.draw(st.integers(1, 4)) * MB) for p in ps]
+        hold[s] = [CheckpointSize(pos=p, n_bytes=data.draw(st.integers(1, 4)) * MB) for p in ps]
     used = sum(c.n_bytes for v in hold.values() for c in v)
     budget = data.draw(st.integers(0, used + 4 * MB))
     used_now = min(used, budget)
     who = data.draw(st.integers(0, n_slots - 1))
-    new = CheckpointMeta(pos=data.draw(st.integers(1, 200)), n_bytes=data.draw(st.integers(1, 4)) * MB)
+    new = CheckpointSize(pos=data.draw(st.integers(1, 200)), n_bytes=data.draw(st.integers(1, 4)) * MB)
     cap = data.draw(st.none() | st.integers(1, 6))
     p = plan_admission(hold, fcs, used_now, budget, who, new, cap=cap)
 

@@ -12,7 +12,8 @@ the draft catches up on a long gap in pieces within the draft's batch.
 from __future__ import annotations
 
 from actord.policy import speculation as S
-from actord.serving.steps.core import Delta, Finished, Request, SchedulerCore
+from actord.serving.steps.core import SchedulerCore
+from actord.serving.steps.records import Delta, Finished, Request
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 

@@ -210,7 +210,7 @@ def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go
         tiny_model, sim_loras, monkeypatch):
     """Revert issue 19.3's kernel fix (strict arrival order, OVERTAKE = 0): a flood of
     page.in asks then holds the scheduler's next step behind them."""
-    from actord.serving import kernel as base
+    from actord.serving.kernel import actor
 
-    monkeypatch.setattr(base, "OVERTAKE", 0)
+    monkeypatch.setattr(actor, "OVERTAKE", 0)
     _finds(tiny_model, sim_loras, range(0, 400), 30, "generation starved")

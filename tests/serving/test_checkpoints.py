@@ -96,7 +96,8 @@ async def test_resume_raw_lcp_is_reset_per_request_on_page_in_restore_and_erase(
 
 
 async def test_the_fuller_slot_gives_up_checkpoints_to_fit_the_budget(tiny_swa_model, tmp_path):
-    """The seed's rule (--checkpoint-policy divergence): the fullest holder gives up its victim."""
+    """The original C++ server's rule (--checkpoint-policy divergence): the fullest holder
+    gives up its victim."""
     async with ActorSystem(cfg(tiny_swa_model, tmp_path, ctx_checkpoints_bytes=10**8,
                                checkpoint_policy="divergence")) as probe:
         await probe.complete(prompt=LONG[:70], n_predict=1, slot=0, ignore_eos=True)

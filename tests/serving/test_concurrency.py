@@ -18,6 +18,7 @@ from actord.service.errors import (
     ActordError, AskCycle, AskOrderViolated, AskTimeout, ContextFull, DeviceBudgetExceeded, InternalError, ShuttingDown,
 )
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 
 @pytest.fixture(scope="session")
@@ -296,10 +297,8 @@ async def test_a_failed_default_gene_at_start_leaves_no_engine_thread_running(ti
         async with ActorSystem(Config(model=tiny_model, slots=1, gene=[str(tmp_path / "missing.gguf")],
                                       page_dir=str(tmp_path))):
             pass
-    with anyio.move_on_after(30):
-        while "actord-engine" in {t.name for t in threading.enumerate()} - before:
-            await anyio.sleep(0.02)
-    assert "actord-engine" not in {t.name for t in threading.enumerate()} - before
+    await eventually(lambda: "actord-engine" not in {t.name for t in threading.enumerate()} - before,
+                     "the engine thread ended")
     async with ActorSystem(Config(model=tiny_model, slots=1, page_dir=str(tmp_path))) as s:  # libllama is free again
         assert (await s.complete(prompt=prompt(5), n_predict=1, slot=0)).n_prompt_tokens == 5
 
@@ -315,7 +314,7 @@ async def test_shutdown_cancels_requests_past_the_grace_and_refuses_new_ones(tin
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: long(slot=0))
             tg.start_soon(lambda: long(mind="ada"))
-            await anyio.sleep(0.3)
+            await eventually(lambda: len(s._inflight) == 2, "both requests in flight")
             with anyio.fail_after(10):
                 counts = await s.shutdown(grace_s=0.2)
         assert counts == {"finished": 0, "cancelled": 2}

@@ -19,18 +19,13 @@ from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.service.errors import ActordError, EngineError, InternalError
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
 
 def prompt(n: int, salt: int = 0) -> list[int]:
     return [1] + [5 + (i * 7 + salt) % 300 for i in range(n - 1)]
-
-
-async def wait_for(cond, what: str, limit: float = 30.0) -> None:
-    with anyio.fail_after(limit):
-        while not cond():
-            await anyio.sleep(0.002)
 
 
 async def both(s: ActorSystem, doomed, healthy) -> dict[str, object]:
@@ -99,7 +94,7 @@ async def test_a_stop_handler_that_raises_ends_only_its_request(tiny_model, tmp_
             out: dict[str, object] = {}
 
             async def sabotage() -> None:
-                await wait_for(lambda: any(r.slot == 0 for r in s.scheduler.core.reqs.values()), "enrolled")
+                await eventually(lambda: any(r.slot == 0 for r in s.scheduler.core.reqs.values()), "enrolled")
                 [r] = [r for r in s.scheduler.core.reqs.values() if r.slot == 0]
                 r.text = Broken()
 
@@ -158,7 +153,7 @@ async def test_a_gene_release_that_fails_still_answers_and_frees_the_slot(tiny_m
         s.residency.handle = crash_on_release  # type: ignore[method-assign]
         r = await s.complete(prompt=prompt(20), n_predict=6, slot=0, ignore_eos=True, genes=[{"id": gid}])
         assert r.stop_reason == "length" and len(r.tokens) == 6
-        await wait_for(lambda: s.residency.failed, "the residency crashed on the release")
+        await eventually(lambda: s.residency.failed, "the residency crashed on the release")
         info = (await s.slot_list())[0]
         assert info.state == "idle" and s.scheduler.held(0) == info.n_tokens
         # The residency is gone: what needs it is refused, typed, and the slot stays idle;
@@ -207,7 +202,7 @@ async def test_a_crashed_slot_answers_its_request_and_gives_its_cells_back(tiny_
 
         s.slots[0].handle = crash  # type: ignore[method-assign]
         s.slots[0].tell_nowait(CheckpointTaken(rid=0, pos=1, data=bytearray()))
-        await wait_for(lambda: s.slots[0].failed and s.scheduler.held(0) == 0, "cells given back")
+        await eventually(lambda: s.slots[0].failed and s.scheduler.held(0) == 0, "cells given back")
         r = await s.complete(prompt=prompt(900, 5), n_predict=4, slot=1, ignore_eos=True)  # needs slot 0's cells
         assert r.stop_reason == "length"
         assert (await s.health())["failed_actors"] == ["slot0"]

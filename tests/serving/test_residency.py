@@ -83,10 +83,9 @@ async def test_after_a_turn_pinned_host_genes_are_back_on_device(tiny_model, lor
         await s.gene_page_out(a)
         assert _resident(await s.gene_list()) == set()
         await _gen(s, 1, [])  # any turn ends with a coalesced reconcile
-        with anyio.move_on_after(30):
+        with anyio.fail_after(30):  # a coalesced reconcile: it comes after the answer
             while _resident(await s.gene_list()) != {a}:
                 await anyio.sleep(0.005)
-        assert _resident(await s.gene_list()) == {a}
         assert s.metrics.snapshot()["lora_page_in_on_demand_total"] == 0
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from actord.serving.steps.core import Checkpoint, Delta, Finished, Request, SchedulerCore
+from actord.serving.steps.core import SchedulerCore
+from actord.serving.steps.records import Delta, Finished, Request, StepCheckpoint
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 
@@ -73,7 +74,7 @@ def test_a_prompt_piece_ends_at_a_checkpoint_and_the_checkpoint_event_names_its_
         plan = core.schedule()
         [e] = plan.step.entries
         ends.append(e.pos0 + len(e.tokens))
-        cps += [ev for ev in core.update(plan, out_for(plan, ckpt=bytearray(b"ck"))) if isinstance(ev, Checkpoint)]
+        cps += [ev for ev in core.update(plan, out_for(plan, ckpt=bytearray(b"ck"))) if isinstance(ev, StepCheckpoint)]
     assert ends == [16, 32, 40]
     assert [(c.slot, c.pos) for c in cps] == [(0, 16), (0, 32)]
 

@@ -8,7 +8,8 @@ a tile is used as it is.
 
 from __future__ import annotations
 
-from actord.serving.steps.core import Request, SchedulerCore
+from actord.serving.steps.core import SchedulerCore
+from actord.serving.steps.records import Request
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 

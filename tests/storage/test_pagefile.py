@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from actord.service.errors import CorruptPageFile, FileNotFound, StorageError
 from actord.storage import pagefile as pf
 from actord.storage.osfs import Fault, FaultyFs, OsFs
-from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+from actord.policy.checkpoint_records import StoredCheckpoint
+from actord.storage.pagefile import PageImage, StoredGene
 from actord.storage.publish import publish_generation, read_generation
 
 GEN = bytes(range(16))

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from actord.service.errors import CorruptPageFile, FileNotFound, PathRefused, StorageError
 from actord.storage import pagefile as pf
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
-from actord.storage.pagefile import PageImage, StoredCheckpoint, StoredGene
+from actord.policy.checkpoint_records import StoredCheckpoint
+from actord.storage.pagefile import PageImage, StoredGene
 from actord.storage.paths import confine
 from actord.storage.publish import (
     RECORD_PREFIX,

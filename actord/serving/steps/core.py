@@ -37,67 +37,19 @@ steps at depth 1 (its next entry needs what this one accepts), and while one of 
 sampling entries is in flight no further step is planned: every request then steps once
 per engine step, instead of a speculating request joining only every other step. The
 others keep `feed_last` otherwise.
+
+The records it works on (`Request`, `Plan`, the events) are in `records.py`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from actord.service.types import TokenLogprob, TopLogprob
-from actord.policy import speculation as S
-from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
+from actord.policy import speculation as S
 from actord.service.errors import InternalError, InvalidParams
-
-GeneKey = tuple[tuple[int, float], ...]
-
-
-@dataclass(slots=True)
-class Request:
-    rid: int
-    slot: int
-    seq: int
-    tokens: list[int]  # the prompt, then every token sampled (fed or to be fed)
-    n_prompt: int
-    n_done: int  # tokens[:n_done] are in the KV
-    n_predict: int
-    genes: GeneKey = ()
-    stop_tokens: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-    checkpoint_at: list[int] = field(default_factory=list)  # absolute positions, ascending
-    text: TextState | None = None
-    order: int = 0
-    n_sched: int = 0  # tokens in steps in flight
-    samples: int = 0  # steps in flight that sample for this request
-    out: list[int] = field(default_factory=list)
-    reason: str | None = None  # why it ended ("eos", "stop", "length", "context", "cancelled", "error")
-    error: Any = None  # the typed error when reason == "error"
-    tail: str = ""  # text not streamed yet, fixed when it ended
-    t_first: float = 0.0
-    n_cached: int = 0
-    logprobs: list[TokenLogprob] | None = None  # asked for: one per token of `out`
-    lp_sent: int = 0  # logprobs[:lp_sent] went out with a Delta
-    # Speculation: at most `spec` draft tokens per step (0: none); the draft context's
-    # sequence holds tokens[:draft_done]; what was drafted and accepted, and in how many steps.
-    spec: int = 0
-    draft_done: int = 0
-    n_drafted: int = 0
-    n_accepted: int = 0
-    n_spec_steps: int = 0
-    spec_misses: int = 0  # verifies in a row that accepted nothing
-    spec_pause: int = 0  # steps left without drafting (policy/speculation.py `pause_after`)
-
-    @property
-    def ended(self) -> bool:
-        return self.reason is not None
-
-    def unsent_logprobs(self) -> list[TokenLogprob] | None:
-        if self.logprobs is None:
-            return None
-        out = self.logprobs[self.lp_sent:]
-        self.lp_sent = len(self.logprobs)
-        return out
+from actord.service.types import TokenLogprob, TopLogprob
+from actord.serving.steps.records import Delta, Event, Finished, GeneKey, Plan, Request, StepCheckpoint
 
 
 def _token_logprob(tok: int, res: J.EntryOut | J.Sampled) -> TokenLogprob:
@@ -107,49 +59,6 @@ def _token_logprob(tok: int, res: J.EntryOut | J.Sampled) -> TokenLogprob:
         logprob=res.logprob if res.logprob is not None else 0.0,
         top=[TopLogprob(token=t, text=p.decode(errors="replace"), bytes=list(p), logprob=lp) for t, lp, p in res.top],
     )
-
-
-@dataclass(slots=True)
-class Plan:
-    step: J.Step
-    rids: list[int]
-    fed: list[int]  # tokens each entry decodes
-
-
-# ---- events (the actor routes them) -----------------------------------------------------
-
-
-@dataclass(slots=True)
-class Delta:
-    rid: int
-    text: str
-    token: int
-    # The logprobs of the tokens since the last Delta (a delta's text may hold several
-    # tokens: the text state holds back a partial stop string or UTF-8 sequence); None
-    # when the request did not ask for them.
-    logprobs: list[TokenLogprob] | None = None
-
-
-@dataclass(slots=True)
-class Checkpoint:
-    rid: int
-    slot: int
-    pos: int
-    data: Any
-
-
-@dataclass(slots=True)
-class Finished:
-    """The request ended and nothing of it is in flight: its answer is due and its slot is
-    told (the answer waits for a speculative step in flight, so a client that hears back
-    finds its slot idle)."""
-
-    req: Request
-    kv_tokens: list[int]  # exactly what the sequence's KV holds
-    draft_n: int = 0  # how much of kv_tokens the draft context's sequence holds
-
-
-Event = Delta | Checkpoint | Finished
 
 
 class SchedulerCore:
@@ -389,7 +298,7 @@ class SchedulerCore:
             if r.checkpoint_at and r.checkpoint_at[0] <= r.n_done:
                 r.checkpoint_at = [c for c in r.checkpoint_at if c > r.n_done]
             if res.checkpoint is not None:
-                events.append(Checkpoint(rid=rid, slot=r.slot, pos=res.checkpoint_pos, data=res.checkpoint))
+                events.append(StepCheckpoint(rid=rid, slot=r.slot, pos=res.checkpoint_pos, data=res.checkpoint))
             if entry.sample:
                 r.samples -= 1
                 if res.skipped:

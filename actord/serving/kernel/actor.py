@@ -1,27 +1,4 @@
-"""A small actor kernel: typed bounded mailboxes, tell/ask, supervision, one dispatch seam.
-
-Prior art: pykka (tell and ask kept apart, an envelope carrying the reply channel, pending
-asks failing when an actor stops) and anyio's memory object streams (bounded: backpressure
-is a feature). What we leave out: unbounded inboxes, untyped receive, a global registry.
-
-Messages are msgspec Structs and pure data. The reply channel (and a streaming sink) travel
-beside the message in an `Envelope`, never inside it, so every delivery can be encoded into
-a trace. Every delivery goes through the `Dispatcher`: it is the single seam through which a
-deterministic, recording dispatcher can take over the order of deliveries. Actors do not
-start tasks themselves.
-
-Asks flow one way. Actors have ranks: the mind placer (10) above the scheduler (20) above
-the slots (30) above the page store, the checkpoint budget and the gene residency (40),
-which sit above the engine thread and the storage workers (not actors). An actor may await
-a reply only from an actor of a strictly greater rank; upward it tells, and the upper actor
-acts on its own turn. `ask` refuses an upward or sideways ask at once (`AskOrderViolated`),
-so the order holds by construction, not by review. Clients (RPC connections, host calls)
-are not actors and may ask anyone.
-
-What the order cannot see, the wait-for graph does: the dispatcher records who is awaiting
-whom (an ask's reply, or room in a full mailbox) and refuses the wait that would close a
-cycle (`AskCycle`, with the chain), the moment it would close. Every ask also has a bound:
-past it the asker gets `AskTimeout` with the wait-for chain, logged, never a silent hang.
+"""The Actor: a mailbox with two lanes, delivery in a fair order, tell/ask, supervision.
 
 Two lanes. What clients send (RPC connections, host calls) is bounded per actor
 (`capacity`): a client meets backpressure. What actors send each other (the control lane)
@@ -40,6 +17,9 @@ answering a client is still delivered before that client's next message; a contr
 message overtaking an older client message is safe, as nothing an actor sends can depend
 on a client message that has not been delivered yet.
 
+Asks flow down the ranks (the kernel's docstring, `actord/serving/kernel/`): `ask` refuses
+an upward or sideways one at once, and every ask has a bound.
+
 Supervision: a handler that raises an `ActordError` simply answers that ask with the error
 (a refusal is not a crash). Any other exception is a crash: it is logged and counted, the
 failing ask and every queued ask get `ActorFailed`, later asks fail at once, and the rest of
@@ -52,85 +32,24 @@ import collections
 import collections.abc
 import contextvars
 import math
-from typing import Any, Awaitable, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic
 
 import anyio
 import msgspec
-from anyio.abc import TaskGroup
 
-from actord.service.errors import ActordError, ActorFailed, AskCycle, AskOrderViolated, AskTimeout, ShuttingDown
+from actord.service.errors import ActordError, ActorFailed, AskOrderViolated, AskTimeout, ShuttingDown
 from actord.service.log import get
+from actord.serving.kernel.dispatcher import Dispatcher
+from actord.serving.kernel.mailbox import Envelope, M, Reply, StreamSink
 
 log = get("actord.serving")
-
-M = TypeVar("M")
-StreamSink = Callable[[Any], Awaitable[None]]
-
 
 # The actor whose handler is running in this task (None for clients: RPC, host calls).
 CURRENT: contextvars.ContextVar["Actor[Any] | None"] = contextvars.ContextVar("actord_actor", default=None)
 
-# The default bound on an ask between actors, in seconds (Config.ask_timeout_s sets it per
-# system through the dispatcher).
-ASK_BOUND_S = 600.0
-
 # Control messages delivered in a row ahead of an older waiting client message (see the
 # module docstring): 1 alternates the lanes while both are busy.
 OVERTAKE = 1
-
-# Bumped at every instrumented step (mailbox put, delivery, reply); a deterministic
-# dispatcher reads it to tell when the system has gone quiet.
-PROGRESS = [0]
-
-
-class Reply:
-    """A one-shot reply channel: exactly one value or one error, then it is spent."""
-
-    __slots__ = ("_event", "_value", "_error", "done")
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.done = False
-
-    def send(self, value: Any) -> None:
-        if not self.done:
-            PROGRESS[0] += 1
-            self.done = True
-            self._value = value
-            self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self.done:
-            PROGRESS[0] += 1
-            self.done = True
-            self._error = error
-            self._event.set()
-
-    async def wait(self) -> Any:
-        await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class Envelope(Generic[M]):
-    __slots__ = ("msg", "reply", "stream", "seq", "counted", "answer", "overtakes", "client")
-
-    def __init__(self, msg: M, reply: Reply | None = None, stream: StreamSink | None = None,
-                 answer: Any = None) -> None:
-        self.msg = msg
-        self.reply = reply
-        self.stream = stream
-        self.seq = 0
-        self.counted = False  # it holds a place in the client lane (see Actor._put)
-        self.overtakes = False  # picked ahead of an older client message (see Actor.pick)
-        self.client = False  # it came on the client lane (kept after delivery, for observers)
-        # A value (or an exception) for `reply` that the receiver hands on once it has done
-        # its part; like the reply channel it is never part of the message, so a trace of
-        # deliveries does not depend on it (a result's timings differ run to run).
-        self.answer = answer
 
 
 class ActorStats(msgspec.Struct, frozen=True):
@@ -141,123 +60,6 @@ class ActorStats(msgspec.Struct, frozen=True):
     deferred: int
     failed: bool
 
-
-DeliveryHook = Callable[["Actor[Any]", Envelope[Any]], None]
-EventHook = Callable[[str, dict[str, Any]], None]
-
-
-class Dispatcher:
-    """Owns the tasks that run actor loops and observes every delivery.
-
-    Hooks cost nothing when none is installed; a hook that raises is removed and logged
-    rather than crashing the run (as trio treats its instruments).
-    """
-
-    def __init__(self) -> None:
-        self._tg: TaskGroup | None = None
-        self.hooks: list[DeliveryHook] = []
-        self.event_hooks: list[EventHook] = []
-        self.deliveries = 0
-        self.ask_bound_s = ASK_BOUND_S
-        # May an actor go on with its own loop while its mailbox is empty, rather than tell
-        # itself to continue? (The scheduler's step loop does: one mailbox hop less per
-        # step.) A deterministic dispatcher says no: every step is then a delivery it orders.
-        self.loop_in_handler = True
-        # Wait-for graph: actor name -> (the actor it awaits, what for). An actor runs one
-        # handler at a time, so it waits on at most one other actor.
-        self.waits: dict[str, tuple[str, str]] = {}
-        self.cycles: list[list[str]] = []  # every cycle refused, for simulations to report
-        self.order_violations: list[str] = []  # every upward or sideways ask refused, likewise
-
-    # -- the wait-for graph ------------------------------------------------------------
-
-    def chain(self, start: str) -> list[str]:
-        """Who `start` waits on, transitively: [start, a, b, ...] (stops at a repeat)."""
-        out = [start]
-        node = start
-        while node in self.waits:
-            node = self.waits[node][0]
-            if node in out:
-                out.append(node)
-                break
-            out.append(node)
-        return out
-
-    def wait_begin(self, waiter: str, target: str, what: str) -> None:
-        if target == waiter or target in self.waits and waiter in self.chain(target):
-            cycle = [waiter, *self.chain(target)]
-            cycle = cycle[: cycle.index(waiter, 1) + 1] if waiter in cycle[1:] else cycle
-            self.cycles.append(cycle)
-            log.error("actor.ask_cycle", cycle=" -> ".join(cycle), what=what)
-            raise AskCycle(f"{waiter} awaiting {target} ({what}) would close a cycle: {' -> '.join(cycle)}",
-                           cycle=cycle)
-        self.waits[waiter] = (target, what)
-
-    def wait_end(self, waiter: str) -> None:
-        self.waits.pop(waiter, None)
-
-    def bind(self, tg: TaskGroup) -> None:
-        self._tg = tg
-
-    def spawn(self, actor: "Actor[Any]") -> None:
-        assert self._tg is not None, "dispatcher not bound to a task group"
-        self._tg.start_soon(actor._run, name=f"actor:{actor.name}")
-
-    def delivered(self, actor: "Actor[Any]", env: Envelope[Any]) -> None:
-        PROGRESS[0] += 1
-        self.deliveries += 1
-        env.seq = self.deliveries
-        for hook in list(self.hooks):
-            try:
-                hook(actor, env)
-            except Exception as e:
-                self.hooks.remove(hook)
-                log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
-
-    def event(self, kind: str, **fields: Any) -> None:
-        """An event that is not a delivery: engine result, worker completion, input."""
-        for hook in list(self.event_hooks):
-            try:
-                hook(kind, fields)
-            except Exception as e:
-                self.event_hooks.remove(hook)
-                log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
-
-    # -- seams a deterministic dispatcher overrides ------------------------------------
-
-    async def actor_loop(self, actor: "Actor[Any]") -> None:
-        async with actor._recv:
-            while True:
-                env = actor.take_next()
-                if env is None:
-                    try:
-                        actor._arrived.append(await actor._recv.receive())
-                    except anyio.EndOfStream:
-                        return
-                    continue
-                await actor.deliver(env)
-
-    async def engine_done(self, job: Any, value: Any, error: BaseException | None, n: int = -1) -> None:
-        """Called in the waiting task once the engine thread finished `job`, the `n`th it ran."""
-        if self.event_hooks:
-            self.event("engine", job=job, value=value, error=error, n=n)
-
-    async def offload(self, op: str, fn: Callable[..., Any], *args: Any, limiter: Any = None) -> Any:
-        """Run blocking disk work on a worker thread (never the engine thread or the loop)."""
-        try:
-            result = await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
-        except BaseException as e:
-            if self.event_hooks:
-                self.event("worker", op=op, value=None, error=e)
-            raise
-        if self.event_hooks:
-            self.event("worker", op=op, value=result, error=None)
-        return result
-
-    async def input(self, method: str, params: Any) -> None:
-        """An external input (RPC request or host call) is about to enter the system."""
-        if self.event_hooks:
-            self.event("input", method=method, params=params)
 
 
 class Actor(Generic[M]):
@@ -323,7 +125,6 @@ class Actor(Generic[M]):
 
     def put_nowait(self, env: Envelope[M]) -> None:
         """Queue an envelope on the control lane (an actor's message: see the module docstring)."""
-        PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         try:
@@ -338,7 +139,6 @@ class Actor(Generic[M]):
             self.put_nowait(env)
             await anyio.lowlevel.checkpoint()
             return
-        PROGRESS[0] += 1
         if self.failed:
             raise ActorFailed(f"actor {self.name} has failed", actor=self.name)
         while self._mailbox_used >= self.capacity:  # a client waits for room
@@ -524,3 +324,4 @@ class Actor(Generic[M]):
         if buffer is not None:
             return len(buffer) > 0
         return self._recv.statistics().current_buffer_used > 0
+
