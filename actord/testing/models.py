@@ -2,6 +2,7 @@
 
 * `write_tiny_llama`: a random-weight f32 llama with a SentencePiece ("llama") vocab that
   has the 256 byte-fallback tokens, so any text tokenizes and round-trips.
+* `write_tiny_chat`: the tiny llama (seed 1) with TINY_CHAT_TEMPLATE, the chat tests' model.
 * `write_tiny_swa`: the same idea on the "gemma3" architecture, whose KV cache is
   interleaved sliding-window (5 of every 6 layers see only the last `window` positions).
 * `write_tiny_qwen35`: a hybrid on the "qwen35" architecture (Qwen3.5): 3 Gated DeltaNet
@@ -25,7 +26,7 @@ from actord.service.models import gemma3_270m_path
 from actord.testing.chat_templates import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, TINY_CHAT_TEMPLATE
 from actord.testing.gguf_common import BOS_ID, EOS_ID, TINY_VOCAB_SIZE, UNK_ID
 from actord.testing.gguf_common import _spm_vocab  # noqa: F401  (tests read the vocab's pieces)
-from actord.testing.tiny_attention import write_tiny_llama, write_tiny_swa
+from actord.testing.tiny_attention import write_tiny_chat, write_tiny_llama, write_tiny_swa
 from actord.testing.tiny_lora import write_tiny_lora
 from actord.testing.tiny_recurrent import write_tiny_mamba2, write_tiny_qwen35
 
@@ -35,6 +36,7 @@ __all__ = [
     "BOS_ID",
     "EOS_ID",
     "write_tiny_llama",
+    "write_tiny_chat",
     "write_tiny_swa",
     "write_tiny_qwen35",
     "write_tiny_mamba2",
