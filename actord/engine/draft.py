@@ -26,7 +26,8 @@ What makes it safe to share one engine step:
   that is not full is refused at start (`SpecUnsupported`). A draft model whose vocabulary
   differs (type, BOS/EOS, size, any token's text) is refused with `DraftVocabMismatch`.
 
-`--spec mtp` (the model's own MTP head) is engine/mtp.py.
+`--spec mtp` (the model's own MTP head) is engine/mtp.py; what both drafters share,
+engine/side.py.
 """
 
 from __future__ import annotations

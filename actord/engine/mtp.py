@@ -1,8 +1,9 @@
 """The model's own MTP (nextn) head as the drafter of speculative decoding: a second llama
 context of type LLAMA_CONTEXT_TYPE_MTP on the target's model, on the engine thread, one
 sequence per slot. Same interface as engine/draft.py's Drafter (`draft`, `keep`, `undo`,
-`seq_rm`, the state jobs) plus the two hooks the engine calls around the target's decode
-(`decoded`, `settle`), since an MTP head feeds on the target's hidden states.
+`seq_rm`, the state jobs; what both share is engine/side.py's) plus the two hooks the
+engine calls around the target's decode (`decoded`, `settle`), since an MTP head feeds on
+the target's hidden states.
 
 How libllama 0.3.36 drives it (vendor/llama.cpp common/speculative.cpp
 `common_speculative_impl_draft_mtp`, src/llama-context.cpp, src/models/qwen35.cpp):

@@ -16,8 +16,9 @@ Every generator is deterministic for a given seed (the bytes written are identic
 well under a second, and imports gguf/numpy lazily so importing this module costs nothing.
 
 This module is the front that tests, benches and the replay CLI import; the writers live by
-kind: gguf_common.py (the shared vocab and write), tiny_attention.py (llama, SWA),
-tiny_recurrent.py (qwen35, mamba2), tiny_lora.py, and chat_templates.py.
+kind: gguf_common.py (the shared vocab, header keys, projections and write),
+tiny_attention.py (llama, its chat variant, SWA), tiny_recurrent.py (qwen35, mamba2),
+tiny_lora.py, and chat_templates.py.
 """
 
 from __future__ import annotations
