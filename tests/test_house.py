@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import collections
 from pathlib import Path
+from typing import Iterator
 
 PKG = Path(__file__).resolve().parents[1] / "actord"
 
@@ -47,6 +48,17 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def imported(path: Path) -> Iterator[str]:
+    """Every name the file's imports reach, at module level or inside a function: `import a.b`
+    gives "a.b", `from a.b import c` gives "a.b.c" (c a module or a name in a.b); relative
+    imports are not followed (actord uses none)."""
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            yield from (a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            yield from (f"{n.module}.{a.name}" for a in n.names)
+
+
 def _edges() -> dict[str, set[str]]:
     mods = _modules()
 
@@ -57,17 +69,10 @@ def _edges() -> dict[str, set[str]]:
 
     edges: dict[str, set[str]] = collections.defaultdict(set)
     for m, p in mods.items():
-        for n in ast.walk(ast.parse(p.read_text())):  # every import, at module level or inside a function
-            if isinstance(n, ast.Import):
-                names = [a.name for a in n.names]
-            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-                names = [f"{n.module}.{a.name}" for a in n.names]
-            else:
-                continue
-            for x in names:
-                r = resolve(x) if x.startswith("actord") else None
-                if r and r not in (m, "actord"):
-                    edges[m].add(r)
+        for x in imported(p):
+            r = resolve(x) if x.startswith("actord") else None
+            if r and r not in (m, "actord"):
+                edges[m].add(r)
     return edges
 
 

@@ -14,8 +14,9 @@ changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import msgspec
 
@@ -59,6 +60,21 @@ def check_turn(kind: str, mind: str | None, request: Any, limits: RequestLimits)
                       **{f: getattr(chat, f) for f in SamplingFields.__struct_fields__}).check(limits)
 
 
+class _Chunks:
+    """Passes a turn's chunks on to its sink and counts them: how many a node that failed
+    mid-turn had already delivered (a retried turn skips them; a free turn that sent any is
+    not retried)."""
+
+    def __init__(self, sink: Callable[[Any], None] | None) -> None:
+        self.n = 0
+        self._sink = sink
+        self.sink = self._pass if sink is not None else None
+
+    def _pass(self, chunk: Any) -> None:
+        self.n += 1
+        self._sink(chunk)  # type: ignore[misc]
+
+
 class Turns:
     """MindRouter's turn verbs, mixed into it: router.py owns the state and the calls named
     below (annotations only: nothing here shadows them)."""
@@ -82,7 +98,6 @@ class Turns:
             raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}")
         check_turn(kind, mind, request, self.limits)
         turn = turn_id or uuid.uuid4().hex
-        inflight = self.nodes.inflight
         async with self._lock(mind):
             placed = False
             entry = self.dir.get(mind)
@@ -92,44 +107,36 @@ class Turns:
             delivered = 0
             for attempt in (1, 2):
                 node = entry.node
-                inflight[node] = inflight.get(node, 0) + 1
-                counted = [0]
-
-                def counting(chunk: Any, counted: list[int] = counted) -> None:
-                    counted[0] += 1
-                    sink(chunk)  # type: ignore[misc]
-
-                try:
-                    result = await self.nodes.run(
-                        node, "turn", (Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request, kind=kind),),
-                        counting if sink is not None else None, delivered)
-                    return TurnOut(result=result, node=entry.node, epoch=entry.epoch, turn=turn, attempts=attempt,
-                                   placed=placed)
-                except DuplicateTurn as e:
-                    if attempt == 2 and e.data.get("result") is not None:
-                        # Applied before the failure, its answer lost with the process: that answer.
-                        return TurnOut(result=e.data["result"], node=entry.node, epoch=entry.epoch, turn=turn,
-                                       attempts=attempt, placed=placed)
-                    raise
-                except NODE_GONE as e:
-                    if attempt == 2:
-                        raise NodeUnavailable(f"node {entry.node} failed turn {turn} of {mind!r} twice",
-                                              node=entry.node, mind=mind) from None
-                    log.warning("cluster.turn_node_failed", node=entry.node, mind=mind, turn=turn, error=repr(e))
-                    if await self.nodes.back(node):
-                        # Copies the restart reports that the directory does not name go, in
-                        # the background (it takes each mind's lock in turn; this one's is held).
-                        try:
-                            holdings = await self.nodes.call(node, "holdings")
-                            asyncio.get_running_loop().create_task(self._reconcile(node, holdings))
-                        except NODE_GONE:  # gone again: the retry below finds out
-                            pass
-                    else:
-                        await self._node_lost(node, only=mind)
-                    entry = self.dir.get(mind) or await self._place(mind)
-                finally:
-                    inflight[node] = inflight.get(node, 1) - 1
-                    delivered += counted[0]
+                with self._in_flight(node, sink) as chunks:
+                    try:
+                        result = await self.nodes.run(
+                            node, "turn", (Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request, kind=kind),),
+                            chunks.sink, delivered)
+                        return TurnOut(result=result, node=entry.node, epoch=entry.epoch, turn=turn, attempts=attempt,
+                                       placed=placed)
+                    except DuplicateTurn as e:
+                        if attempt == 2 and e.data.get("result") is not None:
+                            # Applied before the failure, its answer lost with the process: that answer.
+                            return TurnOut(result=e.data["result"], node=entry.node, epoch=entry.epoch, turn=turn,
+                                           attempts=attempt, placed=placed)
+                        raise
+                    except NODE_GONE as e:
+                        if attempt == 2:
+                            raise NodeUnavailable(f"node {entry.node} failed turn {turn} of {mind!r} twice",
+                                                  node=entry.node, mind=mind) from None
+                        log.warning("cluster.turn_node_failed", node=entry.node, mind=mind, turn=turn, error=repr(e))
+                        if await self.nodes.back(node):
+                            # Copies the restart reports that the directory does not name go, in
+                            # the background (it takes each mind's lock in turn; this one's is held).
+                            try:
+                                holdings = await self.nodes.call(node, "holdings")
+                                asyncio.get_running_loop().create_task(self._reconcile(node, holdings))
+                            except NODE_GONE:  # gone again: the retry below finds out
+                                pass
+                        else:
+                            await self._node_lost(node, only=mind)
+                        entry = self.dir.get(mind) or await self._place(mind)
+                delivered += chunks.n
         raise AssertionError("unreachable")
 
     async def free_turn(self, request: dict[str, Any], sink: Callable[[Any], None] | None = None,
@@ -142,27 +149,29 @@ class Turns:
         await self._ensure()
         check_turn(kind, None, request, self.limits)
         tried: set[str] = set()
-        inflight = self.nodes.inflight
         for attempt in (1, 2):
             node = self.nodes.pick(await self.nodes.loads(exclude=tried))
-            inflight[node] = inflight.get(node, 0) + 1
-            sent = [0]
-
-            def counting(chunk: Any, sent: list[int] = sent) -> None:
-                sent[0] += 1
-                sink(chunk)  # type: ignore[misc]
-
-            try:
-                result = await self.nodes.run(node, "free", (kind, request), counting if sink is not None else None, 0)
-                return TurnOut(result=result, node=node, epoch=0, turn="", attempts=attempt)
-            except NODE_GONE as e:
-                if attempt == 2 or sent[0]:
-                    raise NodeUnavailable(f"node {node} failed a request of no mind", node=node) from None
-                log.warning("cluster.free_turn_node_failed", node=node, error=repr(e))
-                tried.add(node)
-            finally:
-                inflight[node] = inflight.get(node, 1) - 1
+            with self._in_flight(node, sink) as chunks:
+                try:
+                    result = await self.nodes.run(node, "free", (kind, request), chunks.sink, 0)
+                    return TurnOut(result=result, node=node, epoch=0, turn="", attempts=attempt)
+                except NODE_GONE as e:
+                    if attempt == 2 or chunks.n:
+                        raise NodeUnavailable(f"node {node} failed a request of no mind", node=node) from None
+                    log.warning("cluster.free_turn_node_failed", node=node, error=repr(e))
+                    tried.add(node)
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _in_flight(self, node: str, sink: Callable[[Any], None] | None) -> Iterator[_Chunks]:
+        """While a turn runs on `node`, the node counts it in flight (what `NodeLink.pick`
+        weighs), however the turn ends; its chunks reach `sink` counted."""
+        inflight = self.nodes.inflight
+        inflight[node] = inflight.get(node, 0) + 1
+        try:
+            yield _Chunks(sink)
+        finally:
+            inflight[node] = inflight.get(node, 1) - 1
 
     async def _place(self, mind: str) -> Entry:
         """A new mind: on the node `NodeLink.pick` names, at a fresh epoch."""

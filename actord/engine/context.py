@@ -55,6 +55,30 @@ def _main_device(devs: list[J.DeviceInfo], main_gpu: int) -> tuple[str, int, int
     return name, sum(d.free_bytes for d in gpus), sum(d.total_bytes for d in gpus)
 
 
+def context_params(config: Config, *, threads: int, swa_full: bool) -> Any:
+    """A context's parameters as actord makes every one from its Config (the target's, a draft
+    model's, the MTP head's): a ubatch as large as the batch, one sequence per slot in one
+    unified KV, the same threads for both decode kinds, no perf counters."""
+    cp = lib.llama_context_default_params()
+    cp.n_ctx = config.ctx
+    cp.n_batch = config.batch
+    cp.n_ubatch = config.batch
+    cp.n_seq_max = config.slots
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    cp.kv_unified = True
+    cp.swa_full = swa_full
+    cp.no_perf = True
+    return cp
+
+
+def model_desc(model: Any) -> str:
+    """libllama's one-line description of a model (architecture, size, type)."""
+    desc = ctypes.create_string_buffer(256)
+    lib.llama_model_desc(model, desc, 256)
+    return desc.value.decode(errors="replace")
+
+
 def _host_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -116,18 +140,9 @@ class Context:
             device_bytes=swa_budget, host_bytes=_host_bytes(), share=config.swa_full_share,
             device_name="--device-bytes" if config.device_bytes or not after_model else f"{after_model[0]} free memory",
         )
-        cparams = lib.llama_context_default_params()
+        self.threads = engine_threads(config.threads)
+        cparams = context_params(config, threads=self.threads, swa_full=self.swa.full)
         cparams.flash_attn_type = _FLASH_ATTN_TYPE[config.flash_attn]
-        cparams.n_ctx = config.ctx
-        cparams.n_batch = config.batch
-        cparams.n_ubatch = config.batch
-        cparams.n_seq_max = config.slots
-        threads = self.threads = engine_threads(config.threads)
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.kv_unified = True
-        cparams.swa_full = self.swa.full
-        cparams.no_perf = True
         # libllama 0.3.36 clamps it to 0 for architectures without recurrent rollback
         # (llm_arch_supports_rs_rollback: qwen35 has it, mamba2 and attention-only models not).
         cparams.n_rs_seq = n_rs_seq

@@ -26,7 +26,8 @@ What makes it safe to share one engine step:
   that is not full is refused at start (`SpecUnsupported`). A draft model whose vocabulary
   differs (type, BOS/EOS, size, any token's text) is refused with `DraftVocabMismatch`.
 
-`--spec mtp` (the model's own MTP head) is engine/mtp.py.
+`--spec mtp` (the model's own MTP head) is engine/mtp.py; what both drafters share,
+engine/side.py.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Sequence
 
-import numpy as np
-
 from actord.engine import jobs as J
+from actord.engine.context import context_params, model_desc
 from actord.engine.llama import lib
+from actord.engine.side import SideContext
 from actord.service.errors import DraftVocabMismatch, EngineError, InvalidParams, SpecUnsupported
 
 
@@ -63,14 +64,15 @@ def vocab_mismatch(tgt: Any, dft: Any) -> str:
     return ""
 
 
-class Drafter:
+class Drafter(SideContext):
     """A draft model's context: one sequence per slot (attention, SWA kept full, recurrent or
     hybrid memory)."""
 
     every_step = False  # it catches up on the plan's draft tokens, before the target decodes
 
-    def __init__(self, path: str, target_model: Any, target_vocab: Any, *, n_ctx: int, n_batch: int,
-                 n_seq: int, threads: int, n_max: int, p_min: float = 0.0) -> None:
+    def __init__(self, path: str, target_model: Any, target_vocab: Any, params: Any, *, n_max: int,
+                 p_min: float = 0.0) -> None:
+        """`params`: the context's (engine/context.py `context_params`), one sequence per slot."""
         self.model = lib.llama_model_load_from_file(path.encode(), lib.llama_model_default_params())
         if not self.model:
             raise EngineError(f"could not load draft model {path}", path=path)
@@ -86,29 +88,17 @@ class Drafter:
             # Recurrent or hybrid memory: rejected drafts are taken back by restoring a copy
             # of the state (`keep`, `settle`); a sliding window is always kept full here.
             self.recurrent = bool(lib.llama_model_is_recurrent(self.model) or lib.llama_model_is_hybrid(self.model))
-            cp = lib.llama_context_default_params()
-            cp.n_ctx = n_ctx
-            cp.n_batch = n_batch
-            cp.n_ubatch = n_batch
-            cp.n_seq_max = n_seq
-            cp.n_threads = threads
-            cp.n_threads_batch = threads
-            cp.kv_unified = True
-            cp.swa_full = True
-            cp.no_perf = True
-            self.ctx = lib.llama_init_from_model(self.model, cp)
+            self.ctx = lib.llama_init_from_model(self.model, params)
             if not self.ctx:
                 raise EngineError("could not create the draft model's context", path=path)
             self.mem = lib.llama_get_memory(self.ctx)
             self.n_batch = int(lib.llama_n_batch(self.ctx))
-            self.n_seq = n_seq
+            self.n_seq = int(params.n_seq_max)
             self.n_max = n_max
             self.p_min = p_min
             self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
             self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
-            desc = ctypes.create_string_buffer(256)
-            lib.llama_model_desc(self.model, desc, 256)
-            self.desc = desc.value.decode(errors="replace")
+            self.desc = model_desc(self.model)
             self.digest = draft_digest(path)
         except BaseException:
             self.close()
@@ -116,9 +106,7 @@ class Drafter:
         b = self.batch
         self._views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
         self._decode = lib.raw("llama_decode")
-        self._logits = lib.raw("llama_get_logits_ith")
-        self._pos_max = lib.raw("llama_memory_seq_pos_max")
-        self._seq_rm = lib.raw("llama_memory_seq_rm")
+        self._bind()
         self.failures = 0  # draft decodes that failed (the step went on without drafts)
         self._snap: dict[int, tuple[int, bytes, list[int]]] = {}  # seq -> (extent, state, drafts)
         self._replays: list[tuple[int, int, bytes, list[int]]] = []
@@ -127,17 +115,12 @@ class Drafter:
         if self.batch is not None:
             lib.llama_batch_free(self.batch)
             self.batch = None
-        if self.ctx:
-            lib.llama_free(self.ctx)
-            self.ctx = None
+        super().close()
         if self.model:
             lib.llama_model_free(self.model)
             self.model = None
 
     # -- the step -------------------------------------------------------------------------
-
-    def extent(self, seq: int) -> int:
-        return int(self._pos_max(self.mem, seq)) + 1
 
     def draft(self, entries: Sequence[J.StepEntry]) -> tuple[dict[int, list[int]], dict[int, int]]:
         """Catch up and draft for the step's entries (the caller checked the owner).
@@ -213,17 +196,6 @@ class Drafter:
                     nxt.append(i)
             live = nxt
         return proposed, extent
-
-    def _pick(self, row: int, seq: int, pos: int) -> int:
-        """The draft's greedy token at a batch row (for sequence `seq`'s position `pos`), or
-        -1 under p_min."""
-        v = np.ctypeslib.as_array(self._logits(self.ctx, row), shape=(self.n_vocab,))
-        t = int(v.argmax())
-        if self.p_min > 0:
-            z = np.exp(v - v[t])
-            if 1.0 / float(z.sum()) < self.p_min:
-                return -1
-        return t
 
     def _fail(self, entries: Sequence[J.StepEntry], extent: dict[int, int]) -> None:
         """The catch-up did not decode: back to where the plan started, no drafts."""
@@ -303,12 +275,6 @@ class Drafter:
             if extent[i] > e.draft_pos0:
                 self._cut(e.seq, e.draft_pos0)
 
-    # -- sequence edits and state (the slot's jobs) ---------------------------------------
-
-    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
-        if not lib.llama_memory_seq_rm(self.mem, seq, p0, p1):
-            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
-
 
 def draft_digest(path: str) -> str:
     """What a page's draft state was made with (actord/engine/weights.py's sampled digest of
@@ -340,5 +306,6 @@ def open_drafter(config: Any, model: Any, vocab: Any, *, swa_full: bool, threads
 
     if not os.path.exists(config.spec_draft_model):
         raise InvalidParams(f"draft model file not found: {config.spec_draft_model}", path=config.spec_draft_model)
-    return Drafter(config.spec_draft_model, model, vocab, n_ctx=config.ctx, n_batch=config.batch, n_seq=config.slots,
-                   threads=threads, n_max=config.spec_n_max, p_min=config.spec_p_min)
+    # The draft keeps a full sliding window: its cache is cut back like the target's.
+    params = context_params(config, threads=threads, swa_full=True)
+    return Drafter(config.spec_draft_model, model, vocab, params, n_max=config.spec_n_max, p_min=config.spec_p_min)

@@ -1,8 +1,9 @@
 """The model's own MTP (nextn) head as the drafter of speculative decoding: a second llama
 context of type LLAMA_CONTEXT_TYPE_MTP on the target's model, on the engine thread, one
 sequence per slot. Same interface as engine/draft.py's Drafter (`draft`, `keep`, `undo`,
-`seq_rm`, the state jobs) plus the two hooks the engine calls around the target's decode
-(`decoded`, `settle`), since an MTP head feeds on the target's hidden states.
+`seq_rm`, the state jobs; what both share is engine/side.py's) plus the two hooks the
+engine calls around the target's decode (`decoded`, `settle`), since an MTP head feeds on
+the target's hidden states.
 
 How libllama 0.3.36 drives it (vendor/llama.cpp common/speculative.cpp
 `common_speculative_impl_draft_mtp`, src/llama-context.cpp, src/models/qwen35.cpp):
@@ -41,37 +42,31 @@ from typing import Any, Sequence
 import numpy as np
 
 from actord.engine import jobs as J
+from actord.engine.context import context_params, model_desc
 from actord.engine.llama import ext, lib
+from actord.engine.side import SideContext
 from actord.service.errors import EngineError, SpecUnsupported
 
 _MAGIC = b"MTPh"
 _HEADER = struct.Struct("<4sii")  # magic, h_pos, n_embd
 
 
-class MtpDrafter:
+class MtpDrafter(SideContext):
     """The MTP head's context; `every_step`: it follows every target decode."""
 
     every_step = True
 
-    def __init__(self, model: Any, target_ctx: Any, *, n_ctx: int, n_batch: int, n_seq: int, threads: int,
-                 n_max: int, p_min: float = 0.0, desc: str = "", digest: str = "") -> None:
+    def __init__(self, model: Any, target_ctx: Any, params: Any, *, n_max: int, p_min: float = 0.0, desc: str = "",
+                 digest: str = "") -> None:
+        """`params`: the context's (engine/context.py `context_params`), one sequence per slot;
+        made an MTP context here."""
         if ext is None:
             raise SpecUnsupported("--spec mtp: this llama-cpp-python has no llama_cpp_ext (the nextn embeddings)")
         self.ctx: Any = None
         self.bx: Any = None
         self.target_ctx = target_ctx
-        cp = lib.llama_context_default_params()
-        cp.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
-        cp.n_ctx = n_ctx
-        cp.n_batch = n_batch
-        cp.n_ubatch = n_batch
-        cp.n_seq_max = n_seq
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.kv_unified = True
-        cp.swa_full = True
-        cp.no_perf = True
-        self.ctx = lib.llama_init_from_model(model, cp)
+        params.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+        self.ctx = lib.llama_init_from_model(model, params)
         if not self.ctx:
             raise EngineError("could not create the MTP head's context")
         try:
@@ -88,19 +83,17 @@ class MtpDrafter:
         except BaseException:
             self.close()
             raise
-        self.n_seq = n_seq
+        self.n_seq = int(params.n_seq_max)
         self.n_max = n_max
         self.p_min = p_min
         self.desc = desc
         self.digest = digest
-        self.h = np.zeros((n_seq, self.n_embd), dtype=np.float32)  # the carried row per sequence
-        self.h_pos = [-1] * n_seq  # the position h[seq] is the target's hidden state of
+        self.h = np.zeros((self.n_seq, self.n_embd), dtype=np.float32)  # the carried row per sequence
+        self.h_pos = [-1] * self.n_seq  # the position h[seq] is the target's hidden state of
         self._zero = np.zeros(self.n_embd, dtype=np.float32)
-        self._logits = lib.raw("llama_get_logits_ith")
+        self._bind()
         self._h_ith = ext.raw("llama_get_embeddings_nextn_ith")
         self._h_all = ext.raw("llama_get_embeddings_nextn")
-        self._pos_max = lib.raw("llama_memory_seq_pos_max")
-        self._seq_rm = lib.raw("llama_memory_seq_rm")
         self._process = lib.raw("llama_process")
         self._pos = (lib.llama_pos * 1)()
         self._step: list[tuple[J.StepEntry, int, list[int], Any]] = []  # (entry, n own rows, tokens, rows)
@@ -109,15 +102,10 @@ class MtpDrafter:
         self.failures = 0
 
     def close(self) -> None:
-        if self.bx is not None:
+        if self.bx is not None:  # made on the context: freed before it
             lib.llama_batch_ext_free(self.bx)
             self.bx = None
-        if self.ctx:
-            lib.llama_free(self.ctx)
-            self.ctx = None
-
-    def extent(self, seq: int) -> int:
-        return int(self._pos_max(self.mem, seq)) + 1
+        super().close()
 
     # -- one llama_process ----------------------------------------------------------------
 
@@ -148,17 +136,6 @@ class MtpDrafter:
         """The hidden row MTP position `pos` pairs its token with: the carried one when it is
         the target's at pos - 1, else zeros."""
         return self.h[seq] if self.h_pos[seq] == pos - 1 and pos > 0 else self._zero
-
-    def _pick(self, row: int, seq: int, pos: int) -> int:
-        """The head's greedy token at output row `row` (for `seq`'s position `pos`), or -1
-        under p_min."""
-        v = np.ctypeslib.as_array(self._logits(self.ctx, row), shape=(self.n_vocab,))
-        t = int(v.argmax())
-        if self.p_min > 0:
-            z = np.exp(v - v[t])
-            if 1.0 / float(z.sum()) < self.p_min:
-                return -1
-        return t
 
     # -- the step -------------------------------------------------------------------------
 
@@ -267,8 +244,8 @@ class MtpDrafter:
     # -- sequence edits and state (the slot's jobs) ---------------------------------------
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
-        if not lib.llama_memory_seq_rm(self.mem, seq, p0, p1):
-            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        """The cut, then the carried row is forgotten unless it is still the last position's."""
+        super().seq_rm(seq, p0, p1)
         end = self.extent(seq)
         if self.h_pos[seq] != end - 1 or end == 0:
             self.h_pos[seq] = -1
@@ -296,9 +273,7 @@ def open_mtp(config: Any, model: Any, target_ctx: Any, *, threads: int, digest: 
     n_mtp = int(lib.llama_model_n_layer_nextn(model))
     if n_mtp <= 0:
         raise SpecUnsupported(f"--spec mtp: the model {config.model} has no MTP (nextn) layer", model=config.model)
-    desc = ctypes.create_string_buffer(256)
-    lib.llama_model_desc(model, desc, 256)
-    return MtpDrafter(model, target_ctx, n_ctx=config.ctx, n_batch=config.batch, n_seq=config.slots, threads=threads,
+    return MtpDrafter(model, target_ctx, context_params(config, threads=threads, swa_full=True),
                       n_max=config.spec_n_max, p_min=config.spec_p_min,
-                      desc=f"MTP head ({n_mtp} nextn layer(s)) of {desc.value.decode(errors='replace')}",
+                      desc=f"MTP head ({n_mtp} nextn layer(s)) of {model_desc(model)}",
                       digest=f"{digest}+mtp")

@@ -7,12 +7,12 @@ Built once at start on the engine thread (engine/engine.py) and answered from th
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import msgspec
 
 from actord.engine import jobs as J
+from actord.engine.context import model_desc
 from actord.engine.llama import lib
 from actord.service.config import Config
 
@@ -29,8 +29,6 @@ class Props:
         n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0
         recurrent = bool(lib.llama_model_is_recurrent(self.model))
         hybrid = bool(lib.llama_model_is_hybrid(self.model)) if hasattr(lib, "llama_model_is_hybrid") else False
-        desc = ctypes.create_string_buffer(256)
-        lib.llama_model_desc(self.model, desc, 256)
         props = J.ModelProps(
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
@@ -44,7 +42,7 @@ class Props:
             needs_checkpoints=recurrent or hybrid or (n_swa > 0 and not self.swa_full),
             bos=lib.llama_vocab_bos(self.vocab),
             eos=lib.llama_vocab_eos(self.vocab),
-            desc=desc.value.decode(errors="replace"),
+            desc=model_desc(self.model),
             swa_full=self.swa_full and n_swa > 0,
             swa_full_reason=self.swa.reason,
             kv_bytes_per_token=self.memory.kv_bytes_per_token,

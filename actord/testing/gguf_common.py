@@ -1,5 +1,6 @@
 """What every tiny GGUF writer shares (actord/testing/tiny_*.py): the 512-token
-SentencePiece vocab with byte fallbacks, the output projection that keeps greedy decoding
+SentencePiece vocab with byte fallbacks, the header's opening and closing keys, the random
+projections and the blocks' feed-forward, the output projection that keeps greedy decoding
 off the special tokens, and the write itself.
 
 Kept in one place so every tiny model tokenizes alike: the same text gives the same ids on
@@ -13,6 +14,7 @@ into ggml's ne = [n_in, n_out], which is the order `GGUFReader` reports.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -110,6 +112,69 @@ def _output_matrix(rng: Any, n_vocab: int, n_embd: int, gain: float) -> Any:
     out = rng.standard_normal((n_vocab, n_embd)).astype(np.float32) * np.float32(gain / np.sqrt(n_embd))
     out[: _BYTE0 + 256] = 0.0
     return out
+
+
+def _begin(path: str | os.PathLike[str], arch: str, name: str, *, seed: int, n_ctx_train: int, n_embd: int,
+           n_blocks: int) -> tuple[Any, Path, Any]:
+    """(writer, path, generator) of a new tiny model: its folder made, the keys every model
+    opens its header with written (name, context, width, blocks), and the seeded generator
+    all its weights are drawn from, in the writer's order."""
+    import gguf
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_blocks)
+    return w, path, rng
+
+
+def _matrix(rng: Any, n_out: int, n_in: int, gain: float = 1.0) -> Any:
+    """A random f32 projection n_in -> n_out whose output has about `gain` times the RMS of
+    its input (rows of std gain/sqrt(n_in))."""
+    import numpy as np
+
+    return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(np.float32)
+
+
+def _add_attention_sizes(w: Any, *, n_ff: int, n_head: int, n_head_kv: int, head_dim: int | None = None) -> None:
+    """The sizes of an attention model's blocks; `head_dim` where the architecture reads it
+    (gemma3, qwen35) rather than deriving it from n_embd / n_head (llama)."""
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+
+
+def _end_header(w: Any, control: Sequence[str] = ()) -> None:
+    """The keys every tiny model's header ends with: the shared vocab, all tensors f32."""
+    import gguf
+
+    w.add_vocab_size(TINY_VOCAB_SIZE)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_spm_tokenizer(w, control)
+
+
+def _add_ffn(w: Any, p: str, mat: Any, n_embd: int, n_ff: int) -> None:
+    """A block's gated feed-forward (SwiGLU) projections, drawn with `mat` in this order."""
+    w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+    w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+    w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+
+
+def _finish(w: Any, path: Path, output: Any) -> Path:
+    """The output norm (ones) and projection (`_output_matrix`), then the write."""
+    import numpy as np
+
+    w.add_tensor("output_norm.weight", np.ones(output.shape[1], dtype=np.float32))
+    w.add_tensor("output.weight", output)
+    return _write(w, path)
 
 
 def _write(w: Any, path: Path) -> Path:

@@ -2,6 +2,7 @@
 
 * `write_tiny_llama`: a random-weight f32 llama with a SentencePiece ("llama") vocab that
   has the 256 byte-fallback tokens, so any text tokenizes and round-trips.
+* `write_tiny_chat`: the tiny llama (seed 1) with TINY_CHAT_TEMPLATE, the chat tests' model.
 * `write_tiny_swa`: the same idea on the "gemma3" architecture, whose KV cache is
   interleaved sliding-window (5 of every 6 layers see only the last `window` positions).
 * `write_tiny_qwen35`: a hybrid on the "qwen35" architecture (Qwen3.5): 3 Gated DeltaNet
@@ -15,8 +16,9 @@ Every generator is deterministic for a given seed (the bytes written are identic
 well under a second, and imports gguf/numpy lazily so importing this module costs nothing.
 
 This module is the front that tests, benches and the replay CLI import; the writers live by
-kind: gguf_common.py (the shared vocab and write), tiny_attention.py (llama, SWA),
-tiny_recurrent.py (qwen35, mamba2), tiny_lora.py, and chat_templates.py.
+kind: gguf_common.py (the shared vocab, header keys, projections and write),
+tiny_attention.py (llama, its chat variant, SWA), tiny_recurrent.py (qwen35, mamba2),
+tiny_lora.py, and chat_templates.py.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from actord.service.models import gemma3_270m_path
 from actord.testing.chat_templates import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, TINY_CHAT_TEMPLATE
 from actord.testing.gguf_common import BOS_ID, EOS_ID, TINY_VOCAB_SIZE, UNK_ID
 from actord.testing.gguf_common import _spm_vocab  # noqa: F401  (tests read the vocab's pieces)
-from actord.testing.tiny_attention import write_tiny_llama, write_tiny_swa
+from actord.testing.tiny_attention import write_tiny_chat, write_tiny_llama, write_tiny_swa
 from actord.testing.tiny_lora import write_tiny_lora
 from actord.testing.tiny_recurrent import write_tiny_mamba2, write_tiny_qwen35
 
@@ -35,6 +37,7 @@ __all__ = [
     "BOS_ID",
     "EOS_ID",
     "write_tiny_llama",
+    "write_tiny_chat",
     "write_tiny_swa",
     "write_tiny_qwen35",
     "write_tiny_mamba2",

@@ -7,11 +7,14 @@ model is the one whose cache cannot be cut back freely unless --swa-full.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from actord.testing.gguf_common import TINY_VOCAB_SIZE, _add_spm_tokenizer, _output_matrix, _write
+from actord.testing.chat_templates import TINY_CHAT_TEMPLATE
+from actord.testing.gguf_common import (TINY_VOCAB_SIZE, _add_attention_sizes, _add_ffn, _begin, _end_header, _finish,
+                                        _matrix, _output_matrix)
 
 
 def write_tiny_llama(
@@ -39,30 +42,17 @@ def write_tiny_llama(
 
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     f32 = np.float32
     head_dim = n_embd // n_head
     n_vocab = TINY_VOCAB_SIZE
-
-    def mat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
-        return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"tiny-llama-s{seed}")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w, path, rng = _begin(path, "llama", f"tiny-llama-s{seed}", seed=seed, n_ctx_train=n_ctx_train, n_embd=n_embd,
+                          n_blocks=n_layer)
+    mat = functools.partial(_matrix, rng)
+    _add_attention_sizes(w, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_spm_tokenizer(w, control_tokens)
+    _end_header(w, control_tokens)
     if pooling is not None:  # 1 mean, 2 cls, 3 last: an embedding model (libllama pools its output)
         w.add_pooling_type(gguf.PoolingType(pooling))
     if chat_template is not None:
@@ -78,15 +68,17 @@ def write_tiny_llama(
         w.add_tensor(p + "attn_v.weight", mat(n_head_kv * head_dim, n_embd))
         w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd))
         w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=f32))
-        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=f32))
+        _add_ffn(w, p, mat, n_embd, n_ff)
     out = _output_matrix(rng, n_vocab, n_embd, gain=4.0)
     if control_tokens:
         out[n_vocab - len(control_tokens):] = 0.0
-    w.add_tensor("output.weight", out)
-    return _write(w, path)
+    return _finish(w, path, out)
+
+
+def write_tiny_chat(path: str | os.PathLike[str]) -> Path:
+    """The tiny chat model of the chat, HTTP and cluster tests: write_tiny_llama's seed 1 with
+    TINY_CHAT_TEMPLATE, so a chat's messages render as that template says."""
+    return write_tiny_llama(path, seed=1, chat_template=TINY_CHAT_TEMPLATE)
 
 
 def write_tiny_swa(
@@ -121,38 +113,22 @@ def write_tiny_swa(
     wrong logits unless a partial state saved at p is restored with
     llama_state_seq_set_data_ext(..., PARTIAL_ONLY).
     """
-    import gguf
     import numpy as np
 
     if n_head % n_head_kv:
         raise ValueError("n_head must divide by n_head_kv")
     if window < 1:
         raise ValueError("window must be >= 1")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     f32 = np.float32
     n_vocab = TINY_VOCAB_SIZE
-
-    def mat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
-        return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
-
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_name(f"tiny-gemma3-swa{window}-s{seed}")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    w, path, rng = _begin(path, "gemma3", f"tiny-gemma3-swa{window}-s{seed}", seed=seed, n_ctx_train=n_ctx_train,
+                          n_embd=n_embd, n_blocks=n_layer)
+    mat = functools.partial(_matrix, rng)
+    _add_attention_sizes(w, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
     w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(window)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_spm_tokenizer(w)
+    _end_header(w)
 
     # gemma scales the input embedding by sqrt(n_embd); keep the residual stream ~unit RMS.
     w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(f32))
@@ -168,10 +144,6 @@ def write_tiny_swa(
         w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * head_dim))
         w.add_tensor(p + "post_attention_norm.weight", ones(n_embd))
         w.add_tensor(p + "ffn_norm.weight", ones(n_embd))
-        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+        _add_ffn(w, p, mat, n_embd, n_ff)
         w.add_tensor(p + "post_ffw_norm.weight", ones(n_embd))
-    w.add_tensor("output_norm.weight", ones(n_embd))
-    w.add_tensor("output.weight", _output_matrix(rng, n_vocab, n_embd, gain=4.0))
-    return _write(w, path)
+    return _finish(w, path, _output_matrix(rng, n_vocab, n_embd, gain=4.0))

@@ -8,11 +8,13 @@ rollback and speculation tests are about: state that cannot be cut back to a pos
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
 
-from actord.testing.gguf_common import TINY_VOCAB_SIZE, _add_spm_tokenizer, _output_matrix, _write
+from actord.testing.gguf_common import (TINY_VOCAB_SIZE, _add_attention_sizes, _add_ffn, _begin, _end_header, _finish,
+                                        _matrix, _output_matrix)
 
 
 def write_tiny_qwen35(
@@ -55,37 +57,23 @@ def write_tiny_qwen35(
     what its KV holds (the positions before), not only on the token and hidden row it is
     given, so a test can tell a head whose KV is right from one whose is not.
     """
-    import gguf
     import numpy as np
 
     if n_embd % n_head or n_head % n_head_kv or n_v_heads % n_k_heads:
         raise ValueError("n_embd must divide by n_head, n_head by n_head_kv, n_v_heads by n_k_heads")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     f32 = np.float32
     n_vocab = TINY_VOCAB_SIZE
     interval = 4
     n_rot = head_dim // 2  # partial rotary, as Qwen3.5 (sections sum to n_rot / 2)
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
     conv_dim = 2 * key_dim + value_dim
-
-    def mat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
-        return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
-
     ones = lambda n: np.ones(n, dtype=f32)  # noqa: E731
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_name(f"tiny-qwen35{'-mtp' if mtp else ''}-s{seed}")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer + (1 if mtp else 0))
+    w, path, rng = _begin(path, "qwen35", f"tiny-qwen35{'-mtp' if mtp else ''}-s{seed}", seed=seed,
+                          n_ctx_train=n_ctx_train, n_embd=n_embd, n_blocks=n_layer + (1 if mtp else 0))
+    mat = functools.partial(_matrix, rng)
     if mtp:
         w.add_nextn_predict_layers(1)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    _add_attention_sizes(w, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
     w.add_rope_dimension_count(n_rot)
     w.add_rope_dimension_sections([n_rot // 4, n_rot // 8, n_rot // 2 - n_rot // 4 - n_rot // 8, 0])
     w.add_rope_freq_base(10000000.0)
@@ -96,9 +84,7 @@ def write_tiny_qwen35(
     w.add_ssm_group_count(n_k_heads)
     w.add_ssm_time_step_rank(n_v_heads)
     w.add_full_attention_interval(interval)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_spm_tokenizer(w)
+    _end_header(w)
 
     w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(f32))
 
@@ -111,11 +97,6 @@ def write_tiny_qwen35(
         w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * head_dim))
         w.add_tensor(p + "attn_q_norm.weight", ones(head_dim))
         w.add_tensor(p + "attn_k_norm.weight", ones(head_dim))
-
-    def ffn(p: str, mat: Any = mat) -> None:
-        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
 
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -134,15 +115,12 @@ def write_tiny_qwen35(
             w.add_tensor(p + "ssm_alpha.weight", mat(n_v_heads, n_embd, 0.1))
             w.add_tensor(p + "ssm_norm.weight", ones(d_state))
             w.add_tensor(p + "ssm_out.weight", mat(n_embd, value_dim))
-        ffn(p)
+        _add_ffn(w, p, mat, n_embd, n_ff)
     out = _output_matrix(rng, n_vocab, n_embd, gain=4.0)
     if mtp:
         # Its own generator: with or without the MTP block, the trunk and the output head are
         # the same numbers, so the two variants of one seed give the same greedy output.
-        mrng = np.random.default_rng([seed, 35])
-
-        def mmat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
-            return (mrng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
+        mmat = functools.partial(_matrix, np.random.default_rng([seed, 35]))
 
         p = f"blk.{n_layer}."
         w.add_tensor(p + "attn_norm.weight", ones(n_embd))
@@ -151,14 +129,12 @@ def write_tiny_qwen35(
             return mmat(n_out, n_in, gain * (mtp_attn_gain if n_out == n_embd else 1.0))
 
         attention(p, amat)
-        ffn(p, mmat)
+        _add_ffn(w, p, mmat, n_embd, n_ff)
         w.add_tensor(p + "nextn.eh_proj.weight", mmat(n_embd, 2 * n_embd))
         w.add_tensor(p + "nextn.enorm.weight", ones(n_embd))
         w.add_tensor(p + "nextn.hnorm.weight", ones(n_embd))
         w.add_tensor(p + "nextn.shared_head_norm.weight", ones(n_embd))
-    w.add_tensor("output_norm.weight", ones(n_embd))
-    w.add_tensor("output.weight", out)
-    return _write(w, path)
+    return _finish(w, path, out)
 
 
 def write_tiny_mamba2(
@@ -186,35 +162,23 @@ def write_tiny_mamba2(
     Decays exp(softplus(dt + dt_bias) * A) lie in about 0.93..0.998 per token, so a token
     changed 64+ positions back still changes greedy output.
     """
-    import gguf
     import numpy as np
 
     if d_inner % n_heads or d_inner % n_group:
         raise ValueError("d_inner must divide by n_heads and n_group")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     f32 = np.float32
     n_vocab = TINY_VOCAB_SIZE
     conv_dim = d_inner + 2 * n_group * d_state
-
-    def mat(n_out: int, n_in: int, gain: float = 1.0) -> Any:
-        return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(f32)
-
-    w = gguf.GGUFWriter(str(path), "mamba2")
-    w.add_name(f"tiny-mamba2-s{seed}")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
+    w, path, rng = _begin(path, "mamba2", f"tiny-mamba2-s{seed}", seed=seed, n_ctx_train=n_ctx_train, n_embd=n_embd,
+                          n_blocks=n_layer)
+    mat = functools.partial(_matrix, rng)
     w.add_ssm_conv_kernel(d_conv)
     w.add_ssm_inner_size(d_inner)
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(n_heads)
     w.add_ssm_group_count(n_group)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_spm_tokenizer(w)
+    _end_header(w)
 
     w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(f32))
     for i in range(n_layer):
@@ -230,6 +194,4 @@ def write_tiny_mamba2(
         w.add_tensor(p + "ssm_d", np.ones((n_heads, 1), dtype=f32))
         w.add_tensor(p + "ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=f32))
         w.add_tensor(p + "ssm_out.weight", mat(n_embd, d_inner))
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=f32))
-    w.add_tensor("output.weight", _output_matrix(rng, n_vocab, n_embd, gain=4.0))
-    return _write(w, path)
+    return _finish(w, path, _output_matrix(rng, n_vocab, n_embd, gain=4.0))

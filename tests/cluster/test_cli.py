@@ -10,8 +10,9 @@ import sys
 import httpx
 import pytest
 
-pytest.importorskip("ray", reason="ray is not installed: the cluster is the optional extra actord[ray] "
-                                  "(CI installs it via the dev extra)")
+from tests.cluster.clusters import NO_RAY
+
+pytest.importorskip("ray", reason=NO_RAY)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

@@ -12,15 +12,15 @@ import uuid
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="ray is not installed: the cluster is the optional extra actord[ray] "
-                                        "(CI installs it via the dev extra)")
+from tests.cluster.clusters import NO_RAY, local_cluster, reference_tokens, turn_req
 
-from actord.cluster.client import ClusterClient, get  # noqa: E402
+ray = pytest.importorskip("ray", reason=NO_RAY)
+
+from actord.cluster.client import get  # noqa: E402
 from actord.cluster.messages import Turn  # noqa: E402
 from actord.cluster.transfer import PageBlob  # noqa: E402
 from actord.service.errors import DuplicateTurn, InvalidParams, MigrationFailed, StaleEpoch  # noqa: E402
 from actord.storage.pagefile import PageImage  # noqa: E402
-from tests.cluster.clusters import local_cluster, reference_tokens, turn_req  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -32,11 +32,6 @@ NODES = ("n1", "n2", "n3")
 def cluster(tmp_path_factory, tiny_model):
     with local_cluster(tmp_path_factory.mktemp("cluster"), tiny_model, object_store_memory=OBJECT_STORE) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    return ClusterClient(cluster.router)
 
 
 def holders(cluster, mind):

@@ -13,14 +13,14 @@ import anyio
 import httpx
 import pytest
 
-ray = pytest.importorskip("ray", reason="ray is not installed: the cluster is the optional extra actord[ray] "
-                                        "(CI installs it via the dev extra)")
+from tests.cluster.clusters import NO_RAY, local_cluster, node_config
+
+ray = pytest.importorskip("ray", reason=NO_RAY)
 openai = pytest.importorskip("openai")
 
 from actord.cluster.client import ClusterClient, get  # noqa: E402
 from actord.frontends.http.openai import wire as O  # noqa: E402
-from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama  # noqa: E402
-from tests.cluster.clusters import local_cluster, node_config  # noqa: E402
+from actord.testing.models import write_tiny_chat  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -31,8 +31,7 @@ FRONT = {"http": "127.0.0.1:0", "api_key": KEY}
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> str:
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
-                                chat_template=TINY_CHAT_TEMPLATE))
+    return str(write_tiny_chat(tmp_path_factory.mktemp("m") / "tiny-chat.gguf"))
 
 
 @pytest.fixture(scope="module")

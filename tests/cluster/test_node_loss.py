@@ -12,12 +12,11 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="ray is not installed: the cluster is the optional extra actord[ray] "
-                                        "(CI installs it via the dev extra)")
+from tests.cluster.clusters import NO_RAY, local_cluster, reference_tokens, turn_req
 
-from actord.cluster.client import ClusterClient  # noqa: E402
+ray = pytest.importorskip("ray", reason=NO_RAY)
+
 from actord.cluster.local import FAST_HEALTH  # noqa: E402
-from tests.cluster.clusters import local_cluster, reference_tokens, turn_req  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -28,11 +27,6 @@ MINDS = [f"r{i}" for i in range(6)]
 def cluster(tmp_path_factory, tiny_model):
     with local_cluster(tmp_path_factory.mktemp("loss"), tiny_model, system_config=FAST_HEALTH) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    return ClusterClient(cluster.router)
 
 
 @pytest.fixture(scope="module")
