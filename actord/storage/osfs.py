@@ -38,7 +38,9 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal, TypeVar
+
+T = TypeVar("T")
 
 from actord.service.errors import StorageError
 
@@ -155,11 +157,21 @@ class OsFs:
         except OSError as e:
             raise _error("read_file", path, e) from e
 
+    def _op(self, op: str, path: Path, fn: Callable[[], T], shown: object = None) -> T:
+        """One OS call behind the fault seam (`_enter`/`_exit`); an OSError comes out typed."""
+        try:
+            self._enter(op, path)
+            out = fn()
+            self._exit(op, path)
+            return out
+        except OSError as e:
+            raise _error(op, path if shown is None else shown, e) from e
+
     def stat(self, path: Path) -> os.stat_result | None:
         """lstat; None only for "not found". Every other error raises, never "absent"."""
         try:
             try:
-                self._enter("stat", path)
+                self._enter("stat", path)  # an injected ENOENT is "not found" too
                 st = os.stat(path, follow_symlinks=False)
             except FileNotFoundError:
                 st = None
@@ -169,12 +181,7 @@ class OsFs:
             raise _error("stat", path, e) from e
 
     def unlink(self, path: Path) -> None:
-        try:
-            self._enter("unlink", path)
-            os.unlink(path)
-            self._exit("unlink", path)
-        except OSError as e:
-            raise _error("unlink", path, e) from e
+        self._op("unlink", path, lambda: os.unlink(path))
 
     # ---- directories ------------------------------------------------------------------
 
@@ -194,12 +201,7 @@ class OsFs:
 
     def rename(self, src: Path, dst: Path) -> None:
         """Atomically replace `dst` with `src` (same filesystem). Not yet durable."""
-        try:
-            self._enter("rename", src)
-            os.rename(src, dst)
-            self._exit("rename", src)
-        except OSError as e:
-            raise _error("rename", f"{src} -> {dst}", e) from e
+        self._op("rename", src, lambda: os.rename(src, dst), shown=f"{src} -> {dst}")
 
     def durable_rename(self, src: Path, dst: Path) -> None:
         """rename, then fsync the destination's folder (and the source's, if different)."""
@@ -209,13 +211,7 @@ class OsFs:
             self.dirsync(src.parent)
 
     def listdir(self, path: Path) -> list[str]:
-        try:
-            self._enter("listdir", path)
-            names = sorted(os.listdir(path))
-            self._exit("listdir", path)
-            return names
-        except OSError as e:
-            raise _error("listdir", path, e) from e
+        return self._op("listdir", path, lambda: sorted(os.listdir(path)))
 
     def mkdir(self, path: Path, *, exist_ok: bool = False) -> bool:
         """Create one folder. Returns True if it was created, False if it already existed."""
