@@ -15,7 +15,8 @@ by that name (actord/replay/replay.py).
 
 `ChatHost` is the narrower interface the chat package (below the façade: the `chat` verb's
 body, actord/chat/turn.py and choices.py) is given: the system's bounds and configuration,
-its text jobs, and the two slot moves n choices need, without the actors themselves.
+its text jobs, its completions, and the one slot move n choices need (a prefix forked into
+idle slots), without the actors themselves.
 """
 
 from __future__ import annotations
