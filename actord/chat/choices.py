@@ -46,16 +46,17 @@ Stated choices:
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 import msgspec
 
-from actord.serving.messages import Fork, Info, MakeRoom, ReleaseRoom
 from actord.service.types import CompletionRequest, CompletionResult
-from actord.engine import jobs as J
 from actord.service.errors import ActordError, InvalidParams, PromptTooLong
 from actord.service.log import get
+
+if TYPE_CHECKING:
+    from actord.service.protocol import ChatHost
 
 log = get("actord.chat.choices")
 
@@ -105,65 +106,24 @@ def with_index(sink: OnToken | None, i: int) -> OnToken | None:
     return tagged
 
 
-async def _tokens(system: Any, req: CompletionRequest) -> list[int]:
+async def _tokens(system: "ChatHost", req: CompletionRequest) -> list[int]:
     if isinstance(req.prompt, str):  # as the slot tokenizes a text prompt
-        return await system.engine.run(J.Tokenize(text=req.prompt))
+        return await system.tokens_of(req.prompt)
     return list(req.prompt)
 
 
-async def _fork(system: Any, source: int, prefix: list[int], want: int) -> list[int]:
-    """Up to `want` idle slots made to hold `source`'s prefix (the module docstring)."""
-    if want <= 0 or not prefix:
-        return []
-    if system.props.spec_rollback == "rs":
-        # A copied sequence does not carry libllama's recurrent-state snapshots (n_rs_seq) in
-        # a form the next verify's rollback can use: a fork's first rejected draft rolled
-        # back to a wrong state (choices diverged at their second token). The choices queue
-        # on the source slot instead, each from the shared prefill.
-        log.debug("choices.no_fork", why="recurrent rollback snapshots are not copied")
-        return []
-    infos = [await s.ask(Info()) for s in system.slots]
-    bound = {s for s in system._inflight.values() if s is not None}
-    idle = sorted((i for i in infos if i.state == "idle" and i.deferred == 0 and i.id not in bound and i.id != source),
-                  key=lambda i: (i.mind is not None, i.n_tokens, i.id))
-    targets = [i.id for i in idle[:want]]
-    held = system.hold_slots([source, *targets])  # no await since the choice: placements pass them by
-    forks: list[int] = []
-    try:
-        for t in targets:
-            room = None
-            if system.scheduler is not None:
-                room = await system.scheduler.ask(MakeRoom(slot=t, cells=len(prefix), evict=False))
-            try:
-                if room is not None and room.cells < len(prefix):
-                    log.info("choices.no_room_to_fork", slot=t, n_tokens=len(prefix))
-                    continue
-                if await system.slots[t].ask(Fork(src=source, tokens=prefix)):
-                    forks.append(t)
-            finally:
-                if room is not None and room.token:  # the slot's own Cells tell holds them now
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(system.config.ask_timeout_s):
-                        try:
-                            await system.scheduler.ask(ReleaseRoom(token=room.token))
-                        except ActordError:
-                            pass  # stopping
-    finally:
-        system.release_slots(held)
-    return forks
-
-
-async def complete_choices(system: Any, request: CompletionRequest, n: int, on_token: OnToken | None = None,
+async def complete_choices(system: "ChatHost", request: CompletionRequest, n: int, on_token: OnToken | None = None,
                            sinks: list[OnToken | None] | None = None) -> list[CompletionResult]:
     """n completions of one prompt, prefilled once (the module docstring); results by index.
     Chunks go to `on_token` tagged with their choice's `index`, or to `sinks[i]` as they are."""
-    request = request.check(system._limits)
-    system._check_open()
+    request = request.check(system.request_limits())
+    system.check_open()
     check_n(n, system.config.max_n)
     sinks = sinks if sinks is not None else [with_index(on_token, i) for i in range(n)]
     if n == 1:
         return [await system.complete(request, on_token=sinks[0], _input=False)]
     tokens = await _tokens(system, request)
-    cells = system.props.kv_cells
+    cells = system.model_props().kv_cells
     if cells and len(tokens) + 1 > cells:  # as the slot refuses it, before the prefill runs
         raise PromptTooLong(f"prompt of {len(tokens)} tokens does not fit n_ctx {cells}",
                             n_prompt_tokens=len(tokens), n_ctx=cells)
@@ -178,7 +138,9 @@ async def complete_choices(system: Any, request: CompletionRequest, n: int, on_t
             grammar_triggers=[], preserve=[], stop=[], stop_tokens=[], logit_bias=[], seed=seed)
         pre = await system.complete(prefill, _input=False)
         source = pre.slot
-        forks = await _fork(system, source, tokens[:-1], n - 1)
+        # Idle slots made to hold the prefix (actord/service/placement.py: a fork is made only
+        # where cells free now hold it, evicting nobody).
+        forks = await system.fork_prefix(source, tokens[:-1], n - 1)
     base = msgspec.structs.replace(request, prompt=tokens, mind=None, slot=None)
     reqs = [msgspec.structs.replace(base, seed=choice_seed(seed, i)) for i in range(n)]
     results: list[CompletionResult | None] = [None] * n
@@ -238,7 +200,7 @@ def reply_message(scanner: Any, sink: Any, result: CompletionResult) -> Any:
     return ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
 
 
-async def chat_choices(system: Any, completion: CompletionRequest, n: int, turn: Any, on_token: OnToken | None,
+async def chat_choices(system: "ChatHost", completion: CompletionRequest, n: int, turn: Any, on_token: OnToken | None,
                        end: Callable[[CompletionResult, Any], Awaitable[Any]]) -> list[Any]:
     """A chat turn's n choices: each parsed by its own scanner (tools), streamed with its
     index; choice 0's reply is the one `end` remembers (the others' ChatResults only)."""

@@ -15,32 +15,47 @@ renders and samples in the format the request, `--tool-format` or the template n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
 from actord.service.types import CompletionRequest, CompletionResult, SamplingFields
-from actord.engine import jobs as J
 from actord.service.errors import InvalidParams, PromptTooLong
 from actord.service.log import get
+
+if TYPE_CHECKING:
+    from actord.chat.messages import ChatRequest
+    from actord.chat.prompter import ChatPrompter
+    from actord.service.protocol import ChatHost, OnToken
 
 log = get("actord.service.system")
 
 
-async def run_turn(system: Any, request: Any, on_token: Callable[[Any], None] | None, n: int = 1) -> Any:
-    """The turn's ChatResult (with `n` > 1, a list of n, choice 0's reply remembered)."""
-    from actord.chat.choices import reply_message
+@dataclass
+class ChatState:
+    """What chats keep between turns on one system, each made on first use: the prompter
+    (its turn memory), the template render threads, the tool format last logged."""
+
+    prompter: "ChatPrompter | None" = None
+    render_limiter: anyio.CapacityLimiter | None = None
+    tool_format_logged: tuple[str, str | None] | None = None
+
+
+def check_turn(system: "ChatHost", request: "ChatRequest", n: int) -> None:
+    """A turn's refusals before anything is recorded or rendered: its fields, a closing
+    system, `n`, and the bytes a client sent (messages, template, tools and calls)."""
     from actord.chat.messages import has_tools
-    from actord.chat.tool_output import StreamAdapter
 
     request.check()
-    system._check_open()
+    system.check_open()
     if n != 1:
         from actord.chat.choices import check_n
 
         check_n(n, system.config.max_n)
-    limits = system._limits
+    limits = system.request_limits()
     size = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
     size += len(request.template.encode()) if request.template else 0
     if request.tools or has_tools(request.messages):
@@ -49,7 +64,15 @@ async def run_turn(system: Any, request: Any, on_token: Callable[[Any], None] | 
     if size > limits.max_prompt_bytes:
         raise PromptTooLong(f"chat of {size} bytes is over the limit of {limits.max_prompt_bytes}",
                             n_prompt_bytes=size, max_prompt_bytes=limits.max_prompt_bytes)
-    await system.dispatcher.input("chat", request)
+
+
+async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToken | None", n: int = 1) -> Any:
+    """The turn's ChatResult (with `n` > 1, a list of n, choice 0's reply remembered); the
+    façade checked it (`check_turn`) and recorded it."""
+    from actord.chat.choices import reply_message
+    from actord.chat.messages import has_tools
+    from actord.chat.tool_output import StreamAdapter
+
     prompter = await _prompter(system)
     fields = {f: getattr(request, f) for f in SamplingFields.__struct_fields__}
     turn = None
@@ -83,18 +106,18 @@ async def run_turn(system: Any, request: Any, on_token: Callable[[Any], None] | 
     return await end(result, reply_message(scanner, sink, result))
 
 
-async def _prompter(system: Any) -> Any:
+async def _prompter(system: "ChatHost") -> "ChatPrompter":
     """The system's ChatPrompter, made on the first turn (the model's template, or --chat-template-file)."""
     from actord.chat.prompter import ChatPrompter
 
-    prompter: ChatPrompter | None = getattr(system, "_chat_prompter", None)
-    if prompter is not None:
-        return prompter
-    info = await system.engine.run(J.ChatInfo())
+    state = system.chat_state
+    if state.prompter is not None:
+        return state.prompter
+    info = await system.chat_info()
     path = system.config.chat_template_file
     if path:
         try:
-            source = await system._run_sync(Path(path).read_text)
+            source = await system.run_sync(Path(path).read_text)
         except (OSError, UnicodeDecodeError) as e:
             from actord.service.errors import FileNotFound
 
@@ -102,39 +125,38 @@ async def _prompter(system: Any) -> Any:
         info = msgspec.structs.replace(info, template=source)
 
     async def tokenize(text: str) -> list[int]:
-        return await system.engine.run(J.Tokenize(text=text, add_special=False, parse_special=True))
+        return await system.tokens_of(text, add_special=False, parse_special=True)
 
-    prompter = system._chat_prompter = ChatPrompter(info, tokenize, memory_tokens=system.config.chat_memory_tokens,
-                                                    run_sync=system._run_sync, limiter=render_limiter(system),
-                                                    max_bytes=system._limits.max_prompt_bytes)
-    return prompter
+    state.prompter = ChatPrompter(info, tokenize, memory_tokens=system.config.chat_memory_tokens,
+                                  run_sync=system.run_sync, limiter=render_limiter(system),
+                                  max_bytes=system.request_limits().max_prompt_bytes)
+    return state.prompter
 
 
-def render_limiter(system: Any) -> Any:
+def render_limiter(system: "ChatHost") -> anyio.CapacityLimiter:
     """The system's chat-template render threads (actord.chat.template.RENDER_THREADS), made
     on first use: the chat turns and the socket's apply_template share them."""
-    limiter = getattr(system, "_chat_render_limiter", None)
-    if limiter is None:
-        import anyio
-
+    state = system.chat_state
+    if state.render_limiter is None:
         from actord.chat.template import RENDER_THREADS
 
-        limiter = system._chat_render_limiter = anyio.CapacityLimiter(RENDER_THREADS)
-    return limiter
+        state.render_limiter = anyio.CapacityLimiter(RENDER_THREADS)
+    return state.render_limiter
 
 
-async def _end(system: Any, request: Any, prompter: Any, prompt: Any, result: CompletionResult, message: Any) -> Any:
+async def _end(system: "ChatHost", request: Any, prompter: Any, prompt: Any, result: CompletionResult,
+               message: Any) -> Any:
     """The turn's ChatResult; its reply remembered for the conversation's next turn."""
     from actord.chat.messages import ChatResult
 
     if result.stop_reason != "cancelled" and (
-        not request.stop or await system.engine.run(J.Detokenize(tokens=result.tokens)) == result.content
+        not request.stop or await system.text_of(result.tokens) == result.content
     ):  # a reply cut at a stop string no longer matches its tokens: not reusable
         prompter.remember(prompt, message, result)
     return ChatResult(message=message, completion=result, reused_turn=prompt.reused_turn)
 
 
-def tool_turn(system: Any, request: Any, prompter: Any) -> Any:
+def tool_turn(system: "ChatHost", request: Any, prompter: Any) -> Any:
     """What a chat turn with tools renders and samples under (actord.chat.tools), in the format
     the request, the daemon's --tool-format or the template names."""
     from actord.chat import tools as T
@@ -144,7 +166,7 @@ def tool_turn(system: Any, request: Any, prompter: Any) -> Any:
     if fmt == "auto":
         source = request.template if request.template is not None else prompter.info.template
         fmt, why = T.detect_format(source)
-        if getattr(system, "_tool_format_logged", None) != (fmt, source):
-            system._tool_format_logged = (fmt, source)
+        if system.chat_state.tool_format_logged != (fmt, source):
+            system.chat_state.tool_format_logged = (fmt, source)
             log.info("chat.tool_format", format=fmt, why=why)
     return T.plan_turn(fmt, request.messages, request.tools, mode, name, request.parallel_tool_calls)

@@ -1,10 +1,11 @@
 """The OpenAI HTTP front served at the router (`actord cluster up --http HOST:PORT`), so a
 client does not know whether it speaks to one node or many.
 
-Why this shape: the single-node front (actord/frontends/http/app.py, `HttpFront`) is written against
-its `system`: `props`, `chat(...)`, `complete(...)`, `complete_n(...)`. `ClusterFront` is
-that system for the cluster, over the router in the same process (the router's Ray actor,
-where its JSON-RPC socket runs too), so every route, check, answer shape, error object and
+Why this shape: the single-node front (actord/frontends/http/app.py, `HttpFront`) is written
+against the `Service` protocol (actord/service/protocol.py): `model_props()`, `chat_info()`,
+`chat(...)`, `complete(...)`, `complete_n(...)`, `health()`. `ClusterFront` implements that
+part for the cluster, over the router in the same process (the router's Ray actor, where its
+JSON-RPC socket runs too), so every route, check, answer shape, error object and
 streaming rule is the single node's own code, not a copy of it. Rejected: a front that
 proxies HTTP to the nodes' own fronts (a second hop, and the router would have to parse
 each request anyway to find its mind); a front in the keeper process talking to the
@@ -48,6 +49,7 @@ from starlette.routing import Route
 from actord.service.types import CompletionRequest, CompletionResult
 from actord.chat.template import ChatRequest, ChatResult
 from actord.service.errors import InvalidParams, NotServed
+from actord.service.metrics import Metrics
 from actord.frontends.http.native import base as native_base
 from actord.frontends.http.app import HttpFront
 from actord.frontends.http.openai.embeddings import Embeddings
@@ -80,9 +82,16 @@ class ClusterFront:
 
     def __init__(self, router: Any, info: dict[str, Any]) -> None:
         self.router = router
-        self.props = info["props"]
-        self.chat_info = info["chat"]
+        self._props = info["props"]
+        self._chat_info = info["chat"]
         self.closing = False
+        self.metrics = Metrics()  # the front's own connection and refusal counts
+
+    def model_props(self) -> Any:
+        return self._props
+
+    async def chat_info(self) -> Any:
+        return self._chat_info
 
     async def _turn(self, kind: str, mind: str | None, request: Any, on_token: OnToken) -> dict[str, Any]:
         fields = _fields(request)
@@ -136,6 +145,3 @@ class ClusterHttpFront(HttpFront):
                             "and native API are served by that node's own daemon", route=path)
 
         return Route(path, guard(refuse), methods=list(route.methods or ["GET"]))
-
-    async def model_chat_template(self) -> str | None:
-        return self.system.chat_info.template

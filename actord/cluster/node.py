@@ -46,7 +46,6 @@ from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
 from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
 from actord.cluster.transfer import PageBlob, pack, unpack
 from actord.service.config import ClusterConfig
-from actord.engine.jobs import ChatInfo
 from actord.service.errors import ActordError, DuplicateTurn, InvalidParams, NodeUnavailable, StaleEpoch
 from actord.service.log import get
 from actord.storage.osfs import OsFs
@@ -312,7 +311,7 @@ class NodeDaemon:
     async def model_info(self) -> dict[str, Any]:
         """What an HTTP front needs of the model: its props and its chat template's info."""
         system = await self._ensure()
-        return {"props": system.props, "chat": await system.engine.run(ChatInfo())}
+        return {"props": system.model_props(), "chat": await system.chat_info()}
 
     @_answer
     async def persist(self, mind: str, epoch: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from actord.service.errors import ActordError
 from actord.service.log import get
 from actord.frontends.rpc.peers import raise_fd_limit
 from actord.frontends.rpc.server import MAX_LINGERING as RPC_LINGERING, RpcServer
+from actord.service.protocol import Service
 from actord.service.system import ActorSystem
 
 log = get("actord.frontends.daemon")
@@ -61,7 +62,8 @@ async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED)
 
             front = HttpFront(None, config)
             front.bind()
-        async with ActorSystem(config) as system:
+        # The front's address is known once bound: the system reports it in its props.
+        async with ActorSystem(config, http_address=front.address if front is not None else None) as system:
             await _serve(config, system, server, front, task_status)
     finally:
         if front is not None and front._sock is not None:
@@ -71,19 +73,17 @@ async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED)
             server.claim = None
 
 
-async def _serve(config: Config, system: ActorSystem, server: RpcServer, front: Any, task_status: Any) -> None:
+async def _serve(config: Config, system: Service, server: RpcServer, front: Any, task_status: Any) -> None:
     if config.metrics_http:
         from prometheus_client import start_http_server
 
         host, _, port = config.metrics_http.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
     server.system = system
-    system.rpc = server
     async with anyio.create_task_group() as tg:
         if front is not None:
             front.attach(system)
-            system.http = front
-            system.http_address = await tg.start(front.serve)
+            await tg.start(front.serve)
         await tg.start(server.serve)
         task_status.started(system)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -1,4 +1,5 @@
-"""The actor system's wiring, in one place: every actor gets its peers in its constructor.
+"""The actor system's wiring, in one place: every actor gets its peers in its constructor,
+and the engine thread they share is started on its chosen CPUs.
 
 Why a builder: the actors form an ask order (the placer above the scheduler above the slots
 above the page store, the checkpoint budget and the gene residency), and upward they only
@@ -10,18 +11,24 @@ its constructor ran and no peer is Optional.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from actord.engine import jobs as J
+from actord.engine.engine import run_job
+from actord.engine.thread import EngineThread
+from actord.policy.cpus import choose_engine_cpus
 from actord.policy.pipeline import pipeline_depth
-from actord.service.config import Config
+from actord.service.config import Config, engine_threads
 from actord.service.log import get
 from actord.service.metrics import Metrics
 from actord.serving.checkpoint_budget import CheckpointBudget
 from actord.serving.checkpoint_plan import CheckpointPlan
 from actord.serving.gene_residency import GeneResidency
+from actord.service.errors import ActordError
 from actord.serving.kernel import Actor, Dispatcher
+from actord.serving.messages import SlotLost
 from actord.serving.page_store import PageStore
 from actord.serving.placer import MindPlacer, Spill
 from actord.serving.scheduler import Scheduler
@@ -79,3 +86,29 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
                           default_genes=default_genes))
     return Actors(slots=slots, scheduler=scheduler, pages=pages, residency=residency, ckpt_budget=ckpt_budget,
                   placer=placer)
+
+
+def engine_thread(config: Config, factory: Callable[[Config], Any], dispatcher: Dispatcher) -> EngineThread:
+    """The one thread that owns every libllama call, on the CPUs actord/policy/cpus.py
+    chooses (decided here, on the thread that starts it, whose mask it inherits)."""
+    choice = choose_engine_cpus(config.engine_cpus, os.sched_getaffinity(0), engine_threads(config.threads))
+    log.info("engine.cpus", cpus=sorted(choice.cpus) if choice.cpus else None, reason=choice.reason)
+    engine = EngineThread(lambda: factory(config), run_job, lambda e: e.close(),
+                          defer_s=config.announce_within_ms / 1e3, cpus=choice.cpus)
+    engine.on_done = dispatcher.engine_done
+    if hasattr(dispatcher, "engine"):
+        dispatcher.engine = engine  # a deterministic dispatcher waits for its jobs
+    return engine
+
+
+def failure_handler(actors: Actors, metrics: Metrics) -> Callable[[Actor[Any], BaseException], None]:
+    """What the kernel calls when an actor's handler fails: counted, and a slot's cells are
+    released through the scheduler (they must not stay charged for good)."""
+    def on_failure(actor: Actor[Any], error: BaseException) -> None:
+        metrics.actor_failures_total.labels(actor=actor.name).inc()
+        if isinstance(actor, Slot) and not actors.scheduler.failed:
+            try:
+                actors.scheduler.tell_nowait(SlotLost(slot=actor.id))
+            except ActordError:
+                pass
+    return on_failure

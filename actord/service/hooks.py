@@ -11,11 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def open_recorder(trace: Any, config: Any) -> Any:
-    """A trace recorder for `trace` (a path, or a list to append events to)."""
+def attach_recorder(trace: Any, config: Any, dispatcher: Any) -> Any:
+    """A trace recorder for `trace` (a path, or a list to append events to) attached to
+    `dispatcher`; None when no trace is asked for."""
+    if trace is None or trace == "":
+        return None
     from actord.replay.trace import TraceRecorder
 
-    return TraceRecorder(trace, config)
+    recorder = TraceRecorder(trace, config)
+    # A replay delivers every step as a message: record the run the same way.
+    dispatcher.loop_in_handler = False
+    recorder.attach(dispatcher)
+    return recorder
 
 
 def state_digest(obj: Any) -> str:

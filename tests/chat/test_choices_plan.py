@@ -52,24 +52,9 @@ def test_a_choices_chunks_carry_its_index():
 # -- the fan-out against a stand-in system: one final answer, whatever a choice does --------------
 
 
-class _Slot:
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-    async def ask(self, msg, **kw):
-        from actord.serving.messages import Fork, Info
-        from actord.service.types import SlotInfo
-
-        if isinstance(msg, Info):
-            return SlotInfo(id=self.i, state="idle", n_tokens=0, resume_raw_lcp=None, n_checkpoints=0,
-                            checkpoint_bytes=0, genes=[], deferred=0)
-        assert isinstance(msg, Fork) and msg.src == 0 and len(msg.tokens) == 3
-        return True
-
-
 class _System:
-    """What complete_choices uses of an ActorSystem; choice i (seed 7 + i) fails when i is `fail`,
-    else ends at once (`hang`: waits until cancelled)."""
+    """What complete_choices uses of its ChatHost (actord/service/protocol.py); choice i
+    (seed 7 + i) fails when i is `fail`, else ends at once (`hang`: waits until cancelled)."""
 
     def __init__(self, fail: int = -1, hang: bool = False) -> None:
         from types import SimpleNamespace
@@ -79,20 +64,22 @@ class _System:
 
         self._limits, self.config = RequestLimits(), Config(model="m", max_n=8, seed=0)
         self.props = SimpleNamespace(kv_cells=1024, spec_rollback="")
-        self.slots = [_Slot(i) for i in range(4)]
-        self.scheduler, self._inflight = None, {}
         self.fail, self.hang = fail, hang
         self.placed: dict[int, int | None] = {}
         self.cancelled: list[int] = []
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         pass
 
-    def hold_slots(self, slots):
-        return list(slots)
+    def request_limits(self):
+        return self._limits
 
-    def release_slots(self, rids) -> None:
-        pass
+    def model_props(self):
+        return self.props
+
+    async def fork_prefix(self, source, prefix, want):  # 4 idle slots: the source's prefix forked into the others
+        assert source == 0 and len(prefix) == 3
+        return [1, 2, 3][:want]
 
     async def complete(self, req, on_token=None, _input=True):
         import anyio

@@ -59,6 +59,7 @@ from actord.frontends.http.openai.routes import OpenAIRoutes
 from actord.frontends.http.openai.responses_api import Responses
 from actord.frontends.http.responses import ClientGone, HttpError, Silent, error_response, json_response
 from actord.service.log import get
+from actord.service.protocol import Service
 from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers
 
 log = get("actord.frontends.http")
@@ -118,7 +119,7 @@ def _version() -> str:
 
 
 class HttpFront:
-    def __init__(self, system: Any, config: Config) -> None:
+    def __init__(self, system: Service | None, config: Config) -> None:
         self.config = config
         self.model_id = Path(config.model).stem
         self.names = list(dict.fromkeys([self.model_id, *config.model_alias]))  # listed by /v1/models
@@ -136,7 +137,7 @@ class HttpFront:
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
                          header_timeout_s=config.http_header_timeout_s, policy=policy,
                          refused=self.refused, opened=self._opened)
-        self.system: Any = None
+        self.system: Service | None = None
         if system is not None:
             self.attach(system)
         middleware = [Middleware(_OriginGate, front=self)]
@@ -157,10 +158,10 @@ class HttpFront:
             *Native(self).routes(),
         ]
 
-    def attach(self, system: Any) -> None:
+    def attach(self, system: Service) -> None:
         """The system this front serves (the daemon binds the front before the model loads)."""
         self.system = system
-        props = system.props
+        props = system.model_props()
         h = hashlib.blake2b(digest_size=6)
         try:
             size = Path(self.config.model).stat().st_size
@@ -172,11 +173,17 @@ class HttpFront:
         # the same value, so a client can tell when a seed's output may change.
         self.fingerprint = "fp_" + h.hexdigest()
 
+    @property
+    def service(self) -> Service:
+        """The system, once attached (a route is served only then)."""
+        assert self.system is not None, "the front serves no system yet"
+        return self.system
+
     # -- plumbing ----------------------------------------------------------------------
 
     @property
     def _metrics(self) -> Any:
-        return getattr(self.system, "metrics", None)
+        return self.system.metrics if self.system is not None else None
 
     def refused(self, reason: str) -> None:
         m = self._metrics
@@ -276,9 +283,7 @@ class HttpFront:
 
     async def model_chat_template(self) -> str | None:
         """The chat template the model ships (None: none)."""
-        from actord.engine.jobs import ChatInfo
-
-        return (await self.system.engine.run(ChatInfo())).template
+        return (await self.service.chat_info()).template
 
     # -- serving -----------------------------------------------------------------------
 

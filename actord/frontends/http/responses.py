@@ -11,12 +11,15 @@ front answers with on every route that is not llama-server's, unknown routes inc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.responses import Response
 
 from actord.service.errors import ActordError
+
+if TYPE_CHECKING:
+    from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 
 _enc = msgspec.json.Encoder()
@@ -70,7 +73,9 @@ class RouteGroup:
         self.front = front
 
     @property
-    def system(self) -> Any:
+    def system(self) -> "Service":
+        """The service the routes speak to (actord/service/protocol.py): attached before any
+        route is served."""
         return self.front.system
 
     @property

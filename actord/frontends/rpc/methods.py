@@ -12,12 +12,13 @@ anything is asked of an actor; file names are confined by the page folder's own 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Awaitable, Callable
+from typing import Annotated, Any, Awaitable, Callable, Mapping
 
 import msgspec
 
-from actord.service.types import CompletionRequest
 from actord.chat.messages import ChatMessage, ChatRequest
+from actord.service.protocol import Service, TokenChunk
+from actord.service.types import CompletionRequest
 from actord.storage.clientfiles import MAX_PATH
 from actord.storage.paths import MAX_NAME, check_page_name
 
@@ -80,7 +81,7 @@ class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
     add_generation_prompt: bool = True
 
 
-Handler = Callable[[Any, Any, Callable[[Any], None] | None], Awaitable[Any]]
+Handler = Callable[[Service, Any, Callable[[Any], None] | None], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,11 @@ def _b(x: Any) -> Any:
     return msgspec.to_builtins(x)
 
 
-async def _completion(system: Any, p: CompletionRequest, sink: Any) -> Any:
+async def _completion(system: Service, p: CompletionRequest, sink: Any) -> Any:
     return _b(await system.complete(p, on_token=sink if p.stream else None))
 
 
-def socket_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+def socket_chunk(chunk: TokenChunk) -> Mapping[str, Any]:
     """A chat chunk as the socket streams it: the calls it completed (`calls`, actord's
     CallMade events) become `tool_calls` deltas in OpenAI's shape, in the same place, which
     is what the socket's `completion.chunk` has always carried. Written here rather than
@@ -116,123 +117,48 @@ def socket_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
         for k, v in chunk.items()}
 
 
-async def _chat(system: Any, p: ChatRequest, sink: Any) -> Any:
+async def _chat(system: Service, p: ChatRequest, sink: Any) -> Any:
     on_token = None
     if p.stream and sink is not None:
-        def on_token(chunk: dict[str, Any]) -> None:
+        def on_token(chunk: TokenChunk) -> None:
             sink(socket_chunk(chunk))
     return _b(await system.chat(p, on_token=on_token))
 
 
 # -- text verbs: the tokenizer and the chat template, without generating -----------------
 #
-# They run engine jobs, so each records its input (as the system's own verbs do) and a
-# trace that holds them replays; their sizes are bounded like a completion's prompt.
+# The system's own verbs (actord/service/text.py): each records its input, so a trace that
+# holds them replays, and is bounded like a completion's prompt.
 
 
-async def _pieces(system: Any, tokens: list[int], field: str) -> list[bytes]:
-    from actord.engine import jobs as J
-    from actord.service.errors import InvalidParams, PromptTooLong
-
-    limits = system.config.request_limits()
-    if len(tokens) > limits.max_prompt_tokens:
-        raise PromptTooLong(f"{len(tokens)} tokens, at most {limits.max_prompt_tokens}", field=field,
-                            n_tokens=len(tokens), max_tokens=limits.max_prompt_tokens)
-    n_vocab = system.props.n_vocab
-    bad = [t for t in tokens if not 0 <= t < n_vocab]
-    if bad:
-        raise InvalidParams(f"token ids out of range [0, {n_vocab})", field=field, bad=bad[:8])
-    return await system.engine.run(J.Pieces(tokens=list(tokens), special=True))
-
-
-async def _tokenize(system: Any, p: TokenizeParams, _: Any) -> Any:
+async def _tokenize(system: Service, p: TokenizeParams, _: Any) -> Any:
     """{tokens: [id, ...]} or, with_pieces, [{id, piece}]: a piece is its text when it is
     valid UTF-8, else its bytes (as llama-server's /tokenize answers)."""
-    from actord.service.types import _utf8_len
-    from actord.engine import jobs as J
-    from actord.service.errors import PromptTooLong
-
-    limit = system.config.request_limits().max_prompt_bytes
-    n = _utf8_len(p.content, "content")
-    if n > limit:
-        raise PromptTooLong(f"content of {n} bytes is over the limit of {limit}", field="content",
-                            n_prompt_bytes=n, max_prompt_bytes=limit)
-    await system.dispatcher.input("tokenize", p)
-    tokens = await system.engine.run(J.Tokenize(text=p.content, add_special=p.add_special,
-                                                parse_special=p.parse_special)) if p.content else []
-    if not p.with_pieces:
-        return {"tokens": tokens}
-    out = []
-    for t, piece in zip(tokens, await system.engine.run(J.Pieces(tokens=tokens, special=True))):
+    out = await system.tokenize(p.content, p.add_special, p.parse_special, p.with_pieces)
+    if out.pieces is None:
+        return {"tokens": out.tokens}
+    tokens = []
+    for t, piece in zip(out.tokens, out.pieces):
         try:
             text: Any = piece.decode("utf-8")
         except UnicodeDecodeError:
             text = list(piece)
-        out.append({"id": t, "piece": text})
-    return {"tokens": out}
+        tokens.append({"id": t, "piece": text})
+    return {"tokens": tokens}
 
 
-async def _detokenize(system: Any, p: DetokenizeParams, _: Any) -> Any:
-    await system.dispatcher.input("detokenize", p)
-    pieces = await _pieces(system, p.tokens, "tokens")
-    return {"content": b"".join(pieces).decode("utf-8", errors="replace")}
+async def _detokenize(system: Service, p: DetokenizeParams, _: Any) -> Any:
+    return {"content": await system.detokenize(p.tokens)}
 
 
-async def _template_source(system: Any) -> dict[str, Any]:
-    """The chat template chats render with: --chat-template-file, else the model's."""
-    import anyio
-
-    from actord.engine import jobs as J
-    from actord.service.errors import FileNotFound
-
-    info = await system.engine.run(J.ChatInfo())
-    source = info.template
-    path = system.config.chat_template_file
-    if path:
-        from pathlib import Path
-
-        run_sync = getattr(system, "_run_sync", anyio.to_thread.run_sync)
-        try:
-            source = await run_sync(Path(path).read_text)
-        except (OSError, UnicodeDecodeError) as e:
-            raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
-    return {"template": source, "bos_token": info.bos_text, "eos_token": info.eos_text,
-            "from": "file" if path else "model"}
+async def _chat_template(system: Service, p: NoParams, _: Any) -> Any:
+    src = await system.chat_template()
+    return {"template": src.template, "bos_token": src.bos_token, "eos_token": src.eos_token, "from": src.origin}
 
 
-async def _chat_template(system: Any, p: NoParams, _: Any) -> Any:
-    await system.dispatcher.input("chat.template", p)
-    return await _template_source(system)
-
-
-async def _apply_template(system: Any, p: ApplyTemplateParams, _: Any) -> Any:
+async def _apply_template(system: Service, p: ApplyTemplateParams, _: Any) -> Any:
     """{prompt}: the messages rendered as a chat would render them, without generating."""
-    from actord.chat.messages import as_dicts
-    from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate
-    from actord.chat.turn import render_limiter
-    from actord.service.errors import InvalidParams, NoChatTemplate, PromptTooLong
-
-    if not p.messages:
-        raise InvalidParams("messages is empty", param="messages")
-    limit = system.config.request_limits().max_prompt_bytes
-    n = sum(len(m.role.encode()) + len(m.content.encode()) for m in p.messages)
-    n += len(p.template.encode()) if p.template else 0
-    if n > limit:
-        raise PromptTooLong(f"chat of {n} bytes is over the limit of {limit}", n_prompt_bytes=n,
-                            max_prompt_bytes=limit)
-    if p.template is not None and not p.template.strip():
-        raise InvalidParams("template is empty", param="template")
-    await system.dispatcher.input("apply_template", p)
-    src = await _template_source(system)
-    source = p.template or src["template"]
-    if source is None:
-        raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
-    import anyio
-
-    tpl = ChatTemplate(source, bos_token=src["bos_token"], eos_token=src["eos_token"],
-                       budget=REQUEST_TEMPLATE_BUDGET if p.template else 0,
-                       run_sync=getattr(system, "_run_sync", anyio.to_thread.run_sync), limiter=render_limiter(system))
-    return {"prompt": await tpl.render_async(as_dicts(p.messages), add_generation_prompt=p.add_generation_prompt)}
+    return {"prompt": await system.apply_template(p.messages, p.template, p.add_generation_prompt)}
 
 
 METHODS: dict[str, Method] = {

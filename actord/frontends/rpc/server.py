@@ -57,6 +57,7 @@ from actord.service.errors import (
     ActordError, InvalidParams, METHOD_NOT_FOUND, Overloaded, PeerRefused, RequestTooLarge, TooManyRequests,
 )
 from actord.service.log import get
+from actord.service.protocol import Service
 from actord.frontends.rpc import protocol as P
 from actord.frontends.rpc.methods import METHODS
 from actord.frontends.rpc.outbox import Outbox
@@ -68,9 +69,14 @@ HUP_POLL_S = 0.1  # how often a half-closed connection with work in flight is ch
 
 
 class RpcServer:
-    def __init__(self, system: Any, socket_path: str, config: Config | None = None) -> None:
+    def __init__(self, system: Service | None, socket_path: str, config: Config | None = None) -> None:
+        """`system` None: the daemon binds the socket's path before the model loads, and
+        sets `system` once it runs (then `config` must be given)."""
         self.system = system
-        self.config: Config = config if config is not None else system.config
+        if config is None:
+            assert system is not None, "a server without a system is given its config"
+            config = system.config
+        self.config: Config = config
         self.path = Path(socket_path)
         c = self.config
         self.policy = PeerPolicy(allow_uid=frozenset(c.allow_uid), allow_gid=frozenset(c.allow_gid))
@@ -84,7 +90,7 @@ class RpcServer:
 
     @property
     def metrics(self) -> Any:
-        return getattr(self.system, "metrics", None)
+        return self.system.metrics if self.system is not None else None
 
     def count(self, name: str, reason: str) -> None:
         m = self.metrics

@@ -113,8 +113,7 @@ class NativeRoutes(RouteGroup):
         return await m.call(self.system, self._convert(params, m.params), None)
 
     async def _default_genes(self) -> set[int]:
-        residency = getattr(self.system, "residency", None)
-        return {g.id for g in getattr(residency, "genes", {}).values() if g.default}
+        return self.system.default_gene_ids()
 
     async def _mixed(self, prompt: list[int | str]) -> list[int]:
         """Token ids mixed with strings: each string tokenized in place; a leading string

@@ -289,7 +289,7 @@ class CompletionRoutes(NativeRoutes):
         if len(prompts) * n_cmpl > self.config.max_requests_in_flight:
             raise InvalidParams(f"{len(prompts)} prompts of {n_cmpl} completions, at most "
                                 f"{self.config.max_requests_in_flight} in all", param="prompt")
-        n_ctx = self.system.props.n_ctx
+        n_ctx = self.system.model_props().n_ctx
         n = body.n_predict if body.n_predict is not None else body.max_tokens
         if n is None:
             n = min(self.config.http_default_max_tokens, n_ctx)
@@ -297,7 +297,8 @@ class CompletionRoutes(NativeRoutes):
             n = n_ctx  # until EOS, a stop, or the context is full
         elif n < -1:
             raise InvalidParams(f"n_predict must be >= -1, got {n}", param="n_predict")
-        fields, sampling = await S.sampling(body, default_seed=self.config.seed, n_vocab=self.system.props.n_vocab,
+        n_vocab = self.system.model_props().n_vocab
+        fields, sampling = await S.sampling(body, default_seed=self.config.seed, n_vocab=n_vocab,
                                             max_top=self.config.request_limits().max_top_logprobs,
                                             tokenize=self._bias_tokens)
         genes: list[dict[str, Any]] = []

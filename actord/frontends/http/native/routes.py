@@ -38,6 +38,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.errors import InvalidParams
+from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.native.base import NativeRoutes, error_body, unsupported
 from actord.frontends.http.native.completion import CompletionRoutes, generation_defaults
@@ -46,7 +47,7 @@ from actord.frontends.http.native.slots import SlotRoutes
 from actord.frontends.http.responses import json_response
 
 
-def llama_metrics(system: Any) -> str:
+def llama_metrics(system: Service) -> str:
     """llama-server's series (`llamacpp:`), and the seed's under that prefix, read from the
     one registry at scrape time; no second registry, no second count."""
     reg = system.metrics.registry
@@ -55,7 +56,7 @@ def llama_metrics(system: Any) -> str:
         x = reg.get_sample_value(name)
         return 0.0 if x is None else float(x)
 
-    deferred = float(sum(s.deferred_count() for s in getattr(system, "slots", [])))
+    deferred = float(system.n_deferred())
     series: list[tuple[str, str, str, float]] = [
         ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens",
          v("prompt_tokens_processed_total")),
@@ -162,10 +163,10 @@ class Native(NativeRoutes):
         out = {
             **actord,
             "default_generation_settings": {
-                "id": 0, "id_task": -1, "n_ctx": system.props.n_ctx, "speculative": False,
-                "is_processing": False, "params": generation_defaults(config, system.props.n_ctx),
+                "id": 0, "id_task": -1, "n_ctx": system.model_props().n_ctx, "speculative": False,
+                "is_processing": False, "params": generation_defaults(config, system.model_props().n_ctx),
             },
-            "total_slots": len(system.slots),
+            "total_slots": actord["n_slots"],
             "model_alias": self.front.model_id,
             "model_path": config.model,
             "modalities": {"vision": False, "video": False, "audio": False},
@@ -182,10 +183,10 @@ class Native(NativeRoutes):
     # -- health, metrics -----------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        if self.system is None:
+        if self.front.system is None:
             return json_response(error_body(503, "Loading model"), 503)
         h = await self.system.health()
-        if getattr(self.system, "closing", False):
+        if self.system.closing:
             return json_response({**error_body(503, "shutting down"), **h, "status": "shutting_down"}, 503)
         if h["status"] != "ok":
             why = f"actors failed: {', '.join(h['failed_actors'])}"

@@ -20,7 +20,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.engine import jobs as J
 from actord.service.errors import InvalidParams
 from actord.frontends.http.openai.routes import decode_body
 from actord.frontends.http.responses import RouteGroup, json_response
@@ -69,29 +68,21 @@ class Embeddings(RouteGroup):
                                 param="dimensions")
         if req.encoding_format not in ("float", "base64"):
             raise InvalidParams("encoding_format is float or base64", param="encoding_format")
-        props = front.system.props
-        if props.pooling not in (1, 2, 3):
+        system = self.system
+        if system.model_props().pooling not in (1, 2, 3):
             raise InvalidParams("this model cannot embed: it names no pooling type (a generative model), and "
                                 "actord serves one model in one generative context; serve an embedding model "
                                 "(a GGUF with a pooling type) for /v1/embeddings", param="model")
         items = _inputs(req.input)
-        limit = front.config.request_limits().max_prompt_bytes
+        limit = system.request_limits().max_prompt_bytes
         if sum(len(x.encode()) if isinstance(x, str) else 4 * len(x) for x in items) > limit:
             raise InvalidParams(f"the inputs are over {limit} bytes", param="input")
-        toks: list[list[int]] = []
-        for x in items:
-            if isinstance(x, str):
-                toks.append(await front.system.engine.run(J.Tokenize(text=x, add_special=True, parse_special=False)))
-            else:
-                if any(not 0 <= t < props.n_vocab for t in x):
-                    raise InvalidParams(f"a token id is outside the vocab [0, {props.n_vocab})", param="input")
-                toks.append(x)
-        vecs = await front.system.engine.run(J.Embed(inputs=toks))
+        out = await system.embed(items)
         data = []
-        for i, v in enumerate(vecs):
+        for i, v in enumerate(out.vectors):
             emb: Any = v if req.encoding_format == "float" else \
                 base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode()
             data.append({"object": "embedding", "index": i, "embedding": emb})
-        n = sum(len(t) for t in toks)
+        n = out.n_tokens
         return json_response({"object": "list", "data": data, "model": req.model or front.model_id,
                                 "usage": {"prompt_tokens": n, "total_tokens": n}})

@@ -441,7 +441,7 @@ class Responses(RouteGroup):
             mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
         n = req.max_output_tokens
         if n is None:
-            n = min(front.config.http_default_max_tokens, front.system.props.n_ctx)
+            n = min(front.config.http_default_max_tokens, front.system.model_props().n_ctx)
         chat = ChatRequest(
             messages=convo, n_predict=n, mind=mind, temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, stream=req.stream,

@@ -143,14 +143,14 @@ class OpenAIRoutes(RouteGroup):
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
         O.refuse_unsupported(req)
         n_choices = O.choices(req, self.config.max_n)
-        fields = O.sampling(req, self.system.props.n_vocab)
+        fields = O.sampling(req, self.system.model_props().n_vocab)
         tool_fields = O.chat_tools(req)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
         if not req.messages:
             raise InvalidParams("messages is empty", param="messages")
         developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
         n = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if n is None:
-            n = min(self.config.http_default_max_tokens, self.system.props.n_ctx)
+            n = min(self.config.http_default_max_tokens, self.system.model_props().n_ctx)
         chat = ChatRequest(
             messages=O.chat_messages(req.messages, developer_is_system=not developer),
             n_predict=n, mind=self._mind(request, req),
@@ -174,7 +174,7 @@ class OpenAIRoutes(RouteGroup):
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
         O.refuse_unsupported(req)
         n_choices = O.choices(req, self.config.max_n)
-        fields = O.sampling(req, self.system.props.n_vocab)
+        fields = O.sampling(req, self.system.model_props().n_vocab)
         comp = CompletionRequest(
             prompt=O.text_prompt(req.prompt), n_predict=req.max_tokens if req.max_tokens is not None else 16,
             mind=self._mind(request, req),

@@ -1,0 +1,153 @@
+"""What a front may ask of the service: the `Service` protocol, its typed results and the
+event stream a streamed request feeds.
+
+Why a protocol: the fronts (the JSON-RPC socket, the OpenAI and llama-server HTTP routes,
+the daemon) are clients of one typed surface, not of the actors or the engine thread behind
+it. `ActorSystem` (service/system.py) implements it; the cluster's front
+(actord/cluster/front.py) implements the generation part its routes call (`model_props`,
+`chat_info`, `complete`, `complete_n`, `chat`, `health`, `closing`, `metrics`). A layering
+test (tests/frontends/test_fronts_use_the_service.py) holds the fronts to it: no front reads
+a private name of the system, its engine, or imports the serving floor.
+
+Every verb that is an external input is recorded for traces where it enters the façade
+(`service/system.py: entry`), under its JSON-RPC method name, so a replay re-executes it
+by that name (actord/replay/replay.py).
+
+`ChatHost` is the narrower interface the chat package (below the façade: the `chat` verb's
+body, actord/chat/turn.py and choices.py) is given: the system's bounds and configuration,
+its text jobs, its completions, and the one slot move n choices need (a prefix forked into
+idle slots), without the actors themselves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypedDict
+
+import msgspec
+
+from actord.engine.jobs import ChatTemplateInfo, ModelProps
+from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
+
+if TYPE_CHECKING:
+    from actord.chat.messages import ChatMessage, ChatRequest, ChatResult
+    from actord.chat.tool_output import CallMade
+    from actord.chat.turn import ChatState
+    from actord.service.config import Config
+    from actord.service.metrics import Metrics
+
+
+class TokenChunk(TypedDict, total=False):
+    """One streamed chunk, as `on_token` receives it: the scheduler writes `slot`, `content`,
+    `tokens` (and `logprobs` when asked); n choices add their `index`; a chat with tools adds
+    the `calls` the chunk completed (actord/chat/tool_output.py)."""
+
+    slot: int
+    content: str
+    tokens: list[int]
+    logprobs: Any
+    index: int
+    calls: list["CallMade"]
+
+
+# Called on the event loop for every chunk; it must not block (a sink that raises ends its
+# own request, nobody else's).
+OnToken = Callable[[TokenChunk], None]
+
+
+class Tokenized(msgspec.Struct, frozen=True):
+    """`tokenize`'s answer: the ids, and (with_pieces) each one's bytes."""
+
+    tokens: list[int]
+    pieces: list[bytes] | None = None
+
+
+class TemplateSource(msgspec.Struct, frozen=True):
+    """The chat template chats render with (`chat.template`): --chat-template-file, else the model's."""
+
+    template: str | None
+    bos_token: str
+    eos_token: str
+    origin: str  # "file" or "model"
+
+
+class Embedded(msgspec.Struct, frozen=True):
+    """`embed`'s answer: one pooled, L2-normalized vector per input, and the tokens they took."""
+
+    vectors: list[list[float]]
+    n_tokens: int
+
+
+class Service(Protocol):
+    """The verbs a front calls (see the module docstring); `ActorSystem` is the one implementation."""
+
+    config: "Config"
+    metrics: "Metrics"  # the one registry: fronts count their own connections and refusals in it
+    closing: bool
+
+    # -- what the model is, and the bounds on a request ---------------------------------
+    def model_props(self) -> ModelProps: ...
+    def request_limits(self) -> RequestLimits: ...
+    async def chat_info(self) -> ChatTemplateInfo: ...
+    def default_gene_ids(self) -> set[int]: ...
+    def n_deferred(self) -> int: ...
+
+    # -- generation ----------------------------------------------------------------------
+    async def complete(self, request: CompletionRequest, *, on_token: OnToken | None = None) -> CompletionResult: ...
+    async def complete_n(self, request: CompletionRequest, n: int, *,
+                         on_token: OnToken | None = None) -> list[CompletionResult]: ...
+    async def chat(self, request: "ChatRequest", *, on_token: OnToken | None = None,
+                   n: int = 1) -> "ChatResult | list[ChatResult]": ...
+
+    # -- text, without generating ---------------------------------------------------------
+    async def tokenize(self, content: str, add_special: bool = False, parse_special: bool = True,
+                       with_pieces: bool = False) -> Tokenized: ...
+    async def detokenize(self, tokens: list[int]) -> str: ...
+    async def chat_template(self) -> TemplateSource: ...
+    async def apply_template(self, messages: list["ChatMessage"], template: str | None = None,
+                             add_generation_prompt: bool = True) -> str: ...
+    async def embed(self, inputs: list[str | list[int]]) -> Embedded: ...
+
+    # -- slots, pages, genes ---------------------------------------------------------------
+    async def slot_list(self) -> list[SlotInfo]: ...
+    async def slot_erase(self, slot: int) -> dict[str, Any]: ...
+    async def slot_save(self, slot: int, file: str) -> dict[str, Any]: ...
+    async def slot_restore(self, slot: int, file: str) -> dict[str, Any]: ...
+    async def page_out(self, slot: int, page: str) -> dict[str, Any]: ...
+    async def page_in(self, slot: int, page: str) -> dict[str, Any]: ...
+    async def page_drop(self, page: str) -> Any: ...
+    async def page_list(self) -> Any: ...
+    async def page_spill(self, page: str, file: str, drop: bool = False) -> dict[str, Any]: ...
+    async def page_stats(self) -> Any: ...
+    async def checkpoint_stats(self) -> Any: ...
+    async def gene_load(self, path: str, *, default: bool = False) -> Any: ...
+    async def gene_unload(self, gene_id: int) -> Any: ...
+    async def gene_page_out(self, gene_id: int) -> Any: ...
+    async def gene_page_in(self, gene_id: int) -> Any: ...
+    async def gene_list(self) -> Any: ...
+
+    # -- the daemon's own ------------------------------------------------------------------
+    async def props_dict(self) -> dict[str, Any]: ...
+    async def health(self) -> dict[str, Any]: ...
+    def metrics_text(self) -> str: ...
+    async def shutdown(self, grace_s: float | None = None) -> dict[str, int]: ...
+
+
+class ChatHost(Protocol):
+    """What the chat package is given of the system (see the module docstring)."""
+
+    config: "Config"
+    chat_state: "ChatState"  # the prompter and what else chats keep between turns
+    # Thread work that is no event of its own (a template render, a template file read):
+    # a deterministic dispatcher must know it is in flight (anyio.to_thread.run_sync's shape).
+    run_sync: Callable[..., Awaitable[Any]]
+
+    def check_open(self) -> None: ...
+    def request_limits(self) -> RequestLimits: ...
+    def model_props(self) -> ModelProps: ...
+    async def chat_info(self) -> ChatTemplateInfo: ...
+    async def tokens_of(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    async def text_of(self, tokens: list[int]) -> str: ...
+    async def complete(self, request: CompletionRequest, *, on_token: OnToken | None = None,
+                       _input: bool = True) -> CompletionResult: ...
+    async def fork_prefix(self, source: int, prefix: list[int], want: int) -> list[int]: ...
+

@@ -1,0 +1,113 @@
+"""The text verbs' bodies: the tokenizer, the chat template and embeddings, without generating.
+
+Why apart from the façade: they are the engine's vocabulary and pooling jobs plus their
+bounds, not actor work; the façade (service/system.py) keeps only their entries, which
+record them for traces. Their sizes are bounded like a completion's prompt, by the
+configured limits (`Config.request_limits()`), as the socket's text verbs always were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from actord.engine import jobs as J
+from actord.service.errors import FileNotFound, InvalidParams, NoChatTemplate, PromptTooLong
+from actord.service.protocol import Embedded, TemplateSource, Tokenized
+from actord.service.types import _utf8_len
+
+if TYPE_CHECKING:
+    from actord.chat.messages import ChatMessage
+    from actord.service.system import ActorSystem
+
+
+def check_content(system: "ActorSystem", content: str, *_: Any, **__: Any) -> None:
+    """`tokenize`'s bound, before it is recorded: the text's bytes."""
+    limit = system.config.request_limits().max_prompt_bytes
+    n = _utf8_len(content, "content")
+    if n > limit:
+        raise PromptTooLong(f"content of {n} bytes is over the limit of {limit}", field="content",
+                            n_prompt_bytes=n, max_prompt_bytes=limit)
+
+
+async def tokenize(system: "ActorSystem", content: str, add_special: bool, parse_special: bool,
+                   with_pieces: bool) -> Tokenized:
+    tokens = await system.tokens_of(content, add_special=add_special, parse_special=parse_special) if content else []
+    if not with_pieces:
+        return Tokenized(tokens=tokens)
+    return Tokenized(tokens=tokens, pieces=await system.engine.run(J.Pieces(tokens=tokens, special=True)))
+
+
+async def detokenize(system: "ActorSystem", tokens: list[int]) -> str:
+    limits = system.config.request_limits()
+    if len(tokens) > limits.max_prompt_tokens:
+        raise PromptTooLong(f"{len(tokens)} tokens, at most {limits.max_prompt_tokens}", field="tokens",
+                            n_tokens=len(tokens), max_tokens=limits.max_prompt_tokens)
+    n_vocab = system.props.n_vocab
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise InvalidParams(f"token ids out of range [0, {n_vocab})", field="tokens", bad=bad[:8])
+    pieces = await system.engine.run(J.Pieces(tokens=list(tokens), special=True))
+    return b"".join(pieces).decode("utf-8", errors="replace")
+
+
+async def template_source(system: "ActorSystem") -> TemplateSource:
+    """The chat template chats render with: --chat-template-file, else the model's."""
+    info = await system.chat_info()
+    source = info.template
+    path = system.config.chat_template_file
+    if path:
+        try:
+            source = await system.run_sync(Path(path).read_text)
+        except (OSError, UnicodeDecodeError) as e:
+            raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
+    return TemplateSource(template=source, bos_token=info.bos_text, eos_token=info.eos_text,
+                          origin="file" if path else "model")
+
+
+def check_apply(system: "ActorSystem", messages: list["ChatMessage"], template: str | None = None,
+                *_: Any, **__: Any) -> None:
+    """`apply_template`'s bounds, before it is recorded."""
+    if not messages:
+        raise InvalidParams("messages is empty", param="messages")
+    limit = system.config.request_limits().max_prompt_bytes
+    n = sum(len(m.role.encode()) + len(m.content.encode()) for m in messages)
+    n += len(template.encode()) if template else 0
+    if n > limit:
+        raise PromptTooLong(f"chat of {n} bytes is over the limit of {limit}", n_prompt_bytes=n,
+                            max_prompt_bytes=limit)
+    if template is not None and not template.strip():
+        raise InvalidParams("template is empty", param="template")
+
+
+async def apply_template(system: "ActorSystem", messages: list["ChatMessage"], template: str | None,
+                         add_generation_prompt: bool) -> str:
+    """The messages rendered as a chat would render them, without generating."""
+    from actord.chat.messages import as_dicts
+    from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate
+    from actord.chat.turn import render_limiter
+
+    src = await template_source(system)
+    source = template or src.template
+    if source is None:
+        raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
+    tpl = ChatTemplate(source, bos_token=src.bos_token, eos_token=src.eos_token,
+                       budget=REQUEST_TEMPLATE_BUDGET if template else 0,
+                       run_sync=system.run_sync, limiter=render_limiter(system))
+    return await tpl.render_async(as_dicts(messages), add_generation_prompt=add_generation_prompt)
+
+
+async def embed(system: "ActorSystem", inputs: list[str | list[int]]) -> Embedded:
+    """Each text tokenized with the model's BOS and without parsing special tokens (a
+    client's text is text); token lists are held to the vocabulary."""
+    n_vocab = system.props.n_vocab
+    toks: list[list[int]] = []
+    for x in inputs:
+        if isinstance(x, str):
+            toks.append(await system.tokens_of(x, add_special=True, parse_special=False))
+        else:
+            if any(not 0 <= t < n_vocab for t in x):
+                raise InvalidParams(f"a token id is outside the vocab [0, {n_vocab})", param="input")
+            toks.append(x)
+    vectors = await system.engine.run(J.Embed(inputs=toks))
+    return Embedded(vectors=vectors, n_tokens=sum(len(t) for t in toks))
