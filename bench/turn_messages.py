@@ -17,7 +17,7 @@ import anyio
 
 from actord.service.config import Config
 from actord.service.system import ActorSystem
-from actord.replay.trace import Deliver, EngineDone
+from actord.service.trace import Deliver, EngineDone
 
 STEP_JOBS = {"Step", "StepJob", "RunStep"}
 

@@ -56,7 +56,7 @@ from actord.service.errors import ActordError, InvalidParams, PromptTooLong
 from actord.service.log import get
 
 if TYPE_CHECKING:
-    from actord.service.protocol import ChatHost
+    from actord.chat.host import ChatHost
 
 log = get("actord.chat.choices")
 

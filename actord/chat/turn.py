@@ -29,7 +29,7 @@ from actord.service.log import get
 if TYPE_CHECKING:
     from actord.chat.messages import ChatRequest
     from actord.chat.prompter import ChatPrompter
-    from actord.service.protocol import ChatHost, OnToken
+    from actord.chat.host import ChatHost, OnToken
 
 log = get("actord.service.system")
 

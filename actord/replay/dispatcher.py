@@ -46,7 +46,7 @@ import anyio
 import sniffio
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
-from actord.replay.trace import Deliver, EngineDone, Event, Input, WorkerDone, canonical, deliver_event, digest
+from actord.service.trace import Deliver, EngineDone, Event, Input, WorkerDone, canonical, deliver_event, digest
 
 
 # Who is asking: a simulated client sets it, so two identical inputs stay distinguishable.

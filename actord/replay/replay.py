@@ -20,7 +20,7 @@ import msgspec
 from actord.service.config import Config
 from actord.service.errors import ActordError
 from actord.replay.dispatcher import DeterministicDispatcher, EngineOrder, RecordedPolicy, ReplayDiverged, SeededPolicy
-from actord.replay.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
+from actord.service.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
 from actord.frontends.rpc.methods import METHODS
 from actord.service.system import ActorSystem
 

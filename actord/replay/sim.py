@@ -47,7 +47,7 @@ from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.service.errors import ActordError, EngineError
 from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
-from actord.replay.trace import digest
+from actord.service.trace import digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.storage.publish import read_generation
 from actord.service.system import ActorSystem

@@ -1,7 +1,7 @@
 """The service a host holds: the `ActorSystem` façade and the vocabulary every part speaks.
 
     system.py   the façade: `async with ActorSystem(config) as system`, lifecycle and typed verbs
-    protocol.py the `Service` the fronts speak to (and `ChatHost`, what chat is given), the stream's chunk
+    protocol.py the `Service` the fronts speak to (chat/host.py: `ChatHost`, what chat is given)
     entry.py    `@entry`: a verb refused while closing, bounded, recorded for traces
     builder.py  the actors and the engine thread, wired once
     inflight.py the requests in flight: their slots, shutdown's drain
@@ -15,7 +15,7 @@
     log.py      structlog set-up
     metrics.py  one Prometheus registry per system
     models.py   where the default model comes from
-    hooks.py    the trace recorder seam (the replay package owns the format)
+    trace.py    the trace recorder (every input and delivery; the replay package reads them)
 
 Nothing is imported here, so `actord.service.errors` can be imported from any floor
 without pulling the façade in.

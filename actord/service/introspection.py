@@ -55,7 +55,7 @@ def log_started(system: "ActorSystem") -> None:
 
 def final_state(system: "ActorSystem") -> dict[str, Any]:
     """What a replay must reproduce: each actor's state that outlives a request."""
-    from actord.service.hooks import state_digest as digest
+    from actord.service.trace import digest
 
     # Wall-clock series (creation stamps, seconds busy) differ run to run: not state.
     metrics = {k: v for k, v in system.metrics.snapshot().items() if "_created" not in k and "_seconds" not in k}

@@ -13,10 +13,8 @@ Every verb that is an external input is recorded for traces where it enters the 
 (`service/system.py: entry`), under its JSON-RPC method name, so a replay re-executes it
 by that name (actord/replay/replay.py).
 
-`ChatHost` is the narrower interface the chat package (below the façade: the `chat` verb's
-body, actord/chat/turn.py and choices.py) is given: the system's bounds and configuration,
-its text jobs, its completions, and the one slot move n choices need (a prefix forked into
-idle slots), without the actors themselves.
+The chat package's narrower `ChatHost` (and the `TokenChunk` stream) is chat's own
+(actord/chat/host.py): the façade implements it.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypedDict
 
 import msgspec
 
+from actord.chat.host import ChatHost, OnToken, TokenChunk  # noqa: F401  (the stream fronts feed)
 from actord.engine.jobs import ChatTemplateInfo, ModelProps
 from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 
@@ -34,24 +33,6 @@ if TYPE_CHECKING:
     from actord.chat.turn import ChatState
     from actord.service.config import Config
     from actord.service.metrics import Metrics
-
-
-class TokenChunk(TypedDict, total=False):
-    """One streamed chunk, as `on_token` receives it: the scheduler writes `slot`, `content`,
-    `tokens` (and `logprobs` when asked); n choices add their `index`; a chat with tools adds
-    the `calls` the chunk completed (actord/chat/tool_output.py)."""
-
-    slot: int
-    content: str
-    tokens: list[int]
-    logprobs: Any
-    index: int
-    calls: list["CallMade"]
-
-
-# Called on the event loop for every chunk; it must not block (a sink that raises ends its
-# own request, nobody else's).
-OnToken = Callable[[TokenChunk], None]
 
 
 class Tokenized(msgspec.Struct, frozen=True):
@@ -130,24 +111,3 @@ class Service(Protocol):
     async def health(self) -> dict[str, Any]: ...
     def metrics_text(self) -> str: ...
     async def shutdown(self, grace_s: float | None = None) -> dict[str, int]: ...
-
-
-class ChatHost(Protocol):
-    """What the chat package is given of the system (see the module docstring)."""
-
-    config: "Config"
-    chat_state: "ChatState"  # the prompter and what else chats keep between turns
-    # Thread work that is no event of its own (a template render, a template file read):
-    # a deterministic dispatcher must know it is in flight (anyio.to_thread.run_sync's shape).
-    run_sync: Callable[..., Awaitable[Any]]
-
-    def check_open(self) -> None: ...
-    def request_limits(self) -> RequestLimits: ...
-    def model_props(self) -> ModelProps: ...
-    async def chat_info(self) -> ChatTemplateInfo: ...
-    async def tokens_of(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-    async def text_of(self, tokens: list[int]) -> str: ...
-    async def complete(self, request: CompletionRequest, *, on_token: OnToken | None = None,
-                       _input: bool = True) -> CompletionResult: ...
-    async def fork_prefix(self, source: int, prefix: list[int], want: int) -> list[int]: ...
-

@@ -29,7 +29,7 @@ from actord.service.config import Config
 from actord.service.entry import entry
 from actord.service.errors import ActordError, AskTimeout, InvalidParams, ShuttingDown, SlotNotFound
 from actord.service.genes import GeneFiles
-from actord.service.hooks import attach_recorder
+from actord.service.trace import attach_recorder
 from actord.service.inflight import InFlight
 from actord.service.log import get
 from actord.service.metrics import Metrics

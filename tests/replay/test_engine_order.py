@@ -18,7 +18,7 @@ from actord.engine import jobs as J
 from actord.service.errors import ShuttingDown
 from actord.replay.replay import replay
 from actord.replay.dispatcher import EngineOrder
-from actord.replay.trace import EngineDone, digest
+from actord.service.trace import EngineDone, digest
 from actord.service.system import ActorSystem
 
 

@@ -8,7 +8,9 @@ share. External inputs are stored whole, since replay re-executes them. A runnin
 over all events identifies the whole trace.
 
 Recording is a dispatcher hook: with none installed it costs nothing, and a hook that
-fails is removed and logged instead of crashing the run.
+fails is removed and logged instead of crashing the run. The recorder is the service's own
+instrument (it records what enters the façade and every delivery), so it lives here; the
+replay package (actord/replay/) reads traces and runs them again.
 """
 
 from __future__ import annotations
@@ -213,3 +215,15 @@ def _file_digest(path: Path) -> str:
 def read_trace(path: str | Path) -> list[Event]:
     with open(path, "rb") as f:
         return [_dec.decode(line) for line in f if line.strip()]
+
+
+def attach_recorder(trace: Any, config: Any, dispatcher: Any) -> TraceRecorder | None:
+    """A recorder for `trace` (a path, or a list to append events to) attached to
+    `dispatcher`; None when no trace is asked for (then recording costs nothing)."""
+    if trace is None or trace == "":
+        return None
+    recorder = TraceRecorder(trace, config)
+    # A replay delivers every step as a message: record the run the same way.
+    dispatcher.loop_in_handler = False
+    recorder.attach(dispatcher)
+    return recorder
