@@ -23,10 +23,11 @@ import anyio
 import msgspec
 
 from actord.service.types import CompletionRequest, CompletionResult, SamplingFields
-from actord.service.errors import InvalidParams, PromptTooLong
+from actord.service.errors import FileNotFound, InvalidParams, PromptTooLong
 from actord.service.log import get
 
 if TYPE_CHECKING:
+    from actord.engine.jobs import ChatTemplateInfo
     from actord.chat.messages import ChatRequest
     from actord.chat.prompter import ChatPrompter
     from actord.chat.host import ChatHost, OnToken
@@ -106,6 +107,20 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
     return await end(result, reply_message(scanner, sink, result))
 
 
+async def template_info(system: "ChatHost") -> tuple["ChatTemplateInfo", bool]:
+    """The model's chat template info, its template replaced by --chat-template-file's when
+    one is set (read on a worker thread); and whether it was."""
+    info = await system.chat_info()
+    path = system.config.chat_template_file
+    if not path:
+        return info, False
+    try:
+        source = await system.run_sync(Path(path).read_text)
+    except (OSError, UnicodeDecodeError) as e:
+        raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
+    return msgspec.structs.replace(info, template=source), True
+
+
 async def _prompter(system: "ChatHost") -> "ChatPrompter":
     """The system's ChatPrompter, made on the first turn (the model's template, or --chat-template-file)."""
     from actord.chat.prompter import ChatPrompter
@@ -113,16 +128,7 @@ async def _prompter(system: "ChatHost") -> "ChatPrompter":
     state = system.chat_state
     if state.prompter is not None:
         return state.prompter
-    info = await system.chat_info()
-    path = system.config.chat_template_file
-    if path:
-        try:
-            source = await system.run_sync(Path(path).read_text)
-        except (OSError, UnicodeDecodeError) as e:
-            from actord.service.errors import FileNotFound
-
-            raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
-        info = msgspec.structs.replace(info, template=source)
+    info, from_file = await template_info(system)
 
     async def tokenize(text: str) -> list[int]:
         return await system.tokens_of(text, add_special=False, parse_special=True)

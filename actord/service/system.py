@@ -15,7 +15,7 @@ gives the actors a bounded time to drain before they are cancelled.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 import anyio
 import msgspec
@@ -47,6 +47,7 @@ from actord.serving.slot import Slot
 from actord.storage.files import PageFiles
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 log = get("actord.service.system")
 
@@ -57,6 +58,16 @@ def _decode(params: dict[str, Any], typ: type[T]) -> T:
         return msgspec.convert(params, typ)
     except msgspec.ValidationError as e:
         raise InvalidParams(str(e)) from None
+
+
+class _Part(Generic[P]):
+    """A read-only view of one of the actors start built (`ActorSystem.built`), by name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, system: Any, owner: type | None = None) -> P:
+        return getattr(system.built, self.name)
 
 
 class ActorSystem:
@@ -118,25 +129,11 @@ class ActorSystem:
     def slots(self) -> list[Slot]:
         return self._actors.slots if self._actors is not None else []
 
-    @property
-    def scheduler(self) -> Scheduler:
-        return self.built.scheduler
-
-    @property
-    def pages(self) -> PageStore:
-        return self.built.pages
-
-    @property
-    def residency(self) -> GeneResidency:
-        return self.built.residency
-
-    @property
-    def ckpt_budget(self) -> CheckpointBudget:
-        return self.built.ckpt_budget
-
-    @property
-    def placer(self) -> MindPlacer:
-        return self.built.placer
+    scheduler: _Part[Scheduler] = _Part()
+    pages: _Part[PageStore] = _Part()
+    residency: _Part[GeneResidency] = _Part()
+    ckpt_budget: _Part[CheckpointBudget] = _Part()
+    placer: _Part[MindPlacer] = _Part()
 
     # -- lifecycle ---------------------------------------------------------------------
 

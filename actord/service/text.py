@@ -8,11 +8,11 @@ configured limits (`Config.request_limits()`), as the socket's text verbs always
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actord.chat.turn import template_info
 from actord.engine import jobs as J
-from actord.service.errors import FileNotFound, InvalidParams, NoChatTemplate, PromptTooLong
+from actord.service.errors import InvalidParams, NoChatTemplate, PromptTooLong
 from actord.service.protocol import Embedded, TemplateSource, Tokenized
 from actord.service.types import _utf8_len
 
@@ -53,16 +53,9 @@ async def detokenize(system: "ActorSystem", tokens: list[int]) -> str:
 
 async def template_source(system: "ActorSystem") -> TemplateSource:
     """The chat template chats render with: --chat-template-file, else the model's."""
-    info = await system.chat_info()
-    source = info.template
-    path = system.config.chat_template_file
-    if path:
-        try:
-            source = await system.run_sync(Path(path).read_text)
-        except (OSError, UnicodeDecodeError) as e:
-            raise FileNotFound(f"cannot read chat template {path}: {e}", path=path) from None
-    return TemplateSource(template=source, bos_token=info.bos_text, eos_token=info.eos_text,
-                          origin="file" if path else "model")
+    info, from_file = await template_info(system)
+    return TemplateSource(template=info.template, bos_token=info.bos_text, eos_token=info.eos_text,
+                          origin="file" if from_file else "model")
 
 
 def check_apply(system: "ActorSystem", messages: list["ChatMessage"], template: str | None = None,

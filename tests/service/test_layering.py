@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests.test_house import imported
 
 PKG = Path(__file__).resolve().parents[2] / "actord"
 
@@ -33,14 +34,7 @@ def test_actors_never_reference_libllama():
 
 
 def _full_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-    return out
+    return set(imported(path))
 
 
 def test_the_scheduling_core_is_pure_no_anyio_no_threads_no_actors_no_engine_calls():

@@ -89,21 +89,12 @@ class Dispatcher:
     def delivered(self, actor: "Actor[Any]", env: Envelope[Any]) -> None:
         self.deliveries += 1
         env.seq = self.deliveries
-        for hook in list(self.hooks):
-            try:
-                hook(actor, env)
-            except Exception as e:
-                self.hooks.remove(hook)
-                log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
+        if self.hooks:
+            _run_hooks(self.hooks, actor, env)
 
     def event(self, kind: str, **fields: Any) -> None:
         """An event that is not a delivery: engine result, worker completion, input."""
-        for hook in list(self.event_hooks):
-            try:
-                hook(kind, fields)
-            except Exception as e:
-                self.event_hooks.remove(hook)
-                log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
+        _run_hooks(self.event_hooks, kind, fields)
 
     # -- seams a deterministic dispatcher overrides ------------------------------------
 
@@ -140,3 +131,13 @@ class Dispatcher:
         """An external input (RPC request or host call) is about to enter the system."""
         if self.event_hooks:
             self.event("input", method=method, params=params)
+
+
+def _run_hooks(hooks: list[Any], *args: Any) -> None:
+    """Call each hook; one that raises is removed and logged, never the run's end."""
+    for hook in list(hooks):
+        try:
+            hook(*args)
+        except Exception as e:
+            hooks.remove(hook)
+            log.error("dispatcher.hook_removed", hook=repr(hook), error=repr(e))
