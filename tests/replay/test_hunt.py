@@ -158,23 +158,23 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
 
     from actord.serving.page_store import SpillBegin, SpillEnd
     from actord.serving.slot import page_image
-    from actord.service.system import ActorSystem
+    from actord.service import system
 
-    async def old_spill(self, page, file, drop):
-        self.files.check(file)
+    async def old_spill(pages, files, props, metrics, page, file, drop):
+        files.check(file)
         t0 = time.perf_counter()
-        held = await self.pages.ask(SpillBegin(name=page))
+        held = await pages.ask(SpillBegin(name=page))
         dropped = False
         try:
-            stats = await self.files.publish(file, page_image(self.props, held.state, held.checkpoints, held.tokens,
-                                                              held.genes, held.divergences, held.prompt_end))
+            stats = await files.publish(file, page_image(props, held.state, held.checkpoints, held.tokens,
+                                                         held.genes, held.divergences, held.prompt_end))
         finally:
             with anyio.CancelScope(shield=True):
-                dropped = await self.pages.ask(SpillEnd(gen=held.gen, drop=drop))
+                dropped = await pages.ask(SpillEnd(gen=held.gen, drop=drop))
         return {"page": page, "file": file, "n_bytes": stats.n_bytes, "dropped": dropped,
                 "t_ms": time.perf_counter() - t0}
 
-    monkeypatch.setattr(ActorSystem, "_spill", old_spill)
+    monkeypatch.setattr(system, "spill_page", old_spill)
     _finds(tiny_model, sim_loras, range(0, 400), 30, "dropped by a spill without a durable copy")
 
 

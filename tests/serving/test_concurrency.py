@@ -314,7 +314,7 @@ async def test_shutdown_cancels_requests_past_the_grace_and_refuses_new_ones(tin
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: long(slot=0))
             tg.start_soon(lambda: long(mind="ada"))
-            await eventually(lambda: len(s._inflight) == 2, "both requests in flight")
+            await eventually(lambda: len(s.inflight) == 2, "both requests in flight")
             with anyio.fail_after(10):
                 counts = await s.shutdown(grace_s=0.2)
         assert counts == {"finished": 0, "cancelled": 2}
