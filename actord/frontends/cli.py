@@ -23,7 +23,9 @@ from typing import Any, Callable
 import msgspec
 from msgspec import inspect as mi
 
-from actord.frontends.config_flags import add_serve_flags, config_from_args, unknown_flag_message
+from actord.frontends.config_flags import (
+    add_config_file_flag, add_config_flags, add_serve_flags, config_from_args, unknown_flag_message,
+)
 from actord.frontends.rpc.methods import METHODS
 
 # Names the verbs had before they were generated, kept so every command line still works.
@@ -203,6 +205,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     # No abbreviations: `--slot 4` must not quietly mean `--slots 4`, nor a typo anything.
     serve = sub.add_parser("serve", help="run the daemon", allow_abbrev=False)
     add_serve_flags(serve)
+    config = sub.add_parser("config", help="show: the effective configuration (--config FILE and flags applied)")
+    show = config.add_subparsers(dest="config_cmd", required=True, metavar="show").add_parser(
+        "show", help="print the configuration `actord serve` would run with these flags", allow_abbrev=False)
+    add_config_flags(show)
+    add_config_file_flag(show)
+    show.add_argument("--format", choices=("toml", "json"), default="toml")
     call = sub.add_parser("call", help="call any JSON-RPC method")
     call.add_argument("method")
     call.add_argument("params", nargs="?", default="{}")
@@ -234,6 +242,24 @@ def request_of(ns: argparse.Namespace) -> tuple[str, Any]:
     return ns.rpc, sugar.params(ns) if sugar is not None else _generated_params(ns)
 
 
+def _config_show(ns: argparse.Namespace, rest: list[str]) -> int:
+    """`actord config show`: the Config `serve` would build from the same file and flags,
+    refused the same way (exit 2, naming the key or flag)."""
+    from actord.frontends.config_file import render
+    from actord.service.errors import ActordError
+
+    if rest:
+        print(f"actord config show: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
+        return 2
+    try:
+        config = config_from_args(ns)
+    except ActordError as e:
+        print(f"actord config show: {e.message}", file=sys.stderr)
+        return 2
+    print(render(config, ns.format))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap, serve = build_parser()
     ns, rest = ap.parse_known_args(argv)
@@ -252,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"actord serve: {e.message}", file=sys.stderr)
             return 2
         return run_daemon(config, log_json=ns.log_json, log_level=ns.log_level)
+    if ns.cmd == "config":
+        return _config_show(ns, rest)
     if ns.cmd in ("replay", "simulate"):
         from actord.replay import cli as replay_cli
 

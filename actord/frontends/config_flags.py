@@ -4,6 +4,8 @@
 they live here, below both CLIs: configuration has one typed home and a new setting is a
 flag the moment it exists. Nothing here imports a CLI, so `actord.cluster.cli` reaches these
 without reaching back into `actord.frontends.cli` (which reaches the cluster lazily).
+`--config FILE` names a TOML file of the same fields (config_file.py); a flag given
+overrides the file's value.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import difflib
 
 import msgspec
 
+from actord.frontends.config_file import read_config_file
 from actord.policy.swa import MODES as SWA_FULL_MODES
 from actord.service.config import BACKEND_SAMPLING_MODES, FLASH_ATTN_MODES, Config
 
@@ -55,9 +58,15 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(*flag, type=str, **kw)
 
 
+def add_config_file_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="a TOML file of these settings (field names: "
+                   "ctx_checkpoints_bytes = ...); flags given override it")
+
+
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
-    """`actord serve`'s flags: Config's, and how the daemon logs."""
+    """`actord serve`'s flags: Config's, its file, and how the daemon logs."""
     add_config_flags(p)
+    add_config_file_flag(p)
     p.add_argument("--log-json", action="store_true")
     p.add_argument("--log-level", default="info")
 
@@ -74,7 +83,12 @@ def unknown_flag_message(parser: argparse.ArgumentParser, rest: list[str]) -> st
 
 
 def config_from_args(ns: argparse.Namespace) -> Config:
-    values = {f.name: getattr(ns, f.name) for f in msgspec.structs.fields(Config) if getattr(ns, f.name, None) is not None}
+    """The Config the flags give, over `--config`'s file where one is named (InvalidParams:
+    a key or value the file should not have, or settings that do not go together)."""
+    path = getattr(ns, "config", None)
+    values = read_config_file(path) if path else {}
+    values.update({f.name: getattr(ns, f.name) for f in msgspec.structs.fields(Config)
+                   if getattr(ns, f.name, None) is not None})
     if "model" not in values:
         from actord.service.models import default_model
 

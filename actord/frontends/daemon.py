@@ -9,6 +9,12 @@ HOST:PORT` the OpenAI-compatible front (actord/frontends/http/) runs in the same
 the socket, and stops first (it lets answers in flight end, up to 5 s). Its address is
 bound, and its peer check tried, before the model loads, so a refused start is quick.
 
+Under systemd (`systemd.py`, the example units in deploy/systemd/): sockets systemd passed
+(socket activation) are served instead of binding the socket's path and the HTTP address
+(a passed TCP socket starts the HTTP front without `--http`); `READY=1` is sent once the
+model is loaded and the socket serves, `STOPPING=1` at the first signal, and `WATCHDOG=1`
+every half `WatchdogSec=` while the event loop runs.
+
 File descriptors: the socket and the HTTP front each cap their connections, and the soft
 RLIMIT_NOFILE is raised to hold both caps, the refused connections each may be answering
 (`MAX_LINGERING`) and the daemon's own files; where the hard limit is lower, the start-up log
@@ -27,6 +33,7 @@ from actord.service import log as logcfg
 from actord.service.config import Config
 from actord.service.errors import ActordError
 from actord.service.log import get
+from actord.frontends import systemd
 from actord.frontends.rpc.peers import raise_fd_limit
 from actord.frontends.rpc.server import MAX_LINGERING as RPC_LINGERING, RpcServer
 from actord.service.protocol import Service
@@ -38,9 +45,9 @@ log = get("actord.frontends.daemon")
 FD_RESERVE = 256  # model, page files, gene files, pipes, the event loop's own
 
 
-def fds_needed(config: Config) -> int:
+def fds_needed(config: Config, http: bool = False) -> int:
     n = config.max_connections + RPC_LINGERING + FD_RESERVE
-    if config.http:
+    if config.http or http:
         from actord.frontends.http.bounds import MAX_LINGERING
 
         n += config.http_max_connections + MAX_LINGERING
@@ -48,26 +55,33 @@ def fds_needed(config: Config) -> int:
 
 
 async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    inherited = systemd.listen_fds()
     server = RpcServer(None, config.socket, config)
-    server.claim_path()  # a live daemon on the path: fail now, before the model loads
+    if inherited.rpc is not None:
+        server.inherit(inherited.rpc)
+    else:
+        server.claim_path()  # a live daemon on the path: fail now, before the model loads
     front = None
     try:
-        want = fds_needed(config)
+        want = fds_needed(config, http=inherited.http is not None)
         have = raise_fd_limit(want)
         if have < want:
             log.warning("daemon.fd_limit", soft=have, needed=want,
                         hint="raise the hard RLIMIT_NOFILE or lower --max-connections / --http-max-connections")
-        if config.http:
+        if config.http or inherited.http is not None:
             from actord.frontends.http.app import HttpFront
 
             front = HttpFront(None, config)
-            front.bind()
+            front.bind(inherited.http)
         # The front's address is known once bound: the system reports it in its props.
         async with ActorSystem(config, http_address=front.address if front is not None else None) as system:
             await _serve(config, system, server, front, task_status)
     finally:
         if front is not None and front._sock is not None:
             front._sock.close()
+        for s in (inherited.rpc, inherited.http):
+            if s is not None:
+                s.close()
         if server.claim is not None:  # the system failed to start: let go of the path
             server.claim.release()
             server.claim = None
@@ -86,10 +100,15 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
             await tg.start(front.serve)
         await tg.start(server.serve)
         task_status.started(system)
+        systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {server.path}")
+        interval = systemd.watchdog_interval()
+        if interval is not None:
+            tg.start_soon(systemd.watchdog, interval)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for sig in signals:
                 log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
                 break
+            systemd.notify("STOPPING=1\nSTATUS=stopping")
             async with anyio.create_task_group() as stopping:
                 stopping.start_soon(_exit_at_second_signal, signals)
                 counts = await system.shutdown(config.shutdown_grace_s)

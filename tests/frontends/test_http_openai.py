@@ -144,16 +144,30 @@ def test_logprobs_take_openai_shapes_in_answers_and_chunks():
     assert "logprobs" not in O.Chunks(True, "m").delta("he")["choices"][0]
 
 
-def test_one_prompt_in_a_list_is_that_prompt_and_several_are_refused():
-    assert O.text_prompt("a") == "a"
-    assert O.text_prompt([5, 6]) == [5, 6]
-    assert O.text_prompt(["a"]) == "a"
-    assert O.text_prompt([[5, 6]]) == [5, 6]
-    with pytest.raises(InvalidParams) as e:
-        O.text_prompt(["a", "b"])
-    assert e.value.data["param"] == "prompt" and "2 prompts" in e.value.message
-    with pytest.raises(InvalidParams):
-        O.text_prompt([{"x": 1}])
+def test_a_list_of_prompts_is_several_and_a_flat_list_of_ints_is_one():
+    assert O.text_prompts("a") == ["a"]
+    assert O.text_prompts([5, 6]) == [[5, 6]]
+    assert O.text_prompts(["a"]) == ["a"]
+    assert O.text_prompts([[5, 6]]) == [[5, 6]]
+    assert O.text_prompts(["a", [5], "b"]) == ["a", [5], "b"]
+    for bad in ([{"x": 1}], ["a", 5], [[5, True]], [["a"]]):
+        with pytest.raises(InvalidParams) as e:
+            O.text_prompts(bad)
+        assert e.value.data["param"] == "prompt"
+
+
+def test_several_prompts_usage_sums_each_prompts_own():
+    from actord.service.types import CompletionResult, Timings
+
+    def r(n_prompt: int, n_out: int, cached: int = 0) -> CompletionResult:
+        return CompletionResult(content="x", tokens=[1] * n_out, n_prompt_tokens=n_prompt, n_prompt_processed=n_prompt,
+                                n_cached=cached, slot=0, stop_reason="length", timings=Timings(0.0, 0.0, 0.0, 0.0))
+
+    u = O.usage([[r(5, 2, 1), r(5, 3)], [r(7, 4, 2), r(7, 1)]])  # each prompt's n=2 choices
+    assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (12, 10, 22)
+    assert u["prompt_tokens_details"]["cached_tokens"] == 3
+    body = O.text_completion("id", "m", [[r(5, 2), r(5, 3)], [r(7, 4), r(7, 1)]], 0, "")
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
 
 
 def test_text_parts_join_with_a_newline_and_other_parts_are_refused_by_index():

@@ -385,11 +385,11 @@ def test_a_field_actord_cannot_honour_is_a_400_naming_it(client, field, value):
     assert e.value.param.split("[")[0] == field and field in e.value.message
 
 
-def test_completions_take_one_prompt_in_a_list_and_refuse_several(client):
+def test_completions_take_one_prompt_in_a_list_and_refuse_more_than_max_n(client):
     one = client.completions.create(model="m", prompt=["hello world"], max_tokens=3, temperature=0)
     plain = client.completions.create(model="m", prompt="hello world", max_tokens=3, temperature=0)
     assert one.choices[0].text == plain.choices[0].text
-    for field, kw in [("prompt", {"prompt": ["a", "b"]}), ("echo", {"prompt": "a", "echo": True}),
+    for field, kw in [("prompt", {"prompt": ["a"] * 9}), ("echo", {"prompt": "a", "echo": True}),
                       ("suffix", {"prompt": "a", "suffix": "z"})]:
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="m", max_tokens=2, **kw)

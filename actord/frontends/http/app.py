@@ -49,7 +49,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.config import Config, http_address
+from actord.service.config import Config, http_address, is_loopback
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.bounds import Gate, bounded_protocol
@@ -287,26 +287,38 @@ class HttpFront:
 
     # -- serving -----------------------------------------------------------------------
 
-    def bind(self) -> socket.socket:
-        """Listen (the daemon calls this before the model loads, so a refusal is quick)."""
+    def bind(self, inherited: socket.socket | None = None) -> socket.socket:
+        """Listen (the daemon calls this before the model loads, so a refusal is quick), or
+        serve on `inherited`, a TCP listener systemd bound (socket activation), held to the
+        same rules as --http's address: off loopback it needs the key."""
         if self._sock is not None:
             return self._sock
-        spec = self.config.http or "127.0.0.1:0"
-        host, port = http_address(spec)
+        if inherited is not None:
+            host, port = inherited.getsockname()[:2]
+            spec = f"[{host}]:{port}" if inherited.family == socket.AF_INET6 else f"{host}:{port}"
+            if not is_loopback(host) and not self._key:
+                raise InvalidParams(f"systemd's socket {spec} is not a loopback address: it needs --api-key",
+                                    http=spec)
+        else:
+            spec = self.config.http or "127.0.0.1:0"
+            host, port = http_address(spec)
         if self._key is None:
             why = check_tcp_peers(host)
             if why is not None:
                 raise InvalidParams(f"--http {spec} without --api-key serves this uid only, and {why}: "
                                     f"set --api-key", http=spec)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            sock.close()
-            raise InvalidParams(f"cannot listen on {spec}: {e.strerror}", http=spec) from None
-        sock.listen(1024)
+        if inherited is not None:
+            sock = inherited
+        else:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as e:
+                sock.close()
+                raise InvalidParams(f"cannot listen on {spec}: {e.strerror}", http=spec) from None
+            sock.listen(1024)
         sock.setblocking(False)
         bound = sock.getsockname()
         self.address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"

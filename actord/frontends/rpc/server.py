@@ -81,6 +81,7 @@ class RpcServer:
         c = self.config
         self.policy = PeerPolicy(allow_uid=frozenset(c.allow_uid), allow_gid=frozenset(c.allow_gid))
         self.claim: SocketClaim | None = None
+        self.inherited: socket.socket | None = None  # systemd's listener (inherit)
         self.open: set[_Connection] = set()
         self.connections = 0  # accepted, ever
         self.lingering = 0  # refused connections being drained
@@ -107,8 +108,33 @@ class RpcServer:
             raise_fd_limit(self.config.max_connections + 256)
         return self.claim
 
+    def inherit(self, listener: socket.socket) -> None:
+        """Serve on a listening socket systemd bound (socket activation, `systemd.py`)
+        instead of binding the path: its path, mode and lifetime are systemd's, so the
+        daemon neither claims nor removes it."""
+        self.inherited = listener
+        name = listener.getsockname()
+        if isinstance(name, str) and name:
+            self.path = Path(name)
+
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        claim = self.claim_path()
+        claim = None if self.inherited is not None else self.claim_path()
+        try:
+            listener = self.inherited if claim is None else self._bind(claim)
+            try:
+                listener.setblocking(False)
+                log.info("rpc.listening", socket=str(self.path), inherited=claim is None)
+                async with anyio.create_task_group() as tg:
+                    task_status.started()
+                    await self._accept_loop(listener, tg)
+            finally:
+                listener.close()
+        finally:
+            if claim is not None:
+                claim.release()
+                self.claim = None
+
+    def _bind(self, claim: SocketClaim) -> socket.socket:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             old = os.umask(0o177)  # the socket is born owner-only: no window with wider access
@@ -119,15 +145,10 @@ class RpcServer:
             claim.bound()
             os.chmod(self.path, 0o600)
             listener.listen(min(socket.SOMAXCONN, 4096))
-            listener.setblocking(False)
-            log.info("rpc.listening", socket=str(self.path))
-            async with anyio.create_task_group() as tg:
-                task_status.started()
-                await self._accept_loop(listener, tg)
-        finally:
+        except BaseException:
             listener.close()
-            claim.release()
-            self.claim = None
+            raise
+        return listener
 
     async def _accept_loop(self, listener: socket.socket, tg: Any) -> None:
         out_of_fds = False

@@ -4,9 +4,11 @@ for one choice or n (OpenAI's `n`: actord/chat/choices.py).
 Pure functions, no I/O (`openai.py` re-exports them; its docstring draws the fields' lines).
 With n choices: `choices[i]` has `index` i, its own finish_reason, logprobs and (chat) tool
 calls; `usage` counts the prompt once and sums the choices' completion tokens
-(`choices.merge_usage`). Streamed, every chunk carries one choice, by its index: first each
-choice's role delta (chat), then the choices' deltas as they come (interleaved), then each
-choice's last chunk with its finish_reason, then one usage chunk when asked.
+(`choices.merge_usage`). Several prompts (completions): choice p x n + i is prompt p's
+choice i, as OpenAI numbers them, and usage is the prompts' summed. Streamed, every chunk
+carries one choice, by its index: first each choice's role delta (chat), then the choices'
+deltas as they come (interleaved), then each choice's last chunk with its finish_reason,
+then one usage chunk when asked.
 """
 
 from __future__ import annotations
@@ -32,7 +34,18 @@ def _split(r: Any) -> tuple[CompletionResult, Any]:
 
 
 def _many(r: Any) -> list[Any]:
-    return list(r) if isinstance(r, (list, tuple)) else [r]
+    """Every choice, by index: `r` is one result, n choices' list, or (several prompts)
+    a list of each prompt's list (prompt p's choice i is choice p x n + i)."""
+    if not isinstance(r, (list, tuple)):
+        return [r]
+    return [x for one in r for x in _many(one)]
+
+
+def _prompts(r: Any) -> list[list[Any]]:
+    """The choices grouped by prompt (each group shares its prompt's prefill)."""
+    if isinstance(r, (list, tuple)) and r and all(isinstance(g, (list, tuple)) for g in r):
+        return [list(g) for g in r]
+    return [_many(r)]
 
 
 def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, Any]:
@@ -51,10 +64,14 @@ def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, A
 
 
 def usage(r: Any) -> dict[str, Any]:
-    """`r`: one result or the n choices' (the prompt counted once, completions summed)."""
+    """`r`: one result, the n choices', or several prompts' (each prompt counted once, its
+    completions summed; the prompts' usages summed)."""
     from actord.chat.choices import merge_usage
 
-    u = merge_usage([_split(x)[0] for x in _many(r)])
+    u: dict[str, int] = {}
+    for group in _prompts(r):
+        for k, v in merge_usage([_split(x)[0] for x in group]).items():
+            u[k] = u.get(k, 0) + v
     cached = u.pop("cached_tokens")
     return {**u, "prompt_tokens_details": {"cached_tokens": cached}}
 

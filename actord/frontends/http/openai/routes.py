@@ -6,7 +6,7 @@ Why a module of its own: these routes turn OpenAI's requests (shapes and checks 
 /completion's answer is); the front that serves them (`app.py`) is the same for both APIs.
 
 Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
-/v1/completions, GET /v1/models and /models, GET /v1/models/{id} and /models/{id}. Any
+/v1/completions (one prompt or a list: `complete_prompts`), GET /v1/models and /models, GET /v1/models/{id} and /models/{id}. Any
 `model` name is served and echoed, as llama-server does; a lookup answers only for the
 names the list gives (the file's stem and each `--model-alias`). OpenAI's Responses API and
 embeddings have modules of their own (`responses_api.py`: POST /v1/responses, GET/DELETE
@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,7 +40,8 @@ from starlette.routing import Route
 
 from actord.service.types import CompletionRequest
 from actord.chat.messages import ChatRequest
-from actord.service.errors import InvalidParams, ModelNotFound
+from actord.service.errors import ActordError, InvalidParams, ModelNotFound
+from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.tools_wire import call_deltas
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
@@ -92,6 +94,37 @@ class OpenAIAnswer:
         assert self.chunks is not None
         return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
                                  chunk.get("index", 0))
+
+
+async def complete_prompts(system: Service, comps: list[CompletionRequest], n: int,
+                           on_token: Any) -> list[list[Any]]:
+    """Several prompts (OpenAI's `prompt` as a list), each its own request with its n choices,
+    side by side; the results by prompt. Streamed chunks carry their choice's index in the
+    whole answer, prompt p's choice i as p x n + i. A typed error in any prompt ends the
+    request with that error (the others are cancelled), as one choice's does."""
+    results: list[list[Any]] = [[] for _ in comps]
+    failed: list[BaseException] = []
+
+    async def one(p: int, comp: CompletionRequest) -> None:
+        sink = None
+        if on_token is not None:
+            def sink(chunk: dict[str, Any], base: int = p * n) -> None:
+                on_token({**chunk, "index": base + chunk.get("index", 0)})
+        try:
+            if n > 1:
+                results[p] = await system.complete_n(comp, n, on_token=sink)
+            else:
+                results[p] = [await system.complete(comp, on_token=sink)]
+        except ActordError as e:
+            failed.append(e)
+            tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for p, comp in enumerate(comps):
+            tg.start_soon(one, p, comp)
+    if failed:
+        raise failed[0]
+    return results
 
 
 async def decode_body(front: Any, request: Request, typ: type) -> Any:
@@ -174,24 +207,33 @@ class OpenAIRoutes(RouteGroup):
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
         O.refuse_unsupported(req)
         n_choices = O.choices(req, self.config.max_n)
+        prompts = O.text_prompts(req.prompt)
+        if len(prompts) * n_choices > self.config.max_n:
+            raise InvalidParams(f"{len(prompts)} prompts x n={n_choices} ask for {len(prompts) * n_choices} "
+                                f"completions; this daemon's --max-n allows {self.config.max_n} in one request",
+                                param="prompt", max=self.config.max_n)
         fields = O.sampling(req, self.system.model_props().n_vocab)
-        comp = CompletionRequest(
-            prompt=O.text_prompt(req.prompt), n_predict=req.max_tokens if req.max_tokens is not None else 16,
-            mind=self._mind(request, req),
+        mind = self._mind(request, req)
+        comps = [CompletionRequest(
+            # A mind continues from prompt 0 only, as from choice 0 (actord/chat/choices.py):
+            # the other prompts are requests of their own, not turns of hers.
+            prompt=p, n_predict=req.max_tokens if req.max_tokens is not None else 16, mind=mind if i == 0 else None,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
-        ).check(self.config.request_limits())
+        ).check(self.config.request_limits()) for i, p in enumerate(prompts)]
 
         async def run(on_token: Any) -> Any:
+            if len(comps) > 1:  # each prompt's choices, by prompt
+                return await complete_prompts(self.system, comps, n_choices, on_token)
             if n_choices > 1:  # the choices' results, by index, from one prefill (actord/chat/choices.py)
-                return await self.system.complete_n(comp, n_choices, on_token=on_token)
-            return await self.system.complete(comp, on_token=on_token)
+                return await self.system.complete_n(comps[0], n_choices, on_token=on_token)
+            return await self.system.complete(comps[0], on_token=on_token)
 
         return OpenAIAnswer.response(self.front, run, chat=False, model=req.model or self.front.model_id,
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                                     n=n_choices)
+                                     n=len(comps) * n_choices)
 
     def _precheck(self, mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
                   fields: dict[str, Any]) -> None:

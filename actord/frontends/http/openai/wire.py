@@ -6,7 +6,7 @@ decode with msgspec at the edge (a wrong type names its JSON path in the 400's m
 Every field falls in one of three kinds, and `refuse_unsupported` is where the line is drawn:
 honoured (`model` as any name, `messages` (tool calls and results included), `tools`,
 `tool_choice`, `parallel_tool_calls`, legacy `functions`/`function_call` (actord.chat.tools),
-`prompt`, `max_tokens`/`max_completion_tokens`,
+`prompt` (one, or a list: each its own request in one answer), `max_tokens`/`max_completion_tokens`,
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
 `prompt_cache_key`, `n` (1 to `--max-n` choices from one prefill: actord/chat/choices.py), `response_format` text/json_object/json_schema (grammar-
 constrained decoding), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
@@ -14,7 +14,7 @@ and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty
 `repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
 over `--max-n`, audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
-`best_of` > 1, several prompts, and llama-server's `n_probs`; tools that are not functions
+`best_of` > 1, more prompts x `n` than `--max-n`, and llama-server's `n_probs`; tools that are not functions
 and bad tool fields, `chat_tools`); and ignored by design, because they change nothing in
 the answer (`store`, `metadata`, `service_tier`, `safety_identifier`, `prediction`), plus
 unknown fields, as
@@ -288,20 +288,19 @@ def _check_max(name: str, v: int | None) -> None:
         raise InvalidParams(f"{name} must be >= 1, got {v}", param=name)
 
 
-def text_prompt(prompt: str | list[Any]) -> str | list[int]:
-    """One prompt: a string or a token list; a list holding exactly one of those (which
-    langchain always sends) is that prompt. Several prompts would be several choices."""
-    if isinstance(prompt, str):
-        return prompt
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    if len(prompt) == 1 and (isinstance(prompt[0], str) or (
-            isinstance(prompt[0], list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt[0]))):
-        return prompt[0]
-    if len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise _refuse("prompt", f"a list of {len(prompt)} prompts is not supported: send one prompt per request")
-    raise InvalidParams("prompt must be a string, a list of token ids, or a list holding one of those",
-                        param="prompt")
+def _tokens(p: Any) -> bool:
+    return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def text_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
+    """The prompts: a string or a token list is one; a list of strings and token lists is
+    several (each served as its own request: `routes.complete_prompts`). A flat list of ints
+    is one prompt of tokens, never several prompts of one token each."""
+    if isinstance(prompt, str) or _tokens(prompt):
+        return [prompt]
+    if all(isinstance(p, str) or _tokens(p) for p in prompt):
+        return list(prompt)
+    raise InvalidParams("prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
 
 def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
