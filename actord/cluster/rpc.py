@@ -30,6 +30,7 @@ import msgspec
 
 from actord.service.errors import InvalidParams, METHOD_NOT_FOUND
 from actord.service.log import get
+from actord.frontends.rpc.methods import socket_chunk
 from actord.frontends.rpc.protocol import ProtocolError, decode_request, error_response, notification, result_response
 
 log = get("actord.cluster.rpc")
@@ -94,7 +95,7 @@ class RouterRpc:
             if not isinstance(params, dict):
                 raise InvalidParams("params are named (an object)")
             def stream(chunk: Any) -> None:  # the daemon's chunks: before the answer, in order
-                put(notification("completion.chunk", {"id": rid, **chunk}))
+                put(notification("completion.chunk", {"id": rid, **socket_chunk(chunk)}))
 
             result = await self._call(req.method, params, None if req.is_notification else stream)
             return b"" if req.is_notification else result_response(rid, result)
