@@ -48,6 +48,10 @@ class Metrics:
             "slot_evictions_refused", "Evictions refused because a mind's state had no durable place to go",
             ["reason"], registry=r,
         )
+        self.minds_kept_total = Counter(
+            "minds_kept", "Named minds copied to their page (or file) before another request used their slot",
+            ["to"], registry=r,
+        )
         self.kv_evictions_total = Counter(
             "kv_evictions", "Idle slots evicted by the scheduler for KV cells", registry=r
         )

@@ -48,7 +48,7 @@ from actord.serving.slot_memory import SlotMemory, common_prefix
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
-from actord.service.errors import ActordError, Cancelled, InvalidParams, PromptTooLong, from_dict
+from actord.service.errors import ActordError, Cancelled, InvalidParams, PageRamExceeded, PromptTooLong, from_dict
 from actord.service.log import get
 from actord.service.metrics import Metrics
 from actord.storage.files import PageFiles
@@ -382,6 +382,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         # sequence is cut back, so a refused request changes nothing.
         seed = req.seed if req.seed is not None else self.default_seed
         await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
+        if self.mind is not None and req.mind != self.mind and self.kv_tokens:
+            await self._keep_mind()
         raw = common_prefix(self.kv_tokens, prompt)
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
@@ -390,10 +392,6 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
         self.genes = genes
-        if self.mind is not None and req.mind != self.mind:
-            log.info("slot.mind_overwritten", slot=self.id, mind=self.mind, by="slot request")
-        # A slot-addressed request writes over whatever the sequence held: it is no longer
-        # the mind's state, so it no longer carries her name (nobody pages it in as hers).
         self.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
         self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
@@ -412,6 +410,26 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on
+
+    async def _keep_mind(self) -> None:
+        """A request that is not the mind's runs on her slot (unnamed, or addressed to the
+        slot): her state goes to her page first, as a copy (the sequence stays, so the request
+        still starts from what it shares with her), else to her page file. Where neither can
+        hold it, the request is refused, typed, and she keeps her slot: nothing of a named
+        mind is ever written over."""
+        mind = self.mind
+        assert mind is not None
+        try:
+            await self.page_out(mind, keep=True)
+            how = "page"
+        except PageRamExceeded:
+            from actord.serving.placer import mind_file
+
+            await self.save(mind_file(mind))  # a failure here refuses the request: she stays
+            self.mind = None
+            how = "file"
+        self.metrics.minds_kept_total.labels(to=how).inc()
+        log.info("slot.mind_kept", slot=self.id, mind=mind, to=how, n_tokens=len(self.kv_tokens))
 
     async def _on_ended(self, msg: Ended) -> None:
         a = self.active

@@ -135,7 +135,10 @@ class SlotPages:
             raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
         return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
 
-    async def page_out(self, name: str) -> dict[str, Any]:
+    async def page_out(self, name: str, *, keep: bool = False) -> dict[str, Any]:
+        """The sequence into page `name`, the slot freed. `keep`: a copy only; the slot keeps
+        its sequence without the mind's name (another request on this slot starts from what
+        she shares with it, and her state is hers in the store)."""
         name = name or self.mind or f"evicted-slot{self.id}"
         if not self.kv_tokens:
             raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
@@ -151,7 +154,7 @@ class SlotPages:
         # Without a draft the copy also removes the sequence (one engine round trip less: a
         # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token
         # Gemma page_out); if the page cannot be kept, the state is set back from the copy.
-        take = n_draft == 0 and not self.drafting
+        take = n_draft == 0 and not self.drafting and not keep
         taken: J.StateData | None = None
         try:
             with anyio.CancelScope(shield=take):  # a taken state must not be lost to a cancel
@@ -177,10 +180,16 @@ class SlotPages:
                 await self.pages.tell(CancelReservation(reservation=reservation))
             self.metrics.page_failed_total.inc()
             raise
+        n_tokens = len(self.kv_tokens)
+        if keep:
+            self.mind = None
+            self.metrics.page_out_total.inc()
+            log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, kept_in_slot=True,
+                     t_ms=round((time.perf_counter() - t0) * 1e3, 3), copy_ms=round(st.t_ms, 3))
+            return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens, "kept": True}
         # The page is whole in the store; only now is the slot freed.
         if not take:
             await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
-        n_tokens = len(self.kv_tokens)
         self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
         self.draft_n = 0
         self.ckpt.reset()

@@ -94,6 +94,27 @@ def test_two_turn_chat_with_user_reuses_the_first_turn_exactly(client):
     assert r2.usage.prompt_tokens - r2.usage.prompt_tokens_details.cached_tokens <= new + unfed
 
 
+def test_a_mind_keeps_her_cache_through_ten_anonymous_requests_on_two_slots(client):
+    """Issue 26: anonymous requests (no `user`) two at a time on a 2-slot daemon need her slot
+    too; she goes to her page first and her next turn is cached whole."""
+    import concurrent.futures
+
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me about the sea"}]
+    r1 = client.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=6, temperature=0, user="ida")
+    u1 = r1.usage
+
+    def anonymous(i: int) -> None:
+        client.chat.completions.create(model="tiny-chat", max_tokens=6, temperature=0,
+                                       messages=[{"role": "user", "content": f"anonymous question {i}"}])
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(anonymous, range(10)))
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "and then"}]
+    r2 = client.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=6, temperature=0, user="ida")
+    unfed = 1 if r1.choices[0].finish_reason == "length" else 0
+    assert r2.usage.prompt_tokens_details.cached_tokens == u1.prompt_tokens + u1.completion_tokens - unfed
+
+
 def test_streamed_deltas_join_to_the_whole_answer_under_greedy_sampling(client):
     msgs = [{"role": "user", "content": "the model and the cache"}]
     whole = client.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=12, temperature=0)

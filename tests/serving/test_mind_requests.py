@@ -104,15 +104,64 @@ async def test_a_mind_name_too_long_for_its_page_file_is_refused_up_front(tiny_m
         assert (tmp_path / f"{mind}.page").exists()
 
 
-async def test_a_slot_request_on_a_slot_holding_a_mind_takes_its_name_away(tiny_model, tmp_path):
+async def test_a_slot_request_on_a_slot_holding_a_mind_pages_her_out_first_and_she_keeps_her_cache(
+        tiny_model, tmp_path):
+    """Issue 26: a request addressed to a mind's slot never writes over her. Her state goes to
+    her page as a copy (the slot keeps the sequence, nameless, for the request's own prefix),
+    and her next turn pages it back in and decodes only what is new."""
     cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path))
     async with ActorSystem(cfg) as s:
-        await s.complete(prompt=_prompt(9, 20), n_predict=2, mind="ada", ignore_eos=True)
-        assert (await s.slot_list())[0].mind == "ada"
-        await s.complete(prompt=_prompt(10, 20), n_predict=2, slot=0, ignore_eos=True)
-        assert (await s.slot_list())[0].mind is None  # the state is no longer hers
-        await s.complete(prompt=_prompt(11, 5), n_predict=2, mind="bo", ignore_eos=True)
-        assert [p.page for p in await s.page_list()] == []  # nobody paged it out as "ada"
+        t1 = await s.complete(prompt=_prompt(9, 20), n_predict=2, mind="ada", ignore_eos=True)
+        held = _prompt(9, 20) + list(t1.tokens)
+        info = (await s.slot_list())[0]
+        assert info.mind == "ada"
+        n_kv = info.n_tokens  # her KV: the prompt and every sample but the last
+        other = await s.complete(prompt=_prompt(9, 10) + [3, 4], n_predict=2, slot=0, ignore_eos=True)
+        assert other.n_cached >= 10  # it started from what it shares with her
+        assert (await s.slot_list())[0].mind is None
+        assert [(p.page, p.n_tokens) for p in await s.page_list()] == [("ada", n_kv)]
+        back = await s.complete(prompt=held + [7], n_predict=2, mind="ada", ignore_eos=True)
+        assert back.n_cached == n_kv
+
+
+async def test_a_slot_request_is_refused_rather_than_write_over_a_mind_with_nowhere_to_go(tiny_model, tmp_path):
+    """No page RAM and a page folder that refuses writes: the request on her slot is refused,
+    typed, and she keeps her slot and every token."""
+    import errno
+
+    from actord.service.errors import StorageError
+    from actord.storage.osfs import Fault, FaultyFs
+
+    cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path), page_ram_bytes=0)
+    async with ActorSystem(cfg) as s:
+        t1 = await s.complete(prompt=_prompt(9, 20), n_predict=2, mind="ada", ignore_eos=True)
+        held = _prompt(9, 20) + list(t1.tokens)
+        n_kv = (await s.slot_list())[0].n_tokens
+        s.files.fs = FaultyFs([Fault("write", errno=errno.EROFS, times=0)])
+        with pytest.raises(StorageError):
+            await s.complete(prompt=_prompt(10, 20), n_predict=2, slot=0, ignore_eos=True)
+        info = (await s.slot_list())[0]
+        assert (info.mind, info.n_tokens) == ("ada", n_kv)
+        s.files.fs = FaultyFs()
+        back = await s.complete(prompt=held + [7], n_predict=2, mind="ada", ignore_eos=True)
+        assert back.n_cached == n_kv
+
+
+async def test_a_mind_keeps_her_cache_through_ten_anonymous_requests_on_two_slots(tiny_model, tmp_path):
+    cfg = Config(model=tiny_model, slots=2, ctx=2048, batch=64, page_dir=str(tmp_path))
+    async with ActorSystem(cfg) as s:
+        t1 = await s.complete(prompt=_prompt(5, 40), n_predict=4, mind="ada", ignore_eos=True)
+        held = _prompt(5, 40) + list(t1.tokens)
+        n_kv = len(held) - 1  # her KV: the prompt and every sample but the last
+        kept = s.metrics.minds_kept_total.labels(to="page")
+        for i in range(0, 10, 2):  # two at once, so both slots are needed; some share her prefix
+            async with anyio.create_task_group() as tg:
+                for j in (i, i + 1):
+                    prompt = (_prompt(5, 20) if j % 2 else _prompt(20 + j, 30)) + [3 + j]
+                    tg.start_soon(lambda p=prompt: s.complete(prompt=p, n_predict=8, ignore_eos=True))
+        assert kept._value.get() >= 1  # her slot served an anonymous request: she went to her page first
+        back = await s.complete(prompt=held + [7, 8], n_predict=2, mind="ada", ignore_eos=True)
+        assert back.n_cached == n_kv
 
 
 async def test_an_unnamed_request_takes_a_free_slot_rather_than_write_over_a_mind(tiny_model, tmp_path):
