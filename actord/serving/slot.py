@@ -382,7 +382,10 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         # sequence is cut back, so a refused request changes nothing.
         seed = req.seed if req.seed is not None else self.default_seed
         await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
-        if self.mind is not None and req.mind != self.mind and self.kv_tokens:
+        if self.mind is not None and req.mind is None and req.slot is None and self.kv_tokens:
+            # An unnamed request placed on her slot: not her turn, and nobody asked for her
+            # state to go. (A request addressed to the slot is the client's own say over it,
+            # as llama-server's slot verbs are: it continues or replaces what the slot holds.)
             await self._keep_mind()
         raw = common_prefix(self.kv_tokens, prompt)
         self.resume_raw_lcp = raw
@@ -412,8 +415,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         a.reply, a.enrolled = None, True  # the scheduler answers from here on
 
     async def _keep_mind(self) -> None:
-        """A request that is not the mind's runs on her slot (unnamed, or addressed to the
-        slot): her state goes to her page first, as a copy (the sequence stays, so the request
+        """An unnamed request runs on her slot: her state goes to her page first, as a copy (the sequence stays, so the request
         still starts from what it shares with her), else to her page file. Where neither can
         hold it, the request is refused, typed, and she keeps her slot: nothing of a named
         mind is ever written over."""
