@@ -47,6 +47,18 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def parse(path: Path) -> ast.Module:
+    """`ast.parse` of a source file. CPython 3.11 keeps the AST converter's recursion count in
+    state that another thread's AST work can disturb (gh-106905, fixed in 3.12): a parse that
+    meets "AST constructor recursion depth mismatch" is a race in the interpreter, not in the
+    file, so it is parsed once more."""
+    source = path.read_text()
+    try:
+        return ast.parse(source)
+    except SystemError:
+        return ast.parse(source)
+
+
 def _type_only(tree: ast.AST) -> set[int]:
     """The ids of import nodes under `if TYPE_CHECKING:` (they never run)."""
     out: set[int] = set()
@@ -61,7 +73,7 @@ def imported(path: Path, *, runtime: bool = False) -> Iterator[str]:
     gives "a.b", `from a.b import c` gives "a.b.c" (c a module or a name in a.b); relative
     imports are not followed (actord uses none). `runtime`: leave out imports for type
     checkers only."""
-    tree = ast.parse(path.read_text())
+    tree = parse(path)
     skip = _type_only(tree) if runtime else set()
     for n in ast.walk(tree):
         if id(n) in skip:

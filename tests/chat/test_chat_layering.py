@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests.test_house import parse
 
 CHAT = Path(__file__).resolve().parents[2] / "actord" / "chat"
 
@@ -12,7 +13,7 @@ CHAT = Path(__file__).resolve().parents[2] / "actord" / "chat"
 def test_the_chat_package_imports_no_front():
     bad = []
     for p in CHAT.rglob("*.py"):
-        for node in ast.walk(ast.parse(p.read_text())):
+        for node in ast.walk(parse(p)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             bad += [(p.name, n) for n in names if n.startswith("actord.frontends")]

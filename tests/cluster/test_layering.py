@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.test_house import PKG, imported
+from tests.test_house import PKG, imported, parse
 
 
 def _reaches(path: Path, module: str) -> bool:
@@ -23,7 +23,7 @@ def test_nothing_outside_the_cluster_imports_it_at_module_level():
     for p in PKG.rglob("*.py"):
         if PKG / "cluster" in p.parents:
             continue
-        top = ast.parse(p.read_text()).body
+        top = parse(p).body
         mods = {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
         mods |= {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
         assert not [m for m in mods if m.startswith("actord.cluster")], p

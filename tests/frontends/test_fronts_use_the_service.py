@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from actord.service.protocol import ChatHost, Service
-from tests.test_house import imported
+from tests.test_house import imported, parse
 
 PKG = Path(__file__).resolve().parents[2] / "actord"
 
@@ -32,7 +32,7 @@ def _is_system(node: ast.expr) -> bool:
 def _system_uses(path: Path) -> list[tuple[int, str, bool]]:
     """(line, name, stored) for every `system.<name>` in the module."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Attribute) and _is_system(node.value):
             out.append((node.lineno, node.attr, isinstance(node.ctx, ast.Store)))
     return out

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from tests.test_house import imported
+from tests.test_house import imported, parse
 
 PKG = Path(__file__).resolve().parents[2] / "actord"
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = parse(path)
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
