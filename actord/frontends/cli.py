@@ -27,6 +27,7 @@ from actord.frontends.config_flags import (
     add_config_file_flag, add_config_flags, add_serve_flags, config_from_args, unknown_flag_message,
 )
 from actord.frontends.rpc.methods import METHODS
+from actord.service.config import Config
 
 # Names the verbs had before they were generated, kept so every command line still works.
 _ALIASES: dict[str, list[str]] = {
@@ -242,22 +243,19 @@ def request_of(ns: argparse.Namespace) -> tuple[str, Any]:
     return ns.rpc, sugar.params(ns) if sugar is not None else _generated_params(ns)
 
 
-def _config_show(ns: argparse.Namespace, rest: list[str]) -> int:
-    """`actord config show`: the Config `serve` would build from the same file and flags,
-    refused the same way (exit 2, naming the key or flag)."""
-    from actord.frontends.config_file import render
+def _config_of(what: str, ns: argparse.Namespace, rest: list[str], unknown: Any) -> Config | None:
+    """The Config `serve` builds from the file and flags, or None with the refusal printed
+    (naming the key or flag; the caller exits 2)."""
     from actord.service.errors import ActordError
 
-    if rest:
-        print(f"actord config show: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
-        return 2
+    if rest:  # parse_known_args (for replay/simulate) lets them through: refuse them here
+        print(f"actord {what}: {unknown(rest)}", file=sys.stderr)
+        return None
     try:
-        config = config_from_args(ns)
+        return config_from_args(ns)
     except ActordError as e:
-        print(f"actord config show: {e.message}", file=sys.stderr)
-        return 2
-    print(render(config, ns.format))
-    return 0
+        print(f"actord {what}: {e.message}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,21 +263,20 @@ def main(argv: list[str] | None = None) -> int:
     ns, rest = ap.parse_known_args(argv)
 
     if ns.cmd == "serve":
-        if rest:  # parse_known_args (for replay/simulate) lets them through: refuse them here
-            print(f"actord serve: {unknown_flag_message(serve, rest)}", file=sys.stderr)
+        config = _config_of("serve", ns, rest, lambda r: unknown_flag_message(serve, r))
+        if config is None:
             return 2
         from actord.frontends.daemon import run_daemon
 
-        from actord.service.errors import ActordError
-
-        try:
-            config = config_from_args(ns)
-        except ActordError as e:
-            print(f"actord serve: {e.message}", file=sys.stderr)
-            return 2
         return run_daemon(config, log_json=ns.log_json, log_level=ns.log_level)
-    if ns.cmd == "config":
-        return _config_show(ns, rest)
+    if ns.cmd == "config":  # `actord config show`: what serve would run with, refused the same way
+        from actord.frontends.config_file import render
+
+        config = _config_of("config show", ns, rest, lambda r: f"unrecognized arguments: {' '.join(r)}")
+        if config is None:
+            return 2
+        print(render(config, ns.format))
+        return 0
     if ns.cmd in ("replay", "simulate"):
         from actord.replay import cli as replay_cli
 

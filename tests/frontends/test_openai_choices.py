@@ -14,28 +14,19 @@ import openai
 import pytest
 
 from actord.frontends.client import Client
-from tests.frontends.test_openai_http import KEY, _metric, _start, _stop
+from tests.frontends.test_openai_http import KEY, _metric, front_on_tiny, openai_client
 
 AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
-                                 chat_template=TINY_CHAT_TEMPLATE))
-    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, "--slots", "4",
-                             "--max-n", "5")
-    try:
-        yield sock, url
-    finally:
-        _stop(proc)
+    yield from front_on_tiny(tmp_path_factory, "--slots", "4", "--max-n", "5")
 
 
 @pytest.fixture
 def client(front) -> openai.OpenAI:
-    return openai.OpenAI(base_url=front[1] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(front[1], timeout=120)
 
 
 def _msgs(tag: str) -> list[dict]:

@@ -51,6 +51,22 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.communicate(timeout=10)  # reaps it and closes its pipes
 
 
+def front_on_tiny(tmp_path_factory, *flags: str, chat: bool = True):
+    """A module fixture's body: a daemon with the HTTP front (and KEY) on the tiny llama (with
+    a chat template unless `chat` is False); yields (socket, url), stopped after."""
+    kw = {"chat_template": TINY_CHAT_TEMPLATE} if chat else {}
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", seed=1, **kw))
+    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, *flags)
+    try:
+        yield sock, url
+    finally:
+        _stop(proc)
+
+
+def openai_client(url: str, timeout: float = 60) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> str:
     return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.frontends.test_openai_http import KEY, _start, _stop
+from tests.frontends.test_openai_http import front_on_tiny, openai_client
 
 PROMPTS = ["Once upon a time", "The weather today is"]
 GREEDY = dict(model="m", max_tokens=6, temperature=0)
@@ -16,19 +16,12 @@ GREEDY = dict(model="m", max_tokens=6, temperature=0)
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    from actord.testing.models import write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", seed=1))
-    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, "--slots", "4", "--max-n", "4")
-    try:
-        yield sock, url
-    finally:
-        _stop(proc)
+    yield from front_on_tiny(tmp_path_factory, "--slots", "4", "--max-n", "4", chat=False)
 
 
 @pytest.fixture
 def client(front) -> openai.OpenAI:
-    return openai.OpenAI(base_url=front[1] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(front[1], timeout=120)
 
 
 @pytest.fixture

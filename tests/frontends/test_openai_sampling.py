@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from actord.frontends.client import Client
-from tests.frontends.test_openai_http import KEY, _start, _stop
+from tests.frontends.test_openai_http import KEY, _start, _stop, front_on_tiny, openai_client
 
 MSGS = [{"role": "user", "content": "Describe a pet."}]
 
@@ -31,20 +31,12 @@ class Pet(BaseModel):
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
-                                 chat_template=TINY_CHAT_TEMPLATE))
-    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY)
-    try:
-        yield sock, url
-    finally:
-        _stop(proc)
+    yield from front_on_tiny(tmp_path_factory)
 
 
 @pytest.fixture
 def client(front) -> openai.OpenAI:
-    return openai.OpenAI(base_url=front[1] + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    return openai_client(front[1], timeout=60)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
