@@ -315,8 +315,3 @@ class ChatTemplate:
         return await (self._run_sync or anyio.to_thread.run_sync)(
             functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools),
             limiter=self._limiter)
-
-
-# The request and result shapes live in actord.chat.messages. actord/cluster (under another
-# change now) still imports them from here: remove this line once its imports name messages.
-from actord.chat.messages import ChatRequest, ChatResult  # noqa: E402,F401

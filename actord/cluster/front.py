@@ -47,7 +47,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.types import CompletionRequest, CompletionResult
-from actord.chat.template import ChatRequest, ChatResult
+from actord.chat.messages import ChatRequest, ChatResult
 from actord.service.errors import InvalidParams, NotServed
 from actord.service.metrics import Metrics
 from actord.frontends.http.native import base as native_base

@@ -41,7 +41,7 @@ import ray
 from actord.serving.placer import mind_file
 from actord.service.types import CompletionRequest
 from actord.cluster.fence import FenceBook, MindFence
-from actord.chat.template import ChatRequest
+from actord.chat.messages import ChatRequest
 from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
 from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
 from actord.cluster.transfer import PageBlob, pack, unpack

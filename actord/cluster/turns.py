@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import msgspec
 
-from actord.chat.template import ChatRequest
+from actord.chat.messages import ChatRequest
 from actord.cluster.directory import Directory, Entry
 from actord.cluster.messages import KINDS, Holding, Turn
 from actord.cluster.nodelink import NODE_GONE, NodeLink

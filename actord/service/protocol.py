@@ -19,7 +19,7 @@ The chat package's narrower `ChatHost` (and the `TokenChunk` stream) is chat's o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -29,8 +29,6 @@ from actord.service.types import CompletionRequest, CompletionResult, RequestLim
 
 if TYPE_CHECKING:
     from actord.chat.messages import ChatMessage, ChatRequest, ChatResult
-    from actord.chat.tool_output import CallMade
-    from actord.chat.turn import ChatState
     from actord.service.config import Config
     from actord.service.metrics import Metrics
 
