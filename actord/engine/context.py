@@ -63,7 +63,9 @@ def context_params(config: Config, *, threads: int, swa_full: bool) -> Any:
     cp.n_ctx = config.ctx
     cp.n_batch = config.batch
     cp.n_ubatch = config.batch
-    cp.n_seq_max = config.slots
+    # One sequence beyond the slots: the engine's scratch, through which part of a sequence
+    # is copied out or set in (llama_state_seq_* move whole sequences only).
+    cp.n_seq_max = config.slots + 1
     cp.n_threads = threads
     cp.n_threads_batch = threads
     cp.kv_unified = True
@@ -157,6 +159,8 @@ class Context:
         self.n_ctx = lib.llama_n_ctx(self.ctx)
         self.n_batch = lib.llama_n_batch(self.ctx)
         self.n_seq_max = config.slots
+        self.scratch = config.slots  # the sequence part-copies go through (context_params)
+        self.n_swa = n_swa
         self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
         b = self.batch
         # The batch's arrays never move: bind them once, not per token per step.

@@ -135,6 +135,8 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
                 lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
                 lib.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
                 return True
+            case J.SeqShare(src=src, dst=dst, n=n):
+                return self.seq_share(src, dst, n)
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):
@@ -145,12 +147,16 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
             case J.StateSize(seq=seq, partial=partial):
                 self._check_seq(seq)
                 return int(lib.llama_state_seq_get_size_ext(self.ctx, seq, self._flags(partial)))
-            case J.StateGet(seq=seq, partial=partial, into=into, capacity=capacity, then_erase=erase):
-                if erase and self.drafter is not None:
-                    raise InvalidParams("then_erase takes the target's sequence only on a context without a draft")
+            case J.StateGet(seq=seq, partial=partial, into=into, capacity=capacity, then_erase=erase, p0=p0, p1=p1):
+                if erase and (self.drafter is not None or p0 or p1 >= 0):
+                    raise InvalidParams("then_erase takes a whole target sequence, on a context without a draft")
+                if p0 or p1 >= 0:
+                    return self.state_get_range(seq, p0, p1, partial, into, capacity)
                 return self.state_get(seq, partial, into, capacity, then_erase=erase)
-            case J.StateSet(seq=seq, data=data, partial=partial):
+            case J.StateSet(base=None, base_seq=-1, seq=seq, data=data, partial=partial):
                 return self.state_set(seq, data, partial)
+            case J.StateSet():
+                return self.state_set_on_base(job)
             case J.MemoryRange(seq=seq):
                 self._check_seq(seq)
                 return J.SeqRange(

@@ -105,6 +105,22 @@ class SeqCopy(Job):
     between_steps = True
 
 
+class SeqShare(Job):
+    """Make sequence `dst` hold the first `n` positions of sequence `src`, shared: dst is
+    cleared, then llama_memory_seq_cp over [0, n) adds dst to those cells of the unified KV
+    cache (nothing is copied). Answers False, dst untouched, when src does not hold [0, n)
+    whole: fewer positions, a sliding window already past what position n attends to, or
+    recurrent memory (one state at the end of a sequence, not one per cell). `src` may have
+    a request running: the job runs between steps and cells below `n` never change while it
+    runs. The draft context's dst sequence is cleared (it catches up from zero)."""
+
+    src: int
+    dst: int
+    n: int
+
+    between_steps = True
+
+
 class SetSampler(Job):
     seq: int
     params: SamplingParams
@@ -193,6 +209,11 @@ class StateGet(Job):
     # than a StateGet and then a SeqRm; the caller sets the state back if the page cannot
     # be kept). Only the target's sequence, and only on a context without a draft.
     then_erase: bool = False
+    # Only positions [p0, p1) (p1 -1: to the end): a shared prefix's page, or a page of what
+    # follows one. Copied through the engine's scratch sequence (the cells are shared, then
+    # written out as that sequence's state), so the bytes are libllama's own format.
+    p0: int = 0
+    p1: int = -1
 
     # A state move of an idle slot's sequence (no queued step holds it): runs at the next
     # step boundary, ahead of steps already queued (engine/thread.py).
@@ -200,9 +221,19 @@ class StateGet(Job):
 
 
 class StateSet(Job):
+    """Set a sequence's state. With a base (`base_seq` >= 0: that sequence's first `n_base`
+    cells, shared as SeqShare does; else `base` data: a shared prefix's state), `data` holds
+    only the positions from `n_base` on and goes in through the scratch sequence, so the
+    sequence ends up holding base + data; `n_tokens` (when >= 0) is what it must then hold,
+    else the sequence is cleared and PageDoesNotFit raised."""
+
     seq: int
     data: bytes | bytearray | memoryview
     partial: bool = False
+    base: bytes | bytearray | memoryview | None = None
+    base_seq: int = -1
+    n_base: int = 0
+    n_tokens: int = -1
     # The draft context's sequence. A refused draft state clears that sequence and answers
     # n_bytes 0 (a cold draft), never an error: the target's state is what matters.
     draft: bool = False

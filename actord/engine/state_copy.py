@@ -95,7 +95,7 @@ class StateCopy:
         return lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
 
     def state_get(self, seq: int, partial: bool, into: J.HostBuffer | None = None, capacity: int = 0,
-                  ctx: Any = None, then_erase: bool = False) -> J.StateData:
+                  ctx: Any = None, then_erase: bool = False, scratch: bool = False) -> J.StateData:
         """Copy a sequence's state into host memory, once: libllama writes it straight into
         `into` (a pooled, already-faulted buffer) when that is large enough, else into a
         fresh buffer of at least `capacity` bytes. The result views that very buffer. `ctx`:
@@ -106,8 +106,9 @@ class StateCopy:
         (llama_state_seq_get_size_ext walks the whole state as a dry run: 0.1 ms of a 1.3 ms
         copy for Gemma at 4k): libllama writes at most the buffer's capacity and answers
         what it wrote, 0 when the state did not fit (then the size is asked and a fresh
-        buffer taken)."""
-        self._check_seq(seq)
+        buffer taken). `scratch`: the engine's own sequence (a part-copy), not a client's."""
+        if not scratch:
+            self._check_seq(seq)
         ctx = ctx or self.ctx
         t0 = time.perf_counter()
         flags = self._flags(partial)
@@ -135,10 +136,12 @@ class StateCopy:
             self.seq_rm(seq, -1, -1)
         return J.StateData(data=memoryview(arr)[:n], n_bytes=n, t_ms=(t - t0) * 1e3, lib_ms=lib_s * 1e3)
 
-    def state_set(self, seq: int, data: Any, partial: bool, ctx: Any = None, mem: Any = None) -> J.StateData:
+    def state_set(self, seq: int, data: Any, partial: bool, ctx: Any = None, mem: Any = None,
+                  scratch: bool = False) -> J.StateData:
         """Set a sequence's state from host memory, read in place: libllama is handed the
         buffer's own address (a read-only buffer too, a mapped page file say), no copy."""
-        self._check_seq(seq)
+        if not scratch:
+            self._check_seq(seq)
         ctx, mem = ctx or self.ctx, mem or self.mem
         t0 = time.perf_counter()
         view = memoryview(data).cast("B")
@@ -159,3 +162,75 @@ class StateCopy:
             )
         return J.StateData(data=bytearray(), n_bytes=n, t_ms=(time.perf_counter() - t0) * 1e3, lib_ms=lib_s * 1e3)
 
+
+    # -- parts of a sequence (shared prefixes: serving/prefix_share.py) -------------------
+
+    def seq_holds_prefix(self, seq: int, n: int) -> bool:
+        """Does `seq` hold positions [0, n) whole, as cells another sequence can share? Not
+        on recurrent memory (one state, at the end); on sliding-window layers only while the
+        window of position n is still there (libllama prunes cells it has moved past)."""
+        if self.recurrent or self.hybrid or n <= 0:
+            return False
+        if int(lib.llama_memory_seq_pos_max(self.mem, seq)) + 1 < n:
+            return False
+        window = getattr(self, "n_swa", 0)  # the positions n attends to, back from n
+        need = max(0, n - window) if window else 0
+        return int(lib.llama_memory_seq_pos_min(self.mem, seq)) <= need
+
+    def seq_share(self, src: int, dst: int, n: int) -> bool:
+        self._check_seq(src)
+        self._check_seq(dst)
+        if src == dst:
+            raise InvalidParams("a sequence cannot share its own cells", seq=src)
+        if not self.seq_holds_prefix(src, n):
+            return False
+        if self.drafter is not None:
+            self.drafter.seq_rm(dst, -1, -1)
+        lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        lib.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+        return True
+
+    def state_get_range(self, seq: int, p0: int, p1: int, partial: bool, into: J.HostBuffer | None,
+                        capacity: int) -> J.StateData:
+        """The state of positions [p0, p1) of `seq` only: the scratch sequence shares those
+        cells, its state is written out, and it lets them go (the cells are not copied)."""
+        self._check_seq(seq)
+        scratch = self.scratch
+        lib.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+        try:
+            lib.llama_memory_seq_cp(self.mem, seq, scratch, p0, p1)
+            if int(lib.llama_memory_seq_pos_max(self.mem, scratch)) < 0:
+                raise InvalidParams(f"sequence {seq} holds nothing in [{p0}, {p1})", seq=seq, p0=p0, p1=p1)
+            return self.state_get(scratch, partial, into, capacity, scratch=True)
+        finally:
+            lib.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+
+    def state_set_on_base(self, job: J.StateSet) -> J.StateData:
+        """A sequence from a base (another sequence's first cells, or a prefix's state) and
+        the state of what follows it, set through the scratch sequence (libllama's state
+        read clears its destination first, so the two parts cannot go into one sequence)."""
+        seq, scratch, t0 = job.seq, self.scratch, time.perf_counter()
+        self._check_seq(seq)
+        n_bytes = 0
+        try:
+            if job.base_seq >= 0:
+                if not self.seq_share(job.base_seq, seq, job.n_base):
+                    raise PageDoesNotFit(f"sequence {job.base_seq} no longer holds the {job.n_base} shared positions",
+                                         seq=seq, base_seq=job.base_seq, n_base=job.n_base)
+            elif job.base is not None:
+                n_bytes += self.state_set(seq, job.base, job.partial).n_bytes
+            if memoryview(job.data).nbytes:
+                n_bytes += self.state_set(scratch, job.data, job.partial, scratch=True).n_bytes
+                lib.llama_memory_seq_cp(self.mem, scratch, seq, job.n_base, -1)
+            held = int(lib.llama_memory_seq_pos_max(self.mem, seq)) + 1
+            if job.n_tokens >= 0 and held != job.n_tokens:
+                raise PageDoesNotFit(f"a base and its rest made {held} positions, not {job.n_tokens}",
+                                     seq=seq, n_tokens=job.n_tokens, held=held)
+        except BaseException:
+            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            if self.drafter is not None:
+                self.drafter.seq_rm(seq, -1, -1)
+            raise
+        finally:
+            lib.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+        return J.StateData(data=bytearray(), n_bytes=n_bytes, t_ms=(time.perf_counter() - t0) * 1e3)

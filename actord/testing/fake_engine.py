@@ -15,7 +15,7 @@ from typing import Any
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.step_contract import check_step, run_in_epoch
-from actord.service.errors import InvalidParams
+from actord.service.errors import InvalidParams, PageDoesNotFit
 
 
 class FakeEngine:
@@ -77,22 +77,39 @@ class FakeEngine:
                     raise InvalidParams("a sequence cannot be copied onto itself", seq=src)
                 self.held[dst] = self.held.get(src, 0)
                 return True
+            case J.SeqShare(src=src, dst=dst, n=n):
+                self._check_seq(src)
+                self._check_seq(dst)
+                if src == dst:
+                    raise InvalidParams("a sequence cannot share its own cells", seq=src)
+                if not 0 < n <= self.held.get(src, 0):
+                    return False
+                self.held[dst] = n
+                return True
             case J.StateSize(seq=seq):
                 self._check_seq(seq)
                 return 16 + 4 * self.held.get(seq, 0)
-            case J.StateGet(seq=seq, into=into, then_erase=erase):
+            case J.StateGet(seq=seq, into=into, then_erase=erase, p0=p0, p1=p1):
                 self._check_seq(seq)
-                n = 16 + 4 * self.held.get(seq, 0)
+                held = self.held.get(seq, 0)
+                n = 16 + 4 * (max(0, min(held, p1 if p1 >= 0 else held) - p0))
                 if erase:
                     self.held[seq] = 0
                 if into is not None and into.capacity >= n:  # as the engine: written in place
                     into.array[:n] = 0
                     return J.StateData(data=memoryview(into.array)[:n], n_bytes=n, t_ms=0.0)
                 return J.StateData(data=bytearray(n), n_bytes=n, t_ms=0.0)
-            case J.StateSet(seq=seq, data=data):
+            case J.StateSet(seq=seq, data=data, base=base, base_seq=base_seq, n_base=n_base):
                 self._check_seq(seq)
                 n = memoryview(data).nbytes
-                self.held[seq] = max(0, (n - 16) // 4)
+                rest = max(0, (n - 16) // 4)
+                if base_seq >= 0 or base is not None:  # a shared base, then the rest on it
+                    if base_seq >= 0 and self.held.get(base_seq, 0) < n_base:
+                        self.held[seq] = 0
+                        raise PageDoesNotFit("base sequence no longer holds the shared positions", seq=seq)
+                    self.held[seq] = n_base + rest
+                else:
+                    self.held[seq] = rest
                 return J.StateData(data=bytearray(), n_bytes=n, t_ms=0.0)
             case J.MemoryRange(seq=seq):
                 self._check_seq(seq)
