@@ -147,7 +147,11 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     errors: dict[str, int] = {}
     pending = {"n": 0}
     ops_done = [0]
-    histories = {f"m{i}": [1, 20 + i, 30 + i, 40 + i] for i in range(3)}
+    # Minds and many requests open with one system prompt, as sessions of one agent do: new
+    # minds and unnamed requests start from it by cells (serving/prefix_share.py).
+    system_prompt = [1] + [3 + (seed * 7 + i * 13) % 490 for i in range(39)]
+    histories = {f"m{i}": system_prompt + [20 + i, 30 + i, 40 + i] for i in range(3)}
+    fresh = len(system_prompt) + 3
     gene_ids: list[int] = []
     stopping = {"on": False}
 
@@ -160,13 +164,14 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         slot = r.randrange(cfg.slots)
         try:
             if kind == "complete":
-                await system.complete(prompt=[1] + [r.randrange(3, 500) for _ in range(r.randint(1, 60))],
+                head = system_prompt if r.random() < 0.4 else [1]
+                await system.complete(prompt=head + [r.randrange(3, 500) for _ in range(r.randint(1, 60))],
                                       n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True, genes=genes_of(r),
                                       **({"slot": slot} if r.random() < 0.8 else {}))
             elif kind == "mind":
                 m = r.choice(sorted(histories))
                 if len(histories[m]) > cfg.ctx // 3:  # the mind starts over before it outgrows the cache
-                    histories[m] = histories[m][:4]
+                    histories[m] = histories[m][:fresh]
                 res = await system.complete(prompt=histories[m], n_predict=3, mind=m, ignore_eos=True,
                                             genes=genes_of(r))
                 histories[m] = histories[m] + res.tokens + [r.randrange(3, 500) for _ in range(r.randint(1, 12))]
@@ -321,8 +326,19 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 raise InvariantViolated(f"seed {seed}: idle slot {s.id} is still enrolled")
         sch = system.scheduler
         cells = {s.id: sch.held(s.id) for s in system.slots}
-        if sch.n_ctx and sum(cells.values()) > sch.n_ctx:  # n_ctx 0: no cells (pure recurrent)
-            raise InvariantViolated(f"seed {seed}: KV cells charged {cells} exceed n_ctx {sch.n_ctx}")
+        shared = sch.core.shared_cells()  # cells two sequences hold, charged once
+        if sch.n_ctx and sum(cells.values()) - shared > sch.n_ctx:  # n_ctx 0: no cells (pure recurrent)
+            raise InvariantViolated(f"seed {seed}: KV cells charged {cells} less {shared} shared exceed n_ctx "
+                                    f"{sch.n_ctx}")
+        for dst, link in sch.core.links.items():
+            # A share is charged once only for cells both sequences hold: the same tokens.
+            src, src_epoch, dst_epoch, _ = link
+            counted = sch.core._shared(dst, link)
+            a, b = system.slots[src], system.slots[dst]
+            if counted and a.kv_epoch == src_epoch and b.kv_epoch == dst_epoch and (
+                    a.kv_tokens[:counted] != b.kv_tokens[:counted]):
+                raise InvariantViolated(f"seed {seed}: {counted} cells of slots {src} and {dst} charged once "
+                                        "hold different tokens")
         res = system.residency
         quiet = res.name in disp._gates  # not in the middle of a handler (a page move under way)
         idle = not any(s.active for s in system.slots)

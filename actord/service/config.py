@@ -77,6 +77,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # diverge (actord.policy.checkpoint_placement); "divergence": the seed's spacing + count rule aware
     # of the last raw lcp; "oldest": the original keep-head-and-newest rule (a baseline).
     checkpoint_policy: str = "placement"
+    # A request whose slot holds little of its prompt starts from the longest prefix another
+    # slot's sequence holds, by cells (actord.serving.prefix_share), and pages of minds that
+    # open alike hold their common prefix once (the page store's bases). Off: every
+    # sequence and page is its own (the comparison bench/shared_prefix.py draws).
+    prefix_sharing: bool = True
     # A full SWA cache makes checkpoints unnecessary but costs memory (actord.policy.swa):
     # "auto" takes it when bytes/token x ctx fits swa_full_share of the device budget
     # (device_bytes, else the host's memory), "on"/"off" decide outright.

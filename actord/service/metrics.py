@@ -58,6 +58,10 @@ class Metrics:
         self.full_reprefills_total = Counter(
             "full_reprefills", "Requests that re-prefilled from zero despite a cached prefix", registry=r
         )
+        self.prefix_hit_tokens_total = Counter(
+            "prefix_hit_tokens", "Prompt tokens a request took from a prefix another mind's sequence or a shared "
+            "page held (not prefilled)", ["source"], registry=r,
+        )
         # Speculative decoding, as llama-server names them (Counter adds the _total)
         self.spec_decode_num_draft_tokens_total = Counter(
             "spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", registry=r

@@ -160,6 +160,7 @@ class Enroll(Msg):
     spec: int = 0  # draft up to this many tokens per step (0: no speculation)
     draft_pos0: int = 0  # the draft context's sequence holds prompt[:draft_pos0]
     logprobs: bool = False  # the engine returns logprobs: collect them for the answer and the stream
+    epoch: int = 0  # the sequence's epoch (serving/prefix_share.py): a cut below pos0 moved it on
 
 
 class Abort(Msg):
@@ -181,6 +182,12 @@ class Cells(Msg):
     n: int
     seq: int = 0
     release: int = 0  # a room token the count now stands for (a page-in's): released with it
+    # The sequence's epoch, and, after a share by cells, the sequence whose first
+    # `shared` cells these are and its epoch then (serving/prefix_share.py).
+    epoch: int = 0
+    shared_from: int = -1
+    shared_epoch: int = 0
+    shared: int = 0
 
 
 class MakeRoom(Msg):

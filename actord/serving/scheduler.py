@@ -123,6 +123,9 @@ class Scheduler(Actor[SchedulerInbox]):
                 if slot not in self.lost and (not seq or seq > self.cells_seq.get(slot, 0)):
                     self.cells_seq[slot] = seq
                     self.core.set_cells(slot, n)
+                    self.core.set_epoch(slot, msg.epoch)
+                    if msg.shared:
+                        self.core.link(slot, msg.shared_from, msg.shared_epoch, msg.epoch, msg.shared)
                 if token:  # a page move's room: the count above stands for it now
                     self.core.release(token)
             case SlotLost(slot=slot):
@@ -173,6 +176,7 @@ class Scheduler(Actor[SchedulerInbox]):
         )
         try:
             self.core.add(r)
+            self.core.set_epoch(m.slot, m.epoch)
         except ValueError as e:  # a second request on one slot: a protocol error by the slot
             if env.reply is not None:
                 env.reply.fail(InternalError(str(e), slot=m.slot))
@@ -372,13 +376,16 @@ class Scheduler(Actor[SchedulerInbox]):
     async def _make_room(self, need: int, exclude: int | None = None) -> int:
         """Ask idle slots, least recently stepped first, to give up their cells."""
         core = self.core
+        # Cells nobody else holds first: evicting a sequence whose cells another one shares
+        # frees only its own part.
         victims = sorted((s for s, n in core.cells.items()
                           if n > 0 and s not in core.by_slot and s != exclude),
-                         key=lambda s: (core.last_use.get(s, 0), s))
+                         key=lambda s: (core.shared_of(s) > 0, core.last_use.get(s, 0), s))
         freed = 0
         for s in victims:
             if freed >= need:
                 break
+            shared = core.shared_of(s)
             try:
                 n, seq = await self.slots[s].ask(Evict(reason="kv"))
             except ActordError as e:  # it has work coming (busy), or it failed
@@ -389,7 +396,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 # anything it told before, still queued here, is older and is ignored).
                 self.cells_seq[s] = seq
                 core.cells[s] = 0
-            freed += n
+            freed += max(0, n - shared)
             self.metrics.kv_evictions_total.inc()
         if freed:
             log.info("scheduler.made_room", freed=freed, need=need, free=self.free_cells)

@@ -43,8 +43,9 @@ from actord.serving.messages import (
 )
 from actord.serving.page_store import PageStoreInbox
 from actord.serving.placer import Misplaced, PlacerInbox, SlotState
+from actord.serving.prefix_share import MIN_SHARE, PrefixShare, common_prefix
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.serving.slot_memory import SlotMemory, common_prefix
+from actord.serving.slot_memory import SlotMemory
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
@@ -103,13 +104,13 @@ class SlotPeers:
     slots: Sequence["Slot"]
 
 
-class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
+class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
     rank = 30
 
     def __init__(
         self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps, metrics: Metrics,
         peers: SlotPeers, ckpt: CheckpointPlan, *, default_seed: int = 0, capacity: int = 64,
-        track_footprint: bool = False, default_genes: Sequence[int] = (),
+        track_footprint: bool = False, default_genes: Sequence[int] = (), share_prefixes: bool = True,
     ) -> None:
         super().__init__(dispatcher, f"slot{slot_id}", capacity)
         self.id = slot_id
@@ -129,7 +130,10 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
         self.default_genes = default_genes  # the system's, loaded at start (a shared list)
         self.track_footprint = track_footprint
         self._acquired = False
-        self.kv_tokens: list[int] = []
+        self._kv: list[int] = []  # kv_tokens (serving/prefix_share.py: its setter keeps kv_epoch)
+        self.kv_epoch = 0
+        self._share_note: tuple[int, int, int] | None = None
+        self.share_prefixes = share_prefixes  # Config.prefix_sharing
         self.resume_raw_lcp: int | None = None
         self.checkpoints: list[SlotCheckpoint] = []
         self.genes: tuple[tuple[int, float], ...] = ()
@@ -388,6 +392,8 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             # as llama-server's slot verbs are: it continues or replaces what the slot holds.)
             await self._keep_mind()
         raw = common_prefix(self.kv_tokens, prompt)
+        if raw < len(prompt) - MIN_SHARE:
+            raw = await self.share_prefix(prompt, genes, raw) or raw
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
         self.draft_n = min(self.draft_n, usable)  # every cut of the sequence cuts the draft's too
@@ -409,7 +415,7 @@ class Slot(SlotPages, SlotMemory, Actor[SlotInbox]):
             genes=self.genes, checkpoint_at=self.checkpoint_positions(usable, len(prompt)), stop=list(req.stop),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
-            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n,
+            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

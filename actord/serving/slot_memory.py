@@ -11,7 +11,7 @@ the scheduler and the residency whenever the sequence changes outside a step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from actord.serving.kernel import Envelope
 from actord.serving.checkpoint_budget import AdmitCheckpoint, Decision, SlotCheckpoints
@@ -34,14 +34,6 @@ if TYPE_CHECKING:
     from actord.storage.files import PageFiles
 
 log = get("actord.slot")
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class SlotMemory:
@@ -71,6 +63,8 @@ class SlotMemory:
     handling: int
     cells_batched: bool
     cells_dirty: bool
+    kv_epoch: int
+    take_share_note: Callable[[], dict[str, int]]  # serving/prefix_share.py
 
     async def erase(self) -> None:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
@@ -98,7 +92,8 @@ class SlotMemory:
             return
         self.cells_dirty = False
         self._cells_seq = getattr(self, "_cells_seq", 0) + 1
-        await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq, release=release))
+        await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq, release=release,
+                                        epoch=self.kv_epoch, **self.take_share_note()))
 
     async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
         try:

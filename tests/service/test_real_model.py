@@ -55,9 +55,10 @@ async def test_paged_mind_resumes_with_the_suffix_and_matches_a_slot_that_never_
 
 
 async def test_gemma_resumes_from_a_checkpoint_when_the_window_has_moved_on(real_model, tmp_path):
-    # ~1650 tokens: past the window and the SWA cache's cells (2 x 512 + a ubatch), so the
-    # cache no longer holds what attention from position ~500 would need.
-    long = TEXT * 30
+    # ~1900 tokens: past the window and the SWA cache's cells (3 x 512 + a ubatch: two slots
+    # and the engine's scratch sequence), so the cache no longer holds what attention from
+    # position ~500 would need.
+    long = TEXT * 35
     async with ActorSystem(cfg(real_model, tmp_path, swa_full="off")) as s:
         await s.complete(prompt=long, n_predict=2, slot=0)
         cut = len(long) * 3 // 10

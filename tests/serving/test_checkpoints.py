@@ -14,7 +14,8 @@ LONG = [1] + [3 + (i * 37) % 500 for i in range(420)]  # well past the 32-token 
 
 def cfg(model: str, tmp_path, **kw) -> Config:
     base = dict(model=model, slots=2, ctx=2048, batch=32, checkpoint_every=64, ctx_checkpoints=4,
-                ctx_checkpoints_bytes=10**8, page_dir=str(tmp_path), swa_full="off")
+                ctx_checkpoints_bytes=10**8, page_dir=str(tmp_path), swa_full="off",
+                prefix_sharing=False)
     base.update(kw)
     return Config(**base)
 

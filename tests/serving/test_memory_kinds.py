@@ -44,7 +44,8 @@ def model(kind, request) -> str:
 
 def cfg(model: str, tmp_path, **kw) -> Config:
     base = dict(model=model, slots=2, ctx=2048, batch=64, checkpoint_every=64, ctx_checkpoints=4,
-                ctx_checkpoints_bytes=10**8, page_dir=str(tmp_path), swa_full="off", threads=1)
+                ctx_checkpoints_bytes=10**8, page_dir=str(tmp_path), swa_full="off",
+                prefix_sharing=False, threads=1)
     base.update(kw)
     return Config(**base)
 

@@ -73,6 +73,12 @@ class SchedulerCore:
         self.by_slot: dict[int, int] = {}  # slot -> rid
         self.cells: dict[int, int] = {}  # idle slots' cells, as they told
         self.reserved: dict[int, dict[int, int]] = {}  # slot -> {token: cells held for a page move}
+        # Cells held by two sequences are charged once (serving/prefix_share.py): dst's first
+        # n cells are src's, while both sequences are still in the epoch they were in then
+        # (a sequence's epoch moves on whenever it loses or replaces a cell; within one it
+        # only grows, so cells below n stay shared). Epochs as last told (Cells, Enroll).
+        self.epochs: dict[int, int] = {}
+        self.links: dict[int, tuple[int, int, int, int]] = {}  # dst -> (src, src epoch, dst epoch, n)
         self._tokens = 0
         self.inflight: list[Plan] = []  # submitted, oldest first
         self.epoch = 0
@@ -102,6 +108,31 @@ class SchedulerCore:
         if slot not in self.by_slot:  # while enrolled, the record is the count
             self.cells[slot] = n
 
+    def set_epoch(self, slot: int, epoch: int) -> None:
+        if epoch > self.epochs.get(slot, 0):
+            self.epochs[slot] = epoch
+            if self.links:  # a link whose ends moved on shares nothing any more
+                self.links = {d: ln for d, ln in self.links.items()
+                              if self.epochs.get(ln[0], 0) <= ln[1] and self.epochs.get(d, 0) <= ln[2]}
+
+    def link(self, dst: int, src: int, src_epoch: int, dst_epoch: int, n: int) -> None:
+        """dst's first n cells are src's (a share by cells): charged once from now on."""
+        if dst != src and n > 0 and self.epochs.get(src, 0) <= src_epoch and self.epochs.get(dst, 0) <= dst_epoch:
+            self.links[dst] = (src, src_epoch, dst_epoch, n)
+
+    def shared_of(self, slot: int) -> int:
+        """Cells of `slot` that another sequence also holds (what evicting it does not free)."""
+        return sum(self._shared(d, ln) for d, ln in self.links.items() if slot == d or slot == ln[0])
+
+    def _shared(self, dst: int, ln: tuple[int, int, int, int]) -> int:
+        src, src_epoch, dst_epoch, n = ln
+        if self.epochs.get(src, 0) != src_epoch or self.epochs.get(dst, 0) != dst_epoch:
+            return 0  # not yet heard of (an end's tell is on its way): charged twice meanwhile
+        return min(n, self.held(src), self.held(dst))
+
+    def shared_cells(self) -> int:
+        return sum(self._shared(d, ln) for d, ln in self.links.items()) if self.links else 0
+
     def reserve(self, slot: int, n: int) -> int:
         """Hold `n` cells for a page move into idle `slot`; the token to `release`."""
         self._tokens += 1
@@ -129,7 +160,7 @@ class SchedulerCore:
             return 1 << 30
         idle = set(self.cells) | set(self.reserved)
         return (self.n_ctx - sum(self._idle_held(s) for s in idle if s not in self.by_slot)
-                - sum(r.n_done + r.n_sched for r in self.reqs.values()))
+                - sum(r.n_done + r.n_sched for r in self.reqs.values()) + self.shared_cells())
 
     def runnable(self) -> list[Request]:
         return [r for r in self.reqs.values() if not r.ended]

@@ -1,0 +1,137 @@
+"""A new request starts from the longest prefix of its prompt that any slot's sequence holds.
+
+Why: most sessions open with the same system prompt and tools. A request whose own slot
+holds little of its prompt (a new mind, an unnamed request, a mind placed in a slot another
+mind just left) takes the shared prefix from whichever slot holds most of it, by cells:
+`SeqShare` adds this sequence to those cells of the unified KV cache, so nothing is copied
+and only the rest of the prompt is prefilled. The source may be idle or running a request:
+the job runs between steps and cells below what a running slot held at its start never
+change while it runs (steps only add cells; its cut-backs move its epoch on).
+
+Charged once: the tell that follows names the source, its epoch and the cells shared; the
+scheduler's core counts them once for as long as neither sequence has lost or replaced a
+cell since (`SchedulerCore.links`, serving/steps/core.py). A sequence's epoch moves on at
+every change of `kv_tokens` that is not an extension: the slot's tells and enrolments carry
+it, so the scheduler knows when a share has ended.
+
+Who shares: attention memory only (recurrent and hybrid models hold one state at the end of
+a sequence, not one per cell: they start from checkpoints instead), under the same gene set
+(a prefix computed under other genes is another state), and only where it saves at least
+`MIN_SHARE` tokens over what the slot itself holds. On sliding-window layers the engine
+checks that the source still holds the window position `n` attends to, and refuses
+otherwise (nothing changes: the request prefills as before).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from actord.engine import jobs as J
+from actord.service.log import get
+
+if TYPE_CHECKING:
+    from actord.service.metrics import Metrics
+
+log = get("actord.slot")
+
+MIN_SHARE = 32  # tokens: below this a prefill costs less than the share's bookkeeping
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix, compared in C a slice at a time (a 4k-token
+    prompt against a few slots' sequences on every request start)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PrefixShare:
+    """A mixin of Slot: share a prefix by cells (see the module docstring)."""
+
+    id: int
+    seq: int
+    engine: Any
+    props: J.ModelProps
+    metrics: Metrics
+    peers: Sequence[Any]
+    genes: tuple[tuple[int, float], ...]
+    _kv: list[int]
+    kv_epoch: int
+    _share_note: tuple[int, int, int] | None
+    share_prefixes: bool
+
+    @property
+    def kv_tokens(self) -> list[int]:
+        return self._kv
+
+    @kv_tokens.setter
+    def kv_tokens(self, tokens: list[int]) -> None:
+        old = self._kv
+        if len(tokens) < len(old) or tokens[:len(old)] != old:
+            self.kv_epoch += 1  # a cell lost or replaced: shares of this sequence end here
+        self._kv = tokens
+
+    def shares_cells(self) -> bool:
+        p = self.props
+        return self.share_prefixes and not (p.recurrent or p.hybrid) and bool(p.kv_cells)
+
+    def holds_steady(self) -> bool:
+        """Its `kv_tokens` are cells that stay put for now: quiet, or running a request
+        (which only adds cells past them)."""
+        a = getattr(self, "active", None)
+        if a is not None:
+            return bool(a.enrolled)
+        return bool(self.quiet())  # type: ignore[attr-defined]
+
+    def best_source(self, prompt: list[int], genes: Any, own: int) -> tuple[Any, int]:
+        """The peer slot holding the longest prefix of `prompt` (at most all but its last
+        token) under `genes`, if it beats `own` by MIN_SHARE; else (None, 0)."""
+        if not self.shares_cells() or len(prompt) <= MIN_SHARE:
+            return None, 0
+        limit = len(prompt) - 1
+        best, best_n = None, own + MIN_SHARE - 1
+        for p in self.peers:
+            if p is self or p.genes != genes or len(p.kv_tokens) <= best_n or not p.holds_steady():
+                continue
+            n = min(common_prefix(p.kv_tokens, prompt), limit)
+            if n > best_n:
+                best, best_n = p, n
+        return (best, best_n) if best is not None else (None, 0)
+
+    async def share_prefix(self, prompt: list[int], genes: Any, own: int) -> int:
+        """Hold the longest prefix of `prompt` a peer holds, by cells; the tokens shared (0:
+        none, and nothing changed)."""
+        src, n = self.best_source(prompt, genes, own)
+        if src is None:
+            return 0
+        src_epoch = src.kv_epoch
+        # Submitted in the tick that read src's tokens: no job of src's comes between.
+        job = self.engine.submit(J.SeqShare(src=src.seq, dst=self.seq, n=n))
+        if not await self.engine.wait(job):
+            log.info("slot.share_refused", slot=self.id, src=src.id, n_tokens=n)
+            return 0
+        self._share_note = (src.id, src_epoch, n)
+        await self._hold_only(prompt[:n])  # type: ignore[attr-defined]
+        self.genes = genes
+        self.metrics.prefix_hit_tokens_total.labels(source="slot").inc(n)
+        log.info("slot.prefix_shared", slot=self.id, src=src.id, n_tokens=n, n_prompt=len(prompt))
+        return n
+
+    async def shared_cells_from(self, src: Any, n: int) -> None:
+        """This sequence's first n cells were just taken from `src`'s (a page-in on a base
+        a peer holds): the next cells tell says so."""
+        self._share_note = (src.id, src.kv_epoch, n)
+
+    def take_share_note(self) -> dict[str, int]:
+        note, self._share_note = self._share_note, None
+        if note is None:
+            return {}
+        return {"shared_from": note[0], "shared_epoch": note[1], "shared": note[2]}

@@ -1,0 +1,144 @@
+"""A request starts from the longest prefix another slot's sequence holds, by cells.
+
+Pins serving/prefix_share.py: what is shared is prefilled by nobody, the output is what a
+prefill of the whole prompt gives, the scheduler charges the shared cells once and stops
+when either sequence lets go, and nothing is shared where it would be another state (other
+genes, recurrent memory, a sliding window already past the shared point)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from actord.service.config import Config
+from actord.service.system import ActorSystem
+
+pytestmark = pytest.mark.anyio
+
+SYSTEM = [1] + [3 + (i * 37) % 500 for i in range(299)]
+
+
+def own(k: int, n: int = 5) -> list[int]:
+    return [7 + (k * 11 + i * 5) % 490 for i in range(n)]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def loras(tiny_model, models_dir):
+    from actord.testing.models import write_tiny_lora
+
+    return [str(write_tiny_lora(models_dir / "share-lora.gguf", tiny_model, seed=21))]
+
+
+def cfg(model: str, **kw) -> Config:
+    return Config(model=model, **{"slots": 3, "ctx": 2048, "batch": 128, "threads": 1, **kw})
+
+
+async def turns(model: str, sharing: bool, prompts: list[tuple[str | None, int | None, list[int]]], **kw):
+    async with ActorSystem(cfg(model, prefix_sharing=sharing, **kw)) as s:
+        out = []
+        for mind, slot, prompt in prompts:
+            r = await s.complete(prompt=prompt, n_predict=8, ignore_eos=True,
+                                 **({"mind": mind} if mind else {}), **({"slot": slot} if slot is not None else {}))
+            out.append((r.tokens, r.n_cached))
+        return out
+
+
+async def test_a_new_mind_prefills_only_what_follows_a_prefix_another_mind_holds(tiny_model):
+    prompts = [("ada", None, SYSTEM + own(1)), ("bob", None, SYSTEM + own(2)), ("cy", None, SYSTEM + own(3))]
+    on = await turns(tiny_model, True, prompts)
+    off = await turns(tiny_model, False, prompts)
+    assert [t for t, _ in on] == [t for t, _ in off]
+    assert [c for _, c in off] == [0, 0, 0]
+    assert [c for _, c in on] == [0, len(SYSTEM), len(SYSTEM)]
+
+
+async def test_an_unnamed_request_shares_and_the_mind_it_shares_with_keeps_her_turn(tiny_model):
+    async with ActorSystem(cfg(tiny_model, slots=2)) as s:
+        a = await s.complete(prompt=SYSTEM + own(1), n_predict=8, mind="ada", ignore_eos=True)
+        u = await s.complete(prompt=SYSTEM + own(2), n_predict=8, ignore_eos=True)
+        assert u.n_cached == len(SYSTEM) and u.slot != a.slot
+        nxt = SYSTEM + own(1) + a.tokens + own(4)
+        b = await s.complete(prompt=nxt, n_predict=4, mind="ada", ignore_eos=True)
+        assert b.n_cached == len(SYSTEM) + 5 + 8 - 1  # her whole sequence, still hers
+
+
+async def test_a_running_slot_shares_the_prefix_it_started_from(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        await s.complete(prompt=SYSTEM + own(1), n_predict=1, slot=0, ignore_eos=True)
+        async with anyio.create_task_group() as tg:
+            long = {}
+
+            async def run_long():
+                long["r"] = await s.complete(prompt=SYSTEM + own(1) + own(9, 3), n_predict=60, slot=0, ignore_eos=True)
+
+            tg.start_soon(run_long)
+            await anyio.sleep(0)
+            while not s.slots[0].busy:
+                await anyio.sleep(0.001)
+            r = await s.complete(prompt=SYSTEM + own(2), n_predict=8, slot=1, ignore_eos=True)
+        assert r.n_cached == len(SYSTEM)
+    off = await turns(tiny_model, False, [(None, 1, SYSTEM + own(2))])
+    assert r.tokens == off[0][0]
+
+
+async def test_shared_cells_are_charged_once_until_either_sequence_lets_go(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        await s.complete(prompt=SYSTEM + own(1), n_predict=4, slot=0, ignore_eos=True)
+        await s.complete(prompt=SYSTEM + own(2), n_predict=4, slot=1, ignore_eos=True)
+        core = s.scheduler.core
+        held = core.held(0) + core.held(1)
+        assert core.shared_cells() == len(SYSTEM)
+        assert core.free_cells == s.scheduler.n_ctx - held + len(SYSTEM)
+        assert core.shared_of(0) == core.shared_of(1) == len(SYSTEM) and core.shared_of(2) == 0
+        await s.slot_erase(0)
+        for _ in range(50):  # the erase's tell reaches the scheduler
+            if core.shared_cells() == 0:
+                break
+            await anyio.sleep(0.01)
+        assert core.shared_cells() == 0 and core.free_cells == s.scheduler.n_ctx - core.held(1)
+
+
+async def test_a_cut_below_the_shared_point_ends_the_share(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        await s.complete(prompt=SYSTEM + own(1), n_predict=4, slot=0, ignore_eos=True)
+        await s.complete(prompt=SYSTEM + own(2), n_predict=4, slot=1, ignore_eos=True)
+        assert s.scheduler.core.shared_cells() == len(SYSTEM)
+        # slot 0 goes on from 100 tokens in: its cells past 100 are new ones
+        r = await s.complete(prompt=SYSTEM[:100] + own(5, 40), n_predict=4, slot=0, ignore_eos=True)
+        assert r.n_cached == 100
+        assert s.scheduler.core.shared_cells() == 0
+
+
+async def test_no_share_under_other_genes(tiny_model, loras):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        g = (await s.gene_load(loras[0])).id
+        await s.complete(prompt=SYSTEM + own(1), n_predict=4, slot=0, ignore_eos=True, genes=[{"id": g, "scale": 1.0}])
+        r = await s.complete(prompt=SYSTEM + own(2), n_predict=4, slot=1, ignore_eos=True)
+        assert r.n_cached == 0
+        r = await s.complete(prompt=SYSTEM + own(3), n_predict=4, slot=2, ignore_eos=True,
+                             genes=[{"id": g, "scale": 1.0}])
+        assert r.n_cached == len(SYSTEM)
+
+
+async def test_recurrent_memory_shares_nothing_and_answers_the_same(tiny_recurrent_model):
+    prompts = [(None, 0, SYSTEM[:120] + own(1)), (None, 1, SYSTEM[:120] + own(2))]
+    on = await turns(tiny_recurrent_model, True, prompts, ctx=512)
+    off = await turns(tiny_recurrent_model, False, prompts, ctx=512)
+    assert on == off and on[1][1] == 0
+
+
+async def test_a_sliding_window_past_the_shared_point_refuses_the_share(tiny_swa_model):
+    # window 32, an SWA cache of 256 cells (3 slots + scratch): a source 300 tokens past the
+    # prefix holds its last 256 positions only, not what position 300 attends to
+    far = [(None, 0, SYSTEM + own(1, 300)), (None, 1, SYSTEM + own(2))]
+    near = [(None, 0, SYSTEM + own(1, 3)), (None, 1, SYSTEM + own(2))]
+    kw = {"swa_full": "off", "ctx": 1024}
+    on_far, off_far = await turns(tiny_swa_model, True, far, **kw), await turns(tiny_swa_model, False, far, **kw)
+    assert on_far == off_far and on_far[1][1] == 0
+    on_near, off_near = await turns(tiny_swa_model, True, near, **kw), await turns(tiny_swa_model, False, near, **kw)
+    assert on_near[1][0] == off_near[1][0] and on_near[1][1] == len(SYSTEM)
