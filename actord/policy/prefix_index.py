@@ -54,6 +54,7 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._by_block: dict[bytes, set[Hashable]] = {}
         self._blocks: dict[Hashable, list[bytes]] = {}
+        self._ends: dict[bytes, set[Hashable]] = {}  # a holder's last block -> the holder
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -68,9 +69,17 @@ class PrefixIndex:
         self._blocks[key] = blocks
         for b in blocks:
             self._by_block.setdefault(b, set()).add(key)
+        if blocks:
+            self._ends.setdefault(blocks[-1], set()).add(key)
 
     def remove(self, key: Hashable) -> None:
-        for b in self._blocks.pop(key, ()):
+        blocks = self._blocks.pop(key, [])
+        if blocks:
+            ends = self._ends[blocks[-1]]
+            ends.discard(key)
+            if not ends:
+                del self._ends[blocks[-1]]
+        for b in blocks:
             holders = self._by_block[b]
             holders.discard(key)
             if not holders:
@@ -91,6 +100,20 @@ class PrefixIndex:
             if pick is None:
                 break
             best, n = pick, (i + 1) * BLOCK
+        return best, n
+
+    def longest_whole(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()
+                      ) -> tuple[Hashable | None, int]:
+        """The holder whose whole (block-aligned) list is the longest prefix of `tokens`, and
+        its length: a base can stand under a page only if the page begins with all of it."""
+        best: Hashable | None = None
+        n = 0
+        for i, b in enumerate(block_keys(tokens, genes)):
+            if b not in self._by_block:
+                break
+            ends = self._ends.get(b)
+            if ends:
+                best, n = next(iter(ends)), (i + 1) * BLOCK
         return best, n
 
 

@@ -73,3 +73,15 @@ def test_partial_blocks_and_the_excluded_holder_do_not_count():
     assert idx.longest(toks, exclude="a") == ("b", BLOCK)
     idx.add("a", [9] * BLOCK)  # re-added: its old blocks go
     assert idx.longest(toks, exclude="b") == (None, 0) and len(idx) == 2
+
+
+def test_a_whole_holder_is_one_the_query_begins_with_all_of():
+    idx = PrefixIndex()
+    toks = list(range(5 * BLOCK))
+    idx.add("long", toks[: 4 * BLOCK])
+    idx.add("short", toks[: 2 * BLOCK])
+    assert idx.longest_whole(toks) == ("long", 4 * BLOCK)
+    assert idx.longest_whole(toks[: 3 * BLOCK + 7]) == ("short", 2 * BLOCK)  # "long" is not all there
+    assert idx.longest(toks[: 3 * BLOCK + 7]) == ("long", 3 * BLOCK)
+    idx.remove("short")
+    assert idx.longest_whole(toks[: 3 * BLOCK]) == (None, 0)
