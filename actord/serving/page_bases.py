@@ -73,7 +73,10 @@ class SlotPageBases:
         """The base this slot's page can stand on, held for it (Commit or Release it); None
         when there is none worth having, or the ceiling refused to make one."""
         tokens = self.kv_tokens[:-1]  # a base must leave a rest
-        found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes))
+        # The asks that hand this slot a hold are shielded: a hold whose answer a cancel lost
+        # would keep a base (and its bytes) forever.
+        with anyio.CancelScope(shield=True):
+            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes))
         if found.base is not None:
             return found.base
         n = max(found.shared, self._peer_shared(tokens))
@@ -88,12 +91,12 @@ class SlotPageBases:
             return None
         base = Page(gen=adm.reservation, name="", n_bytes=adm.n_bytes, state=st.data,
                     tokens=list(self.kv_tokens[:n]), genes=self.genes)
-        try:
-            return await self.pages.ask(Commit(reservation=adm.reservation, page=base))
-        except BaseException:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            try:
+                return await self.pages.ask(Commit(reservation=adm.reservation, page=base))
+            except BaseException:
                 await self.pages.tell(CancelReservation(reservation=adm.reservation))
-            raise
+                raise
 
     async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint]) -> tuple[Any, int, J.StateData] | None:
         """Commit page `name` as a base and the rest, the sequence left in the slot (the
@@ -115,7 +118,8 @@ class SlotPageBases:
                 checkpoints=list(ckpts), genes=self.genes, divergences=list(self.ckpt.history),
                 prompt_end=self.ckpt.prompt_end, base=base, n_base=n_base,
             )
-            info = await self.pages.ask(Commit(reservation=reservation, page=page))
+            with anyio.CancelScope(shield=True):  # once committed, the hold is the page's
+                info = await self.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException as e:
             if not isinstance(e, PageRamExceeded):
                 self.metrics.page_failed_total.inc()
