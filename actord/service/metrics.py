@@ -76,6 +76,7 @@ class Metrics:
         # Pages
         self.page_store_bytes = Gauge("page_store_bytes", "Bytes charged by the page store", registry=r)
         self.page_store_pages = Gauge("page_store_pages", "Pages in the page store", registry=r)
+        self.prefix_shared_bytes = Gauge("prefix_shared_bytes", "Page bytes a shared prefix (a base) saves", registry=r)
         self.page_out_total = Counter("page_out", "Slot page-outs", registry=r)
         self.page_in_total = Counter("page_in", "Slot page-ins", registry=r)
         self.page_failed_total = Counter("page_failed", "Page moves and spills that failed (engine, disk)", registry=r)

@@ -20,143 +20,41 @@ between admission and commit; the old one's bytes (up to the new one's size) are
 admitted only if its bytes fit on their own), so they are freed at commit, or when a
 page-in that took the old generation meanwhile lets go of it. So `charged` may exceed the
 ceiling by at most the earmarked bytes, and only while a replacement is under way.
+
+Bases (issue 25): the state of a prefix several pages share is stored once, as a generation
+with no name (so ListPages, take, drop and spill never see it; the charging invariant and
+the ceiling hold unchanged, it is one more generation). A page on a base holds it: the hold
+its maker got from FindBase or the base's Commit passes to the page at the page's commit,
+and `_unhold` of the page's generation lets go of the base, so a base lives exactly as long
+as a page (or a page-in or spill of one) stands on it, and its bytes are charged once. Two
+prefix indexes (policy/prefix_index.py) answer FindBase in one walk over the asked tokens'
+blocks: one over the bases, one over the pages' own tokens (a prefix that another page
+shares is worth a base: the page-out that asks makes one from its own sequence).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
-
-import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.buffer_pool import BufferPool, buffer_of, capacity_for
-from actord.serving.messages import Msg
+from actord.serving.page_messages import (
+    Admit, AdmitBase, AdmitState, BaseFound, CancelReservation, Commit, DropPage, FindBase, ListPages, Page,
+    PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, Release, Return, SpillBegin, SpillEnd, StoreStats, Take,
+)
 from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.policy.checkpoint_placement import Divergence
-from actord.policy.checkpoint_records import SlotCheckpoint
+from actord.policy.prefix_index import PrefixIndex
+
+__all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
+    "Admit", "AdmitBase", "AdmitState", "BaseFound", "CancelReservation", "Commit", "DropPage", "FindBase",
+    "ListPages", "Page", "PageAdmission", "PageInfo", "PageStore", "PageStoreInbox", "PageStoreStats", "Release",
+    "Return", "SpillBegin", "SpillEnd", "StoreStats", "Take",
+]
 
 log = get("actord.pages")
-
-
-class Page(msgspec.Struct, frozen=True):
-    """One generation of a page. Its buffers are never mutated after commit."""
-
-    gen: int
-    name: str
-    n_bytes: int
-    state: bytearray
-    tokens: list[int]
-    checkpoints: list[SlotCheckpoint] = []  # the slot's, as they were
-    genes: tuple[tuple[int, float], ...] = ()
-    draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
-    draft_n: int = 0  # how many of `tokens` that state holds
-    # The mind's divergence history and where its last prompt ended (checkpoint placement).
-    divergences: list[Divergence] = []
-    prompt_end: int = 0
-
-
-class PageInfo(msgspec.Struct, frozen=True):
-    page: str
-    gen: int
-    n_bytes: int
-    n_tokens: int
-    n_checkpoints: int
-    holders: int
-
-
-# ---- inbox ------------------------------------------------------------------------------
-
-
-class Admit(Msg):
-    name: str
-    n_bytes: int
-
-
-class AdmitState(Msg):
-    """Admit a page whose sequence state is `n_state` of its `n_bytes`, and hand out the
-    buffer the state is to be copied into (a warm one from the pool when one fits). The
-    page's charge is `n_bytes` plus the buffer's bytes beyond `n_state` (PageAdmission.n_bytes)."""
-
-    name: str
-    n_bytes: int
-    n_state: int
-
-
-class PageAdmission(msgspec.Struct, frozen=True):
-    """The store's answer to AdmitState: room reserved for a page's state, and where to copy it."""
-
-    reservation: int
-    n_bytes: int  # the charge: what the page's Commit must carry
-    into: Any = None  # HostBuffer from the pool, or None: the engine allocates `capacity`
-    capacity: int = 0
-
-
-class Commit(Msg):
-    reservation: int
-    page: Page
-
-
-class CancelReservation(Msg):
-    reservation: int
-
-
-class Take(Msg):
-    name: str
-
-
-class Return(Msg):
-    """A page_in failed: the page goes back under its name (if no newer one took it)."""
-
-    gen: int
-
-
-class Release(Msg):
-    gen: int
-
-
-class DropPage(Msg):
-    name: str
-
-
-class ListPages(Msg):
-    pass
-
-
-class SpillBegin(Msg):
-    name: str
-
-
-class SpillEnd(Msg):
-    gen: int
-    drop: bool = False
-
-
-class StoreStats(Msg):
-    pass
-
-
-PageStoreInbox = (
-    Admit | AdmitState | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
-    | SpillBegin | SpillEnd | StoreStats
-)
-
-
-class PageStoreStats(msgspec.Struct, frozen=True):
-    charged: int
-    ceiling: int
-    pages: int
-    generations: int
-    reservations: int
-    live_bytes: int
-    earmarked: int = 0
-    pooled: int = 0  # bytes of warm state buffers kept for the next page_out (within the ceiling)
-    pool_buffers: int = 0
-    pool_hits: int = 0
-    pool_misses: int = 0
 
 
 @dataclass
@@ -183,6 +81,9 @@ class PageStore(Actor[PageStoreInbox]):
         # Warm state buffers of pages gone (serving/buffer_pool.py), within the ceiling:
         # effective + pool.bytes <= ceiling at every message boundary.
         self.pool = BufferPool()
+        self.bases = PrefixIndex()  # base generation -> its tokens
+        self.page_index = PrefixIndex()  # page generation -> its tokens
+        self.on_base: dict[int, int] = {}  # base generation -> page generations standing on it
 
     async def handle(self, msg: PageStoreInbox, env: Envelope[PageStoreInbox]) -> None:
         reply = env.reply
@@ -211,6 +112,11 @@ class PageStore(Actor[PageStoreInbox]):
                 out = self.spill_end(gen, drop)
             case StoreStats():
                 out = self.stats()
+            case FindBase(name=name, tokens=tokens, genes=genes):
+                out = self.find_base(name, tokens, genes)
+            case AdmitBase(n_bytes=n):
+                # Copied before its admission (its size is known only then): no pooled buffer.
+                out = PageAdmission(reservation=self.admit("", n), n_bytes=n)
             case _:
                 raise InvalidParams(f"page store cannot handle {type(msg).__name__}")
         self._publish_metrics()
@@ -220,7 +126,8 @@ class PageStore(Actor[PageStoreInbox]):
     # -- the rules ---------------------------------------------------------------------
 
     def admit(self, name: str, n_bytes: int) -> int:
-        if not name or len(name) > 255 or "\0" in name:
+        """A reservation for page `name`'s generation; name "" is a base (AdmitBase)."""
+        if len(name) > 255 or "\0" in name:
             raise InvalidParams("page names are 1-255 characters without NUL", page=name)
         old = self.names.get(name)
         replaced = self._replaced(name, n_bytes)
@@ -272,17 +179,37 @@ class PageStore(Actor[PageStoreInbox]):
         """What the ceiling bounds: the charge less the bytes a replacement will free."""
         return self.charged - self.earmarked
 
-    def commit(self, reservation: int, page: Page) -> PageInfo:
+    def commit(self, reservation: int, page: Page) -> PageInfo | Page:
         name, n_bytes = self.reserved.pop(reservation)
         self._earmark_of.pop(reservation, None)
         assert page.n_bytes == n_bytes and page.name == name and page.gen == reservation, \
             "a page must be charged what was admitted"
-        old = self.names.get(name)
         self.gens[page.gen] = _Gen(page=page, n_bytes=n_bytes, holders=1)
+        if not name:  # a base: its one hold is its maker's, until a page takes it over
+            self.bases.add(page.gen, page.tokens, page.genes)
+            self.on_base[page.gen] = 0
+            log.info("page.base_created", gen=page.gen, n_tokens=len(page.tokens), n_bytes=n_bytes)
+            return page
+        if page.base is not None:  # the maker's hold on the base is now the page's
+            assert page.base.gen in self.on_base, "a page must stand on a base its maker holds"
+            self.on_base[page.base.gen] += 1
+            log.info("page.on_base", page=name, base=page.base.gen, n_base=page.n_base, n_bytes=n_bytes,
+                     pages_on_base=self.on_base[page.base.gen])
+        self.page_index.add(page.gen, page.tokens, page.genes)
+        old = self.names.get(name)
         self.names[name] = page.gen
         if old is not None:
             self._unhold(old)
         return self.info(name)
+
+    def find_base(self, name: str, tokens: list[int], genes: tuple[tuple[int, float], ...]) -> BaseFound:
+        gen, _ = self.bases.longest_whole(tokens, genes)
+        if gen is not None:
+            g = self.gens[gen]  # type: ignore[index]
+            g.holders += 1
+            return BaseFound(base=g.page)
+        _, shared = self.page_index.longest(tokens, genes, exclude=self.names.get(name))
+        return BaseFound(base=None, shared=shared)
 
     def cancel(self, reservation: int) -> None:
         entry = self.reserved.pop(reservation, None)
@@ -363,6 +290,13 @@ class PageStore(Actor[PageStoreInbox]):
             del self.gens[gen]
             self.charged -= g.n_bytes
             self.earmarks.pop(gen, None)
+            self.page_index.remove(gen)
+            if self.on_base.pop(gen, None) is not None:
+                self.bases.remove(gen)
+            base = g.page.base if g.page is not None else None
+            if base is not None:
+                self.on_base[base.gen] -= 1
+                self._unhold(base.gen)
             # Nobody holds the page any more: its state buffer stays warm for the next
             # page_out, if it fits beside the pages under the ceiling.
             buf = buffer_of(g.page.state) if g.page is not None else None
@@ -378,17 +312,25 @@ class PageStore(Actor[PageStoreInbox]):
         g = self.gens[gen]
         assert g.page is not None
         return PageInfo(page=name, gen=gen, n_bytes=g.n_bytes, n_tokens=len(g.page.tokens),
-                        n_checkpoints=len(g.page.checkpoints), holders=g.holders)
+                        n_checkpoints=len(g.page.checkpoints), holders=g.holders, n_base=g.page.n_base)
 
     def live_bytes(self) -> int:
         return sum(g.n_bytes for g in self.gens.values()) + sum(n for _, n in self.reserved.values())
+
+    def shared_bytes(self) -> int:
+        """What whole pages would have charged beyond what is charged: each base's bytes
+        once more for every page standing on it beyond the first."""
+        return sum(max(n - 1, 0) * self.gens[b].n_bytes for b, n in self.on_base.items())
 
     def stats(self) -> PageStoreStats:
         return PageStoreStats(charged=self.charged, ceiling=self.ceiling, pages=len(self.names),
                               generations=len(self.gens), reservations=len(self.reserved),
                               live_bytes=self.live_bytes(), earmarked=self.earmarked, pooled=self.pool.bytes,
-                              pool_buffers=len(self.pool), pool_hits=self.pool.hits, pool_misses=self.pool.misses)
+                              pool_buffers=len(self.pool), pool_hits=self.pool.hits, pool_misses=self.pool.misses,
+                              bases=len(self.on_base), base_bytes=sum(self.gens[b].n_bytes for b in self.on_base),
+                              shared_bytes=self.shared_bytes())
 
     def _publish_metrics(self) -> None:
         self.metrics.page_store_bytes.set(self.charged)
         self.metrics.page_store_pages.set(len(self.names))
+        self.metrics.prefix_shared_bytes.set(self.shared_bytes())

@@ -24,6 +24,7 @@ import anyio
 
 from actord.serving.kernel import Envelope
 from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision
+from actord.serving.page_bases import SlotPageBases
 from actord.serving.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
 from actord.serving.page_store import (
     AdmitState, CancelReservation, Commit, Page, PageAdmission, Release, Return, Take,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 log = get("actord.slot")
 
 
-class SlotPages:
+class SlotPages(SlotPageBases):
     """Page and file moves of a slot's sequence (see the module docstring)."""
 
     # Provided by Slot.
@@ -144,6 +145,42 @@ class SlotPages:
             raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
         t0 = time.perf_counter()
         ckpts = self.page_checkpoints()
+        n_draft, take = 0, False
+        on_base = await self.page_out_on_base(name, ckpts)
+        if on_base is not None:
+            info, n_bytes, st = on_base
+        else:
+            info, n_bytes, st, take, n_draft = await self._page_out_whole(name, ckpts, keep)
+        n_tokens = len(self.kv_tokens)
+        if keep:
+            self.mind = None
+            self.metrics.page_out_total.inc()
+            log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, kept_in_slot=True,
+                     t_ms=round((time.perf_counter() - t0) * 1e3, 3), copy_ms=round(st.t_ms, 3))
+            return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens, "kept": True}
+        # The page is whole in the store; only now is the slot freed.
+        if not take:
+            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
+        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
+        self.draft_n = 0
+        self.ckpt.reset()
+        await self.release_checkpoints(self.checkpoints)
+        self.checkpoints = []
+        t_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.page_out_total.inc()
+        await self.footprint_changed()
+        await self._tell_cells()
+        n_base = info.n_base
+        log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
+                 copy_ms=round(st.t_ms, 3), draft_bytes=n_draft, n_base=n_base)
+        return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
+                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
+                **({"draft_bytes": n_draft} if self.drafting else {}), **({"n_base": n_base} if n_base else {})}
+
+    async def _page_out_whole(self, name: str, ckpts: list[SlotCheckpoint], keep: bool
+                              ) -> tuple[Any, int, J.StateData, bool, int]:
+        """The sequence as one whole page: (PageInfo, charge, the copy, whether the copy took
+        the sequence out, the draft's bytes)."""
         n_state = await self.engine.run(J.StateSize(seq=self.seq))
         n_draft = await self.engine.run(J.StateSize(seq=self.seq, draft=True)) if self.drafting and self.draft_n else 0
         n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
@@ -180,30 +217,7 @@ class SlotPages:
                 await self.pages.tell(CancelReservation(reservation=reservation))
             self.metrics.page_failed_total.inc()
             raise
-        n_tokens = len(self.kv_tokens)
-        if keep:
-            self.mind = None
-            self.metrics.page_out_total.inc()
-            log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, kept_in_slot=True,
-                     t_ms=round((time.perf_counter() - t0) * 1e3, 3), copy_ms=round(st.t_ms, 3))
-            return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens, "kept": True}
-        # The page is whole in the store; only now is the slot freed.
-        if not take:
-            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
-        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
-        self.draft_n = 0
-        self.ckpt.reset()
-        await self.release_checkpoints(self.checkpoints)
-        self.checkpoints = []
-        t_ms = (time.perf_counter() - t0) * 1e3
-        self.metrics.page_out_total.inc()
-        await self.footprint_changed()
-        await self._tell_cells()
-        log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
-                 copy_ms=round(st.t_ms, 3), draft_bytes=n_draft)
-        return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
-                "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
-                **({"draft_bytes": n_draft} if self.drafting else {})}
+        return info, n_bytes, st, take, n_draft
 
     async def _put_back(self, data: Any) -> None:
         """A page_out that took the sequence failed: the state goes back from its copy. Should
@@ -229,7 +243,7 @@ class SlotPages:
         try:
             # The copy runs on the engine thread while the page's checkpoints enter the
             # budget here (an ask of ~0.3 ms for 16 checkpoints, no longer after the copy).
-            pending = self.engine.submit(J.StateSet(seq=self.seq, data=page.state))
+            pending, peer = self.submit_page_state(page)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.pages.tell(Return(gen=page.gen))
@@ -245,7 +259,7 @@ class SlotPages:
                 await self.adopt_checkpoints(list(page.checkpoints))
             finally:
                 with anyio.CancelScope(shield=True):
-                    st = await self.engine.wait(pending)
+                    st, peer = await self.wait_page_state(page, pending, peer)
                     copied = True
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -265,10 +279,12 @@ class SlotPages:
         t_ms = (time.perf_counter() - t0) * 1e3
         self.metrics.page_in_total.inc()
         await self.footprint_changed()
+        on_base = await self.after_shared_page_in(page, peer)
         await self._tell_cells()
-        log.info("page.in", slot=self.id, page=name, n_bytes=page.n_bytes, n_tokens=len(page.tokens),
-                 t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3))
-        return {"slot": self.id, "page": name, "n_bytes": page.n_bytes, "n_tokens": len(page.tokens),
+        moved = st.n_bytes if page.base is not None else page.n_bytes  # a base's cells did not move
+        log.info("page.in", slot=self.id, page=name, n_bytes=moved, n_tokens=len(page.tokens),
+                 t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3), **on_base)
+        return {"slot": self.id, "page": name, "n_bytes": moved, "n_tokens": len(page.tokens), **on_base,
                 "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
                 **self._draft_info()}
 
@@ -343,7 +359,11 @@ class SlotPages:
         await self.release_checkpoints(self.checkpoints)
         self.checkpoints = []
         try:
-            st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+            if image.base is not None:  # a page spilled on a base: the file holds both parts
+                st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state, base=image.base,
+                                                      n_base=image.n_base, n_tokens=len(image.tokens)))
+            else:
+                st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.footprint_changed()
@@ -369,9 +389,11 @@ class SlotPages:
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
                genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
-               prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0) -> PageImage:
+               prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0, base: Any = None,
+               n_base: int = 0) -> PageImage:
     """A slot or a page as one page-file generation (the state bytes are not copied). A draft
-    state goes to the `.dft` sidecar, with its token count and draft model in the meta."""
+    state goes to the `.dft` sidecar, with its token count and draft model in the meta; the
+    state of a base a page stands on goes into the main file with it (self-contained)."""
     meta = model_fingerprint(props)
     if draft is not None and draft_n > 0:
         meta.update(draft_n=draft_n, draft_digest=props.draft_digest, draft_model=props.draft_desc)
@@ -383,6 +405,7 @@ def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[i
         genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
         meta={**meta, **state_layout(props)}, draft=draft,
         divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
+        base=base, n_base=n_base if base is not None else 0,
     )
 
 

@@ -1,6 +1,7 @@
 """The page-file format: one generation = a main state file and its sidecars.
 
     NAME        header + meta (msgpack) + tokens (int32 LE) + raw llama sequence state
+                [+ the state of a shared prefix the state stands on: meta "n_base"]
     NAME.ckpt   header + positions (int64 LE) + one section per checkpoint's bytes
     NAME.lora   header + the gene list (msgpack: [{path, scale, id}, ...])
     NAME.dft    header + the draft model's sequence state (optional)
@@ -29,6 +30,13 @@ Why this shape:
   them to libllama without another copy).
 - The state bytes are libllama's own sequence-state format; this module never looks
   inside them.
+- A page that stands on a shared prefix in RAM (a base, serving/page_store.py) is written
+  self-contained: the base's state is the main file's 4th section and "n_base" in the meta
+  says how many tokens it holds; the 3rd section is then the state of the positions from
+  there on. Files do not share bases on disk: every file is one generation that publishes,
+  survives a crash and is removed on its own, with nothing outside it to go missing. Bases
+  shared on disk (content-addressed base files with counts of their users, kept correct
+  across a crash between a page file's publication and its base's) are future work.
 """
 
 from __future__ import annotations
@@ -91,6 +99,9 @@ class PageImage(msgspec.Struct, frozen=True):
     # reads as "nothing known".
     divergences: list[tuple[int, int]] = []
     prompt_end: int = 0
+    # The shared prefix `state` stands on (its state, and its token count), if any.
+    base: bytes | bytearray | memoryview | None = None
+    n_base: int = 0
 
 
 class MainFile(NamedTuple):
@@ -99,9 +110,10 @@ class MainFile(NamedTuple):
     tokens: list[int]
     state: memoryview
     meta: dict[str, Any]
+    base: memoryview | None = None
 
 
-_DIVERGENCES, _PROMPT_END = "divergences", "prompt_end"
+_DIVERGENCES, _PROMPT_END, _N_BASE = "divergences", "prompt_end", "n_base"
 MAX_DIVERGENCES = 1024
 _GENES_ENC = msgspec.msgpack.Encoder()
 _GENES_DEC = msgspec.msgpack.Decoder(list[StoredGene])
@@ -160,8 +172,12 @@ def encode_generation(image: PageImage, gen_id: bytes) -> dict[str, list[Buffer]
         meta_d[_DIVERGENCES] = [[int(a), int(b)] for a, b in image.divergences]
     if image.prompt_end:
         meta_d[_PROMPT_END] = int(image.prompt_end)
+    parts: list[Any] = [_le(image.tokens, "i"), image.state]
+    if image.base is not None:
+        meta_d[_N_BASE] = int(image.n_base)
+        parts.append(image.base)
     meta = msgspec.msgpack.encode(meta_d)
-    main = _container(MAIN, flags, gen_id, [meta, _le(image.tokens, "i"), image.state])
+    main = _container(MAIN, flags, gen_id, [meta, *parts])
     return {MAIN: main, **side}
 
 
@@ -212,8 +228,8 @@ def main_n_tokens(head: Buffer, file: Path | str = "<main>") -> int | None:
     if _FIXED.size + nsec * _SECTION.size + _CRC.size > mv.nbytes:
         return None
     _, _, nsec, _ = _fixed_header(mv, MAIN, file)
-    if nsec != 3:
-        raise _corrupt(file, f"expected 3 sections, found {nsec}")
+    if nsec not in (3, 4):
+        raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
     return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
 
 
@@ -243,19 +259,26 @@ def _same_generation(c: _Container, gen_id: bytes, file: Path | str) -> None:
 
 
 def decode_main(buf: Buffer, file: Path | str = "<main>") -> MainFile:
-    c = _open(buf, MAIN, file, ("meta", "tokens", "state"))
-    if len(c.sections) != 3:
-        raise _corrupt(file, f"expected 3 sections, found {len(c.sections)}")
+    c = _open(buf, MAIN, file, ("meta", "tokens", "state", "base state"))
+    if len(c.sections) not in (3, 4):
+        raise _corrupt(file, f"expected 3 or 4 sections, found {len(c.sections)}")
     if c.flags & ~_ALL_FLAGS:
         raise _corrupt(file, f"unknown flags {c.flags:#x}")
-    meta_v, tok_v, state_v = c.sections
+    meta_v, tok_v, state_v = c.sections[:3]
     if tok_v.nbytes % 4:
         raise _corrupt(file, f"token section of {tok_v.nbytes} bytes is not whole int32s")
     try:
         meta = _META_DEC.decode(meta_v)
     except msgspec.MsgspecError as e:
         raise _corrupt(file, f"meta does not decode: {e}") from None
-    return MainFile(c.flags, c.gen_id, _from_le(tok_v, "i"), state_v, meta)
+    tokens = _from_le(tok_v, "i")
+    n_base = meta.get(_N_BASE, 0)
+    base = c.sections[3] if len(c.sections) == 4 else None
+    if base is None and n_base:
+        raise _corrupt(file, f"records a base of {n_base!r} tokens but has no base section")
+    if base is not None and not (type(n_base) is int and 0 < n_base < len(tokens) and base.nbytes):
+        raise _corrupt(file, f"base section with a base token count of {n_base!r} for {len(tokens)} tokens")
+    return MainFile(c.flags, c.gen_id, tokens, state_v, meta, base)
 
 
 def decode_checkpoints(buf: Buffer, gen_id: bytes, file: Path | str = "<ckpt>") -> list[StoredCheckpoint]:
@@ -349,10 +372,11 @@ def load_generation(fs: OsFs, paths: Mapping[str, Path]) -> PageImage:
     else:
         log.info("page_file.cold_draft", file=str(main_path), reason="generation has no draft state")
     meta = dict(m.meta)
+    n_base = meta.pop(_N_BASE, 0) if m.base is not None else 0
     divergences, prompt_end = _placement_meta(meta, main_path)
     return PageImage(
         tokens=m.tokens, state=m.state, checkpoints=checkpoints, genes=genes, draft=draft, meta=meta,
-        divergences=divergences, prompt_end=prompt_end,
+        divergences=divergences, prompt_end=prompt_end, base=m.base, n_base=n_base,
     )
 
 

@@ -1,0 +1,186 @@
+"""A slot's pages on shared prefixes: page-out of only the part a base does not hold, and
+page-in of that part onto a base (a peer slot's cells, else the base's bytes).
+
+Why: minds of an agent platform begin with the same system prompt and tools; a whole page
+per mind copies that prefix into every page (issue 25). The page store keeps a prefix's
+state once as a *base* (serving/page_store.py); a page on it holds only the positions from
+the base's end on, and a page-in moves only that part when a peer slot's sequence already
+holds the base's tokens (its cells are shared in the unified KV, nothing is copied).
+
+Which page-outs stand on a base: one whose tokens (all but the last: a base leaves a rest)
+begin with a base's whole tokens, of at least one block (policy/prefix_index.py); else,
+when at least one block is shared with another page or a peer slot's sequence, the slot
+makes the base from its own sequence first. The parts' sizes are known only once copied
+(libllama has no size query for part of a sequence), so each part is copied, then admitted
+at its exact size; a refusal drops the copy and, for the base, leaves a whole page. The
+sequence stays in the slot until the page is committed, so a refused, failed or cancelled
+page-out on a base leaves it intact and no reservation or hold behind.
+
+Memory that cannot share cells (recurrent, hybrid: one state at the end of a sequence, not
+one per cell; models that need checkpoints; a draft context, whose sequence is not split)
+keeps whole pages, as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from actord.serving.page_store import (
+    Admit, AdmitBase, BaseFound, CancelReservation, Commit, FindBase, Page, PageAdmission, Release,
+)
+from actord.engine import jobs as J
+from actord.service.errors import PageDoesNotFit, PageRamExceeded
+from actord.service.log import get
+from actord.policy.checkpoint_records import SlotCheckpoint
+from actord.policy.prefix_index import BLOCK, aligned_common
+
+if TYPE_CHECKING:
+    from actord.serving.kernel import Actor
+    from actord.serving.checkpoint_plan import CheckpointPlan
+    from actord.serving.page_store import PageStoreInbox
+    from actord.service.metrics import Metrics
+
+log = get("actord.slot")
+
+
+class SlotPageBases:
+    """Page moves on a base (see the module docstring); a mixin of Slot, beside SlotPages."""
+
+    # Provided by Slot.
+    id: int
+    seq: int
+    engine: Any
+    props: J.ModelProps
+    pages: Actor[PageStoreInbox]
+    metrics: Metrics
+    peers: Any
+    kv_tokens: list[int]
+    genes: tuple[tuple[int, float], ...]
+    ckpt: CheckpointPlan
+
+    def shares_cells(self) -> bool:
+        p = self.props
+        return not (p.recurrent or p.hybrid or p.needs_checkpoints or p.spec)
+
+    def _peer_shared(self, tokens: list[int]) -> int:
+        """Block-aligned tokens a peer slot's sequence shares with `tokens` (read now)."""
+        return max((aligned_common(p.kv_tokens, tokens) for p in self.peers
+                    if p is not self and p.genes == self.genes), default=0)
+
+    async def _base_for_page_out(self, name: str) -> Page | None:
+        """The base this slot's page can stand on, held for it (Commit or Release it); None
+        when there is none worth having, or the ceiling refused to make one."""
+        tokens = self.kv_tokens[:-1]  # a base must leave a rest
+        # The asks that hand this slot a hold are shielded: a hold whose answer a cancel lost
+        # would keep a base (and its bytes) forever.
+        with anyio.CancelScope(shield=True):
+            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes))
+        if found.base is not None:
+            return found.base
+        n = max(found.shared, self._peer_shared(tokens))
+        if n < BLOCK:
+            return None
+        st = await self.engine.run(J.StateGet(seq=self.seq, p1=n))
+        n_bytes = st.n_bytes + 4 * n
+        try:
+            adm: PageAdmission = await self.pages.ask(AdmitBase(n_bytes=n_bytes, n_state=st.n_bytes))
+        except PageRamExceeded:
+            log.info("page.base_refused", slot=self.id, n_base=n, n_bytes=n_bytes)
+            return None
+        base = Page(gen=adm.reservation, name="", n_bytes=adm.n_bytes, state=st.data,
+                    tokens=list(self.kv_tokens[:n]), genes=self.genes)
+        with anyio.CancelScope(shield=True):
+            try:
+                return await self.pages.ask(Commit(reservation=adm.reservation, page=base))
+            except BaseException:
+                await self.pages.tell(CancelReservation(reservation=adm.reservation))
+                raise
+
+    async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint]) -> tuple[Any, int, J.StateData] | None:
+        """Commit page `name` as a base and the rest, the sequence left in the slot (the
+        caller frees it): (the store's PageInfo, the page's charge, the rest's copy). None
+        when no base applies: the caller stores the page whole."""
+        if not self.shares_cells() or len(self.kv_tokens) <= BLOCK:
+            return None
+        base = await self._base_for_page_out(name)
+        if base is None:
+            return None
+        reservation = None
+        try:
+            n_base = len(base.tokens)
+            rest = await self.engine.run(J.StateGet(seq=self.seq, p0=n_base))
+            n_bytes = rest.n_bytes + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+            reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+            page = Page(
+                gen=reservation, name=name, n_bytes=n_bytes, state=rest.data, tokens=list(self.kv_tokens),
+                checkpoints=list(ckpts), genes=self.genes, divergences=list(self.ckpt.history),
+                prompt_end=self.ckpt.prompt_end, base=base, n_base=n_base,
+            )
+            with anyio.CancelScope(shield=True):  # once committed, the hold is the page's
+                info = await self.pages.ask(Commit(reservation=reservation, page=page))
+        except BaseException as e:
+            if not isinstance(e, PageRamExceeded):
+                self.metrics.page_failed_total.inc()
+            with anyio.CancelScope(shield=True):
+                if reservation is not None:
+                    await self.pages.tell(CancelReservation(reservation=reservation))
+                await self.pages.tell(Release(gen=base.gen))  # the page never took the hold over
+            raise
+        return info, n_bytes, rest
+
+    def _peer_holding(self, page: Page) -> Any:
+        """A peer slot whose sequence begins with the page's base, under the same genes, and
+        whose cells below it do not change: quiet, or running an enrolled request."""
+        assert page.base is not None
+        n = page.n_base
+        for p in self.peers:
+            if p is self or p.genes != page.genes or len(p.kv_tokens) < n:
+                continue
+            if not (p.quiet() or (p.active is not None and p.active.enrolled)):
+                continue
+            if p.kv_tokens[:n] == page.tokens[:n]:
+                return p
+        return None
+
+    def submit_page_state(self, page: Page) -> tuple[Any, Any]:
+        """Submit the job that sets the page's state into this slot's sequence: the whole
+        state, or its base (a peer's cells, else the base's bytes) and the rest. Returns the
+        pending job and the peer whose cells it shares (None: no peer)."""
+        if page.base is None:
+            return self.engine.submit(J.StateSet(seq=self.seq, data=page.state)), None
+        peer = self._peer_holding(page)
+        if peer is not None:
+            job = J.StateSet(seq=self.seq, data=page.state, base_seq=peer.seq, n_base=page.n_base,
+                             n_tokens=len(page.tokens))
+        else:
+            job = J.StateSet(seq=self.seq, data=page.state, base=page.base.state, n_base=page.n_base,
+                             n_tokens=len(page.tokens))
+        return self.engine.submit(job), peer
+
+    async def wait_page_state(self, page: Page, pending: Any, peer: Any) -> tuple[J.StateData, Any]:
+        """The submitted job's result; a peer that no longer holds the base's cells (refused:
+        PageDoesNotFit) falls back to the base's bytes. Returns the copy and the peer used."""
+        try:
+            return await self.engine.wait(pending), peer
+        except PageDoesNotFit:
+            if peer is None or page.base is None:
+                raise
+        log.info("page.peer_base_refused", slot=self.id, peer=peer.id, n_base=page.n_base)
+        st = await self.engine.run(J.StateSet(seq=self.seq, data=page.state, base=page.base.state,
+                                              n_base=page.n_base, n_tokens=len(page.tokens)))
+        return st, None
+
+    async def after_shared_page_in(self, page: Page, peer: Any) -> dict[str, Any]:
+        """Tell who shares cells now (the scheduler's hook, when the slot has it); what a
+        page-in on a base answers beyond a whole page's."""
+        if page.base is None:
+            return {}
+        if peer is not None:
+            hook = getattr(self, "shared_cells_from", None)
+            if hook is not None:
+                await hook(peer, page.n_base)
+        return {"n_base": page.n_base, "base_from": "cells" if peer is not None else "bytes",
+                **({"base_slot": peer.id} if peer is not None else {})}
+

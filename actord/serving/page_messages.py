@@ -1,0 +1,169 @@
+"""The page store's vocabulary: a page generation, what the store answers, its inbox.
+
+Apart from the actor (serving/page_store.py, which re-exports every name here) so that the
+store's rules fit one file; the slots, the spill and the façade speak these messages.
+
+A page may stand on a *base*: the state of a prefix that several pages share, stored once
+as a generation of its own with no name (the store's `_Gen` of `Page.base.gen`). Such a
+page's `state` holds only the positions from `n_base` on; its `tokens` are all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from actord.serving.messages import Msg
+from actord.policy.checkpoint_placement import Divergence
+from actord.policy.checkpoint_records import SlotCheckpoint
+
+
+class Page(msgspec.Struct, frozen=True):
+    """One generation of a page. Its buffers are never mutated after commit."""
+
+    gen: int
+    name: str
+    n_bytes: int
+    state: bytearray
+    tokens: list[int]
+    checkpoints: list[SlotCheckpoint] = []  # the slot's, as they were
+    genes: tuple[tuple[int, float], ...] = ()
+    draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
+    draft_n: int = 0  # how many of `tokens` that state holds
+    # The mind's divergence history and where its last prompt ended (checkpoint placement).
+    divergences: list[Divergence] = []
+    prompt_end: int = 0
+    # The shared prefix this page stands on (the base's own generation: a page-in or spill
+    # has its bytes), and how many leading tokens it holds; `state` is the rest.
+    base: "Page | None" = None
+    n_base: int = 0
+
+
+class PageInfo(msgspec.Struct, frozen=True):
+    page: str
+    gen: int
+    n_bytes: int
+    n_tokens: int
+    n_checkpoints: int
+    holders: int
+    n_base: int = 0  # tokens of a shared prefix the page stands on (its base, stored once)
+
+
+# ---- inbox ------------------------------------------------------------------------------
+
+
+class Admit(Msg):
+    name: str
+    n_bytes: int
+
+
+class AdmitState(Msg):
+    """Admit a page whose sequence state is `n_state` of its `n_bytes`, and hand out the
+    buffer the state is to be copied into (a warm one from the pool when one fits). The
+    page's charge is `n_bytes` plus the buffer's bytes beyond `n_state` (PageAdmission.n_bytes)."""
+
+    name: str
+    n_bytes: int
+    n_state: int
+
+
+class PageAdmission(msgspec.Struct, frozen=True):
+    """The store's answer to AdmitState: room reserved for a page's state, and where to copy it."""
+
+    reservation: int
+    n_bytes: int  # the charge: what the page's Commit must carry
+    into: Any = None  # HostBuffer from the pool, or None: the engine allocates `capacity`
+    capacity: int = 0
+
+
+class Commit(Msg):
+    reservation: int
+    page: Page
+
+
+class CancelReservation(Msg):
+    reservation: int
+
+
+class Take(Msg):
+    name: str
+
+
+class Return(Msg):
+    """A page_in failed: the page goes back under its name (if no newer one took it)."""
+
+    gen: int
+
+
+class Release(Msg):
+    gen: int
+
+
+class DropPage(Msg):
+    name: str
+
+
+class ListPages(Msg):
+    pass
+
+
+class SpillBegin(Msg):
+    name: str
+
+
+class SpillEnd(Msg):
+    gen: int
+    drop: bool = False
+
+
+class StoreStats(Msg):
+    pass
+
+
+class FindBase(Msg):
+    """Before a page-out: the longest base held for (tokens, genes), and how many leading
+    tokens (whole blocks) the tokens share with another page, whose prefix would be worth a
+    base of its own. A base found is held for the asker: it passes to the page committed on
+    it, or goes back by Release(gen=base.gen)."""
+
+    name: str  # the page being made: an older generation of it is not "another page"
+    tokens: list[int]
+    genes: tuple[tuple[int, float], ...] = ()
+
+
+class BaseFound(msgspec.Struct, frozen=True):
+    base: Page | None  # its tokens are the n_base it covers
+    shared: int = 0  # block-aligned tokens in common with another page (when no base)
+
+
+class AdmitBase(Msg):
+    """Admit a base of `n_state` state bytes (charged `n_bytes`, already copied: no buffer is
+    handed out); its Commit carries a Page with no name, answered with the base held for
+    the committer (as FindBase holds one)."""
+
+    n_bytes: int
+    n_state: int
+
+
+PageStoreInbox = (
+    Admit | AdmitState | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
+    | SpillBegin | SpillEnd | StoreStats | FindBase | AdmitBase
+)
+
+
+class PageStoreStats(msgspec.Struct, frozen=True):
+    charged: int
+    ceiling: int
+    pages: int
+    generations: int
+    reservations: int
+    live_bytes: int
+    earmarked: int = 0
+    pooled: int = 0  # bytes of warm state buffers kept for the next page_out (within the ceiling)
+    pool_buffers: int = 0
+    pool_hits: int = 0
+    pool_misses: int = 0
+    bases: int = 0  # shared prefixes stored once (generations with no name)
+    base_bytes: int = 0
+    shared_bytes: int = 0  # what whole pages would have charged beyond what is charged
