@@ -24,6 +24,8 @@ answer; bench/decode_overhead.py measures that path). Each ratio prints with its
 the exit status is 1 when a target is missed, so the script can fail. Never a test: these machines are shared and noisy (repeat with --reps).
 
 Usage: .venv/bin/python bench/hot_path.py [--reps 9] [--threads 1] [--no-gemma] [--quick]
+(--quick --no-gemma: the smallest run. Its rows also go to bench/out/hot_path.json, which
+bench/report.py plots as µs per step against slots.)
 """
 
 from __future__ import annotations
@@ -292,6 +294,7 @@ async def run(args: argparse.Namespace) -> int:
     short, long = (4, 36) if args.quick else (8, args.long)
     prompt = [1, 17, 29, 33, 41, 57, 61, 77]
     missed: list[str] = []
+    rows: list[dict[str, Any]] = []  # bench/out/hot_path.json (bench/_out.py), for bench/report.py
     tmp = tempfile.mkdtemp(prefix="actord-hot-")
 
     parts = set(args.only or "abc")
@@ -303,6 +306,7 @@ async def run(args: argparse.Namespace) -> int:
         async with ActorSystem(cfg, engine_factory=FakeEngine) as system:
             t = (await compare({"actord": Actord(system)}, n, prompt, short, long, reps))["actord"]
         ok = target is None or t <= target
+        rows.append({"part": "a", "engine": "stand-in", "slots": n, "actord_us_per_step": t * 1e6})
         missed += [] if ok else [f"(a) {n} slots"]
         print(f"  {n:3d} slots  {t * 1e6:7.1f} us/step   {t * 1e6 / n:6.2f} us/slot/step"
               + (f"   target <= {target * 1e6:.0f} us: {'ok' if ok else 'MISSED'}" if target else ""))
@@ -326,6 +330,9 @@ async def run(args: argparse.Namespace) -> int:
             for side in sides.values():
                 side.close()
         ratio = got["deep"] / got["raw"]
+        rows.append({"part": "b", "engine": "tiny f32 llama", "slots": n, "raw_us_per_step": got["raw"] * 1e6,
+                     "actord_us_per_step": got["default"] * 1e6, "actord_deep_us_per_step": got["deep"] * 1e6,
+                     "deep_pipeline_depth": deep["pipeline_depth"]})
         ok = ratio <= 1.10
         missed += [] if ok else [f"(b) {n} slots"]
         print(f"  {n:3d} slots  raw {got['raw'] * 1e3:6.3f} ms/step  actord {got['default'] * 1e3:6.3f} ms/step "
@@ -353,12 +360,17 @@ async def run(args: argparse.Namespace) -> int:
             for side in sides.values():
                 side.close()
         ratio = got["raw"] / got["actord"]  # tokens/s: the inverse of time per step
+        rows.append({"part": "c", "engine": "Gemma 3 270M", "slots": n, "raw_us_per_step": got["raw"] * 1e6,
+                     "actord_us_per_step": got["actord"] * 1e6})
         ok = ratio >= 0.98
         missed += [] if ok else ["(c) gemma"]
         print(f"  {n} slots  raw {n / got['raw']:7.1f} tok/s  actord {n / got['actord']:7.1f} tok/s  "
               f"actord/raw {ratio:5.3f}   target >= 0.98: {'ok' if ok else 'MISSED'}")
     shutil.rmtree(tmp, ignore_errors=True)
     print("all targets met" if not missed else f"missed: {', '.join(missed)}")
+    import _out
+
+    _out.write("hot_path", rows=rows, threads=args.threads, reps=reps, missed=missed)
     return 1 if missed else 0
 
 

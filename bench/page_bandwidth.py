@@ -44,6 +44,10 @@ References, measured between the page operations (interleaved, same process):
   from the second cycle on page_out / cold-dst should be well above 1.
 
 --skip-files-and-turns runs part 1 (and 4) only: a short run (~1 minute here).
+--sizes N N ... pages the synthetic state at each prompt length, one table each: what
+bench/report.py plots as GB/s against state size (smallest useful run: --skip-real
+--skip-draft --big-layers 8 --sizes 64 256 1024 2048 --reps 3). The rows are also written
+to bench/out/page_bandwidth.json (bench/_out.py).
 
 Run: .venv/bin/python bench/page_bandwidth.py   (about 4-5 minutes on 2 busy cores; most of
 it is the re-prefills, ~35 s each). --skip-real / --skip-big run one half only.
@@ -76,6 +80,11 @@ from actord.engine import jobs as J  # noqa: E402
 from actord.storage.pagefile import SUFFIXES  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
 from actord.testing.models import gemma3_270m_path, write_tiny_llama  # noqa: E402
+
+import _out  # noqa: E402  (bench/_out.py: the figures as JSON, for bench/report.py)
+
+# One row per page table printed (model, state size, GB/s of each copy and of memcpy).
+ROWS: list[dict[str, Any]] = []
 
 TARGET_COPY = 0.9  # engine page copy / memcpy bandwidth
 TARGET_E2E = 0.8  # through the actors / memcpy bandwidth
@@ -189,6 +198,10 @@ def print_page_table(title: str, rows: dict[str, list[dict[str, Any]]], refs: Co
            f"{'/memcpy':>8} {'t_ms med [min-max]':>24} {'e2e GB/s':>9} {'/memcpy':>8} {'copy/cold-dst':>14}")
     print(hdr)
     ratios: dict[str, float] = {}
+    row: dict[str, Any] = {"model": title.split(":")[0], "tokens": rows["page_out"][0]["n_tokens"],
+                           "state_bytes": n_state, "page_bytes": page_bytes, "reps": len(rows["page_out"]),
+                           "memcpy_gbps": mem_gbps, "cold_dst_gbps": cold_gbps}
+    ROWS.append(row)
     for op in ("page_out", "page_in"):
         r = rows[op]
         copy = [x["copy_ms"] for x in r]
@@ -198,6 +211,7 @@ def print_page_table(title: str, rows: dict[str, list[dict[str, Any]]], refs: Co
         ratios[op] = cg / mem_gbps
         ratios[op + "_e2e"] = eg / mem_gbps
         ratios[op + "_lib"] = lg / mem_gbps
+        row.update({f"{op}_gbps": cg, f"{op}_e2e_gbps": eg, f"{op}_lib_gbps": lg})
         print(f"{op:<9} {med(lib_ms):>16.2f} {lg / mem_gbps:>8.2f} {spread(copy, '{:.2f}'):>24} {cg:>9.2f} {cg / mem_gbps:>8.2f} "
               f"{spread(e2e, '{:.2f}'):>24} {eg:>9.2f} {eg / mem_gbps:>8.2f} {cg / cold_gbps:>14.2f}")
     if page_bytes > 1.05 * n_state:
@@ -357,25 +371,32 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
 
 
 async def big_model(a: argparse.Namespace, page_dir: Path, tmp: Path) -> dict[str, float]:
+    """The synthetic llama's state paged at each of `--sizes` token counts (default: just
+    `--big-tokens`), in one system: GB/s against state size, memcpy measured beside each."""
     t0 = time.perf_counter()
-    ctx = ctx_for(a.big_tokens + 8)
+    sizes = a.sizes or [a.big_tokens]
+    ctx = ctx_for(max(sizes) + 8)
     path = write_tiny_llama(tmp / "big-llama.gguf", seed=3, n_embd=a.big_embd, n_layer=a.big_layers,
                             n_head=a.big_heads, n_head_kv=a.big_heads, n_ff=128,
                             n_ctx_train=max(4096, ctx))
     t_write = time.perf_counter() - t0
     cfg = Config(model=str(path), slots=2, ctx=ctx, batch=a.batch, threads=a.threads,
                  page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes)
+    ratios: dict[str, float] = {}
     async with ActorSystem(cfg) as s:
-        # Any ids of normal text pieces (259..511 in the generated vocab) will do.
-        prompt = [1] + [259 + (i * 7919) % 253 for i in range(a.big_tokens - 1)]
-        _, pre_ms = await timed(lambda: s.complete(prompt=prompt, n_predict=1, slot=0, ignore_eos=True))
-        per_tok = 2 * 2 * a.big_embd * a.big_layers  # f16 K and V, n_head_kv == n_head
-        print(f"\nsynthetic llama: n_embd {a.big_embd}, {a.big_layers} layers, {a.big_heads} KV heads of "
-              f"{a.big_embd // a.big_heads} (f16 KV, {per_tok / 1024:.0f} KiB/token); ctx {ctx}; "
-              f"{len(prompt)}-token prompt prefilled in {pre_ms / 1e3:.1f} s (model written in {t_write:.1f} s)")
-        rows, refs, _ = await page_cycles(s, 0, a.reps, a.memcpy_reps, "big")
-        ratios = print_page_table("synthetic llama: page_out / page_in vs memcpy", rows, refs)
-        del refs
+        for n_tokens in sizes:
+            for slot in (0, 1):
+                await s.slot_erase(slot)
+            # Any ids of normal text pieces (259..511 in the generated vocab) will do.
+            prompt = [1] + [259 + (i * 7919) % 253 for i in range(n_tokens - 1)]
+            _, pre_ms = await timed(lambda: s.complete(prompt=prompt, n_predict=1, slot=0, ignore_eos=True))
+            per_tok = 2 * 2 * a.big_embd * a.big_layers  # f16 K and V, n_head_kv == n_head
+            print(f"\nsynthetic llama: n_embd {a.big_embd}, {a.big_layers} layers, {a.big_heads} KV heads of "
+                  f"{a.big_embd // a.big_heads} (f16 KV, {per_tok / 1024:.0f} KiB/token); ctx {ctx}; "
+                  f"{len(prompt)}-token prompt prefilled in {pre_ms / 1e3:.1f} s (model written in {t_write:.1f} s)")
+            rows, refs, _ = await page_cycles(s, 0, a.reps, a.memcpy_reps, "big")
+            ratios = print_page_table("synthetic llama: page_out / page_in vs memcpy", rows, refs)
+            del refs
     return {f"big_{k}": v for k, v in ratios.items()}
 
 
@@ -465,6 +486,7 @@ async def amain(a: argparse.Namespace) -> None:
               f"{1 / results['turn_ratio_best']:.0f}) target <= 1/{1 / TARGET_TURN:.0f}: {verdict(r <= TARGET_TURN)}")
         print(f"(CPU share during the timed turns {results['cpu_share']:.2f}; ~1.0 means an uncontended run)")
     print(f"({time.perf_counter() - t0:.0f} s)")
+    _out.write("page_bandwidth", rows=ROWS, ratios=results)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -484,13 +506,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--big-layers", type=int, default=32)
     p.add_argument("--big-heads", type=int, default=8, help="attention heads = KV heads")
     p.add_argument("--big-tokens", type=int, default=1024, help="synthetic prompt length (state ~ 128 KiB/token)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[],
+                   help="synthetic prompt lengths to page, one table each (GB/s vs state size; default --big-tokens)")
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-big", action="store_true")
     p.add_argument("--skip-files-and-turns", action="store_true",
                    help="real model: only the page_out/page_in cycles (no save/restore/spill, no re-prefills)")
     p.add_argument("--skip-draft", action="store_true", help="skip the draft state's share of a page")
     a = p.parse_args(argv)
-    if a.reps < 1 or a.memcpy_reps < 1 or a.prompt_tokens < 2 or a.big_tokens < 2:
+    if a.reps < 1 or a.memcpy_reps < 1 or a.prompt_tokens < 2 or a.big_tokens < 2 or any(n < 2 for n in a.sizes):
         p.error("--reps, --memcpy-reps >= 1 and prompt lengths >= 2")
     log.configure(level="warning")
     anyio.run(amain, a)

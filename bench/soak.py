@@ -12,11 +12,13 @@ One `actord serve --http 127.0.0.1:0` daemon (its own process) and, at once:
 
 Every request has a client-side bound (`--hang-s`): one that passes it counts as a hang.
 Every answer is an outcome: "ok" or its error type (untyped ones: "untyped:<...>"). Every
-10 s the daemon's RSS and open fds are sampled. The summary (JSON, at the end) has
+--sample-s (10) the daemon's RSS and open fds are sampled. The summary (JSON, at the end) has
 requests, errors by type, hangs, the probe's latency percentiles quiet vs flood, RSS and
 fds over time, and whether the daemon's log holds a traceback or a crashed actor.
 
 Usage: .venv/bin/python bench/soak.py --minutes 2 [--model M.gguf] [--json out.json]
+(--sample-s sets the RSS/fd sampling period; the summary also goes to bench/out/soak.json,
+which bench/report.py plots as RSS and fds over the soak.)
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ class Soak:
                       flush=True)
             except (OSError, StopIteration):
                 pass
-            self.stop.wait(10)
+            self.stop.wait(self.args.sample_s)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -351,6 +353,7 @@ def main() -> None:
     ap.add_argument("--hang-s", type=float, default=120.0, help="a request not answered within this is a hang")
     ap.add_argument("--flood-connections", type=int, default=8)
     ap.add_argument("--json", help="write the summary here too")
+    ap.add_argument("--sample-s", type=float, default=10.0, help="seconds between RSS and fd samples")
     ap.add_argument("--daemon-arg", action="append", default=[], help="one more `actord serve` argument")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="actord-soak-") as tmp:
@@ -362,6 +365,9 @@ def main() -> None:
             soak.finish()
     brief = {k: v for k, v in summary.items() if k != "samples"}
     print(json.dumps(brief, indent=1))
+    import _out  # bench/_out.py: bench/out/soak.json, the samples bench/report.py plots
+
+    _out.write("soak", **summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

@@ -33,7 +33,9 @@ accepted / drafted, tokens/s of generation, and the ratio of each to plain; "sam
 whether the output tokens equal the plain run's.
 
 Run: .venv/bin/python bench/speculative.py   (about 4 minutes on 2 busy cores; --skip-gemma
-runs the tiny model only, --n-predict and --k shorten or widen it.)
+runs the tiny model only, --n-predict and --k shorten or widen it, --cases picks cases; the
+smallest: --cases llama --k 1 2 4 --n-predict 16. The rows also go to
+bench/out/speculative.json, which bench/report.py plots as tokens per target forward vs k.)
 """
 
 from __future__ import annotations
@@ -88,6 +90,18 @@ async def run(model: str, draft: str | None, k: int, n_predict: int, threads: in
     return out
 
 
+# One row per configuration run: bench/out/speculative.json (bench/_out.py), for bench/report.py.
+ROWS: list[dict[str, Any]] = []
+
+
+def record(title: str, name: str, k: int, x: dict[str, Any], plain: dict[str, Any]) -> None:
+    ROWS.append({"case": title, "draft": name, "k": k, "tokens": x["n"], "forwards": x["steps"],
+                 "tokens_per_forward": x["n"] / x["steps"] if x["steps"] else 0.0,
+                 "drafted": x["drafted"], "accepted": x["accepted"],
+                 "tokens_per_s": x["n"] / x["gen_s"] if x["gen_s"] else 0.0,
+                 "rollback": x.get("rollback") or "", "same_as_plain": x["tokens"] == plain["tokens"]})
+
+
 def line(name: str, x: dict[str, Any], plain: dict[str, Any]) -> str:
     tpf = x["n"] / x["steps"] if x["steps"] else 0.0
     tpf0 = plain["n"] / plain["steps"] if plain["steps"] else 1.0
@@ -106,10 +120,12 @@ async def case(title: str, model: str, drafts: list[tuple[str, str]], ks: list[i
     print(f"\n{title}: {len(TEXTS)} prompts x {n_predict} tokens, greedy", flush=True)
     plain = await run(model, None, 0, n_predict, threads)
     print(line("plain", plain, plain), flush=True)
+    record(title, "plain", 0, plain, plain)
     for name, path in drafts:
         for k in ks:
             x = await run(model, path, k, n_predict, threads)
             print(line(f"{name}, k={k}", x, plain), flush=True)
+            record(title, name, k, x, plain)
 
 
 async def main() -> None:
@@ -119,13 +135,15 @@ async def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--skip-gemma", action="store_true")
     ap.add_argument("--skip-tiny", action="store_true")
+    ap.add_argument("--cases", nargs="+", choices=["llama", "hybrid", "gemma"], default=["llama", "hybrid", "gemma"],
+                    help="which cases to run (hybrid: the qwen35 and mamba2 ones); smallest: --cases llama")
     a = ap.parse_args()
     log.configure(level="warning")
     from actord.testing.draft_models import write_pruned_draft
     from actord.testing.models import gemma3_270m_path, write_tiny_llama, write_tiny_mamba2, write_tiny_qwen35
 
     tmp = Path(tempfile.mkdtemp(prefix="actord-spec-"))
-    if not a.skip_tiny:
+    if not a.skip_tiny and "llama" in a.cases:
         shape = dict(n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768)
         target = str(write_tiny_llama(tmp / "llama.gguf", seed=1, **shape))
         other = str(write_tiny_llama(tmp / "llama-s2.gguf", seed=2, **shape))
@@ -133,7 +151,7 @@ async def main() -> None:
         await case("f32 llama (256 x 4 blocks)", target,
                    [("draft = target copy", target), ("draft = another seed", other), ("draft = first block", first)],
                    a.k, a.n_predict, a.threads)
-    if not a.skip_tiny:
+    if not a.skip_tiny and "hybrid" in a.cases:
         hshape = dict(n_embd=256, n_layer=8, n_head=8, n_head_kv=4, head_dim=32, n_ff=768, d_state=32,
                       n_k_heads=4, n_v_heads=8)
         hybrid = str(write_tiny_qwen35(tmp / "qwen35.gguf", seed=1, mtp=True, **hshape))
@@ -145,7 +163,7 @@ async def main() -> None:
         await case("f32 mamba2 recurrent (256 x 4 blocks)", mamba,
                    [("draft = target copy", mamba), ("draft = tiny llama", small)], a.k, a.n_predict, a.threads)
     gemma = gemma3_270m_path()
-    if not a.skip_gemma and gemma is not None:
+    if not a.skip_gemma and "gemma" in a.cases and gemma is not None:
         drafts = []
         for n, last in ((4, 0), (10, 2), (14, 2)):
             name = f"first {n}" + (f" + last {last}" if last else "") + " of 18 blocks"
@@ -156,6 +174,9 @@ async def main() -> None:
         await case("Gemma 3 270M Q4_K_M", str(gemma), drafts, a.k, a.n_predict, a.threads)
     elif gemma is None:
         print("Gemma 3 270M is not installed: skipped")
+    import _out
+
+    _out.write("speculative", rows=ROWS, n_predict=a.n_predict, prompts=len(TEXTS))
 
 
 if __name__ == "__main__":

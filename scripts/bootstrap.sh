@@ -156,4 +156,19 @@ if [ "$(stamp_status "$stamp")" != current ]; then
   echo "$STAMP" > "$stamp"
 fi
 
-"$VENV/bin/pip" install -q -e ".[dev]"
+"$VENV/bin/pip" install -q -e ".[dev,docs,bench,browser]"
+
+# A Chromium for the dashboard's browser test (tests/frontends/test_dashboard.py drives it
+# through Playwright; Playwright's own browser download is not used: it needs its CDN).
+# Debian's package where this is root on a Debian-like system; elsewhere, or where the
+# install fails, the test is skipped saying what is missing. ACTORD_NO_BROWSER=1 skips this.
+if [ -z "${ACTORD_NO_BROWSER:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+   && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian's chromium for the dashboard's browser test" >&2
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; } \
+      >/dev/null 2>&1 || echo "bootstrap: chromium could not be installed; the dashboard's browser test will be skipped" >&2
+  else
+    echo "bootstrap: no chromium (install your system's chromium package): the dashboard's browser test will be skipped" >&2
+  fi
+fi

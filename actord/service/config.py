@@ -30,8 +30,8 @@ def engine_threads(threads: int) -> int:
 
 
 class Config(msgspec.Struct, kw_only=True, frozen=True):
-    model: str
-    slots: int = 4
+    model: str  # the GGUF file served (a path; `actord serve` defaults to the packaged Gemma 3 270M)
+    slots: int = 4  # sequences decoded side by side: each holds one mind's (or request's) state at a time
     ctx: int = 4096  # total KV cells, shared by all slots (unified KV)
     batch: int = 512  # most tokens in one llama_decode step
     # Prompt pieces end at multiples of this many positions where they can: ggml's batched
@@ -67,8 +67,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     spec_p_min: float = 0.0
     seed: int = 0  # default sampling seed when a request names none
     # Pages
-    page_ram_bytes: int = 2 << 30
-    page_dir: str = "./pages"
+    page_ram_bytes: int = 2 << 30  # the page RAM ceiling: host RAM for paged-out minds; past it, pages spill to files
+    page_dir: str = "./pages"  # the page folder: page files (spills, saves, minds) live here, and only here
     # Context checkpoints
     ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
@@ -108,7 +108,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     device_bytes: int = 0
     gene: list[str] = []  # adapters loaded at start and active by default (scale 1)
     # Daemon
-    socket: str = "./actord.sock"
+    socket: str = "./actord.sock"  # the JSON-RPC Unix socket the daemon listens on (and the CLI calls)
     metrics_http: str | None = None  # "127.0.0.1:9464" serves Prometheus text over HTTP
     # OpenAI-compatible HTTP front (actord/frontends/http/), in the daemon's own event loop
     http: str | None = None  # "127.0.0.1:8080"; port 0 picks a free one (props reports it)

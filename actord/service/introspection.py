@@ -1,5 +1,5 @@
-"""What the system reports about itself: `props`, `health`, the start-up lines, and the
-final state a replay must reproduce.
+"""What the system reports about itself: `props`, `health`, `memory` (every tier at once,
+for the dashboard), the start-up lines, and the final state a replay must reproduce.
 
 Why apart from the façade: these read the running system's parts (its model props, its
 actors' failures and state) and shape them for a caller; the façade keeps the verbs.
@@ -15,6 +15,7 @@ import msgspec
 from actord.service.log import get
 
 if TYPE_CHECKING:
+    from actord.service.protocol import MemoryView
     from actord.service.system import ActorSystem
 
 log = get("actord.service.system")
@@ -69,3 +70,74 @@ def final_state(system: "ActorSystem") -> dict[str, Any]:
         "ckpt_used": a.ckpt_budget.used if a else 0,
         "metrics": sorted(metrics.items()),
     }
+
+
+# The counters a front turns into rates (tokens/s, first-token latency, prompt tokens
+# processed vs cached), by their names in the registry's snapshot.
+MEMORY_COUNTERS = ("prompt_tokens_total", "prompt_tokens_processed_total", "predicted_tokens_total",
+                   "first_token_seconds_sum", "first_token_seconds_count", "page_out_total", "page_in_total")
+
+
+def answered(system: "ActorSystem", result: Any) -> Any:
+    """A completion's result, its first-token latency observed on the way out: the time it
+    queued plus its prompt's (the first token is sampled at the prompt's last step)."""
+    t = getattr(result, "timings", None)
+    if t is not None:
+        system.metrics.first_token_seconds.observe((t.queued_ms + t.prompt_ms) / 1e3)
+    return result
+
+
+async def memory(system: "ActorSystem") -> "MemoryView":
+    """Every tier of memory at once, for the dashboard (frontends/http/dashboard.py).
+
+    Not recorded for traces, unlike `slot.list` and the stats verbs it overlaps: a page
+    polls it every second, and a read that changes nothing is no input a replay needs. It
+    asks the same actors those verbs ask; the page folder is listed on a worker thread."""
+    from actord.serving.checkpoint_budget import BudgetStats
+    from actord.serving.gene_residency import ListGenes
+    from actord.serving.messages import Info
+    from actord.serving.page_store import ListPages, StoreStats
+    from actord.service.protocol import BudgetView, MemoryView, MindView
+    from actord.storage.paths import MIND_FILE_SUFFIX
+
+    a = system.built
+    slots = [await s.ask(Info()) for s in system.slots]
+    pages = await a.pages.ask(ListPages())
+    store = await a.pages.ask(StoreStats())
+    ckpt = await a.ckpt_budget.ask(BudgetStats())
+    genes = await a.residency.ask(ListGenes())
+    props = system.props
+    # A slot's state as a page of it would hold it (what a page move copies); the device
+    # budget counts it only where there is one, so it is computed, not read.
+    minds = [MindView(name=s.mind, tier="slot", n_tokens=s.n_tokens, slot=s.id,
+                      n_bytes=props.recurrent_state_bytes + s.n_tokens * props.kv_bytes_per_token)
+             for s in slots if s.mind is not None]
+    minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens) for p in pages]
+    root = system.files.root
+
+    def files() -> list[tuple[str, int, float]]:
+        import os
+
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            return []
+        out = []
+        for e in entries:
+            if e.name.endswith(MIND_FILE_SUFFIX) and e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                out.append((e.name[: -len(MIND_FILE_SUFFIX)], st.st_size, st.st_mtime))
+        return sorted(out)
+
+    minds += [MindView(name=n, tier="file", n_bytes=b, mtime=t) for n, b, t in await system.run_sync(files)]
+    gene_bytes = sum(g.n_bytes for g in genes)
+    budgets = [
+        BudgetView(name="page_ram", used=store.charged, limit=store.ceiling),
+        BudgetView(name="checkpoints", used=ckpt.used, limit=ckpt.budget),
+        BudgetView(name="device", used=a.residency.device_bytes(), limit=props.device.budget_bytes),
+        BudgetView(name="genes_resident", used=sum(g.n_bytes for g in genes if g.resident), limit=gene_bytes),
+    ]
+    snap = system.metrics.snapshot()
+    return MemoryView(time=time.time(), slots=slots, minds=minds, budgets=budgets,
+                      genes=[msgspec.to_builtins(g) for g in genes],
+                      counters={k: snap.get(k, 0.0) for k in MEMORY_COUNTERS})

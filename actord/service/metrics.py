@@ -25,6 +25,9 @@ class Metrics:
         self.requests_deferred_total = Counter(
             "requests_deferred", "Slot operations deferred because the slot was processing", registry=r
         )
+        self.first_token_seconds = Histogram(
+            "first_token_seconds", "Seconds from a completion's arrival to its first token (queued + prompt)",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self.engine_steps_total = Counter("engine_steps", "llama_decode steps", registry=r)
         self.engine_step_tokens = Histogram(
             "engine_step_tokens", "Tokens per llama_decode step", registry=r,

@@ -56,6 +56,38 @@ class Embedded(msgspec.Struct, frozen=True):
     n_tokens: int
 
 
+class MindView(msgspec.Struct, frozen=True):
+    """One mind (or client-named page) and the tier that holds it: "slot" (its state in the
+    KV cache), "page" (a RAM page) or "file" (a page file in the page folder)."""
+
+    name: str
+    tier: str
+    n_bytes: int
+    n_tokens: int | None = None  # None: a page file's, not read (its header would be a disk read per poll)
+    slot: int | None = None
+    mtime: float | None = None  # a page file's last write (wall clock)
+
+
+class BudgetView(msgspec.Struct, frozen=True):
+    """A byte budget and what holds it now (limit 0: unlimited)."""
+
+    name: str
+    used: int
+    limit: int
+
+
+class MemoryView(msgspec.Struct, frozen=True):
+    """`memory`'s answer (what the dashboard draws): the slots, every mind by tier, the byte
+    budgets, the genes, and the counters a rate is computed from, at wall-clock `time`."""
+
+    time: float
+    slots: list[SlotInfo]
+    minds: list[MindView]
+    budgets: list[BudgetView]
+    genes: list[dict[str, Any]]
+    counters: dict[str, float]
+
+
 class Service(Protocol):
     """The verbs a front calls (see the module docstring); `ActorSystem` is the one implementation."""
 
@@ -107,5 +139,6 @@ class Service(Protocol):
     # -- the daemon's own ------------------------------------------------------------------
     async def props_dict(self) -> dict[str, Any]: ...
     async def health(self) -> dict[str, Any]: ...
+    async def memory(self) -> MemoryView: ...
     def metrics_text(self) -> str: ...
     async def shutdown(self, grace_s: float | None = None) -> dict[str, int]: ...

@@ -33,7 +33,7 @@ from actord.service.trace import attach_recorder
 from actord.service.inflight import InFlight
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.service.protocol import Embedded, OnToken, TemplateSource, Tokenized
+from actord.service.protocol import Embedded, MemoryView, OnToken, TemplateSource, Tokenized
 from actord.service.spill import spill_page
 from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
@@ -233,14 +233,15 @@ class ActorSystem:
         slot: Slot | None = None
         try:
             if request.mind is not None:
-                return await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token,
-                                             timeout=bound)
+                return introspection.answered(self, await self.placer.ask(
+                    PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token, timeout=bound))
             if request.slot is not None:
                 slot = self._slot(request.slot)
             else:
                 slot = await placement.place(self, request.prompt)
             self.inflight.slots[rid] = slot.id
-            return await slot.ask(Complete(rid=rid, req=request), stream=on_token, timeout=bound)
+            return introspection.answered(self, await slot.ask(Complete(rid=rid, req=request), stream=on_token,
+                                                               timeout=bound))
         except (anyio.get_cancelled_exc_class(), AskTimeout):
             # The caller is gone (or out of time): the request ends at its next step.
             await self._cancel(rid, slot.id if slot is not None else None)
@@ -425,6 +426,9 @@ class ActorSystem:
 
     async def health(self) -> dict[str, Any]:
         return introspection.health(self, self._started)
+
+    async def memory(self) -> MemoryView:
+        return await introspection.memory(self)
 
     def metrics_text(self) -> str:
         return self.metrics.exposition()

@@ -4,7 +4,7 @@ itself (actord.testing.draft_models.write_pruned_draft), on natural text.
 Greedy equality is checked at spec_n_max=2: a verify batch of at most 3 rows runs the same
 ggml kernels as a single-token decode. From 4 rows on, the quantized matmuls take another
 path whose logits differ by up to ~1.0 (measured on this model), as they do for 4 slots
-decoding together without speculation (see the README's known limits).
+decoding together without speculation (see docs/limits.md).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ app's assembly, who may use it (the key, the peer policy, the origin gate), the 
 bounds, the fallback error answers, and the server's lifecycle (bind before the model
 loads, serve until cancelled, shut down gracefully). The routes are elsewhere:
 `openai/routes.py` (OpenAI's; its Responses API in `openai/responses_api.py`, embeddings in
-`embeddings.py`) and `native.py` (llama-server's native API and the seed's
-page and gene verbs); a generation runs inside its response (`streaming.py`).
+`embeddings.py`), `native.py` (llama-server's native API and the seed's
+page and gene verbs) and `dashboard.py` (the memory page); a generation runs inside its
+response (`streaming.py`).
 
 Why Starlette + uvicorn: Starlette is a small ASGI toolkit (routing, requests, responses)
 built on anyio, like the actor system, so the routes run in the same event loop as the
@@ -53,6 +54,7 @@ from actord.service.config import Config, http_address, is_loopback
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.bounds import Gate, bounded_protocol
+from actord.frontends.http.dashboard import Dashboard
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
 from actord.frontends.http.openai.routes import OpenAIRoutes
@@ -156,6 +158,7 @@ class HttpFront:
             # llama-server's native API and the seed's verbs (native.py), /health and
             # /metrics included: llama-server answers those the same on both APIs.
             *Native(self).routes(),
+            *Dashboard(self).routes(),  # GET /dashboard and /dashboard/state (dashboard.py)
         ]
 
     def attach(self, system: Service) -> None:

@@ -194,6 +194,8 @@ METHODS: dict[str, Method] = {
     "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id)),
                            help="page a gene's weights back into the device"),
     "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list()), help="the loaded genes"),
+    "memory": Method(NoParams, lambda s, p, _: _wrap(s.memory()),
+                     help="every tier at once: slots, minds by tier (slot, RAM page, page file), budgets, genes"),
     "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats()), help="the page store's counters"),
     "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats()),
                                help="the checkpoint budget's counters"),

@@ -1,0 +1,129 @@
+"""The dashboard (`GET /dashboard`): one page that shows the daemon's memory, live.
+
+Why it exists: which slot holds which mind, which minds wait in RAM pages and which in page
+files, how full the page ceiling, the checkpoint budget and the device budget are, and
+which genes are resident were only in JSON verbs and Prometheus counters. llama-server
+ships a chat page; no serving engine we know of draws its memory tiers.
+
+How: the page (`dashboard.html`, package data) is static, has no data in it and loads
+nothing from elsewhere (no CDN, no build step: its script is inline, its plots are drawn on
+canvases by that script). It polls `GET /dashboard/state` every second, a JSON answer built
+from the Service's `memory` verb (service/introspection.py), the same actors `slot.list`,
+`page.list` and the stats verbs ask, without recording the reads for traces. Polling rather
+than server-sent events: an `EventSource` cannot send `Authorization`, and the state route
+is held to the API key like every other route.
+
+Who may see it: the state route stands behind the front's guard (the key, or without one
+the peer rules checked when the connection opened, bounds.py). The page itself is the same
+for everyone and holds nothing, so it is served like /health; its script takes the key from
+the address's fragment (`/dashboard#key=KEY`: a fragment never reaches the server or its
+logs) or a field, keeps it for the tab (sessionStorage), and says "refused" when the state
+route refuses it. The page's Content-Security-Policy lets it reach its own origin only.
+
+The rates (tokens/s, first-token latency, prompt tokens processed vs cached) are the
+counters' differences between polls, kept here for `HISTORY_S` so a reload keeps its plots;
+nothing is sampled while no page polls. "Last use" is when this front last saw the mind
+change (moved, grew, or its slot at work), or a page file's last write.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from importlib.resources import files
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actord.frontends.http.responses import json_response
+
+if TYPE_CHECKING:
+    from actord.frontends.http.app import HttpFront
+    from actord.service.protocol import MemoryView
+
+HISTORY_S = 600.0  # the plots' span: ten minutes
+MIN_INTERVAL_S = 0.5  # polls closer than this (two tabs) share one read of the system
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+       "img-src data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+def page_html() -> bytes:
+    return files("actord.frontends.http").joinpath("dashboard.html").read_bytes()
+
+
+class Dashboard:
+    def __init__(self, front: "HttpFront") -> None:
+        self.front = front
+        self.samples: deque[tuple[float, dict[str, float]]] = deque()
+        self.seen: dict[tuple[str, str], tuple[Any, float]] = {}  # (name, tier) -> (what it was, since)
+        self.last: tuple[float, dict[str, Any]] | None = None
+        self._html: bytes | None = None
+
+    def routes(self) -> list[Route]:
+        f = self.front
+        return [Route("/dashboard", f.guard(self.page, public=True), methods=["GET"]),
+                Route("/dashboard/state", f.guard(self.state), methods=["GET"])]
+
+    async def page(self, request: Request) -> Response:
+        if self._html is None:
+            self._html = page_html()
+        return Response(self._html, media_type="text/html; charset=utf-8", headers={
+            "content-security-policy": CSP, "x-content-type-options": "nosniff", "cache-control": "no-store",
+            "referrer-policy": "no-referrer"})
+
+    async def state(self, request: Request) -> Response:
+        now = time.monotonic()
+        if self.last is None or now - self.last[0] >= MIN_INTERVAL_S:
+            self.last = (now, self.shape(await self.front.service.memory(), now))
+        return json_response(self.last[1], 200)
+
+    def shape(self, view: "MemoryView", now: float) -> dict[str, Any]:
+        """The page's JSON: the view, each mind's last use, and the rates over the history."""
+        self.samples.append((now, view.counters))
+        while self.samples and now - self.samples[0][0] > HISTORY_S:
+            self.samples.popleft()
+        busy = {s.id for s in view.slots if s.state != "idle"}
+        minds = []
+        present = set()
+        for m in view.minds:
+            key = (m.name, m.tier)
+            present.add(key)
+            what = (m.slot, m.n_tokens, m.n_bytes, m.mtime)
+            before = self.seen.get(key)
+            if before is None or before[0] != what or m.slot in busy:
+                since = m.mtime if m.mtime is not None and before is None else view.time
+                self.seen[key] = (what, since)
+            minds.append({**msgspec.to_builtins(m), "last_use": self.seen[key][1]})
+        for key in set(self.seen) - present:
+            del self.seen[key]
+        return {
+            "time": view.time, "model": self.front.model_id,
+            "slots": msgspec.to_builtins(view.slots), "minds": minds,
+            "budgets": msgspec.to_builtins(view.budgets), "genes": view.genes,
+            "series": series(list(self.samples)),
+        }
+
+
+def series(samples: list[tuple[float, dict[str, float]]]) -> list[dict[str, Any]]:
+    """Per interval between two samples: tokens/s generated, the mean first-token latency
+    of the completions answered in it (None: none were), prompt tokens processed and
+    cached (received but not processed: served from a slot, a page or a checkpoint)."""
+    out = []
+    for (t0, a), (t1, b) in zip(samples, samples[1:]):
+        dt = t1 - t0
+        if dt <= 0:
+            continue
+        d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+        n = d.get("first_token_seconds_count", 0.0)
+        processed = max(0.0, d.get("prompt_tokens_processed_total", 0.0))
+        out.append({
+            "t": t1 - samples[-1][0],  # seconds before the newest sample (<= 0)
+            "tokens_per_s": max(0.0, d.get("predicted_tokens_total", 0.0)) / dt,
+            "first_token_ms": d.get("first_token_seconds_sum", 0.0) / n * 1e3 if n > 0 else None,
+            "prompt_processed": processed,
+            "prompt_cached": max(0.0, d.get("prompt_tokens_total", 0.0) - processed),
+        })
+    return out

@@ -1,0 +1,148 @@
+"""The dashboard (`/dashboard`) in a real browser: headless Chromium driven by Playwright,
+against a daemon as users run it (`actord serve --http ... --api-key KEY`).
+
+The browser is what this machine has: the `playwright` package (the `browser` extra) and a
+Chromium executable (Debian's `chromium`, or $ACTORD_CHROMIUM); `scripts/bootstrap.sh`
+installs both where it can, so CI has them. Nothing is installed here: where either is
+missing the browser tests are skipped, saying which. The state route's refusals are
+checked without a browser. ACTORD_DASHBOARD_SCREENSHOT=PATH saves the page as a PNG.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from actord.frontends.client import Client
+from actord.testing.daemon import wait_until_serving
+from actord.testing.models import write_tiny_llama
+
+KEY = "dash-key"
+CHROMIUMS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def chromium() -> str | None:
+    named = os.environ.get("ACTORD_CHROMIUM")
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    return next((p for p in map(shutil.which, CHROMIUMS) if p), None)
+
+
+def browser_missing() -> str | None:
+    """Why no browser test can run here, or None."""
+    missing = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package (pip install -e '.[browser]')")
+    if chromium() is None:
+        missing.append(f"a Chromium executable ({', '.join(CHROMIUMS)} on PATH, or ACTORD_CHROMIUM; "
+                       "Debian: apt-get install chromium)")
+    if not missing:
+        return None
+    return "no browser for the dashboard test: missing " + " and ".join(missing) + "; scripts/bootstrap.sh installs them"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dash")
+    model = write_tiny_llama(d / "tiny.gguf", seed=1)
+    sock = d / "actord.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", "2", "--ctx", "1024",
+         "--batch", "64", "--threads", "1", "--socket", str(sock), "--page-dir", str(d / "pages"),
+         "--log-level", "warning", "--http", "127.0.0.1:0", "--api-key", KEY],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
+        with Client(str(sock), timeout=30) as c:
+            yield "http://" + c.call("props")["http"], c
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+    log = err.decode(errors="replace")
+    for bad in ("Traceback", "internal_error", "actor.crashed"):
+        assert bad not in log, log[-3000:]
+
+
+def turn(c: Client, mind: str, n: int = 4) -> None:
+    c.call("completion", {"prompt": f"{mind} says hello to the dashboard", "n_predict": n, "mind": mind,
+                          "ignore_eos": True})
+
+
+def test_the_state_route_needs_the_key_and_the_page_holds_no_data(daemon):
+    url, _ = daemon
+    assert httpx.get(url + "/dashboard/state").status_code == 401
+    assert httpx.get(url + "/dashboard/state", headers={"authorization": "Bearer nope"}).status_code == 401
+    ok = httpx.get(url + "/dashboard/state", headers={"authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200 and {"slots", "minds", "budgets", "genes", "series"} <= set(ok.json())
+    page = httpx.get(url + "/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "connect-src 'self'" in page.headers["content-security-policy"]
+    assert "http://" not in page.text and "https://" not in page.text  # nothing loaded from elsewhere
+
+
+def test_the_page_shows_a_mind_moving_from_a_slot_to_a_page_and_back(daemon):
+    why = browser_missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import expect, sync_playwright
+
+    url, c = daemon
+    turn(c, "ada")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium())
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(url + f"/dashboard#key={KEY}")
+            expect(page.locator("body")).to_have_attribute("data-state", "live", timeout=20000)
+            assert "key=" not in page.url  # the key left the address bar
+            ada = page.locator('#minds tr[data-mind="ada"]')
+            expect(ada).to_have_attribute("data-tier", "slot", timeout=20000)
+            expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(1)
+
+            turn(c, "bob")
+            turn(c, "cy")  # two slots, three minds: the least recently used, ada, is paged out
+            expect(ada).to_have_attribute("data-tier", "page", timeout=20000)
+            expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(0)
+            expect(page.locator('#budgets [data-budget="page_ram"]')).to_contain_text("KiB")
+
+            turn(c, "ada")  # and back into a slot, from her page
+            expect(ada).to_have_attribute("data-tier", "slot", timeout=20000)
+            expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(1)
+            c.call("page.spill", {"page": "bob", "file": "bob.page", "drop": True})  # ada took bob's slot
+            expect(page.locator('#minds tr[data-mind="bob"]')).to_have_attribute("data-tier", "file", timeout=20000)
+            for m in ("cy", "ada", "cy", "ada"):  # a little more traffic, polled, for the plots
+                turn(c, m, 8)
+                page.wait_for_timeout(700)
+            shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
+            if shot:
+                page.wait_for_timeout(1200)
+                page.screenshot(path=shot, full_page=True)
+
+            refused = browser.new_page()  # a tab of its own: no key in its session
+            refused.goto(url + "/dashboard")
+            expect(refused.locator("body")).to_have_attribute("data-state", "refused", timeout=20000)
+            expect(refused.locator("#status")).to_contain_text("API key")
+            expect(refused.locator('#minds tr[data-mind="ada"]')).to_have_count(0)
+        finally:
+            browser.close()
+
+
+def test_rates_come_from_the_counters_between_polls():
+    from actord.frontends.http.dashboard import series
+
+    a = {"predicted_tokens_total": 10.0, "prompt_tokens_total": 100.0, "prompt_tokens_processed_total": 40.0,
+         "first_token_seconds_sum": 1.0, "first_token_seconds_count": 2.0}
+    b = {**a, "predicted_tokens_total": 30.0, "prompt_tokens_total": 150.0, "prompt_tokens_processed_total": 50.0,
+         "first_token_seconds_sum": 1.5, "first_token_seconds_count": 4.0}
+    c = dict(b)
+    out = series([(0.0, a), (2.0, b), (3.0, c)])
+    assert out[0] == {"t": -1.0, "tokens_per_s": 10.0, "first_token_ms": 250.0, "prompt_processed": 10.0,
+                      "prompt_cached": 40.0}
+    assert out[1]["first_token_ms"] is None and out[1]["tokens_per_s"] == 0.0
