@@ -58,6 +58,7 @@ class SlotPageBases:
     peers: Any
     kv_tokens: list[int]
     genes: tuple[tuple[int, float], ...]
+    base_peer_epoch: int = 0  # the peer's sequence epoch when a page-in shared its cells
     ckpt: CheckpointPlan
 
     def shares_cells(self) -> bool:
@@ -152,6 +153,8 @@ class SlotPageBases:
             return self.engine.submit(J.StateSet(seq=self.seq, data=page.state)), None
         peer = self._peer_holding(page)
         if peer is not None:
+            # Its epoch as the job is submitted, in this tick: the share is of these cells.
+            self.base_peer_epoch = getattr(peer, "kv_epoch", 0)
             job = J.StateSet(seq=self.seq, data=page.state, base_seq=peer.seq, n_base=page.n_base,
                              n_tokens=len(page.tokens))
         else:
@@ -180,7 +183,7 @@ class SlotPageBases:
         if peer is not None:
             hook = getattr(self, "shared_cells_from", None)
             if hook is not None:
-                await hook(peer, page.n_base)
+                await hook(peer, page.n_base, self.base_peer_epoch)
         return {"n_base": page.n_base, "base_from": "cells" if peer is not None else "bytes",
                 **({"base_slot": peer.id} if peer is not None else {})}
 

@@ -125,10 +125,11 @@ class PrefixShare:
         log.info("slot.prefix_shared", slot=self.id, src=src.id, n_tokens=n, n_prompt=len(prompt))
         return n
 
-    async def shared_cells_from(self, src: Any, n: int) -> None:
-        """This sequence's first n cells were just taken from `src`'s (a page-in on a base
-        a peer holds): the next cells tell says so."""
-        self._share_note = (src.id, src.kv_epoch, n)
+    async def shared_cells_from(self, src: Any, n: int, src_epoch: int) -> None:
+        """This sequence's first n cells were just taken from `src`'s, as they were in its
+        epoch `src_epoch` (a page-in on a base a peer holds): the next cells tell says so."""
+        self._share_note = (src.id, src_epoch, n)
+        self.metrics.prefix_hit_tokens_total.labels(source="page_on_cells").inc(n)
 
     def take_share_note(self) -> dict[str, int]:
         note, self._share_note = self._share_note, None
