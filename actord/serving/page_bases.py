@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from actord.serving.page_store import (
-    Admit, AdmitBase, BaseFound, CancelReservation, Commit, FindBase, Page, PageAdmission, Release,
+    Admit, AdmitBase, AdmitState, BaseFound, CancelReservation, Commit, FindBase, Page, PageAdmission, Release,
 )
 from actord.engine import jobs as J
 from actord.service.errors import PageDoesNotFit, PageRamExceeded
@@ -70,17 +70,22 @@ class SlotPageBases:
         return max((aligned_common(p.kv_tokens, tokens) for p in self.peers
                     if p is not self and p.genes == self.genes), default=0)
 
-    async def _base_for_page_out(self, name: str) -> Page | None:
-        """The base this slot's page can stand on, held for it (Commit or Release it); None
-        when there is none worth having, or the ceiling refused to make one."""
+    async def _base_for_page_out(self, name: str, whole: AdmitState | None) -> Page | PageAdmission | None:
+        """The base this slot's page can stand on, held for it (Commit or Release it); else,
+        when nothing is shared and `whole` was given, the whole page's admission (made by the
+        same ask); None when there is no base worth having or the ceiling refused one."""
         tokens = self.kv_tokens[:-1]  # a base must leave a rest
+        peer = self._peer_shared(tokens)
         # The asks that hand this slot a hold are shielded: a hold whose answer a cancel lost
         # would keep a base (and its bytes) forever.
         with anyio.CancelScope(shield=True):
-            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes))
+            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes,
+                                                             whole=whole if peer < BLOCK else None))
         if found.base is not None:
             return found.base
-        n = max(found.shared, self._peer_shared(tokens))
+        if found.admission is not None:
+            return found.admission
+        n = max(found.shared, peer)
         if n < BLOCK:
             return None
         st = await self.engine.run(J.StateGet(seq=self.seq, p1=n))
@@ -99,15 +104,17 @@ class SlotPageBases:
                 await self.pages.tell(CancelReservation(reservation=adm.reservation))
                 raise
 
-    async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint]) -> tuple[Any, int, J.StateData] | None:
+    async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint], whole: AdmitState | None = None
+                               ) -> tuple[Any, int, J.StateData] | PageAdmission | None:
         """Commit page `name` as a base and the rest, the sequence left in the slot (the
-        caller frees it): (the store's PageInfo, the page's charge, the rest's copy). None
-        when no base applies: the caller stores the page whole."""
+        caller frees it): (the store's PageInfo, the page's charge, the rest's copy). When no
+        base applies: `whole`'s admission if the store made it, else None (the caller stores
+        the page whole)."""
         if not self.shares_cells() or len(self.kv_tokens) <= BLOCK:
             return None
-        base = await self._base_for_page_out(name)
-        if base is None:
-            return None
+        base = await self._base_for_page_out(name, whole)
+        if base is None or isinstance(base, PageAdmission):
+            return base
         reservation = None
         try:
             n_base = len(base.tokens)

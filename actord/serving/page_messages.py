@@ -130,11 +130,15 @@ class FindBase(Msg):
     name: str  # the page being made: an older generation of it is not "another page"
     tokens: list[int]
     genes: tuple[tuple[int, float], ...] = ()
+    # The page's whole admission, made in this same ask when no base is found and too little
+    # is shared to make one (a page-out on nothing shared costs no ask more than before).
+    whole: AdmitState | None = None
 
 
 class BaseFound(msgspec.Struct, frozen=True):
     base: Page | None  # its tokens are the n_base it covers
     shared: int = 0  # block-aligned tokens in common with another page (when no base)
+    admission: PageAdmission | None = None  # FindBase.whole, admitted (no base, nothing shared)
 
 
 class AdmitBase(Msg):

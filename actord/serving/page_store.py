@@ -46,7 +46,7 @@ from actord.serving.page_messages import (
 from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.policy.prefix_index import PrefixIndex
+from actord.policy.prefix_index import BLOCK, PrefixIndex
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
     "Admit", "AdmitBase", "AdmitState", "BaseFound", "CancelReservation", "Commit", "DropPage", "FindBase",
@@ -112,8 +112,11 @@ class PageStore(Actor[PageStoreInbox]):
                 out = self.spill_end(gen, drop)
             case StoreStats():
                 out = self.stats()
-            case FindBase(name=name, tokens=tokens, genes=genes):
+            case FindBase(name=name, tokens=tokens, genes=genes, whole=whole):
                 out = self.find_base(name, tokens, genes)
+                if out.base is None and out.shared < BLOCK and whole is not None:
+                    out = BaseFound(base=None, shared=out.shared,
+                                    admission=self.admit_state(whole.name, whole.n_bytes, whole.n_state))
             case AdmitBase(n_bytes=n):
                 # Copied before its admission (its size is known only then): no pooled buffer.
                 out = PageAdmission(reservation=self.admit("", n), n_bytes=n)

@@ -146,11 +146,12 @@ class SlotPages(SlotPageBases):
         t0 = time.perf_counter()
         ckpts = self.page_checkpoints()
         n_draft, take = 0, False
-        on_base = await self.page_out_on_base(name, ckpts)
-        if on_base is not None:
+        sizes = await self._whole_sizes(ckpts)
+        on_base = await self.page_out_on_base(name, ckpts, AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1]))
+        if on_base is not None and not isinstance(on_base, PageAdmission):
             info, n_bytes, st = on_base
         else:
-            info, n_bytes, st, take, n_draft = await self._page_out_whole(name, ckpts, keep)
+            info, n_bytes, st, take, n_draft = await self._page_out_whole(name, ckpts, keep, sizes, on_base)
         n_tokens = len(self.kv_tokens)
         if keep:
             self.mind = None
@@ -177,16 +178,23 @@ class SlotPages(SlotPageBases):
                 "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
                 **({"draft_bytes": n_draft} if self.drafting else {}), **({"n_base": n_base} if n_base else {})}
 
-    async def _page_out_whole(self, name: str, ckpts: list[SlotCheckpoint], keep: bool
-                              ) -> tuple[Any, int, J.StateData, bool, int]:
-        """The sequence as one whole page: (PageInfo, charge, the copy, whether the copy took
-        the sequence out, the draft's bytes)."""
+    async def _whole_sizes(self, ckpts: list[SlotCheckpoint]) -> tuple[int, int, int]:
+        """A whole page's charge, its sequence state's bytes and its draft's bytes."""
         n_state = await self.engine.run(J.StateSize(seq=self.seq))
         n_draft = await self.engine.run(J.StateSize(seq=self.seq, draft=True)) if self.drafting and self.draft_n else 0
-        n_bytes = n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+        return n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts), n_state, n_draft
+
+    async def _page_out_whole(self, name: str, ckpts: list[SlotCheckpoint], keep: bool,
+                              sizes: tuple[int, int, int], adm: PageAdmission | None
+                              ) -> tuple[Any, int, J.StateData, bool, int]:
+        """The sequence as one whole page: (PageInfo, charge, the copy, whether the copy took
+        the sequence out, the draft's bytes). `adm`: its admission, if the store made it
+        already (FindBase.whole)."""
+        n_bytes, n_state, n_draft = sizes
         # The store admits the page and hands out the buffer the state goes into (a warm one
         # from its pool when one fits); libllama writes the state there, the one copy.
-        adm: PageAdmission = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+        if adm is None:
+            adm = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
         reservation, n_bytes = adm.reservation, adm.n_bytes
         # Without a draft the copy also removes the sequence (one engine round trip less: a
         # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token

@@ -26,7 +26,9 @@ async def test_a_resident_turn_takes_five_deliveries_and_a_switch_twelve(tiny_mo
     async with ActorSystem(cfg, trace=events) as s:
         async def turn(mind: str, extra: list[int]) -> tuple[object, list[str]]:
             i = len(events)
-            r = await s.complete(prompt=prompt + extra, mind=mind, n_predict=4, temperature=0.0)
+            # Minds that share no prefix (sharing one adds the page store's base asks: below).
+            head = prompt if mind == "ada" else [t + 100 for t in prompt]
+            r = await s.complete(prompt=head + extra, mind=mind, n_predict=4, temperature=0.0)
             # The answer goes out before the slot's last tell (SlotState): count the turn's tail.
             await eventually(lambda: not s.placer.busy[0], "the placer hears the slot is idle")
             return r, since(i)
@@ -40,3 +42,30 @@ async def test_a_resident_turn_takes_five_deliveries_and_a_switch_twelve(tiny_mo
         ["placer:PlaceMind", "slot0:Complete", "scheduler:Enroll", "slot0:Ended", "placer:SlotState"])
     assert len(switch) <= 12, switch
     assert "slot0:Info" not in switch and "scheduler:ReleaseRoom" not in switch
+
+
+async def test_a_switch_between_minds_that_share_a_prefix_costs_three_asks_more_once_then_one(tiny_model, tmp_path):
+    """The first page-out on a shared prefix makes its base (FindBase, AdmitBase, Commit);
+    later ones find it (FindBase instead of the whole page's admission, plus the rest's)."""
+    events: list = []
+    cfg = Config(model=tiny_model, slots=1, ctx=1024, page_dir=str(tmp_path), seed=1)
+    prompt = list(range(10, 110))
+
+    def since(i: int) -> list[str]:
+        return [f"{e.actor}:{e.msg}" for e in events[i:] if isinstance(e, Deliver) and e.msg != "RunStep"]
+
+    async with ActorSystem(cfg, trace=events) as s:
+        async def turn(mind: str, extra: list[int]) -> tuple[object, list[str]]:
+            i = len(events)
+            r = await s.complete(prompt=prompt + extra, mind=mind, n_predict=4, temperature=0.0)
+            await eventually(lambda: not s.placer.busy[0], "the placer hears the slot is idle")
+            return r, since(i)
+
+        await turn("ada", [1])
+        await turn("bob", [4])  # ada's page: whole (nothing shared yet)
+        r1, first = await turn("ada", [5])  # bob's page: the base, then his own part
+        r2, again = await turn("bob", [6])  # ada's page: on the base
+        assert (await s.page_stats()).bases == 1
+    assert r1.n_cached > 0 and r2.n_cached > 0
+    assert first.count("pagestore:AdmitBase") == 1 and len(first) <= 15, first
+    assert "pagestore:AdmitBase" not in again and len(again) <= 13, again

@@ -1,0 +1,185 @@
+"""Minds that open alike: first turns, second turns and page RAM, with and without sharing.
+
+Why: an agent platform starts every session with the same system prompt and tools. With
+prefix sharing on (Config.prefix_sharing: serving/prefix_share.py shares a prefix by KV
+cells, the page store keeps a shared prefix once as a base), a new mind prefills only what
+is its own and a page holds only what follows the base. This runs the workload of issue 25
+through an embedded daemon, side by side with sharing off, in one process:
+
+    N minds (8, 32) over S slots (2, 4), a common prefix of P tokens (600, 4000) and a
+    suffix of its own per mind, two turns each (the second: the first's prompt, its reply
+    and a few new tokens), minds placed by name (the placer pages displaced minds out).
+
+Per row: prompt tokens processed on the first turns against the floor (one prefix, then
+the suffixes), on the second turns, page RAM charged after the first round against the
+floor (one prefix's state plus the paged minds' own parts, at the model's bytes per token),
+and wall time. On Gemma 3 270M also the first-token latency of a new mind on a 4k shared
+prefix against a resident mind's next turn. On the tiny hybrid (qwen35) and recurrent
+(mamba2) models nothing is shared (one state at the end of a sequence, not one per cell;
+see the README): the rows say so, with their figures beside the floor.
+
+Goals (issue 25): first turns <= 1.2x the floor, page RAM <= 1.5x its floor, new-mind
+first token <= 2x a resident turn. The exit status is 1 when a shared row misses one.
+
+    .venv/bin/python bench/shared_prefix.py             # tiny llama + Gemma (about 2 min)
+    .venv/bin/python bench/shared_prefix.py --quick     # tiny llama, 8 minds / 600 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _out  # noqa: E402
+
+from actord.service.config import Config  # noqa: E402
+from actord.service.system import ActorSystem  # noqa: E402
+from actord.testing import models  # noqa: E402
+
+SUFFIX = 6  # tokens of a mind's own after the common prefix
+REPLY = 4  # tokens generated per turn
+GOALS = {"first": 1.2, "ram": 1.5, "latency": 2.0}
+
+
+def prefix_tokens(n: int, vocab: int) -> list[int]:
+    return [1] + [3 + (i * 37 + i // 7) % (vocab - 10) for i in range(n - 1)]
+
+
+def own(k: int, vocab: int, n: int = SUFFIX) -> list[int]:
+    return [5 + (k * 131 + i * 17) % (vocab - 10) for i in range(n)]
+
+
+async def run_row(model: str, kind: str, minds: int, slots: int, prefix: int, sharing: bool, vocab: int,
+                  tmp: str) -> dict[str, Any]:
+    ctx = slots * (prefix + 4 * (SUFFIX + REPLY) + 64) + 512
+    cfg = Config(model=model, slots=slots, ctx=ctx, batch=256, page_dir=tmp, prefix_sharing=sharing,
+                 page_ram_bytes=8 << 30)
+    P = prefix_tokens(prefix, vocab)
+    t0 = time.perf_counter()
+    async with ActorSystem(cfg) as s:
+        history: dict[str, list[int]] = {}
+        first = second = 0
+        for m in range(minds):
+            prompt = P + own(m, vocab)
+            r = await s.complete(prompt=prompt, n_predict=REPLY, mind=f"m{m}", ignore_eos=True)
+            first += r.n_prompt_processed
+            history[f"m{m}"] = prompt + r.tokens
+        stats = await s.page_stats()
+        pages = await s.page_list()
+        ram = stats.charged  # (warm pooled buffers are not charged)
+        n_paged = len(pages)
+        bpt = s.props.kv_bytes_per_token or 1
+        for m in range(minds):
+            prompt = history[f"m{m}"] + own(m + 1000, vocab, 3)
+            r = await s.complete(prompt=prompt, n_predict=REPLY, mind=f"m{m}", ignore_eos=True)
+            second += r.n_prompt_processed
+        props = s.props
+    wall = time.perf_counter() - t0
+    floor_first = prefix + minds * SUFFIX
+    own_part = SUFFIX + REPLY
+    floor_ram = bpt * (prefix + n_paged * own_part) if n_paged else 0
+    floor_second = minds * (3 + 1)  # the new tokens and the last reply token not yet in the KV
+    return {
+        "model": kind, "minds": minds, "slots": slots, "prefix": prefix, "sharing": sharing,
+        "first_turn_prompt_tokens": first, "floor_tokens": floor_first, "first_x_floor": first / floor_first,
+        "second_turn_prompt_tokens": second, "second_floor_tokens": floor_second,
+        "pages": n_paged, "page_ram_bytes": ram, "page_ram_floor_bytes": floor_ram,
+        "ram_x_floor": ram / floor_ram if floor_ram else 0.0, "wall_s": wall,
+        "shares_cells": not (props.recurrent or props.hybrid),
+    }
+
+
+async def latency(model: str, prefix: int, vocab: int, tmp: str, reps: int = 3) -> dict[str, Any]:
+    """First-token latency of a new mind on a shared prefix vs a resident mind's next turn."""
+    cfg = Config(model=model, slots=2, ctx=2 * (prefix + 256) + 512, batch=256, page_dir=tmp)
+    P = prefix_tokens(prefix, vocab)
+    new, resident = [], []
+    async with ActorSystem(cfg) as s:
+        r = await s.complete(prompt=P + own(0, vocab), n_predict=2, mind="host", ignore_eos=True)
+        hist = P + own(0, vocab) + r.tokens
+        for k in range(reps):
+            t = time.perf_counter()
+            await s.complete(prompt=P + own(k + 1, vocab), n_predict=1, mind=f"new{k}", ignore_eos=True)
+            new.append(time.perf_counter() - t)
+            hist = hist + own(k + 50, vocab, 3)
+            t = time.perf_counter()
+            r = await s.complete(prompt=hist, n_predict=1, mind="host", ignore_eos=True)
+            resident.append(time.perf_counter() - t)
+            hist = hist + r.tokens
+    n, rs = statistics.median(new), statistics.median(resident)
+    return {"prefix": prefix, "new_mind_first_token_s": n, "resident_turn_s": rs, "ratio": n / rs}
+
+
+def show(rows: list[dict[str, Any]]) -> None:
+    print(f"{'model':8} {'minds':>5} {'slots':>5} {'prefix':>6} {'sharing':>7} | {'1st turns':>9} {'floor':>6} "
+          f"{'x':>5} | {'2nd turns':>9} | {'pages':>5} {'page RAM':>11} {'floor':>11} {'x':>5} | {'wall s':>6}")
+    for r in rows:
+        print(f"{r['model']:8} {r['minds']:5d} {r['slots']:5d} {r['prefix']:6d} {str(r['sharing']):>7} | "
+              f"{r['first_turn_prompt_tokens']:9d} {r['floor_tokens']:6d} {r['first_x_floor']:5.2f} | "
+              f"{r['second_turn_prompt_tokens']:9d} | {r['pages']:5d} {r['page_ram_bytes']:11,d} "
+              f"{r['page_ram_floor_bytes']:11,d} {r['ram_x_floor']:5.2f} | {r['wall_s']:6.1f}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny llama, 8 minds over 2 slots, 600 tokens")
+    ap.add_argument("--no-gemma", action="store_true")
+    ap.add_argument("--no-recurrent", action="store_true")
+    a = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    lat: dict[str, Any] | None = None
+    misses: list[str] = []
+    with tempfile.TemporaryDirectory() as d:
+        tiny = str(models.write_tiny_llama(Path(d) / "tiny.gguf", seed=1))
+        grid = [(8, 2, 600)] if a.quick else [(8, 2, 600), (8, 4, 600), (32, 2, 600), (32, 4, 600), (8, 2, 4000),
+                                               (32, 4, 4000)]
+        todo = [(tiny, "llama", g) for g in grid]
+        if not (a.quick or a.no_recurrent):
+            qwen = str(models.write_tiny_qwen35(Path(d) / "qwen35.gguf"))
+            mamba = str(models.write_tiny_mamba2(Path(d) / "mamba2.gguf"))
+            todo += [(qwen, "qwen35", (8, 2, 600)), (mamba, "mamba2", (8, 2, 600))]
+        gemma = None if (a.quick or a.no_gemma) else models.gemma3_270m_path()
+        if gemma:
+            todo += [(str(gemma), "gemma3", (8, 2, 600))]
+        for path, kind, (minds, slots, prefix) in todo:
+            vocab = 512 if kind != "gemma3" else 200_000
+            for sharing in (False, True):
+                with tempfile.TemporaryDirectory() as tmp:
+                    rows.append(anyio.run(run_row, path, kind, minds, slots, prefix, sharing, vocab, tmp))
+                show(rows[-1:]) if len(rows) > 1 else show(rows)
+        if gemma:
+            with tempfile.TemporaryDirectory() as tmp:
+                lat = anyio.run(latency, str(gemma), 4000, 200_000, tmp)
+            print(f"gemma3 4k shared prefix: new mind's first token {lat['new_mind_first_token_s'] * 1e3:.0f} ms, "
+                  f"a resident mind's next turn {lat['resident_turn_s'] * 1e3:.0f} ms: {lat['ratio']:.2f}x "
+                  f"(goal <= {GOALS['latency']})")
+            if lat["ratio"] > GOALS["latency"]:
+                misses.append("gemma3 new-mind latency")
+    print()
+    show(rows)
+    for r in rows:
+        if r["sharing"] and r["shares_cells"]:
+            if r["first_x_floor"] > GOALS["first"]:
+                misses.append(f"{r['model']} {r['minds']}/{r['slots']}/{r['prefix']} first turns")
+            if r["page_ram_floor_bytes"] and r["ram_x_floor"] > GOALS["ram"]:
+                misses.append(f"{r['model']} {r['minds']}/{r['slots']}/{r['prefix']} page RAM")
+    _out.write("shared_prefix", rows=rows, latency=lat, goals=GOALS, misses=misses)
+    if misses:
+        print("MISSED:", "; ".join(misses))
+        return 1
+    print("all shared rows within the goals")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
