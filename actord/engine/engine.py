@@ -135,8 +135,10 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
                 lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
                 lib.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
                 return True
-            case J.SeqShare(src=src, dst=dst, n=n):
+            case J.SeqShare(src=src, dst=dst, n=n, checkpoint=None):
                 return self.seq_share(src, dst, n)
+            case J.SeqShare(src=src, dst=dst, n=n, checkpoint=data):
+                return self.seq_share_from_checkpoint(src, dst, n, data)
             case J.SetSampler(seq=seq, params=params):
                 return self.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):

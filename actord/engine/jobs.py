@@ -117,6 +117,10 @@ class SeqShare(Job):
     src: int
     dst: int
     n: int
+    # A checkpoint of src's at n (a partial state: the recurrent state, or the sliding-window
+    # cells, as of position n): dst takes src's attention cells below n and this for the
+    # rest, so memory that cannot share cells starts where src's checkpoint left it.
+    checkpoint: bytes | bytearray | memoryview | None = None
 
     between_steps = True
 

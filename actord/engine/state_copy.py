@@ -190,6 +190,31 @@ class StateCopy:
         lib.llama_memory_seq_cp(self.mem, src, dst, 0, n)
         return True
 
+    def seq_share_from_checkpoint(self, src: int, dst: int, n: int, data: Any) -> bool:
+        """dst from src's cells below n (attention layers: shared, as seq_share) and src's
+        checkpoint at n for what cannot be shared (recurrent state, sliding-window cells):
+        libllama reads a partial state into dst's recurrent (or SWA) memory only, after
+        clearing just that part, so the attention cells stay. False, dst empty, when src no
+        longer holds n positions or libllama refuses the checkpoint."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        if src == dst:
+            raise InvalidParams("a sequence cannot share its own cells", seq=src)
+        if n <= 0 or int(lib.llama_memory_seq_pos_max(self.mem, src)) + 1 < n:
+            return False
+        if self.drafter is not None:
+            self.drafter.seq_rm(dst, -1, -1)
+        lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        lib.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+        try:
+            self.state_set(dst, data, True)
+        except PageDoesNotFit:
+            return False  # (state_set cleared dst)
+        if int(lib.llama_memory_seq_pos_max(self.mem, dst)) + 1 != n:
+            lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            return False
+        return True
+
     def state_get_range(self, seq: int, p0: int, p1: int, partial: bool, into: J.HostBuffer | None,
                         capacity: int) -> J.StateData:
         """The state of positions [p0, p1) of `seq` only: the scratch sequence shares those

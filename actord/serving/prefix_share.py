@@ -67,6 +67,7 @@ class PrefixShare:
     kv_epoch: int
     _share_note: tuple[int, int, int] | None
     share_prefixes: bool
+    checkpoints: list[Any]
 
     @property
     def kv_tokens(self) -> list[int]:
@@ -106,18 +107,70 @@ class PrefixShare:
                 best, best_n = p, n
         return (best, best_n) if best is not None else (None, 0)
 
-    async def share_prefix(self, prompt: list[int], genes: Any, own: int) -> int:
-        """Hold the longest prefix of `prompt` a peer holds, by cells; the tokens shared (0:
-        none, and nothing changed)."""
-        src, n = self.best_source(prompt, genes, own)
+    def shared_point(self, prompt: list[int], genes: Any) -> int:
+        """Where `prompt` parts from the sequences other slots hold (the longest prefix it
+        shares with one, under the same genes): where minds that open alike diverge, so the
+        checkpoint a mind that cannot share cells starts from belongs there."""
+        if not self.share_prefixes:
+            return 0
+        limit = len(prompt) - 1
+        n = max((common_prefix(p.kv_tokens, prompt) for p in self.peers if p is not self and p.genes == genes),
+                default=0)
+        return min(n, limit) if n >= MIN_SHARE else 0
+
+    def best_checkpoint(self, prompt: list[int], genes: Any, own: int) -> tuple[Any, Any]:
+        """For memory that cannot share cells: the peer checkpoint (a peer slot's, at or
+        below where the prompt parts from that peer's sequence) that starts the prompt
+        furthest, if it beats `own` by MIN_SHARE; else (None, None)."""
+        p = self.props
+        if not (self.share_prefixes and p.needs_checkpoints and len(prompt) > MIN_SHARE):
+            return None, None
+        best, best_ck, best_n = None, None, own + MIN_SHARE - 1
+        for peer in self.peers:
+            if peer is self or peer.genes != genes or not peer.checkpoints or not peer.holds_steady():
+                continue
+            lcp = min(common_prefix(peer.kv_tokens, prompt), len(prompt) - 1)
+            for ck in reversed(peer.checkpoints):
+                if best_n < ck.pos <= lcp:
+                    best, best_ck, best_n = peer, ck, ck.pos
+                    break
+        return best, best_ck
+
+    async def share_checkpoint(self, prompt: list[int], genes: Any, own: int) -> int:
+        """Start `prompt` from a peer's checkpoint (its cells below it shared, the rest of
+        the state from the checkpoint); the tokens it covers (0: none, nothing changed)."""
+        src, ck = self.best_checkpoint(prompt, genes, own)
         if src is None:
             return 0
+        src_epoch, n = src.kv_epoch, ck.pos
+        job = self.engine.submit(J.SeqShare(src=src.seq, dst=self.seq, n=n, checkpoint=ck.data))
+        if not await self.engine.wait(job):
+            log.info("slot.checkpoint_share_refused", slot=self.id, src=src.id, n_tokens=n)
+            await self._hold_only(())  # type: ignore[attr-defined]
+            return 0
+        if self.props.kv_cells:
+            self._share_note = (src.id, src_epoch, n)
+        await self._hold_only(prompt[:n])  # type: ignore[attr-defined]
+        self.genes = genes
+        # This sequence holds the shared point's checkpoint too: the next mind may start here.
+        await self.on_checkpoint(n, ck.data)  # type: ignore[attr-defined]
+        self.metrics.prefix_hit_tokens_total.labels(source="checkpoint").inc(n)
+        log.info("slot.prefix_shared", slot=self.id, src=src.id, n_tokens=n, n_prompt=len(prompt), by="checkpoint")
+        return n
+
+    async def share_prefix(self, prompt: list[int], genes: Any, own: int) -> int:
+        """Hold the longest prefix of `prompt` a peer holds, by cells (else, for memory
+        that cannot share cells, from a peer's checkpoint); the tokens shared (0: none, and
+        nothing changed)."""
+        src, n = self.best_source(prompt, genes, own)
+        if src is None:
+            return await self.share_checkpoint(prompt, genes, own)
         src_epoch = src.kv_epoch
         # Submitted in the tick that read src's tokens: no job of src's comes between.
         job = self.engine.submit(J.SeqShare(src=src.seq, dst=self.seq, n=n))
         if not await self.engine.wait(job):
             log.info("slot.share_refused", slot=self.id, src=src.id, n_tokens=n)
-            return 0
+            return await self.share_checkpoint(prompt, genes, own)
         self._share_note = (src.id, src_epoch, n)
         await self._hold_only(prompt[:n])  # type: ignore[attr-defined]
         self.genes = genes

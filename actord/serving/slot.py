@@ -412,7 +412,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             return
         enroll = Enroll(
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
-            genes=self.genes, checkpoint_at=self.checkpoint_positions(usable, len(prompt)), stop=list(req.stop),
+            genes=self.genes, stop=list(req.stop),
+            checkpoint_at=self.checkpoint_positions(usable, len(prompt), self.shared_point(prompt, genes)),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,

@@ -225,13 +225,17 @@ class SlotMemory:
         # The window attending from position n needs positions down to n - n_swa.
         return rng.pos_min <= max(0, n - p.n_swa)
 
-    def checkpoint_positions(self, pos0: int, n_prompt: int) -> list[int]:
+    def checkpoint_positions(self, pos0: int, n_prompt: int, shared_at: int = 0) -> list[int]:
         """Plan where to snapshot the prompt, decoded from pos0 (its divergence was noted
-        by `cut_to`): as few pieces as the plan needs."""
+        by `cut_to`): as few pieces as the plan needs, and `shared_at`, where the prompt
+        parts from what other minds hold (serving/prefix_share.py: the next mind that opens
+        alike starts from there)."""
         self.ckpt.started(n_prompt)
         if not self.props.needs_checkpoints:
             return []
         out = self.ckpt.positions(pos0, n_prompt, [c.pos for c in self.checkpoints])
+        if pos0 < shared_at < n_prompt and shared_at not in out and all(c.pos != shared_at for c in self.checkpoints):
+            out = sorted([*out, shared_at])
         if out:
             log.debug("slot.checkpoint_plan", slot=self.id, pos0=pos0, n_prompt=n_prompt, at=out,
                       policy=self.ckpt.policy, history=len(self.ckpt.history))

@@ -77,7 +77,7 @@ class FakeEngine:
                     raise InvalidParams("a sequence cannot be copied onto itself", seq=src)
                 self.held[dst] = self.held.get(src, 0)
                 return True
-            case J.SeqShare(src=src, dst=dst, n=n):
+            case J.SeqShare(src=src, dst=dst, n=n):  # (attention only: a checkpoint changes nothing here)
                 self._check_seq(src)
                 self._check_seq(dst)
                 if src == dst:
