@@ -23,7 +23,8 @@ fds over time, and whether the daemon's log holds a traceback or a crashed actor
 The verdict: the RSS slope after warm-up (least squares over the samples after minute
 `--warmup-min`, MB/min) against `--max-slope`, plus hangs, untyped errors, tracebacks and
 crashed actors; any of them past its bound ends the run with exit status 1 and a FAILED
-line naming it. The samples and the summary go to bench/out/soak.json (or `--json`).
+line naming it. The samples and the summary go to bench/out/soak.json (or `--json`), the daemon's log
+beside it (soak.log).
 `--only socket|http|genes|pages` runs one part of the workload (with the probe), to
 attribute growth to it.
 
@@ -37,6 +38,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -494,6 +496,8 @@ def main() -> None:
             summary = soak.run()
         finally:
             soak.finish()
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(soak.log_path, Path(args.json).with_suffix(".log"))  # the daemon's log, kept
     brief = {k: v for k, v in summary.items() if k != "samples"}
     print(json.dumps(brief, indent=1))
     out = Path(args.json)
