@@ -20,6 +20,8 @@ Every answer is an outcome: "ok" or its error type (untyped ones: "untyped:<...>
 requests, errors by type, hangs, the probe's latency percentiles quiet vs flood, RSS and
 fds over time, and whether the daemon's log holds a traceback or a crashed actor.
 
+The daemon's bounded caches (chat turn memory, stored responses) are given bounds small
+enough to fill within the warm-up, so that growth after it is a leak, not a cache filling.
 The verdict: the RSS slope after warm-up (least squares over the samples after minute
 `--warmup-min`, MB/min) against `--max-slope`, plus hangs, untyped errors, tracebacks and
 crashed actors; any of them past its bound ends the run with exit status 1 and a FAILED
@@ -89,7 +91,10 @@ class Soak:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096",
              "--batch", "64", "--threads", "1", "--socket", str(self.sock), "--page-dir", str(self.folder / "pages"),
-             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info", *self.args.daemon_arg],
+             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info",
+             # The bounded caches small enough to fill within the warm-up: past it, growth is a leak.
+             "--chat-memory-tokens", "131072", "--http-responses-max", "256", "--http-responses-max-bytes", "1000000",
+             *self.args.daemon_arg],
             stdout=log, stderr=log, cwd=str(ROOT))
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120:

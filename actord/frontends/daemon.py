@@ -132,6 +132,10 @@ async def _exit_at_second_signal(signals: Any) -> None:
 
 def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info") -> int:
     logcfg.configure(json=log_json, level=log_level)
+    if config.malloc_arena_max:  # before the engine and worker threads allocate (service/memory.py)
+        from actord.service.memory import limit_arenas
+
+        limit_arenas(config.malloc_arena_max)
     try:
         import uvloop  # noqa: F401
 

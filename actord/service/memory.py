@@ -16,12 +16,16 @@ the arithmetic:
 - glibc's view of its heap (mallinfo2): bytes in use, bytes free but held (what
   fragmentation costs, what `malloc_trim` gives back).
 
-`python_heap` is what is left of the heap once the named parts are taken out, measured
-rather than guessed: anonymous memory that malloc did not hand out (pymalloc's arenas,
-thread stacks) plus malloc's bytes in use less the named parts that live there. With
-tracemalloc on (`--trace-malloc-s`) it is tracemalloc's traced total less the named
-Python-held parts instead. `unaccounted` is RSS less the sum of all components: it is what
-this report does not explain (a negative value says two sources overlap).
+`python_heap` is malloc's bytes in use less the named parts that live there (Python's
+objects over 512 B, the extensions' and libllama's own allocations): measured by glibc, not
+guessed. With tracemalloc on (`--trace-malloc-s`) it is tracemalloc's traced total less
+the named Python-held parts instead. `heap_other` is anonymous resident memory that malloc
+does not count as in use: pymalloc's arenas (Python's small objects), glibc's free chunks
+whose pages are still resident (fragmentation: `malloc.free` is glibc's own figure, resident
+or not), thread stacks; this report cannot split it further without pymalloc's statistics.
+`unaccounted` is RSS less the sum of the parts: near zero by construction (the parts
+partition the kernel's figure); negative when two sources overlap (named parts larger than
+malloc's in-use bytes).
 
 `housekeeping` is the daemon's periodic task: the report into the gauges, `malloc_trim(0)`
 on a worker thread (glibc keeps freed page-sized chunks in its arenas otherwise: a daemon
@@ -50,7 +54,7 @@ log = get("actord.service.memory")
 
 # The order the report lists its parts in (and the gauge's label values).
 COMPONENTS = ("page_store", "checkpoints", "chat_turn_memory", "stored_responses", "connection_buffers",
-              "trace_ring", "libllama_kv", "libllama_model", "code", "python_heap", "malloc_free")
+              "trace_ring", "libllama_kv", "libllama_model", "code", "python_heap", "heap_other")
 
 
 class MemoryReport(msgspec.Struct, frozen=True):
@@ -65,7 +69,7 @@ class MemoryReport(msgspec.Struct, frozen=True):
     accounted: int
     unaccounted: int
     accounted_share: float
-    python_heap_method: str  # "heap_remainder" or "tracemalloc"
+    python_heap_method: str  # "malloc_in_use" or "tracemalloc"
     device: dict[str, int] = {}
     malloc: dict[str, int] = {}
 
@@ -159,6 +163,17 @@ def mallinfo() -> dict[str, int]:
     return {"arena": m.arena, "mmapped": m.hblkhd, "in_use": m.uordblks + m.hblkhd, "free": m.fordblks}
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def limit_arenas(n: int) -> bool:
+    """At most `n` malloc arenas (glibc's default is 8 per core): every thread that
+    allocates (the engine, the disk and render workers, anyio's pool) otherwise gets an
+    arena of its own, and each keeps the free chunks its page-sized buffers left."""
+    fn = getattr(_LIBC, "mallopt", None) if _LIBC is not None and n > 0 else None
+    return bool(fn(M_ARENA_MAX, n)) if fn is not None else False
+
+
 def malloc_trim() -> bool:
     """Give glibc's free arena pages back to the system (every arena, not only the top)."""
     fn = getattr(_LIBC, "malloc_trim", None) if _LIBC is not None else None
@@ -212,17 +227,18 @@ async def report(system: "ActorSystem") -> MemoryReport:
     }
     smaps = await anyio.to_thread.run_sync(read_smaps, _model_paths(system))
     heap = mallinfo()
+    in_use = heap.get("in_use", 0)
     if tracemalloc.is_tracing():
         method = "tracemalloc"
         python_held = sum(named[k] for k in ("page_store", "checkpoints", "chat_turn_memory", "stored_responses",
                                              "connection_buffers", "trace_ring"))
         python_heap = max(0, tracemalloc.get_traced_memory()[0] - python_held)
     else:
-        method = "heap_remainder"
-        outside_malloc = max(0, smaps.anon - heap.get("arena", 0) - heap.get("mmapped", 0))
-        python_heap = outside_malloc + max(0, heap.get("in_use", 0) - sum(named.values()))
+        method = "malloc_in_use"
+        python_heap = max(0, in_use - sum(named.values()))
+    heap_other = max(0, smaps.anon - max(in_use, sum(named.values()) + python_heap)) if heap else 0
     parts = {**named, "libllama_model": smaps.model, "code": smaps.files, "python_heap": python_heap,
-             "malloc_free": heap.get("free", 0)}
+             "heap_other": heap_other}
     components = {k: parts[k] for k in COMPONENTS}
     accounted = sum(components.values())
     return MemoryReport(rss=smaps.rss, components=components, accounted=accounted,

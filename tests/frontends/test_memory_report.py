@@ -56,7 +56,7 @@ def test_stats_memory_names_every_part_and_sums_to_the_rss(served, capsys):
     for name in ("page_store", "chat_turn_memory", "stored_responses", "trace_ring", "libllama_kv",
                  "libllama_model", "code", "python_heap"):
         assert parts[name] > 0, (name, r)
-    assert r["python_heap_method"] == "heap_remainder"
+    assert r["python_heap_method"] == "malloc_in_use"
 
 
 def test_the_gauges_carry_each_part_rss_and_unaccounted(served):
