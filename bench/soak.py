@@ -8,7 +8,11 @@ One `actord serve --http 127.0.0.1:0` daemon (its own process) and, at once:
 - floods, in bursts: connections each keeping 60 calls of one method in flight
   (page.in, slot.list, gene.list), a few seconds on, a few off;
 - a probe: an 8-token completion every half second, its latency filed under "flood" or
-  "quiet" by whether a burst was on when it started.
+  "quiet" by whether a burst was on when it started;
+- a varied HTTP client (`varied_*` outcomes): prompt sizes from a word to a few KB, stop strings,
+  tools (required and auto), structured output (json_object and json_schema), n > 1, the
+  Responses API with stored responses (continued by previous_response_id, retrieved,
+  deleted), and hang-ups mid-stream (a stream read for two chunks, then the connection cut).
 
 Every request has a client-side bound (`--hang-s`): one that passes it counts as a hang.
 Every answer is an outcome: "ok" or its error type (untyped ones: "untyped:<...>"). Every
@@ -16,9 +20,18 @@ Every answer is an outcome: "ok" or its error type (untyped ones: "untyped:<...>
 requests, errors by type, hangs, the probe's latency percentiles quiet vs flood, RSS and
 fds over time, and whether the daemon's log holds a traceback or a crashed actor.
 
-Usage: .venv/bin/python bench/soak.py --minutes 2 [--model M.gguf] [--json out.json]
-(--sample-s sets the RSS/fd sampling period; the summary also goes to bench/out/soak.json,
-which bench/report.py plots as RSS and fds over the soak.)
+The daemon's bounded caches (chat turn memory, stored responses) are given bounds small
+enough to fill within the warm-up, so that growth after it is a leak, not a cache filling.
+The verdict: the RSS slope after warm-up (least squares over the samples after minute
+`--warmup-min`, MB/min) against `--max-slope`, plus hangs, untyped errors, tracebacks and
+crashed actors; any of them past its bound ends the run with exit status 1 and a FAILED
+line naming it. The samples and the summary go to bench/out/soak.json (or `--json`), the daemon's log
+beside it (soak.log).
+`--only socket|http|genes|pages` runs one part of the workload (with the probe), to
+attribute growth to it.
+
+Usage: .venv/bin/python bench/soak.py --minutes 12 [--warmup-min 5] [--max-slope 0.3] [--only http]
+(--sample-s sets the RSS/fd sampling period; bench/report.py plots RSS and fds from bench/out/soak.json.)
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,13 +76,15 @@ class Soak:
     # -- the daemon ----------------------------------------------------------------------
 
     def start(self) -> None:
-        from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama, write_tiny_lora
+        from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_llama, write_tiny_lora
 
         if self.args.model:
             model = self.args.model
             self.lora = None
         else:
-            model = str(write_tiny_llama(self.folder / "tiny.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
+            # A Hermes-style template: chats with tools render and parse (<tool_call> markers).
+            model = str(write_tiny_llama(self.folder / "tiny.gguf", seed=1, chat_template=HERMES_TOOL_TEMPLATE,
+                                         control_tokens=("<tool_call>", "</tool_call>")))
             self.lora = str(write_tiny_lora(self.folder / "lora.gguf", model, seed=5))
         self.sock = self.folder / "soak.sock"
         self.log_path = self.folder / "soak.log"
@@ -76,7 +92,10 @@ class Soak:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096",
              "--batch", "64", "--threads", "1", "--socket", str(self.sock), "--page-dir", str(self.folder / "pages"),
-             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info", *self.args.daemon_arg],
+             "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info",
+             # The bounded caches small enough to fill within the warm-up: past it, growth is a leak.
+             "--chat-memory-tokens", "131072", "--http-responses-max", "256", "--http-responses-max-bytes", "1000000",
+             *self.args.daemon_arg],
             stdout=log, stderr=log, cwd=str(ROOT))
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120:
@@ -181,6 +200,84 @@ class Soak:
                 except httpx.HTTPError as e:
                     self.record(kind, f"http:{type(e).__name__}")
                     time.sleep(0.2)
+
+    def varied_loop(self) -> None:
+        r = random.Random(11)
+        stored: list[str] = []
+        with httpx.Client(base_url=self.http, timeout=self.args.hang_s) as h:
+            while not self.stop.is_set():
+                kind = r.choice(["stop", "tools", "json", "n", "responses", "responses", "hangup", "size"])
+                try:
+                    self._varied(h, r, kind, stored)
+                except httpx.TimeoutException:
+                    self.hangs["varied_" + kind] += 1
+                    self.record("varied_" + kind, "hang")
+                except httpx.HTTPError as e:
+                    self.record("varied_" + kind, f"http:{type(e).__name__}")
+                    time.sleep(0.2)
+
+    def _http_outcome(self, kind: str, resp: httpx.Response) -> Any:
+        if resp.status_code in (200, 204):
+            self.record(kind, "ok")
+            return resp.json() if resp.status_code == 200 else None
+        try:
+            err = resp.json()["error"].get("type") or str(resp.status_code)
+        except Exception:  # noqa: BLE001
+            err = f"untyped:{resp.status_code}"
+        self.record(kind, f"{resp.status_code}:{err}")
+        return None
+
+    def _varied(self, h: httpx.Client, r: random.Random, kind: str, stored: list[str]) -> None:
+        words = "the a cache mind page weather city json list".split()
+        text = " ".join(r.choice(words) for _ in range(r.choice([1, 8, 60, 400])))
+        user = r.choice([None, f"v{r.randrange(3)}"])
+        base: dict[str, Any] = {"model": "x", "messages": [{"role": "user", "content": text}], "max_tokens": 12,
+                                **({"user": user} if user else {})}
+        k = "varied_" + kind
+        if kind == "stop":
+            base["stop"] = r.sample(words, r.randint(1, 4))
+        elif kind == "tools":
+            base["tools"] = [{"type": "function", "function": {"name": f"f{i}", "description": "a tool", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+                for i in range(r.randint(1, 3))]
+            base["tool_choice"] = r.choice(["auto", "required"])
+            base["max_tokens"] = 40
+        elif kind == "json":
+            base["response_format"] = r.choice([{"type": "json_object"}, {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                        "required": ["a"]}}}])
+            base["max_tokens"] = 24
+        elif kind == "n":
+            base["n"] = r.randint(2, 3)
+            base["temperature"] = 0.8
+        elif kind == "responses":
+            op = r.random()
+            if stored and op < 0.15:
+                self._http_outcome(k, h.get(f"/v1/responses/{r.choice(stored)}"))
+                return
+            if stored and op < 0.25:
+                rid = stored.pop(r.randrange(len(stored)))
+                resp = h.delete(f"/v1/responses/{rid}")
+                self.record(k, "ok" if resp.status_code in (200, 404) else f"{resp.status_code}")
+                return
+            body: dict[str, Any] = {"model": "x", "input": text, "max_output_tokens": 8, "store": r.random() < 0.8}
+            if stored and r.random() < 0.5:
+                body["previous_response_id"] = r.choice(stored)
+            out = self._http_outcome(k, h.post("/v1/responses", json=body))
+            if out is not None and body["store"]:
+                stored.append(out["id"])
+                del stored[:-64]
+            return
+        elif kind == "hangup":
+            base["stream"] = True
+            base["max_tokens"] = 64
+            with h.stream("POST", "/v1/chat/completions", json=base) as resp:
+                for i, _ in enumerate(resp.iter_lines()):
+                    if i >= 2:
+                        break
+            self.record(k, "ok" if resp.status_code == 200 else f"{resp.status_code}")
+            return
+        self._http_outcome(k, h.post("/v1/chat/completions", json=base))
 
     def page_mover(self, c: Client, r: random.Random) -> None:
         slot, page = r.randrange(2), f"pg{r.randrange(3)}"
@@ -288,17 +385,19 @@ class Soak:
     # -- the run -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        workers = [
-            threading.Thread(target=self.loop, args=("completion", self.socket_completions), daemon=True),
-            threading.Thread(target=self.loop, args=("completion2", self.socket_completions), daemon=True),
-            threading.Thread(target=self.http_loop, args=("http1",), daemon=True),
-            threading.Thread(target=self.http_loop, args=("http2",), daemon=True),
-            threading.Thread(target=self.loop, args=("page_move", self.page_mover), daemon=True),
-            threading.Thread(target=self.loop, args=("gene", self.genes), daemon=True),
-            threading.Thread(target=self.loop, args=("probe", self.prober), daemon=True),
-            threading.Thread(target=self.flooder, daemon=True),
-            threading.Thread(target=self.sampler, daemon=True),
-        ]
+        def t(target: Any, *args: Any) -> threading.Thread:
+            return threading.Thread(target=target, args=args, daemon=True)
+
+        parts = {
+            "socket": [t(self.loop, "completion", self.socket_completions),
+                       t(self.loop, "completion2", self.socket_completions), t(self.flooder)],
+            "http": [t(self.http_loop, "http1"), t(self.http_loop, "http2"), t(self.varied_loop)],
+            "pages": [t(self.loop, "page_move", self.page_mover)],
+            "genes": [t(self.loop, "gene", self.genes)],
+        }
+        only = self.args.only
+        workers = [w for name, ws in parts.items() if only is None or name == only for w in ws]
+        workers += [t(self.loop, "probe", self.prober), t(self.sampler)]
         for w in workers:
             w.start()
         self.stop.wait(self.args.minutes * 60)
@@ -336,6 +435,10 @@ class Soak:
             "fds": {"first": self.samples[0]["fds"] if self.samples else None,
                     "last": self.samples[-1]["fds"] if self.samples else None,
                     "max": max((s["fds"] for s in self.samples), default=None)},
+            "fds_min": min((s["fds"] for s in self.samples), default=None),
+            "rss_slope_mb_per_min": slope(self.samples, self.args.warmup_min),
+            "warmup_min": self.args.warmup_min,
+            "only": self.args.only,
             "samples": self.samples,
             "health": health["status"],
             "stuck_workers": stuck,
@@ -346,13 +449,50 @@ class Soak:
         }
 
 
+def slope(samples: list[dict[str, float]], warmup_min: float) -> float | None:
+    """RSS growth after warm-up: the least-squares line through (minutes, MB) of the
+    samples taken after `warmup_min`; None with fewer than 3 of them."""
+    pts = [(s["t_s"] / 60, s["rss_mb"]) for s in samples if s["t_s"] / 60 >= warmup_min]
+    if len(pts) < 3:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return round(sum((x - mx) * (y - my) for x, y in pts) / sxx, 4) if sxx else None
+
+
+def verdict(summary: dict[str, Any], max_slope: float) -> list[str]:
+    """Each bound the run passed, in words (empty: the run is good)."""
+    out = []
+    s = summary["rss_slope_mb_per_min"]
+    if s is None:
+        out.append(f"too few RSS samples after minute {summary['warmup_min']} for a slope (run longer)")
+    elif s > max_slope:
+        out.append(f"RSS grows {s:.3f} MB/min after minute {summary['warmup_min']} (bound {max_slope})")
+    if sum(summary["hangs"].values()):
+        out.append(f"hangs: {summary['hangs']}")
+    if summary["untyped_errors"]:
+        out.append(f"{summary['untyped_errors']} untyped errors")
+    for what in ("tracebacks", "actor_crashed"):
+        if summary["log"][what]:
+            out.append(f"the daemon's log holds {summary['log'][what]} {what}")
+    if summary["stuck_workers"]:
+        out.append(f"workers stuck: {summary['stuck_workers']}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=2.0)
     ap.add_argument("--model", help="GGUF (default: a generated tiny llama with a chat template and a LoRA)")
     ap.add_argument("--hang-s", type=float, default=120.0, help="a request not answered within this is a hang")
     ap.add_argument("--flood-connections", type=int, default=8)
-    ap.add_argument("--json", help="write the summary here too")
+    ap.add_argument("--json", default=str(ROOT / "bench" / "out" / "soak.json"),
+                    help="write the summary and samples here (default bench/out/soak.json)")
+    ap.add_argument("--warmup-min", type=float, default=5.0, help="the slope is fitted to samples after this minute")
+    ap.add_argument("--max-slope", type=float, default=0.3, help="MB/min of RSS growth after warm-up that fails the run")
+    ap.add_argument("--only", choices=("socket", "http", "genes", "pages"),
+                    help="run this part of the workload alone (and the probe)")
     ap.add_argument("--sample-s", type=float, default=10.0, help="seconds between RSS and fd samples")
     ap.add_argument("--daemon-arg", action="append", default=[], help="one more `actord serve` argument")
     args = ap.parse_args()
@@ -363,13 +503,22 @@ def main() -> None:
             summary = soak.run()
         finally:
             soak.finish()
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(soak.log_path, Path(args.json).with_suffix(".log"))  # the daemon's log, kept
     brief = {k: v for k, v in summary.items() if k != "samples"}
     print(json.dumps(brief, indent=1))
-    import _out  # bench/_out.py: bench/out/soak.json, the samples bench/report.py plots
-
-    _out.write("soak", **summary)
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1))
+    fds = summary["fds"]
+    print(f"RSS slope after minute {args.warmup_min:g}: {summary['rss_slope_mb_per_min']} MB/min "
+          f"(bound {args.max_slope}); RSS {summary['rss_mb']['first']} -> {summary['rss_mb']['last']} MB; "
+          f"fds {summary['fds_min']}-{fds['max']}; samples in {out}")
+    failed = verdict(summary, args.max_slope)
+    for line in failed:
+        print(f"FAILED: {line}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

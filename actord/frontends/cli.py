@@ -66,6 +66,8 @@ def _arg_kind(t: Any) -> tuple[str, Callable[[str], Any], str]:
         info = rest[0] if len(rest) == 1 else info
     if isinstance(info, mi.BoolType):
         return "bool", _bool, "bool"
+    if isinstance(info, mi.LiteralType) and all(isinstance(v, str) for v in info.values):
+        return "one", str, "|".join(info.values)
     if type(info) in _SCALARS:
         conv = _SCALARS[type(info)]
         return "one", conv, conv.__name__

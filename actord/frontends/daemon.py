@@ -94,11 +94,17 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
         host, _, port = config.metrics_http.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
     server.system = system
+    system.memory_sources.add("connection_buffers", server.held_bytes)
     async with anyio.create_task_group() as tg:
         if front is not None:
             front.attach(system)
             await tg.start(front.serve)
         await tg.start(server.serve)
+        if config.memory_report_s > 0:
+            from actord.service.memory import housekeeping
+
+            tg.start_soon(lambda: housekeeping(system, config.memory_report_s, trim=config.malloc_trim,
+                                               trace_malloc_s=config.trace_malloc_s))
         task_status.started(system)
         systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {server.path}")
         interval = systemd.watchdog_interval()
@@ -126,6 +132,10 @@ async def _exit_at_second_signal(signals: Any) -> None:
 
 def run_daemon(config: Config, *, log_json: bool = False, log_level: str = "info") -> int:
     logcfg.configure(json=log_json, level=log_level)
+    if config.malloc_arena_max:  # before the engine and worker threads allocate (service/memory.py)
+        from actord.service.memory import limit_arenas
+
+        limit_arenas(config.malloc_arena_max)
     try:
         import uvloop  # noqa: F401
 

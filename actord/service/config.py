@@ -153,6 +153,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
     request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
     shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
+    # Memory care (actord/service/memory.py): every memory_report_s the daemon refreshes
+    # actord_memory_bytes{component} and, with malloc_trim, gives glibc's free arena pages
+    # back; trace_malloc_s > 0 runs tracemalloc and logs the top growth by file:line that often
+    # (a diagnosis: it slows the daemon). 0 turns each off.
+    memory_report_s: float = 15.0
+    malloc_trim: bool = True
+    malloc_arena_max: int = 2  # glibc malloc arenas, set at daemon start (0: glibc's default)
+    trace_malloc_s: float = 0.0
     # Clients: every resource a client can make the daemon hold is bounded. Over a bound a
     # request gets a typed error; a client that stops reading is disconnected (logged).
     max_connections: int = 512  # open connections; one more is answered Overloaded and closed
@@ -227,6 +235,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
             raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
+        if self.memory_report_s < 0 or self.trace_malloc_s < 0 or self.malloc_arena_max < 0:
+            raise InvalidParams("memory_report_s, trace_malloc_s and malloc_arena_max are >= 0 (0: off)")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
             raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
         if self.http_max_body_bytes < 1 or self.chat_memory_tokens < 0:

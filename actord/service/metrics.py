@@ -55,6 +55,8 @@ class Metrics:
             "minds_kept", "Named minds copied to their page (or file) before another request used their slot",
             ["to"], registry=r,
         )
+        # actord/service/memory.py: what holds the daemon's bytes (and rss, unaccounted)
+        self.memory_bytes = Gauge("actord_memory_bytes", "Bytes held, by what holds them", ["component"], registry=r)
         self.kv_evictions_total = Counter(
             "kv_evictions", "Idle slots evicted by the scheduler for KV cells", registry=r
         )

@@ -23,7 +23,7 @@ import msgspec
 from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
-from actord.service import introspection, placement, text
+from actord.service import introspection, memory, placement, text
 from actord.service.builder import Actors, build_actors, engine_thread, failure_handler
 from actord.service.config import Config
 from actord.service.entry import entry
@@ -102,6 +102,7 @@ class ActorSystem:
         self._started = time.time()
         self.closing = False
         self.inflight = InFlight()
+        self.memory_sources = memory.MemorySources()  # bytes the fronts hold, read by memory_report
 
     # -- what start built (typed; reading one before the start is a bug) ---------------
 
@@ -432,6 +433,10 @@ class ActorSystem:
 
     def metrics_text(self) -> str:
         return self.metrics.exposition()
+
+    async def memory_report(self) -> memory.MemoryReport:
+        """`stats memory`: bytes by what holds them, RSS and the rest (actord/service/memory.py)."""
+        return await memory.report(self)
 
     def n_deferred(self) -> int:
         """Requests waiting for a slot (llama-server's `requests_deferred`)."""

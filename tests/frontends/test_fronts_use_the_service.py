@@ -68,5 +68,6 @@ def test_chat_reads_only_its_host_interface_and_imports_no_actor():
 def test_the_actor_system_implements_both_interfaces():
     from actord.service.system import ActorSystem
 
-    system_names = set(dir(ActorSystem)) | {"config", "metrics", "closing", "chat_state", "run_sync"}
+    system_names = set(dir(ActorSystem)) | {"config", "metrics", "closing", "chat_state", "run_sync",
+                                            "memory_sources"}
     assert (_members(Service) | _members(ChatHost)) - system_names == set()

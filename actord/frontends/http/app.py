@@ -164,6 +164,11 @@ class HttpFront:
     def attach(self, system: Service) -> None:
         """The system this front serves (the daemon binds the front before the model loads)."""
         self.system = system
+        # The Responses API's store (openai/responses_api.py), built with the routes; a
+        # system with no memory report (the cluster's router) has no sources to add it to.
+        sources = getattr(system, "memory_sources", None)
+        if sources is not None:
+            sources.add("stored_responses", lambda: getattr(self, "responses_store").held)
         props = system.model_props()
         h = hashlib.blake2b(digest_size=6)
         try:

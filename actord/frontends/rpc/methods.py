@@ -12,7 +12,7 @@ anything is asked of an actor; file names are confined by the page folder's own 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Awaitable, Callable, Mapping
+from typing import Annotated, Any, Awaitable, Callable, Literal, Mapping
 
 import msgspec
 
@@ -62,6 +62,10 @@ class GenePathParams(msgspec.Struct, forbid_unknown_fields=True):
 
 class GeneIdParams(msgspec.Struct, forbid_unknown_fields=True):
     id: int
+
+
+class StatsParams(msgspec.Struct, forbid_unknown_fields=True):
+    what: Literal["memory", "page", "checkpoint"]
 
 
 class TokenizeParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -123,6 +127,14 @@ async def _chat(system: Service, p: ChatRequest, sink: Any) -> Any:
         def on_token(chunk: TokenChunk) -> None:
             sink(socket_chunk(chunk))
     return _b(await system.chat(p, on_token=on_token))
+
+
+async def _stats(system: Service, p: StatsParams, _: Any) -> Any:
+    """`actord stats memory|page|checkpoint`: memory is the whole daemon's (what holds its
+    bytes, actord/service/memory.py); page and checkpoint are page.stats and checkpoint.stats."""
+    if p.what == "memory":
+        return _b(await system.memory_report())
+    return _b(await (system.page_stats() if p.what == "page" else system.checkpoint_stats()))
 
 
 # -- text verbs: the tokenizer and the chat template, without generating -----------------
@@ -199,6 +211,8 @@ METHODS: dict[str, Method] = {
     "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats()), help="the page store's counters"),
     "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats()),
                                help="the checkpoint budget's counters"),
+    "stats": Method(StatsParams, _stats, help="memory: what holds the daemon's bytes, RSS and the rest; "
+                    "page, checkpoint: those actors' counters"),
     "tokenize": Method(TokenizeParams, _tokenize, help="text -> token ids (with_pieces: and each one's text)"),
     "detokenize": Method(DetokenizeParams, _detokenize, help="token ids -> text"),
     "chat.template": Method(NoParams, _chat_template, help="the chat template chats render with"),

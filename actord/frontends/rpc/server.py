@@ -93,6 +93,10 @@ class RpcServer:
     def metrics(self) -> Any:
         return self.system.metrics if self.system is not None else None
 
+    def held_bytes(self) -> int:
+        """Bytes the open connections hold: lines being read and served, answers not yet written."""
+        return sum(len(c.buf) + c.inflight_bytes + c.outbox.out_bytes + c.outbox.sending for c in self.open)
+
     def count(self, name: str, reason: str) -> None:
         m = self.metrics
         if m is not None:
@@ -254,6 +258,7 @@ class _Connection:
         self.scope = anyio.CancelScope()
         self.tg: Any = None
         self.control = anyio.Semaphore(self.c.max_control_in_flight)
+        self.buf = bytearray()  # the line being read (held_bytes reads its length)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -295,7 +300,7 @@ class _Connection:
 
     async def _reader(self) -> None:
         limit = self.c.max_line_bytes
-        buf = bytearray()
+        buf = self.buf
         discarding = False
         while True:
             try:

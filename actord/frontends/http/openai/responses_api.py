@@ -397,6 +397,7 @@ class Responses(RouteGroup):
         super().__init__(front)
         cfg = front.config
         self.store = ResponseStore(cfg.http_responses_max, cfg.http_responses_max_bytes)
+        front.responses_store = self.store  # what memory_report reads (service/memory.py)
 
     def routes(self) -> list[Route]:
         g = self.front.guard
