@@ -24,6 +24,7 @@ bench: setup
 	.venv/bin/python bench/text_cost.py
 	.venv/bin/python bench/cluster.py
 	.venv/bin/python bench/speculative.py --skip-gemma
+	.venv/bin/python bench/shared_prefix.py
 	.venv/bin/python bench/soak.py --minutes 1 --sample-s 2
 	.venv/bin/python bench/report.py
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _out  # noqa: E402
 
+from actord.service import log  # noqa: E402
 from actord.service.config import Config  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
 from actord.testing import models  # noqa: E402
@@ -138,6 +139,7 @@ def main() -> int:
     ap.add_argument("--no-gemma", action="store_true")
     ap.add_argument("--no-recurrent", action="store_true")
     a = ap.parse_args()
+    log.configure(level="warning")
     rows: list[dict[str, Any]] = []
     lat: dict[str, Any] | None = None
     misses: list[str] = []

@@ -6,8 +6,8 @@ hashes, LMCache's chunk keys), so a block's key names the whole prefix up to its
 holder that has block i's key therefore holds blocks 0..i as well, and "the longest held
 prefix of this query" is a walk over the query's own blocks, stopping at the first key
 nobody holds: O(blocks of the query), whatever the number of holders. A trailing partial
-block is never keyed: sharing is block-aligned (the page store keeps a prefix's state by
-blocks; a shorter match is not worth a base).
+block is never keyed: a match is found by blocks, and a holder's tokens past its last full
+block are compared by whoever asked (`wholes`): a base may end where minds part, mid-block.
 
 The gene set (adapter id, scale) seeds the chain: a prefix computed under other genes is
 another state, so it never matches. The set is sorted first, since the adapters' sum does
@@ -117,6 +117,18 @@ class PrefixIndex:
         return best, n
 
 
+    def wholes(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()) -> list[Hashable]:
+        """Every holder whose last full block is one of `tokens`' leading blocks, deepest
+        first: the candidates for a held list that is a prefix of `tokens` (the caller
+        checks a list's tokens past its last full block, which are not keyed)."""
+        found: list[Hashable] = []
+        for b in block_keys(tokens, genes):
+            if b not in self._by_block:
+                break
+            found.extend(self._ends.get(b, ()))
+        return found[::-1]
+
+
 def aligned_common(a: Sequence[int], b: Sequence[int]) -> int:
     """The tokens two lists share from their start, cut down to whole blocks."""
     n = 0
@@ -125,3 +137,19 @@ def aligned_common(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n // BLOCK * BLOCK
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The tokens two lists share from their start, compared a slice at a time in C."""
+    n = min(len(a), len(b))
+    a, b = list(a[:n]), list(b[:n])
+    if a == b:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

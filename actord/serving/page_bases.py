@@ -9,8 +9,9 @@ holds the base's tokens (its cells are shared in the unified KV, nothing is copi
 
 Which page-outs stand on a base: one whose tokens (all but the last: a base leaves a rest)
 begin with a base's whole tokens, of at least one block (policy/prefix_index.py); else,
-when at least one block is shared with another page or a peer slot's sequence, the slot
-makes the base from its own sequence first. The parts' sizes are known only once copied
+when at least a block's worth of tokens is shared with another page or a peer slot's
+sequence, the slot makes the base from its own sequence first, ending exactly where the
+two part (mid-block too: a page on it then holds only what is its own). The parts' sizes are known only once copied
 (libllama has no size query for part of a sequence), so each part is copied, then admitted
 at its exact size; a refusal drops the copy and, for the base, leaves a whole page. The
 sequence stays in the slot until the page is committed, so a refused, failed or cancelled
@@ -34,7 +35,7 @@ from actord.engine import jobs as J
 from actord.service.errors import PageDoesNotFit, PageRamExceeded
 from actord.service.log import get
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.policy.prefix_index import BLOCK, aligned_common
+from actord.policy.prefix_index import BLOCK, common_prefix
 
 if TYPE_CHECKING:
     from actord.serving.kernel import Actor
@@ -66,8 +67,9 @@ class SlotPageBases:
         return not (p.recurrent or p.hybrid or p.needs_checkpoints or p.spec)
 
     def _peer_shared(self, tokens: list[int]) -> int:
-        """Block-aligned tokens a peer slot's sequence shares with `tokens` (read now)."""
-        return max((aligned_common(p.kv_tokens, tokens) for p in self.peers
+        """Tokens a peer slot's sequence shares with `tokens` (read now): a base ends where
+        the two part, mid-block or not, so a page on it holds only its own."""
+        return max((common_prefix(p.kv_tokens, tokens) for p in self.peers
                     if p is not self and p.genes == self.genes), default=0)
 
     async def _base_for_page_out(self, name: str, whole: AdmitState | None) -> Page | PageAdmission | None:

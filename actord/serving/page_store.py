@@ -46,7 +46,7 @@ from actord.serving.page_messages import (
 from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
-from actord.policy.prefix_index import BLOCK, PrefixIndex
+from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
     "Admit", "AdmitBase", "AdmitState", "BaseFound", "CancelReservation", "Commit", "DropPage", "FindBase",
@@ -206,13 +206,22 @@ class PageStore(Actor[PageStoreInbox]):
         return self.info(name)
 
     def find_base(self, name: str, tokens: list[int], genes: tuple[tuple[int, float], ...]) -> BaseFound:
-        gen, _ = self.bases.longest_whole(tokens, genes)
-        if gen is not None:
+        """The longest base whose whole tokens begin `tokens` (held for the asker); else how
+        many tokens `tokens` share exactly with another page (the index finds the page by
+        blocks; the shared part may end mid-block, where the two minds part)."""
+        for gen in self.bases.wholes(tokens, genes):
             g = self.gens[gen]  # type: ignore[index]
-            g.holders += 1
-            return BaseFound(base=g.page)
-        _, shared = self.page_index.longest(tokens, genes, exclude=self.names.get(name))
-        return BaseFound(base=None, shared=shared)
+            assert g.page is not None
+            n = len(g.page.tokens)
+            if n <= len(tokens) and tokens[:n] == g.page.tokens:
+                g.holders += 1
+                return BaseFound(base=g.page)
+        other, _ = self.page_index.longest(tokens, genes, exclude=self.names.get(name))
+        if other is None:
+            return BaseFound(base=None, shared=0)
+        page = self.gens[other].page  # type: ignore[index]
+        assert page is not None
+        return BaseFound(base=None, shared=common_prefix(page.tokens, tokens))
 
     def cancel(self, reservation: int) -> None:
         entry = self.reserved.pop(reservation, None)

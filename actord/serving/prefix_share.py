@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from actord.engine import jobs as J
+from actord.policy.prefix_index import common_prefix
 from actord.service.log import get
 
 if TYPE_CHECKING:
@@ -36,21 +37,6 @@ log = get("actord.slot")
 
 MIN_SHARE = 32  # tokens: below this a prefill costs less than the share's bookkeeping
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of the longest common prefix, compared in C a slice at a time (a 4k-token
-    prompt against a few slots' sequences on every request start)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class PrefixShare:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 PREFIX = [1] + [3 + (i * 37) % 500 for i in range(599)]
 A = PREFIX + [7, 8, 9, 10, 11]
 B = PREFIX + [90, 91, 92, 93, 94]
-N_BASE = 576  # 600 tokens' whole 32-token blocks
+N_BASE = 600  # the prefix the minds share: a base ends where they part
 
 
 @pytest.fixture
