@@ -100,7 +100,11 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
             front.attach(system)
             await tg.start(front.serve)
         await tg.start(server.serve)
-        if config.memory_report_s > 0:
+        if config.memory_report_s > 0 and config.trace:
+            # Its reads would be deliveries no recorded input explains: the replay of the
+            # trace would diverge at the first. A traced run keeps the gauges unrefreshed.
+            log.info("memory.report_off", why="a trace is being recorded", trace=config.trace)
+        elif config.memory_report_s > 0:
             from actord.service.memory import housekeeping
 
             tg.start_soon(lambda: housekeeping(system, config.memory_report_s, trim=config.malloc_trim,

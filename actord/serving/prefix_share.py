@@ -14,12 +14,18 @@ cell since (`SchedulerCore.links`, serving/steps/core.py). A sequence's epoch mo
 every change of `kv_tokens` that is not an extension: the slot's tells and enrolments carry
 it, so the scheduler knows when a share has ended.
 
-Who shares: attention memory only (recurrent and hybrid models hold one state at the end of
-a sequence, not one per cell: they start from checkpoints instead), under the same gene set
-(a prefix computed under other genes is another state), and only where it saves at least
-`MIN_SHARE` tokens over what the slot itself holds. On sliding-window layers the engine
-checks that the source still holds the window position `n` attends to, and refuses
-otherwise (nothing changes: the request prefills as before).
+Who shares cells: attention memory, under the same gene set (a prefix computed under other
+genes is another state), where it saves at least `MIN_SHARE` tokens over what the slot
+itself holds. On sliding-window layers the engine checks that the source still holds the
+window position `n` attends to, and refuses otherwise.
+
+Memory that cannot share cells (recurrent and hybrid models hold one state at the end of a
+sequence, not one per cell; a sliding window already past the shared point) starts from a
+peer's checkpoint instead: its attention cells below the checkpoint are shared and the
+checkpoint's partial state set over them. Every request plans a checkpoint at its shared
+point (where its prompt parts from what other slots hold: `shared_point`), and a sequence
+started from one keeps a copy, so the next mind that opens alike finds it. Where neither
+applies, nothing changes: the request prefills as before.
 """
 
 from __future__ import annotations

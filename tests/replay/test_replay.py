@@ -177,3 +177,31 @@ def test_a_trace_whose_thread_work_leaves_no_event_replays(tiny_model, sim_lora,
     for backend in ("asyncio", "trio"):
         r = anyio.run(replay, events, tiny_model, backend=backend)
         assert r.ok, r
+
+
+def test_a_trace_with_shared_prefixes_replays(tiny_model, tmp_path):
+    """Minds that open alike share cells, stand their pages on a base and come back onto it:
+    the recorded run replays with no divergence."""
+    sock, trace = tmp_path / "s.sock", tmp_path / "trace.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "1024",
+         "--batch", "64", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--trace", str(trace),
+         "--log-level", "warning"], stderr=subprocess.PIPE)
+    system_prompt = [1] + [3 + (i * 37) % 500 for i in range(99)]
+    try:
+        for _ in range(300):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        with Client(str(sock)) as c:
+            for turn in range(2):
+                for m in range(4):
+                    r = c.complete(system_prompt + [7 + m, 9 + turn], n_predict=4, mind=f"m{m}", ignore_eos=True)
+                    assert r["n_cached"] >= (len(system_prompt) if m or turn else 0)
+            stats = c.call("page.stats", {})
+            assert stats["bases"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    r = replay_file(trace, tiny_model)
+    assert r.ok, r
