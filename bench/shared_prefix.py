@@ -138,6 +138,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny llama, 8 minds over 2 slots, 600 tokens")
     ap.add_argument("--no-gemma", action="store_true")
     ap.add_argument("--no-recurrent", action="store_true")
+    ap.add_argument("--gemma-grid", action="store_true",
+                    help="Gemma over the issue's grid too (8/2, 8/4, 32/4 at 600; 8/2 at 4000): ~5 more minutes")
     a = ap.parse_args()
     log.configure(level="warning")
     rows: list[dict[str, Any]] = []
@@ -154,7 +156,8 @@ def main() -> int:
             todo += [(qwen, "qwen35", (8, 2, 600)), (mamba, "mamba2", (8, 2, 600))]
         gemma = None if (a.quick or a.no_gemma) else models.gemma3_270m_path()
         if gemma:
-            todo += [(str(gemma), "gemma3", (8, 2, 600))]
+            ggrid = [(8, 2, 600), (8, 4, 600), (32, 4, 600), (8, 2, 4000)] if a.gemma_grid else [(8, 2, 600)]
+            todo += [(str(gemma), "gemma3", g) for g in ggrid]
         for path, kind, (minds, slots, prefix) in todo:
             vocab = 512 if kind != "gemma3" else 200_000
             for sharing in (False, True):
