@@ -48,6 +48,7 @@ class PageInfo(msgspec.Struct, frozen=True):
     n_checkpoints: int
     holders: int
     n_base: int = 0  # tokens of a shared prefix the page stands on (its base, stored once)
+    base_pages: int = 0  # pages standing on that base (this one included)
 
 
 # ---- inbox ------------------------------------------------------------------------------

@@ -323,8 +323,10 @@ class PageStore(Actor[PageStoreInbox]):
             raise PageNotFound(f"no page named {name!r}", page=name)
         g = self.gens[gen]
         assert g.page is not None
+        base = g.page.base
         return PageInfo(page=name, gen=gen, n_bytes=g.n_bytes, n_tokens=len(g.page.tokens),
-                        n_checkpoints=len(g.page.checkpoints), holders=g.holders, n_base=g.page.n_base)
+                        n_checkpoints=len(g.page.checkpoints), holders=g.holders, n_base=g.page.n_base,
+                        base_pages=self.on_base.get(base.gen, 0) if base is not None else 0)
 
     def live_bytes(self) -> int:
         return sum(g.n_bytes for g in self.gens.values()) + sum(n for _, n in self.reserved.values())

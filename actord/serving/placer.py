@@ -227,8 +227,12 @@ class MindPlacer(Actor[PlacerInbox]):
         is durable, and the slot is erased only after its own save succeeded. When the disk
         refuses (full, read-only, EIO) the error goes to the request being placed and every
         mind stays where it was."""
-        live = {p.page for p in await self.pages.ask(ListPages())}
-        victims = [m for m in self.paged if m in live and m != held]
+        live = {p.page: p for p in await self.pages.ask(ListPages())}
+        # Oldest first, but a page on a base other pages share comes last: its spill frees
+        # only its own part (the base stays for them), so the ceiling is met by spilling
+        # fewer minds, and the prefix many minds share stays in RAM (SGLang keeps a radix
+        # node's shared blocks while any leaf below uses them).
+        victims = sorted((m for m in self.paged if m in live and m != held), key=lambda m: live[m].base_pages > 1)
         if not victims:  # nothing to spill: the slot goes straight to its file
             if held is not None:
                 await self.slots[slot].ask(SaveSlot(file=mind_file(held)))

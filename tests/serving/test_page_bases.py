@@ -172,3 +172,31 @@ async def test_recurrent_and_hybrid_models_keep_whole_pages(tiny_recurrent_model
             await turn(s, 1, B)
             out = await s.page_out(0, "a")
             assert "n_base" not in out and (await s.page_stats()).bases == 0
+
+
+async def test_under_the_ceiling_a_whole_page_spills_before_pages_on_a_shared_base(tiny_model, tmp_path):
+    """The placer makes page RAM by spilling the oldest page, except that pages standing on
+    a base other pages share go last: their spill would free only their own part."""
+    system_prompt = [1] + [3 + (i * 37) % 500 for i in range(299)]
+
+    def alone(k: int) -> list[int]:
+        return [1] + [5 + (k * 53 + i * 29) % 490 for i in range(299)]
+
+    minds = [("a", system_prompt + [7]), ("b", system_prompt + [8]), ("c", system_prompt + [9]),
+             ("d", system_prompt + [10]), ("z", alone(1)), ("w", alone(2)), ("v", alone(3)), ("u", alone(4))]
+
+    async def run(ceiling: int) -> list[str]:
+        async with ActorSystem(Config(model=tiny_model, slots=2, ctx=2048, batch=128, page_ram_bytes=ceiling,
+                                      page_dir=str(tmp_path / str(ceiling)))) as s:
+            for mind, prompt in minds:
+                await s.complete(prompt=prompt, n_predict=2, mind=mind, ignore_eos=True)
+            pages = await s.page_list()
+            assert all(p.n_base for p in pages if p.page in "abcd")
+            return sorted(p.page for p in pages), (await s.page_stats()).charged
+
+    pages, charged = await run(1 << 30)
+    assert pages == ["a", "b", "c", "d", "w", "z"]
+    # Room for the base, a-d's own parts and one whole page, not two: w's page-out spills.
+    pages, _ = await run(charged - 40_000)
+    assert pages == ["a", "b", "c", "d", "w"]  # z, whole and newer than a-d, went to its file
+    assert (tmp_path / str(charged - 40_000) / "z.page").exists()
