@@ -73,7 +73,7 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
     ckpt_budget = CheckpointBudget(dispatcher, config.ctx_checkpoints_bytes, slots, metrics, capacity=cap,
                                    policy=config.checkpoint_policy, cap=1 + config.ctx_checkpoints, n_slots=n)
     placer = placer_class(dispatcher, slots, pages, files, spill, metrics, scheduler, kv_cells=scheduler.n_ctx,
-                          n_slots=n, capacity=cap)
+                          n_slots=n, capacity=cap, share_bases=config.prefix_sharing)
     peers = SlotPeers(scheduler=scheduler, placer=placer, pages=pages, ckpt_budget=ckpt_budget,
                       residency=residency, files=files, slots=slots)
     for i in range(n):

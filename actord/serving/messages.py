@@ -129,9 +129,20 @@ class Fork(Msg):
     tokens: list[int]
 
 
+class FromBase(Msg):
+    """From the placer, for a new mind about to start in this (erased) slot: take the
+    longest base in page RAM (the state of a prefix minds share, serving/page_bases.py)
+    that begins `req`'s prompt, unless another slot's sequence holds more of it (the request
+    then shares those cells when it starts). `room` is a KV room token held for it, handed
+    back with the slot's cell count, as for a page-in. Answers the tokens taken (0: none)."""
+
+    req: CompletionRequest
+    room: int = 0
+
+
 SlotInbox = (
     Complete | CancelRequest | Ended | CheckpointTaken | Erase | Info | PageOutSlot | PageInSlot
-    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | Fork
+    | SaveSlot | RestoreSlot | DropCheckpoint | GenesGranted | GenesRefused | Evict | Fork | FromBase
 )
 
 

@@ -18,8 +18,9 @@ import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import (
-    CancelRequest, Complete, Erase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
+    CancelRequest, Complete, Erase, FromBase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
 )
+from actord.serving.prefix_share import MIN_SHARE
 from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import ListPages
 from actord.service.errors import (
@@ -27,6 +28,7 @@ from actord.service.errors import (
 )
 from actord.service.log import get
 from actord.service.metrics import Metrics
+from actord.service.types import CompletionRequest
 from actord.storage.files import PageFiles
 from actord.storage.paths import MIND_FILE_SUFFIX
 
@@ -87,7 +89,7 @@ class MindPlacer(Actor[PlacerInbox]):
 
     def __init__(self, dispatcher: Dispatcher, slots: Sequence[Actor[Any]], pages: Actor[Any], files: PageFiles,
                  spill: Spill, metrics: Metrics, scheduler: Actor[SchedulerInbox], *, kv_cells: int = 0,
-                 n_slots: int | None = None, capacity: int = 256) -> None:
+                 n_slots: int | None = None, capacity: int = 256, share_bases: bool = False) -> None:
         super().__init__(dispatcher, "placer", capacity)
         self.slots = slots
         self.pages = pages
@@ -112,6 +114,7 @@ class MindPlacer(Actor[PlacerInbox]):
         self.forwarded: dict[int, int] = {i: 0 for i in range(n)}
         self.taken: dict[int, int] = {i: 0 for i in range(n)}
         self.page_tokens: dict[str, int] = {}
+        self.share_bases = share_bases  # a new mind may start from a shared prefix's base (FromBase)
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -161,7 +164,7 @@ class MindPlacer(Actor[PlacerInbox]):
                 i += 1
                 continue
             try:
-                placed = await self.place(mind)
+                placed = await self.place(mind, p.complete.req)
             except ActordError as e:
                 self.parked.remove(p)
                 if p.env.reply is not None:
@@ -190,7 +193,7 @@ class MindPlacer(Actor[PlacerInbox]):
     def _busy(self, slot: int) -> bool:
         return self.busy[slot] or self.taken[slot] < self.forwarded[slot]
 
-    async def place(self, mind: str) -> tuple[int, bool] | None:
+    async def place(self, mind: str, req: CompletionRequest | None = None) -> tuple[int, bool] | None:
         """(The slot `mind` is in, after bringing it there; whether she was there already),
         or None if that has to wait for a busy slot. Read from the table, with no ask: a
         slot that lost her meanwhile hands a resident forward back (`Misplaced`)."""
@@ -208,7 +211,7 @@ class MindPlacer(Actor[PlacerInbox]):
         old = self.slot_mind[slot]
         self.slot_mind[slot] = None
         try:
-            how = await self._bring_in(slot, mind)
+            how = await self._bring_in(slot, mind, req)
         except BaseException:
             # What the slot holds now is its to say: a move that got under way tells it
             # (SlotState, after this handler); one refused before anything moved does not.
@@ -258,11 +261,33 @@ class MindPlacer(Actor[PlacerInbox]):
             self.paged.remove(mind)
         self.paged.append(mind)
 
-    async def _bring_in(self, slot: int, mind: str) -> str:
+    async def _bring_in(self, slot: int, mind: str, req: CompletionRequest | None = None) -> str:
         how = await self._bring_in_how(slot, mind)
         if how == "fresh":  # a fresh start begins from an erased sequence
             await self.slots[slot].ask(Erase())
+            if req is not None and await self._from_base(slot, req):
+                how = "base"
         return how
+
+    async def _from_base(self, slot: int, req: CompletionRequest) -> int:
+        """A new mind whose prompt (tokens) begins with a shared prefix that page RAM holds
+        as a base starts from it (FromBase), with the cells held for it first, out of what
+        is free now (no mind is evicted for it: the prompt's own prefill would take them
+        anyway). The tokens it starts from; 0 when it prefills (or shares a slot's cells)."""
+        prompt = req.prompt
+        if not self.share_bases or not isinstance(prompt, list) or len(prompt) <= MIN_SHARE:
+            return 0
+        n = len(prompt)
+        try:
+            async with holding_room(self.scheduler, slot, n, evict=False) as room:
+                if room.cells < n:
+                    return 0
+                took: int = await self.slots[slot].ask(FromBase(req=req, room=room.token))
+                room.handed_over = True
+                return took
+        except ActordError as e:  # the mind starts as any new one does
+            log.info("placer.from_base_failed", slot=slot, error=e.to_dict())
+            return 0
 
     async def _page_in(self, slot: int, mind: str) -> bool:
         """Page `mind` in, the slot's own mind (if any) paged out first in the same message;

@@ -32,7 +32,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+import anyio
+
 from actord.engine import jobs as J
+from actord.serving.page_messages import FindBase, Release
+from actord.service.errors import ActordError
 from actord.policy.prefix_index import common_prefix
 from actord.service.log import get
 
@@ -60,6 +64,8 @@ class PrefixShare:
     _share_note: tuple[int, int, int] | None
     share_prefixes: bool
     checkpoints: list[Any]
+    pages: Any
+    cells_batched: bool
 
     @property
     def kv_tokens(self) -> list[int]:
@@ -181,3 +187,42 @@ class PrefixShare:
         if note is None:
             return {}
         return {"shared_from": note[0], "shared_epoch": note[1], "shared": note[2]}
+
+    async def from_base(self, req: Any, room: int) -> int:
+        """A new mind's start from a base in page RAM (messages.FromBase): the tokens taken.
+        One cells tell at the end, whatever happened, carrying the room token back."""
+        self.cells_batched = True
+        try:
+            return await self._take_base(req)
+        except ActordError as e:  # the request prefills as any new mind's does
+            log.info("slot.base_refused", slot=self.id, error=e.to_dict())
+            return 0
+        finally:
+            self.cells_batched = False
+            with anyio.CancelScope(shield=True):
+                await self._tell_cells(release=room)  # type: ignore[attr-defined]
+
+    async def _take_base(self, req: Any) -> int:
+        prompt = req.prompt
+        if self.kv_tokens or not isinstance(prompt, list) or not self.shares_cells():
+            return 0
+        genes = self.gene_set(req)  # type: ignore[attr-defined]
+        _, n_peer = self.best_source(prompt, genes, 0)  # a slot's cells beat a copy
+        with anyio.CancelScope(shield=True):  # a base found is held for us: Released below
+            found = await self.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=genes))
+        base = found.base
+        if base is None:
+            return 0
+        try:
+            n = len(base.tokens)
+            if n < MIN_SHARE or n_peer >= n:
+                return 0
+            await self.engine.run(J.StateSet(seq=self.seq, data=base.state))
+            self.kv_tokens = list(base.tokens)
+            self.genes = genes
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.pages.tell(Release(gen=base.gen))
+        self.metrics.prefix_hit_tokens_total.labels(source="page_base").inc(n)
+        log.info("slot.prefix_shared", slot=self.id, n_tokens=n, n_prompt=len(prompt), by="base")
+        return n

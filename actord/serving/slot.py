@@ -38,8 +38,8 @@ from actord.serving.checkpoint_plan import CheckpointPlan
 from actord.serving.checkpoint_budget import CheckpointInbox
 from actord.serving.gene_residency import Acquire as GeneAcquire, GeneInbox
 from actord.serving.messages import (
-    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, GenesGranted,
-    GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SchedulerInbox, SlotInbox,
+    Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, FromBase,
+    GenesGranted, GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SchedulerInbox, SlotInbox,
 )
 from actord.serving.page_store import PageStoreInbox
 from actord.serving.placer import Misplaced, PlacerInbox, SlotState
@@ -252,6 +252,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
                 env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]
             case PageOutSlot() | PageInSlot() | SaveSlot() | RestoreSlot():
                 await self.handle_page_op(msg, env)
+            case FromBase():
+                env.reply.send(await self.from_base(msg.req, msg.room))  # type: ignore[union-attr]
             case _:
                 raise InvalidParams(f"slot cannot handle {type(msg).__name__}")
 

@@ -160,3 +160,19 @@ async def test_memory_that_cannot_share_cells_starts_a_new_mind_from_the_checkpo
     off = await turns(model, False, prompts, **kw)
     assert [t for t, _ in on] == [t for t, _ in off]
     assert on[2][1] == len(prefix) and off[2][1] == 0
+
+
+async def test_a_new_mind_starts_from_a_base_in_page_ram_when_no_slot_holds_the_prefix(tiny_model):
+    alone = [1] + [5 + (i * 29) % 490 for i in range(120)]
+    minds = [("a", SYSTEM + own(1)), ("b", SYSTEM + own(2)), ("c", SYSTEM + own(3)), ("z", alone), ("d", SYSTEM + own(4))]
+
+    async def run(sharing: bool):
+        async with ActorSystem(cfg(tiny_model, slots=1, prefix_sharing=sharing)) as s:
+            out = [await s.complete(prompt=p, n_predict=8, mind=m, ignore_eos=True) for m, p in minds]
+            return out, s.metrics.snapshot()
+
+    on, metrics = await run(True)
+    off, _ = await run(False)
+    assert [r.tokens for r in on] == [r.tokens for r in off]
+    # d's slot held z (nothing of the prefix); the base (made when c's page stood on it) did
+    assert on[4].n_cached == len(SYSTEM) and off[4].n_cached == 0
