@@ -123,6 +123,63 @@ async def latency(model: str, prefix: int, vocab: int, tmp: str, reps: int = 3) 
     return {"prefix": prefix, "new_mind_first_token_s": n, "resident_turn_s": rs, "ratio": n / rs}
 
 
+def llama_server_row(binary: str, model: str, kind: str, minds: int, slots: int, prefix: int, vocab: int
+                     ) -> dict[str, Any]:
+    """The same turns against llama-server (built from the vendored llama.cpp with the flags
+    `scripts/bootstrap.sh --print-plan` gives): `/completion` with `cache_prompt`, each
+    turn's `timings.prompt_n` summed. It has no minds: every request goes to the idle slot
+    whose cached prompt is most like it, and its prompt cache in RAM (`--cache-ram`) keeps
+    what slots held."""
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    ctx = slots * (prefix + 4 * (SUFFIX + REPLY) + 64) + 512
+    proc = subprocess.Popen([binary, "-m", model, "-c", str(ctx), "-np", str(slots), "--port", str(port),
+                             "--host", "127.0.0.1", "-b", "256", "-ub", "256", "--kv-unified"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def post(body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    t0 = time.perf_counter()
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        P = prefix_tokens(prefix, vocab)
+        history: dict[int, list[int]] = {}
+        first = second = 0
+        for m in range(minds):
+            prompt = P + own(m, vocab)
+            out = post({"prompt": prompt, "n_predict": REPLY, "cache_prompt": True, "temperature": 0,
+                        "ignore_eos": True, "return_tokens": True})
+            first += out["timings"]["prompt_n"]
+            history[m] = prompt + out["tokens"]
+        for m in range(minds):
+            out = post({"prompt": history[m] + own(m + 1000, vocab, 3), "n_predict": REPLY, "cache_prompt": True,
+                        "temperature": 0, "ignore_eos": True})
+            second += out["timings"]["prompt_n"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"model": kind, "minds": minds, "slots": slots, "prefix": prefix, "server": "llama-server",
+            "first_turn_prompt_tokens": first, "second_turn_prompt_tokens": second,
+            "wall_s": time.perf_counter() - t0}
+
+
 def show(rows: list[dict[str, Any]]) -> None:
     print(f"{'model':8} {'minds':>5} {'slots':>5} {'prefix':>6} {'sharing':>7} | {'1st turns':>9} {'floor':>6} "
           f"{'x':>5} | {'2nd turns':>9} | {'pages':>5} {'page RAM':>11} {'floor':>11} {'x':>5} | {'wall s':>6}")
@@ -138,6 +195,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny llama, 8 minds over 2 slots, 600 tokens")
     ap.add_argument("--no-gemma", action="store_true")
     ap.add_argument("--no-recurrent", action="store_true")
+    ap.add_argument("--llama-server", metavar="BIN",
+                    help="also run the tiny llama rows (and Gemma's 8/2/600) against this llama-server binary")
     ap.add_argument("--gemma-grid", action="store_true",
                     help="Gemma over the issue's grid too (8/2, 8/4, 32/4 at 600; 8/2 at 4000): ~5 more minutes")
     a = ap.parse_args()
@@ -172,8 +231,28 @@ def main() -> int:
                   f"(goal <= {GOALS['latency']})")
             if lat["ratio"] > GOALS["latency"]:
                 misses.append("gemma3 new-mind latency")
+        peers: list[dict[str, Any]] = []
+        if a.llama_server:
+            for path, kind, (minds, slots, prefix) in todo:
+                if kind not in ("llama", "gemma3") or (kind == "gemma3" and (minds, slots, prefix) != (8, 2, 600)):
+                    continue
+                vocab = 512 if kind != "gemma3" else 200_000
+                peers.append(llama_server_row(a.llama_server, path, kind, minds, slots, prefix, vocab))
     print()
     show(rows)
+    if a.llama_server:
+        print()
+        print(f"{'model':8} {'minds':>5} {'slots':>5} {'prefix':>6} | {'1st turns':>20} | {'2nd turns':>20}")
+        print(f"{'':8} {'':>5} {'':>5} {'':>6} | {'actord':>9} {'llama-srv':>10} | {'actord':>9} {'llama-srv':>10}")
+        for p in peers:
+            mine = next(r for r in rows if r["sharing"] and all(r[k] == p[k] for k in ("model", "minds", "slots",
+                                                                                         "prefix")))
+            print(f"{p['model']:8} {p['minds']:5d} {p['slots']:5d} {p['prefix']:6d} | "
+                  f"{mine['first_turn_prompt_tokens']:9d} {p['first_turn_prompt_tokens']:10d} | "
+                  f"{mine['second_turn_prompt_tokens']:9d} {p['second_turn_prompt_tokens']:10d}")
+            for turn in ("first", "second"):
+                if mine[f"{turn}_turn_prompt_tokens"] > p[f"{turn}_turn_prompt_tokens"]:
+                    misses.append(f"{p['model']} {p['minds']}/{p['slots']}/{p['prefix']} {turn} turns vs llama-server")
     for r in rows:
         if not r["sharing"]:
             continue
@@ -182,7 +261,8 @@ def main() -> int:
             misses.append(f"{what} first turns")
         if r["shares_cells"] and r["page_ram_floor_bytes"] and r["ram_x_floor"] > GOALS["ram"]:
             misses.append(f"{what} page RAM")
-    _out.write("shared_prefix", rows=rows, latency=lat, goals=GOALS, misses=misses)
+    _out.write("shared_prefix", rows=rows, latency=lat, goals=GOALS, misses=misses,
+               llama_server=peers if a.llama_server else None)
     if misses:
         print("MISSED:", "; ".join(misses))
         return 1
