@@ -172,27 +172,37 @@ def plot_speculative(doc: dict[str, Any], plt: Any) -> Any:
 
 
 def plot_shared_prefix(doc: dict[str, Any], plt: Any) -> Any:
+    """One panel per prefix length: first-turn prompt tokens against the number of minds,
+    sharing on and off per slot count, and the floor (one prefix, then the suffixes); the
+    model with the most rows (the grid runs on the tiny llama), log scale."""
     rows = doc.get("rows", [])
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
     for r in rows:
-        groups[(r.get("model", ""), r.get("prefix", ""), r.get("slots", ""))].append(r)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for (model, prefix, slots), rs in groups.items():
-        label = ", ".join(str(x) for x in (model, f"prefix {prefix}" if prefix != "" else "",
-                                          f"{slots} slots" if slots != "" else "") if x)
-        for sharing, style in ((True, "o-"), (False, "s--")):
-            s = sorted((r for r in rs if bool(r.get("sharing")) is sharing), key=lambda r: r["minds"])
-            if s:
-                ax.plot([r["minds"] for r in s], [r["first_turn_prompt_tokens"] for r in s], style,
-                        label=f"{'sharing' if sharing else 'no sharing'} ({label})")
-        floor = sorted((r for r in rs if r.get("floor_tokens") is not None), key=lambda r: r["minds"])
+        counts[r.get("model", "")] += 1
+    model = max(counts, key=lambda m: counts[m]) if counts else ""
+    mine = [r for r in rows if r.get("model", "") == model]
+    prefixes = sorted({r.get("prefix", 0) for r in mine}) or [0]
+    fig, axes = plt.subplots(1, len(prefixes), figsize=(3.4 * len(prefixes) + 0.6, 3.6), squeeze=False)
+    colors = ["#2f6fdf", "#1f9d74", "#b7791f", "#7a4fd6"]
+    for ax, prefix in zip(axes[0], prefixes):
+        rs = [r for r in mine if r.get("prefix", 0) == prefix]
+        for k, slots in enumerate(sorted({r.get("slots", 0) for r in rs})):
+            for sharing, style in ((True, "o-"), (False, "s--")):
+                s = sorted((r for r in rs if r.get("slots", 0) == slots and bool(r.get("sharing")) is sharing),
+                           key=lambda r: r["minds"])
+                if s:
+                    ax.plot([r["minds"] for r in s], [r["first_turn_prompt_tokens"] for r in s], style,
+                            color=colors[k % len(colors)],
+                            label=f"{slots} slots, {'sharing' if sharing else 'no sharing'}")
+        floor = sorted({(r["minds"], r["floor_tokens"]) for r in rs if r.get("floor_tokens") is not None})
         if floor:
-            xs = sorted({r["minds"] for r in floor})
-            ys = [min(r["floor_tokens"] for r in floor if r["minds"] == x) for x in xs]
-            ax.plot(xs, ys, ":", color="0.4", label=f"floor ({label})")
-    ax.set_xlabel("minds")
-    ax.set_ylabel("first-turn prompt tokens processed")
-    ax.legend(fontsize=7)
+            ax.plot([x for x, _ in floor], [y for _, y in floor], ":", color="0.3", label="floor")
+        ax.set_yscale("log")
+        ax.set_title(f"{model}, prefix {prefix}", fontsize=9)
+        ax.set_xlabel("minds")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("first-turn prompt tokens (log)")
+    fig.tight_layout()
     return fig
 
 

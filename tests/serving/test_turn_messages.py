@@ -4,6 +4,7 @@ every delivery besides the steps (a recorded run delivers each step as a message
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import pytest
 
@@ -15,24 +16,27 @@ from tests.waits import eventually
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_resident_turn_takes_five_deliveries_and_a_switch_twelve(tiny_model, tmp_path):
+@contextlib.asynccontextmanager
+async def counted_turns(tiny_model: str, tmp_path, heads: dict[str, list[int]]):
+    """A one-slot system recording its trace, and `turn(mind, extra)`: the mind's turn on
+    heads[mind] + extra, with the deliveries it took (steps aside), its tail included."""
     events: list = []
     cfg = Config(model=tiny_model, slots=1, ctx=1024, page_dir=str(tmp_path), seed=1)
-    prompt = list(range(10, 60))
-
-    def since(i: int) -> list[str]:
-        return [f"{e.actor}:{e.msg}" for e in events[i:] if isinstance(e, Deliver) and e.msg != "RunStep"]
-
     async with ActorSystem(cfg, trace=events) as s:
         async def turn(mind: str, extra: list[int]) -> tuple[object, list[str]]:
             i = len(events)
-            # Minds that share no prefix (sharing one adds the page store's base asks: below).
-            head = prompt if mind == "ada" else [t + 100 for t in prompt]
-            r = await s.complete(prompt=head + extra, mind=mind, n_predict=4, temperature=0.0)
+            r = await s.complete(prompt=heads[mind] + extra, mind=mind, n_predict=4, temperature=0.0)
             # The answer goes out before the slot's last tell (SlotState): count the turn's tail.
             await eventually(lambda: not s.placer.busy[0], "the placer hears the slot is idle")
-            return r, since(i)
+            return r, [f"{e.actor}:{e.msg}" for e in events[i:] if isinstance(e, Deliver) and e.msg != "RunStep"]
 
+        yield s, turn
+
+
+async def test_a_resident_turn_takes_five_deliveries_and_a_switch_twelve(tiny_model, tmp_path):
+    prompt = list(range(10, 60))
+    # Minds that share no prefix (sharing one adds the page store's base asks: below).
+    async with counted_turns(tiny_model, tmp_path, {"ada": prompt, "bob": [t + 100 for t in prompt]}) as (_, turn):
         await turn("ada", [1])
         r, resident = await turn("ada", [2, 3])
         await turn("bob", [4])
@@ -47,20 +51,8 @@ async def test_a_resident_turn_takes_five_deliveries_and_a_switch_twelve(tiny_mo
 async def test_a_switch_between_minds_that_share_a_prefix_costs_three_asks_more_once_then_one(tiny_model, tmp_path):
     """The first page-out on a shared prefix makes its base (FindBase, AdmitBase, Commit);
     later ones find it (FindBase instead of the whole page's admission, plus the rest's)."""
-    events: list = []
-    cfg = Config(model=tiny_model, slots=1, ctx=1024, page_dir=str(tmp_path), seed=1)
     prompt = list(range(10, 110))
-
-    def since(i: int) -> list[str]:
-        return [f"{e.actor}:{e.msg}" for e in events[i:] if isinstance(e, Deliver) and e.msg != "RunStep"]
-
-    async with ActorSystem(cfg, trace=events) as s:
-        async def turn(mind: str, extra: list[int]) -> tuple[object, list[str]]:
-            i = len(events)
-            r = await s.complete(prompt=prompt + extra, mind=mind, n_predict=4, temperature=0.0)
-            await eventually(lambda: not s.placer.busy[0], "the placer hears the slot is idle")
-            return r, since(i)
-
+    async with counted_turns(tiny_model, tmp_path, {"ada": prompt, "bob": prompt}) as (s, turn):
         await turn("ada", [1])
         await turn("bob", [4])  # ada's page: whole (nothing shared yet)
         r1, first = await turn("ada", [5])  # bob's page: the base, then his own part
