@@ -415,7 +415,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         enroll = Enroll(
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
             genes=self.genes, stop=list(req.stop),
-            checkpoint_at=self.checkpoint_positions(usable, len(prompt), self.shared_point(prompt, genes)),
+            checkpoint_at=self.checkpoint_positions(
+                usable, len(prompt), self.shared_point(prompt, genes) if self.props.needs_checkpoints else 0),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,
