@@ -76,8 +76,10 @@ def usage(r: Any) -> dict[str, Any]:
     return {**u, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A fresh id: `chatcmpl-<hex>` as OpenAI's Chat Completions writes them; the Responses
+    API's ids take `_` (`resp_`, `msg_`, `fc_`), so it passes `sep="_"`."""
+    return f"{prefix}{sep}{secrets.token_hex(12)}"
 
 
 def chat_logprobs(lps: list[TokenLogprob] | None) -> dict[str, Any]:
