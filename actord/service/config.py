@@ -128,7 +128,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # it, a 400 naming the field. Choices beyond the idle slots queue (actord/chat/choices.py).
     max_n: int = 8
     model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
-    cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
+    # Browser origins allowed (CORS, preflight): none listed serves any (llama-server's
+    # default); "localhost" stands for any local origin (localhost, 127.0.0.1, [::1]).
+    cors_origin: list[str] = []
     # Exact prompt+reply tokens kept for chat turns, in 4-byte units: each turn kept is also
     # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
     chat_memory_tokens: int = 1 << 22
