@@ -138,6 +138,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Tool calling's output format (actord.chat.tools): "auto" reads it from the chat template;
     # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
     tool_format: str = "auto"
+    # Reasoning models (actord.chat.reasoning), llama-server's flags: thinking on, off, or the
+    # template's default (auto); how the thought is parsed out of the output (none: left in
+    # the content; deepseek/auto: into reasoning_content); the thinking budget in tokens
+    # (-1: no limit, 0: thinking off). A request's chat_template_kwargs.enable_thinking,
+    # reasoning_format and reasoning_budget override them.
+    reasoning: str = "auto"
+    reasoning_format: str = "auto"
+    reasoning_budget: int = -1
     # The Responses API (POST /v1/responses) remembers this many responses, oldest dropped
     # first, for `previous_response_id` and GET /v1/responses/{id}, in at most
     # http_responses_max_bytes of conversation text.
@@ -238,6 +246,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
         if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):
             raise InvalidParams("tool_format is one of auto, hermes, mistral, llama3, generic")
+        if self.reasoning not in ("on", "off", "auto") or self.reasoning_format not in ("none", "deepseek", "auto"):
+            raise InvalidParams("reasoning is one of on, off, auto; reasoning_format one of none, deepseek, auto")
+        if self.reasoning_budget not in (-1, 0):
+            raise InvalidParams("reasoning_budget is -1 (no limit) or 0 (thinking off)")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):

@@ -317,8 +317,9 @@ class ActorSystem:
 
     @entry("apply_template", check_open=False, check=text.check_apply)
     async def apply_template(self, messages: list[Any], template: str | None = None,
-                             add_generation_prompt: bool = True) -> str:
-        return await text.apply_template(self, messages, template, add_generation_prompt)
+                             add_generation_prompt: bool = True, tools: list[Any] | None = None,
+                             template_kwargs: dict[str, Any] | None = None) -> str:
+        return await text.apply_template(self, messages, template, add_generation_prompt, tools, template_kwargs)
 
     async def embed(self, inputs: list[str | list[int]]) -> Embedded:
         """One pooled vector per input (not recorded: a trace holds no embeddings)."""

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Awaitable, Callable, Mapping
 
 import msgspec
 
-from actord.chat.messages import ChatMessage, ChatRequest
+from actord.chat.messages import ChatMessage, ChatRequest, Tool
 from actord.service.protocol import Service, TokenChunk
 from actord.service.types import CompletionRequest
 from actord.storage.clientfiles import MAX_PATH
@@ -79,6 +79,8 @@ class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     template: str | None = None
     add_generation_prompt: bool = True
+    tools: list[Tool] = []  # rendered as a chat with these tools renders them
+    template_kwargs: dict[str, Any] = {}  # more template variables (enable_thinking, ...)
 
 
 Handler = Callable[[Service, Any, Callable[[Any], None] | None], Awaitable[Any]]
@@ -158,7 +160,8 @@ async def _chat_template(system: Service, p: NoParams, _: Any) -> Any:
 
 async def _apply_template(system: Service, p: ApplyTemplateParams, _: Any) -> Any:
     """{prompt}: the messages rendered as a chat would render them, without generating."""
-    return {"prompt": await system.apply_template(p.messages, p.template, p.add_generation_prompt)}
+    return {"prompt": await system.apply_template(p.messages, p.template, p.add_generation_prompt, p.tools,
+                                                  p.template_kwargs)}
 
 
 METHODS: dict[str, Method] = {

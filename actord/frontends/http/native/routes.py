@@ -40,7 +40,7 @@ from starlette.routing import Route
 from actord.service.errors import InvalidParams
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
-from actord.frontends.http.native.base import NativeRoutes, error_body, unsupported
+from actord.frontends.http.native.base import NativeRoutes, error_body
 from actord.frontends.http.native.completion import CompletionRoutes, generation_defaults
 from actord.frontends.http.native.genes import GeneRoutes
 from actord.frontends.http.native.slots import SlotRoutes
@@ -142,8 +142,6 @@ class Native(NativeRoutes):
             raise InvalidParams("the request body must be a JSON object")
         if "messages" not in obj:
             raise InvalidParams('"messages" is required', param="messages")
-        if obj.get("tools"):
-            raise unsupported("tools", "tool calling is not supported")
         msgs = self._convert(obj["messages"], list[O.Message])
         if not msgs:
             raise InvalidParams("messages is empty", param="messages")
@@ -152,6 +150,16 @@ class Native(NativeRoutes):
         params: dict[str, Any] = {"messages": messages}
         if "add_generation_prompt" in obj:
             params["add_generation_prompt"] = obj["add_generation_prompt"]
+        if obj.get("tools"):  # rendered as a chat with them renders (OpenAI's tools form)
+            from actord.frontends.http.openai.tools_wire import tools_from_openai
+
+            params["tools"] = [msgspec.to_builtins(t) for t in tools_from_openai(obj["tools"])]
+        kwargs = obj.get("chat_template_kwargs")
+        if kwargs is not None:
+            if not isinstance(kwargs, dict):
+                raise InvalidParams("chat_template_kwargs is an object of template variables",
+                                    param="chat_template_kwargs")
+            params["template_kwargs"] = kwargs
         return json_response(await self._call("apply_template", params))
 
     # -- props -----------------------------------------------------------------------------

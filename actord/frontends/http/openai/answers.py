@@ -54,13 +54,17 @@ def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, A
     from actord.frontends.http.openai.tools_wire import call_to_openai
 
     calls = msg.tool_calls if msg is not None else None
+    # A reasoning model's thought (actord.chat.reasoning): `reasoning_content`, as DeepSeek's
+    # API and llama-server write it; absent for a reply without one.
+    thought = {"reasoning_content": msg.reasoning_content} if msg is not None and msg.reasoning_content is not None \
+        else {}
     if not calls:
-        return {"role": "assistant", "content": content}
+        return {"role": "assistant", "content": content, **thought}
     text = msg.content or None
     if functions:
-        return {"role": "assistant", "content": text,
+        return {"role": "assistant", "content": text, **thought,
                 "function_call": {"name": calls[0].name, "arguments": calls[0].arguments}}
-    return {"role": "assistant", "content": text, "tool_calls": [call_to_openai(c) for c in calls]}
+    return {"role": "assistant", "content": text, **thought, "tool_calls": [call_to_openai(c) for c in calls]}
 
 
 def usage(r: Any) -> dict[str, Any]:
@@ -169,12 +173,15 @@ class Chunks:
                 for i in range(self.n)]
 
     def delta(self, text: str, lps: list[TokenLogprob] | None = None,
-              tool_calls: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
+              tool_calls: list[dict[str, Any]] | None = None, index: int = 0,
+              reasoning: str = "") -> dict[str, Any]:
         """One chunk of choice `index`: `text` and, when asked, the logprobs of the tokens it
         holds; a chat's `tool_calls` deltas (tools_wire.call_deltas: each call whole,
-        by index within the choice)."""
+        by index within the choice) and thought (`reasoning_content`)."""
         if self.chat:
             choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "finish_reason": None}
+            if reasoning:
+                choice["delta"] = {"content": text or None, "reasoning_content": reasoning}
             if tool_calls:
                 self.n_calls += len(tool_calls)
                 if self.functions:  # legacy: the first call only, as `function_call`

@@ -93,7 +93,7 @@ class OpenAIAnswer:
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
         return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
-                                 chunk.get("index", 0))
+                                 chunk.get("index", 0), chunk.get("reasoning", ""))
 
 
 async def complete_prompts(system: Service, comps: list[CompletionRequest], n: int,
@@ -190,6 +190,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
+            **O.chat_fields(req),
         ).check()
         self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
 

@@ -82,6 +82,7 @@ class Message(msgspec.Struct, frozen=True):
     tool_calls: Any = None
     tool_call_id: str | None = None
     function_call: Any = None  # legacy: an assistant message's one call
+    reasoning_content: str | None = None  # an assistant turn's thought (given to the template)
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -132,6 +133,14 @@ class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
     reasoning_effort: Any = None
     verbosity: Any = None
     web_search_options: Any = None
+    # llama-server's (actord.chat.reasoning): more template variables (`enable_thinking`),
+    # how the thought is parsed out, the thinking budget; and a last assistant message
+    # continued (prefill) rather than closed.
+    chat_template_kwargs: Any = None
+    reasoning_format: Any = None
+    reasoning_budget: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
 
 
 class TextCompletionRequest(_Common, kw_only=True, frozen=True):
@@ -328,6 +337,28 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
             "tool_format": req.tool_format or ""}
 
 
+def chat_fields(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The ChatRequest's template and reasoning fields (llama-server's), checked: a wrong
+    type is a 400 naming the field."""
+    kwargs = req.chat_template_kwargs
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidParams("chat_template_kwargs is an object of template variables", param="chat_template_kwargs")
+    if req.reasoning_format is not None and not isinstance(req.reasoning_format, str):
+        raise InvalidParams("reasoning_format is none, deepseek or auto", param="reasoning_format")
+    budget = req.reasoning_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+        raise InvalidParams("reasoning_budget is an integer", param="reasoning_budget")
+    out: dict[str, Any] = {"template_kwargs": kwargs or {}, "reasoning_format": req.reasoning_format or "",
+                           "reasoning_budget": budget}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        v = getattr(req, name)
+        if v is not None:
+            if not isinstance(v, bool):
+                raise InvalidParams(f"{name} is a boolean", param=name)
+            out[name] = v
+    return out
+
+
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
     out = []
     for i, m in enumerate(msgs):
@@ -357,7 +388,7 @@ def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> l
             content = m.content or ""
         role = "system" if role == "developer" and developer_is_system else role
         out.append(ChatMessage(role=role, content=content, tool_calls=calls, tool_call_id=call_id if role == "tool" else None,
-                               name=m.name))
+                               name=m.name, reasoning_content=m.reasoning_content if role == "assistant" else None))
     return out
 
 
