@@ -138,9 +138,14 @@ async def render_text(system: "ChatHost", request: "ChatRequest") -> str:
 
 async def template_info(system: "ChatHost") -> tuple["ChatTemplateInfo", bool]:
     """The model's chat template info, its template replaced by --chat-template-file's when
-    one is set (read on a worker thread); and whether it was."""
+    one is set (read on a worker thread) or --chat-template's (a built-in name or Jinja
+    source: actord/chat/named_templates.py); and whether it was."""
     info = await system.chat_info()
     path = system.config.chat_template_file
+    if system.config.chat_template:
+        from actord.chat.named_templates import named
+
+        return msgspec.structs.replace(info, template=named(system.config.chat_template)), True
     if not path:
         return info, False
     try:

@@ -135,6 +135,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
     chat_memory_tokens: int = 1 << 22
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
+    # A built-in chat template by name (chatml, llama3, llama2, gemma, phi3, mistral-v7,
+    # zephyr, command-r, deepseek3: actord/chat/named_templates.py) or Jinja source, used
+    # instead of the GGUF's: llama-server's --chat-template, for models that ship none.
+    chat_template: str | None = None
     # Tool calling's output format (actord.chat.tools): "auto" reads it from the chat template;
     # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
     tool_format: str = "auto"
@@ -248,6 +252,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("tool_format is one of auto, hermes, mistral, llama3, generic")
         if self.reasoning not in ("on", "off", "auto") or self.reasoning_format not in ("none", "deepseek", "auto"):
             raise InvalidParams("reasoning is one of on, off, auto; reasoning_format one of none, deepseek, auto")
+        if self.chat_template is not None and (not self.chat_template or self.chat_template_file):
+            raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
         if self.reasoning_budget not in (-1, 0):
             raise InvalidParams("reasoning_budget is -1 (no limit) or 0 (thinking off)")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:

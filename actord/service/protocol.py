@@ -46,7 +46,7 @@ class TemplateSource(msgspec.Struct, frozen=True):
     template: str | None
     bos_token: str
     eos_token: str
-    origin: str  # "file" or "model"
+    origin: str  # "builtin" (--chat-template), "file" (--chat-template-file) or "model"
 
 
 class Embedded(msgspec.Struct, frozen=True):

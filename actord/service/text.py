@@ -52,10 +52,10 @@ async def detokenize(system: "ActorSystem", tokens: list[int]) -> str:
 
 
 async def template_source(system: "ActorSystem") -> TemplateSource:
-    """The chat template chats render with: --chat-template-file, else the model's."""
-    info, from_file = await template_info(system)
-    return TemplateSource(template=info.template, bos_token=info.bos_text, eos_token=info.eos_text,
-                          origin="file" if from_file else "model")
+    """The chat template chats render with: --chat-template's, --chat-template-file, else the model's."""
+    info, replaced = await template_info(system)
+    origin = "builtin" if system.config.chat_template else "file" if replaced else "model"
+    return TemplateSource(template=info.template, bos_token=info.bos_text, eos_token=info.eos_text, origin=origin)
 
 
 def check_apply(system: "ActorSystem", messages: list["ChatMessage"], template: str | None = None,

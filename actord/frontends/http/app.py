@@ -288,7 +288,11 @@ class HttpFront:
         if self._developer is None:
             source: str | None = None
             try:
-                if self.config.chat_template_file:
+                if self.config.chat_template:
+                    from actord.chat.named_templates import named
+
+                    source = named(self.config.chat_template)
+                elif self.config.chat_template_file:
                     source = await anyio.Path(self.config.chat_template_file).read_text()
                 else:
                     source = await self.model_chat_template()
