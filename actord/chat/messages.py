@@ -90,6 +90,13 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
         from actord.chat.reasoning import check
 
         check(fmt=self.reasoning_format or "auto", budget=self.reasoning_budget)
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise InvalidParams("continue_final_message continues the last message, add_generation_prompt opens "
+                                    "a new one: send one", param="continue_final_message")
+            if self.messages[-1].role != "assistant":
+                raise InvalidParams("continue_final_message needs an assistant message last",
+                                    param="continue_final_message")
         return self
 
 

@@ -89,7 +89,8 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
                                   add_generation_prompt=request.add_generation_prompt,
                                   render=turn.render if turn else None,
                                   tools=turn.template_tools if turn else None,
-                                  context=thought.context, finish=thought.finish)
+                                  context=thought.context, finish=thought.finish,
+                                  continue_final=request.continue_final_message)
     thought.start(prompt.tail)
     completion = CompletionRequest(
         prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
@@ -129,10 +130,16 @@ async def render_text(system: "ChatHost", request: "ChatRequest") -> str:
 
     prompter = await _prompter(system)
     turn = tool_turn(system, request, prompter) if request.tools or has_tools(request.messages) else None
+    from actord.chat.prompter import prefills
+
     thought = turn_reasoning(system, request, prompter)
-    text = await prompter.template(request.template).render_async(
-        turn.render if turn else as_dicts(request.messages), add_generation_prompt=request.add_generation_prompt,
-        tools=turn.template_tools if turn else None, context=thought.context)
+    tpl = prompter.template(request.template)
+    dicts = turn.render if turn else as_dicts(request.messages)
+    tools = turn.template_tools if turn else None
+    if prefills(request.messages, request.add_generation_prompt, request.continue_final_message):
+        return await prompter.continued(tpl, dicts, tools, thought.context)
+    text = await tpl.render_async(dicts, add_generation_prompt=request.add_generation_prompt, tools=tools,
+                                  context=thought.context)
     return thought.finish(text) if request.add_generation_prompt else text
 
 

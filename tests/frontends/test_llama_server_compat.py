@@ -3,6 +3,8 @@ built-in chat template by name for a model that ships none."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -32,3 +34,59 @@ def test_a_named_template_serves_a_model_that_ships_none(bare):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     props = httpx.get(bare + "/props", headers=H, timeout=60).json()
     assert props["chat_template"].startswith("{%- set OPEN = '<|im_start|>'")
+
+
+PREFILL = [{"role": "user", "content": "What is the best book"}, {"role": "assistant", "content": "Whill"}]
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers=H, timeout=60)
+
+
+def test_a_trailing_assistant_message_is_continued_not_closed(bare):
+    prompt = _post(bare, "/apply-template", {"messages": PREFILL}).json()["prompt"]
+    assert prompt.endswith("<|im_start|>user\nWhat is the best book<|im_end|>\n<|im_start|>assistant\nWhill")
+    chat = _post(bare, "/v1/chat/completions", {"messages": PREFILL, "max_tokens": 4, "temperature": 0}).json()
+    # The reply goes on from the prefill: what a raw completion of that very prompt gives.
+    raw = _post(bare, "/completion", {"prompt": prompt, "n_predict": 4, "temperature": 0}).json()
+    assert chat["choices"][0]["message"]["content"] == raw["content"]
+    assert chat["usage"]["prompt_tokens"] == raw["tokens_evaluated"]
+    explicit = _post(bare, "/v1/chat/completions", {"messages": PREFILL, "max_tokens": 4, "temperature": 0,
+                                                    "continue_final_message": True}).json()
+    assert explicit["choices"][0]["message"]["content"] == raw["content"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
+    ({"continue_final_message": "yes"}, "continue_final_message")])
+def test_continue_final_message_with_add_generation_prompt_is_refused_typed(bare, body, param):
+    r = _post(bare, "/v1/chat/completions", {"messages": PREFILL, "max_tokens": 2, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    last_user = _post(bare, "/v1/chat/completions", {"messages": MSGS, "continue_final_message": True})
+    assert last_user.status_code == 400 and last_user.json()["error"]["param"] == "continue_final_message"
+
+
+@pytest.mark.parametrize("fmt,content", [
+    ({"type": "json_object", "schema": {"const": "42"}}, '"42"'),
+    ({"type": "json_schema", "json_schema": {"schema": {"const": "foooooo"}}}, '"foooooo"')])
+def test_a_schema_inside_json_object_is_applied(bare, fmt, content):
+    r = _post(bare, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 10, "response_format": fmt}).json()
+    assert r["choices"][0]["message"]["content"] == content
+
+
+@pytest.mark.parametrize("fmt", [{"type": "json_object", "schema": 123}, {"type": "json_object", "schema": {"type": 1}},
+                                 {"type": "sound"}])
+def test_a_bad_response_format_is_a_400_naming_it(bare, fmt):
+    r = _post(bare, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2, "response_format": fmt})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def test_chat_answers_carry_llama_servers_timings(bare):
+    r = _post(bare, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 3}).json()
+    assert r["timings"]["predicted_n"] == 3 and r["timings"]["prompt_n"] >= 1 and "predicted_per_second" in r["timings"]
+    with httpx.stream("POST", bare + "/v1/chat/completions", headers=H, timeout=60, json={
+            "messages": MSGS, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+            "timings_per_token": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert "timings" not in events[0] and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1]["choices"] == [] and events[-1]["timings"]["predicted_n"] == 3

@@ -49,6 +49,7 @@ from actord.chat.choices import check_n
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.native import sampling as S
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.answers import llama_timings as timings
 from actord.frontends.http.native.base import LoraRef, NativeRoutes, error_object, is_token, unsupported
 from actord.frontends.http.responses import HttpError
 from actord.frontends.http.streaming import Generation, guarded
@@ -159,23 +160,6 @@ def split_prompts(prompt: Any) -> list[str | list[int | str]]:
 
 def stop_type(stop_reason: str) -> str:
     return {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}.get(stop_reason, "none")
-
-
-def timings(r: CompletionResult) -> dict[str, Any]:
-    t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
-    spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
-    return {
-        "cache_n": r.n_cached,
-        "prompt_n": n_proc,
-        "prompt_ms": t.prompt_ms,
-        "prompt_per_token_ms": t.prompt_ms / n_proc if n_proc else 0.0,
-        "prompt_per_second": t.prompt_per_second,
-        "predicted_n": n_gen,
-        "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
-        "predicted_per_second": t.predicted_per_second,
-        **spec,
-    }
 
 
 def nested_fields(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:

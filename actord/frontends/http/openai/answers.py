@@ -67,6 +67,30 @@ def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, A
     return {"role": "assistant", "content": text, **thought, "tool_calls": [call_to_openai(c) for c in calls]}
 
 
+def llama_timings(r: CompletionResult) -> dict[str, Any]:
+    """llama-server's `timings` object of one completion (its native answers' and its chats')."""
+    t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
+    spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
+    return {
+        "cache_n": r.n_cached,
+        "prompt_n": n_proc,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": t.prompt_ms / n_proc if n_proc else 0.0,
+        "prompt_per_second": t.prompt_per_second,
+        "predicted_n": n_gen,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
+        "predicted_per_second": t.predicted_per_second,
+        **spec,
+    }
+
+
+def timings(r: Any) -> dict[str, Any]:
+    """llama-server's `timings` of a chat answer (choice 0's: it carries the shared prefill),
+    beside OpenAI's usage: an extra field OpenAI's clients ignore and llama-server's UIs read."""
+    return llama_timings(_split(_many(r)[0])[0])
+
+
 def usage(r: Any) -> dict[str, Any]:
     """`r`: one result, the n choices', or several prompts' (each prompt counted once, its
     completions summed; the prompts' usages summed)."""
@@ -122,7 +146,7 @@ def chat_completion(rid: str, model: str, r: Any, created: int, fingerprint: str
             "logprobs": chat_logprobs(c.logprobs) if logprobs else None,
         })
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": fingerprint, "choices": choices, "usage": usage(r)}
+            "system_fingerprint": fingerprint, "choices": choices, "usage": usage(r), "timings": timings(r)}
 
 
 def text_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
@@ -202,8 +226,8 @@ class Chunks:
     def last(self, r: Any, index: int = 0) -> dict[str, Any]:
         r, msg = _split(r)
         reason = finish_reason(r.stop_reason, bool(msg is not None and msg.tool_calls), self.functions)
-        if self.chat:
-            return self._chunk({"index": index, "delta": {}, "finish_reason": reason})
+        if self.chat:  # llama-server's timings with each choice's last chunk (its own)
+            return self._chunk({"index": index, "delta": {}, "finish_reason": reason}, timings=timings(r))
         return self._chunk({"index": index, "text": "", "finish_reason": reason})
 
     def lasts(self, r: Any) -> list[dict[str, Any]]:
@@ -211,4 +235,4 @@ class Chunks:
         return [self.last(one, i) for i, one in enumerate(_many(r))]
 
     def usage(self, r: Any) -> dict[str, Any]:
-        return self._chunk(None, usage=usage(r))
+        return self._chunk(None, usage=usage(r), **({"timings": timings(r)} if self.chat else {}))

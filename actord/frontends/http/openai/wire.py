@@ -9,7 +9,9 @@ honoured (`model` as any name, `messages` (tool calls and results included), `to
 `prompt` (one, or a list: each its own request in one answer), `max_tokens`/`max_completion_tokens`,
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
 `prompt_cache_key`, `n` (1 to `--max-n` choices from one prefill: actord/chat/choices.py), `response_format` text/json_object/json_schema (grammar-
-constrained decoding), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
+constrained decoding; llama-server's `schema` inside a json_object applied too), llama-server's
+`chat_template_kwargs`, `reasoning_format`, `reasoning_budget` (actord.chat.reasoning),
+`add_generation_prompt` and `continue_final_message` (a last assistant message continued), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
 `repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
@@ -245,8 +247,9 @@ def response_grammar(req: _Common) -> str:
     if asked[0] == "json_schema":
         return schema_grammar(req.json_schema, "json_schema")
     kind = rf.get("type") if isinstance(rf, dict) else None
-    if kind == "json_object":
-        return JSON_OBJECT_GBNF
+    if kind == "json_object":  # llama-server's extension: a `schema` inside it is applied
+        schema = rf.get("schema")
+        return JSON_OBJECT_GBNF if schema is None else schema_grammar(schema, "response_format")
     if kind == "json_schema":
         spec = rf.get("json_schema")
         if not isinstance(spec, dict):
@@ -356,6 +359,8 @@ def chat_fields(req: ChatCompletionRequest) -> dict[str, Any]:
             if not isinstance(v, bool):
                 raise InvalidParams(f"{name} is a boolean", param=name)
             out[name] = v
+    if out.get("continue_final_message") and req.add_generation_prompt is None:
+        out["add_generation_prompt"] = False  # continuing the last message opens no new one
     return out
 
 
