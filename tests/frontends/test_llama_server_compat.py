@@ -90,3 +90,36 @@ def test_chat_answers_carry_llama_servers_timings(bare):
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
     assert "timings" not in events[0] and events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[-1]["choices"] == [] and events[-1]["timings"]["predicted_n"] == 3
+
+
+# -- the native /completion's shapes ---------------------------------------------------------
+
+
+def test_an_empty_response_fields_means_every_field_and_the_prompt_is_echoed_as_evaluated(bare):
+    tokens = _post(bare, "/tokenize", {"content": "I believe", "add_special": True}).json()["tokens"]
+    evaluated = _post(bare, "/detokenize", {"tokens": tokens}).json()["content"]
+    assert evaluated.startswith("<s>")  # BOS included, as llama-server echoes it
+    everything = _post(bare, "/completion", {"prompt": "I believe", "n_predict": 2, "response_fields": []}).json()
+    assert {"content", "generation_settings", "timings", "tokens_evaluated", "prompt"} <= set(everything)
+    assert everything["prompt"] == evaluated
+    some = _post(bare, "/completion", {"prompt": "I believe", "n_predict": 2,
+                                       "response_fields": ["content", "generation_settings/n_predict", "prompt"]}).json()
+    assert some == {"content": everything["content"], "generation_settings/n_predict": 2, "prompt": evaluated}
+    assert _post(bare, "/completion", {"prompt": tokens, "n_predict": 1}).json()["prompt"] == evaluated
+
+
+def test_a_prompt_object_is_its_prompt_string(bare):
+    plain = _post(bare, "/completion", {"prompt": "I believe", "n_predict": 3, "temperature": 0}).json()
+    obj = _post(bare, "/completion", {"prompt": {"prompt_string": "I believe"}, "n_predict": 3, "temperature": 0}).json()
+    assert obj["content"] == plain["content"]
+    both = _post(bare, "/completion", {"prompt": [{"prompt_string": "I believe"}, "I believe"], "n_predict": 3,
+                                       "temperature": 0}).json()
+    assert [b["content"] for b in both] == [plain["content"]] * 2
+    for bad, status in (({"prompt_string": "x", "multimodal_data": ["AAAA"]}, 400), ({"prompt_string": 5}, 400)):
+        assert _post(bare, "/completion", {"prompt": bad, "n_predict": 1}).status_code == status
+
+
+def test_generation_settings_name_llama_servers_samplers_at_their_neutral_values(bare):
+    s = _post(bare, "/completion", {"prompt": "x", "n_predict": 1}).json()["generation_settings"]
+    assert s["adaptive_target"] == -1.0 and s["adaptive_decay"] == 0.9 and s["dry_multiplier"] == 0.0
+    assert s["n_predict"] == 1 and "seed" in s and s["xtc_probability"] == 0.0

@@ -5,10 +5,11 @@ of it: llama-server's request fields (`CompletionBody`), the line between what i
 and what is refused (`_NEUTRAL`), its prompt shapes, its answer (`NativeAnswer`, run by
 `streaming.Generation` like the OpenAI routes' answers) and result object.
 
-Fields: `prompt` (a string, token ids, ids mixed with strings, or several prompts),
+Fields: `prompt` (a string, token ids, ids mixed with strings, a `{prompt_string}` object,
+or several prompts; echoed in the answer as evaluated: detokenized, BOS included),
 `n_predict` (`max_tokens`), `stream` (SSE `data:` chunks, the last one the whole result,
 no `[DONE]`, as llama-server), `id_slot`, `stop`, `ignore_eos`, `lora`, `return_tokens`,
-`response_fields`, `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
+`response_fields` (none listed: every field), `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
 prefill, completion j seeded seed + j: actord/chat/choices.py), and the sampling fields, with llama-server's defaults
 (`sampling.py`: `seed`, `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
 `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `grammar`, `json_schema`,
@@ -140,7 +141,7 @@ def split_prompts(prompt: Any) -> list[str | list[int | str]]:
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, dict):
-        raise unsupported("prompt", "prompt objects (multimodal_data) are not supported")
+        return [_prompt_object(prompt, "prompt")]
     if not isinstance(prompt, list) or not prompt:
         raise InvalidParams("prompt must be a string, token ids, or a list of those", param="prompt")
     if all(is_token(x) or isinstance(x, str) for x in prompt) and any(is_token(x) for x in prompt):
@@ -152,10 +153,20 @@ def split_prompts(prompt: Any) -> list[str | list[int | str]]:
         elif isinstance(p, list) and p and all(is_token(x) or isinstance(x, str) for x in p):
             out.append(p)
         elif isinstance(p, dict):
-            raise unsupported(f"prompt[{i}]", "prompt objects (multimodal_data) are not supported")
+            out.append(_prompt_object(p, f"prompt[{i}]"))
         else:
             raise InvalidParams(f"prompt[{i}] must be a string or token ids", param=f"prompt[{i}]")
     return out
+
+
+def _prompt_object(obj: dict[str, Any], param: str) -> str:
+    """llama-server's prompt object: its `prompt_string` (with `multimodal_data`: refused)."""
+    if obj.get("multimodal_data"):
+        raise unsupported(param, "prompt objects with multimodal_data are not supported (text only)")
+    text = obj.get("prompt_string")
+    if not isinstance(text, str):
+        raise InvalidParams(f"{param} is a prompt object with a prompt_string", param=param)
+    return text
 
 
 def stop_type(stop_reason: str) -> str:
@@ -335,13 +346,13 @@ class CompletionRoutes(NativeRoutes):
                 rest = full[len(r.content):] if full.startswith(r.content) else ""
                 stopping_word = next((s for s in sorted(req.stop, key=len, reverse=True) if rest.startswith(s)),
                                      "")
-        fields = body.response_fields
-        if isinstance(prompt, str):
-            prompt_text = prompt
-        elif fields is not None and "prompt" not in fields:
+        fields = body.response_fields or None  # llama-server: none listed is every field
+        if fields is not None and "prompt" not in fields:
             prompt_text = ""
-        else:
-            prompt_text = (await self._call("detokenize", {"tokens": list(req.prompt)}))["content"]
+        else:  # the prompt as evaluated, detokenized (BOS included), as llama-server echoes it
+            tokens = list(req.prompt) if not isinstance(req.prompt, str) else (await self._call(
+                "tokenize", {"content": req.prompt, "add_special": True, "parse_special": True}))["tokens"]
+            prompt_text = (await self._call("detokenize", {"tokens": tokens}))["content"]
         n_gen = len(r.tokens)
         out = {
             "index": i,
