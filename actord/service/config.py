@@ -147,6 +147,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # the content; deepseek/auto: into reasoning_content); the thinking budget in tokens
     # (-1: no limit, 0: thinking off). A request's chat_template_kwargs.enable_thinking,
     # reasoning_format and reasoning_budget override them.
+    # Each slot's context as llama-server gives it (n_ctx / slots): a prompt over it refused,
+    # a generation held to it, /props and /slots reporting it (actord/service/slot_ctx.py).
+    # Off: the --ctx cells are one pool any slot may use all of (actord's default).
+    ctx_per_slot: bool = False
     reasoning: str = "auto"
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
@@ -292,7 +296,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         from actord.service.types import RequestLimits
 
         return RequestLimits(
-            max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx, max_prompt_tokens=self.ctx,
+            max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx,
+            max_prompt_tokens=self.ctx // self.slots if self.ctx_per_slot else self.ctx,
             max_stop=self.max_stop, max_stop_bytes=self.max_stop_bytes,
             max_stop_tokens=self.max_stop_tokens, max_genes=self.max_request_genes,
         )

@@ -23,7 +23,7 @@ import msgspec
 from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
-from actord.service import introspection, placement, text
+from actord.service import introspection, placement, slot_ctx, text
 from actord.service.builder import Actors, build_actors, engine_thread, failure_handler
 from actord.service.config import Config
 from actord.service.entry import entry
@@ -228,6 +228,8 @@ class ActorSystem:
         self.check_open()
         if _input:
             await self.dispatcher.input("completion", request)
+        if self.config.ctx_per_slot:  # each slot held to n_ctx / slots (actord/service/slot_ctx.py)
+            request = await slot_ctx.fit(self, request)
         rid = self.inflight.open()
         bound = self.config.request_timeout_s
         slot: Slot | None = None

@@ -123,3 +123,45 @@ def test_generation_settings_name_llama_servers_samplers_at_their_neutral_values
     s = _post(bare, "/completion", {"prompt": "x", "n_predict": 1}).json()["generation_settings"]
     assert s["adaptive_target"] == -1.0 and s["adaptive_decay"] == 0.9 and s["dry_multiplier"] == 0.0
     assert s["n_predict"] == 1 and "seed" in s and s["xtc_probability"] == 0.0
+
+
+# -- per-slot context ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def per_slot(tmp_path_factory):
+    """Two slots of a 512-token pool, each held to 256 (--ctx-per-slot)."""
+    from actord.testing.models import write_tiny_llama
+
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-ps.gguf", seed=1))
+    proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, "--chat-template", "chatml",
+                          "--ctx", "512", "--ctx-per-slot")
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+def test_per_slot_context_is_reported_and_held_as_llama_servers(per_slot):
+    props = httpx.get(per_slot + "/props", headers=H, timeout=60).json()
+    assert props["default_generation_settings"]["n_ctx"] == 256
+    assert [s["n_ctx"] for s in httpx.get(per_slot + "/slots", headers=H, timeout=60).json()] == [256, 256]
+    long = [3 + i % 200 for i in range(300)]  # fits the pool, not a slot
+    native = _post(per_slot, "/completion", {"prompt": long, "n_predict": 1})
+    err = native.json()["error"]
+    assert native.status_code == 400 and err["type"] == "exceed_context_size_error"
+    assert err["n_prompt_tokens"] == 300 and err["n_ctx"] == 256
+    chat = _post(per_slot, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 300}]})
+    err = chat.json()["error"]
+    assert chat.status_code == 400 and err["code"] == "context_length_exceeded" and err["n_ctx"] == 256
+    text = _post(per_slot, "/completion", {"prompt": "hello " * 400, "n_predict": 1})
+    assert text.status_code == 400 and text.json()["error"]["n_ctx"] == 256
+    # A generation stops where the slot's context ends.
+    r = _post(per_slot, "/completion", {"prompt": long[:250], "n_predict": 50, "ignore_eos": True}).json()
+    assert r["tokens_predicted"] == 6 and r["stop_type"] == "limit"
+
+
+def test_without_the_mode_a_slot_may_use_the_whole_pool(bare):
+    props = httpx.get(bare + "/props", headers=H, timeout=60).json()
+    assert props["default_generation_settings"]["n_ctx"] == 4096
+    assert _post(bare, "/completion", {"prompt": [3 + i % 200 for i in range(3000)], "n_predict": 1}).status_code == 200

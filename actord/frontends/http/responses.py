@@ -57,7 +57,10 @@ def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
     """OpenAI's error object for `e`, and its status."""
     if isinstance(e, ActordError):
         status = O.error_status(e)
-        return status, O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param"))
+        body = O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param"))
+        if "n_ctx" in e.data and "n_prompt_tokens" in e.data:  # llama-server's two numbers, beside OpenAI's code
+            body["error"].update(n_prompt_tokens=e.data["n_prompt_tokens"], n_ctx=e.data["n_ctx"])
+        return status, body
     return e.status, O.error_body(e.status, e.message, e.code, e.param)
 
 

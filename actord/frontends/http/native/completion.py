@@ -47,6 +47,7 @@ from starlette.routing import Route
 
 from actord.service.types import CompletionRequest, CompletionResult
 from actord.chat.choices import check_n
+from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.native import sampling as S
 from actord.frontends.http.openai import wire as O
@@ -284,7 +285,7 @@ class CompletionRoutes(NativeRoutes):
         if len(prompts) * n_cmpl > self.config.max_requests_in_flight:
             raise InvalidParams(f"{len(prompts)} prompts of {n_cmpl} completions, at most "
                                 f"{self.config.max_requests_in_flight} in all", param="prompt")
-        n_ctx = self.system.model_props().n_ctx
+        n_ctx = slot_n_ctx(self.config, self.system.model_props().n_ctx)
         n = body.n_predict if body.n_predict is not None else body.max_tokens
         if n is None:
             n = min(self.config.http_default_max_tokens, n_ctx)

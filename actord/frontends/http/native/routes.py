@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import InvalidParams
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
@@ -168,11 +169,12 @@ class Native(NativeRoutes):
         system, config = self.system, self.config
         actord = await system.props_dict()
         tpl = await self._call("chat.template", {})
+        n_ctx = slot_n_ctx(config, system.model_props().n_ctx)  # a slot's (actord/service/slot_ctx.py)
         out = {
             **actord,
             "default_generation_settings": {
-                "id": 0, "id_task": -1, "n_ctx": system.model_props().n_ctx, "speculative": False,
-                "is_processing": False, "params": generation_defaults(config, system.model_props().n_ctx),
+                "id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": False,
+                "is_processing": False, "params": generation_defaults(config, n_ctx),
             },
             "total_slots": actord["n_slots"],
             "model_alias": self.front.model_id,
