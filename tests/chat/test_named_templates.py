@@ -1,6 +1,7 @@
 """Built-in chat templates by name (actord.chat.named_templates): each writes its format's
 markers for a system, user, assistant, user conversation, and an unknown name is refused
-naming the field."""
+naming the field. None writes a BOS but llama2's (whose format repeats it per turn): the
+prompter adds the model's, as llama.cpp's tokenizer does after its formats."""
 
 from __future__ import annotations
 
@@ -15,19 +16,19 @@ MSGS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
 EXPECTED = {
     "chatml": "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
               "<|im_start|>user\nV<|im_end|>\n<|im_start|>assistant\n",
-    "llama3": "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
+    "llama3": "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
               "\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nA<|eot_id|><|start_header_id|>user"
               "<|end_header_id|>\n\nV<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
     "llama2": "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A </s><s>[INST] V [/INST]",
-    "gemma": "<s><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n"
+    "gemma": "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n"
              "<start_of_turn>user\nV<end_of_turn>\n<start_of_turn>model\n",
     "phi3": "<|system|>\nS<|end|>\n<|user|>\nU<|end|>\n<|assistant|>\nA<|end|>\n<|user|>\nV<|end|>\n<|assistant|>\n",
     "zephyr": "<|system|>\nS</s>\n<|user|>\nU</s>\n<|assistant|>\nA</s>\n<|user|>\nV</s>\n<|assistant|>\n",
-    "mistral-v7": "<s>[SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST] U[/INST] A</s>[INST] V[/INST]",
-    "command-r": "<s><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+    "mistral-v7": "[SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST] U[/INST] A</s>[INST] V[/INST]",
+    "command-r": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
                  "<|USER_TOKEN|>U<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>A<|END_OF_TURN_TOKEN|>"
                  "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>V<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
-    "deepseek3": "<s>S\n\n<｜User｜>U<｜Assistant｜>A<｜end▁of▁sentence｜><｜User｜>V<｜Assistant｜>",
+    "deepseek3": "S\n\n<｜User｜>U<｜Assistant｜>A<｜end▁of▁sentence｜><｜User｜>V<｜Assistant｜>",
 }
 
 
