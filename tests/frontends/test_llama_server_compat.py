@@ -165,3 +165,17 @@ def test_without_the_mode_a_slot_may_use_the_whole_pool(bare):
     props = httpx.get(bare + "/props", headers=H, timeout=60).json()
     assert props["default_generation_settings"]["n_ctx"] == 4096
     assert _post(bare, "/completion", {"prompt": [3 + i % 200 for i in range(3000)], "n_predict": 1}).status_code == 200
+
+
+def test_llama_servers_unprefixed_aliases_answer_in_its_forms_and_v1_in_openais(per_slot):
+    def first_delta(path: str) -> dict:
+        with httpx.stream("POST", per_slot + path, headers=H, timeout=60, json={
+                "messages": MSGS, "max_tokens": 2, "stream": True}) as s:
+            return next(json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {"))
+    assert first_delta("/v1/chat/completions")["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first_delta("/chat/completions")["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    long = {"messages": [{"role": "user", "content": "word " * 300}]}
+    v1 = _post(per_slot, "/v1/chat/completions", long).json()["error"]
+    alias = _post(per_slot, "/chat/completions", long).json()["error"]
+    assert v1["type"] == "invalid_request_error" and v1["code"] == "context_length_exceeded"
+    assert alias["type"] == "exceed_context_size_error" and alias["n_ctx"] == 256 and alias["n_prompt_tokens"] > 256

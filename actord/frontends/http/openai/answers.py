@@ -165,8 +165,9 @@ class Chunks:
     `n` choices (each chunk one choice, by its index)."""
 
     def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False,
-                 functions: bool = False, n: int = 1) -> None:
+                 functions: bool = False, n: int = 1, llama: bool = False) -> None:
         self.chat = chat
+        self.llama = llama  # llama-server's first delta: content null (OpenAI's: "")
         self.functions = functions  # legacy function calling: `function_call` deltas
         self.n = n
         self.n_calls = 0
@@ -193,7 +194,8 @@ class Chunks:
     def firsts(self) -> list[dict[str, Any]]:
         if not self.chat:
             return []
-        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": None if self.llama else ""},
+                             "finish_reason": None})
                 for i in range(self.n)]
 
     def delta(self, text: str, lps: list[TokenLogprob] | None = None,
