@@ -90,6 +90,11 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
         from actord.chat.reasoning import check
 
         check(fmt=self.reasoning_format or "auto", budget=self.reasoning_budget)
+        last = self.messages[-2:]
+        if (len(last) == 2 and last[0].role == last[1].role == "assistant" and not last[1].tool_calls
+                and (self.add_generation_prompt or self.continue_final_message)):
+            # The last would be continued (a prefill), after another reply: llama-server's refusal.
+            raise InvalidParams("cannot have 2 or more assistant messages at the end of the list", param="messages")
         if self.continue_final_message:
             if self.add_generation_prompt:
                 raise InvalidParams("continue_final_message continues the last message, add_generation_prompt opens "

@@ -179,3 +179,23 @@ def test_llama_servers_unprefixed_aliases_answer_in_its_forms_and_v1_in_openais(
     alias = _post(per_slot, "/chat/completions", long).json()["error"]
     assert v1["type"] == "invalid_request_error" and v1["code"] == "context_length_exceeded"
     assert alias["type"] == "exceed_context_size_error" and alias["n_ctx"] == 256 and alias["n_prompt_tokens"] > 256
+
+
+def test_ignore_eos_shows_the_end_token_banned_in_generation_settings(bare):
+    s = _post(bare, "/completion", {"prompt": "x", "n_predict": 1, "ignore_eos": True}).json()["generation_settings"]
+    assert s["logit_bias"] and all(e["bias"] is None for e in s["logit_bias"])
+    assert _post(bare, "/completion", {"prompt": "x", "n_predict": 1}).json()["generation_settings"]["logit_bias"] == []
+
+
+def test_two_assistant_messages_at_the_end_are_refused_as_llama_server_does(bare):
+    msgs = [*MSGS, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+    r = _post(bare, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_a_chat_stream_sends_no_empty_content_delta(bare):
+    with httpx.stream("POST", bare + "/chat/completions", headers=H, timeout=60, json={
+            "messages": MSGS, "max_tokens": 24, "stream": True, "stop": ["e"]}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert all(d.get("content") is None or d["content"] for d in deltas)

@@ -320,6 +320,9 @@ class CompletionRoutes(NativeRoutes):
         settings = {
             **generation_defaults(self.config, n_ctx), **sampling, "n_predict": n, "stop": stops,
             "ignore_eos": body.ignore_eos, "stream": body.stream, "lora": genes, "id_slot": body.id_slot, "mind": mind,
+            # ignore_eos shown as llama-server shows it: the end token banned (a null bias, -inf).
+            **({"logit_bias": [*sampling.get("logit_bias", []), {"token": self.system.model_props().eos, "bias": None}]}
+               if body.ignore_eos else {}),
             "n_ctx": n_ctx, "n_cmpl": n_cmpl,
         }
         system = self.system

@@ -96,6 +96,8 @@ class OpenAIAnswer:
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
+        if self.chat and not (chunk["content"] or chunk.get("calls") or chunk.get("logprobs") or chunk.get("reasoning")):
+            return b""  # tokens with no text yet (a character's first bytes, a stop's start): no empty delta
         return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
                                  chunk.get("index", 0), chunk.get("reasoning", ""))
 
