@@ -79,8 +79,9 @@ class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     template: str | None = None
     add_generation_prompt: bool = True
-    tools: list[Tool] = []  # rendered as a chat with these tools renders them
-    template_kwargs: dict[str, Any] = {}  # more template variables (enable_thinking, ...)
+    # None when absent, as the embedded call's defaults, so a trace records the same input.
+    tools: list[Tool] | None = None  # rendered as a chat with these tools renders them
+    template_kwargs: dict[str, Any] | None = None  # more template variables (enable_thinking, ...)
 
 
 Handler = Callable[[Service, Any, Callable[[Any], None] | None], Awaitable[Any]]
