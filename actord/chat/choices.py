@@ -185,23 +185,30 @@ def shared_prefill(r0: CompletionResult, pre: CompletionResult) -> CompletionRes
     return msgspec.structs.replace(r0, n_cached=pre.n_cached, n_prompt_processed=n, timings=t)
 
 
-def reply_message(scanner: Any, sink: Any, result: CompletionResult) -> Any:
-    """A chat reply's message: the text, or (tools) the scanner's content and calls."""
+def reply_message(scanner: Any, sink: Any, result: CompletionResult, thought: Any = None, outer: Any = None) -> Any:
+    """A chat reply's message: the text, or (tools) the scanner's content and calls; with
+    its thought parsed out first (`thought`, actord.chat.reasoning; `outer`: the stream sink
+    its parser fed, flushed here before the scanner's)."""
     from actord.chat.messages import ChatMessage
+    from actord.chat.reasoning import ReasoningSink
     from actord.chat.tool_output import StreamAdapter
 
+    reasoning, content = thought.split(result.content) if thought is not None else (None, result.content)
+    if isinstance(outer, ReasoningSink):
+        outer.finish(result.slot)
     if scanner is None:
-        return ChatMessage(role="assistant", content=result.content)
+        return ChatMessage(role="assistant", content=content, reasoning_content=reasoning)
     if isinstance(sink, StreamAdapter):
         sink.finish(result.slot)
     else:
-        scanner.feed(result.content)
+        scanner.feed(content)
         scanner.finish()
-    return ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None)
+    return ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None,
+                       reasoning_content=reasoning)
 
 
 async def chat_choices(system: "ChatHost", completion: CompletionRequest, n: int, turn: Any, on_token: OnToken | None,
-                       end: Callable[[CompletionResult, Any], Awaitable[Any]]) -> list[Any]:
+                       end: Callable[[CompletionResult, Any], Awaitable[Any]], thought: Any = None) -> list[Any]:
     """A chat turn's n choices: each parsed by its own scanner (tools), streamed with its
     index; choice 0's reply is the one `end` remembers (the others' ChatResults only)."""
     from actord.chat.messages import ChatResult
@@ -212,8 +219,9 @@ async def chat_choices(system: "ChatHost", completion: CompletionRequest, n: int
     for i, sc in enumerate(scanners):
         tagged = with_index(on_token, i)
         sinks.append(StreamAdapter(sc, tagged) if sc is not None and tagged is not None else tagged)
-    results = await complete_choices(system, completion, n, sinks=sinks)
-    first = await end(results[0], reply_message(scanners[0], sinks[0], results[0]))
-    return [first, *(ChatResult(message=reply_message(scanners[i], sinks[i], r), completion=r,
+    outers = [thought.sink(s) if thought is not None else s for s in sinks]
+    results = await complete_choices(system, completion, n, sinks=outers)
+    first = await end(results[0], reply_message(scanners[0], sinks[0], results[0], thought, outers[0]))
+    return [first, *(ChatResult(message=reply_message(scanners[i], sinks[i], r, thought, outers[i]), completion=r,
                                 reused_turn=first.reused_turn) for i, r in enumerate(results) if i)]
 

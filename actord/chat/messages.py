@@ -43,6 +43,9 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, weakr
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    # An assistant turn's thought (actord.chat.reasoning), apart from its content; templates
+    # that keep past thoughts (Qwen3's) read it.
+    reasoning_content: str | None = None
 
 
 class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -66,6 +69,15 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
     tool_choice: str | dict = "auto"
     parallel_tool_calls: bool = True
     tool_format: str = ""
+    # Reasoning (actord.chat.reasoning): more template variables (llama-server's
+    # `chat_template_kwargs`, `enable_thinking` among them), how the thought is parsed out
+    # ("" = the daemon's --reasoning-format), and the thinking budget (None = the daemon's).
+    template_kwargs: dict[str, Any] = {}
+    reasoning_format: str = ""
+    reasoning_budget: int | None = None
+    # A last assistant message is continued, not closed (llama-server's prefill); refused
+    # with add_generation_prompt, which would open a new reply after it.
+    continue_final_message: bool = False
 
     def check(self) -> "ChatRequest":
         if not self.messages:
@@ -75,6 +87,21 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
                 raise InvalidParams(f"messages[{i}].role is empty", index=i)
         if self.template is not None and not self.template.strip():
             raise InvalidParams("template is empty")
+        from actord.chat.reasoning import check
+
+        check(fmt=self.reasoning_format or "auto", budget=self.reasoning_budget)
+        last = self.messages[-2:]
+        if (len(last) == 2 and last[0].role == last[1].role == "assistant" and not last[1].tool_calls
+                and (self.add_generation_prompt or self.continue_final_message)):
+            # The last would be continued (a prefill), after another reply: llama-server's refusal.
+            raise InvalidParams("cannot have 2 or more assistant messages at the end of the list", param="messages")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise InvalidParams("continue_final_message continues the last message, add_generation_prompt opens "
+                                    "a new one: send one", param="continue_final_message")
+            if self.messages[-1].role != "assistant":
+                raise InvalidParams("continue_final_message needs an assistant message last",
+                                    param="continue_final_message")
         return self
 
 
@@ -86,7 +113,8 @@ class ChatResult(msgspec.Struct, frozen=True):
 
 def as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as a template without tool support gets them (role and content)."""
-    return [{"role": m.role, "content": m.content} for m in messages]
+    return [{"role": m.role, "content": m.content} if m.reasoning_content is None else
+            {"role": m.role, "content": m.content, "reasoning_content": m.reasoning_content} for m in messages]
 
 
 def has_tools(messages: list[ChatMessage]) -> bool:

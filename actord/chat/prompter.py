@@ -45,6 +45,7 @@ class Prompt(msgspec.Struct):
     tokens: list[int]
     key: bytes  # the conversation's key (ConversationKeys): the reply folds onto it (remember)
     reused_turn: bool
+    tail: str = ""  # the rendered text's last characters: whether it opened a thought (chat.reasoning)
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -55,6 +56,16 @@ def _fields(m: ChatMessage) -> Any:
     if not (m.tool_calls or m.tool_call_id):
         return (m.role, m.content)
     return (m.role, m.content, [(c.id, c.name, c.arguments) for c in m.tool_calls or []], m.tool_call_id)
+
+
+def prefills(messages: list[ChatMessage], add_generation_prompt: bool, continue_final: bool = False) -> bool:
+    """Whether a turn continues its last message (llama-server's assistant prefill): a
+    conversation ending with an assistant's text, with the generation prompt asked for
+    (llama-server's heuristic: a reply is wanted, and it begins with that text) or with
+    `continue_final_message` (then add_generation_prompt is off: ChatRequest.check)."""
+    last = messages[-1] if messages else None
+    return (last is not None and last.role == "assistant" and not last.tool_calls
+            and (add_generation_prompt or continue_final))
 
 
 class ConversationKeys:
@@ -201,37 +212,65 @@ class ChatPrompter:
 
     async def build(self, messages: list[ChatMessage], *, template: str | None = None,
                     add_generation_prompt: bool = True, render: list[dict[str, Any]] | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> Prompt:
+                    tools: list[dict[str, Any]] | None = None, context: dict[str, Any] | None = None,
+                    finish: Callable[[str], str] | None = None, continue_final: bool = False) -> Prompt:
         """`render`: the messages as the template gets them, when they differ from `messages`
         (actord.chat.tools rewrites a history for templates without tool support; each assistant
-        message stays one assistant message); `tools`: the template's `tools`."""
+        message stays one assistant message); `tools`: the template's `tools`; `context`: more
+        template variables; `finish`: what the rendered text's end becomes (an empty thought
+        where thinking is off: actord.chat.reasoning.close_prompt)."""
         tpl = self.template(template)
+        fin = finish or (lambda text: text)
         dicts = as_dicts(messages) if render is None else render
         keys = self.keys.of(tpl.id, messages)
+        if prefills(messages, add_generation_prompt, continue_final):
+            text = await self.continued(tpl, dicts, tools, context)
+            return Prompt(tokens=await self.tokens_of(text, first=True), key=keys[-1], reused_turn=False,
+                          tail=text[-64:])
         k = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         kr = max((i for i, d in enumerate(dicts) if d["role"] == "assistant"), default=-1)
         if k > 0 and kr > 0 and add_generation_prompt:
             known = self.memory.get(keys[k + 1])  # the conversation up to its last reply
             if known is not None:
-                tail = await self._tail_after(tpl, dicts, kr, tools)
+                tail = await self._tail_after(tpl, dicts, kr, tools, context)
                 if tail is not None:
+                    tail = fin(tail)
                     tokens = known + (await self.tokens_of(tail, first=False) if tail else [])
-                    return Prompt(tokens=tokens, key=keys[-1], reused_turn=True)
-        text = await tpl.render_async(dicts, add_generation_prompt=add_generation_prompt, tools=tools)
+                    return Prompt(tokens=tokens, key=keys[-1], reused_turn=True, tail=tail[-64:])
+        text = await tpl.render_async(dicts, add_generation_prompt=add_generation_prompt, tools=tools,
+                                      context=context)
         if not text:
             raise ChatTemplateError("the chat template rendered an empty prompt")
-        return Prompt(tokens=await self.tokens_of(text, first=True), key=keys[-1], reused_turn=False)
+        text = fin(text) if add_generation_prompt else text
+        return Prompt(tokens=await self.tokens_of(text, first=True), key=keys[-1], reused_turn=False,
+                      tail=text[-64:])
+
+    @staticmethod
+    async def continued(tpl: ChatTemplate, dicts: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                         context: dict[str, Any] | None) -> str:
+        """The conversation rendered with its last (assistant) message left open: the text up
+        to that message's content, and the content, unclosed (found, as `_tail_after` does,
+        by rendering a sentinel in its place)."""
+        sentinel = f"@@actord-prefill-{secrets.token_hex(8)}@@"
+        probe = [*dicts[:-1], {**dicts[-1], "content": sentinel}]
+        text = await tpl.render_async(probe, add_generation_prompt=False, tools=tools, context=context)
+        i = text.find(sentinel)
+        if i < 0 or text.find(sentinel, i + 1) >= 0:
+            raise ChatTemplateError("the chat template does not place the last assistant message verbatim, "
+                                    "so it cannot be continued (send add_generation_prompt without it)")
+        return text[:i] + dicts[-1]["content"]
 
     @staticmethod
     async def _tail_after(tpl: ChatTemplate, dicts: list[dict[str, Any]], k: int,
-                          tools: list[dict[str, Any]] | None = None) -> str | None:
+                          tools: list[dict[str, Any]] | None = None,
+                          context: dict[str, Any] | None = None) -> str | None:
         """What the template renders after message k's content (its closing markup and every
         later message), found by rendering a sentinel in the content's place (a reply that
         made tool calls is probed as text: the tokens kept hold the calls as generated)."""
         sentinel = f"@@actord-reply-{secrets.token_hex(8)}@@"
         probe = [dict(d) for d in dicts]
         probe[k] = {"role": probe[k]["role"], "content": sentinel}
-        text = await tpl.render_async(probe, add_generation_prompt=True, tools=tools)
+        text = await tpl.render_async(probe, add_generation_prompt=True, tools=tools, context=context)
         i = text.find(sentinel)
         if i < 0 or text.find(sentinel, i + 1) >= 0:
             return None  # the template does not place the reply verbatim, once

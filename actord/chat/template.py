@@ -265,7 +265,9 @@ class ChatTemplate:
             _BOUND.reset(token)
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, context: dict[str, Any] | None = None) -> str:
+        """`context`: more template variables (a request's `chat_template_kwargs`,
+        `enable_thinking`); over llama-server's own (`llama_server_context`)."""
         import jinja2
 
         previous = sys.gettrace()
@@ -281,13 +283,15 @@ class ChatTemplate:
             sys.settrace(tracer)
         token = _BOUND.set(self.max_bytes)
         try:
-            extra = {"tools": tools} if tools is not None else {}
+            extra = {**llama_server_context(tools), **(context or {})}
+            if tools is not None:
+                extra["tools"] = tools
             out: list[str] = []
             n = 0
-            for chunk in self._tpl.generate(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token, **extra,
-            ):
+            for chunk in self._tpl.generate({
+                **extra, "messages": messages, "add_generation_prompt": add_generation_prompt,
+                "bos_token": self.bos_token, "eos_token": self.eos_token,
+            }):
                 n += len(chunk.encode("utf-8", "surrogatepass"))
                 if self.max_bytes and n > self.max_bytes:
                     raise PromptTooLong(
@@ -308,10 +312,22 @@ class ChatTemplate:
                 sys.settrace(previous)
 
     async def render_async(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                           tools: list[dict[str, Any]] | None = None) -> str:
+                           tools: list[dict[str, Any]] | None = None, context: dict[str, Any] | None = None) -> str:
         """`render` on a worker thread, whoever wrote the template (see RENDER_THREADS)."""
         import anyio
 
         return await (self._run_sync or anyio.to_thread.run_sync)(
-            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools),
+            functools.partial(self.render, messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                              context=context),
             limiter=self._limiter)
+
+
+def llama_server_context(tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The variables llama-server gives every template besides the messages, so templates
+    that read them render as they do there: today's date (`date_string` as Llama 3.x's
+    templates print it, `datetime` as firefunction's) and `functions`, the tools as JSON text
+    (firefunction's); a template's own default for a date makes prompts day-dependent, as
+    llama-server's are."""
+    now = datetime.datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+            "functions": json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""}

@@ -301,7 +301,7 @@ class StreamAdapter:
         calls = [CallMade(index=self.n_calls + i, call=v)
                  for i, v in enumerate(v for kind, v in events if kind == "call")]
         self.n_calls += len(calls)
-        if not (text or calls or chunk.get("logprobs")):
+        if not (text or calls or chunk.get("logprobs") or chunk.get("reasoning")):
             return  # held back (a marker may be starting, or a call is being written)
         out = {**chunk, "content": text}
         if calls:

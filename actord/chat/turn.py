@@ -84,10 +84,14 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
                 raise InvalidParams("a grammar (response_format) and tools both constrain the output: "
                                     "send one, or tool_choice none", param="response_format")
             fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
+    thought = turn_reasoning(system, request, prompter)
     prompt = await prompter.build(request.messages, template=request.template,
                                   add_generation_prompt=request.add_generation_prompt,
                                   render=turn.render if turn else None,
-                                  tools=turn.template_tools if turn else None)
+                                  tools=turn.template_tools if turn else None,
+                                  context=thought.context, finish=thought.finish,
+                                  continue_final=request.continue_final_message)
+    thought.start(prompt.tail)
     completion = CompletionRequest(
         prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
         temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
@@ -100,18 +104,55 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
     if n != 1:  # n choices of one prompt, prefilled once (actord/chat/choices.py)
         from actord.chat.choices import chat_choices
 
-        return await chat_choices(system, completion, n, turn, on_token, end)
+        return await chat_choices(system, completion, n, turn, on_token, end, thought)
     scanner = turn.scanner() if turn is not None and turn.parses else None
     sink = StreamAdapter(scanner, on_token) if scanner is not None and on_token is not None else on_token
-    result = await system.complete(completion, on_token=sink, _input=False)
-    return await end(result, reply_message(scanner, sink, result))
+    outer = thought.sink(sink)
+    result = await system.complete(completion, on_token=outer, _input=False)
+    return await end(result, reply_message(scanner, sink, result, thought, outer))
+
+
+def turn_reasoning(system: "ChatHost", request: "ChatRequest", prompter: Any) -> Any:
+    """The turn's reasoning (actord.chat.reasoning): the request's fields over the daemon's."""
+    from actord.chat.reasoning import for_turn
+
+    config = system.config
+    budget = request.reasoning_budget if request.reasoning_budget is not None else config.reasoning_budget
+    source = request.template if request.template is not None else prompter.info.template
+    return for_turn(source, config.reasoning, request.reasoning_format or config.reasoning_format,
+                    request.template_kwargs, budget)
+
+
+async def render_text(system: "ChatHost", request: "ChatRequest") -> str:
+    """The text a turn's prompt is made of (its tools and thinking as the turn renders them),
+    without tokenizing or generating: what /apply-template shows."""
+    from actord.chat.messages import as_dicts, has_tools
+
+    prompter = await _prompter(system)
+    turn = tool_turn(system, request, prompter) if request.tools or has_tools(request.messages) else None
+    from actord.chat.prompter import prefills
+
+    thought = turn_reasoning(system, request, prompter)
+    tpl = prompter.template(request.template)
+    dicts = turn.render if turn else as_dicts(request.messages)
+    tools = turn.template_tools if turn else None
+    if prefills(request.messages, request.add_generation_prompt, request.continue_final_message):
+        return await prompter.continued(tpl, dicts, tools, thought.context)
+    text = await tpl.render_async(dicts, add_generation_prompt=request.add_generation_prompt, tools=tools,
+                                  context=thought.context)
+    return thought.finish(text) if request.add_generation_prompt else text
 
 
 async def template_info(system: "ChatHost") -> tuple["ChatTemplateInfo", bool]:
     """The model's chat template info, its template replaced by --chat-template-file's when
-    one is set (read on a worker thread); and whether it was."""
+    one is set (read on a worker thread) or --chat-template's (a built-in name or Jinja
+    source: actord/chat/named_templates.py); and whether it was."""
     info = await system.chat_info()
     path = system.config.chat_template_file
+    if system.config.chat_template:
+        from actord.chat.named_templates import named
+
+        return msgspec.structs.replace(info, template=named(system.config.chat_template)), True
     if not path:
         return info, False
     try:

@@ -133,14 +133,32 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # it, a 400 naming the field. Choices beyond the idle slots queue (actord/chat/choices.py).
     max_n: int = 8
     model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
-    cors_origin: list[str] = []  # browser origins allowed (CORS, preflight); "*" for any
+    # Browser origins allowed (CORS, preflight): none listed serves any (llama-server's
+    # default); "localhost" stands for any local origin (localhost, 127.0.0.1, [::1]).
+    cors_origin: list[str] = []
     # Exact prompt+reply tokens kept for chat turns, in 4-byte units: each turn kept is also
     # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
     chat_memory_tokens: int = 1 << 22
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
+    # A built-in chat template by name (chatml, llama3, llama2, gemma, phi3, mistral-v7,
+    # zephyr, command-r, deepseek3: actord/chat/named_templates.py) or Jinja source, used
+    # instead of the GGUF's: llama-server's --chat-template, for models that ship none.
+    chat_template: str | None = None
     # Tool calling's output format (actord.chat.tools): "auto" reads it from the chat template;
     # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
     tool_format: str = "auto"
+    # Reasoning models (actord.chat.reasoning), llama-server's flags: thinking on, off, or the
+    # template's default (auto); how the thought is parsed out of the output (none: left in
+    # the content; deepseek/auto: into reasoning_content); the thinking budget in tokens
+    # (-1: no limit, 0: thinking off). A request's chat_template_kwargs.enable_thinking,
+    # reasoning_format and reasoning_budget override them.
+    # Each slot's context as llama-server gives it (n_ctx / slots): a prompt over it refused,
+    # a generation held to it, /props and /slots reporting it (actord/service/slot_ctx.py).
+    # Off: the --ctx cells are one pool any slot may use all of (actord's default).
+    ctx_per_slot: bool = False
+    reasoning: str = "auto"
+    reasoning_format: str = "auto"
+    reasoning_budget: int = -1
     # The Responses API (POST /v1/responses) remembers this many responses, oldest dropped
     # first, for `previous_response_id` and GET /v1/responses/{id}, in at most
     # http_responses_max_bytes of conversation text.
@@ -251,6 +269,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_connections and http_default_max_tokens must be >= 1")
         if self.tool_format not in ("auto", "hermes", "mistral", "llama3", "generic"):
             raise InvalidParams("tool_format is one of auto, hermes, mistral, llama3, generic")
+        if self.reasoning not in ("on", "off", "auto") or self.reasoning_format not in ("none", "deepseek", "auto"):
+            raise InvalidParams("reasoning is one of on, off, auto; reasoning_format one of none, deepseek, auto")
+        if self.chat_template is not None and (not self.chat_template or self.chat_template_file):
+            raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
+        if self.reasoning_budget not in (-1, 0):
+            raise InvalidParams("reasoning_budget is -1 (no limit) or 0 (thinking off)")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):
@@ -287,7 +311,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         from actord.service.types import RequestLimits
 
         return RequestLimits(
-            max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx, max_prompt_tokens=self.ctx,
+            max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx,
+            max_prompt_tokens=self.ctx // self.slots if self.ctx_per_slot else self.ctx,
             max_stop=self.max_stop, max_stop_bytes=self.max_stop_bytes,
             max_stop_tokens=self.max_stop_tokens, max_genes=self.max_request_genes,
         )

@@ -47,7 +47,7 @@ class TemplateSource(msgspec.Struct, frozen=True):
     template: str | None
     bos_token: str
     eos_token: str
-    origin: str  # "file" or "model"
+    origin: str  # "builtin" (--chat-template), "file" (--chat-template-file) or "model"
 
 
 class Embedded(msgspec.Struct, frozen=True):
@@ -116,7 +116,8 @@ class Service(Protocol):
     async def detokenize(self, tokens: list[int]) -> str: ...
     async def chat_template(self) -> TemplateSource: ...
     async def apply_template(self, messages: list["ChatMessage"], template: str | None = None,
-                             add_generation_prompt: bool = True) -> str: ...
+                             add_generation_prompt: bool = True, tools: list[Any] | None = None,
+                             template_kwargs: dict[str, Any] | None = None) -> str: ...
     async def embed(self, inputs: list[str | list[int]]) -> Embedded: ...
 
     # -- slots, pages, genes ---------------------------------------------------------------

@@ -23,7 +23,7 @@ import msgspec
 from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
-from actord.service import introspection, memory, placement, text
+from actord.service import introspection, memory, placement, slot_ctx, text
 from actord.service.builder import Actors, build_actors, engine_thread, failure_handler
 from actord.service.config import Config
 from actord.service.entry import entry
@@ -229,6 +229,8 @@ class ActorSystem:
         self.check_open()
         if _input:
             await self.dispatcher.input("completion", request)
+        if self.config.ctx_per_slot:  # each slot held to n_ctx / slots (actord/service/slot_ctx.py)
+            request = await slot_ctx.fit(self, request)
         rid = self.inflight.open()
         bound = self.config.request_timeout_s
         slot: Slot | None = None
@@ -319,8 +321,9 @@ class ActorSystem:
 
     @entry("apply_template", check_open=False, check=text.check_apply)
     async def apply_template(self, messages: list[Any], template: str | None = None,
-                             add_generation_prompt: bool = True) -> str:
-        return await text.apply_template(self, messages, template, add_generation_prompt)
+                             add_generation_prompt: bool = True, tools: list[Any] | None = None,
+                             template_kwargs: dict[str, Any] | None = None) -> str:
+        return await text.apply_template(self, messages, template, add_generation_prompt, tools, template_kwargs)
 
     async def embed(self, inputs: list[str | list[int]]) -> Embedded:
         """One pooled vector per input (not recorded: a trace holds no embeddings)."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from actord.chat.turn import template_info
 from actord.engine import jobs as J
-from actord.service.errors import InvalidParams, NoChatTemplate, PromptTooLong
+from actord.service.errors import InvalidParams, PromptTooLong
 from actord.service.protocol import Embedded, TemplateSource, Tokenized
 from actord.service.types import _utf8_len
 
@@ -52,10 +52,10 @@ async def detokenize(system: "ActorSystem", tokens: list[int]) -> str:
 
 
 async def template_source(system: "ActorSystem") -> TemplateSource:
-    """The chat template chats render with: --chat-template-file, else the model's."""
-    info, from_file = await template_info(system)
-    return TemplateSource(template=info.template, bos_token=info.bos_text, eos_token=info.eos_text,
-                          origin="file" if from_file else "model")
+    """The chat template chats render with: --chat-template's, --chat-template-file, else the model's."""
+    info, replaced = await template_info(system)
+    origin = "builtin" if system.config.chat_template else "file" if replaced else "model"
+    return TemplateSource(template=info.template, bos_token=info.bos_text, eos_token=info.eos_text, origin=origin)
 
 
 def check_apply(system: "ActorSystem", messages: list["ChatMessage"], template: str | None = None,
@@ -74,20 +74,16 @@ def check_apply(system: "ActorSystem", messages: list["ChatMessage"], template: 
 
 
 async def apply_template(system: "ActorSystem", messages: list["ChatMessage"], template: str | None,
-                         add_generation_prompt: bool) -> str:
-    """The messages rendered as a chat would render them, without generating."""
-    from actord.chat.messages import as_dicts
-    from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate
-    from actord.chat.turn import render_limiter
+                         add_generation_prompt: bool, tools: list[Any] | None = None,
+                         template_kwargs: dict[str, Any] | None = None) -> str:
+    """The messages rendered as a chat turn would render them (its tools, its thinking on or
+    off: actord.chat.turn.render_text), without generating."""
+    from actord.chat.messages import ChatRequest
+    from actord.chat.turn import render_text
 
-    src = await template_source(system)
-    source = template or src.template
-    if source is None:
-        raise NoChatTemplate("the model has no tokenizer.chat_template; name a template in the request")
-    tpl = ChatTemplate(source, bos_token=src.bos_token, eos_token=src.eos_token,
-                       budget=REQUEST_TEMPLATE_BUDGET if template else 0,
-                       run_sync=system.run_sync, limiter=render_limiter(system))
-    return await tpl.render_async(as_dicts(messages), add_generation_prompt=add_generation_prompt)
+    request = ChatRequest(messages=messages, template=template, add_generation_prompt=add_generation_prompt,
+                          tools=tools or [], template_kwargs=template_kwargs or {})
+    return await render_text(system, request)
 
 
 async def embed(system: "ActorSystem", inputs: list[str | list[int]]) -> Embedded:

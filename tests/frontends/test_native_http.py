@@ -245,7 +245,7 @@ def test_n_cmpl_answers_n_completions_from_one_prefill_by_index(server):
     assert sorted(e["index"] for e in finals) == [0, 1, 2] and texts == singles
     two = server.ok("POST", "/completion", {**body, "prompt": ["a b c d", "e f g h"], "n_cmpl": 2})
     assert [r["index"] for r in two] == [0, 1, 2, 3]
-    assert two[0]["prompt"] == two[1]["prompt"] == "a b c d" and two[2]["prompt"] == "e f g h"
+    assert two[0]["prompt"] == two[1]["prompt"] == "<s>a b c d" and two[2]["prompt"] == "<s>e f g h"  # as evaluated
 
 
 @pytest.mark.parametrize("field,value", [("n_cmpl", 9), ("n_cmpl", 0), ("n", 9), ("n_cmpl", "2")])

@@ -468,9 +468,35 @@ def test_a_prompt_longer_than_4096_tokens_fits_a_larger_context(chat_model, tmp_
         _stop(proc)
 
 
+def test_without_cors_origin_any_browser_page_is_served_and_its_preflight_answered(front):
+    """llama-server's default: browser UIs built on it connect unchanged (the key still holds)."""
+    _, url, _ = front
+    for ui in ("http://ui.example", "https://chat.example:8443"):
+        pre = httpx.options(url + "/v1/chat/completions", headers={
+            "origin": ui, "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] in ("*", ui)
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+        r = httpx.get(url + "/v1/models", headers={"origin": ui, "authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", ui)
+    assert httpx.get(url + "/v1/models", headers={"origin": "http://ui.example"}).status_code == 401
+
+
+@pytest.mark.parametrize("origin,allowed", [
+    ("http://localhost:8080", True), ("http://127.0.0.1:5173", True), ("https://[::1]", True),
+    ("http://localhost", True), ("http://ui.example", True), ("http://localhost.evil.example", False),
+    ("http://127.0.0.1.evil.example", False), ("http://evil.example", False), ("null", False)])
+def test_the_localhost_keyword_allows_local_origins_only(origin, allowed):
+    from actord.frontends.http.app import origin_allowed
+
+    assert origin_allowed(origin, frozenset({"localhost", "http://ui.example"})) is allowed
+    assert origin_allowed(origin, frozenset()) and origin_allowed(origin, frozenset({"*"}))
+
+
 def test_cors_preflight_for_an_allowed_origin_and_refusal_for_others(chat_model, tmp_path):
     ui = "http://ui.example"
-    proc, _, url = _start(chat_model, tmp_path / "d", "--cors-origin", ui)
+    proc, _, url = _start(chat_model, tmp_path / "d", "--cors-origin", ui, "--cors-origin", "localhost")
     try:
         pre = httpx.options(url + "/v1/chat/completions", headers={
             "origin": ui, "access-control-request-method": "POST",
@@ -487,5 +513,11 @@ def test_cors_preflight_for_an_allowed_origin_and_refusal_for_others(chat_model,
                 "origin": "http://evil.example", "access-control-request-method": "POST"}, timeout=60)
             assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
         assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200  # no Origin
+        local = "http://localhost:5173"  # the keyword: a UI served from this machine
+        pre = httpx.options(url + "/v1/chat/completions", headers={
+            "origin": local, "access-control-request-method": "POST"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == local
+        ok = httpx.post(url + "/v1/chat/completions", json=body, headers={"origin": local}, timeout=60)
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == local
     finally:
         _stop(proc)

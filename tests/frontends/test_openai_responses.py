@@ -7,6 +7,7 @@ calls through the Hermes-style template, and every refused field a 400 naming it
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -42,6 +43,7 @@ def test_previous_response_id_continues_in_the_mind_from_its_cache(client):
                                  temperature=0)
     assert r1.status == "incomplete" and r1.incomplete_details.reason == "max_output_tokens"
     assert r1.output_text and r1.usage.output_tokens == 6 and r1.id.startswith("resp_")
+    assert re.fullmatch(r"msg_[0-9a-f]{24}", r1.output[0].id)  # OpenAI's ids: msg_..., not msg-...
     r2 = client.responses.create(model="m", input="and then", instructions="be brief", max_output_tokens=6,
                                  temperature=0, previous_response_id=r1.id)
     assert r2.previous_response_id == r1.id
@@ -109,6 +111,7 @@ def test_a_function_call_round_trip(client, stream):
     assert r.status == "completed"
     [call] = [o for o in r.output if o.type == "function_call"]
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+    assert re.fullmatch(r"fc_[0-9a-f]{24}", call.id)
     again = client.responses.create(model="m", previous_response_id=r.id, tools=[WEATHER], max_output_tokens=4,
                                     temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
                                                            "output": '{"temp": 21}'}])

@@ -22,10 +22,13 @@ bytes and deadline, connections, peers), which it has no settings for.
 With an API key every route but the health ones needs `Authorization: Bearer KEY`; without
 one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer of
 an OpenAI route that is not a 200 is OpenAI's error object, unknown routes included; the
-native routes answer with llama-server's (`native/base.py`). A request carrying an
-`Origin` header (a browser) is refused unless `--cors-origin` allows that origin: a page on
-any website could otherwise drive a loopback daemon through its user's browser, which runs
-as the daemon's own uid. A body is held to `--http-max-body-bytes` (413) and
+native routes answer with llama-server's (`native/base.py`). Browsers (requests with an
+`Origin` header) are treated as llama-server treats them, so the browser UIs built on it
+connect unchanged: without `--cors-origin` any origin is served and its preflight answered;
+with a list, only those origins (the keyword `localhost` standing for any local origin:
+http(s)://localhost, 127.0.0.1 or [::1] on any port), any other refused 403. A daemon on
+loopback without a key is then reachable by any page its user's browser opens: list the
+origins (`--cors-origin localhost`) or set `--api-key` where that matters. A body is held to `--http-max-body-bytes` (413) and
 `--http-body-timeout-s` (408) as it arrives (`read_body`).
 """
 
@@ -35,6 +38,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import re
 import socket
 import time
 from pathlib import Path
@@ -68,8 +72,19 @@ log = get("actord.frontends.http")
 _enc = msgspec.json.Encoder()
 
 
+_LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?")
+
+
+def origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
+    """Whether a browser page from `origin` may use the front: `allowed` is `--cors-origin`'s
+    list (empty or with "*": any origin, llama-server's default; "localhost": any local one)."""
+    if not allowed or "*" in allowed or origin in allowed:
+        return True
+    return "localhost" in allowed and _LOCAL_ORIGIN.fullmatch(origin) is not None
+
+
 class _OriginGate:
-    """Refuses browser requests from origins `--cors-origin` does not list (see the module
+    """Refuses browser requests from origins `--cors-origin` does not allow (see the module
     docstring); non-browser clients send no Origin header and pass."""
 
     def __init__(self, app: Any, front: "HttpFront") -> None:
@@ -77,9 +92,9 @@ class _OriginGate:
         self.allowed = frozenset(front.config.cors_origin)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and "*" not in self.allowed:
+        if scope["type"] == "http" and self.allowed and "*" not in self.allowed:
             origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
-            if origin is not None and origin.decode("latin-1") not in self.allowed:
+            if origin is not None and not origin_allowed(origin.decode("latin-1"), self.allowed):
                 self.front.refused("origin")
                 log.info("http.origin_refused", origin=origin.decode("latin-1")[:200])
                 response = json_response(O.error_body(
@@ -142,10 +157,11 @@ class HttpFront:
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
-        middleware = [Middleware(_OriginGate, front=self)]
-        if config.cors_origin:
-            middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origin),
-                                         allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"], max_age=600))
+        origins = [o for o in config.cors_origin if o != "localhost"] or (["*"] if not config.cors_origin else [])
+        middleware = [Middleware(_OriginGate, front=self), Middleware(
+            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_origin_regex=_LOCAL_ORIGIN.pattern if "localhost" in config.cors_origin else None,
+            allow_headers=["*"], max_age=600)]
         self.app = Starlette(routes=self.routes(), middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
 
@@ -280,7 +296,11 @@ class HttpFront:
         if self._developer is None:
             source: str | None = None
             try:
-                if self.config.chat_template_file:
+                if self.config.chat_template:
+                    from actord.chat.named_templates import named
+
+                    source = named(self.config.chat_template)
+                elif self.config.chat_template_file:
                     source = await anyio.Path(self.config.chat_template_file).read_text()
                 else:
                     source = await self.model_chat_template()

@@ -53,16 +53,28 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(_enc.encode(obj), status_code=status, media_type="application/json")
 
 
-def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
-    """OpenAI's error object for `e`, and its status."""
+def error_object(e: HttpError | ActordError, llama: bool = False) -> tuple[int, dict[str, Any]]:
+    """OpenAI's error object for `e`, and its status (`llama`: on llama-server's unprefixed
+    aliases, a prompt over the context is its `exceed_context_size_error`)."""
     if isinstance(e, ActordError):
         status = O.error_status(e)
-        return status, O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param"))
+        body = O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param"))
+        if "n_ctx" in e.data and "n_prompt_tokens" in e.data:  # llama-server's two numbers, beside OpenAI's code
+            body["error"].update(n_prompt_tokens=e.data["n_prompt_tokens"], n_ctx=e.data["n_ctx"])
+            if llama:
+                body["error"]["type"] = "exceed_context_size_error"
+        return status, body
     return e.status, O.error_body(e.status, e.message, e.code, e.param)
 
 
 def error_response(e: HttpError | ActordError) -> Response:
     status, body = error_object(e)
+    return json_response(body, status)
+
+
+def llama_error_response(e: HttpError | ActordError) -> Response:
+    """`error_response` in llama-server's form (its unprefixed aliases of OpenAI's routes)."""
+    status, body = error_object(e, llama=True)
     return json_response(body, status)
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Awaitable, Callable, Literal, Mapping
 
 import msgspec
 
-from actord.chat.messages import ChatMessage, ChatRequest
+from actord.chat.messages import ChatMessage, ChatRequest, Tool
 from actord.service.protocol import Service, TokenChunk
 from actord.service.types import CompletionRequest
 from actord.storage.clientfiles import MAX_PATH
@@ -83,6 +83,9 @@ class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     template: str | None = None
     add_generation_prompt: bool = True
+    # None when absent, as the embedded call's defaults, so a trace records the same input.
+    tools: list[Tool] | None = None  # rendered as a chat with these tools renders them
+    template_kwargs: dict[str, Any] | None = None  # more template variables (enable_thinking, ...)
 
 
 Handler = Callable[[Service, Any, Callable[[Any], None] | None], Awaitable[Any]]
@@ -170,7 +173,8 @@ async def _chat_template(system: Service, p: NoParams, _: Any) -> Any:
 
 async def _apply_template(system: Service, p: ApplyTemplateParams, _: Any) -> Any:
     """{prompt}: the messages rendered as a chat would render them, without generating."""
-    return {"prompt": await system.apply_template(p.messages, p.template, p.add_generation_prompt)}
+    return {"prompt": await system.apply_template(p.messages, p.template, p.add_generation_prompt, p.tools,
+                                                  p.template_kwargs)}
 
 
 METHODS: dict[str, Method] = {

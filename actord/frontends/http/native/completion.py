@@ -5,10 +5,11 @@ of it: llama-server's request fields (`CompletionBody`), the line between what i
 and what is refused (`_NEUTRAL`), its prompt shapes, its answer (`NativeAnswer`, run by
 `streaming.Generation` like the OpenAI routes' answers) and result object.
 
-Fields: `prompt` (a string, token ids, ids mixed with strings, or several prompts),
+Fields: `prompt` (a string, token ids, ids mixed with strings, a `{prompt_string}` object,
+or several prompts; echoed in the answer as evaluated: detokenized, BOS included),
 `n_predict` (`max_tokens`), `stream` (SSE `data:` chunks, the last one the whole result,
 no `[DONE]`, as llama-server), `id_slot`, `stop`, `ignore_eos`, `lora`, `return_tokens`,
-`response_fields`, `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
+`response_fields` (none listed: every field), `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
 prefill, completion j seeded seed + j: actord/chat/choices.py), and the sampling fields, with llama-server's defaults
 (`sampling.py`: `seed`, `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
 `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `grammar`, `json_schema`,
@@ -46,9 +47,11 @@ from starlette.routing import Route
 
 from actord.service.types import CompletionRequest, CompletionResult
 from actord.chat.choices import check_n
+from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.native import sampling as S
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.answers import llama_timings as timings
 from actord.frontends.http.native.base import LoraRef, NativeRoutes, error_object, is_token, unsupported
 from actord.frontends.http.responses import HttpError
 from actord.frontends.http.streaming import Generation, guarded
@@ -139,7 +142,7 @@ def split_prompts(prompt: Any) -> list[str | list[int | str]]:
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, dict):
-        raise unsupported("prompt", "prompt objects (multimodal_data) are not supported")
+        return [_prompt_object(prompt, "prompt")]
     if not isinstance(prompt, list) or not prompt:
         raise InvalidParams("prompt must be a string, token ids, or a list of those", param="prompt")
     if all(is_token(x) or isinstance(x, str) for x in prompt) and any(is_token(x) for x in prompt):
@@ -151,31 +154,24 @@ def split_prompts(prompt: Any) -> list[str | list[int | str]]:
         elif isinstance(p, list) and p and all(is_token(x) or isinstance(x, str) for x in p):
             out.append(p)
         elif isinstance(p, dict):
-            raise unsupported(f"prompt[{i}]", "prompt objects (multimodal_data) are not supported")
+            out.append(_prompt_object(p, f"prompt[{i}]"))
         else:
             raise InvalidParams(f"prompt[{i}] must be a string or token ids", param=f"prompt[{i}]")
     return out
 
 
+def _prompt_object(obj: dict[str, Any], param: str) -> str:
+    """llama-server's prompt object: its `prompt_string` (with `multimodal_data`: refused)."""
+    if obj.get("multimodal_data"):
+        raise unsupported(param, "prompt objects with multimodal_data are not supported (text only)")
+    text = obj.get("prompt_string")
+    if not isinstance(text, str):
+        raise InvalidParams(f"{param} is a prompt object with a prompt_string", param=param)
+    return text
+
+
 def stop_type(stop_reason: str) -> str:
     return {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}.get(stop_reason, "none")
-
-
-def timings(r: CompletionResult) -> dict[str, Any]:
-    t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
-    spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
-    return {
-        "cache_n": r.n_cached,
-        "prompt_n": n_proc,
-        "prompt_ms": t.prompt_ms,
-        "prompt_per_token_ms": t.prompt_ms / n_proc if n_proc else 0.0,
-        "prompt_per_second": t.prompt_per_second,
-        "predicted_n": n_gen,
-        "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
-        "predicted_per_second": t.predicted_per_second,
-        **spec,
-    }
 
 
 def nested_fields(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +285,7 @@ class CompletionRoutes(NativeRoutes):
         if len(prompts) * n_cmpl > self.config.max_requests_in_flight:
             raise InvalidParams(f"{len(prompts)} prompts of {n_cmpl} completions, at most "
                                 f"{self.config.max_requests_in_flight} in all", param="prompt")
-        n_ctx = self.system.model_props().n_ctx
+        n_ctx = slot_n_ctx(self.config, self.system.model_props().n_ctx)
         n = body.n_predict if body.n_predict is not None else body.max_tokens
         if n is None:
             n = min(self.config.http_default_max_tokens, n_ctx)
@@ -324,6 +320,9 @@ class CompletionRoutes(NativeRoutes):
         settings = {
             **generation_defaults(self.config, n_ctx), **sampling, "n_predict": n, "stop": stops,
             "ignore_eos": body.ignore_eos, "stream": body.stream, "lora": genes, "id_slot": body.id_slot, "mind": mind,
+            # ignore_eos shown as llama-server shows it: the end token banned (a null bias, -inf).
+            **({"logit_bias": [*sampling.get("logit_bias", []), {"token": self.system.model_props().eos, "bias": None}]}
+               if body.ignore_eos else {}),
             "n_ctx": n_ctx, "n_cmpl": n_cmpl,
         }
         system = self.system
@@ -351,13 +350,13 @@ class CompletionRoutes(NativeRoutes):
                 rest = full[len(r.content):] if full.startswith(r.content) else ""
                 stopping_word = next((s for s in sorted(req.stop, key=len, reverse=True) if rest.startswith(s)),
                                      "")
-        fields = body.response_fields
-        if isinstance(prompt, str):
-            prompt_text = prompt
-        elif fields is not None and "prompt" not in fields:
+        fields = body.response_fields or None  # llama-server: none listed is every field
+        if fields is not None and "prompt" not in fields:
             prompt_text = ""
-        else:
-            prompt_text = (await self._call("detokenize", {"tokens": list(req.prompt)}))["content"]
+        else:  # the prompt as evaluated, detokenized (BOS included), as llama-server echoes it
+            tokens = list(req.prompt) if not isinstance(req.prompt, str) else (await self._call(
+                "tokenize", {"content": req.prompt, "add_special": True, "parse_special": True}))["tokens"]
+            prompt_text = (await self._call("detokenize", {"tokens": tokens}))["content"]
         n_gen = len(r.tokens)
         out = {
             "index": i,

@@ -37,10 +37,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import InvalidParams
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
-from actord.frontends.http.native.base import NativeRoutes, error_body, unsupported
+from actord.frontends.http.native.base import NativeRoutes, error_body
 from actord.frontends.http.native.completion import CompletionRoutes, generation_defaults
 from actord.frontends.http.native.genes import GeneRoutes
 from actord.frontends.http.native.slots import SlotRoutes
@@ -142,8 +143,6 @@ class Native(NativeRoutes):
             raise InvalidParams("the request body must be a JSON object")
         if "messages" not in obj:
             raise InvalidParams('"messages" is required', param="messages")
-        if obj.get("tools"):
-            raise unsupported("tools", "tool calling is not supported")
         msgs = self._convert(obj["messages"], list[O.Message])
         if not msgs:
             raise InvalidParams("messages is empty", param="messages")
@@ -152,6 +151,16 @@ class Native(NativeRoutes):
         params: dict[str, Any] = {"messages": messages}
         if "add_generation_prompt" in obj:
             params["add_generation_prompt"] = obj["add_generation_prompt"]
+        if obj.get("tools"):  # rendered as a chat with them renders (OpenAI's tools form)
+            from actord.frontends.http.openai.tools_wire import tools_from_openai
+
+            params["tools"] = [msgspec.to_builtins(t) for t in tools_from_openai(obj["tools"])]
+        kwargs = obj.get("chat_template_kwargs")
+        if kwargs is not None:
+            if not isinstance(kwargs, dict):
+                raise InvalidParams("chat_template_kwargs is an object of template variables",
+                                    param="chat_template_kwargs")
+            params["template_kwargs"] = kwargs
         return json_response(await self._call("apply_template", params))
 
     # -- props -----------------------------------------------------------------------------
@@ -160,11 +169,12 @@ class Native(NativeRoutes):
         system, config = self.system, self.config
         actord = await system.props_dict()
         tpl = await self._call("chat.template", {})
+        n_ctx = slot_n_ctx(config, system.model_props().n_ctx)  # a slot's (actord/service/slot_ctx.py)
         out = {
             **actord,
             "default_generation_settings": {
-                "id": 0, "id_task": -1, "n_ctx": system.model_props().n_ctx, "speculative": False,
-                "is_processing": False, "params": generation_defaults(config, system.model_props().n_ctx),
+                "id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": False,
+                "is_processing": False, "params": generation_defaults(config, n_ctx),
             },
             "total_slots": actord["n_slots"],
             "model_alias": self.front.model_id,

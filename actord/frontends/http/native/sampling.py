@@ -72,6 +72,12 @@ def defaults(seed: int) -> dict[str, Any]:
         "min_p": DEFAULT_MIN_P, "typical_p": 1.0, "repeat_last_n": DEFAULT_REPEAT_LAST_N, "repeat_penalty": 1.0,
         "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat": 0, "n_probs": 0, "grammar": "",
         "logit_bias": [], "samplers": list(SAMPLERS),
+        # The samplers actord lacks, at the neutral values that leave them off (a request
+        # asking for another is refused: completion._NEUTRAL), named as llama-server reports them.
+        "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
+        "xtc_threshold": 0.1, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+        "dry_penalty_last_n": -1, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0,
+        "adaptive_decay": 0.9, "min_keep": 0, "backend_sampling": False,
     }
 
 

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import InvalidParams
 from actord.frontends.http.native.base import NativeRoutes
 from actord.frontends.http.responses import HttpError, json_response
@@ -33,7 +34,7 @@ class SlotRoutes(NativeRoutes):
 
     async def slots(self, request: Request) -> Response:
         infos = await self.system.slot_list()
-        n_ctx = self.system.model_props().n_ctx
+        n_ctx = slot_n_ctx(self.config, self.system.model_props().n_ctx)
         out = [{"id": i.id, "id_task": -1, "n_ctx": n_ctx, "speculative": False,
                 "is_processing": i.state == "processing", **msgspec.to_builtins(i)} for i in infos]
         if request.query_params.get("fail_on_no_slot") and not any(i.state == "idle" for i in infos):

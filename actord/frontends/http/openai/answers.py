@@ -54,13 +54,41 @@ def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, A
     from actord.frontends.http.openai.tools_wire import call_to_openai
 
     calls = msg.tool_calls if msg is not None else None
+    # A reasoning model's thought (actord.chat.reasoning): `reasoning_content`, as DeepSeek's
+    # API and llama-server write it; absent for a reply without one.
+    thought = {"reasoning_content": msg.reasoning_content} if msg is not None and msg.reasoning_content is not None \
+        else {}
     if not calls:
-        return {"role": "assistant", "content": content}
+        return {"role": "assistant", "content": content, **thought}
     text = msg.content or None
     if functions:
-        return {"role": "assistant", "content": text,
+        return {"role": "assistant", "content": text, **thought,
                 "function_call": {"name": calls[0].name, "arguments": calls[0].arguments}}
-    return {"role": "assistant", "content": text, "tool_calls": [call_to_openai(c) for c in calls]}
+    return {"role": "assistant", "content": text, **thought, "tool_calls": [call_to_openai(c) for c in calls]}
+
+
+def llama_timings(r: CompletionResult) -> dict[str, Any]:
+    """llama-server's `timings` object of one completion (its native answers' and its chats')."""
+    t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
+    spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
+    return {
+        "cache_n": r.n_cached,
+        "prompt_n": n_proc,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": t.prompt_ms / n_proc if n_proc else 0.0,
+        "prompt_per_second": t.prompt_per_second,
+        "predicted_n": n_gen,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
+        "predicted_per_second": t.predicted_per_second,
+        **spec,
+    }
+
+
+def timings(r: Any) -> dict[str, Any]:
+    """llama-server's `timings` of a chat answer (choice 0's: it carries the shared prefill),
+    beside OpenAI's usage: an extra field OpenAI's clients ignore and llama-server's UIs read."""
+    return llama_timings(_split(_many(r)[0])[0])
 
 
 def usage(r: Any) -> dict[str, Any]:
@@ -76,8 +104,10 @@ def usage(r: Any) -> dict[str, Any]:
     return {**u, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A fresh id: `chatcmpl-<hex>` as OpenAI's Chat Completions writes them; the Responses
+    API's ids take `_` (`resp_`, `msg_`, `fc_`), so it passes `sep="_"`."""
+    return f"{prefix}{sep}{secrets.token_hex(12)}"
 
 
 def chat_logprobs(lps: list[TokenLogprob] | None) -> dict[str, Any]:
@@ -116,7 +146,7 @@ def chat_completion(rid: str, model: str, r: Any, created: int, fingerprint: str
             "logprobs": chat_logprobs(c.logprobs) if logprobs else None,
         })
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": fingerprint, "choices": choices, "usage": usage(r)}
+            "system_fingerprint": fingerprint, "choices": choices, "usage": usage(r), "timings": timings(r)}
 
 
 def text_completion(rid: str, model: str, r: Any, created: int, fingerprint: str,
@@ -135,8 +165,9 @@ class Chunks:
     `n` choices (each chunk one choice, by its index)."""
 
     def __init__(self, chat: bool, model: str, fingerprint: str = "", logprobs: bool = False,
-                 functions: bool = False, n: int = 1) -> None:
+                 functions: bool = False, n: int = 1, llama: bool = False) -> None:
         self.chat = chat
+        self.llama = llama  # llama-server's first delta: content null (OpenAI's: "")
         self.functions = functions  # legacy function calling: `function_call` deltas
         self.n = n
         self.n_calls = 0
@@ -163,16 +194,20 @@ class Chunks:
     def firsts(self) -> list[dict[str, Any]]:
         if not self.chat:
             return []
-        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": None if self.llama else ""},
+                             "finish_reason": None})
                 for i in range(self.n)]
 
     def delta(self, text: str, lps: list[TokenLogprob] | None = None,
-              tool_calls: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
+              tool_calls: list[dict[str, Any]] | None = None, index: int = 0,
+              reasoning: str = "") -> dict[str, Any]:
         """One chunk of choice `index`: `text` and, when asked, the logprobs of the tokens it
         holds; a chat's `tool_calls` deltas (tools_wire.call_deltas: each call whole,
-        by index within the choice)."""
+        by index within the choice) and thought (`reasoning_content`)."""
         if self.chat:
             choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "finish_reason": None}
+            if reasoning:
+                choice["delta"] = {"content": text or None, "reasoning_content": reasoning}
             if tool_calls:
                 self.n_calls += len(tool_calls)
                 if self.functions:  # legacy: the first call only, as `function_call`
@@ -193,8 +228,8 @@ class Chunks:
     def last(self, r: Any, index: int = 0) -> dict[str, Any]:
         r, msg = _split(r)
         reason = finish_reason(r.stop_reason, bool(msg is not None and msg.tool_calls), self.functions)
-        if self.chat:
-            return self._chunk({"index": index, "delta": {}, "finish_reason": reason})
+        if self.chat:  # llama-server's timings with each choice's last chunk (its own)
+            return self._chunk({"index": index, "delta": {}, "finish_reason": reason}, timings=timings(r))
         return self._chunk({"index": index, "text": "", "finish_reason": reason})
 
     def lasts(self, r: Any) -> list[dict[str, Any]]:
@@ -202,4 +237,4 @@ class Chunks:
         return [self.last(one, i) for i, one in enumerate(_many(r))]
 
     def usage(self, r: Any) -> dict[str, Any]:
-        return self._chunk(None, usage=usage(r))
+        return self._chunk(None, usage=usage(r), **({"timings": timings(r)} if self.chat else {}))

@@ -291,7 +291,7 @@ class Events:
     def text(self, delta: str) -> bytes:
         out = self._lead()
         if self._msg is None:
-            self._msg = {"type": "message", "id": O.new_id("msg"), "status": "in_progress", "role": "assistant",
+            self._msg = {"type": "message", "id": O.new_id("msg", "_"), "status": "in_progress", "role": "assistant",
                          "content": []}
             i = len(self.output)
             self.output.append(self._msg)
@@ -319,7 +319,7 @@ class Events:
 
     def call(self, c: Any) -> bytes:
         out = self._lead() + self._close_text("completed")
-        item = {"type": "function_call", "id": O.new_id("fc"), "call_id": c.id, "name": c.name,
+        item = {"type": "function_call", "id": O.new_id("fc", "_"), "call_id": c.id, "name": c.name,
                 "arguments": "", "status": "in_progress"}
         i = len(self.output)
         self.output.append(item)
@@ -348,11 +348,11 @@ def output_items(msg: ChatMessage, incomplete: bool) -> list[dict[str, Any]]:
     """A whole answer's `output`: its text as a message item, then one item per call."""
     items: list[dict[str, Any]] = []
     if msg.content or not msg.tool_calls:
-        items.append({"type": "message", "id": O.new_id("msg"), "status": "incomplete" if incomplete else "completed",
+        items.append({"type": "message", "id": O.new_id("msg", "_"), "status": "incomplete" if incomplete else "completed",
                       "role": "assistant",
                       "content": [{"type": "output_text", "text": msg.content, "annotations": [], "logprobs": []}]})
     for c in msg.tool_calls or []:
-        items.append({"type": "function_call", "id": O.new_id("fc"), "call_id": c.id, "name": c.name,
+        items.append({"type": "function_call", "id": O.new_id("fc", "_"), "call_id": c.id, "name": c.name,
                       "arguments": c.arguments, "status": "completed"})
     return items
 
@@ -449,7 +449,7 @@ class Responses(RouteGroup):
             genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=text_grammar(req.text),
             tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
         ).check()
-        rid = O.new_id("resp").replace("resp-", "resp_")
+        rid = O.new_id("resp", "_")
         base = {
             "id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "model": req.model or front.model_id, "output": [], "instructions": req.instructions,

@@ -44,7 +44,7 @@ from actord.service.errors import ActordError, InvalidParams, ModelNotFound
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.tools_wire import call_deltas
-from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
+from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response, llama_error_response
 from actord.frontends.http.streaming import DONE, Generation, sse
 
 
@@ -54,21 +54,25 @@ class OpenAIAnswer:
     the finish reason, the usage chunk when asked, then `data: [DONE]`."""
 
     done = DONE
-    error_object = staticmethod(error_object)
 
     def __init__(self, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
-                 stream: bool, include_usage: bool, logprobs: bool, functions: bool = False, n: int = 1) -> None:
+                 stream: bool, include_usage: bool, logprobs: bool, functions: bool = False, n: int = 1,
+                 llama: bool = False) -> None:
         self.front, self.run, self.chat, self.model = front, run, chat, model
         self.include_usage, self.logprobs = include_usage, logprobs
         self.functions = functions  # legacy function calling: the answer carries function_call
-        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs, functions, n) if stream else None
+        self.llama = llama  # served on llama-server's unprefixed alias: its forms where OpenAI's differ
+        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs, functions, n, llama) if stream else None
+
+    def error_object(self, e: Any) -> tuple[int, dict[str, Any]]:
+        return error_object(e, llama=self.llama)
 
     @classmethod
     def response(cls, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
                  stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False,
-                 n: int = 1) -> Generation:
+                 n: int = 1, llama: bool = False) -> Generation:
         answer = cls(front, run, chat=chat, model=model, stream=stream, include_usage=include_usage,
-                     logprobs=logprobs, functions=functions, n=n)
+                     logprobs=logprobs, functions=functions, n=n, llama=llama)
         return Generation(front, answer, stream=stream)
 
     async def whole(self) -> Any:
@@ -92,8 +96,10 @@ class OpenAIAnswer:
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
+        if self.chat and not (chunk["content"] or chunk.get("calls") or chunk.get("logprobs") or chunk.get("reasoning")):
+            return b""  # tokens with no text yet (a character's first bytes, a stop's start): no empty delta
         return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
-                                 chunk.get("index", 0))
+                                 chunk.get("index", 0), chunk.get("reasoning", ""))
 
 
 async def complete_prompts(system: Service, comps: list[CompletionRequest], n: int,
@@ -155,9 +161,12 @@ class OpenAIRoutes(RouteGroup):
     def routes(self) -> list[Route]:
         g = self.front.guard
         chat, models, model = g(self.chat_completions), g(self.models), g(self.model)
+        # llama-server's unprefixed aliases answer in its forms where they differ from
+        # OpenAI's (a first stream delta's content null, exceed_context_size_error);
+        # /v1 keeps OpenAI's.
         return [
             Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/chat/completions", chat, methods=["POST"]),
+            Route("/chat/completions", g(self.chat_completions, errors=llama_error_response), methods=["POST"]),
             Route("/v1/completions", g(self.completions), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),
@@ -190,6 +199,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
+            **O.chat_fields(req),
         ).check()
         self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
 
@@ -201,7 +211,7 @@ class OpenAIRoutes(RouteGroup):
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                      functions=req.functions is not None or req.function_call is not None,
-                                     n=n_choices)
+                                     n=n_choices, llama=not request.url.path.startswith("/v1/"))
 
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)

@@ -9,7 +9,9 @@ honoured (`model` as any name, `messages` (tool calls and results included), `to
 `prompt` (one, or a list: each its own request in one answer), `max_tokens`/`max_completion_tokens`,
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
 `prompt_cache_key`, `n` (1 to `--max-n` choices from one prefill: actord/chat/choices.py), `response_format` text/json_object/json_schema (grammar-
-constrained decoding), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
+constrained decoding; llama-server's `schema` inside a json_object applied too), llama-server's
+`chat_template_kwargs`, `reasoning_format`, `reasoning_budget` (actord.chat.reasoning),
+`add_generation_prompt` and `continue_final_message` (a last assistant message continued), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
 `repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
@@ -82,6 +84,7 @@ class Message(msgspec.Struct, frozen=True):
     tool_calls: Any = None
     tool_call_id: str | None = None
     function_call: Any = None  # legacy: an assistant message's one call
+    reasoning_content: str | None = None  # an assistant turn's thought (given to the template)
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -132,6 +135,14 @@ class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
     reasoning_effort: Any = None
     verbosity: Any = None
     web_search_options: Any = None
+    # llama-server's (actord.chat.reasoning): more template variables (`enable_thinking`),
+    # how the thought is parsed out, the thinking budget; and a last assistant message
+    # continued (prefill) rather than closed.
+    chat_template_kwargs: Any = None
+    reasoning_format: Any = None
+    reasoning_budget: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
 
 
 class TextCompletionRequest(_Common, kw_only=True, frozen=True):
@@ -236,8 +247,9 @@ def response_grammar(req: _Common) -> str:
     if asked[0] == "json_schema":
         return schema_grammar(req.json_schema, "json_schema")
     kind = rf.get("type") if isinstance(rf, dict) else None
-    if kind == "json_object":
-        return JSON_OBJECT_GBNF
+    if kind == "json_object":  # llama-server's extension: a `schema` inside it is applied
+        schema = rf.get("schema")
+        return JSON_OBJECT_GBNF if schema is None else schema_grammar(schema, "response_format")
     if kind == "json_schema":
         spec = rf.get("json_schema")
         if not isinstance(spec, dict):
@@ -328,6 +340,30 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
             "tool_format": req.tool_format or ""}
 
 
+def chat_fields(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The ChatRequest's template and reasoning fields (llama-server's), checked: a wrong
+    type is a 400 naming the field."""
+    kwargs = req.chat_template_kwargs
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidParams("chat_template_kwargs is an object of template variables", param="chat_template_kwargs")
+    if req.reasoning_format is not None and not isinstance(req.reasoning_format, str):
+        raise InvalidParams("reasoning_format is none, deepseek or auto", param="reasoning_format")
+    budget = req.reasoning_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+        raise InvalidParams("reasoning_budget is an integer", param="reasoning_budget")
+    out: dict[str, Any] = {"template_kwargs": kwargs or {}, "reasoning_format": req.reasoning_format or "",
+                           "reasoning_budget": budget}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        v = getattr(req, name)
+        if v is not None:
+            if not isinstance(v, bool):
+                raise InvalidParams(f"{name} is a boolean", param=name)
+            out[name] = v
+    if out.get("continue_final_message") and req.add_generation_prompt is None:
+        out["add_generation_prompt"] = False  # continuing the last message opens no new one
+    return out
+
+
 def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
     out = []
     for i, m in enumerate(msgs):
@@ -357,7 +393,7 @@ def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> l
             content = m.content or ""
         role = "system" if role == "developer" and developer_is_system else role
         out.append(ChatMessage(role=role, content=content, tool_calls=calls, tool_call_id=call_id if role == "tool" else None,
-                               name=m.name))
+                               name=m.name, reasoning_content=m.reasoning_content if role == "assistant" else None))
     return out
 
 
