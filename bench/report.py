@@ -77,6 +77,16 @@ def _plt() -> Any:
     return plt
 
 
+def log_x(fig: Any, ax: Any, ticks: list[float], xlabel: str, ylabel: str, base: int = 10) -> Any:
+    """A plot over a logarithmic x axis, ticked at the values measured, labelled, with its legend."""
+    ax.set_xscale("log", base=base)
+    plain_ticks(ax.xaxis, ticks)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    return fig
+
+
 def plain_ticks(axis: Any, values: list[float]) -> None:
     """Ticks at the values measured, written as numbers (not 2^3 or 10^1)."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
@@ -101,12 +111,7 @@ def plot_page_bandwidth(doc: dict[str, Any], plt: Any) -> Any:
         ax.plot(x, [r["page_in_gbps"] for r in rs], m + "-", color="#1f9d74", label=f"page_in copy ({model})")
         ax.plot(x, [r["page_out_e2e_gbps"] for r in rs], m + ":", color="#2f6fdf", label=f"page_out end to end ({model})")
         ax.plot(x, [r["page_in_e2e_gbps"] for r in rs], m + ":", color="#1f9d74", label=f"page_in end to end ({model})")
-    ax.set_xscale("log")
-    plain_ticks(ax.xaxis, sorted({r["state_bytes"] / 1e6 for r in rows}))
-    ax.set_xlabel("sequence state (MB, log)")
-    ax.set_ylabel("GB/s")
-    ax.legend(fontsize=7)
-    return fig
+    return log_x(fig, ax, sorted({r["state_bytes"] / 1e6 for r in rows}), "sequence state (MB, log)", "GB/s")
 
 
 def plot_hot_path(doc: dict[str, Any], plt: Any) -> Any:
@@ -127,13 +132,8 @@ def plot_hot_path(doc: dict[str, Any], plt: Any) -> Any:
         if r["part"] == "c":
             ax.plot([r["slots"]], [r["raw_us_per_step"]], "x", color="0.2", label="raw loop, Gemma 3 270M")
             ax.plot([r["slots"]], [r["actord_us_per_step"]], "+", color="#c2413b", label="actord, Gemma 3 270M")
-    ax.set_xscale("log", base=2)
-    plain_ticks(ax.xaxis, sorted({r["slots"] for r in rows}))
     ax.set_yscale("log")
-    ax.set_xlabel("slots (log)")
-    ax.set_ylabel("µs per engine step (log)")
-    ax.legend(fontsize=7)
-    return fig
+    return log_x(fig, ax, sorted({r["slots"] for r in rows}), "slots (log)", "µs per engine step (log)", base=2)
 
 
 def plot_soak(doc: dict[str, Any], plt: Any) -> Any:
