@@ -81,7 +81,7 @@ async def run_row(model: str, kind: str, minds: int, slots: int, prefix: int, sh
         pages = await s.page_list()
         ram = stats.charged  # (warm pooled buffers are not charged)
         n_paged = len(pages)
-        bpt = s.props.kv_bytes_per_token or 1
+        paged_tokens = sum(p.n_tokens for p in pages)
         for m in range(minds):
             prompt = history[f"m{m}"] + own(m + 1000, vocab, 3)
             r = await s.complete(prompt=prompt, n_predict=REPLY, mind=f"m{m}", ignore_eos=True)
@@ -90,14 +90,14 @@ async def run_row(model: str, kind: str, minds: int, slots: int, prefix: int, sh
     wall = time.perf_counter() - t0
     floor_first = prefix + minds * SUFFIX
     own_part = SUFFIX + REPLY
-    floor_ram = bpt * (prefix + n_paged * own_part) if n_paged else 0
+    floor_ram = 0  # set by `with_ram_floor` from the sharing-off row's bytes per paged token
     floor_second = minds * (3 + 1)  # the new tokens and the last reply token not yet in the KV
     return {
         "model": kind, "minds": minds, "slots": slots, "prefix": prefix, "sharing": sharing,
         "first_turn_prompt_tokens": first, "floor_tokens": floor_first, "first_x_floor": first / floor_first,
         "second_turn_prompt_tokens": second, "second_floor_tokens": floor_second,
-        "pages": n_paged, "page_ram_bytes": ram, "page_ram_floor_bytes": floor_ram,
-        "ram_x_floor": ram / floor_ram if floor_ram else 0.0, "wall_s": wall,
+        "pages": n_paged, "paged_tokens": paged_tokens, "own_part": own_part, "page_ram_bytes": ram,
+        "page_ram_floor_bytes": floor_ram, "ram_x_floor": 0.0, "wall_s": wall,
         "shares_cells": not props.needs_checkpoints,
     }
 
@@ -121,6 +121,18 @@ async def latency(model: str, prefix: int, vocab: int, tmp: str, reps: int = 3) 
             hist = hist + r.tokens
     n, rs = statistics.median(new), statistics.median(resident)
     return {"prefix": prefix, "new_mind_first_token_s": n, "resident_turn_s": rs, "ratio": n / rs}
+
+
+def with_ram_floor(off: dict[str, Any], on: dict[str, Any]) -> None:
+    """Page RAM's floor for both rows: one prefix plus the paged minds' own parts, at the
+    bytes per token whole pages cost (the sharing-off row's charge over its paged tokens:
+    the same page format, headers and token lists included)."""
+    if not off["paged_tokens"]:
+        return
+    bpt = off["page_ram_bytes"] / off["paged_tokens"]
+    for r in (off, on):
+        r["page_ram_floor_bytes"] = floor = int(bpt * (r["prefix"] + r["pages"] * r["own_part"])) if r["pages"] else 0
+        r["ram_x_floor"] = r["page_ram_bytes"] / floor if floor else 0.0
 
 
 def llama_server_row(binary: str, model: str, kind: str, minds: int, slots: int, prefix: int, vocab: int
@@ -222,7 +234,8 @@ def main() -> int:
             for sharing in (False, True):
                 with tempfile.TemporaryDirectory() as tmp:
                     rows.append(anyio.run(run_row, path, kind, minds, slots, prefix, sharing, vocab, tmp))
-                show(rows[-1:]) if len(rows) > 1 else show(rows)
+            with_ram_floor(rows[-2], rows[-1])
+            show(rows[-2:])
         if gemma:
             with tempfile.TemporaryDirectory() as tmp:
                 lat = anyio.run(latency, str(gemma), 4000, 200_000, tmp)
