@@ -36,6 +36,8 @@ class PageBlob(msgspec.Struct, frozen=True):
     ckpt_pos: list[int] = []
     ckpts: list[Any] = []  # uint8 arrays
     draft: Any = None  # uint8 array or None
+    base: Any = None  # uint8 array or None: the state of the shared prefix `state` stands on
+    n_base: int = 0
     genes: list[StoredGene] = []
     meta: dict[str, Any] = {}
     divergences: list[tuple[int, int]] = []
@@ -61,11 +63,13 @@ def pack(mind: str, epoch: int, image: PageImage | None, turns: list[TurnRecord]
     state = _u8(image.state)
     ckpts = [_u8(c.data) for c in image.checkpoints]
     draft = None if image.draft is None else _u8(image.draft)
+    base = None if image.base is None else _u8(image.base)
     tokens = np.asarray(image.tokens, dtype=np.int32)
-    sections = [tokens, state, *ckpts, *([draft] if draft is not None else [])]
+    sections = [tokens, state, *ckpts, *([draft] if draft is not None else []), *([base] if base is not None else [])]
     return PageBlob(
         mind=mind, epoch=epoch, turns=turns, has_page=True, tokens=tokens, state=state,
         ckpt_pos=[c.pos for c in image.checkpoints], ckpts=ckpts, draft=draft, genes=list(image.genes),
+        base=base, n_base=image.n_base if base is not None else 0,
         meta=dict(image.meta), divergences=[tuple(d) for d in image.divergences], prompt_end=image.prompt_end,
         crc32=_crc(sections), n_bytes=sum(s.nbytes for s in sections),
     )
@@ -74,7 +78,8 @@ def pack(mind: str, epoch: int, image: PageImage | None, turns: list[TurnRecord]
 def unpack(blob: PageBlob) -> PageImage:
     """The blob's page image, its checksum verified (CorruptPageFile otherwise)."""
     assert blob.has_page
-    sections = [blob.tokens, blob.state, *blob.ckpts, *([blob.draft] if blob.draft is not None else [])]
+    sections = [blob.tokens, blob.state, *blob.ckpts, *([blob.draft] if blob.draft is not None else []),
+                *([blob.base] if blob.base is not None else [])]
     crc = _crc(sections)
     if crc != blob.crc32:
         raise CorruptPageFile(f"page of {blob.mind!r} arrived with CRC-32 {crc:08x}, sent {blob.crc32:08x}",
@@ -84,6 +89,7 @@ def unpack(blob: PageBlob) -> PageImage:
         checkpoints=[StoredCheckpoint(pos=p, data=memoryview(d)) for p, d in zip(blob.ckpt_pos, blob.ckpts)],
         genes=list(blob.genes), draft=None if blob.draft is None else memoryview(blob.draft), meta=dict(blob.meta),
         divergences=[tuple(d) for d in blob.divergences], prompt_end=blob.prompt_end,
+        base=None if blob.base is None else memoryview(blob.base), n_base=blob.n_base,
     )
 
 

@@ -64,3 +64,16 @@ def test_a_page_travels_as_numpy_views_and_a_flipped_byte_is_caught():
     blob.state[7] ^= 1
     with pytest.raises(CorruptPageFile):
         unpack(blob)
+
+
+def test_a_page_on_a_shared_prefix_travels_with_its_base_and_a_flipped_base_byte_is_caught():
+    """A spilled page on a base (serving/page_bases.py) is its own part plus the base's
+    state: both travel, so the node that takes the mind restores all of it."""
+    rest, base = bytearray(b"rest" * 64), bytearray(b"base" * 256)
+    image = PageImage(tokens=list(range(1, 12)), state=rest, base=base, n_base=8, meta={"n_ctx": 64})
+    blob = pack("ada", 1, image, [])
+    back = unpack(blob)
+    assert bytes(back.base) == bytes(base) and back.n_base == 8 and bytes(back.state) == bytes(rest)
+    blob.base[3] ^= 1
+    with pytest.raises(CorruptPageFile):
+        unpack(blob)
