@@ -271,8 +271,11 @@ async def real_model(a: argparse.Namespace, page_dir: Path) -> dict[str, float]:
     growth = a.reps * (a.n_predict + 16) + a.n_predict + 1
     ctx = a.ctx or ctx_for(a.prompt_tokens + growth)
     # The windowed cache, as the original C++ server measured (auto may choose a full one).
+    # Prefix sharing off: the re-prefill baseline runs on an erased slot beside one holding
+    # the very prompt, which it would otherwise share by cells (bench/shared_prefix.py
+    # measures sharing).
     cfg = Config(model=str(model), slots=2, ctx=ctx, batch=a.batch, threads=a.threads,
-                 page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes, swa_full="off")
+                 page_dir=str(page_dir), page_ram_bytes=a.page_ram_bytes, swa_full="off", prefix_sharing=False)
     results: dict[str, float] = {}
     share = CpuShare(engine_threads(a.threads))
     async with ActorSystem(cfg) as s:

@@ -62,9 +62,15 @@ class SlotPageBases:
     base_peer_epoch: int = 0  # the peer's sequence epoch when a page-in shared its cells
     ckpt: CheckpointPlan
 
-    def shares_cells(self) -> bool:
+    def stands_on_bases(self) -> bool:
+        """Pages of this model can be split into a base and a rest: memory whose state is
+        one cell per position (not recurrent or hybrid; no window whose old cells are gone,
+        which a short rest would then lack; no draft sequence, which is not split), with
+        prefix sharing on. (Not `shares_cells`: that is the KV share's own rule, in
+        serving/prefix_share.py, which the Slot's method order would answer instead.)"""
         p = self.props
-        return not (p.recurrent or p.hybrid or p.needs_checkpoints or p.spec)
+        return bool(getattr(self, "share_prefixes", True)) and not (
+            p.recurrent or p.hybrid or p.needs_checkpoints or p.spec)
 
     def _peer_shared(self, tokens: list[int]) -> int:
         """Tokens a peer slot's sequence shares with `tokens` (read now): a base ends where
@@ -112,7 +118,7 @@ class SlotPageBases:
         caller frees it): (the store's PageInfo, the page's charge, the rest's copy). When no
         base applies: `whole`'s admission if the store made it, else None (the caller stores
         the page whole)."""
-        if not self.shares_cells() or len(self.kv_tokens) <= BLOCK:
+        if not self.stands_on_bases() or len(self.kv_tokens) <= BLOCK:
             return None
         base = await self._base_for_page_out(name, whole)
         if base is None or isinstance(base, PageAdmission):

@@ -14,13 +14,15 @@ cell since (`SchedulerCore.links`, serving/steps/core.py). A sequence's epoch mo
 every change of `kv_tokens` that is not an extension: the slot's tells and enrolments carry
 it, so the scheduler knows when a share has ended.
 
-Who shares cells: attention memory, under the same gene set (a prefix computed under other
-genes is another state), where it saves at least `MIN_SHARE` tokens over what the slot
-itself holds. On sliding-window layers the engine checks that the source still holds the
-window position `n` attends to, and refuses otherwise.
+Who shares cells: attention memory with a full cache, under the same gene set (a prefix
+computed under other genes is another state), where it saves at least `MIN_SHARE` tokens
+over what the slot itself holds. With a full SWA cache the engine checks that the source
+still holds the window position `n` attends to (a page-in brings the last window only), and
+refuses otherwise.
 
 Memory that cannot share cells (recurrent and hybrid models hold one state at the end of a
-sequence, not one per cell; a sliding window already past the shared point) starts from a
+sequence, not one per cell; a windowed SWA cache, whose shared cells libllama could not
+reuse once the window passed them; a share the engine refused) starts from a
 peer's checkpoint instead: its attention cells below the checkpoint are shared and the
 checkpoint's partial state set over them. Every request plans a checkpoint at its shared
 point (where its prompt parts from what other slots hold: `shared_point`), and a sequence
@@ -79,8 +81,12 @@ class PrefixShare:
         self._kv = tokens
 
     def shares_cells(self) -> bool:
+        """Attention memory with every cell kept (a full cache). Not a windowed SWA cache:
+        libllama reuses a cell the window has passed only while one sequence holds it, so
+        shared cells would stay pinned in its few window-sized cells until a decode finds
+        none free (seen: KvCacheFull on the tiny SWA model); those start from checkpoints."""
         p = self.props
-        return self.share_prefixes and not (p.recurrent or p.hybrid) and bool(p.kv_cells)
+        return self.share_prefixes and not (p.recurrent or p.hybrid or p.needs_checkpoints) and bool(p.kv_cells)
 
     def holds_steady(self) -> bool:
         """Its `kv_tokens` are cells that stay put for now: quiet, or running a request
@@ -204,7 +210,7 @@ class PrefixShare:
 
     async def _take_base(self, req: Any) -> int:
         prompt = req.prompt
-        if self.kv_tokens or not isinstance(prompt, list) or not self.shares_cells():
+        if self.kv_tokens or not isinstance(prompt, list) or not self.stands_on_bases():  # type: ignore[attr-defined]
             return 0
         genes = self.gene_set(req)  # type: ignore[attr-defined]
         _, n_peer = self.best_source(prompt, genes, 0)  # a slot's cells beat a copy

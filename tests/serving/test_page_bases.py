@@ -165,9 +165,13 @@ async def test_a_failed_page_out_on_a_base_leaves_the_slot_intact(tiny_model, fa
         assert again.n_cached == len(held)
 
 
-async def test_recurrent_and_hybrid_models_keep_whole_pages(tiny_recurrent_model, tiny_hybrid_model):
-    for model in (tiny_recurrent_model, tiny_hybrid_model):
-        async with ActorSystem(cfg(model, slots=2)) as s:
+async def test_recurrent_hybrid_and_windowed_models_keep_whole_pages(tiny_recurrent_model, tiny_hybrid_model,
+                                                                      tiny_swa_model):
+    # A windowed cache (SWA, swa_full off) has no cells left below its window: a base made
+    # from a sequence far past it, under a short rest, would lack the window's cells.
+    windowed = Config(model=tiny_swa_model, slots=2, ctx=2048, batch=64, threads=1, swa_full="off")
+    for config in (cfg(tiny_recurrent_model, slots=2), cfg(tiny_hybrid_model, slots=2), windowed):
+        async with ActorSystem(config) as s:
             await turn(s, 0, A)
             await turn(s, 1, B)
             out = await s.page_out(0, "a")
