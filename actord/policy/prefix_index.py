@@ -102,21 +102,6 @@ class PrefixIndex:
             best, n = pick, (i + 1) * BLOCK
         return best, n
 
-    def longest_whole(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()
-                      ) -> tuple[Hashable | None, int]:
-        """The holder whose whole (block-aligned) list is the longest prefix of `tokens`, and
-        its length: a base can stand under a page only if the page begins with all of it."""
-        best: Hashable | None = None
-        n = 0
-        for i, b in enumerate(block_keys(tokens, genes)):
-            if b not in self._by_block:
-                break
-            ends = self._ends.get(b)
-            if ends:
-                best, n = next(iter(ends)), (i + 1) * BLOCK
-        return best, n
-
-
     def wholes(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()) -> list[Hashable]:
         """Every holder whose last full block is one of `tokens`' leading blocks, deepest
         first: the candidates for a held list that is a prefix of `tokens` (the caller
@@ -127,16 +112,6 @@ class PrefixIndex:
                 break
             found.extend(self._ends.get(b, ()))
         return found[::-1]
-
-
-def aligned_common(a: Sequence[int], b: Sequence[int]) -> int:
-    """The tokens two lists share from their start, cut down to whole blocks."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n // BLOCK * BLOCK
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -6,7 +6,18 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actord.policy.prefix_index import BLOCK, PrefixIndex, aligned_common, block_keys
+from actord.policy.prefix_index import BLOCK, PrefixIndex, block_keys
+
+
+def aligned_common(a: list[int], b: list[int]) -> int:
+    """The oracle: tokens two lists share from their start, cut down to whole blocks."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n // BLOCK * BLOCK
+
 
 GENES = ((3, 1.0),)
 
@@ -75,13 +86,15 @@ def test_partial_blocks_and_the_excluded_holder_do_not_count():
     assert idx.longest(toks, exclude="b") == (None, 0) and len(idx) == 2
 
 
-def test_a_whole_holder_is_one_the_query_begins_with_all_of():
+def test_the_candidates_for_a_whole_holder_are_those_whose_last_full_block_the_query_has():
     idx = PrefixIndex()
     toks = list(range(5 * BLOCK))
     idx.add("long", toks[: 4 * BLOCK])
     idx.add("short", toks[: 2 * BLOCK])
-    assert idx.longest_whole(toks) == ("long", 4 * BLOCK)
-    assert idx.longest_whole(toks[: 3 * BLOCK + 7]) == ("short", 2 * BLOCK)  # "long" is not all there
+    idx.add("mid-block", toks[: 2 * BLOCK + 9])  # keyed by its 2 full blocks; its tail the caller compares
+    assert idx.wholes(toks)[0] == "long" and set(idx.wholes(toks)) == {"long", "short", "mid-block"}
+    assert set(idx.wholes(toks[: 3 * BLOCK + 7])) == {"short", "mid-block"}  # "long" is not all there
     assert idx.longest(toks[: 3 * BLOCK + 7]) == ("long", 3 * BLOCK)
     idx.remove("short")
-    assert idx.longest_whole(toks[: 3 * BLOCK]) == (None, 0)
+    idx.remove("mid-block")
+    assert idx.wholes(toks[: 3 * BLOCK]) == []
