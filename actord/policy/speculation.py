@@ -20,7 +20,7 @@ The shape (llama-server's draft-simple, fitted to actord's step):
   rule (min(1, p/q)), which would keep only the distribution; we keep the stronger
   guarantee. "Identical" holds to the last bits of the logits, which a verify's batch shape
   can move as any batching does (bit-equal on the f32 test models; on a quantized model a
-  verify of 4+ rows takes other kernels: see the README's known limits).
+  verify of 4+ rows takes other kernels: see docs/limits.md).
 - The target's KV then holds t, d1..da (p+1+a positions), the draft's t, d1..d_min(a,k-1);
   the engine takes the rest back in both contexts in the same job: seq_rm on attention
   memory, and on recurrent or hybrid memory a rollback inside the verify batch (n_rs_seq
