@@ -24,7 +24,7 @@ keeps whole pages, as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
@@ -60,17 +60,15 @@ class SlotPageBases:
     kv_tokens: list[int]
     genes: tuple[tuple[int, float], ...]
     base_peer_epoch: int = 0  # the peer's sequence epoch when a page-in shared its cells
+    shares_cells: Callable[[], bool]  # serving/prefix_share.py
     ckpt: CheckpointPlan
 
     def stands_on_bases(self) -> bool:
-        """Pages of this model can be split into a base and a rest: memory whose state is
-        one cell per position (not recurrent or hybrid; no window whose old cells are gone,
-        which a short rest would then lack; no draft sequence, which is not split), with
-        prefix sharing on. (Not `shares_cells`: that is the KV share's own rule, in
-        serving/prefix_share.py, which the Slot's method order would answer instead.)"""
-        p = self.props
-        return bool(getattr(self, "share_prefixes", True)) and not (
-            p.recurrent or p.hybrid or p.needs_checkpoints or p.spec)
+        """Pages of this model can be split into a base and a rest: where the KV share's
+        rule holds (serving/prefix_share.py: sharing on, a full attention cache, so no
+        window whose old cells are gone and no recurrent state), and no draft sequence,
+        which is not split."""
+        return self.shares_cells() and not self.props.spec
 
     def _peer_shared(self, tokens: list[int]) -> int:
         """Tokens a peer slot's sequence shares with `tokens` (read now): a base ends where

@@ -50,7 +50,6 @@ log = get("actord.slot")
 MIN_SHARE = 32  # tokens: below this a prefill costs less than the share's bookkeeping
 
 
-
 class PrefixShare:
     """A mixin of Slot: share a prefix by cells (see the module docstring)."""
 
