@@ -57,13 +57,17 @@ def splits(draw, data: bytes) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds, bounds[1:])]  # repeated cuts give empty pieces
 
 
+def _head(s: str) -> str:
+    return s[:5]
+
+
 @st.composite
 def stop_lists(draw, text: str) -> list[str]:
     def substring() -> str:
         i = draw(st.integers(0, len(text)))
         return text[i:draw(st.integers(i, min(len(text), i + 6)))]
 
-    stops = draw(st.lists(st.one_of(st.builds(substring), texts.map(lambda s: s[:5]), st.just("")), max_size=4))
+    stops = draw(st.lists(st.one_of(st.builds(substring), texts.map(_head), st.just("")), max_size=4))
     if stops and draw(st.booleans()):  # a stop that is a prefix of another one
         s = draw(st.sampled_from(stops))
         stops.append(s[:draw(st.integers(0, len(s)))])
