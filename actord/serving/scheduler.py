@@ -43,7 +43,9 @@ from actord.serving.steps.core import SchedulerCore
 from actord.serving.steps.records import Delta, Event, Finished, Plan, Request, StepCheckpoint
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
-from actord.service.errors import ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, StepSkipped
+from actord.service.errors import (
+    ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, SlotBusy, StepSkipped,
+)
 from actord.service.log import get
 from actord.service.metrics import Metrics
 
@@ -88,6 +90,11 @@ class Scheduler(Actor[SchedulerInbox]):
         self.cells_seq: dict[int, int] = {}  # the newest Cells tell applied, per slot
         self._pending: collections.deque[tuple[Plan, Any]] = collections.deque()
         self.stepping = False
+        # Parked: nothing runs and nothing could be freed, but a slot refused its eviction as
+        # busy (its Enroll or end is still on its way here). Its next tell wakes the loop:
+        # yielding now would end a request that its cells' owner was about to free or share.
+        self.parked = False
+        self._busy_victim = False
         self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
         self._tallied: list[Any] = [0, 0.0]  # steps, busy seconds not yet in the registry
         self._step_tokens: list[int] = []
@@ -113,6 +120,8 @@ class Scheduler(Actor[SchedulerInbox]):
         return {r.slot: r for r in self.core.reqs.values()}
 
     async def handle(self, msg: SchedulerInbox, env: Envelope[SchedulerInbox]) -> None:
+        if not isinstance(msg, RunStep):
+            self.parked = False
         match msg:
             case Enroll():
                 self._enroll(msg, env)
@@ -186,7 +195,7 @@ class Scheduler(Actor[SchedulerInbox]):
                                         slot=m.slot)
 
     def _kick(self) -> None:
-        if (self.core.reqs or self._pending) and not self.stepping:
+        if (self.core.reqs or self._pending) and not self.stepping and not self.parked:
             try:
                 self.tell_nowait(RunStep())
             except ActordError:
@@ -207,7 +216,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 break
             self._pending.append((plan, self.engine.submit(plan.step)))
         if not self._pending and core.runnable() and core.n_ctx and core.free_cells <= 0:
-            self._yield_youngest()
+            self._yield_or_park()
 
     async def _advance(self) -> None:
         if len(self._pending) < self.core.depth:  # (a full pipeline: nothing to fill)
@@ -228,7 +237,7 @@ class Scheduler(Actor[SchedulerInbox]):
             events = core.skipped(plan, int(e.data.get("epoch", core.epoch + 1)))
             self._route(events)
             if await self._make_room(sum(plan.fed)) == 0 and not self._pending:
-                self._yield_youngest()
+                self._yield_or_park()
             return
         except ActordError as e:
             log.error("scheduler.step_failed", error=e.to_dict(), slots=[core.reqs[r].slot for r in plan.rids])
@@ -382,6 +391,7 @@ class Scheduler(Actor[SchedulerInbox]):
                           if n > 0 and s not in core.by_slot and s != exclude),
                          key=lambda s: (core.shared_of(s) > 0, core.last_use.get(s, 0), s))
         freed = 0
+        self._busy_victim = False
         for s in victims:
             if freed >= need:
                 break
@@ -390,6 +400,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 n, seq = await self.slots[s].ask(Evict(reason="kv"))
             except ActordError as e:  # it has work coming (busy), or it failed
                 log.info("scheduler.evict_refused", slot=s, error=e.to_dict())
+                self._busy_victim = self._busy_victim or isinstance(e, SlotBusy)
                 continue
             if s not in core.by_slot and seq >= self.cells_seq.get(s, 0):
                 # What the slot holds now (its Cells tell of this eviction is on its way;
@@ -401,6 +412,13 @@ class Scheduler(Actor[SchedulerInbox]):
         if freed:
             log.info("scheduler.made_room", freed=freed, need=need, free=self.free_cells)
         return freed
+
+    def _yield_or_park(self) -> None:
+        if self._busy_victim:
+            self.parked = True
+            log.info("scheduler.parked", free=self.free_cells, cells=dict(self.core.cells))
+        else:
+            self._yield_youngest()
 
     def _yield_youngest(self) -> None:
         """Nothing can be freed and nothing can run: the youngest request gives way."""

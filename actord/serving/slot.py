@@ -145,6 +145,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self.handling = 0  # handlers at work (nested: deferred messages run inside one)
         self.cells_batched = False  # inside a page move that tells its cells once, at its end
         self.cells_dirty = False
+        self.owe_cells = False  # an eviction was refused as busy: tell the cells when the request ends
         # What the placer knows of this slot (busy, mind): told when it changes, except where
         # the placer made the change itself (its forwards, its page-ins' answers).
         self._told: tuple[bool, str | None] = (False, None)
@@ -453,6 +454,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         try:
             if msg.cut_back:
                 await self.cut_back_after_failure()
+                await self._tell_cells()
+            elif self.owe_cells:  # an eviction refused meanwhile: its asker waits to hear
                 await self._tell_cells()
             # Otherwise the scheduler counted the cells as it ended the request (kv_tokens):
             # nothing new to tell it.

@@ -91,6 +91,7 @@ class SlotMemory:
             self.cells_dirty = True
             return
         self.cells_dirty = False
+        self.owe_cells = False
         self._cells_seq = getattr(self, "_cells_seq", 0) + 1
         await self.scheduler.tell(Cells(slot=self.id, n=len(self.kv_tokens), seq=self._cells_seq, release=release,
                                         epoch=self.kv_epoch, **self.take_share_note()))
@@ -122,6 +123,9 @@ class SlotMemory:
         """
         a = self.active
         if a is not None and a.running:
+            # Whoever asked may wait for this slot (the scheduler parks): it hears from us
+            # when the request ends, even where the end changes no count.
+            self.owe_cells = True
             raise SlotBusy(f"slot {self.id} has work in flight", slot=self.id)
         n = len(self.kv_tokens)
         if n == 0:
