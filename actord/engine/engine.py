@@ -31,6 +31,7 @@ from actord.engine.genes import GeneCatalog
 from actord.engine.llama import lib
 from actord.engine.mtp import MtpDrafter, open_mtp
 from actord.engine.props import Props
+from actord.engine.sleep import Sleeping
 from actord.engine.sampling import Sampling
 from actord.engine.state_copy import StateCopy
 from actord.engine.step import Stepping
@@ -39,13 +40,14 @@ from actord.service.config import Config
 from actord.service.errors import ActordError, EngineError, InvalidParams
 
 
-class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
+class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding, Sleeping):
     def __init__(self, config: Config, *, n_rs_seq: int = 0) -> None:
         """`n_rs_seq`: recurrent-state snapshots per sequence for rollback (libllama's
         experimental cparam). 0, the default, is what actord runs without speculation: the
         rollback it allows is right only inside the batch just decoded (see `seq_rm`), which
         a job between steps never is. With speculation on a recurrent or hybrid target it is
         raised to spec_n_max: a verify rolls back inside its own batch (`_verify`)."""
+        self.config, self.n_rs_seq_asked = config, n_rs_seq  # what a wake opens again (sleep.py)
         on_gpu = self._open(config, n_rs_seq)
         self._batch_seq = [-1] * self.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
         self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
@@ -92,6 +94,9 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
     # -- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:
+        if self.ctx is None:  # asleep (sleep.py) or closed: libllama holds nothing of ours
+            self._asleep = None
+            return
         for seq in list(self.samplers):
             self._free_sampler(seq)
         self.close_embed()
@@ -107,6 +112,10 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
     # -- dispatch ----------------------------------------------------------------------
 
     def handle(self, job: J.Job) -> Any:
+        if self._asleep is not None and not isinstance(job, J.Sleep):
+            if isinstance(job, J.QUIET):
+                return self.asleep_answer(job)
+            self.wake()
         match job:
             case J.Step():
                 return self.step(job)
@@ -175,6 +184,8 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding):
                 return self.embed(inputs, self.threads)
             case J.GeneLoad() | J.GeneUnload() | J.GenePageOut() | J.GenePageIn() | J.GeneList():
                 return self.genes.handle(job)
+            case J.Sleep():
+                return self.sleep()
             case J.Fail(reason=reason):
                 raise EngineError(f"injected engine failure: {reason}")
             case _:

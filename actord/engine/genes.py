@@ -151,6 +151,25 @@ class GeneCatalog:
     def host_bytes(self) -> int:
         return sum(len(g.image) for g in self.genes.values() if g.adapter is None)
 
+    def detach(self) -> tuple[dict[int, _Gene], set[int], Any]:
+        """For a sleep: free every device copy (the context and model go next) and hand over
+        the genes with their host images, the ids, and which were resident."""
+        resident = {gid for gid, g in self.genes.items() if g.adapter is not None}
+        for gid in resident:
+            self._free_device(self.genes[gid])
+        kept = (dict(self.genes), resident, self._ids)
+        self.genes.clear()
+        return kept
+
+    def attach(self, kept: tuple[dict[int, _Gene], set[int], Any]) -> None:
+        """After a wake, on the new model: the same genes under the same ids, those that were
+        resident built again from their images (GeneResidency's view never changed)."""
+        genes, resident, self._ids = kept
+        self.genes.update(genes)
+        for gid in sorted(resident):
+            g = self.genes[gid]
+            g.adapter = self._build(g.image)
+
     def close(self) -> None:
         if self._applied:
             lib.llama_set_adapters_lora(self.ctx, None, 0, None)

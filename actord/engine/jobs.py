@@ -258,6 +258,11 @@ class StepRecords(Job):
     pass
 
 
+# Jobs that read what the engine already knows: they neither wake a sleeping engine nor
+# count as activity for the idle clock (the memory report asks StepRecords on a timer).
+QUIET: tuple[type, ...] = (ModelInfo, StepRecords)  # ChatInfo joins below, once defined
+
+
 class GeneLoad(Job):
     path: str
     image: bytes  # read from disk on a worker thread, never on the engine thread
@@ -283,10 +288,19 @@ class ChatInfo(Job):
     """What chat rendering needs from the model: its template and special-token texts."""
 
 
+QUIET = (*QUIET, ChatInfo)
+
+
 class Embed(Job):
     """One pooled, L2-normalized vector per input (token lists): Engine.embed (engine/embed.py)."""
 
     inputs: list[list[int]]
+
+
+class Sleep(Job):
+    """Free the model and the context (llama-server's sleep): refused while any sequence
+    holds cells. Gene images stay in host RAM; the next job that needs libllama loads the
+    model again (Engine.wake), with the genes that were resident made resident again."""
 
 
 class Fail(Job):

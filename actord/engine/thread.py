@@ -38,7 +38,7 @@ import anyio
 import sniffio
 
 from actord.engine.doorbell import Doorbell
-from actord.engine.jobs import Step
+from actord.engine.jobs import QUIET, Sleep, Step
 from actord.service.errors import ActordError, EngineError, ShuttingDown
 from actord.service.log import get
 
@@ -133,6 +133,10 @@ class EngineThread:
         self.deferred = 0  # results handed over without a ring of their own (a count)
         self.jobs_done = 0
         self.jobs_failed = 0
+        # Read by the loop (service/sleep.py), written only here: jobs that were not QUIET
+        # (the idle clock's activity), and whether the engine sleeps after the last job.
+        self.busy_jobs = 0
+        self.asleep = False
         self.inflight = 0  # submitted jobs whose completion has not reached the loop yet
         self.started = 0  # jobs the engine thread has begun (their order: `_SubmittedJob.n`)
         # A replay's hold on the execution order (actord/replay/dispatcher.py, EngineOrder):
@@ -347,6 +351,10 @@ class EngineThread:
                     p.error = e.with_traceback(None) if isinstance(e, ActordError) else EngineError(str(e))
                     p.error.__cause__ = p.error.__context__ = None
                 self._running = None
+                if not isinstance(job, QUIET):
+                    self.busy_jobs += 1
+                    if self.asleep or isinstance(job, Sleep):
+                        self.asleep = getattr(engine, "_asleep", None) is not None
                 self._release_held()
                 if overlaps and p.error is None and self._more_waiting():
                     self._held = p

@@ -109,6 +109,12 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
 
             tg.start_soon(lambda: housekeeping(system, config.memory_report_s, trim=config.malloc_trim,
                                                trace_malloc_s=config.trace_malloc_s))
+        if config.sleep_idle_s > 0 and config.trace:
+            log.info("sleep.off", why="a trace is being recorded", trace=config.trace)  # as the report above
+        elif config.sleep_idle_s > 0:
+            from actord.service.sleep import IdleClock
+
+            tg.start_soon(IdleClock(system, config.sleep_idle_s).run)
         task_status.started(system)
         systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {server.path}")
         interval = systemd.watchdog_interval()

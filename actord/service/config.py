@@ -179,6 +179,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     malloc_trim: bool = True
     malloc_arena_max: int = 2  # glibc malloc arenas, set at daemon start (0: glibc's default)
     trace_malloc_s: float = 0.0
+    # After this many seconds with nothing in flight the daemon sleeps: minds page out, the
+    # engine frees the model and its context (device and host memory), and the next request
+    # loads them again (llama-server's --sleep-idle-seconds; service/sleep.py). 0: never.
+    sleep_idle_s: float = 0.0
     # Clients: every resource a client can make the daemon hold is bounded. Over a bound a
     # request gets a typed error; a client that stops reading is disconnected (logged).
     max_connections: int = 512  # open connections; one more is answered Overloaded and closed
@@ -253,8 +257,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
             raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
-        if self.memory_report_s < 0 or self.trace_malloc_s < 0 or self.malloc_arena_max < 0:
-            raise InvalidParams("memory_report_s, trace_malloc_s and malloc_arena_max are >= 0 (0: off)")
+        if self.memory_report_s < 0 or self.trace_malloc_s < 0 or self.malloc_arena_max < 0 or self.sleep_idle_s < 0:
+            raise InvalidParams("memory_report_s, trace_malloc_s, malloc_arena_max and sleep_idle_s are >= 0 (0: off)")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:
             raise InvalidParams("ctx_checkpoints must be >= 0 and checkpoint_every >= 1")
         if self.http_max_body_bytes < 1 or self.chat_memory_tokens < 0:

@@ -57,6 +57,9 @@ class Metrics:
         )
         # actord/service/memory.py: what holds the daemon's bytes (and rss, unaccounted)
         self.memory_bytes = Gauge("actord_memory_bytes", "Bytes held, by what holds them", ["component"], registry=r)
+        self.sleeps_total = Counter(
+            "sleeps", "Times the idle daemon freed its model and context (service/sleep.py)", registry=r
+        )
         self.kv_evictions_total = Counter(
             "kv_evictions", "Idle slots evicted by the scheduler for KV cells", registry=r
         )

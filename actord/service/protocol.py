@@ -96,6 +96,9 @@ class Service(Protocol):
     metrics: "Metrics"  # the one registry: fronts count their own connections and refusals in it
     closing: bool
 
+    @property
+    def asleep(self) -> bool: ...  # the idle daemon freed its model (service/sleep.py)
+
     # -- what the model is, and the bounds on a request ---------------------------------
     def model_props(self) -> ModelProps: ...
     def request_limits(self) -> RequestLimits: ...

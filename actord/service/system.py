@@ -115,6 +115,12 @@ class ActorSystem:
     def model_props(self) -> J.ModelProps:
         return self.props
 
+    @property
+    def asleep(self) -> bool:
+        """The idle daemon freed its model and context (service/sleep.py); the next request
+        that needs the engine wakes it."""
+        return bool(getattr(self.engine, "asleep", False))
+
     def request_limits(self) -> RequestLimits:
         """The bounds every request is checked against (a pure recurrent model's prompt is
         bounded by bytes only: it has no n_ctx cells)."""

@@ -15,7 +15,7 @@ from typing import Any
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.step_contract import check_step, run_in_epoch
-from actord.service.errors import InvalidParams, PageDoesNotFit
+from actord.service.errors import InvalidParams, PageDoesNotFit, SlotBusy
 
 
 class FakeEngine:
@@ -46,8 +46,18 @@ class FakeEngine:
         if not 0 <= seq < self.n_seq_max:
             raise InvalidParams(f"sequence {seq} out of range", seq=seq)
 
+    _asleep: Any = None  # as the real engine's (engine/sleep.py): the next non-quiet job wakes it
+
     def handle(self, job: J.Job) -> Any:
+        if self._asleep is not None and not isinstance(job, (J.Sleep, *J.QUIET)):
+            self._asleep = None
         match job:
+            case J.Sleep():
+                held = sorted(s for s, n in self.held.items() if n)
+                if held:
+                    raise SlotBusy("sequences still hold cells: the engine stays awake", seqs=held)
+                self._asleep = True
+                return True
             case J.Step():
                 return run_in_epoch(self, job, self._step)
             case J.ModelInfo():

@@ -185,7 +185,7 @@ class Native(NativeRoutes):
             "chat_template_caps": {},
             "bos_token": tpl["bos_token"], "eos_token": tpl["eos_token"],
             "build_info": f"actord {self.front.version}",
-            "is_sleeping": False,
+            "is_sleeping": system.asleep,
             "slot_page_version": 1, "lora_page_version": 1,
         }
         return json_response(out)
