@@ -13,8 +13,6 @@ from actord.service.system import ActorSystem
 from actord.testing.fake_engine import FakeEngine
 from actord.service.errors import SlotBusy
 
-pytestmark = pytest.mark.anyio
-
 
 def prompt(n: int, salt: int = 0) -> list[int]:
     return [1] + [5 + (i * 7 + salt) % 300 for i in range(n - 1)]
@@ -27,6 +25,7 @@ def lora(tiny_model, models_dir):
     return str(write_tiny_lora(models_dir / "sleep-lora.gguf", tiny_model, seed=77))
 
 
+@pytest.mark.anyio
 async def test_a_sleeping_daemon_pages_her_out_frees_the_model_and_she_comes_back_whole(tiny_model, lora, tmp_path):
     async with ActorSystem(Config(model=tiny_model, slots=2, ctx=1024, page_dir=str(tmp_path))) as s:
         g = (await s.gene_load(lora)).id
@@ -53,6 +52,7 @@ async def test_a_sleeping_daemon_pages_her_out_frees_the_model_and_she_comes_bac
             == first.tokens
 
 
+@pytest.mark.anyio
 async def test_sleep_is_refused_while_a_request_runs_and_the_request_is_untouched(tiny_model, tmp_path):
     async with ActorSystem(Config(model=tiny_model, slots=2, ctx=1024, page_dir=str(tmp_path))) as s:
         clock = IdleClock(s, 1.0)
@@ -72,6 +72,7 @@ async def test_sleep_is_refused_while_a_request_runs_and_the_request_is_untouche
         assert len(out["r"].tokens) == 300  # type: ignore[attr-defined]
 
 
+@pytest.mark.anyio
 async def test_the_idle_clock_sleeps_after_the_quiet_time_and_a_request_wakes_it(tiny_model, tmp_path):
     async with ActorSystem(Config(model=tiny_model, slots=2, ctx=1024, page_dir=str(tmp_path))) as s:
         await s.complete(prompt=prompt(30), n_predict=2, slot=0, ignore_eos=True)
@@ -98,3 +99,27 @@ def test_the_stand_in_engine_refuses_to_sleep_over_held_cells_as_the_real_one_do
         fake.handle(J.Sleep())
     fake.held[1] = 0
     assert fake.handle(J.Sleep()) is True
+
+
+def test_the_daemon_sleeps_when_idle_and_props_says_so_until_a_request_wakes_it(tiny_model, tmp_path):
+    import time
+
+    import httpx
+
+    from tests.frontends.test_openai_http import _start, _stop
+
+    proc, _, url = _start(tiny_model, tmp_path / "d", "--sleep-idle-s", "0.3")
+    try:
+        def sleeping() -> bool:
+            return httpx.get(url + "/props", timeout=10).json()["is_sleeping"]
+
+        deadline = time.monotonic() + 30
+        while not sleeping():
+            assert time.monotonic() < deadline, "the idle daemon never slept"
+            time.sleep(0.05)
+        assert httpx.get(url + "/health", timeout=10).status_code == 200 and sleeping()
+        r = httpx.post(url + "/completion", json={"prompt": "Hello", "n_predict": 2}, timeout=60)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
+        assert not sleeping()
+    finally:
+        _stop(proc)
