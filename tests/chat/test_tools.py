@@ -149,6 +149,16 @@ def test_stream_adapter_turns_raw_chunks_into_content_and_typed_call_events():
     assert (first.call.name, first.call.arguments) == ("add", '{"a": 1}') and first.call.id.startswith("call_")
 
 
+def test_stream_adapter_passes_a_held_back_chunks_prompt_counts_on():
+    got = []
+    ad = StreamAdapter(Scanner("hermes", NAMES), got.append)
+    ad({"slot": 0, "content": "<tool", "tokens": [1], "n_prompt": 7, "n_cached": 0})  # held: a marker may start
+    ad({"slot": 0, "content": "ing", "tokens": [1]})
+    ad({"slot": 0, "content": "!", "tokens": [1]})
+    assert [c["content"] for c in got] == ["<tooling", "!"]
+    assert (got[0]["n_prompt"], got[0]["n_cached"]) == (7, 0) and "n_prompt" not in got[1]
+
+
 WEATHER = Tool(name="get_weather", description="weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 ADD = Tool(name="add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
