@@ -212,6 +212,16 @@ def test_native_history_gives_the_template_argument_objects_and_tool_names():
     assert turn.template_tools[0]["function"]["name"] == "get_weather"
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "generic"])
+def test_a_past_thought_reaches_the_template_with_its_tool_calls(fmt):
+    call = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')
+    msgs = [ChatMessage(role="user", content="weather?"),
+            ChatMessage(role="assistant", tool_calls=[call], reasoning_content="look it up"),
+            ChatMessage(role="tool", tool_call_id="call_1", content="sunny")]
+    turn = T.plan_turn(fmt, msgs, [WEATHER], "auto")
+    assert [d.get("reasoning_content") for d in turn.render if d["role"] == "assistant"] == ["look it up"]
+
+
 @pytest.mark.parametrize("tools,choice,param", [
     ([Tool(name="a b")], "auto", "tools[0].function.name"),
     ([WEATHER, WEATHER], "auto", "tools[1].function.name"),
