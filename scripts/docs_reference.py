@@ -201,6 +201,7 @@ def _anchor(name: str) -> str:
 
 
 def http_routes() -> str:
+    from actord.frontends.http.anthropic.routes import AnthropicRoutes
     from actord.frontends.http.app import HttpFront
     from actord.frontends.http.dashboard import Dashboard
     from actord.frontends.http.native.routes import Native
@@ -210,6 +211,7 @@ def http_routes() -> str:
 
     front = HttpFront(None, Config(model="model.gguf"))
     groups = [("OpenAI", OpenAIRoutes), ("OpenAI Responses", Responses), ("OpenAI embeddings", Embeddings),
+              ("Anthropic Messages", AnthropicRoutes),
               ("llama-server native, the seed's verbs", Native), ("dashboard", Dashboard)]
     out = ["# HTTP routes", "",
            "Generated from the HTTP front's route table (actord/frontends/http/) by `scripts/docs_reference.py`: "

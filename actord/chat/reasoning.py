@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from actord.chat.host import carry
 from actord.service.errors import InvalidParams
 
 MODES = ("on", "off", "auto")
@@ -203,6 +204,7 @@ class ReasoningSink:
 
     def __init__(self, parser: ReasoningParser, sink: Any) -> None:
         self.parser, self.sink = parser, sink
+        self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.host.carry)
 
     def __call__(self, chunk: dict[str, Any]) -> None:
         self._send(chunk, *self.parser.feed(chunk.get("content", "")))
@@ -212,8 +214,10 @@ class ReasoningSink:
 
     def _send(self, chunk: dict[str, Any], reasoning: str, content: str) -> None:
         if not (reasoning or content or chunk.get("logprobs")):
+            self.held = carry(self.held, chunk)
             return  # held back (a marker may be starting)
-        out = {**chunk, "content": content}
+        out = {**self.held, **chunk, "content": content}
+        self.held = {}
         if reasoning:
             out["reasoning"] = reasoning
         self.sink(out)

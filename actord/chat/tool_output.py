@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from actord.chat.host import carry
 from actord.chat.messages import ToolCall
 
 # What opens a call section (free text may come before it), what closes one, and what
@@ -287,6 +288,7 @@ class StreamAdapter:
 
     def __init__(self, scanner: Scanner, sink: Any) -> None:
         self.scanner, self.sink, self.n_calls = scanner, sink, 0
+        self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.host.carry)
 
     def __call__(self, chunk: dict[str, Any]) -> None:
         self._send(chunk, self.scanner.feed(chunk.get("content", "")))
@@ -302,8 +304,10 @@ class StreamAdapter:
                  for i, v in enumerate(v for kind, v in events if kind == "call")]
         self.n_calls += len(calls)
         if not (text or calls or chunk.get("logprobs") or chunk.get("reasoning")):
+            self.held = carry(self.held, chunk)
             return  # held back (a marker may be starting, or a call is being written)
-        out = {**chunk, "content": text}
+        out = {**self.held, **chunk, "content": text}
+        self.held = {}
         if calls:
             out["calls"] = calls
         self.sink(out)

@@ -154,6 +154,8 @@ def _native_message(m: Any, names: dict[str, str]) -> dict[str, Any]:
             d["name"] = name
     elif m.name:
         d["name"] = m.name
+    if m.reasoning_content is not None:  # a past thought, for templates that keep them (Qwen3's)
+        d["reasoning_content"] = m.reasoning_content
     return d
 
 
@@ -191,6 +193,8 @@ def _generic_messages(messages: list[Any], tools: list[Tool] | None) -> list[dic
             d, tool = {"role": "assistant", "content": f"{m.content}\n{body}" if m.content else body}, False
         else:
             d, tool = {"role": m.role, "content": m.content}, False
+        if m.role == "assistant" and m.reasoning_content is not None:
+            d["reasoning_content"] = m.reasoning_content
         if out and d["role"] == "user" == out[-1]["role"] and (tool or from_tool[-1]):
             out[-1] = {"role": "user", "content": out[-1]["content"] + "\n\n" + d["content"]}
             from_tool[-1] = True

@@ -61,6 +61,17 @@ class _Channel:
     t_start: float
     resumed: bool
     slot: int
+    # The prompt as placed (its tokens, of them those the slot already held), told with the
+    # request's first streamed chunk and then forgotten (0, 0): an API whose stream opens with
+    # the prompt's usage (Anthropic's message_start) has it before the reply's first token.
+    n_prompt: int = 0
+    n_cached: int = 0
+
+
+def _placed(ch: _Channel, chunk: dict[str, Any]) -> None:
+    """A request's first chunk says how its prompt was placed (TokenChunk's n_prompt, n_cached)."""
+    chunk["n_prompt"], chunk["n_cached"] = ch.n_prompt, ch.n_cached
+    ch.n_prompt = ch.n_cached = 0
 
 
 class SchedulerStats(msgspec.Struct, frozen=True):
@@ -192,7 +203,7 @@ class Scheduler(Actor[SchedulerInbox]):
             return
         self.channels[m.rid] = _Channel(reply=env.reply, stream=env.stream if m.stream else None,
                                         t_start=m.t_start or time.perf_counter(), resumed=m.resumed_from_checkpoint,
-                                        slot=m.slot)
+                                        slot=m.slot, n_prompt=len(m.prompt), n_cached=m.pos0)
 
     def _kick(self) -> None:
         if (self.core.reqs or self._pending) and not self.stepping and not self.parked:
@@ -299,6 +310,8 @@ class Scheduler(Actor[SchedulerInbox]):
                 chunk: dict[str, Any] = {"slot": ch.slot, "content": ev.text, "tokens": [ev.token]}
                 if ev.logprobs is not None:
                     chunk["logprobs"] = ev.logprobs
+                if ch.n_prompt:
+                    _placed(ch, chunk)
                 try:
                     ch.stream(chunk)
                 except Exception as e:  # the sink failed: this request ends, nobody else's
@@ -338,6 +351,8 @@ class Scheduler(Actor[SchedulerInbox]):
                 chunk: dict[str, Any] = {"slot": r.slot, "content": r.tail, "tokens": []}
                 if rest is not None:
                     chunk["logprobs"] = rest
+                if ch.n_prompt:
+                    _placed(ch, chunk)
                 try:
                     ch.stream(chunk)
                 except Exception as e:

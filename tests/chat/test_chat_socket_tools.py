@@ -41,5 +41,8 @@ async def test_the_socket_streams_each_tool_call_as_an_openai_delta(tools_model)
     deltas = [d for c in wire for d in c.get("tool_calls", [])]
     assert deltas == [{"index": 0, "id": call["id"], "type": "function",
                        "function": {"name": "get_weather", "arguments": call["arguments"]}}]
-    assert all(set(c) <= {"slot", "content", "tokens", "tool_calls", "logprobs"} for c in wire), wire
+    assert all(set(c) <= {"slot", "content", "tokens", "tool_calls", "logprobs", "n_prompt", "n_cached"}
+               for c in wire), wire
+    # The first chunk says how the prompt was placed (TokenChunk), the others do not.
+    assert wire[0]["n_prompt"] == out["completion"]["n_prompt_tokens"] and all("n_prompt" not in c for c in wire[1:])
     assert "".join(c["content"] for c in wire) == out["message"]["content"] == ""

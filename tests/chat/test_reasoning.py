@@ -88,6 +88,15 @@ def test_streamed_chunks_carry_the_thought_apart_and_hold_a_marker_back():
     assert [(c.get("reasoning", ""), c["content"]) for c in sent] == [("Why", ""), (" not", ""), ("", "Yes")]
 
 
+def test_a_held_back_first_chunk_passes_its_prompt_counts_on_with_the_next_sent():
+    sent: list[dict] = []
+    sink = R.ReasoningSink(R.ReasoningParser(R.THINK), sent.append)
+    sink({"slot": 0, "content": "<th", "tokens": [1], "n_prompt": 9, "n_cached": 4})  # held: a marker may start
+    sink({"slot": 0, "content": "ink>Why", "tokens": [1]})
+    sink({"slot": 0, "content": " not", "tokens": [1]})
+    assert [(c.get("n_prompt"), c.get("n_cached")) for c in sent] == [(9, 4), (None, None)]
+
+
 def test_the_families_markers_are_read_off_the_template():
     assert R.markers_of(source(CR7B)) is R.COMMAND_R7B
     assert {R.markers_of(source(n)) for n in (R1, QWEN3, QWQ)} == {R.THINK}

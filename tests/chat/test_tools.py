@@ -149,6 +149,16 @@ def test_stream_adapter_turns_raw_chunks_into_content_and_typed_call_events():
     assert (first.call.name, first.call.arguments) == ("add", '{"a": 1}') and first.call.id.startswith("call_")
 
 
+def test_stream_adapter_passes_a_held_back_chunks_prompt_counts_on():
+    got = []
+    ad = StreamAdapter(Scanner("hermes", NAMES), got.append)
+    ad({"slot": 0, "content": "<tool", "tokens": [1], "n_prompt": 7, "n_cached": 0})  # held: a marker may start
+    ad({"slot": 0, "content": "ing", "tokens": [1]})
+    ad({"slot": 0, "content": "!", "tokens": [1]})
+    assert [c["content"] for c in got] == ["<tooling", "!"]
+    assert (got[0]["n_prompt"], got[0]["n_cached"]) == (7, 0) and "n_prompt" not in got[1]
+
+
 WEATHER = Tool(name="get_weather", description="weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 ADD = Tool(name="add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
@@ -200,6 +210,16 @@ def test_native_history_gives_the_template_argument_objects_and_tool_names():
     assert turn.render[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
     assert turn.render[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"}
     assert turn.template_tools[0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "generic"])
+def test_a_past_thought_reaches_the_template_with_its_tool_calls(fmt):
+    call = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')
+    msgs = [ChatMessage(role="user", content="weather?"),
+            ChatMessage(role="assistant", tool_calls=[call], reasoning_content="look it up"),
+            ChatMessage(role="tool", tool_call_id="call_1", content="sunny")]
+    turn = T.plan_turn(fmt, msgs, [WEATHER], "auto")
+    assert [d.get("reasoning_content") for d in turn.render if d["role"] == "assistant"] == ["look it up"]
 
 
 @pytest.mark.parametrize("tools,choice,param", [

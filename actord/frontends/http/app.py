@@ -6,7 +6,7 @@ app's assembly, who may use it (the key, the peer policy, the origin gate), the 
 bounds, the fallback error answers, and the server's lifecycle (bind before the model
 loads, serve until cancelled, shut down gracefully). The routes are elsewhere:
 `openai/routes.py` (OpenAI's; its Responses API in `openai/responses_api.py`, embeddings in
-`embeddings.py`), `native.py` (llama-server's native API and the seed's
+`embeddings.py`), `anthropic/routes.py` (Anthropic's Messages API), `native.py` (llama-server's native API and the seed's
 page and gene verbs) and `dashboard.py` (the memory page); a generation runs inside its
 response (`streaming.py`).
 
@@ -19,7 +19,8 @@ second validation layer beside msgspec; aiohttp brings its own loop conventions 
 uvicorn runs its own protocol subclassed with the front's bounds (`bounds.py`: header
 bytes and deadline, connections, peers), which it has no settings for.
 
-With an API key every route but the health ones needs `Authorization: Bearer KEY`; without
+With an API key every route but the health ones needs `Authorization: Bearer KEY` (or, without
+that header, Anthropic's `x-api-key: KEY`, as llama-server takes it); without
 one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer of
 an OpenAI route that is not a 200 is OpenAI's error object, unknown routes included; the
 native routes answer with llama-server's (`native/base.py`). Browsers (requests with an
@@ -59,6 +60,7 @@ from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.bounds import Gate, bounded_protocol
 from actord.frontends.http.dashboard import Dashboard
+from actord.frontends.http.anthropic.routes import AnthropicRoutes
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
 from actord.frontends.http.openai.routes import OpenAIRoutes
@@ -171,6 +173,7 @@ class HttpFront:
             *OpenAIRoutes(self).routes(),
             *Responses(self).routes(),  # POST /v1/responses, GET/DELETE /v1/responses/{id} (openai/responses_api.py)
             *Embeddings(self).routes(),  # POST /v1/embeddings (embeddings.py)
+            *AnthropicRoutes(self).routes(),  # POST /v1/messages, /v1/messages/count_tokens (anthropic/)
             # llama-server's native API and the seed's verbs (native.py), /health and
             # /metrics included: llama-server answers those the same on both APIs.
             *Native(self).routes(),
@@ -264,9 +267,15 @@ class HttpFront:
     def _authorize(self, request: Request) -> None:
         if self._key is None:
             return  # the connection's peer was checked when it opened (bounds.py)
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._key):
-            raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_api_key")
+        auth = request.headers.get("authorization")
+        if auth is None and "x-api-key" in request.headers:  # Anthropic's header, as llama-server takes it
+            token = request.headers["x-api-key"]
+        else:
+            scheme, _, token = (auth or "").partition(" ")
+            token = token if scheme.lower() == "bearer" else ""
+        if not token.strip() or not hmac.compare_digest(token.strip().encode(), self._key):
+            raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
+                            "invalid_api_key")
 
     async def read_body(self, request: Request) -> bytes:
         """The request body, held to the front's bounds (size: 413, arrival time: 408)."""

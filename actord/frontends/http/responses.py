@@ -6,7 +6,9 @@ import another for them. `HttpError` is an error of the HTTP layer itself (a mis
 body over its limit); `ClientGone` a client that hung up before its request was read;
 `Silent` the answer to it (nothing). `error_response` is OpenAI's error object, which the
 front answers with on every route that is not llama-server's, unknown routes included.
-`RouteGroup` is what a group of routes holds: the front it stands behind.
+`RouteGroup` is what a group of routes holds: the front it stands behind. `stopping_word` is
+which stop string ended a completion (llama-server's `stopping_word`, Anthropic's
+`stop_sequence`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,19 @@ def llama_error_response(e: HttpError | ActordError) -> Response:
     """`error_response` in llama-server's form (its unprefixed aliases of OpenAI's routes)."""
     status, body = error_object(e, llama=True)
     return json_response(body, status)
+
+
+async def stopping_word(system: "Service", r: Any, stop: list[str]) -> str:
+    """The stop string that ended completion `r` ("" when none did). With one asked for, it
+    is that one; with several, the generated text goes on past the content with the one that
+    matched (its tokens are the result's: one detokenize)."""
+    if r.stop_reason != "stop" or not stop:
+        return ""
+    if len(stop) == 1:
+        return stop[0]
+    full = await system.detokenize(r.tokens)
+    rest = full[len(r.content):] if full.startswith(r.content) else ""
+    return next((s for s in sorted(stop, key=len, reverse=True) if rest.startswith(s)), "")
 
 
 class RouteGroup:

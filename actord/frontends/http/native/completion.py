@@ -53,7 +53,7 @@ from actord.frontends.http.native import sampling as S
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.answers import llama_timings as timings
 from actord.frontends.http.native.base import LoraRef, NativeRoutes, error_object, is_token, unsupported
-from actord.frontends.http.responses import HttpError
+from actord.frontends.http.responses import HttpError, stopping_word as stopping_word_of
 from actord.frontends.http.streaming import Generation, guarded
 
 
@@ -341,15 +341,7 @@ class CompletionRoutes(NativeRoutes):
 
     async def _result(self, i: int, r: CompletionResult, req: CompletionRequest, prompt: Any,
                       body: CompletionBody, settings: dict[str, Any]) -> dict[str, Any]:
-        stopping_word = ""
-        if r.stop_reason == "stop" and req.stop:
-            if len(req.stop) == 1:
-                stopping_word = req.stop[0]
-            else:  # the generated text goes on, past the content, with the stop that matched
-                full = (await self._call("detokenize", {"tokens": r.tokens}))["content"]
-                rest = full[len(r.content):] if full.startswith(r.content) else ""
-                stopping_word = next((s for s in sorted(req.stop, key=len, reverse=True) if rest.startswith(s)),
-                                     "")
+        stopping_word = await stopping_word_of(self.system, r, req.stop)
         fields = body.response_fields or None  # llama-server: none listed is every field
         if fields is not None and "prompt" not in fields:
             prompt_text = ""

@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.types import CompletionRequest
+from actord.service.types import CompletionRequest, SamplingFields
 from actord.chat.messages import ChatRequest
 from actord.service.errors import ActordError, InvalidParams, ModelNotFound
 from actord.service.protocol import Service
@@ -146,14 +146,28 @@ async def decode_body(front: Any, request: Request, typ: type) -> Any:
 
 def request_mind(request: Request, req: Any) -> str | None:
     """The mind a request names (the module docstring): the header, `prompt_cache_key`, `user`."""
+    return named_mind(request, req.prompt_cache_key, req.user)
+
+
+def named_mind(request: Request, key: str | None, user: str | None) -> str | None:
+    """The mind of a request: the `X-Actord-Mind` header, else a cache key's, else an end
+    user's (each API names which of its fields are which)."""
     header = request.headers.get("x-actord-mind")
     if header:
         return header  # as given: CompletionRequest.check refuses a name that is not one
-    if req.prompt_cache_key:
-        return O.mind_for("k", req.prompt_cache_key)
-    if req.user:
-        return O.mind_for("u", req.user)
+    if key:
+        return O.mind_for("k", key)
+    if user:
+        return O.mind_for("u", user)
     return None
+
+
+def precheck(chat: ChatRequest, limits: Any) -> None:
+    """The checks a chat's completion makes (sampling, stop strings, the mind's name), under
+    this daemon's limits, before any rendering work."""
+    fields = {f: getattr(chat, f) for f in SamplingFields.__struct_fields__}
+    CompletionRequest(prompt=[0], n_predict=chat.n_predict, mind=chat.mind, temperature=chat.temperature,
+                      top_k=chat.top_k, top_p=chat.top_p, stop=chat.stop, **fields).check(limits)
 
 
 class OpenAIRoutes(RouteGroup):
@@ -201,7 +215,7 @@ class OpenAIRoutes(RouteGroup):
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
             **O.chat_fields(req),
         ).check()
-        self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
+        precheck(chat, self.config.request_limits())
 
         async def run(on_token: Any) -> Any:
             # A ChatResult (the message and its calls); n > 1: one per choice (actord/chat/choices.py).
@@ -244,13 +258,6 @@ class OpenAIRoutes(RouteGroup):
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                      n=len(comps) * n_choices)
-
-    def _precheck(self, mind: str | None, n_predict: int, temperature: float, top_k: int, top_p: float,
-                  fields: dict[str, Any]) -> None:
-        # The same checks a completion makes, before any rendering work, under this
-        # daemon's limits (the defaults' are a 4096-token context's).
-        CompletionRequest(prompt=[0], n_predict=n_predict, mind=mind, temperature=temperature,
-                          top_k=top_k, top_p=top_p, **fields).check(self.config.request_limits())
 
     def _model_object(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.front.created, "owned_by": "actord"}
