@@ -77,8 +77,8 @@ async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED)
         async with ActorSystem(config, http_address=front.address if front is not None else None) as system:
             await _serve(config, system, server, front, task_status)
     finally:
-        if front is not None and front._sock is not None:
-            front._sock.close()
+        if front is not None:
+            front.close()
         for s in (inherited.rpc, inherited.http):
             if s is not None:
                 s.close()

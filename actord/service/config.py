@@ -1,7 +1,7 @@
 """All configuration in one typed place.
 
 The daemon's flags, the embedded API and the tests all build a `Config`; nothing else reads
-the environment or argv. Sizes are bytes, counts are tokens, so a flag means one thing.
+the environment or argv (the `aip_*` fields take their defaults from Vertex AI's variables). Sizes are bytes, counts are tokens, so a flag means one thing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ SPEC_MODES = ("", "off", "draft", "mtp")
 
 if TYPE_CHECKING:
     from actord.service.types import RequestLimits
+
+
+def _env(name: str) -> str:
+    """A Config default read from the environment: only Google Vertex AI's container
+    variables (`aip_*`), which Vertex sets and no flag can."""
+    import os
+
+    return os.environ.get(name, "")
 
 
 def engine_threads(threads: int) -> int:
@@ -111,7 +119,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     socket: str = "./actord.sock"  # the JSON-RPC Unix socket the daemon listens on (and the CLI calls)
     metrics_http: str | None = None  # "127.0.0.1:9464" serves Prometheus text over HTTP
     # OpenAI-compatible HTTP front (actord/frontends/http/), in the daemon's own event loop
-    http: str | None = None  # "127.0.0.1:8080"; port 0 picks a free one (props reports it)
+    # "127.0.0.1:8080"; port 0 picks a free one (props reports it); several, comma-separated
+    # ("127.0.0.1:8080,[::1]:8080"), are all served by the one front and its bounds.
+    http: str | None = None
     api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
     http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
     # The front's own bounds (actord/frontends/http/bounds.py), beside the socket's below. A request
@@ -132,10 +142,34 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # The most choices one request may ask for (OpenAI's `n`, llama-server's `n_cmpl`); over
     # it, a 400 naming the field. Choices beyond the idle slots queue (actord/chat/choices.py).
     max_n: int = 8
-    model_alias: list[str] = []  # more names listed by /v1/models (any `model` name is served)
+    # The model's names, llama-server's: /v1/models lists the model once, its id the first
+    # alias in sorted order (else the file's stem), with every alias and tag beside it (any
+    # `model` name is served). Each value may be a comma-separated list.
+    model_alias: list[str] = []
+    model_tags: list[str] = []  # informational tags listed with the model by /v1/models
     # Browser origins allowed (CORS, preflight): none listed serves any (llama-server's
     # default); "localhost" stands for any local origin (localhost, 127.0.0.1, [::1]).
     cors_origin: list[str] = []
+    # A preflight's Access-Control-Allow-Headers (llama-server's --cors-headers). Browsers
+    # never read "*" as covering Authorization: a cross-origin page that sends the key
+    # needs it named ("Authorization, Content-Type").
+    cors_headers: str = "*"
+    # Routes llama-server serves only when asked: off, /metrics and /slots answer 501 in
+    # its error shape (its defaults are off; actord's own users get them on).
+    http_metrics: bool = True
+    http_slots: bool = True
+    http_ui: bool = True  # the dashboard page at / and /dashboard (off: 404; its data route stays keyed)
+    # Each completion's answer carries `__verbose` (llama-server's --verbose): the prompt as
+    # rendered, the generated text and the request's settings, for debugging a template.
+    http_verbose: bool = False
+    # Google Vertex AI's prediction protocol, read from the variables Vertex sets in a
+    # container: with AIP_MODE=PREDICTION the front listens on AIP_HTTP_PORT, answers POST
+    # AIP_PREDICT_ROUTE ({"instances": [...]}, each naming its route by "@requestFormat")
+    # and, when AIP_HEALTH_ROUTE is set, health there too (actord/frontends/http/vertex.py).
+    aip_mode: str = msgspec.field(default_factory=lambda: _env("AIP_MODE"))
+    aip_http_port: int = msgspec.field(default_factory=lambda: int(_env("AIP_HTTP_PORT") or 8080))
+    aip_predict_route: str = msgspec.field(default_factory=lambda: _env("AIP_PREDICT_ROUTE") or "/predict")
+    aip_health_route: str = msgspec.field(default_factory=lambda: _env("AIP_HEALTH_ROUTE"))
     # Exact prompt+reply tokens kept for chat turns, in 4-byte units: each turn kept is also
     # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
     chat_memory_tokens: int = 1 << 22
@@ -281,13 +315,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("reasoning_budget is -1 (no limit) or 0 (thinking off)")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
-        if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin):
-            raise InvalidParams("model_alias and cors_origin values must not be empty")
+        if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \
+                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags):
+            raise InvalidParams("model_alias, model_tags and cors_origin values must not be empty")
+        if not 0 < self.aip_http_port < 65536:
+            raise InvalidParams("aip_http_port (AIP_HTTP_PORT) is a TCP port", aip_http_port=self.aip_http_port)
         if self.http is not None:
-            host, port = http_address(self.http)
-            if not is_loopback(host) and not self.api_key:
-                raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
-                                    http=self.http)
+            for host, port in http_addresses(self.http):
+                if not is_loopback(host) and not self.api_key:
+                    raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
+                                        http=self.http)
         positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
                     "max_outbox_bytes", "max_control_in_flight", "max_control_total", "max_stop_bytes", "max_gene_bytes", "client_file_threads")
         for name in positive:
@@ -302,6 +339,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if not self.client_file_timeout > 0:
             raise InvalidParams("client_file_timeout must be > 0")
         return self
+
+    @property
+    def vertex(self) -> bool:
+        """Whether Google Vertex AI runs this daemon as a prediction container."""
+        return self.aip_mode == "PREDICTION"
 
     @property
     def spec_mode(self) -> str:
@@ -320,6 +362,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             max_stop=self.max_stop, max_stop_bytes=self.max_stop_bytes,
             max_stop_tokens=self.max_stop_tokens, max_genes=self.max_request_genes,
         )
+
+
+def split_names(values: list[str]) -> list[str]:
+    """`--model-alias a,b --model-alias c` -> ["a", "b", "c"] (llama-server's comma lists)."""
+    return [x.strip() for v in values for x in v.split(",")]
+
+
+def http_addresses(spec: str) -> list[tuple[str, int]]:
+    """`--http`'s comma-separated addresses (llama-server's several hosts), each HOST:PORT."""
+    return [http_address(a.strip()) for a in spec.split(",")]
 
 
 def http_address(spec: str) -> tuple[str, int]:

@@ -29,6 +29,19 @@ class Metrics:
             "first_token_seconds", "Seconds from a completion's arrival to its first token (queued + prompt)",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self.engine_steps_total = Counter("engine_steps", "llama_decode steps", registry=r)
+        # llama-server's timing series (its /metrics `llamacpp:` names, native/metrics.py):
+        # a completion's prompt time (arrival to first token) and generation time (first
+        # token to last), the tokens after the first (the first comes from the prompt's last
+        # step, so the rate is over these), sequences per step, the longest sequence.
+        self.prompt_seconds_total = Counter(
+            "prompt_seconds", "Seconds completions spent before their first token (queued + prompt)", registry=r)
+        self.predicted_seconds_total = Counter(
+            "predicted_seconds", "Seconds completions spent generating after their first token", registry=r)
+        self.predicted_steps_total = Counter(
+            "predicted_steps", "Tokens generated after each completion's first (its generation steps)", registry=r)
+        self.engine_step_seqs_total = Counter("engine_step_seqs", "Sequences in llama_decode steps", registry=r)
+        self.n_tokens_max = Gauge("n_tokens_max", "Longest completion sequence seen (prompt + generated)",
+                                  registry=r)
         self.engine_step_tokens = Histogram(
             "engine_step_tokens", "Tokens per llama_decode step", registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),

@@ -107,7 +107,8 @@ class Scheduler(Actor[SchedulerInbox]):
         self.parked = False
         self._busy_victim = False
         self.lost: set[int] = set()  # slots whose actor crashed (SlotLost)
-        self._tallied: list[Any] = [0, 0.0]  # steps, busy seconds not yet in the registry
+        self._tallied: list[Any] = [0, 0.0, 0]  # steps, busy seconds, sequences not yet in the registry
+        self._n_tokens_max = 0  # the longest sequence a completion reached (llama-server's n_tokens_max)
         self._step_tokens: list[int] = []
 
     @property
@@ -284,6 +285,7 @@ class Scheduler(Actor[SchedulerInbox]):
         t = self._tallied
         t[0] += 1
         t[1] += (out.t_decode_ms + out.t_sample_ms) / 1e3
+        t[2] += len(out.entries)
         self._step_tokens.append(out.n_tokens)
         if t[0] >= 32:
             self._flush_tally()
@@ -293,9 +295,10 @@ class Scheduler(Actor[SchedulerInbox]):
         if t[0]:
             self.metrics.engine_steps_total.inc(t[0])
             self.metrics.engine_busy_seconds_total.inc(t[1])
+            self.metrics.engine_step_seqs_total.inc(t[2])
             for n in self._step_tokens:
                 self.metrics.engine_step_tokens.observe(n)
-            self._tallied, self._step_tokens = [0, 0.0], []
+            self._tallied, self._step_tokens = [0, 0.0, 0], []
 
     # -- routing -----------------------------------------------------------------------
 
@@ -358,6 +361,12 @@ class Scheduler(Actor[SchedulerInbox]):
                 except Exception as e:
                     log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
             answer = self._result(r, ch)
+            m.prompt_seconds_total.inc(answer.timings.prompt_ms / 1e3)
+            m.predicted_seconds_total.inc(answer.timings.predicted_ms / 1e3)
+            m.predicted_steps_total.inc(max(0, len(r.out) - 1))
+            if r.n_prompt + len(r.out) > self._n_tokens_max:
+                self._n_tokens_max = r.n_prompt + len(r.out)
+                m.n_tokens_max.set(self._n_tokens_max)
         reply = ch.reply if ch is not None else None
         cut_back = r.reason == "error" and not isinstance(r.error, ContextFull)
         env = Envelope(Ended(rid=r.rid, kv_tokens=ev.kv_tokens, reason=r.reason or "", cut_back=cut_back,

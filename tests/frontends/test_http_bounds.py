@@ -176,7 +176,7 @@ def test_connections_over_the_cap_get_503_and_the_socket_keeps_serving(chat_mode
             answer = _read_all(s)
             extra.append(s)
             if answer.startswith(b"HTTP/1.1 503"):
-                assert b'"code":"Overloaded"' in answer and b"retry-after: 1" in answer
+                assert b'"code":"Overloaded"' in answer and b"Retry-After: 1" in answer
                 refused += 1
         assert refused == 40
         assert len(os.listdir(f"/proc/{proc.pid}/fd")) < fds0 + 8 + 64 + 8  # the cap, lingering refusals

@@ -633,6 +633,13 @@ def test_metrics_carry_llama_servers_series_and_the_seeds_names(server):
     server.ok("POST", "/completion", {"prompt": "count me", "n_predict": 3, "ignore_eos": True})
     assert server.metric("llamacpp:tokens_predicted_total") == before + 3
     assert server.metric("llamacpp:tokens_predicted_total") == server.metric("predicted_tokens_total")
+    # llama-server's timing series, counted by the scheduler as each completion ends
+    steps, seconds = server.metric("predicted_steps_total"), server.metric("predicted_seconds_total")
+    r = server.ok("POST", "/completion", {"prompt": "count me again", "n_predict": 4, "ignore_eos": True})
+    assert server.metric("predicted_steps_total") == steps + 3  # the tokens after the first
+    assert server.metric("predicted_seconds_total") > seconds and server.metric("prompt_seconds_total") > 0
+    assert server.metric("llamacpp:n_tokens_max") >= r["tokens_evaluated"] + 4
+    assert server.metric("llamacpp:n_busy_slots_per_decode") >= 1
 
 
 @pytest.mark.parametrize("method,path,data", [

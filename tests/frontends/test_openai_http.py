@@ -146,7 +146,7 @@ def test_streamed_deltas_join_to_the_whole_answer_under_greedy_sampling(client):
 
 def test_text_completions_and_models(client):
     models = client.models.list()
-    assert [m.id for m in models.data] == ["tiny-chat", "tiny-alias"]
+    assert [m.id for m in models.data] == ["tiny-alias"]  # listed once, by its alias (llama-server's)
     assert client.models.retrieve("tiny-chat").id == "tiny-chat"
     assert client.models.retrieve("tiny-alias").id == "tiny-alias"
     with pytest.raises(openai.NotFoundError) as e:
@@ -352,7 +352,7 @@ def test_bare_paths_are_served_as_llama_server_does(front):
     bare = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)  # no /v1
     r = bare.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage.completion_tokens == 2
-    assert [m.id for m in bare.models.list().data] == ["tiny-chat", "tiny-alias"]
+    assert [m.id for m in bare.models.list().data] == ["tiny-alias"]
     assert httpx.get(url + "/v1/health").json()["status"] == "ok"
 
 
@@ -436,7 +436,7 @@ def test_completions_take_one_prompt_in_a_list_and_refuse_more_than_max_n(client
 def test_system_fingerprint_is_on_every_answer(client):
     msgs = [{"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
-    assert r.system_fingerprint and r.system_fingerprint.startswith("fp_")
+    assert r.system_fingerprint and r.system_fingerprint.startswith("b")  # llama-server's b<build> form
     chunks = list(client.chat.completions.create(model="m", messages=msgs, max_tokens=2, stream=True))
     assert {c.system_fingerprint for c in chunks} == {r.system_fingerprint}
     assert client.completions.create(model="m", prompt="hi", max_tokens=2).system_fingerprint == r.system_fingerprint
@@ -477,7 +477,7 @@ def test_without_cors_origin_any_browser_page_is_served_and_its_preflight_answer
             "access-control-request-headers": "authorization, content-type"})
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] in ("*", ui)
         assert "POST" in pre.headers["access-control-allow-methods"]
-        assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+        assert pre.headers["access-control-allow-headers"] == "*"  # llama-server's (--cors-headers to name them)
         r = httpx.get(url + "/v1/models", headers={"origin": ui, "authorization": f"Bearer {KEY}"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", ui)
     assert httpx.get(url + "/v1/models", headers={"origin": "http://ui.example"}).status_code == 401
@@ -488,7 +488,7 @@ def test_without_cors_origin_any_browser_page_is_served_and_its_preflight_answer
     ("http://localhost", True), ("http://ui.example", True), ("http://localhost.evil.example", False),
     ("http://127.0.0.1.evil.example", False), ("http://evil.example", False), ("null", False)])
 def test_the_localhost_keyword_allows_local_origins_only(origin, allowed):
-    from actord.frontends.http.app import origin_allowed
+    from actord.frontends.http.cors import origin_allowed
 
     assert origin_allowed(origin, frozenset({"localhost", "http://ui.example"})) is allowed
     assert origin_allowed(origin, frozenset()) and origin_allowed(origin, frozenset({"*"}))

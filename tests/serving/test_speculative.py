@@ -123,7 +123,7 @@ async def test_sampled_output_is_identical_for_the_same_seed(tiny_model, drafts)
 
 
 async def test_metrics_and_timings_carry_llama_servers_names(tiny_model, drafts):
-    from actord.frontends.http.native.routes import llama_metrics
+    from actord.frontends.http.native.metrics import llama_metrics
     from actord.frontends.http.native.completion import timings
 
     async with ActorSystem(cfg(tiny_model, drafts["same"], spec_n_max=3)) as s:

@@ -19,18 +19,19 @@ second validation layer beside msgspec; aiohttp brings its own loop conventions 
 uvicorn runs its own protocol subclassed with the front's bounds (`bounds.py`: header
 bytes and deadline, connections, peers), which it has no settings for.
 
-With an API key every route but the health ones needs `Authorization: Bearer KEY` (or, without
-that header, Anthropic's `x-api-key: KEY`, as llama-server takes it); without
-one, only this uid (and --allow-uid/--allow-gid) is served (`bounds.py`). Every answer of
-an OpenAI route that is not a 200 is OpenAI's error object, unknown routes included; the
-native routes answer with llama-server's (`native/base.py`). Browsers (requests with an
-`Origin` header) are treated as llama-server treats them, so the browser UIs built on it
-connect unchanged: without `--cors-origin` any origin is served and its preflight answered;
-with a list, only those origins (the keyword `localhost` standing for any local origin:
-http(s)://localhost, 127.0.0.1 or [::1] on any port), any other refused 403. A daemon on
-loopback without a key is then reachable by any page its user's browser opens: list the
-origins (`--cors-origin localhost`) or set `--api-key` where that matters. A body is held to `--http-max-body-bytes` (413) and
-`--http-body-timeout-s` (408) as it arrives (`read_body`).
+With an API key every route but the health ones and the UI page's (dashboard.py) needs
+`Authorization: Bearer KEY` (or, without that header, Anthropic's `x-api-key: KEY`, as
+llama-server takes it); without one, only this uid (and --allow-uid/--allow-gid) is
+served (`bounds.py`). Every answer of an OpenAI route that is not a 200 is OpenAI's error
+object, unknown routes included; the native routes answer with llama-server's
+(`native/base.py`). Browsers (requests with an `Origin` header) are treated as llama-server
+treats them (`cors.py`: without `--cors-origin` any origin is served, with a list only
+those, others refused 403). A daemon on loopback without a key is then reachable by any
+page its user's browser opens: list the origins (`--cors-origin localhost`) or set
+`--api-key` where that matters. Every header name goes out in its canonical case
+(bounds.py). `--http` may name several addresses, all served by this one app; under
+Google Vertex AI its prediction route is added (`vertex.py`). A body is held to
+`--http-max-body-bytes` (413) and `--http-body-timeout-s` (408) as it arrives (`read_body`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import re
 import socket
 import time
 from pathlib import Path
@@ -50,21 +50,22 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.config import Config, http_address, is_loopback
+from actord.service.config import Config, http_addresses, is_loopback, split_names
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.bounds import Gate, bounded_protocol
+from actord.frontends.http.cors import Cors, OriginGate
 from actord.frontends.http.dashboard import Dashboard
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
 from actord.frontends.http.openai.routes import OpenAIRoutes
 from actord.frontends.http.openai.responses_api import Responses
+from actord.frontends.http.vertex import Vertex
 from actord.frontends.http.responses import ClientGone, HttpError, Silent, error_response, json_response
 from actord.service.log import get
 from actord.service.protocol import Service
@@ -72,38 +73,6 @@ from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers
 
 log = get("actord.frontends.http")
 _enc = msgspec.json.Encoder()
-
-
-_LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?")
-
-
-def origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
-    """Whether a browser page from `origin` may use the front: `allowed` is `--cors-origin`'s
-    list (empty or with "*": any origin, llama-server's default; "localhost": any local one)."""
-    if not allowed or "*" in allowed or origin in allowed:
-        return True
-    return "localhost" in allowed and _LOCAL_ORIGIN.fullmatch(origin) is not None
-
-
-class _OriginGate:
-    """Refuses browser requests from origins `--cors-origin` does not allow (see the module
-    docstring); non-browser clients send no Origin header and pass."""
-
-    def __init__(self, app: Any, front: "HttpFront") -> None:
-        self.app, self.front = app, front
-        self.allowed = frozenset(front.config.cors_origin)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.allowed and "*" not in self.allowed:
-            origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
-            if origin is not None and not origin_allowed(origin.decode("latin-1"), self.allowed):
-                self.front.refused("origin")
-                log.info("http.origin_refused", origin=origin.decode("latin-1")[:200])
-                response = json_response(O.error_body(
-                    403, "requests from this origin are not allowed (see --cors-origin)", "origin_not_allowed"), 403)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class _UvicornLog(logging.Handler):
@@ -128,6 +97,11 @@ def _bridge_uvicorn_logs() -> None:
     lg.propagate = False
 
 
+def _name(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -140,9 +114,13 @@ def _version() -> str:
 class HttpFront:
     def __init__(self, system: Service | None, config: Config) -> None:
         self.config = config
-        self.model_id = Path(config.model).stem
-        self.names = list(dict.fromkeys([self.model_id, *config.model_alias]))  # listed by /v1/models
-        self.known = {*self.names, Path(config.model).name, config.model}
+        # llama-server's naming: the model is listed once, its id the first alias in sorted
+        # order (its aliases are a std::set), else the file's stem; any of them is served.
+        self.aliases = sorted(set(split_names(config.model_alias)))
+        self.tags = sorted(set(split_names(config.model_tags)))
+        self.model_id = self.aliases[0] if self.aliases else Path(config.model).stem
+        self.names = [self.model_id]  # listed by /v1/models
+        self.known = {self.model_id, *self.aliases, Path(config.model).stem, Path(config.model).name, config.model}
         self._key = config.api_key.encode() if config.api_key else None
         self.disconnects = 0
         self.address: str | None = None
@@ -150,7 +128,7 @@ class HttpFront:
         self.fingerprint = ""
         self.version = _version()
         self._developer: bool | None = None  # whether the chat template names the developer role
-        self._sock: socket.socket | None = None
+        self._socks: list[socket.socket] = []
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
@@ -159,12 +137,15 @@ class HttpFront:
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
-        origins = [o for o in config.cors_origin if o != "localhost"] or (["*"] if not config.cors_origin else [])
-        middleware = [Middleware(_OriginGate, front=self), Middleware(
-            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_origin_regex=_LOCAL_ORIGIN.pattern if "localhost" in config.cors_origin else None,
-            allow_headers=["*"], max_age=600)]
-        self.app = Starlette(routes=self.routes(), middleware=middleware, exception_handlers={
+        middleware = [Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
+        routes = self.routes()
+        if config.vertex:  # Vertex AI's prediction route (vertex.py), which must not hide one of ours
+            taken = {getattr(r, "path", "") for r in routes}
+            if config.aip_predict_route in taken or config.aip_health_route in taken - {"/health"}:
+                raise InvalidParams(f"AIP_PREDICT_ROUTE {config.aip_predict_route} (or AIP_HEALTH_ROUTE) "
+                                    "names one of the front's own routes")
+            routes += Vertex(self).routes()
+        self.app = Starlette(routes=routes, middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
 
     def routes(self) -> list[Route]:
@@ -196,9 +177,11 @@ class HttpFront:
             size = -1
         h.update(_enc.encode([self.version, size, getattr(props, "desc", ""), getattr(props, "n_ctx", 0),
                               self.config.slots, getattr(props, "swa_full", False)]))
-        # OpenAI's "backend configuration" id: the same code, model and context shape give
-        # the same value, so a client can tell when a seed's output may change.
-        self.fingerprint = "fp_" + h.hexdigest()
+        # OpenAI's "backend configuration" id (an opaque string to OpenAI): the same code,
+        # model and context shape give the same value, so a client can tell when a seed's
+        # output may change. Written as llama-server writes its own, `b<build>-<id>`, so
+        # clients that read a llama-server build from it (its tests do) find one.
+        self.fingerprint = f"b{self.version}-{h.hexdigest()}"
 
     @property
     def service(self) -> Service:
@@ -325,31 +308,57 @@ class HttpFront:
     # -- serving -----------------------------------------------------------------------
 
     def bind(self, inherited: socket.socket | None = None) -> socket.socket:
-        """Listen (the daemon calls this before the model loads, so a refusal is quick), or
-        serve on `inherited`, a TCP listener systemd bound (socket activation), held to the
-        same rules as --http's address: off loopback it needs the key."""
-        if self._sock is not None:
-            return self._sock
+        """Listen on --http's addresses (several, comma-separated, are all served by this one
+        front, its bounds counted across them), the daemon calls this before the model loads,
+        so a refusal is quick; or serve on `inherited`, a TCP listener systemd bound (socket
+        activation), held to the same rules as --http's address: off loopback it needs the
+        key. Under Vertex AI (`aip_mode`) every address takes AIP_HTTP_PORT's port, as
+        llama-server's. Returns the first listener."""
+        if self._socks:
+            return self._socks[0]
         if inherited is not None:
             host, port = inherited.getsockname()[:2]
             spec = f"[{host}]:{port}" if inherited.family == socket.AF_INET6 else f"{host}:{port}"
             if not is_loopback(host) and not self._key:
                 raise InvalidParams(f"systemd's socket {spec} is not a loopback address: it needs --api-key",
                                     http=spec)
+            addrs = [(host, port)]
         else:
             spec = self.config.http or "127.0.0.1:0"
-            host, port = http_address(spec)
+            addrs = http_addresses(spec)
+            if self.config.vertex:
+                if any(p != self.config.aip_http_port for _, p in addrs):
+                    log.warning("http.vertex_port", http=spec, port=self.config.aip_http_port)
+                addrs = [(h, self.config.aip_http_port) for h, _ in addrs]
+            if len(addrs) > 1 and any(p == 0 for _, p in addrs):
+                raise InvalidParams(f"--http {spec}: port 0 is not supported with several addresses", http=spec)
+        socks: list[socket.socket] = []
+        try:
+            for host, port in addrs:
+                socks.append(self._listen(host, port, spec, inherited))
+        except BaseException:
+            for s in socks:
+                if s is not inherited:
+                    s.close()
+            raise
+        self.address = ",".join(_name(s) for s in socks)
+        self._socks = socks
+        return socks[0]
+
+    def _listen(self, host: str, port: int, spec: str, inherited: socket.socket | None) -> socket.socket:
         if self._key is None:
             why = check_tcp_peers(host)
             if why is not None:
                 raise InvalidParams(f"--http {spec} without --api-key serves this uid only, and {why}: "
                                     f"set --api-key", http=spec)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         if inherited is not None:
             sock = inherited
         else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # [::]:P beside 0.0.0.0:P: each its own family
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind((host, port))
             except OSError as e:
@@ -357,10 +366,13 @@ class HttpFront:
                 raise InvalidParams(f"cannot listen on {spec}: {e.strerror}", http=spec) from None
             sock.listen(1024)
         sock.setblocking(False)
-        bound = sock.getsockname()
-        self.address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"
-        self._sock = sock
         return sock
+
+    def close(self) -> None:
+        """Close the listeners (the daemon's, when the system fails to start)."""
+        for s in self._socks:
+            s.close()
+        self._socks = []
 
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, then shut down gracefully (close listeners, let answers end)."""
@@ -373,7 +385,8 @@ class HttpFront:
             def capture_signals(self) -> Any:
                 yield
 
-        sock = self.bind()
+        self.bind()
+        socks = list(self._socks)
         _bridge_uvicorn_logs()
         protocol, extra = bounded_protocol(self.gate)
         # proxy_headers off: no proxy stands in front by design, and a client's
@@ -390,7 +403,7 @@ class HttpFront:
                 async def run() -> None:
                     try:
                         with anyio.CancelScope(shield=True):  # stopped by should_exit, not by cancellation
-                            await server.serve(sockets=[sock])
+                            await server.serve(sockets=socks)
                     finally:
                         ended.set()
 
@@ -407,5 +420,4 @@ class HttpFront:
                 finally:
                     server.should_exit = True
         finally:
-            sock.close()
-            self._sock = None
+            self.close()

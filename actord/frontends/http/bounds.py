@@ -27,6 +27,12 @@ the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
   pass the socket's `PeerPolicy`, else 403, decided once per connection when it opens
   (like SO_PEERCRED, which the kernel takes at connect).
 
+Header names go out in their canonical case (`Content-Type`, `Access-Control-Allow-Origin`),
+as llama-server writes them: HTTP says names are case-insensitive, but clients built on it
+read them from a plain dict (its own test suite does). Starlette and uvicorn lowercase
+every name, so each request's answer head is rewritten as it is written (`canonical_head`),
+one pass over the head's lines; the body is never touched, streamed or not.
+
 A refusal writes one whole HTTP answer (OpenAI's error object, `connection: close`),
 half-closes, and discards input for a moment (at most LINGER_S and LINGER_BYTES, for at
 most MAX_LINGERING connections at once) so that a client still sending reads the answer
@@ -72,11 +78,51 @@ class Gate:
 def answer(status: int, message: str, code: str, *, retry_after: int | None = None) -> bytes:
     """One whole HTTP/1.1 answer carrying OpenAI's error object, closing the connection."""
     body = msgspec.json.encode(O.error_body(status, message, code))
-    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close"]
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "Content-Type: application/json",
+            f"Content-Length: {len(body)}", "Connection: close"]
     if retry_after is not None:
-        head.append(f"retry-after: {retry_after}")
+        head.append(f"Retry-After: {retry_after}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+_SPECIAL = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate", b"te": b"TE"}
+
+
+def canonical_name(name: bytes) -> bytes:
+    """`access-control-allow-origin` -> `Access-Control-Allow-Origin` (a few names by their
+    registered spelling)."""
+    low = name.lower()
+    return _SPECIAL.get(low) or b"-".join(part[:1].upper() + part[1:] for part in low.split(b"-"))
+
+
+def canonical_head(head: bytes) -> bytes:
+    """An answer head (status line, header lines, blank line) with canonical names."""
+    lines = head.split(b"\r\n")
+    for i in range(1, len(lines)):
+        name, sep, rest = lines[i].partition(b":")
+        if sep:
+            lines[i] = canonical_name(name) + sep + rest
+    return b"\r\n".join(lines)
+
+
+class _CanonicalHead:
+    """A request cycle's transport: its first answer head (an interim `100 Continue` aside)
+    goes out with canonical header names; every other write, and every other call, passes
+    through unchanged."""
+
+    def __init__(self, transport: Any) -> None:
+        self._t = transport
+        self._head_sent = False
+
+    def write(self, data: bytes) -> None:
+        if not self._head_sent and data.startswith(b"HTTP/") and not data.startswith(b"HTTP/1.1 100 "):
+            self._head_sent = True
+            end = data.find(b"\r\n\r\n")
+            data = canonical_head(data) if end < 0 else canonical_head(data[:end]) + data[end:]
+        self._t.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
 
 
 class _Bounds:
@@ -159,6 +205,9 @@ class _Bounds:
     # -- hooks the concrete classes call ------------------------------------------------
 
     def _b_head_done(self) -> None:
+        c = self.cycle  # the request's cycle, made as its head was parsed, its task not yet run
+        if c is not None and not isinstance(c.transport, _CanonicalHead):
+            c.transport = _CanonicalHead(c.transport)
         self._b_in_head = False
         self._b_head_bytes = 0
         self._b_disarm()

@@ -13,6 +13,15 @@ from the Service's `memory` verb (service/introspection.py), the same actors `sl
 than server-sent events: an `EventSource` cannot send `Authorization`, and the state route
 is held to the API key like every other route.
 
+Where: at `/` too, where llama-server serves its web UI, so a browser pointed at the
+daemon's address lands on it; `--no-http-ui` takes the page and its assets away (404), as
+llama-server's --no-ui. The assets are llama-server's UI names, public as its are: the
+page's manifest (`/manifest.webmanifest`: the dashboard installs as an app), the build's
+version (`/_app/version.json`, which an open llama-server UI tab polls to learn of a new
+build), and `/sw.js`, a service worker that unregisters itself: a browser that ran
+llama-server's UI at this address keeps its worker, which would go on serving that UI from
+its cache, until a fetch of /sw.js brings a new one (a 404 leaves the old in place).
+
 Who may see it: the state route stands behind the front's guard (the key, or without one
 the peer rules checked when the connection opened, bounds.py). The page itself is the same
 for everyone and holds nothing, so it is served like /health; its script takes the key from
@@ -47,7 +56,11 @@ if TYPE_CHECKING:
 HISTORY_S = 600.0  # the plots' span: ten minutes
 MIN_INTERVAL_S = 0.5  # polls closer than this (two tabs) share one read of the system
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-       "img-src data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+       "img-src data:; manifest-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+# A worker whose only act is to remove itself (and any other this origin registered).
+SW_JS = b"""self.addEventListener("install", () => self.skipWaiting());
+self.addEventListener("activate", (e) => e.waitUntil(self.registration.unregister()));
+"""
 
 
 def page_html() -> bytes:
@@ -64,8 +77,26 @@ class Dashboard:
 
     def routes(self) -> list[Route]:
         f = self.front
-        return [Route("/dashboard", f.guard(self.page, public=True), methods=["GET"]),
-                Route("/dashboard/state", f.guard(self.state), methods=["GET"])]
+        state = [Route("/dashboard/state", f.guard(self.state), methods=["GET"])]
+        if not f.config.http_ui:
+            return state
+        return [Route("/", f.guard(self.page, public=True), methods=["GET"]),
+                Route("/dashboard", f.guard(self.page, public=True), methods=["GET"]),
+                Route("/manifest.webmanifest", f.guard(self.manifest, public=True), methods=["GET"]),
+                Route("/_app/version.json", f.guard(self.version, public=True), methods=["GET"]),
+                Route("/sw.js", f.guard(self.worker, public=True), methods=["GET"]),
+                *state]
+
+    async def manifest(self, request: Request) -> Response:
+        body = msgspec.json.encode({"name": "actord dashboard", "short_name": "actord", "start_url": "/",
+                                    "display": "standalone", "background_color": "#ffffff"})
+        return Response(body, media_type="application/manifest+json")
+
+    async def version(self, request: Request) -> Response:
+        return json_response({"version": self.front.version})
+
+    async def worker(self, request: Request) -> Response:
+        return Response(SW_JS, media_type="text/javascript", headers={"cache-control": "no-cache"})
 
     async def page(self, request: Request) -> Response:
         if self._html is None:

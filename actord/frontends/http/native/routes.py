@@ -15,8 +15,7 @@ lives where its job is:
   /detokenize` (`tokens`), `POST /apply-template` (`messages` -> `prompt`); `GET /props`
   (llama-server's shape, `slot_page_version: 1`, `lora_page_version: 1`, and actord's own
   props beside them); `GET /health` (public), `GET /metrics` (actord's registry as it is,
-  plus llama-server's `llamacpp:` series and the seed's series under that prefix, read
-  from the same registry).
+  plus llama-server's `llamacpp:` series, `metrics.py`; 501 with `--no-http-metrics`).
 - `slots.py`: `GET /slots`, `POST /slots/{id}?action=save|restore|erase` and the
   seed's `page_out`, `page_in`, `page_drop`, `spill`.
 - `genes.py`: `GET /lora-adapters`, `POST /lora-adapters` (global scales: only what
@@ -32,72 +31,28 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from prometheus_client.utils import floatToGoString
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import InvalidParams
-from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.native.base import NativeRoutes, error_body
 from actord.frontends.http.native.completion import CompletionRoutes, generation_defaults
 from actord.frontends.http.native.genes import GeneRoutes
+from actord.frontends.http.native.metrics import LlamaSeries
 from actord.frontends.http.native.slots import SlotRoutes
-from actord.frontends.http.responses import json_response
-
-
-def llama_metrics(system: Service) -> str:
-    """llama-server's series (`llamacpp:`), and the seed's under that prefix, read from the
-    one registry at scrape time; no second registry, no second count."""
-    reg = system.metrics.registry
-
-    def v(name: str) -> float:
-        x = reg.get_sample_value(name)
-        return 0.0 if x is None else float(x)
-
-    deferred = float(system.n_deferred())
-    series: list[tuple[str, str, str, float]] = [
-        ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens",
-         v("prompt_tokens_processed_total")),
-        ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache",
-         v("prompt_tokens_total") - v("prompt_tokens_processed_total")),
-        ("tokens_predicted_total", "counter", "Number of generation tokens processed", v("predicted_tokens_total")),
-        ("n_decode_total", "counter", "Total number of llama_decode() calls", v("engine_steps_total")),
-        ("requests_processing", "gauge", "Number of requests processing", v("requests_in_flight")),
-        ("requests_deferred", "gauge", "Number of requests deferred", deferred),
-        ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated",
-         v("spec_decode_num_draft_tokens_total")),
-        ("spec_decode_num_accepted_tokens_total", "counter",
-         "Speculative: Total draft tokens accepted by the target model", v("spec_decode_num_accepted_tokens_total")),
-        ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps",
-         v("spec_decode_num_drafts_total")),
-    ]
-    for name, kind in SEED_SERIES:
-        family = name[: -len("_total")] if kind == "counter" else name
-        doc = next((f.documentation for f in reg.collect() if f.name == family), name)
-        series.append((name, kind, doc, v(name)))
-    lines = []
-    for name, kind, doc, value in series:
-        lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}",
-                  f"llamacpp:{name} {floatToGoString(value)}"]
-    return "\n".join(lines) + "\n"
-
-
-SEED_SERIES: list[tuple[str, str]] = [
-    ("page_store_bytes", "gauge"), ("page_store_pages", "gauge"), ("ctx_checkpoint_bytes", "gauge"),
-    ("page_out_total", "counter"), ("page_in_total", "counter"), ("page_failed_total", "counter"),
-    ("ctx_checkpoints_evicted_budget_total", "counter"), ("ctx_checkpoints_skipped_budget_total", "counter"),
-    ("lora_page_out_total", "counter"), ("lora_page_in_total", "counter"),
-    ("lora_page_in_on_demand_total", "counter"), ("lora_page_failed_total", "counter"),
-    ("lora_device_bytes", "gauge"), ("lora_host_bytes", "gauge"),
-]
+from actord.frontends.http.responses import HttpError, json_response
 
 
 class Native(NativeRoutes):
     """The native API's route table: /completion, the slots and the genes from their
     modules, the text verbs, props, health and metrics here."""
+
+    def __init__(self, front: Any) -> None:
+        super().__init__(front)
+        self.rates = LlamaSeries(front)
 
     def routes(self) -> list[Route]:
         g = self._guard
@@ -204,5 +159,9 @@ class Native(NativeRoutes):
         return json_response(h)
 
     async def metrics(self, request: Request) -> Response:
-        text = self.system.metrics_text() + llama_metrics(self.system)
-        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        if not self.config.http_metrics:  # llama-server without --metrics
+            raise HttpError(501, "This server does not support metrics endpoint. Start it with `--http-metrics`",
+                            "not_supported")
+        text = self.system.metrics_text() + self.rates.series()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8",
+                        headers={"process-start-time-unix": str(int(self.front.created))})

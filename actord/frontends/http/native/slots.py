@@ -6,7 +6,8 @@ erase; the seed's page_out, page_in, page_drop and spill of a page), each answer
 llama-server's shape with actord's own fields beside it; nothing else of the native API
 needs them.
 
-Routes: `GET /slots` (`?fail_on_no_slot=1`: 503 unless a slot is idle), `POST
+Routes: `GET /slots` (`?fail_on_no_slot=1`: 503 unless a slot is idle; 501 with
+`--no-http-slots`, llama-server's default), `POST
 /slots/{id}?action=save|restore|erase` (`filename`, or `file`, in the body), and the
 seed's `?action=page_out&page=NAME`, `page_in`, `page_drop`, `spill` (`filename`/`file`
 and `drop` in the body). Each calls the JSON-RPC verb of the same job, with its checks.
@@ -33,6 +34,9 @@ class SlotRoutes(NativeRoutes):
                 Route("/slots/{id_slot}", self._guard(self.slot_action), methods=["POST"])]
 
     async def slots(self, request: Request) -> Response:
+        if not self.config.http_slots:  # llama-server without --slots
+            raise HttpError(501, "This server does not support slots endpoint. Start it with `--http-slots`",
+                            "not_supported")
         infos = await self.system.slot_list()
         n_ctx = slot_n_ctx(self.config, self.system.model_props().n_ctx)
         out = [{"id": i.id, "id_task": -1, "n_ctx": n_ctx, "speculative": False,

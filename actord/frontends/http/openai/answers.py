@@ -68,8 +68,11 @@ def chat_message(msg: Any, content: str, functions: bool = False) -> dict[str, A
 
 
 def llama_timings(r: CompletionResult) -> dict[str, Any]:
-    """llama-server's `timings` object of one completion (its native answers' and its chats')."""
+    """llama-server's `timings` object of one completion (its native answers' and its chats').
+    The generation rate is over the tokens after the first, as llama-server's: the first
+    comes from the prompt's last step, so one token generated has no rate (0)."""
     t, n_gen, n_proc = r.timings, len(r.tokens), r.n_prompt_processed
+    steps = max(0, n_gen - 1)
     spec = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}  # as llama-server
     return {
         "cache_n": r.n_cached,
@@ -79,10 +82,23 @@ def llama_timings(r: CompletionResult) -> dict[str, Any]:
         "prompt_per_second": t.prompt_per_second,
         "predicted_n": n_gen,
         "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": t.predicted_ms / n_gen if n_gen else 0.0,
-        "predicted_per_second": t.predicted_per_second,
+        "predicted_per_token_ms": t.predicted_ms / steps if steps else 0.0,
+        "predicted_per_second": 1e3 / t.predicted_ms * steps if steps and t.predicted_ms > 0 else 0.0,
         **spec,
     }
+
+
+def verbose_object(model: str, r: Any, prompt: str) -> dict[str, Any]:
+    """llama-server's `__verbose` (its native answer's fields for choice 0, `prompt` the text
+    the model was given), which its OpenAI answers carry when asked for: a debugging aid."""
+    c, _ = _split(_many(r)[0])
+    n_gen = len(c.tokens)
+    kind = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}.get(c.stop_reason, "none")
+    return {"index": 0, "content": c.content, "tokens": list(c.tokens), "id_slot": c.slot, "stop": True,
+            "model": model, "tokens_predicted": n_gen, "tokens_evaluated": c.n_prompt_tokens, "prompt": prompt,
+            "has_new_line": "\n" in c.content, "truncated": c.stop_reason == "context", "stop_type": kind,
+            "stopping_word": "", "tokens_cached": c.n_prompt_tokens + max(0, n_gen - 1),
+            "timings": llama_timings(c)}
 
 
 def timings(r: Any) -> dict[str, Any]:

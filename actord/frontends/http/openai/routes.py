@@ -7,8 +7,9 @@ Why a module of its own: these routes turn OpenAI's requests (shapes and checks 
 
 Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
 /v1/completions (one prompt or a list: `complete_prompts`), GET /v1/models and /models, GET /v1/models/{id} and /models/{id}. Any
-`model` name is served and echoed, as llama-server does; a lookup answers only for the
-names the list gives (the file's stem and each `--model-alias`). OpenAI's Responses API and
+`model` name is served and echoed, as llama-server does; the list names the model once, as
+llama-server's (its id the first alias, else the file's stem, with `aliases` and `tags`),
+and a lookup answers for the id, the stem and each alias. OpenAI's Responses API and
 embeddings have modules of their own (`responses_api.py`: POST /v1/responses, GET/DELETE
 /v1/responses/{id}; `embeddings.py`: POST /v1/embeddings; each with its bare path too), and
 read their bodies and minds as these routes do (`decode_body`, `request_mind`).
@@ -43,6 +44,7 @@ from actord.chat.messages import ChatRequest
 from actord.service.errors import ActordError, InvalidParams, ModelNotFound
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.answers import verbose_object
 from actord.frontends.http.openai.tools_wire import call_deltas
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response, llama_error_response
 from actord.frontends.http.streaming import DONE, Generation, sse
@@ -57,8 +59,9 @@ class OpenAIAnswer:
 
     def __init__(self, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
                  stream: bool, include_usage: bool, logprobs: bool, functions: bool = False, n: int = 1,
-                 llama: bool = False) -> None:
+                 llama: bool = False, prompt_of: Callable[[], Awaitable[str]] | None = None) -> None:
         self.front, self.run, self.chat, self.model = front, run, chat, model
+        self.prompt_of = prompt_of  # set: the answer carries llama-server's `__verbose` (verbose_object)
         self.include_usage, self.logprobs = include_usage, logprobs
         self.functions = functions  # legacy function calling: the answer carries function_call
         self.llama = llama  # served on llama-server's unprefixed alias: its forms where OpenAI's differ
@@ -70,23 +73,30 @@ class OpenAIAnswer:
     @classmethod
     def response(cls, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
                  stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False,
-                 n: int = 1, llama: bool = False) -> Generation:
+                 n: int = 1, llama: bool = False, prompt_of: Callable[[], Awaitable[str]] | None = None) -> Generation:
         answer = cls(front, run, chat=chat, model=model, stream=stream, include_usage=include_usage,
-                     logprobs=logprobs, functions=functions, n=n, llama=llama)
+                     logprobs=logprobs, functions=functions, n=n, llama=llama, prompt_of=prompt_of)
         return Generation(front, answer, stream=stream)
 
     async def whole(self) -> Any:
         r = await self.run(None)  # a chat's ChatResult (its message and calls), a completion's result
         created, fp = int(time.time()), self.front.fingerprint
         if self.chat:
-            return O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs,
+            body = O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs,
                                      self.functions)
-        return O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs)
+        else:
+            body = O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs)
+        if self.prompt_of is not None:
+            body["__verbose"] = verbose_object(self.model, r, await self.prompt_of())
+        return body
 
     async def streamed(self, on_token: Any) -> list[Any]:
         assert self.chunks is not None
         r = await self.run(on_token)  # n > 1: the choices' results, by index
-        return [*self.chunks.lasts(r), *([self.chunks.usage(r)] if self.include_usage else [])]
+        lasts = self.chunks.lasts(r)
+        if self.prompt_of is not None and lasts:  # on the final result's first chunk, as llama-server's
+            lasts[0] = {**lasts[0], "__verbose": verbose_object(self.model, r, await self.prompt_of())}
+        return [*lasts, *([self.chunks.usage(r)] if self.include_usage else [])]
 
     def first(self) -> Any | None:
         assert self.chunks is not None
@@ -217,6 +227,13 @@ class OpenAIRoutes(RouteGroup):
         ).check()
         precheck(chat, self.config.request_limits())
 
+        prompt_of = None
+        if self._verbose(req):
+            async def prompt_of() -> str:  # the turn's prompt text, rendered again (a debugging aid)
+                agp = chat.add_generation_prompt or chat.continue_final_message  # both continue a last reply
+                return await self.system.apply_template(chat.messages, chat.template, agp, chat.tools or None,
+                                                        chat.template_kwargs or None)
+
         async def run(on_token: Any) -> Any:
             # A ChatResult (the message and its calls); n > 1: one per choice (actord/chat/choices.py).
             return await self.system.chat(chat, on_token=on_token, n=n_choices)
@@ -225,7 +242,7 @@ class OpenAIRoutes(RouteGroup):
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                      functions=req.functions is not None or req.function_call is not None,
-                                     n=n_choices, llama=not request.url.path.startswith("/v1/"))
+                                     n=n_choices, llama=not request.url.path.startswith("/v1/"), prompt_of=prompt_of)
 
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
@@ -257,10 +274,24 @@ class OpenAIRoutes(RouteGroup):
         return OpenAIAnswer.response(self.front, run, chat=False, model=req.model or self.front.model_id,
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                                     n=len(comps) * n_choices)
+                                     n=len(comps) * n_choices, prompt_of=self._prompt_text(comps[0].prompt)
+                                     if self._verbose(req) else None)
+
+    def _verbose(self, req: O._Common) -> bool:
+        """llama-server's `__verbose`: the request's `verbose`, else --http-verbose."""
+        return self.config.http_verbose if req.verbose is None else req.verbose
+
+    def _prompt_text(self, prompt: Any) -> Callable[[], Awaitable[str]]:
+        async def text() -> str:
+            if isinstance(prompt, str):
+                return prompt
+            return await self.system.detokenize(list(prompt))
+        return text
 
     def _model_object(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": self.front.created, "owned_by": "actord"}
+        f = self.front  # llama-server lists its aliases and tags beside the id (extra fields to OpenAI)
+        return {"id": name, "object": "model", "created": f.created, "owned_by": "actord",
+                "aliases": f.aliases, "tags": f.tags}
 
     async def models(self, request: Request) -> Response:
         return json_response({"object": "list", "data": [self._model_object(n) for n in self.front.names]})

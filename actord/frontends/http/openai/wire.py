@@ -119,6 +119,7 @@ class _Common(msgspec.Struct, kw_only=True, frozen=True):
     min_p: Any = None
     repeat_penalty: Any = None
     n_probs: Any = None
+    verbose: bool | None = None  # llama-server's: the answer carries `__verbose` (default: --http-verbose)
 
 
 class ChatCompletionRequest(_Common, kw_only=True, frozen=True):

@@ -1,0 +1,93 @@
+"""Browsers at the HTTP front: which origins it serves, and llama-server's CORS answers.
+
+Why a module of its own: a browser page (a request with an `Origin` header) is treated as
+llama-server treats it, so the browser UIs built on it connect unchanged, and that is two
+ASGI layers outside every route (app.py installs them): `OriginGate` refuses (403) an
+origin `--cors-origin` does not list (none listed: any is served, llama-server's default;
+the keyword `localhost`: any local origin, http(s)://localhost, 127.0.0.1 or [::1] on any
+port); `Cors` reflects an allowed origin in Access-Control-Allow-Origin with credentials
+allowed, and answers every OPTIONS request at once (200, before the key: a browser's
+preflight carries none) with llama-server's headers: Allow-Methods "GET, POST, DELETE,
+OPTIONS", Allow-Headers `--cors-headers` ("*"). Starlette's CORSMiddleware answers a
+refused preflight 400 and echoes the requested headers instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from actord.frontends.http.openai import wire as O
+from actord.frontends.http.responses import json_response
+from actord.service.log import get
+
+if TYPE_CHECKING:
+    from actord.frontends.http.app import HttpFront
+
+log = get("actord.frontends.http")
+
+
+_LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?")
+
+
+def origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
+    """Whether a browser page from `origin` may use the front: `allowed` is `--cors-origin`'s
+    list (empty or with "*": any origin, llama-server's default; "localhost": any local one)."""
+    if not allowed or "*" in allowed or origin in allowed:
+        return True
+    return "localhost" in allowed and _LOCAL_ORIGIN.fullmatch(origin) is not None
+
+
+class OriginGate:
+    """Refuses browser requests from origins `--cors-origin` does not allow (see the module
+    docstring); non-browser clients send no Origin header and pass."""
+
+    def __init__(self, app: Any, front: "HttpFront") -> None:
+        self.app, self.front = app, front
+        self.allowed = frozenset(front.config.cors_origin)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.allowed and "*" not in self.allowed:
+            origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+            if origin is not None and not origin_allowed(origin.decode("latin-1"), self.allowed):
+                self.front.refused("origin")
+                log.info("http.origin_refused", origin=origin.decode("latin-1")[:200])
+                response = json_response(O.error_body(
+                    403, "requests from this origin are not allowed (see --cors-origin)", "origin_not_allowed"), 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class Cors:
+    """llama-server's CORS answers (the module docstring); the origin was checked by
+    `OriginGate` before."""
+
+    def __init__(self, app: Any, front: "HttpFront") -> None:
+        self.app = app
+        self.preflight = [(b"access-control-allow-credentials", b"true"),
+                          (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                          (b"access-control-allow-headers", front.config.cors_headers.encode("latin-1")),
+                          (b"access-control-max-age", b"600")]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        extra = [] if origin is None else [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+        if scope["method"] == "OPTIONS":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*extra, *self.preflight, (b"content-type", b"text/html"),
+                                    (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if origin is not None:
+            extra.append((b"access-control-allow-credentials", b"true"))
+
+        async def send_cors(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_cors if extra else send)
