@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 class TokenChunk(TypedDict, total=False):
     """One streamed chunk, as `on_token` receives it: the scheduler writes `slot`, `content`,
-    `tokens` (and `logprobs` when asked); n choices add their `index`; a chat with tools adds
+    `tokens` (and `logprobs`, `progress`, `timings` when asked); n choices add their `index`; a chat with tools adds
     the `calls` the chunk completed (actord/chat/tool_output.py)."""
 
     slot: int
@@ -32,6 +32,8 @@ class TokenChunk(TypedDict, total=False):
     logprobs: Any
     index: int
     calls: list["CallMade"]
+    progress: dict[str, Any]  # return_progress: the prompt's (content ""; actord/serving/stream_extras.py)
+    timings: dict[str, Any]  # timings_per_token: the request's so far
 
 
 # Called on the event loop for every chunk; it must not block (a sink that raises ends its

@@ -289,6 +289,9 @@ class StreamAdapter:
         self.scanner, self.sink, self.n_calls = scanner, sink, 0
 
     def __call__(self, chunk: dict[str, Any]) -> None:
+        if "progress" in chunk:  # the prompt's progress: no text to parse
+            self.sink(chunk)
+            return
         self._send(chunk, self.scanner.feed(chunk.get("content", "")))
 
     def finish(self, slot: int) -> None:

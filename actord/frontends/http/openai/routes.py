@@ -96,10 +96,15 @@ class OpenAIAnswer:
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
+        if "progress" in chunk:  # return_progress: llama-server's role delta with the prompt's progress
+            return self.chunks.progress(chunk["progress"], chunk.get("timings"), chunk.get("index", 0))
         if self.chat and not (chunk["content"] or chunk.get("calls") or chunk.get("logprobs") or chunk.get("reasoning")):
             return b""  # tokens with no text yet (a character's first bytes, a stop's start): no empty delta
-        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
-                                 chunk.get("index", 0), chunk.get("reasoning", ""))
+        out = self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
+                                chunk.get("index", 0), chunk.get("reasoning", ""))
+        if "timings" in chunk:  # timings_per_token
+            out["timings"] = chunk["timings"]
+        return out
 
 
 async def complete_prompts(system: Service, comps: list[CompletionRequest], n: int,
@@ -199,7 +204,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
-            **O.chat_fields(req),
+            **O.chat_fields(req), return_progress=req.return_progress, timings_per_token=req.timings_per_token,
         ).check()
         self._precheck(chat.mind, chat.n_predict, chat.temperature, chat.top_k, chat.top_p, fields)
 
@@ -231,6 +236,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
+            return_progress=req.return_progress, timings_per_token=req.timings_per_token,
         ).check(self.config.request_limits()) for i, p in enumerate(prompts)]
 
         async def run(on_token: Any) -> Any:
