@@ -134,3 +134,14 @@ def test_post_sampling_probs_are_the_chains_candidates_and_change_no_token(url):
     streamed = [p for e in events[:-1] for p in e.get("completion_probabilities", [])]
     assert [p["id"] for p in streamed] == [p["id"] for p in post["completion_probabilities"]]
     assert all("top_probs" in p for p in streamed)
+
+
+def test_input_tokens_counts_what_the_chat_would_decode(url):
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    chat = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, timeout=60).json()
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        r = httpx.post(url + path, json={"messages": messages}, timeout=60)
+        assert r.status_code == 200 and r.json() == {"input_tokens": chat["usage"]["prompt_tokens"],
+                                                     "object": "response.input_tokens"}
+    bad = httpx.post(url + "/v1/chat/completions/input_tokens", json={"messages": []}, timeout=60)
+    assert bad.status_code == 400
