@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 class TokenChunk(TypedDict, total=False):
     """One streamed chunk, as `on_token` receives it: the scheduler writes `slot`, `content`,
-    `tokens` (and `logprobs` when asked), and with a request's first chunk `n_prompt` and
+    `tokens` (and `logprobs`, `progress`, `timings` when asked), and with a request's first chunk `n_prompt` and
     `n_cached` (its prompt's tokens, of them those the slot already held: an API whose stream
     opens with the prompt's usage reads them); n choices add their `index`; a chat with tools
     adds the `calls` the chunk completed (actord/chat/tool_output.py). A sink that holds a
@@ -35,6 +35,8 @@ class TokenChunk(TypedDict, total=False):
     logprobs: Any
     index: int
     calls: list["CallMade"]
+    progress: dict[str, Any]  # return_progress: the prompt's (content ""; actord/serving/stream_extras.py)
+    timings: dict[str, Any]  # timings_per_token: the request's so far
     n_prompt: int
     n_cached: int
 

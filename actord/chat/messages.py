@@ -78,6 +78,10 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
     # A last assistant message is continued, not closed (llama-server's prefill); refused
     # with add_generation_prompt, which would open a new reply after it.
     continue_final_message: bool = False
+    # Streamed only (llama-server's): prompt progress chunks, and timings on every chunk
+    # (actord/serving/stream_extras.py).
+    return_progress: bool = False
+    timings_per_token: bool = False
 
     def check(self) -> "ChatRequest":
         if not self.messages:

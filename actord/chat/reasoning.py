@@ -207,6 +207,9 @@ class ReasoningSink:
         self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.host.carry)
 
     def __call__(self, chunk: dict[str, Any]) -> None:
+        if "progress" in chunk:  # the prompt's progress: no text to parse
+            self.sink(chunk)
+            return
         self._send(chunk, *self.parser.feed(chunk.get("content", "")))
 
     def finish(self, slot: int) -> None:

@@ -291,6 +291,9 @@ class StreamAdapter:
         self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.host.carry)
 
     def __call__(self, chunk: dict[str, Any]) -> None:
+        if "progress" in chunk:  # the prompt's progress: no text to parse
+            self.sink(chunk)
+            return
         self._send(chunk, self.scanner.feed(chunk.get("content", "")))
 
     def finish(self, slot: int) -> None:

@@ -95,7 +95,8 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
     completion = CompletionRequest(
         prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
         temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
-        stop=request.stop, stream=request.stream, genes=request.genes, **fields,
+        stop=request.stop, stream=request.stream, genes=request.genes, return_progress=request.return_progress,
+        timings_per_token=request.timings_per_token, **fields,
     )
 
     async def end(result: CompletionResult, message: Any) -> Any:

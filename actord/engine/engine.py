@@ -55,6 +55,7 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding, Sl
         self.backend_sampling = False  # resolved below, once the draft context is known
         self.backend_seqs: set[int] = set()
         self.greedy: set[int] = set()  # seqs whose chain is greedy alone (sampling.py `_greedy_rows`)
+        self.post_probs: set[int] = set()  # seqs whose logprobs are read after the chain (post_sampling)
         # Seqs whose request ends at an end-of-generation token (SamplingParams.end_on_eog) or
         # at one of its stop tokens (end_tokens), and those fed such a token by a feed_last
         # entry: their later feed_last entries are skipped (planned blind at depth >= 3), so

@@ -35,6 +35,10 @@ class SamplingParams(msgspec.Struct, frozen=True):
     # Log probabilities of each sampled token (and of the `top_logprobs` likeliest ones),
     # from the step's raw logits; -1 = not asked (nothing computed).
     top_logprobs: int = -1
+    # The logprobs are of the candidates the chain left, after its samplers (llama-server's
+    # post_sampling_probs): the sequence samples through the engine's candidate array
+    # (Sampling._sample_constrained) so that array can be read.
+    post_sampling: bool = False
     # A lazy grammar: free sampling until one of these (text, at_start) appears in the output,
     # then the grammar, fed from the trigger's start (Engine._watch). () = from the first token.
     grammar_triggers: tuple[tuple[str, bool], ...] = ()

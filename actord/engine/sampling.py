@@ -46,6 +46,7 @@ class Sampling:
     watches: dict[int, Watch]
     backend_sampling: bool  # attach eligible chains to the backend (engine/backend_sampling.py)
     backend_seqs: set[int]  # the sequences whose chain is attached
+    post_probs: set[int]  # the sequences whose logprobs are the chain's candidates' (post_sampling)
 
     def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
         """Build sequence `seq`'s sampler chain (see J.SamplingParams for the order).
@@ -90,6 +91,7 @@ class Sampling:
                 add(chain, lib.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
             # Greedy alone (no biases, no penalties): the step takes the row's argmax (`_greedy_rows`).
             greedy = p.temperature <= 0 and lib.llama_sampler_chain_n(chain) == 1
+            post = p.post_sampling and p.top_logprobs >= 0
         except BaseException:
             lib.llama_sampler_free(chain)
             if grammar:
@@ -103,13 +105,18 @@ class Sampling:
             self.end_tokens[seq] = frozenset(p.end_tokens)
         if self.backend_sampling and BS.eligible(p) and BS.attach(self.ctx, seq, chain):
             self.backend_seqs.add(seq)
-        elif greedy:
+        elif greedy and not post:
             self.greedy.add(seq)
         preserve = frozenset(self._special_token(t) for t in p.preserve) - {-1}
         if grammar and p.grammar_triggers:
             self.watches[seq] = Watch(grammar, tuple((t.encode(), at) for t, at in p.grammar_triggers), preserve)
         elif grammar:
             self.grammars[seq] = grammar
+        if post:
+            self.post_probs.add(seq)
+            # None: no grammar, but sampled through the candidate array, on the path a
+            # grammar takes (so the other sequences' path is unchanged).
+            self.grammars.setdefault(seq, None)
         if preserve and seq not in self.watches:
             self.watches[seq] = Watch(None, (), preserve)
         if p.top_logprobs >= 0:
@@ -119,6 +126,7 @@ class Sampling:
 
     def _free_sampler(self, seq: int) -> None:
         self.greedy.discard(seq)
+        self.post_probs.discard(seq)
         self.ends_on_eog.discard(seq)
         self.end_tokens.pop(seq, None)
         self.fed_end.discard(seq)
@@ -127,7 +135,7 @@ class Sampling:
             BS.detach(self.ctx, seq)
         for table in (self.samplers, self.grammars):
             smpl = table.pop(seq, None)
-            if smpl is not None:
+            if smpl:
                 lib.llama_sampler_free(smpl)
         w = self.watches.pop(seq, None)
         if w is not None and w.pending is not None:
@@ -260,6 +268,12 @@ class Sampling:
             lib.llama_sampler_apply(chain, ctypes.byref(cur))
             return int(cur.data[cur.selected].id) if 0 <= cur.selected < cur.size else -1
 
+        if grammar is None:  # post_sampling without a grammar: the chain on our array, so it can be read
+            tok = run()
+            if tok < 0:
+                return 0, "the samplers left no token (logit_bias banned every one)"
+            lib.llama_sampler_accept(chain, tok)
+            return tok, ""
         tok = -1 if self.grammar_first else run()
         self.grammar_samples += 1
         if tok < 0 or not self._allows(grammar, tok):
@@ -270,6 +284,27 @@ class Sampling:
         lib.llama_sampler_accept(grammar, tok)
         lib.llama_sampler_accept(chain, tok)
         return tok, ""
+
+    def _post_probs(self, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
+        """After `_sample_constrained`: the log of `tok`'s probability among the candidates
+        the chain left, and the `k` likeliest of them (none with probability 0), as
+        llama-server's post_sampling_probs reads its sampler's candidates. A chain that picks
+        without computing probabilities (greedy) gives its pick probability 1."""
+        cur = self._cand[2]
+        n = int(cur.size)
+        addr = ctypes.cast(cur.data, ctypes.c_void_p).value
+        view = np.frombuffer((lib.llama_token_data * n).from_address(addr),
+                             dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+        p = view["p"]
+        if not p.any():
+            return 0.0, [(tok, 0.0, self.piece(tok))][:k]
+        hit = np.flatnonzero(view["id"] == tok)
+        lp = math.log(float(p[hit[0]])) if hit.size and p[hit[0]] > 0 else -math.inf
+        k = min(k, n)
+        best = np.argpartition(-p, k - 1)[:k] if 0 < k < n else np.arange(n if k else 0)
+        best = best[np.argsort(-p[best], kind="stable")]
+        return lp, [(int(view["id"][i]), math.log(float(p[i])), self.piece(int(view["id"][i])))
+                    for i in best if p[i] > 0]
 
     def _logprobs(self, idx: int, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
         """Log-softmax of batch row `idx`'s raw logits: `tok`'s value and the top `k`'s.

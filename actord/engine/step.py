@@ -191,7 +191,12 @@ class Stepping:
                 if n_top is None and not refused:  # the common case: no extras to build
                     out.append(EntryOut(seq, tok, piece, known[1], ckpt, ckpt_pos))
                 else:
-                    lp, top = self._logprobs(idx, tok, n_top) if n_top is not None else (None, [])
+                    if n_top is None:
+                        lp, top = None, []
+                    elif seq in self.post_probs:  # post_sampling: the chain's candidates
+                        lp, top = self._post_probs(tok, n_top)
+                    else:
+                        lp, top = self._logprobs(idx, tok, n_top)
                     out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
                                         checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
             else:

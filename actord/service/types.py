@@ -65,6 +65,9 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     - `min_p`: llama-server's min-p (with temperature > 0).
     - `logprobs`: each generated token's log probability under the model, with the
       `top_logprobs` likeliest tokens' (CompletionResult.logprobs; chunks carry theirs).
+      With `post_sampling_probs` (llama-server's): the log of each one's probability among
+      the candidates the sampler chain left (top_k, top_p, min_p, temperature), read from
+      libllama's own candidate array, the likeliest first and none with probability 0.
     - `grammar_triggers`: the grammar is lazy: the output is free until one of these
       texts appears in it, and held to the grammar from there (tool calls: actord.chat.tools).
     - `preserve`: texts of control tokens the output keeps (a control token's text is
@@ -81,6 +84,7 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     min_p: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    post_sampling_probs: bool = False
     grammar_triggers: list[Trigger] = []
     preserve: list[str] = []
 
@@ -120,6 +124,8 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams(f"top_logprobs must be in [0, {limits.max_top_logprobs}]", param="top_logprobs")
         if self.top_logprobs and not self.logprobs:
             raise InvalidParams("top_logprobs needs logprobs", param="top_logprobs")
+        if self.post_sampling_probs and not self.logprobs:
+            raise InvalidParams("post_sampling_probs needs logprobs", param="post_sampling_probs")
         if self.grammar and self.json_schema is not None:
             raise InvalidParams("name a grammar or a json_schema, not both", param="json_schema")
         if self.grammar_triggers and not (self.grammar or self.json_schema is not None):
@@ -154,6 +160,10 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
     ignore_eos: bool = False
     stream: bool = False
     genes: list[GeneRef] = []
+    # Streamed only: a chunk per decoded piece of the prompt with its progress, and every
+    # chunk with the timings so far (llama-server's fields: actord/serving/stream_extras.py).
+    return_progress: bool = False
+    timings_per_token: bool = False
 
     def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
         from actord.service.errors import InvalidParams, PromptTooLong

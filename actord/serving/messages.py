@@ -172,6 +172,8 @@ class Enroll(Msg):
     draft_pos0: int = 0  # the draft context's sequence holds prompt[:draft_pos0]
     logprobs: bool = False  # the engine returns logprobs: collect them for the answer and the stream
     epoch: int = 0  # the sequence's epoch (serving/prefix_share.py): a cut below pos0 moved it on
+    progress: bool = False  # stream a chunk per decoded piece of the prompt (return_progress)
+    timings: bool = False  # every streamed chunk carries the timings so far (timings_per_token)
 
 
 class Abort(Msg):

@@ -40,7 +40,8 @@ from actord.serving.messages import (
 )
 from actord.service.types import CompletionResult, Timings
 from actord.serving.steps.core import SchedulerCore
-from actord.serving.steps.records import Delta, Event, Finished, Plan, Request, StepCheckpoint
+from actord.serving.steps.records import Delta, Event, Finished, Plan, Progress, Request, StepCheckpoint
+from actord.serving.stream_extras import LiveTimings, progress, timed
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 from actord.service.errors import (
@@ -66,6 +67,7 @@ class _Channel:
     # the prompt's usage (Anthropic's message_start) has it before the reply's first token.
     n_prompt: int = 0
     n_cached: int = 0
+    live: LiveTimings | None = None  # timings_per_token: the stream's timings so far
 
 
 def _placed(ch: _Channel, chunk: dict[str, Any]) -> None:
@@ -193,7 +195,7 @@ class Scheduler(Actor[SchedulerInbox]):
             n_predict=m.n_predict, genes=m.genes, stop_tokens=frozenset(m.stop_tokens), ignore_eos=m.ignore_eos,
             checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
             spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
-            logprobs=[] if m.logprobs else None,
+            logprobs=[] if m.logprobs else None, progress=m.progress and m.stream,
         )
         try:
             self.core.add(r)
@@ -202,9 +204,15 @@ class Scheduler(Actor[SchedulerInbox]):
             if env.reply is not None:
                 env.reply.fail(InternalError(str(e), slot=m.slot))
             return
-        self.channels[m.rid] = _Channel(reply=env.reply, stream=env.stream if m.stream else None,
-                                        t_start=m.t_start or time.perf_counter(), resumed=m.resumed_from_checkpoint,
-                                        slot=m.slot, n_prompt=len(m.prompt), n_cached=m.pos0)
+        t_start, stream, live = m.t_start or time.perf_counter(), env.stream if m.stream else None, None
+        if stream is not None and m.timings:  # wrapped once: the route of a token stays the same
+            live = LiveTimings(r, t_start)
+            stream = timed(stream, live)
+        self.channels[m.rid] = ch = _Channel(reply=env.reply, stream=stream, t_start=t_start,
+                                             resumed=m.resumed_from_checkpoint, slot=m.slot, live=live,
+                                             n_prompt=len(m.prompt), n_cached=m.pos0)
+        if r.progress:  # what the KV holds before the first step (llama-server's 0% report)
+            self._route(self._progress(r, ch))
 
     def _kick(self) -> None:
         if (self.core.reqs or self._pending) and not self.stepping and not self.parked:
@@ -324,6 +332,22 @@ class Scheduler(Actor[SchedulerInbox]):
                 self._tell_slot(ev.slot, CheckpointTaken(rid=ev.rid, pos=ev.pos, data=ev.data))
             elif isinstance(ev, Finished):
                 self._finish(ev)
+            elif isinstance(ev, Progress):
+                ch = self.channels.get(ev.req.rid)
+                if ch is not None and ch.stream is not None and not ev.req.ended:
+                    queue.extend(self._progress(ev.req, ch))
+
+    def _progress(self, r: Request, ch: _Channel) -> list[Event]:
+        """A prompt-progress chunk to the request's stream (stream_extras)."""
+        now = time.perf_counter()
+        if ch.live is not None:
+            ch.live.prompt_step(now)
+        try:
+            ch.stream({"slot": ch.slot, "content": "", "tokens": [], "progress": progress(r, ch.t_start, now)})
+        except Exception as e:  # the sink failed: this request ends, nobody else's
+            log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
+            return self.core.fail_request(r.rid, InternalError(f"stream sink failed: {e!r}"))
+        return []
 
     def _tell_slot(self, slot: int, msg: Any) -> None:
         try:

@@ -81,7 +81,7 @@ def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.Sampling
         temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed, grammar=req.grammar,
         logit_bias=req.bias_pairs(), penalty_last_n=last_n, repeat_penalty=req.repeat_penalty,
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty, min_p=req.min_p,
-        top_logprobs=req.top_logprobs if req.logprobs else -1,
+        top_logprobs=req.top_logprobs if req.logprobs else -1, post_sampling=req.post_sampling_probs,
         grammar_triggers=tuple((t.text, t.at_start) for t in req.grammar_triggers), preserve=tuple(req.preserve),
         end_on_eog=not req.ignore_eos, end_tokens=tuple(req.stop_tokens),
     )
@@ -421,6 +421,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,
+            progress=req.return_progress, timings=req.timings_per_token,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

@@ -205,7 +205,7 @@ def test_seed_reproduces_a_sampled_completion(server):
 
 @pytest.mark.parametrize("field,value", [
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("mirostat", 2), ("typical_p", 0.9), ("dynatemp_range", 0.5),
-    ("top_n_sigma", 1.0), ("min_keep", 3), ("post_sampling_probs", True), ("samplers", ["top_k"]),
+    ("top_n_sigma", 1.0), ("min_keep", 3), ("samplers", ["top_k"]),
 ])
 def test_a_sampler_actord_lacks_is_a_400_naming_it(server, field, value):
     err = assert_error(server.post("/completion", {"prompt": "hi", "n_predict": 2, field: value}), 400)

@@ -297,3 +297,21 @@ def test_cells_held_for_a_page_move_are_their_own_record_released_by_whoever_mad
     assert core.held(1) == 50
     core.release(t2)
     assert core.held(1) == 30 and core.free_cells == 70
+
+
+def test_progress_events_report_each_prompt_piece_before_its_token_and_only_when_asked():
+    from actord.serving.steps.records import Progress
+
+    core = SchedulerCore(n_batch=8, depth=1)
+    core.add(req(1, 0, prompt=20, n_predict=2, stream=True, progress=True))
+    core.add(req(2, 1, prompt=20, n_predict=2))  # did not ask
+    seen: list = []
+    while core.reqs:
+        plan = core.schedule()
+        seen += [(type(e).__name__, e.req.n_done if isinstance(e, Progress) else e.rid) for e in
+                 core.update(plan, out_for(plan)) if isinstance(e, (Progress, Delta))]
+    # request 1's prompt in pieces (request 2's share the batch), each reported once, the last
+    # before the token it sampled; decode steps and request 2 report nothing.
+    assert [x for x in seen if x[0] == "Progress"] == [("Progress", 8), ("Progress", 16), ("Progress", 20)]
+    assert seen.index(("Progress", 20)) < seen.index(("Delta", 1))
+    assert core._n_progress == 0  # drained: no per-step look any more

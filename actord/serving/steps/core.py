@@ -49,7 +49,7 @@ from actord.engine import jobs as J
 from actord.policy import speculation as S
 from actord.service.errors import InternalError, InvalidParams
 from actord.service.types import TokenLogprob, TopLogprob
-from actord.serving.steps.records import Delta, Event, Finished, GeneKey, Plan, Request, StepCheckpoint
+from actord.serving.steps.records import Delta, Event, Finished, GeneKey, Plan, Progress, Request, StepCheckpoint
 
 
 def _token_logprob(tok: int, res: J.EntryOut | J.Sampled) -> TokenLogprob:
@@ -87,6 +87,7 @@ class SchedulerCore:
         self.last_use: dict[int, int] = {}
         self._enrolled = 0
         self._n_spec = 0  # enrolled speculating requests (the hold below costs nothing without)
+        self._n_progress = 0  # enrolled requests that asked for prompt progress (none: no per-step look)
         self._current: GeneKey | None = None
         self._run_length = 0
         self._last_served: dict[GeneKey, int] = {}
@@ -98,6 +99,7 @@ class SchedulerCore:
             raise ValueError(f"slot {r.slot} already has request {self.by_slot[r.slot]} enrolled")
         self._enrolled += 1
         self._n_spec += r.spec > 0
+        self._n_progress += r.progress
         r.order = self._enrolled
         r.checkpoint_at = sorted(p for p in r.checkpoint_at if p > r.n_done)
         self.reqs[r.rid] = r
@@ -354,6 +356,11 @@ class SchedulerCore:
                 self._end(r, "length", events)  # a prompt decoded for its KV only
             if r.reason is not None and r.n_sched == 0:
                 self._maybe_drained(r, events)
+        if self._n_progress:
+            # Before this step's tokens: the prompt's last piece is reported done before
+            # the token it sampled (llama-server's order).
+            events[:0] = [Progress(req=reqs[rid]) for rid, e in zip(plan.rids, plan.step.entries)
+                          if rid in reqs and reqs[rid].progress and e.tokens and e.pos0 < reqs[rid].n_prompt]
         return events
 
     def _sampled(self, r: Request, res: J.EntryOut, now: float, events: list[Event]) -> None:
@@ -411,6 +418,7 @@ class SchedulerCore:
             del self.reqs[r.rid]
             del self.by_slot[r.slot]
             self._n_spec -= r.spec > 0
+            self._n_progress -= r.progress
             self.cells[r.slot] = r.n_done
             events.append(Finished(req=r, kv_tokens=r.tokens[:r.n_done], draft_n=min(r.draft_done, r.n_done)))
 

@@ -1,5 +1,5 @@
 """The records the scheduling core works on: a running `Request`, a planned step (`Plan`),
-and the events a step's results turn into (`Delta`, `StepCheckpoint`, `Finished`).
+and the events a step's results turn into (`Delta`, `StepCheckpoint`, `Finished`, `Progress`).
 
 Plain dataclasses kept apart from `core.py` (the logic) so a reader meets the data first; pure
 like the core (no anyio, no threads, no actors: the layering test checks it).
@@ -53,6 +53,7 @@ class Request:
     n_spec_steps: int = 0
     spec_misses: int = 0  # verifies in a row that accepted nothing
     spec_pause: int = 0  # steps left without drafting (policy/speculation.py `pause_after`)
+    progress: bool = False  # report each decoded piece of the prompt (a `Progress` event)
 
     @property
     def ended(self) -> bool:
@@ -111,4 +112,12 @@ class Finished:
     draft_n: int = 0  # how much of kv_tokens the draft context's sequence holds
 
 
-Event = Delta | StepCheckpoint | Finished
+@dataclass(slots=True)
+class Progress:
+    """A step decoded a piece of the request's prompt (it asked for progress): `req.n_done`
+    of its `n_prompt` tokens are in the KV now."""
+
+    req: Request
+
+
+Event = Delta | StepCheckpoint | Finished | Progress

@@ -9,7 +9,10 @@ Fields: `prompt` (a string, token ids, ids mixed with strings, a `{prompt_string
 or several prompts; echoed in the answer as evaluated: detokenized, BOS included),
 `n_predict` (`max_tokens`), `stream` (SSE `data:` chunks, the last one the whole result,
 no `[DONE]`, as llama-server), `id_slot`, `stop`, `ignore_eos`, `lora`, `return_tokens`,
-`response_fields` (none listed: every field), `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
+`response_fields` (none listed: every field), `return_progress` (streamed: a chunk per
+decoded piece of the prompt, with `prompt_progress` {total, cache, processed, time_ms}, the
+first before any is decoded), `timings_per_token` (streamed: each chunk with its `timings`
+so far), `n_cmpl` (alias `n`: completions per prompt, 1 to `--max-n`, from one
 prefill, completion j seeded seed + j: actord/chat/choices.py), and the sampling fields, with llama-server's defaults
 (`sampling.py`: `seed`, `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
 `repeat_last_n`, `presence_penalty`, `frequency_penalty`, `grammar`, `json_schema`,
@@ -20,8 +23,8 @@ prefill, completion j seeded seed + j: actord/chat/choices.py), and the sampling
 
 Choices where llama-server and actord differ, stated:
 - A field naming a sampler or feature actord lacks (DRY, XTC, mirostat, typical_p,
-  dynatemp, top_n_sigma, min_keep, post_sampling_probs, samplers, n_indent,
-  t_max_predict_ms, timings_per_token, return_progress, multimodal data) is refused with a
+  dynatemp, top_n_sigma, min_keep, samplers, n_indent,
+  t_max_predict_ms, multimodal data) is refused with a
   400 naming it unless it asks for the neutral value, never ignored (`_NEUTRAL`).
 - `seed` absent: the daemon's `--seed` (reproducible); `-1` (or 4294967295): a fresh random
   seed, as llama-server's default does.
@@ -97,14 +100,14 @@ class CompletionBody(msgspec.Struct, kw_only=True, frozen=True):
     dynatemp_range: Any = None
     top_n_sigma: Any = None
     min_keep: Any = None
-    post_sampling_probs: Any = None
+    post_sampling_probs: bool = False  # with n_probs: probabilities after the sampler chain
     samplers: Any = None
     n_cmpl: Any = None  # completions per prompt (llama-server's; `n` is its alias): actord/chat/choices.py
     n: Any = None
     n_indent: Any = None
     t_max_predict_ms: Any = None
-    timings_per_token: Any = None
-    return_progress: Any = None
+    timings_per_token: bool = False  # streamed: every chunk with the timings so far
+    return_progress: bool = False  # streamed: a chunk per decoded piece of the prompt
     multimodal_data: Any = None
 
 
@@ -120,12 +123,9 @@ _NEUTRAL: list[tuple[str, Callable[[Any], bool], str]] = [
     ("dynatemp_range", _off, "dynamic temperature is not supported"),
     ("top_n_sigma", lambda v: v is None or (isinstance(v, (int, float)) and v <= 0), "top-n-sigma is not supported"),
     ("min_keep", _off, "min_keep is not supported"),
-    ("post_sampling_probs", _off, "post-sampling probabilities are not supported (n_probs gives the model's)"),
     ("samplers", lambda v: v is None, f"the sampler order is fixed ({', '.join(S.SAMPLERS)})"),
     ("n_indent", _off, "indentation limits are not supported"),
     ("t_max_predict_ms", _off, "prediction time limits are not supported"),
-    ("timings_per_token", _off, "timings come with the last chunk only"),
-    ("return_progress", _off, "prompt progress is not reported"),
     ("multimodal_data", _off, "multimodal input is not supported"),
 ]
 
@@ -211,13 +211,13 @@ class NativeAnswer:
     done = b""
     error_object = staticmethod(error_object)
 
-    def __init__(self, jobs: list[Job], finish: Finish) -> None:
-        self.jobs, self.finish = jobs, finish
+    def __init__(self, jobs: list[Job], finish: Finish, post: bool = False) -> None:
+        self.jobs, self.finish, self.post = jobs, finish, post  # post: post_sampling_probs' shape
         self.n_predicted: dict[int, int] = {}
 
     @classmethod
-    def response(cls, front: Any, jobs: list[Job], finish: Finish, *, stream: bool) -> Generation:
-        return Generation(front, cls(jobs, finish), stream=stream)
+    def response(cls, front: Any, jobs: list[Job], finish: Finish, *, stream: bool, post: bool = False) -> Generation:
+        return Generation(front, cls(jobs, finish, post), stream=stream)
 
     async def whole(self) -> Any:
         results: list[list[CompletionResult] | None] = [None] * len(self.jobs)
@@ -251,7 +251,11 @@ class NativeAnswer:
         out = {"index": i, "content": chunk["content"], "tokens": list(chunk.get("tokens", ())),
                "stop": False, "id_slot": chunk.get("slot", -1), "tokens_predicted": self.n_predicted[i]}
         if chunk.get("logprobs"):  # n_probs asked for: this chunk's tokens' (llama-server's shape)
-            out["completion_probabilities"] = S.probabilities(chunk["logprobs"])
+            out["completion_probabilities"] = S.probabilities(chunk["logprobs"], self.post)
+        if "timings" in chunk:  # timings_per_token
+            out["timings"] = chunk["timings"]
+        if "progress" in chunk:  # return_progress
+            out["prompt_progress"] = chunk["progress"]
         return out
 
 
@@ -314,7 +318,8 @@ class CompletionRoutes(NativeRoutes):
             try:
                 reqs.append(msgspec.convert(dict(
                     prompt=prompt, n_predict=n, slot=slot, mind=mind, stop=stops, ignore_eos=body.ignore_eos,
-                    stream=body.stream, genes=genes, **fields), CompletionRequest).check(self.config.request_limits()))
+                    stream=body.stream, genes=genes, return_progress=body.return_progress,
+                    timings_per_token=body.timings_per_token, **fields), CompletionRequest).check(self.config.request_limits()))
             except msgspec.ValidationError as e:
                 raise InvalidParams(f"invalid request: {e}") from None
         settings = {
@@ -323,7 +328,8 @@ class CompletionRoutes(NativeRoutes):
             # ignore_eos shown as llama-server shows it: the end token banned (a null bias, -inf).
             **({"logit_bias": [*sampling.get("logit_bias", []), {"token": self.system.model_props().eos, "bias": None}]}
                if body.ignore_eos else {}),
-            "n_ctx": n_ctx, "n_cmpl": n_cmpl,
+            "n_ctx": n_ctx, "n_cmpl": n_cmpl, "timings_per_token": body.timings_per_token,
+            "return_progress": body.return_progress,
         }
         system = self.system
 
@@ -337,7 +343,8 @@ class CompletionRoutes(NativeRoutes):
         async def finish(i: int, k: int, r: CompletionResult) -> dict[str, Any]:
             return await self._result(i, r, reqs[k], prompts[k], body, settings)
 
-        return NativeAnswer.response(self.front, [job(r) for r in reqs], finish, stream=body.stream)
+        return NativeAnswer.response(self.front, [job(r) for r in reqs], finish, stream=body.stream,
+                                     post=fields["post_sampling_probs"])
 
     async def _result(self, i: int, r: CompletionResult, req: CompletionRequest, prompt: Any,
                       body: CompletionBody, settings: dict[str, Any]) -> dict[str, Any]:
@@ -373,5 +380,5 @@ class CompletionRoutes(NativeRoutes):
             "resumed_from_checkpoint": r.resumed_from_checkpoint,
         }
         if not body.stream and r.logprobs:  # streamed, each chunk carried its tokens'
-            out["completion_probabilities"] = S.probabilities(r.logprobs)
+            out["completion_probabilities"] = S.probabilities(r.logprobs, req.post_sampling_probs)
         return out if fields is None else nested_fields(fields, out)

@@ -39,7 +39,10 @@ Where actord differs, stated:
   would drop the schema, which actord honours).
 - `n_probs` is at most 20 (`RequestLimits.max_top_logprobs`). The probabilities are the
   model's (a softmax of the step's raw logits), as llama-server's without
-  `post_sampling_probs`, which stays refused. An entry's `token`/`bytes` are its token's own
+  `post_sampling_probs`; with it (and `n_probs`), each entry has `prob` and `top_probs`:
+  probabilities among the candidates the sampler chain (top_k, top_p, min_p, temperature)
+  left, read on the engine thread from libllama's own candidate array, none with
+  probability 0 (a greedy chain computes none: its pick has probability 1). An entry's `token`/`bytes` are its token's own
   piece (`token` cut to whole UTF-8 characters, as llama-server cuts it); llama-server's
   chosen-token entry shows the text sent with the token instead, which differs only where
   a stop word or a partial UTF-8 character held text back.
@@ -129,11 +132,13 @@ async def sampling(body: Any, *, default_seed: int, n_vocab: int, max_top: int,
         # A ban as BAN, not -inf, so that the request stays plain JSON (traced, replayed).
         "repeat_last_n": last_n, "grammar": grammar, "logit_bias": [(t, max(b, BAN)) for t, b in bias],
         "logprobs": n_probs > 0, "top_logprobs": n_probs,
+        "post_sampling_probs": n_probs > 0 and bool(body.post_sampling_probs),
     }
     settings = {
         **defaults(default_seed if seed is None else seed),
         **{k: fields[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                                   "frequency_penalty", "repeat_last_n", "grammar")},
+        "post_sampling_probs": bool(body.post_sampling_probs),
         # llama-server's shape; a ban shows as null, as its -inf does.
         "n_probs": n_probs, "logit_bias": [{"bias": b if b > BAN else -math.inf, "token": t} for t, b in bias],
     }
@@ -226,7 +231,16 @@ def _entry(token: int, piece: list[int], logprob: float) -> dict[str, Any]:
             "logprob": logprob if math.isfinite(logprob) else _LOWEST}
 
 
-def probabilities(lps: list[TokenLogprob]) -> list[dict[str, Any]]:
-    """llama-server's `completion_probabilities` for these tokens."""
+def _post_entry(token: int, piece: list[int], logprob: float) -> dict[str, Any]:
+    return {"id": token, "token": _utf8_whole(bytes(piece)).decode("utf-8", "replace"), "bytes": piece,
+            "prob": math.exp(logprob)}
+
+
+def probabilities(lps: list[TokenLogprob], post: bool = False) -> list[dict[str, Any]]:
+    """llama-server's `completion_probabilities` for these tokens; `post` (post_sampling_probs):
+    probabilities after the sampler chain, as `prob` and `top_probs`."""
+    if post:
+        return [{**_post_entry(t.token, t.bytes, t.logprob),
+                 "top_probs": [_post_entry(a.token, a.bytes, a.logprob) for a in t.top]} for t in lps]
     return [{**_entry(t.token, t.bytes, t.logprob),
              "top_logprobs": [_entry(a.token, a.bytes, a.logprob) for a in t.top]} for t in lps]

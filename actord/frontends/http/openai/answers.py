@@ -214,6 +214,12 @@ class Chunks:
                              "finish_reason": None})
                 for i in range(self.n)]
 
+    def progress(self, progress: dict[str, Any], timings: dict[str, Any] | None, index: int = 0) -> dict[str, Any]:
+        """A prompt-progress chunk (llama-server's `return_progress`): chat, the role delta."""
+        choice = {"index": index, "delta": {"role": "assistant", "content": None}, "finish_reason": None} \
+            if self.chat else {"index": index, "text": "", "finish_reason": None}
+        return self._chunk(choice, prompt_progress=progress, **({"timings": timings} if timings is not None else {}))
+
     def delta(self, text: str, lps: list[TokenLogprob] | None = None,
               tool_calls: list[dict[str, Any]] | None = None, index: int = 0,
               reasoning: str = "") -> dict[str, Any]:

@@ -5,7 +5,8 @@ Why a module of its own: these routes turn OpenAI's requests (shapes and checks 
 (`OpenAIAnswer`, run inside the response by `streaming.Generation`, as the native
 /completion's answer is); the front that serves them (`app.py`) is the same for both APIs.
 
-Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions, POST
+Routes, as llama-server names them: POST /v1/chat/completions and /chat/completions (and
+their `/input_tokens`: the prompt's token count, `{"input_tokens": n}`), POST
 /v1/completions (one prompt or a list: `complete_prompts`), GET /v1/models and /models, GET /v1/models/{id} and /models/{id}. Any
 `model` name is served and echoed, as llama-server does; the list names the model once, as
 llama-server's (its id the first alias, else the file's stem, with `aliases` and `tags`),
@@ -106,10 +107,15 @@ class OpenAIAnswer:
 
     def chunk(self, chunk: dict[str, Any]) -> Any:
         assert self.chunks is not None
+        if "progress" in chunk:  # return_progress: llama-server's role delta with the prompt's progress
+            return self.chunks.progress(chunk["progress"], chunk.get("timings"), chunk.get("index", 0))
         if self.chat and not (chunk["content"] or chunk.get("calls") or chunk.get("logprobs") or chunk.get("reasoning")):
             return b""  # tokens with no text yet (a character's first bytes, a stop's start): no empty delta
-        return self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
-                                 chunk.get("index", 0), chunk.get("reasoning", ""))
+        out = self.chunks.delta(chunk["content"], chunk.get("logprobs"), call_deltas(chunk.get("calls")),
+                                chunk.get("index", 0), chunk.get("reasoning", ""))
+        if "timings" in chunk:  # timings_per_token
+            out["timings"] = chunk["timings"]
+        return out
 
 
 async def complete_prompts(system: Service, comps: list[CompletionRequest], n: int,
@@ -191,6 +197,9 @@ class OpenAIRoutes(RouteGroup):
         return [
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/chat/completions", g(self.chat_completions, errors=llama_error_response), methods=["POST"]),
+            Route("/v1/chat/completions/input_tokens", g(self.input_tokens), methods=["POST"]),
+            Route("/chat/completions/input_tokens", g(self.input_tokens, errors=llama_error_response),
+                  methods=["POST"]),
             Route("/v1/completions", g(self.completions), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),
@@ -223,7 +232,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
-            **O.chat_fields(req),
+            **O.chat_fields(req), return_progress=req.return_progress, timings_per_token=req.timings_per_token,
         ).check()
         precheck(chat, self.config.request_limits())
 
@@ -244,6 +253,23 @@ class OpenAIRoutes(RouteGroup):
                                      functions=req.functions is not None or req.function_call is not None,
                                      n=n_choices, llama=not request.url.path.startswith("/v1/"), prompt_of=prompt_of)
 
+    async def input_tokens(self, request: Request) -> Response:
+        """llama-server's token count of a chat's prompt: its messages rendered as the chat
+        would render them (tools, thinking, prefill) and tokenized as the chat would (special
+        tokens parsed, the model's BOS unless the template wrote it), nothing generated."""
+        req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
+        if not req.messages:
+            raise InvalidParams("messages is empty", param="messages")
+        developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
+        fields = O.chat_fields(req)
+        text = await self.system.apply_template(
+            O.chat_messages(req.messages, developer_is_system=not developer), None,
+            fields.get("add_generation_prompt", True), O.chat_tools(req)["tools"], fields["template_kwargs"])
+        tokens = (await self.system.tokenize(text, add_special=False, parse_special=True)).tokens
+        info = await self.system.chat_info()
+        n = len(tokens) + (info.add_bos and info.bos >= 0 and (not tokens or tokens[0] != info.bos))
+        return json_response({"input_tokens": n, "object": "response.input_tokens"})
+
     async def completions(self, request: Request) -> Response:
         req: O.TextCompletionRequest = await self._body(request, O.TextCompletionRequest)
         O.refuse_unsupported(req)
@@ -262,6 +288,7 @@ class OpenAIRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
+            return_progress=req.return_progress, timings_per_token=req.timings_per_token,
         ).check(self.config.request_limits()) for i, p in enumerate(prompts)]
 
         async def run(on_token: Any) -> Any:

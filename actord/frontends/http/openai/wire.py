@@ -13,7 +13,9 @@ constrained decoding; llama-server's `schema` inside a json_object applied too),
 `chat_template_kwargs`, `reasoning_format`, `reasoning_budget` (actord.chat.reasoning),
 `add_generation_prompt` and `continue_final_message` (a last assistant message continued), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
-`repeat_last_n`, `min_p`; all mapped by `sampling`); refused with a 400 whose `param` names
+`repeat_last_n`, `min_p`; all mapped by `sampling`; llama-server's streamed extras
+`return_progress` (chunks with `prompt_progress` while the prompt is decoded) and
+`timings_per_token` (each chunk with its `timings`), extra fields OpenAI's clients ignore); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
 over `--max-n`, audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
 `best_of` > 1, more prompts x `n` than `--max-n`, and llama-server's `n_probs`; tools that are not functions
@@ -120,6 +122,9 @@ class _Common(msgspec.Struct, kw_only=True, frozen=True):
     repeat_penalty: Any = None
     n_probs: Any = None
     verbose: bool | None = None  # llama-server's: the answer carries `__verbose` (default: --http-verbose)
+    # llama-server's, streamed only: prompt progress chunks, timings on every chunk.
+    return_progress: bool = False
+    timings_per_token: bool = False
 
 
 class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
