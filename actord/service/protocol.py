@@ -121,6 +121,9 @@ class Service(Protocol):
     async def apply_template(self, messages: list["ChatMessage"], template: str | None = None,
                              add_generation_prompt: bool = True, tools: list[Any] | None = None,
                              template_kwargs: dict[str, Any] | None = None) -> str: ...
+    async def count_prompt(self, messages: list["ChatMessage"], template: str | None = None,
+                           add_generation_prompt: bool = True, tools: list[Any] | None = None,
+                           template_kwargs: dict[str, Any] | None = None) -> int: ...
     async def embed(self, inputs: list[str | list[int]]) -> Embedded: ...
 
     # -- slots, pages, genes ---------------------------------------------------------------

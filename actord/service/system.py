@@ -331,6 +331,10 @@ class ActorSystem:
                              template_kwargs: dict[str, Any] | None = None) -> str:
         return await text.apply_template(self, messages, template, add_generation_prompt, tools, template_kwargs)
 
+    async def count_prompt(self, messages: list[Any], template: str | None = None, add_generation_prompt: bool = True,
+                           tools: list[Any] | None = None, template_kwargs: dict[str, Any] | None = None) -> int:
+        return await text.count_prompt(self, messages, template, add_generation_prompt, tools, template_kwargs)
+
     async def embed(self, inputs: list[str | list[int]]) -> Embedded:
         """One pooled vector per input (not recorded: a trace holds no embeddings)."""
         return await text.embed(self, inputs)

@@ -86,6 +86,18 @@ async def apply_template(system: "ActorSystem", messages: list["ChatMessage"], t
     return await render_text(system, request)
 
 
+async def count_prompt(system: "ActorSystem", messages: list["ChatMessage"], template: str | None,
+                       add_generation_prompt: bool, tools: list[Any] | None = None,
+                       template_kwargs: dict[str, Any] | None = None) -> int:
+    """The prompt tokens a chat turn on these messages would decode: rendered as the turn
+    renders, tokenized as it tokenizes (special tokens parsed), plus the model's BOS where it
+    adds one and the template did not write it (llama-server's and Anthropic's input_tokens)."""
+    text = await apply_template(system, messages, template, add_generation_prompt, tools, template_kwargs)
+    tokens = await system.tokens_of(text, add_special=False, parse_special=True)
+    info = await system.chat_info()
+    return len(tokens) + (1 if info.add_bos and info.bos >= 0 and (not tokens or tokens[0] != info.bos) else 0)
+
+
 async def embed(system: "ActorSystem", inputs: list[str | list[int]]) -> Embedded:
     """Each text tokenized with the model's BOS and without parsing special tokens (a
     client's text is text); token lists are held to the vocabulary."""

@@ -150,3 +150,15 @@ def test_a_refused_responses_field_is_a_400_naming_it(front, body, param):
                    json={"model": "m", "input": "hi", "max_output_tokens": 2, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_input_tokens_counts_the_prompt_a_response_would_process(front, client):
+    body = {"model": "m", "input": "count me in", "instructions": "be brief", "tools": [WEATHER]}
+    counted = httpx.post(front + "/v1/responses/input_tokens", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                         timeout=60).json()
+    assert counted["object"] == "response.input_tokens"
+    r = client.responses.create(**body, max_output_tokens=2, temperature=0)
+    assert counted["input_tokens"] == r.usage.input_tokens > 0
+    bad = httpx.post(front + "/v1/responses/input_tokens", json={"model": "m", "input": "x",
+                     "previous_response_id": "resp_nope"}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "previous_response_not_found"

@@ -80,11 +80,6 @@ class AnthropicRoutes(RouteGroup):
 
     async def count_tokens(self, request: Request) -> Response:
         req = await self._request(request)
-        system = self.system
-        text = await system.apply_template(W.chat_messages(req), None, True, W.chat_tools(req)["tools"],
+        n = await self.system.count_prompt(W.chat_messages(req), None, True, W.chat_tools(req)["tools"],
                                            W.thinking_kwargs(req))
-        info = await system.chat_info()
-        tokens = (await system.tokenize(text, add_special=False, parse_special=True)).tokens
-        # As the turn's prompter counts: BOS where the model adds one and the template did not write it.
-        bos = 1 if info.add_bos and info.bos >= 0 and (not tokens or tokens[0] != info.bos) else 0
-        return json_response({"input_tokens": len(tokens) + bos})
+        return json_response({"input_tokens": n})

@@ -401,8 +401,9 @@ class Responses(RouteGroup):
 
     def routes(self) -> list[Route]:
         g = self.front.guard
-        create, one = g(self.create), g(self.one)
+        create, one, count = g(self.create), g(self.one), g(self.input_tokens)
         return [Route(p, create, methods=["POST"]) for p in ("/v1/responses", "/responses")] + [
+            Route(p, count, methods=["POST"]) for p in ("/v1/responses/input_tokens", "/responses/input_tokens")] + [
             Route(p, one, methods=["GET", "DELETE"]) for p in ("/v1/responses/{rid}", "/responses/{rid}")]
 
     async def one(self, request: Request) -> Response:
@@ -415,10 +416,17 @@ class Responses(RouteGroup):
             return json_response({"id": rid, "object": "response.deleted", "deleted": True})
         return json_response(s.body)
 
-    async def create(self, request: Request) -> Response:
-        front = self.front
-        req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
+    async def input_tokens(self, request: Request) -> Response:
+        """OpenAI's input token count of a Responses body (`POST /v1/responses/input_tokens`):
+        its conversation (instructions, a stored previous response, tools) counted as `create`
+        would prompt it, nothing generated."""
+        req: ResponsesRequest = await decode_body(self.front, request, ResponsesRequest)
         check(req)
+        _, _, convo, tools, _ = await self._conversation(req)
+        n = await self.front.system.count_prompt(convo, None, True, tools)
+        return json_response({"object": "response.input_tokens", "input_tokens": n})
+
+    async def _conversation(self, req: ResponsesRequest) -> tuple[Any, list[ChatMessage], list[ChatMessage], Any, Any]:
         from actord.chat import tools as T
 
         prev = None
@@ -428,7 +436,7 @@ class Responses(RouteGroup):
                 raise HttpError(400, f"previous response {req.previous_response_id[:80]!r} is not stored "
                                 "(never stored, store: false, or dropped from the store)",
                                 "previous_response_not_found", "previous_response_id")
-        developer = await front.template_names_developer()
+        developer = await self.front.template_names_developer()
         new = input_messages(req.input, developer_is_system=not developer)
         history = (prev.messages if prev is not None else []) + new
         convo = ([ChatMessage(role="system", content=req.instructions)] if req.instructions else []) + history
@@ -437,6 +445,13 @@ class Responses(RouteGroup):
             raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         choice = req.tool_choice if req.tool_choice is not None else "auto"
         T.check_tools(tools, choice)
+        return prev, history, convo, tools, choice
+
+    async def create(self, request: Request) -> Response:
+        front = self.front
+        req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
+        check(req)
+        prev, history, convo, tools, choice = await self._conversation(req)
         mind = request_mind(request, req)
         if mind is None and req.store:
             mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])

@@ -262,12 +262,9 @@ class OpenAIRoutes(RouteGroup):
             raise InvalidParams("messages is empty", param="messages")
         developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
         fields = O.chat_fields(req)
-        text = await self.system.apply_template(
+        n = await self.system.count_prompt(
             O.chat_messages(req.messages, developer_is_system=not developer), None,
             fields.get("add_generation_prompt", True), O.chat_tools(req)["tools"], fields["template_kwargs"])
-        tokens = (await self.system.tokenize(text, add_special=False, parse_special=True)).tokens
-        info = await self.system.chat_info()
-        n = len(tokens) + (info.add_bos and info.bos >= 0 and (not tokens or tokens[0] != info.bos))
         return json_response({"input_tokens": n, "object": "response.input_tokens"})
 
     async def completions(self, request: Request) -> Response:
