@@ -162,3 +162,26 @@ def test_input_tokens_counts_the_prompt_a_response_would_process(front, client):
     bad = httpx.post(front + "/v1/responses/input_tokens", json={"model": "m", "input": "x",
                      "previous_response_id": "resp_nope"}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_a_streamed_response_reports_prompt_progress_and_timings_when_asked(front):
+    events = []
+    body = {"model": "m", "input": "tell me a long story " * 20, "max_output_tokens": 4, "temperature": 0,
+            "stream": True, "return_progress": True, "timings_per_token": True}
+    with httpx.stream("POST", front + "/v1/responses", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in events if "prompt_progress" in e)
+    assert progress[-1]["processed"] == progress[-1]["total"] > 0
+    assert all(p["processed"] >= p["cache"] for p in progress)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in e["timings"] for e in deltas)
+    done = events[-1]
+    assert done["type"] in ("response.completed", "response.incomplete") and done["timings"]["predicted_n"] == 4
+    # Not asked: none of it.
+    plain = httpx.post(front + "/v1/responses", json={**body, "return_progress": False, "timings_per_token": False},
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60).text
+    assert "prompt_progress" not in plain and '"timings"' not in plain

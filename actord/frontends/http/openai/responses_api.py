@@ -47,7 +47,6 @@ it); `ResponsesAnswer` is its `streaming.Answer`: the final body, or the events,
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import time
 from typing import Any
@@ -60,7 +59,9 @@ from starlette.routing import Route
 from actord.chat.messages import ChatMessage, ChatRequest, ToolCall
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.answers import llama_timings
 from actord.frontends.http.openai.routes import decode_body, request_mind
+from actord.frontends.http.openai.response_store import ResponseStore, Stored
 from actord.frontends.http.openai.tools_wire import tools_from_openai
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import Generation
@@ -87,6 +88,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
     user: str | None = None
     prompt_cache_key: str | None = None
     genes: list[Any] = []
+    # llama-server's, streamed only: `response.in_progress` events with `prompt_progress`
+    # while the prompt is decoded; `timings` on each text delta and on the last event.
+    return_progress: bool = False
+    timings_per_token: bool = False
     # Refused unless absent (see the module docstring).
     reasoning: Any = None
     background: Any = None
@@ -202,49 +207,6 @@ def text_grammar(text: Any) -> str:
     raise _refuse("text.format", f"type {str(kind)[:40]!r} is not one of text, json_object, json_schema")
 
 
-# -- the store -------------------------------------------------------------------------
-
-
-class Stored(msgspec.Struct):
-    mind: str | None
-    messages: list[ChatMessage]  # the conversation, this response's output included (no instructions)
-    body: dict[str, Any]
-    n_bytes: int
-
-
-class ResponseStore:
-    """Responses by id, oldest dropped first past `max_items` or `max_bytes`."""
-
-    def __init__(self, max_items: int, max_bytes: int) -> None:
-        self.max_items, self.max_bytes = max_items, max_bytes
-        self.held = 0
-        self._items: collections.OrderedDict[str, Stored] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, rid: str) -> Stored | None:
-        s = self._items.get(rid)
-        if s is not None:
-            self._items.move_to_end(rid)
-        return s
-
-    def put(self, rid: str, s: Stored) -> None:
-        if s.n_bytes > self.max_bytes or self.max_items == 0:
-            return
-        self._items[rid] = s
-        self.held += s.n_bytes
-        while len(self._items) > self.max_items or self.held > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self.held -= old.n_bytes
-
-    def pop(self, rid: str) -> Stored | None:
-        s = self._items.pop(rid, None)
-        if s is not None:
-            self.held -= s.n_bytes
-        return s
-
-
 def conversation_mind(instructions: str | None, first: ChatMessage) -> str:
     """The mind a conversation's first response names when nothing else does: a digest of
     how it starts, so resending the whole history lands in the same mind."""
@@ -288,7 +250,11 @@ class Events:
         self._started = True
         return self._ev("response.created", response=self.base) + self._ev("response.in_progress", response=self.base)
 
-    def text(self, delta: str) -> bytes:
+    def progress(self, p: dict[str, Any], timings: dict[str, Any] | None) -> bytes:
+        return self._lead() + self._ev("response.in_progress", response=self.base, prompt_progress=p,
+                                       **({"timings": timings} if timings else {}))
+
+    def text(self, delta: str, timings: dict[str, Any] | None = None) -> bytes:
         out = self._lead()
         if self._msg is None:
             self._msg = {"type": "message", "id": O.new_id("msg", "_"), "status": "in_progress", "role": "assistant",
@@ -302,7 +268,8 @@ class Events:
         part = self._msg["content"][0]
         part["text"] += delta
         return out + self._ev("response.output_text.delta", item_id=self._msg["id"],
-                              output_index=self.output.index(self._msg), content_index=0, delta=delta, logprobs=[])
+                              output_index=self.output.index(self._msg), content_index=0, delta=delta, logprobs=[],
+                              **({"timings": timings} if timings else {}))
 
     def _close_text(self, status: str) -> bytes:
         if self._msg is None:
@@ -331,14 +298,15 @@ class Events:
                         arguments=c.arguments)
         return out + self._ev("response.output_item.done", output_index=i, item=item)
 
-    def finish(self, body: dict[str, Any]) -> bytes:
+    def finish(self, body: dict[str, Any], timings: dict[str, Any] | None = None) -> bytes:
         """The last events; `body` is the final response, whose `output` is `self.output`."""
         incomplete = body["status"] == "incomplete"
         out = self._lead()
         if not self.output:  # no text and no call: an empty message, as the whole answer has
             out += self.text("")
         out += self._close_text("incomplete" if incomplete else "completed")
-        return out + self._ev("response.incomplete" if incomplete else "response.completed", response=body)
+        return out + self._ev("response.incomplete" if incomplete else "response.completed", response=body,
+                              **({"timings": timings} if timings else {}))
 
     def error(self, status: int, message: str, code: str, param: str | None) -> bytes:
         return self._ev("error", code=code, message=message, param=param)
@@ -367,8 +335,8 @@ class ResponsesAnswer:
     done = b""
     error_object = staticmethod(error_object)
 
-    def __init__(self, run: Any, base: dict[str, Any], finish: Any) -> None:
-        self.run, self.finish = run, finish
+    def __init__(self, run: Any, base: dict[str, Any], finish: Any, timings: bool = False) -> None:
+        self.run, self.finish, self.timings = run, finish, timings
         self.events = Events(base)
 
     async def whole(self) -> Any:
@@ -376,13 +344,17 @@ class ResponsesAnswer:
 
     async def streamed(self, on_token: Any) -> list[Any]:
         r = await self.run(on_token)
-        return [self.events.finish(self.finish(r, self.events.output))]
+        t = llama_timings(r.completion) if self.timings else None
+        return [self.events.finish(self.finish(r, self.events.output), t)]
 
     def first(self) -> Any | None:
         return None  # response.created and .in_progress lead the first chunk's events (Events._lead)
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
-        data = self.events.text(chunk["content"]) if chunk.get("content") else b""
+        t = chunk.get("timings")
+        data = self.events.progress(chunk["progress"], t) if "progress" in chunk else b""
+        if chunk.get("content"):
+            data += self.events.text(chunk["content"], t)
         for made in chunk.get("calls") or []:  # actord.chat.tool_output.CallMade: the call, whole
             data += self.events.call(made.call)
         return data  # b"": nothing to send (no text, no call)
@@ -463,6 +435,7 @@ class Responses(RouteGroup):
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, stream=req.stream,
             genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=text_grammar(req.text),
             tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
+            return_progress=req.return_progress and req.stream, timings_per_token=req.timings_per_token and req.stream,
         ).check()
         rid = O.new_id("resp", "_")
         base = {
@@ -492,4 +465,4 @@ class Responses(RouteGroup):
         async def run(on_token: Any) -> Any:
             return await front.system.chat(chat, on_token=on_token)
 
-        return Generation(front, ResponsesAnswer(run, base, finish), stream=req.stream)
+        return Generation(front, ResponsesAnswer(run, base, finish, chat.timings_per_token), stream=req.stream)
