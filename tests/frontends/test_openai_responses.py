@@ -185,3 +185,12 @@ def test_a_streamed_response_reports_prompt_progress_and_timings_when_asked(fron
     plain = httpx.post(front + "/v1/responses", json={**body, "return_progress": False, "timings_per_token": False},
                        headers={"Authorization": f"Bearer {KEY}"}, timeout=60).text
     assert "prompt_progress" not in plain and '"timings"' not in plain
+
+
+def test_the_unprefixed_route_calls_a_cut_response_completed_as_llama_server_does(front):
+    body = {"model": "m", "input": "hello", "max_output_tokens": 2, "temperature": 0}
+    h = {"Authorization": f"Bearer {KEY}"}
+    v1 = httpx.post(front + "/v1/responses", json=body, headers=h, timeout=60).json()
+    bare = httpx.post(front + "/responses", json=body, headers=h, timeout=60).json()
+    assert v1["status"] == "incomplete" and v1["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert bare["status"] == "completed" and bare["incomplete_details"] is None

@@ -424,6 +424,7 @@ class Responses(RouteGroup):
         req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
         check(req)
         prev, history, convo, tools, choice = await self._conversation(req)
+        openai_form = request.url.path.startswith("/v1/")
         mind = request_mind(request, req)
         if mind is None and req.store:
             mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
@@ -451,7 +452,9 @@ class Responses(RouteGroup):
 
         def finish(result: Any, output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             c = result.completion
-            cut = c.stop_reason in ("length", "context")
+            # OpenAI's `incomplete` on /v1; the unprefixed route answers as llama-server's,
+            # which calls every finished response completed.
+            cut = c.stop_reason in ("length", "context") and openai_form
             body = {**base, "status": "incomplete" if cut else "completed",
                     "output": output if output is not None else output_items(result.message, cut),
                     "usage": _usage(c),
