@@ -42,7 +42,8 @@ def drive(core: SchedulerCore, script: list[int], pieces: dict[int, bytes] | Non
         outs = []
         for e in plan.step.entries:
             t = next(it, 9) if e.sample else 0
-            outs.append(J.EntryOut(seq=e.seq, token=t, piece=pieces.get(t, b"x")) if e.sample else J.EntryOut(seq=e.seq))
+            outs.append(J.EntryOut(seq=e.seq, token=t, piece=pieces.get(t, b"x")) if e.sample
+                        else J.EntryOut(seq=e.seq))
         events += core.update(plan, J.StepOut(step=0, entries=outs, n_tokens=1, t_decode_ms=0.0, t_sample_ms=0.0))
     return plans, events
 

@@ -38,7 +38,9 @@ sampling entries is in flight no further step is planned: every request then ste
 per engine step, instead of a speculating request joining only every other step. The
 others keep `feed_last` otherwise.
 
-The records it works on (`Request`, `Plan`, the events) are in `records.py`.
+A reasoning budget (steps/thought.py): the output token that uses a thought's budget up makes
+the forced tokens known ones, fed together by the next entry; `feed_until` keeps a sample from
+being planned blind past it. The records it works on (`Request`, `Plan`, the events) are in `records.py`.
 """
 
 from __future__ import annotations
@@ -274,12 +276,11 @@ class SchedulerCore:
                                sample=finishes and r.n_predict > 0, checkpoint=ckpt)
         if self.n_ctx and p + 1 >= self.n_ctx:
             return None  # update() ends it with "context" when its sample arrives
-        known = len(r.tokens) - p
-        if known == 1:  # the token to feed is known
-            return J.StepEntry(r.seq, [r.tokens[p]], p, True)
-        if known > 1:  # a forced end of a thought: fed together, sampled after its last
-            n = min(known, budget)
-            return J.StepEntry(r.seq, r.tokens[p:p + n], p, n == known)
+        if p < len(r.tokens):  # the token to feed is known
+            if p + 1 == len(r.tokens):
+                return J.StepEntry(r.seq, [r.tokens[p]], p, True)
+            n = min(len(r.tokens) - p, budget)  # a forced end of a thought: fed together, sampled after
+            return J.StepEntry(r.seq, r.tokens[p:p + n], p, p + n == len(r.tokens))
         # The token to feed is being sampled by the newest step in flight: the engine feeds
         # it, unless that sample is the request's last (n_predict) or may be one that forces
         # a thought's end (`feed_until`: the forced tokens go in before the next sample).
@@ -418,8 +419,7 @@ class SchedulerCore:
             self._think(r, tok, piece, events)
 
     def _think(self, r: Request, tok: int, piece: bytes, events: list[Event]) -> None:
-        """A budgeted thought's watch (steps/thought.py): its forced end goes into the output as
-        far as n_predict and the context allow; a stop string in it ends the request."""
+        """A budgeted thought's watch: a forced end goes out as far as n_predict and n_ctx allow."""
         think = r.think
         assert think is not None
         if think.step(tok, piece):
