@@ -84,5 +84,12 @@ async def test_a_bad_budget_is_refused_typed_and_changes_nothing(tiny_model):
             with pytest.raises(InvalidParams) as e:
                 await turn(s, **kw)
             assert e.value.data["param"] == param
+        good = {"budget": 2, "start": [5], "end": [7], "forced": [7], "pieces": ["eA=="], "opened": True}
+        for bad in ({"budget": 0}, {"pieces": []}, {"forced": [10**7]}, {"start": [], "opened": False}):
+            with pytest.raises(InvalidParams) as e:  # a completion's budget, checked as its other fields
+                await s.complete(prompt=[1, 2, 3], n_predict=4, thought_budget={**good, **bad})
+            assert e.value.data["param"] == "thought_budget"
         after, _ = await turn(s, reasoning_budget=3)
         assert after.message == before.message and after.completion.tokens == before.completion.tokens
+        done = await s.complete(prompt=[1, 2, 3], n_predict=6, thought_budget=good)
+        assert done.tokens[2] == 7 and done.content.startswith(await s.text_of(done.tokens[:2]) + "x")
