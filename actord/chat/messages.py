@@ -71,10 +71,12 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
     tool_format: str = ""
     # Reasoning (actord.chat.reasoning): more template variables (llama-server's
     # `chat_template_kwargs`, `enable_thinking` among them), how the thought is parsed out
-    # ("" = the daemon's --reasoning-format), and the thinking budget (None = the daemon's).
+    # ("" = the daemon's --reasoning-format), the thinking budget and the text forced before
+    # the end marker when it cuts a thought (None = the daemon's).
     template_kwargs: dict[str, Any] = {}
     reasoning_format: str = ""
     reasoning_budget: int | None = None
+    reasoning_budget_message: str | None = None
     # A last assistant message is continued, not closed (llama-server's prefill); refused
     # with add_generation_prompt, which would open a new reply after it.
     continue_final_message: bool = False

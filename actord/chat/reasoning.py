@@ -16,16 +16,24 @@ the prompt gets an empty thought, as llama-server renders it (`close_prompt`): a
 prompt ending in `<think>\\n` gets `</think>`, Command-R7B's chatbot turn gets
 `<|START_THINKING|><|END_THINKING|>`.
 
+The budget (`--reasoning-budget N`, per request `reasoning_budget` or llama-server's
+`reasoning_budget_tokens`; -1: no limit, 0: thinking off): a thought that has N generated
+tokens without its end marker is closed by force, the budget message's tokens
+(`reasoning_budget_message`, none by default) and the end marker's following as if the
+model wrote them, and sampling goes on after them, so the answer comes as content. This
+module decides the policy (`TurnReasoning.thought_budget`: the markers' tokens, whether the
+prompt opened the thought) and the scheduling core counts and forces
+(actord/serving/steps/thought.py). A turn with a budget does not speculate, and a budget
+with a grammar that holds from the first token is refused (the forced tokens would
+bypass it).
+
 Parsing (`reasoning_format`, llama-server's values): `none` leaves the output whole in
 `content`; `deepseek` and `auto` (the default) put the thought in `reasoning_content` and
 the rest in `content`. One incremental `ReasoningParser` serves the stream and the whole
 answer, so a streamed answer's deltas always add up to the whole one whatever the chunking:
 text that may be the start of a marker, and whitespace at a thought's edges, is held back
-until what follows decides it. A thought never closed (the budget of tokens ran out) stays
+until what follows decides it. A thought never closed (n_predict ran out inside it) stays
 reasoning, as llama-server leaves it.
-
-Stated limit: `reasoning_budget` is -1 (no limit) or 0 (thinking off); a budget of N > 0
-tokens would end the thought mid-generation, which needs the per-token path, and is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import msgspec
 
 from actord.chat.host import carry
 from actord.service.errors import InvalidParams
+from actord.service.types import ThoughtBudget
 
 MODES = ("on", "off", "auto")
 FORMATS = ("none", "deepseek", "auto")
@@ -72,9 +81,9 @@ def check(mode: str = "auto", fmt: str = "auto", budget: int | None = None) -> N
         raise InvalidParams(f"reasoning is one of {', '.join(MODES)}", param="reasoning")
     if fmt not in FORMATS:
         raise InvalidParams(f"reasoning_format is one of {', '.join(FORMATS)}", param="reasoning_format")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget not in (-1, 0)):
-        raise InvalidParams("reasoning_budget is -1 (no limit) or 0 (thinking off); a token budget is not "
-                            "supported", param="reasoning_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not -1 <= budget < 2**31):
+        raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens",
+                            param="reasoning_budget")
 
 
 def thinking_enabled(mode: str, kwargs: dict[str, Any], budget: int | None) -> bool:
@@ -230,8 +239,10 @@ class TurnReasoning:
     """One chat turn's reasoning: whether it thinks, what the template gets, and how its
     output is parsed (made by `for_turn`; `start` once the prompt is rendered)."""
 
-    def __init__(self, markers: Markers | None, enabled: bool, fmt: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, markers: Markers | None, enabled: bool, fmt: str, kwargs: dict[str, Any],
+                 budget: int = -1, message: str = "") -> None:
         self.markers, self.enabled, self.fmt = markers, enabled, fmt
+        self.budget, self.message = budget, message
         self.context = {**kwargs, "enable_thinking": enabled}  # the template's variables
         self.thinking = False  # the prompt left the model inside a thought
 
@@ -255,9 +266,32 @@ class TurnReasoning:
     def split(self, text: str) -> tuple[str | None, str]:
         return split(text, self.markers, thinking=self.thinking, fmt=self.fmt)
 
+    @property
+    def forces(self) -> bool:
+        """Whether a budget may cut this turn's thought."""
+        return self.budget > 0 and self.enabled and self.markers is not None
 
-def for_turn(template: str | None, mode: str, fmt: str, kwargs: dict[str, Any], budget: int | None) -> TurnReasoning:
+    async def thought_budget(self, host: Any) -> ThoughtBudget | None:
+        """The budget the scheduling core keeps for this turn (None: none), its markers and
+        message tokenized by `host` (a ChatHost), after `start`."""
+        if not self.forces:
+            return None
+        assert self.markers is not None
+
+        async def tokens(text: str) -> list[int]:
+            return await host.tokens_of(text, add_special=False, parse_special=True) if text else []
+
+        end = await tokens(self.markers.close)
+        forced = await tokens(self.message) + end
+        return ThoughtBudget(budget=self.budget, start=await tokens(self.markers.open), end=end, forced=forced,
+                             pieces=await host.pieces_of(forced), opened=self.thinking)
+
+
+def for_turn(template: str | None, mode: str, fmt: str, kwargs: dict[str, Any], budget: int | None,
+             message: str = "") -> TurnReasoning:
     """A turn's reasoning from its template's source, the daemon's --reasoning and the
-    request's fields (its format and budget already resolved against the daemon's)."""
+    request's fields (its format, budget and budget message already resolved against the
+    daemon's)."""
     check(mode, fmt, budget)
-    return TurnReasoning(markers_of(template), thinking_enabled(mode, kwargs, budget), fmt, kwargs)
+    return TurnReasoning(markers_of(template), thinking_enabled(mode, kwargs, budget), fmt, kwargs,
+                         -1 if budget is None else budget, message)

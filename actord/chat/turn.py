@@ -59,6 +59,7 @@ def check_turn(system: "ChatHost", request: "ChatRequest", n: int) -> None:
     limits = system.request_limits()
     size = sum(len(m.role.encode()) + len(m.content.encode()) for m in request.messages)
     size += len(request.template.encode()) if request.template else 0
+    size += len(request.reasoning_budget_message.encode()) if request.reasoning_budget_message else 0
     if request.tools or has_tools(request.messages):
         size += len(msgspec.json.encode(request.tools)) + sum(
             len(c.arguments.encode()) + len(c.name) for m in request.messages for c in m.tool_calls or [])
@@ -85,6 +86,9 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
                                     "send one, or tool_choice none", param="response_format")
             fields.update(grammar=turn.grammar, grammar_triggers=turn.triggers, preserve=turn.preserve)
     thought = turn_reasoning(system, request, prompter)
+    if thought.forces and (fields["grammar"] or fields["json_schema"] is not None) and not fields["grammar_triggers"]:
+        raise InvalidParams("reasoning_budget would force a thought's end past a grammar that holds from the "
+                            "first token: send one", param="reasoning_budget")
     prompt = await prompter.build(request.messages, template=request.template,
                                   add_generation_prompt=request.add_generation_prompt,
                                   render=turn.render if turn else None,
@@ -96,7 +100,7 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
         prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
         temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
         stop=request.stop, stream=request.stream, genes=request.genes, return_progress=request.return_progress,
-        timings_per_token=request.timings_per_token, **fields,
+        timings_per_token=request.timings_per_token, thought_budget=await thought.thought_budget(system), **fields,
     )
 
     async def end(result: CompletionResult, message: Any) -> Any:
@@ -119,9 +123,10 @@ def turn_reasoning(system: "ChatHost", request: "ChatRequest", prompter: Any) ->
 
     config = system.config
     budget = request.reasoning_budget if request.reasoning_budget is not None else config.reasoning_budget
+    message = request.reasoning_budget_message
     source = request.template if request.template is not None else prompter.info.template
     return for_turn(source, config.reasoning, request.reasoning_format or config.reasoning_format,
-                    request.template_kwargs, budget)
+                    request.template_kwargs, budget, config.reasoning_budget_message if message is None else message)
 
 
 async def render_text(system: "ChatHost", request: "ChatRequest") -> str:

@@ -165,9 +165,13 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         try:
             if kind == "complete":
                 head = system_prompt if r.random() < 0.4 else [1]
-                await system.complete(prompt=head + [r.randrange(3, 500) for _ in range(r.randint(1, 60))],
-                                      n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True, genes=genes_of(r),
-                                      **({"slot": slot} if r.random() < 0.8 else {}))
+                prompt = head + [r.randrange(3, 500) for _ in range(r.randint(1, 60))]
+                # A third think under a budget (drawn off the prompt: the seeds' draws stay as they were).
+                think = {"thought_budget": {"budget": 1 + prompt[-1] % 7, "start": [5, 6], "end": [7, 8],
+                                            "forced": [9, 7, 8], "pieces": [b"x", b"y", b"z"],
+                                            "opened": prompt[-1] % 2 == 0}} if prompt[-1] % 3 == 0 else {}
+                await system.complete(prompt=prompt, n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True,
+                                      genes=genes_of(r), **think, **({"slot": slot} if r.random() < 0.8 else {}))
             elif kind == "mind":
                 m = r.choice(sorted(histories))
                 if len(histories[m]) > cfg.ctx // 3:  # the mind starts over before it outgrows the cache

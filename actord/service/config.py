@@ -181,18 +181,20 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Tool calling's output format (actord.chat.tools): "auto" reads it from the chat template;
     # hermes, mistral, llama3 or generic (a grammar-held JSON format for any template).
     tool_format: str = "auto"
-    # Reasoning models (actord.chat.reasoning), llama-server's flags: thinking on, off, or the
-    # template's default (auto); how the thought is parsed out of the output (none: left in
-    # the content; deepseek/auto: into reasoning_content); the thinking budget in tokens
-    # (-1: no limit, 0: thinking off). A request's chat_template_kwargs.enable_thinking,
-    # reasoning_format and reasoning_budget override them.
     # Each slot's context as llama-server gives it (n_ctx / slots): a prompt over it refused,
     # a generation held to it, /props and /slots reporting it (actord/service/slot_ctx.py).
     # Off: the --ctx cells are one pool any slot may use all of (actord's default).
     ctx_per_slot: bool = False
+    # Reasoning models (actord.chat.reasoning), llama-server's flags: thinking on, off, or the
+    # template's default (auto); how the thought is parsed out of the output (none: left in
+    # the content; deepseek/auto: into reasoning_content); the thinking budget in tokens
+    # (-1: no limit, 0: thinking off, N: a thought is closed by force after N tokens) and the
+    # text forced before its end marker then. A request's chat_template_kwargs.enable_thinking,
+    # reasoning_format, reasoning_budget and reasoning_budget_message override them.
     reasoning: str = "auto"
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     # The Responses API (POST /v1/responses) remembers this many responses, oldest dropped
     # first, for `previous_response_id` and GET /v1/responses/{id}, in at most
     # http_responses_max_bytes of conversation text.
@@ -311,8 +313,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("reasoning is one of on, off, auto; reasoning_format one of none, deepseek, auto")
         if self.chat_template is not None and (not self.chat_template or self.chat_template_file):
             raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
-        if self.reasoning_budget not in (-1, 0):
-            raise InvalidParams("reasoning_budget is -1 (no limit) or 0 (thinking off)")
+        if self.reasoning_budget < -1:
+            raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \

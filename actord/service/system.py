@@ -312,6 +312,9 @@ class ActorSystem:
     async def text_of(self, tokens: list[int]) -> str:
         return await self.engine.run(J.Detokenize(tokens=tokens))
 
+    async def pieces_of(self, tokens: list[int]) -> list[bytes]:
+        return await self.engine.run(J.Pieces(tokens=tokens, special=True))
+
     @entry("tokenize", check_open=False, check=text.check_content)
     async def tokenize(self, content: str, add_special: bool = False, parse_special: bool = True,
                        with_pieces: bool = False) -> Tokenized:

@@ -51,6 +51,38 @@ MAX_TRIGGERS = 8
 MAX_TRIGGER_BYTES = 64
 
 
+class ThoughtBudget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A reasoning budget, decided by the chat layer (actord.chat.reasoning) and kept by the
+    scheduling core (actord/serving/steps/thought.py): once a thought holds `budget`
+    generated tokens without its `end` marker's, the `forced` tokens (a message's, then the
+    end marker's; `pieces`: each one's bytes, as the output shows it) follow as if generated,
+    and sampling goes on after them. A thought opens after the `start` marker's tokens in
+    the output, or at once when `opened` (the prompt left the model inside one)."""
+
+    budget: int
+    start: list[int]
+    end: list[int]
+    forced: list[int]
+    pieces: list[bytes]
+    opened: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.start, *self.end, *self.forced]
+
+    def check(self, limits: "RequestLimits") -> None:
+        from actord.service.errors import InvalidParams
+
+        toks = self.tokens
+        if isinstance(self.budget, bool) or self.budget < 1:
+            raise InvalidParams("thought_budget.budget is a number of tokens, >= 1", param="thought_budget")
+        if not self.end or not self.forced or len(self.pieces) != len(self.forced) or not (self.start or self.opened):
+            raise InvalidParams("thought_budget needs its end marker, the forced tokens with one piece each, and a "
+                                "start marker or an opened thought", param="thought_budget")
+        if len(toks) > limits.max_stop_tokens or any(not 0 <= t < 2**31 for t in toks):
+            raise InvalidParams(f"thought_budget: at most {limits.max_stop_tokens} token ids", param="thought_budget")
+
+
 class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     """Samplers beyond temperature/top_k/top_p, shared by `completion` and `chat` (names as
     llama-server's /completion and OpenAI's, where they exist).
@@ -164,6 +196,8 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
     # chunk with the timings so far (llama-server's fields: actord/serving/stream_extras.py).
     return_progress: bool = False
     timings_per_token: bool = False
+    # A reasoning budget (the chat layer's: actord.chat.reasoning); None: none.
+    thought_budget: ThoughtBudget | None = None
 
     def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
         from actord.service.errors import InvalidParams, PromptTooLong
@@ -214,6 +248,8 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
         if len({g.id for g in self.genes}) != len(self.genes):
             raise InvalidParams("a gene is listed twice")
         self.check_sampling(limits)
+        if self.thought_budget is not None:
+            self.thought_budget.check(limits)
         if self.json_schema is not None:
             # Converted once, here: the slot builds its sampler from `grammar`.
             return msgspec.structs.replace(self, grammar=self.with_grammar(), json_schema=None)

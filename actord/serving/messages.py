@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actord.service.types import CompletionRequest
+from actord.service.types import CompletionRequest, ThoughtBudget
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True):
@@ -174,6 +174,7 @@ class Enroll(Msg):
     epoch: int = 0  # the sequence's epoch (serving/prefix_share.py): a cut below pos0 moved it on
     progress: bool = False  # stream a chunk per decoded piece of the prompt (return_progress)
     timings: bool = False  # every streamed chunk carries the timings so far (timings_per_token)
+    thought_budget: ThoughtBudget | None = None  # the request's reasoning budget (serving/steps/thought.py)
 
 
 class Abort(Msg):

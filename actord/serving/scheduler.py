@@ -40,6 +40,7 @@ from actord.serving.messages import (
 )
 from actord.service.types import CompletionResult, Timings
 from actord.serving.steps.core import SchedulerCore
+from actord.serving.steps.thought import Thought
 from actord.serving.steps.records import Delta, Event, Finished, Plan, Progress, Request, StepCheckpoint
 from actord.serving.stream_extras import LiveTimings, progress, timed
 from actord.serving.steps.text import TextState
@@ -196,6 +197,7 @@ class Scheduler(Actor[SchedulerInbox]):
             checkpoint_at=list(m.checkpoint_at), text=TextState(m.stop, m.stream), n_cached=m.pos0,
             spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
             logprobs=[] if m.logprobs else None, progress=m.progress and m.stream,
+            think=Thought(m.thought_budget) if m.thought_budget is not None else None,
         )
         try:
             self.core.add(r)

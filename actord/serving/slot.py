@@ -312,10 +312,12 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         t_start = time.perf_counter()
         prompt = await self._tokens_of(req)
         n_vocab = self.props.n_vocab
-        bad = [t for t, _ in req.bias_pairs() if t >= n_vocab]
-        if bad:
-            raise InvalidParams(f"logit_bias names token ids outside the vocab [0, {n_vocab})",
-                                param="logit_bias", bad=bad[:8])
+        for param, toks in (("logit_bias", [t for t, _ in req.bias_pairs()]),
+                            ("thought_budget", req.thought_budget.tokens if req.thought_budget else [])):
+            bad = [t for t in toks if t >= n_vocab]
+            if bad:
+                raise InvalidParams(f"{param} names token ids outside the vocab [0, {n_vocab})", param=param,
+                                    bad=bad[:8])
         # Only attention layers take a cell per token: a pure recurrent model (kv_cells 0)
         # runs sequences past n_ctx (libllama 0.3.36: its memory is one state per sequence).
         cells = self.props.kv_cells
@@ -421,7 +423,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,
-            progress=req.return_progress, timings=req.timings_per_token,
+            progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

@@ -105,7 +105,7 @@ def test_the_families_markers_are_read_off_the_template():
 
 @pytest.mark.parametrize("fields,param", [
     ({"fmt": "deepseek-legacy"}, "reasoning_format"), ({"mode": "maybe"}, "reasoning"),
-    ({"budget": 100}, "reasoning_budget"), ({"budget": True}, "reasoning_budget")])
+    ({"budget": -2}, "reasoning_budget"), ({"budget": True}, "reasoning_budget")])
 def test_a_reasoning_field_out_of_range_is_refused_naming_it(fields, param):
     from actord.service.errors import InvalidParams
 

@@ -134,6 +134,8 @@ def test_a_bad_tool_thinking_or_format_field_is_named(body, param):
 def test_thinking_sets_the_templates_enable_thinking():
     assert W.thinking_kwargs(_req()) == {}
     assert W.thinking_kwargs(_req(thinking={"type": "enabled", "budget_tokens": 50})) == {"enable_thinking": True}
+    assert W.thinking_budget(_req(thinking={"type": "enabled", "budget_tokens": 50})) == 50
+    assert W.thinking_budget(_req(thinking={"type": "disabled"})) is None and W.thinking_budget(_req()) is None
     assert W.thinking_kwargs(_req(thinking={"type": "disabled"}, chat_template_kwargs={"x": 1})) == \
         {"x": 1, "enable_thinking": False}
 

@@ -1,6 +1,6 @@
 """Reasoning over HTTP (actord.chat.reasoning) on the tiny model with DeepSeek-R1's real
 template, which opens the thought in its generation prompt: the tiny model never closes it,
-so its whole reply is the thought. `reasoning_content` in the answer and as stream deltas,
+so its whole reply is the thought unless a budget closes it. `reasoning_content` in the answer and as stream deltas,
 `reasoning_format: none` leaving it in the content, thinking turned off per request (the
 prompt then closes the thought, and the reply is content), and /apply-template showing both."""
 
@@ -58,8 +58,21 @@ def test_thinking_off_per_request_closes_the_thought_and_the_reply_is_content(fr
     assert budget0["choices"][0]["message"]["content"] == msg["content"]
 
 
+def test_a_budget_closes_the_thought_with_its_message_and_the_reply_goes_on_whole_and_streamed(front):
+    body = {"messages": MSGS, "max_tokens": 20, "temperature": 0, "reasoning_budget_tokens": 3,
+            "reasoning_budget_message": " Enough."}
+    msg = httpx.post(front + "/v1/chat/completions", json=body, headers=H, timeout=60).json()["choices"][0]["message"]
+    assert msg["reasoning_content"].endswith(" Enough.") and msg["content"]
+    oa = openai_client(front)
+    chunks = list(oa.chat.completions.create(model="m", messages=MSGS, max_tokens=20, temperature=0, stream=True,
+                                             extra_body={"reasoning_budget": 3, "reasoning_budget_message": " Enough."}))
+    deltas = [c.choices[0].delta.model_dump() for c in chunks if c.choices]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+
+
 def test_a_bad_reasoning_field_is_a_400_naming_it(front):
-    for field, value in (("reasoning_format", "deepseek-legacy"), ("reasoning_budget", 64),
+    for field, value in (("reasoning_format", "deepseek-legacy"), ("reasoning_budget", -2), ("reasoning_budget_message", 3),
                          ("chat_template_kwargs", [1])):
         r = httpx.post(front + "/v1/chat/completions", json={"messages": MSGS, field: value}, headers=H, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == field

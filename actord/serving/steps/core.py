@@ -38,7 +38,9 @@ sampling entries is in flight no further step is planned: every request then ste
 per engine step, instead of a speculating request joining only every other step. The
 others keep `feed_last` otherwise.
 
-The records it works on (`Request`, `Plan`, the events) are in `records.py`.
+A reasoning budget (steps/thought.py): the output token that uses a thought's budget up makes
+the forced tokens known ones, fed together by the next entry; `feed_until` keeps a sample from
+being planned blind past it. The records it works on (`Request`, `Plan`, the events) are in `records.py`.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class SchedulerCore:
         if r.slot in self.by_slot:
             raise ValueError(f"slot {r.slot} already has request {self.by_slot[r.slot]} enrolled")
         self._enrolled += 1
+        if r.think is not None:  # a forced end of a thought would cut an accepted draft: no speculation
+            r.spec = 0
+        r.feed_until = r.n_predict if r.think is None else min(r.n_predict, r.think.limit(len(r.out)))
         self._n_spec += r.spec > 0
         self._n_progress += r.progress
         r.order = self._enrolled
@@ -176,7 +181,7 @@ class SchedulerCore:
 
     def _want(self, r: Request) -> int:
         p = r.n_done + r.n_sched
-        return r.n_prompt - p if p < r.n_prompt else 1
+        return r.n_prompt - p if p < r.n_prompt else max(1, len(r.tokens) - p)
 
     # -- planning ------------------------------------------------------------------------
 
@@ -272,10 +277,14 @@ class SchedulerCore:
         if self.n_ctx and p + 1 >= self.n_ctx:
             return None  # update() ends it with "context" when its sample arrives
         if p < len(r.tokens):  # the token to feed is known
-            return J.StepEntry(r.seq, [r.tokens[p]], p, True)
+            if p + 1 == len(r.tokens):
+                return J.StepEntry(r.seq, [r.tokens[p]], p, True)
+            n = min(len(r.tokens) - p, budget)  # a forced end of a thought: fed together, sampled after
+            return J.StepEntry(r.seq, r.tokens[p:p + n], p, p + n == len(r.tokens))
         # The token to feed is being sampled by the newest step in flight: the engine feeds
-        # it, unless that sample is the request's last (n_predict).
-        if not r.samples or r.rid not in last or len(r.out) + r.samples >= r.n_predict:
+        # it, unless that sample is the request's last (n_predict) or may be one that forces
+        # a thought's end (`feed_until`: the forced tokens go in before the next sample).
+        if not r.samples or r.rid not in last or len(r.out) + r.samples >= r.feed_until:
             return None
         return J.StepEntry(r.seq, [], p, True, False, True)  # sample, no checkpoint, feed_last
 
@@ -406,6 +415,25 @@ class SchedulerCore:
             self._end(r, "length", events)
         elif self.n_ctx and len(r.tokens) >= self.n_ctx:
             self._end(r, "context", events)
+        elif r.think is not None:
+            self._think(r, tok, piece, events)
+
+    def _think(self, r: Request, tok: int, piece: bytes, events: list[Event]) -> None:
+        """A budgeted thought's watch: a forced end goes out as far as n_predict and n_ctx allow."""
+        think = r.think
+        assert think is not None
+        if think.step(tok, piece):
+            room = r.n_predict - len(r.out)
+            delta, stopped = think.force(r, min(room, self.n_ctx - len(r.tokens)) if self.n_ctx else room)
+            if delta:
+                events.append(Delta(rid=r.rid, text=delta, token=r.out[-1], logprobs=r.unsent_logprobs()))
+            if stopped:
+                return self._end(r, "stop", events)
+            if len(r.out) >= r.n_predict:
+                return self._end(r, "length", events)
+            if self.n_ctx and len(r.tokens) >= self.n_ctx:
+                return self._end(r, "context", events)
+        r.feed_until = min(r.n_predict, think.limit(len(r.out)))
 
     def _end(self, r: Request, reason: str, events: list[Event], error: Any = None) -> None:
         if r.ended:

@@ -13,6 +13,7 @@ from typing import Any
 from actord.engine import jobs as J
 from actord.service.types import TokenLogprob
 from actord.serving.steps.text import TextState
+from actord.serving.steps.thought import Thought
 
 GeneKey = tuple[tuple[int, float], ...]
 
@@ -54,6 +55,11 @@ class Request:
     spec_misses: int = 0  # verifies in a row that accepted nothing
     spec_pause: int = 0  # steps left without drafting (policy/speculation.py `pause_after`)
     progress: bool = False  # report each decoded piece of the prompt (a `Progress` event)
+    # A reasoning budget's watch (steps/thought.py; None: no budget), and how long the output
+    # may grow by samples planned blind (feed_last): n_predict, or less where a forced end
+    # of a thought may come first (the forced tokens are fed after the sample that is due).
+    think: Thought | None = None
+    feed_until: int = 0
 
     @property
     def ended(self) -> bool:

@@ -26,8 +26,9 @@ Every field is honoured, refused, or ignored by design:
   `cache_control`, unknown fields.
 
 Choices, stated:
-- `thinking.budget_tokens` bounds the thought only as `max_tokens` bounds the whole reply:
-  actord has no mid-thought budget (actord.chat.reasoning's stated limit).
+- `thinking.budget_tokens` (enabled) is the turn's reasoning budget (llama-server's mapping):
+  a thought that reaches it is closed by force and the reply goes on as text
+  (actord.chat.reasoning); absent, the daemon's --reasoning-budget holds.
 - A user message's `tool_result` blocks become tool messages placed before its text (which
   follows as a user message): results answer the assistant turn just before them, and
   Anthropic requires them first in the message anyway.
@@ -309,6 +310,13 @@ def thinking_kwargs(req: MessagesRequest) -> dict[str, Any]:
     if t.type == "enabled" and b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
         raise InvalidParams("thinking.budget_tokens is a count of tokens", param="thinking.budget_tokens")
     return {**kwargs, "enable_thinking": t.type == "enabled"}
+
+
+def thinking_budget(req: MessagesRequest) -> int | None:
+    """The turn's reasoning budget: `thinking.budget_tokens` when thinking is enabled with one
+    (checked by `thinking_kwargs`), else None (the daemon's)."""
+    t = req.thinking
+    return t.budget_tokens or None if t is not None and t.type == "enabled" else None
 
 
 # -- the answer -------------------------------------------------------------------------

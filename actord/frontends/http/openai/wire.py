@@ -10,7 +10,8 @@ honoured (`model` as any name, `messages` (tool calls and results included), `to
 `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options.include_usage`, `user`,
 `prompt_cache_key`, `n` (1 to `--max-n` choices from one prefill: actord/chat/choices.py), `response_format` text/json_object/json_schema (grammar-
 constrained decoding; llama-server's `schema` inside a json_object applied too), llama-server's
-`chat_template_kwargs`, `reasoning_format`, `reasoning_budget` (actord.chat.reasoning),
+`chat_template_kwargs`, `reasoning_format`, `reasoning_budget` (or `reasoning_budget_tokens`) and
+`reasoning_budget_message` (actord.chat.reasoning),
 `add_generation_prompt` and `continue_final_message` (a last assistant message continued), `logit_bias`, `presence_penalty`, `frequency_penalty`, `logprobs`
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
 `repeat_last_n`, `min_p`; all mapped by `sampling`; llama-server's streamed extras
@@ -147,6 +148,8 @@ class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
     chat_template_kwargs: Any = None
     reasoning_format: Any = None
     reasoning_budget: Any = None
+    reasoning_budget_tokens: Any = None  # llama-server's name (-1: the daemon's budget)
+    reasoning_budget_message: Any = None
     add_generation_prompt: Any = None
     continue_final_message: Any = None
 
@@ -354,11 +357,16 @@ def chat_fields(req: ChatCompletionRequest) -> dict[str, Any]:
         raise InvalidParams("chat_template_kwargs is an object of template variables", param="chat_template_kwargs")
     if req.reasoning_format is not None and not isinstance(req.reasoning_format, str):
         raise InvalidParams("reasoning_format is none, deepseek or auto", param="reasoning_format")
-    budget = req.reasoning_budget
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
-        raise InvalidParams("reasoning_budget is an integer", param="reasoning_budget")
+    for name in ("reasoning_budget", "reasoning_budget_tokens"):
+        v = getattr(req, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InvalidParams(f"{name} is an integer", param=name)
+    budget = req.reasoning_budget if req.reasoning_budget is not None else (
+        None if req.reasoning_budget_tokens == -1 else req.reasoning_budget_tokens)
+    if req.reasoning_budget_message is not None and not isinstance(req.reasoning_budget_message, str):
+        raise InvalidParams("reasoning_budget_message is a string", param="reasoning_budget_message")
     out: dict[str, Any] = {"template_kwargs": kwargs or {}, "reasoning_format": req.reasoning_format or "",
-                           "reasoning_budget": budget}
+                           "reasoning_budget": budget, "reasoning_budget_message": req.reasoning_budget_message}
     for name in ("add_generation_prompt", "continue_final_message"):
         v = getattr(req, name)
         if v is not None:
