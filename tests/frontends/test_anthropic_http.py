@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.frontends.test_openai_http import KEY, _metric, _start, _stop, _wait_metric
+from tests.frontends.test_openai_http import KEY, _metric, _wait_metric, front_on_tiny
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}
@@ -23,15 +23,8 @@ GREEDY = {"temperature": 0}  # the newest SDK no longer sends sampling fields it
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-anthropic.gguf", seed=1,
-                                 chat_template=HERMES_TOOL_TEMPLATE, control_tokens=("<tool_call>", "</tool_call>")))
-    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY)
-    try:
+    for _, url in front_on_tiny(tmp_path_factory, tools=True):
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture

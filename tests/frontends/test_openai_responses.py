@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.frontends.test_openai_http import KEY, _start, _stop
+from tests.frontends.test_openai_http import KEY, front_on_tiny
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
@@ -22,15 +22,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-resp.gguf", seed=1,
-                                 chat_template=HERMES_TOOL_TEMPLATE, control_tokens=("<tool_call>", "</tool_call>")))
-    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, "--http-responses-max", "8")
-    try:
+    for _, url in front_on_tiny(tmp_path_factory, "--http-responses-max", "8", tools=True):
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture
