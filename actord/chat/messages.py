@@ -93,6 +93,7 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
                 raise InvalidParams(f"messages[{i}].role is empty", index=i)
         if self.template is not None and not self.template.strip():
             raise InvalidParams("template is empty")
+        self.check_scope()
         from actord.chat.reasoning import check
 
         check(fmt=self.reasoning_format or "auto", budget=self.reasoning_budget)

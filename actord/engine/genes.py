@@ -15,6 +15,7 @@ Runs only on the engine thread; it never decides what to page (GeneResidency doe
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ class _Gene:
     image: bytes  # the adapter's GGUF bytes, kept in host RAM
     adapter: Any  # libllama adapter pointer while resident, else None
     moved: int = 0
+    digest: str = ""  # of `image`: the gene by content (page files name genes by it)
 
 
 class GeneCatalog:
@@ -73,7 +75,7 @@ class GeneCatalog:
 
     def info(self, g: _Gene, moved: int = 0, t_ms: float = 0.0) -> J.GeneInfo:
         return J.GeneInfo(id=g.id, path=g.path, resident=g.adapter is not None, n_bytes=len(g.image),
-                          n_moved=moved, t_ms=t_ms)
+                          n_moved=moved, t_ms=t_ms, digest=g.digest)
 
     def _build(self, image: bytes) -> Any:
         # Read-only fmemopen straight over the immutable host image: no copy (the gene
@@ -93,7 +95,8 @@ class GeneCatalog:
     def load(self, path: str, image: bytes) -> J.GeneInfo:
         t0 = time.perf_counter()
         adapter = self._build(image)
-        g = _Gene(id=next(self._ids), path=path, image=image, adapter=adapter)
+        digest = hashlib.blake2b(image, digest_size=16).hexdigest()
+        g = _Gene(id=next(self._ids), path=path, image=image, adapter=adapter, digest=digest)
         self.genes[g.id] = g
         return self.info(g, len(image), (time.perf_counter() - t0) * 1e3)
 

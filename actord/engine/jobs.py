@@ -466,6 +466,9 @@ class GeneInfo(msgspec.Struct, frozen=True):
     n_bytes: int
     n_moved: int = 0
     t_ms: float = 0.0
+    # The adapter file's content digest: what names the gene outside this process (a page
+    # file's genes), where ids are load order (policy/kv_identity.py).
+    digest: str = ""
 
 
 class ChatTemplateInfo(msgspec.Struct, frozen=True):

@@ -9,9 +9,10 @@ nobody holds: O(blocks of the query), whatever the number of holders. A trailing
 block is never keyed: a match is found by blocks, and a holder's tokens past its last full
 block are compared by whoever asked (`wholes`): a base may end where minds part, mid-block.
 
-The gene set (adapter id, scale) seeds the chain: a prefix computed under other genes is
-another state, so it never matches. The set is sorted first, since the adapters' sum does
-not depend on the order they were listed in.
+The lineage (policy/kv_identity.py: the gene set and the tenant scope) seeds the chain: a
+prefix computed under other genes, or held for another tenant, is another state, so it never
+matches. The gene set is sorted first, since the adapters' sum does not depend on the order
+they were listed in.
 
 Pure: no I/O, no actor; the page store holds one index over its bases and one over its
 pages (serving/page_store.py).
@@ -28,16 +29,17 @@ BLOCK = 32  # tokens per block
 _GENE = struct.Struct("<qd")
 
 
-def chain_seed(genes: Sequence[tuple[int, float]]) -> bytes:
-    h = hashlib.blake2b(b"actord-prefix-v1", digest_size=16)
+def chain_seed(genes: Sequence[tuple[int, float]], scope: str = "") -> bytes:
+    h = hashlib.blake2b(b"actord-prefix-v2", digest_size=16)
     for gid, scale in sorted((int(g), float(s)) for g, s in genes):
         h.update(_GENE.pack(gid, scale))
+    h.update(b"\0scope:" + scope.encode())
     return h.digest()
 
 
-def block_keys(tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()) -> list[bytes]:
+def block_keys(tokens: Sequence[int], genes: Sequence[tuple[int, float]] = (), scope: str = "") -> list[bytes]:
     """One key per full block of `tokens`, each naming the prefix up to that block's end."""
-    prev = chain_seed(genes)
+    prev = chain_seed(genes, scope)
     keys = []
     for i in range(len(tokens) // BLOCK):
         block = tokens[i * BLOCK:(i + 1) * BLOCK]
@@ -62,10 +64,11 @@ class PrefixIndex:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._blocks
 
-    def add(self, key: Hashable, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()) -> None:
-        """Index `key` as holding `tokens` (under `genes`); a key added again is re-indexed."""
+    def add(self, key: Hashable, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = (),
+            scope: str = "") -> None:
+        """Index `key` as holding `tokens` (under `genes`, in `scope`); a key added again is re-indexed."""
         self.remove(key)
-        blocks = block_keys(tokens, genes)
+        blocks = block_keys(tokens, genes, scope)
         self._blocks[key] = blocks
         for b in blocks:
             self._by_block.setdefault(b, set()).add(key)
@@ -86,13 +89,13 @@ class PrefixIndex:
                 del self._by_block[b]
 
     def longest(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = (),
-                exclude: Hashable | None = None) -> tuple[Hashable | None, int]:
+                exclude: Hashable | None = None, scope: str = "") -> tuple[Hashable | None, int]:
         """The holder with the most leading full blocks in common with `tokens` (ties: any
         of them) and how many tokens those blocks are; (None, 0) when none shares a block.
         `exclude`: a holder not to answer (the query's own entry, say)."""
         best: Hashable | None = None
         n = 0
-        for i, b in enumerate(block_keys(tokens, genes)):
+        for i, b in enumerate(block_keys(tokens, genes, scope)):
             holders = self._by_block.get(b)
             if not holders:
                 break
@@ -102,12 +105,12 @@ class PrefixIndex:
             best, n = pick, (i + 1) * BLOCK
         return best, n
 
-    def wholes(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = ()) -> list[Hashable]:
+    def wholes(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = (), scope: str = "") -> list[Hashable]:
         """Every holder whose last full block is one of `tokens`' leading blocks, deepest
         first: the candidates for a held list that is a prefix of `tokens` (the caller
         checks a list's tokens past its last full block, which are not keyed)."""
         found: list[Hashable] = []
-        for b in block_keys(tokens, genes):
+        for b in block_keys(tokens, genes, scope):
             if b not in self._by_block:
                 break
             found.extend(self._ends.get(b, ()))

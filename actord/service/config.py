@@ -90,6 +90,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # open alike hold their common prefix once (the page store's bases). Off: every
     # sequence and page is its own (the comparison bench/shared_prefix.py draws).
     prefix_sharing: bool = True
+    # Reuse of cells (a resume, a share, a base, a page) stays within a tenant: an HTTP API
+    # key (when there are several) or a socket peer's uid, narrowed by a request's
+    # cache_salt. On: every tenant of this daemon shares with every other, and a client can
+    # learn whether another tenant sent a prompt from how much of it was cached (n_cached,
+    # or timing: the prompt-cache side channel). Turn it on only where all clients trust
+    # each other.
+    share_across_tenants: bool = False
     # A full SWA cache makes checkpoints unnecessary but costs memory (actord.policy.swa):
     # "auto" takes it when bytes/token x ctx fits swa_full_share of the device budget
     # (device_bytes, else the host's memory), "on"/"off" decide outright.
@@ -122,7 +129,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # "127.0.0.1:8080"; port 0 picks a free one (props reports it); several, comma-separated
     # ("127.0.0.1:8080,[::1]:8080"), are all served by the one front and its bounds.
     http: str | None = None
-    api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
+    # Required as "Authorization: Bearer KEY" (or x-api-key) when set: one key, or several
+    # separated by commas (as llama-server's --api-key), each its own tenant.
+    api_key: str | None = None
+    # A file of more keys, one per line (blank lines and # comments skipped), read at start.
+    api_key_file: str | None = None
     http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
     # The front's own bounds (actord/frontends/http/bounds.py), beside the socket's below. A request
     # line + headers over http_max_header_bytes get 431 before more is read; a request head
@@ -324,7 +335,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("aip_http_port (AIP_HTTP_PORT) is a TCP port", aip_http_port=self.aip_http_port)
         if self.http is not None:
             for host, port in http_addresses(self.http):
-                if not is_loopback(host) and not self.api_key:
+                if not is_loopback(host) and not (self.api_key or self.api_key_file):
                     raise InvalidParams(f"--http {self.http} is not a loopback address: it needs --api-key",
                                         http=self.http)
         positive = ("max_connections", "max_line_bytes", "max_requests_in_flight", "max_inflight_bytes",
@@ -353,6 +364,22 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if self.spec == "off":
             return ""
         return self.spec or ("draft" if self.spec_draft_model else "")
+
+    def api_keys(self) -> list[str]:
+        """Every API key the HTTP front accepts: --api-key's, comma-separated, then
+        --api-key-file's, one per line (read here, once, at the front's start)."""
+        keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
+        if self.api_key_file:
+            try:
+                with open(self.api_key_file, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except OSError as e:
+                raise InvalidParams(f"api_key_file {self.api_key_file}: {e.strerror}",
+                                    api_key_file=self.api_key_file) from None
+            keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if (self.api_key is not None or self.api_key_file) and not keys:
+            raise InvalidParams("api_key / api_key_file name no key")
+        return list(dict.fromkeys(keys))
 
     def request_limits(self) -> "RequestLimits":
         """The bounds `CompletionRequest.check` applies, from this configuration."""

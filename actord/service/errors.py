@@ -97,6 +97,13 @@ class ForeignPage(ActordError):
     http_status = 409
 
 
+class GenesMissing(ForeignPage):
+    """A page file's state was computed under genes this daemon has not loaded (named by
+    content: a gene of the same load-order id is another adapter here), or under genes it
+    cannot name (saved before genes were named by content): refused before anything changes,
+    never served (policy/kv_identity.py)."""
+
+
 class FileNotFound(ActordError):
     http_status = 404
 

@@ -16,7 +16,7 @@ import anyio
 
 from actord.service.errors import ActordError, ContextFull, NoFreeSlot
 from actord.service.log import get
-from actord.service.types import SlotInfo
+from actord.service.types import CompletionRequest, SlotInfo
 from actord.serving.messages import Fork, Info, MakeRoom, ReleaseRoom
 from actord.serving.room import holding_room
 from actord.serving.slot import Slot, common_prefix
@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 log = get("actord.service.placement")
 
 
-async def place(system: "ActorSystem", prompt: Any) -> Slot:
-    """The idle slot whose tokens share the longest prefix with `prompt`, else least deferred."""
+async def place(system: "ActorSystem", request: CompletionRequest) -> Slot:
+    """The idle slot whose tokens share the longest prefix with the request's prompt under its
+    lineage (policy/kv_identity.py: another gene set's or scope's cells are no prefix of it),
+    else least deferred."""
+    prompt = request.prompt
     slots = system.slots
     infos: list[SlotInfo] = [await s.ask(Info()) for s in slots]
     bound_for = system.inflight.bound()  # read after the last await: the caller records its choice at once
@@ -37,7 +40,11 @@ async def place(system: "ActorSystem", prompt: Any) -> Slot:
     # unnamed request would cost the mind its cache (its next turn would prefill again).
     idle = [i for i in idle if i.mind is None] or idle
     if isinstance(prompt, list) and idle:
-        best = max(idle, key=lambda i: (common_prefix(slots[i.id].kv_tokens, prompt), -i.n_tokens))
+        def held(i: SlotInfo) -> int:
+            s = slots[i.id]
+            return common_prefix(s.kv_tokens, prompt) if s.lineage == (s.gene_set(request), request.kv_scope()) else 0
+
+        best = max(idle, key=lambda i: (held(i), -i.n_tokens))
         return slots[best.id]
     if idle:
         return slots[min(idle, key=lambda i: i.n_tokens).id]

@@ -39,7 +39,8 @@ async def spill_page(pages: Actor[PageStoreInbox], files: PageFiles, props: J.Mo
             stats = await files.publish(
                 file, page_image(props, held.state, held.checkpoints, held.tokens, held.genes,
                                  held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n,
-                                 base=held.base.state if held.base is not None else None, n_base=held.n_base),
+                                 base=held.base.state if held.base is not None else None, n_base=held.n_base,
+                                 scope=held.scope, gene_digests=held.gene_digests),
                 held=True)
             durable = True  # publish returns only once every file and folder is fsynced
         except ActordError as e:

@@ -23,7 +23,7 @@ import msgspec
 from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
-from actord.service import introspection, memory, placement, slot_ctx, text
+from actord.service import introspection, memory, placement, slot_ctx, tenancy, text
 from actord.service.builder import Actors, build_actors, engine_thread, failure_handler
 from actord.service.config import Config
 from actord.service.entry import entry
@@ -231,10 +231,11 @@ class ActorSystem:
         trace already holds; a replay re-executes that verb, not this completion.)"""
         if request is None:
             request = _decode(params, CompletionRequest)
-        request = request.check(self._limits)  # a json_schema comes back as its grammar
+        request = tenancy.stamp(request).check(self._limits)  # a json_schema comes back as its grammar
         self.check_open()
         if _input:
             await self.dispatcher.input("completion", request)
+        request = request.with_scoped_mind()
         if self.config.ctx_per_slot:  # each slot held to n_ctx / slots (actord/service/slot_ctx.py)
             request = await slot_ctx.fit(self, request)
         rid = self.inflight.open()
@@ -247,7 +248,7 @@ class ActorSystem:
             if request.slot is not None:
                 slot = self._slot(request.slot)
             else:
-                slot = await placement.place(self, request.prompt)
+                slot = await placement.place(self, request)
             self.inflight.slots[rid] = slot.id
             return introspection.answered(self, await slot.ask(Complete(rid=rid, req=request), stream=on_token,
                                                                timeout=bound))
@@ -264,6 +265,7 @@ class ActorSystem:
         streamed chunk carries its choice's `index`."""
         from actord.chat.choices import complete_choices
 
+        request = tenancy.stamp(request)
         await self.dispatcher.input("completion", request)
         return await complete_choices(self, request, n, on_token)
 
@@ -295,7 +297,7 @@ class ActorSystem:
         from actord.chat.messages import ChatRequest
         from actord.chat.turn import check_turn, run_turn
 
-        request = request if request is not None else _decode(params, ChatRequest)
+        request = tenancy.stamp(request if request is not None else _decode(params, ChatRequest))
         check_turn(self, request, n)  # a turn refused is not recorded
         await self.dispatcher.input("chat", request)
         return await run_turn(self, request, on_token, n)

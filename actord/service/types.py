@@ -119,6 +119,29 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     post_sampling_probs: bool = False
     grammar_triggers: list[Trigger] = []
     preserve: list[str] = []
+    # Whose cells this request may reuse (policy/kv_identity.py). `cache_salt` is the
+    # client's (vLLM's field): it narrows reuse to requests with the same salt. `tenant` is
+    # the front's, never the client's: the socket and the HTTP front overwrite it with the
+    # peer's uid or the API key's index; an embedded host may name tenants itself.
+    cache_salt: str | None = None
+    tenant: str = ""
+
+    def kv_scope(self) -> str:
+        """The scope this request's cells belong to (policy/kv_identity.py `scope_of`)."""
+        from actord.policy.kv_identity import scope_of
+
+        return scope_of(self.tenant, self.cache_salt)
+
+    def check_scope(self) -> None:
+        from actord.policy.kv_identity import MAX_TENANT, check_salt
+        from actord.service.errors import InvalidParams
+
+        if self.cache_salt is not None:
+            why = check_salt(self.cache_salt)
+            if why is not None:
+                raise InvalidParams(why, param="cache_salt", field="cache_salt")
+        if len(self.tenant) > MAX_TENANT:
+            raise InvalidParams(f"tenant is over {MAX_TENANT} characters", param="tenant", field="tenant")
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """The logit biases as (token, bias), a ban as -inf; checked (`check_sampling`)."""
@@ -131,6 +154,7 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     def check_sampling(self, limits: "RequestLimits") -> None:
         from actord.service.errors import InvalidParams
 
+        self.check_scope()
         n = len(self.logit_bias)
         if n > limits.max_logit_bias:
             raise InvalidParams(f"{n} logit biases, at most {limits.max_logit_bias}", param="logit_bias",
@@ -199,6 +223,17 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
     # A reasoning budget (the chat layer's: actord.chat.reasoning); None: none.
     thought_budget: ThoughtBudget | None = None
 
+    def with_scoped_mind(self) -> "CompletionRequest":
+        """This request with its mind named as the daemon keeps it under its scope
+        (policy/kv_identity.py `scoped_mind`); applied once, after the request is recorded,
+        so a replay applies it to the same recorded request again."""
+        if self.mind is None:
+            return self
+        from actord.policy.kv_identity import scoped_mind
+
+        scope = self.kv_scope()
+        return self if not scope else msgspec.structs.replace(self, mind=scoped_mind(self.mind, scope))
+
     def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
         from actord.service.errors import InvalidParams, PromptTooLong
         from actord.storage.paths import check_mind
@@ -242,7 +277,13 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
         if self.slot is not None and self.mind is not None:
             raise InvalidParams("name a slot or a mind, not both")
         if self.mind is not None:
+            from actord.policy.kv_identity import SCOPE_MARK, scoped_mind
+
             why = check_mind(self.mind)
+            if why is None and SCOPE_MARK in self.mind:
+                why = f"{SCOPE_MARK!r} is kept for the daemon's scoped names"
+            if why is None and check_mind(scoped_mind(self.mind, self.kv_scope())) is not None:
+                why = f"too long to be kept under its scope (cache_salt or tenant)"
             if why is not None:
                 raise InvalidParams(f"a mind name is one page-name component: {why}", mind=self.mind[:64])
         if len({g.id for g in self.genes}) != len(self.genes):

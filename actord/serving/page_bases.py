@@ -59,6 +59,8 @@ class SlotPageBases:
     peers: Any
     kv_tokens: list[int]
     genes: tuple[tuple[int, float], ...]
+    scope: str
+    lineage: tuple[tuple[tuple[int, float], ...], str]
     base_peer_epoch: int = 0  # the peer's sequence epoch when a page-in shared its cells
     shares_cells: Callable[[], bool]  # serving/prefix_share.py
     ckpt: CheckpointPlan
@@ -74,7 +76,7 @@ class SlotPageBases:
         """Tokens a peer slot's sequence shares with `tokens` (read now): a base ends where
         the two part, mid-block or not, so a page on it holds only its own."""
         return max((common_prefix(p.kv_tokens, tokens) for p in self.peers
-                    if p is not self and p.genes == self.genes), default=0)
+                    if p is not self and p.lineage == self.lineage), default=0)
 
     async def _base_for_page_out(self, name: str, whole: AdmitState | None) -> Page | PageAdmission | None:
         """The base this slot's page can stand on, held for it (Commit or Release it); else,
@@ -85,7 +87,7 @@ class SlotPageBases:
         # The asks that hand this slot a hold are shielded: a hold whose answer a cancel lost
         # would keep a base (and its bytes) forever.
         with anyio.CancelScope(shield=True):
-            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes,
+            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes, scope=self.scope,
                                                              whole=whole if peer < BLOCK else None))
         if found.base is not None:
             return found.base
@@ -102,7 +104,7 @@ class SlotPageBases:
             log.info("page.base_refused", slot=self.id, n_base=n, n_bytes=n_bytes)
             return None
         base = Page(gen=adm.reservation, name="", n_bytes=adm.n_bytes, state=st.data,
-                    tokens=list(self.kv_tokens[:n]), genes=self.genes)
+                    tokens=list(self.kv_tokens[:n]), genes=self.genes, scope=self.scope)
         with anyio.CancelScope(shield=True):
             try:
                 return await self.pages.ask(Commit(reservation=adm.reservation, page=base))
@@ -110,8 +112,8 @@ class SlotPageBases:
                 await self.pages.tell(CancelReservation(reservation=adm.reservation))
                 raise
 
-    async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint], whole: AdmitState | None = None
-                               ) -> tuple[Any, int, J.StateData] | PageAdmission | None:
+    async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint], whole: AdmitState | None = None,
+                               digests: tuple[str, ...] = ()) -> tuple[Any, int, J.StateData] | PageAdmission | None:
         """Commit page `name` as a base and the rest, the sequence left in the slot (the
         caller frees it): (the store's PageInfo, the page's charge, the rest's copy). When no
         base applies: `whole`'s admission if the store made it, else None (the caller stores
@@ -129,7 +131,8 @@ class SlotPageBases:
             reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=rest.data, tokens=list(self.kv_tokens),
-                checkpoints=list(ckpts), genes=self.genes, divergences=list(self.ckpt.history),
+                checkpoints=list(ckpts), genes=self.genes, scope=self.scope, gene_digests=digests,
+                divergences=list(self.ckpt.history),
                 prompt_end=self.ckpt.prompt_end, base=base, n_base=n_base,
             )
             with anyio.CancelScope(shield=True):  # once committed, the hold is the page's
@@ -150,7 +153,7 @@ class SlotPageBases:
         assert page.base is not None
         n = page.n_base
         for p in self.peers:
-            if p is self or p.genes != page.genes or len(p.kv_tokens) < n:
+            if p is self or p.lineage != (page.genes, page.scope) or len(p.kv_tokens) < n:
                 continue
             if not (p.quiet() or (p.active is not None and p.active.enrolled)):
                 continue

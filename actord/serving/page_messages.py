@@ -29,6 +29,8 @@ class Page(msgspec.Struct, frozen=True):
     tokens: list[int]
     checkpoints: list[SlotCheckpoint] = []  # the slot's, as they were
     genes: tuple[tuple[int, float], ...] = ()
+    scope: str = ""  # with genes, the lineage of its cells (policy/kv_identity.py)
+    gene_digests: tuple[str, ...] = ()  # `genes` by content, in order: what its page file records
     draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
     draft_n: int = 0  # how many of `tokens` that state holds
     # The mind's divergence history and where its last prompt ended (checkpoint placement).
@@ -123,7 +125,7 @@ class StoreStats(Msg):
 
 
 class FindBase(Msg):
-    """Before a page-out: the longest base held for (tokens, genes), and how many leading
+    """Before a page-out: the longest base held for (tokens, genes, scope), and how many leading
     tokens (whole blocks) the tokens share with another page, whose prefix would be worth a
     base of its own. A base found is held for the asker: it passes to the page committed on
     it, or goes back by Release(gen=base.gen)."""
@@ -131,6 +133,7 @@ class FindBase(Msg):
     name: str  # the page being made: an older generation of it is not "another page"
     tokens: list[int]
     genes: tuple[tuple[int, float], ...] = ()
+    scope: str = ""
     # The page's whole admission, made in this same ask when no base is found and too little
     # is shared to make one (a page-out on nothing shared costs no ask more than before).
     whole: AdmitState | None = None

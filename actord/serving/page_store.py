@@ -112,8 +112,8 @@ class PageStore(Actor[PageStoreInbox]):
                 out = self.spill_end(gen, drop)
             case StoreStats():
                 out = self.stats()
-            case FindBase(name=name, tokens=tokens, genes=genes, whole=whole):
-                out = self.find_base(name, tokens, genes)
+            case FindBase(name=name, tokens=tokens, genes=genes, scope=scope, whole=whole):
+                out = self.find_base(name, tokens, genes, scope)
                 if out.base is None and out.shared < BLOCK and whole is not None:
                     out = BaseFound(base=None, shared=out.shared,
                                     admission=self.admit_state(whole.name, whole.n_bytes, whole.n_state))
@@ -189,7 +189,7 @@ class PageStore(Actor[PageStoreInbox]):
             "a page must be charged what was admitted"
         self.gens[page.gen] = _Gen(page=page, n_bytes=n_bytes, holders=1)
         if not name:  # a base: its one hold is its maker's, until a page takes it over
-            self.bases.add(page.gen, page.tokens, page.genes)
+            self.bases.add(page.gen, page.tokens, page.genes, page.scope)
             self.on_base[page.gen] = 0
             log.info("page.base_created", gen=page.gen, n_tokens=len(page.tokens), n_bytes=n_bytes)
             return page
@@ -198,25 +198,26 @@ class PageStore(Actor[PageStoreInbox]):
             self.on_base[page.base.gen] += 1
             log.info("page.on_base", page=name, base=page.base.gen, n_base=page.n_base, n_bytes=n_bytes,
                      pages_on_base=self.on_base[page.base.gen])
-        self.page_index.add(page.gen, page.tokens, page.genes)
+        self.page_index.add(page.gen, page.tokens, page.genes, page.scope)
         old = self.names.get(name)
         self.names[name] = page.gen
         if old is not None:
             self._unhold(old)
         return self.info(name)
 
-    def find_base(self, name: str, tokens: list[int], genes: tuple[tuple[int, float], ...]) -> BaseFound:
+    def find_base(self, name: str, tokens: list[int], genes: tuple[tuple[int, float], ...],
+                  scope: str = "") -> BaseFound:
         """The longest base whose whole tokens begin `tokens` (held for the asker); else how
         many tokens `tokens` share exactly with another page (the index finds the page by
         blocks; the shared part may end mid-block, where the two minds part)."""
-        for gen in self.bases.wholes(tokens, genes):
+        for gen in self.bases.wholes(tokens, genes, scope):
             g = self.gens[gen]  # type: ignore[index]
             assert g.page is not None
             n = len(g.page.tokens)
             if n <= len(tokens) and tokens[:n] == g.page.tokens:
                 g.holders += 1
                 return BaseFound(base=g.page)
-        other, _ = self.page_index.longest(tokens, genes, exclude=self.names.get(name))
+        other, _ = self.page_index.longest(tokens, genes, exclude=self.names.get(name), scope=scope)
         if other is None:
             return BaseFound(base=None, shared=0)
         page = self.gens[other].page  # type: ignore[index]

@@ -60,6 +60,7 @@ class PrefixShare:
     metrics: Metrics
     peers: Sequence[Any]
     genes: tuple[tuple[int, float], ...]
+    scope: str
     _kv: list[int]
     kv_epoch: int
     _share_note: tuple[int, int, int] | None
@@ -67,6 +68,11 @@ class PrefixShare:
     checkpoints: list[Any]
     pages: Any
     cells_batched: bool
+
+    @property
+    def lineage(self) -> tuple[tuple[tuple[int, float], ...], str]:
+        """The non-token part of its cells' key (policy/kv_identity.py): what a reuse compares."""
+        return self.genes, self.scope
 
     @property
     def kv_tokens(self) -> list[int]:
@@ -95,33 +101,36 @@ class PrefixShare:
             return bool(a.enrolled)
         return bool(self.quiet())  # type: ignore[attr-defined]
 
-    def best_source(self, prompt: list[int], genes: Any, own: int) -> tuple[Any, int]:
+    def best_source(self, prompt: list[int], lineage: Any, own: int, running: bool = False) -> tuple[Any, int]:
         """The peer slot holding the longest prefix of `prompt` (at most all but its last
-        token) under `genes`, if it beats `own` by MIN_SHARE; else (None, 0)."""
+        token) under `lineage`, if it beats `own` by MIN_SHARE; else (None, 0). `running`:
+        only peers running a request (whose cells stay until it ends)."""
         if not self.shares_cells() or len(prompt) <= MIN_SHARE:
             return None, 0
         limit = len(prompt) - 1
         best, best_n = None, own + MIN_SHARE - 1
         for p in self.peers:
-            if p is self or p.genes != genes or len(p.kv_tokens) <= best_n or not p.holds_steady():
+            if p is self or p.lineage != lineage or len(p.kv_tokens) <= best_n or not p.holds_steady():
+                continue
+            if running and not (p.active is not None and p.active.enrolled):
                 continue
             n = min(common_prefix(p.kv_tokens, prompt), limit)
             if n > best_n:
                 best, best_n = p, n
         return (best, best_n) if best is not None else (None, 0)
 
-    def shared_point(self, prompt: list[int], genes: Any) -> int:
+    def shared_point(self, prompt: list[int], lineage: Any) -> int:
         """Where `prompt` parts from the sequences other slots hold (the longest prefix it
-        shares with one, under the same genes): where minds that open alike diverge, so the
+        shares with one, under the same lineage): where minds that open alike diverge, so the
         checkpoint a mind that cannot share cells starts from belongs there."""
         if not self.share_prefixes:
             return 0
         limit = len(prompt) - 1
-        n = max((common_prefix(p.kv_tokens, prompt) for p in self.peers if p is not self and p.genes == genes),
+        n = max((common_prefix(p.kv_tokens, prompt) for p in self.peers if p is not self and p.lineage == lineage),
                 default=0)
         return min(n, limit) if n >= MIN_SHARE else 0
 
-    def best_checkpoint(self, prompt: list[int], genes: Any, own: int) -> tuple[Any, Any]:
+    def best_checkpoint(self, prompt: list[int], lineage: Any, own: int) -> tuple[Any, Any]:
         """For memory that cannot share cells: the peer checkpoint (a peer slot's, at or
         below where the prompt parts from that peer's sequence) that starts the prompt
         furthest, if it beats `own` by MIN_SHARE; else (None, None)."""
@@ -130,7 +139,7 @@ class PrefixShare:
             return None, None
         best, best_ck, best_n = None, None, own + MIN_SHARE - 1
         for peer in self.peers:
-            if peer is self or peer.genes != genes or not peer.checkpoints or not peer.holds_steady():
+            if peer is self or peer.lineage != lineage or not peer.checkpoints or not peer.holds_steady():
                 continue
             lcp = min(common_prefix(peer.kv_tokens, prompt), len(prompt) - 1)
             for ck in reversed(peer.checkpoints):
@@ -139,10 +148,10 @@ class PrefixShare:
                     break
         return best, best_ck
 
-    async def share_checkpoint(self, prompt: list[int], genes: Any, own: int) -> int:
+    async def share_checkpoint(self, prompt: list[int], lineage: Any, own: int) -> int:
         """Start `prompt` from a peer's checkpoint (its cells below it shared, the rest of
         the state from the checkpoint); the tokens it covers (0: none, nothing changed)."""
-        src, ck = self.best_checkpoint(prompt, genes, own)
+        src, ck = self.best_checkpoint(prompt, lineage, own)
         if src is None:
             return 0
         src_epoch, n = src.kv_epoch, ck.pos
@@ -154,29 +163,29 @@ class PrefixShare:
         if self.props.kv_cells:
             self._share_note = (src.id, src_epoch, n)
         await self._hold_only(prompt[:n])  # type: ignore[attr-defined]
-        self.genes = genes
+        self.genes, self.scope = lineage
         # This sequence holds the shared point's checkpoint too: the next mind may start here.
         await self.on_checkpoint(n, ck.data)  # type: ignore[attr-defined]
         self.metrics.prefix_hit_tokens_total.labels(source="checkpoint").inc(n)
         log.info("slot.prefix_shared", slot=self.id, src=src.id, n_tokens=n, n_prompt=len(prompt), by="checkpoint")
         return n
 
-    async def share_prefix(self, prompt: list[int], genes: Any, own: int) -> int:
+    async def share_prefix(self, prompt: list[int], lineage: Any, own: int) -> int:
         """Hold the longest prefix of `prompt` a peer holds, by cells (else, for memory
         that cannot share cells, from a peer's checkpoint); the tokens shared (0: none, and
         nothing changed)."""
-        src, n = self.best_source(prompt, genes, own)
+        src, n = self.best_source(prompt, lineage, own)
         if src is None:
-            return await self.share_checkpoint(prompt, genes, own)
+            return await self.share_checkpoint(prompt, lineage, own)
         src_epoch = src.kv_epoch
         # Submitted in the tick that read src's tokens: no job of src's comes between.
         job = self.engine.submit(J.SeqShare(src=src.seq, dst=self.seq, n=n))
         if not await self.engine.wait(job):
             log.info("slot.share_refused", slot=self.id, src=src.id, n_tokens=n)
-            return await self.share_checkpoint(prompt, genes, own)
+            return await self.share_checkpoint(prompt, lineage, own)
         self._share_note = (src.id, src_epoch, n)
         await self._hold_only(prompt[:n])  # type: ignore[attr-defined]
-        self.genes = genes
+        self.genes, self.scope = lineage
         self.metrics.prefix_hit_tokens_total.labels(source="slot").inc(n)
         log.info("slot.prefix_shared", slot=self.id, src=src.id, n_tokens=n, n_prompt=len(prompt))
         return n
@@ -211,10 +220,14 @@ class PrefixShare:
         prompt = req.prompt
         if self.kv_tokens or not isinstance(prompt, list) or not self.stands_on_bases():  # type: ignore[attr-defined]
             return 0
-        genes = self.gene_set(req)  # type: ignore[attr-defined]
-        _, n_peer = self.best_source(prompt, genes, 0)  # a slot's cells beat a copy
+        lineage = (self.gene_set(req), req.kv_scope())  # type: ignore[attr-defined]
+        # A running peer's cells beat a copy: they stay until its request ends, after this
+        # request has shared them. A quiet peer's may not: the placer that placed this mind
+        # may page that peer's mind out next (seen: a new mind left to share a quiet peer's
+        # prefix found it paged out and prefilled 1,000 tokens; bench/multiturn.py).
+        _, n_peer = self.best_source(prompt, lineage, 0, running=True)
         with anyio.CancelScope(shield=True):  # a base found is held for us: Released below
-            found = await self.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=genes))
+            found = await self.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=lineage[0], scope=lineage[1]))
         base = found.base
         if base is None:
             return 0
@@ -224,7 +237,7 @@ class PrefixShare:
                 return 0
             await self.engine.run(J.StateSet(seq=self.seq, data=base.state))
             self.kv_tokens = list(base.tokens)
-            self.genes = genes
+            self.genes, self.scope = lineage
         finally:
             with anyio.CancelScope(shield=True):
                 await self.pages.tell(Release(gen=base.gen))

@@ -137,6 +137,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self.resume_raw_lcp: int | None = None
         self.checkpoints: list[SlotCheckpoint] = []
         self.genes: tuple[tuple[int, float], ...] = ()
+        self.scope = ""  # with genes, the lineage of the cells it holds (policy/kv_identity.py)
         self.mind: str | None = None
         self.draft_n = 0  # kv_tokens[:draft_n] are in the draft context's sequence (speculation)
         self.active: _Active | None = None
@@ -396,16 +397,22 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             # state to go. (A request addressed to the slot is the client's own say over it,
             # as llama-server's slot verbs are: it continues or replaces what the slot holds.)
             await self._keep_mind()
-        raw = common_prefix(self.kv_tokens, prompt)
+        # Its own cells count only under the request's whole lineage: cells computed under
+        # other genes, or held for another scope, are another state (policy/kv_identity.py).
+        lineage = (genes, req.kv_scope())
+        raw = common_prefix(self.kv_tokens, prompt) if self.lineage == lineage else 0
+        if raw == 0 and self.kv_tokens and self.lineage != lineage:
+            log.info("slot.lineage_changed", slot=self.id, n_tokens=len(self.kv_tokens),
+                     genes_changed=self.genes != genes, scope_changed=self.scope != lineage[1])
         if raw < len(prompt) - MIN_SHARE:
-            raw = await self.share_prefix(prompt, genes, raw) or raw
+            raw = await self.share_prefix(prompt, lineage, raw) or raw
         self.resume_raw_lcp = raw
         usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
         self.draft_n = min(self.draft_n, usable)  # every cut of the sequence cuts the draft's too
         if usable == 0 and raw > 0:
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
-        self.genes = genes
+        self.genes, self.scope = lineage
         self.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
         self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
@@ -419,7 +426,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
             genes=self.genes, stop=list(req.stop),
             checkpoint_at=self.checkpoint_positions(
-                usable, len(prompt), self.shared_point(prompt, genes) if self.props.needs_checkpoints else 0),
+                usable, len(prompt), self.shared_point(prompt, lineage) if self.props.needs_checkpoints else 0),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,

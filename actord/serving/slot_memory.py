@@ -60,6 +60,7 @@ class SlotMemory:
     checkpoints: list[SlotCheckpoint]
     mind: str | None
     genes: Any
+    scope: str
     handling: int
     cells_batched: bool
     cells_dirty: bool
@@ -302,7 +303,7 @@ class SlotMemory:
         except ActordError:
             await self.erase()  # what the sequence holds is unknown: nothing
             raise
-        self.genes = src.genes
+        self.genes, self.scope = src.lineage
         await self._hold_only(tokens)  # (the draft context's copy was cleared)
         return True
 

@@ -31,7 +31,8 @@ from actord.serving.page_store import (
 )
 from actord.engine import jobs as J
 from actord.service.errors import (
-    ActordError, ContextFull, EngineError, ForeignPage, InvalidParams, PageDoesNotFit, SlotBusy, SlotEmpty,
+    ActordError, ContextFull, EngineError, ForeignPage, GenesMissing, InvalidParams, PageDoesNotFit, SlotBusy,
+    SlotEmpty,
 )
 from actord.service.log import get
 from actord.policy.checkpoint_placement import Divergence
@@ -68,6 +69,7 @@ class SlotPages(SlotPageBases):
     resume_raw_lcp: int | None
     checkpoints: list[SlotCheckpoint]
     genes: tuple[tuple[int, float], ...]
+    scope: str
     mind: str | None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
@@ -147,11 +149,13 @@ class SlotPages(SlotPageBases):
         ckpts = self.page_checkpoints()
         n_draft, take = 0, False
         sizes = await self._whole_sizes(ckpts)
-        on_base = await self.page_out_on_base(name, ckpts, AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1]))
+        digests = await self.gene_digests()
+        on_base = await self.page_out_on_base(name, ckpts, AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1]),
+                                              digests)
         if on_base is not None and not isinstance(on_base, PageAdmission):
             info, n_bytes, st = on_base
         else:
-            info, n_bytes, st, take, n_draft = await self._page_out_whole(name, ckpts, keep, sizes, on_base)
+            info, n_bytes, st, take, n_draft = await self._page_out_whole(name, ckpts, keep, sizes, on_base, digests)
         n_tokens = len(self.kv_tokens)
         if keep:
             self.mind = None
@@ -185,7 +189,7 @@ class SlotPages(SlotPageBases):
         return n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts), n_state, n_draft
 
     async def _page_out_whole(self, name: str, ckpts: list[SlotCheckpoint], keep: bool,
-                              sizes: tuple[int, int, int], adm: PageAdmission | None
+                              sizes: tuple[int, int, int], adm: PageAdmission | None, digests: tuple[str, ...]
                               ) -> tuple[Any, int, J.StateData, bool, int]:
         """The sequence as one whole page: (PageInfo, charge, the copy, whether the copy took
         the sequence out, the draft's bytes). `adm`: its admission, if the store made it
@@ -213,7 +217,7 @@ class SlotPages(SlotPageBases):
                 raise EngineError("draft state changed size between admission and copy", slot=self.id)
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
-                checkpoints=list(ckpts), genes=self.genes,
+                checkpoints=list(ckpts), genes=self.genes, scope=self.scope, gene_digests=digests,
                 divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
                 draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
             )
@@ -247,7 +251,7 @@ class SlotPages(SlotPageBases):
             await self.pages.tell(Return(gen=page.gen))
             raise ContextFull(f"page {name!r} holds {len(page.tokens)} tokens, more than the {room_cells} cells "
                               "held for it", page=name, n_tokens=len(page.tokens), held=room_cells)
-        genes = self.genes
+        genes, scope = self.genes, self.scope
         try:
             # The copy runs on the engine thread while the page's checkpoints enter the
             # budget here (an ask of ~0.3 ms for 16 checkpoints, no longer after the copy).
@@ -260,7 +264,7 @@ class SlotPages(SlotPageBases):
         try:
             try:
                 self.kv_tokens = list(page.tokens)
-                self.genes = page.genes
+                self.genes, self.scope = page.genes, page.scope
                 self.resume_raw_lcp = None
                 self.mind = name
                 self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
@@ -273,7 +277,7 @@ class SlotPages(SlotPageBases):
             with anyio.CancelScope(shield=True):
                 if copied:  # the state is in, the bookkeeping is not: the sequence goes
                     await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
-                self.kv_tokens, self.genes, self.mind = [], genes, None
+                self.kv_tokens, self.genes, self.scope, self.mind = [], genes, scope, None
                 self.ckpt.reset()
                 self.checkpoints = []
                 await self.release_checkpoints([])
@@ -345,6 +349,33 @@ class SlotPages(SlotPageBases):
             if d.admit:
                 self.checkpoints.append(ck)
 
+    async def gene_digests(self) -> tuple[str, ...]:
+        """The slot's genes by content, in order (what a page or file records of them)."""
+        if not self.genes:
+            return ()
+        by_id = {g.id: g.digest for g in await self.engine.run(J.GeneList())}
+        return tuple(by_id.get(gid, "") for gid, _ in self.genes)
+
+    async def genes_by_content(self, image: PageImage, file: str) -> tuple[tuple[int, float], ...]:
+        """A file's genes as this daemon's ids, found by content; GenesMissing when one is
+        not loaded here or the file cannot name it (no digest): never restored under
+        another adapter that happens to have its old id."""
+        if not image.genes:
+            return ()
+        by_digest: dict[str, int] = {}
+        for g in await self.engine.run(J.GeneList()):
+            by_digest.setdefault(g.digest, g.id)
+        out = []
+        for sg in image.genes:
+            gid = by_digest.get(sg.digest) if sg.digest else None
+            if gid is None:
+                why = ("saved before page files named genes by content" if not sg.digest
+                       else f"gene {sg.digest} is not loaded here")
+                raise GenesMissing(f"{file} holds a state computed under a gene this daemon cannot match: {why}",
+                                   file=file, digest=sg.digest, saved_id=sg.id)
+            out.append((gid, float(sg.scale)))
+        return tuple(sorted(out))
+
     async def save(self, file: str) -> dict[str, Any]:
         self.files.check(file)
         t0 = time.perf_counter()
@@ -352,7 +383,8 @@ class SlotPages(SlotPageBases):
         draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
         stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
                                                           self.ckpt.history, self.ckpt.prompt_end,
-                                                          draft=draft.data if draft else None, draft_n=self.draft_n))
+                                                          draft=draft.data if draft else None, draft_n=self.draft_n,
+                                                          scope=self.scope, gene_digests=await self.gene_digests()))
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -362,6 +394,7 @@ class SlotPages(SlotPageBases):
         t0 = time.perf_counter()
         image = await self.files.read(file)
         check_fingerprint(image, self.props, file)
+        genes = await self.genes_by_content(image, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.
         self.kv_tokens, self.resume_raw_lcp, self.mind, self.draft_n = [], None, None, 0
         await self.release_checkpoints(self.checkpoints)
@@ -382,7 +415,7 @@ class SlotPages(SlotPageBases):
         if draft is not None and image.meta.get("draft_digest") != self.props.draft_digest:
             draft = None  # made by another draft model (or with speculation off here)
         await self._adopt_draft(draft, draft_n, f"file {file}")
-        self.genes = tuple((g.id, g.scale) for g in image.genes)
+        self.genes, self.scope = genes, str(image.meta.get("scope", "") or "")
         self.mind = file[: -len(".page")] if file.endswith(".page") else file
         self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
@@ -398,7 +431,7 @@ class SlotPages(SlotPageBases):
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
                genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
                prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0, base: Any = None,
-               n_base: int = 0) -> PageImage:
+               n_base: int = 0, scope: str = "", gene_digests: tuple[str, ...] = ()) -> PageImage:
     """A slot or a page as one page-file generation (the state bytes are not copied). A draft
     state goes to the `.dft` sidecar, with its token count and draft model in the meta; the
     state of a base a page stands on goes into the main file with it (self-contained)."""
@@ -410,8 +443,9 @@ def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[i
     return PageImage(
         tokens=list(tokens), state=state,
         checkpoints=[StoredCheckpoint(pos=c.pos, data=c.data) for c in ckpts],
-        genes=[StoredGene(path="", scale=sc, id=g) for g, sc in genes],
-        meta={**meta, **state_layout(props)}, draft=draft,
+        genes=[StoredGene(path="", scale=sc, id=g, digest=d)
+               for (g, sc), d in zip(genes, tuple(gene_digests) + ("",) * (len(genes) - len(gene_digests)))],
+        meta={**meta, **state_layout(props), **({"scope": scope} if scope else {})}, draft=draft,
         divergences=[(d.lcp, d.end) for d in divergences or ()], prompt_end=prompt_end,
         base=base, n_base=n_base if base is not None else 0,
     )

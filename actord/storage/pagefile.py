@@ -81,7 +81,8 @@ assert array("i").itemsize == 4 and array("q").itemsize == 8
 class StoredGene(msgspec.Struct, frozen=True):
     path: str
     scale: float
-    id: int
+    id: int  # the saving daemon's load-order id: a hint only, never matched across daemons
+    digest: str = ""  # the adapter file's content digest: how a restore finds the gene
 
 
 class PageImage(msgspec.Struct, frozen=True):

@@ -54,6 +54,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from actord.service import tenancy
 from actord.service.config import Config, http_addresses, is_loopback, split_names
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
@@ -121,7 +122,11 @@ class HttpFront:
         self.model_id = self.aliases[0] if self.aliases else Path(config.model).stem
         self.names = [self.model_id]  # listed by /v1/models
         self.known = {self.model_id, *self.aliases, Path(config.model).stem, Path(config.model).name, config.model}
-        self._key = config.api_key.encode() if config.api_key else None
+        keys = [k.encode() for k in config.api_keys()]
+        self._key = keys[0] if keys else None  # None: no key asked for
+        # Each key and the tenant it serves (service/tenancy.py): with several keys, each is
+        # its own, and reuse of cells never crosses them.
+        self._keys = [(k, "" if config.share_across_tenants else tenancy.of_key(k, len(keys))) for k in keys]
         self.disconnects = 0
         self.address: str | None = None
         self.created = int(time.time())
@@ -220,7 +225,7 @@ class HttpFront:
         async def guarded(request: Request) -> Response:
             try:
                 if not public:
-                    self._authorize(request)
+                    tenancy.enter(self._authorize(request))
                 return await endpoint(request)
             except ClientGone as e:
                 self.client_gone(e.phase)
@@ -247,18 +252,25 @@ class HttpFront:
     async def _server_error(self, request: Request, exc: Exception) -> Response:
         return json_response(O.error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
 
-    def _authorize(self, request: Request) -> None:
+    def _authorize(self, request: Request) -> str:
+        """The tenant the request's key serves; HttpError 401 without a key that opens."""
         if self._key is None:
-            return  # the connection's peer was checked when it opened (bounds.py)
+            return ""  # the connection's peer was checked when it opened (bounds.py)
         auth = request.headers.get("authorization")
         if auth is None and "x-api-key" in request.headers:  # Anthropic's header, as llama-server takes it
             token = request.headers["x-api-key"]
         else:
             scheme, _, token = (auth or "").partition(" ")
             token = token if scheme.lower() == "bearer" else ""
-        if not token.strip() or not hmac.compare_digest(token.strip().encode(), self._key):
+        given = token.strip().encode()
+        found = None
+        for key, tenant in self._keys:  # every key compared, in constant time each
+            if hmac.compare_digest(given, key) and given:
+                found = tenant
+        if found is None:
             raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                             "invalid_api_key")
+        return found
 
     async def read_body(self, request: Request) -> bytes:
         """The request body, held to the front's bounds (size: 413, arrival time: 408)."""

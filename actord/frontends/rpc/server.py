@@ -52,6 +52,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from actord.service import tenancy
 from actord.service.config import Config
 from actord.service.errors import (
     ActordError, InvalidParams, METHOD_NOT_FOUND, Overloaded, PeerRefused, RequestTooLarge, TooManyRequests,
@@ -188,6 +189,8 @@ class RpcServer:
                 await _refuse(self, sock, Overloaded(f"the daemon serves at most {self.config.max_connections} "
                                          f"connections", max_connections=self.config.max_connections))
                 return
+            # Cells are reused only within a tenant: a peer of another uid is its own.
+            tenancy.enter("" if self.config.share_across_tenants else tenancy.of_uid(peer and peer.uid, os.geteuid()))
             conn = _Connection(self, sock, peer)
             self.open.add(conn)
             if self.metrics is not None:

@@ -65,7 +65,7 @@ class AnthropicRoutes(RouteGroup):
             temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k or 0,
             top_p=1.0 if req.top_p is None else req.top_p, stop=stops, stream=req.stream,
             template_kwargs=W.thinking_kwargs(req), reasoning_budget=W.thinking_budget(req),
-            grammar=W.output_grammar(req), **W.chat_tools(req),
+            grammar=W.output_grammar(req), cache_salt=req.cache_salt, **W.chat_tools(req),
         ).check()
         precheck(chat, self.config.request_limits())
         system = self.system

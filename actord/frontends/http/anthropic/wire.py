@@ -137,6 +137,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True, frozen=True):
     model: str | None = None
     max_tokens: int | None = None
     system: str | list[Text] | None = None
+    cache_salt: str | None = None  # an extension (vLLM's field): reuse of cells only within one salt
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = None

@@ -66,6 +66,7 @@ from actord.frontends.http.streaming import Generation, guarded
 
 class CompletionBody(msgspec.Struct, kw_only=True, frozen=True):
     prompt: Any = None
+    cache_salt: str | None = None  # vLLM's: reuse of cells only with requests of the same salt
     n_predict: int | None = None
     max_tokens: int | None = None  # llama-server reads it when n_predict is absent
     stream: bool = False
@@ -319,7 +320,8 @@ class CompletionRoutes(NativeRoutes):
                 reqs.append(msgspec.convert(dict(
                     prompt=prompt, n_predict=n, slot=slot, mind=mind, stop=stops, ignore_eos=body.ignore_eos,
                     stream=body.stream, genes=genes, return_progress=body.return_progress,
-                    timings_per_token=body.timings_per_token, **fields), CompletionRequest).check(self.config.request_limits()))
+                    timings_per_token=body.timings_per_token, cache_salt=body.cache_salt, **fields),
+                    CompletionRequest).check(self.config.request_limits()))
             except msgspec.ValidationError as e:
                 raise InvalidParams(f"invalid request: {e}") from None
         settings = {

@@ -87,6 +87,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
     metadata: dict[str, str] | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    cache_salt: str | None = None  # vLLM's: reuse of cells only with requests of the same salt
     genes: list[Any] = []
     # llama-server's, streamed only: `response.in_progress` events with `prompt_progress`
     # while the prompt is decoded; `timings` on each text delta and on the last event.
@@ -437,6 +438,7 @@ class Responses(RouteGroup):
             genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=text_grammar(req.text),
             tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
             return_progress=req.return_progress and req.stream, timings_per_token=req.timings_per_token and req.stream,
+            cache_salt=req.cache_salt,
         ).check()
         rid = O.new_id("resp", "_")
         base = {

@@ -106,6 +106,7 @@ class _Common(msgspec.Struct, kw_only=True, frozen=True):
     stream_options: StreamOptions | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    cache_salt: str | None = None  # vLLM's: reuse of cells only with requests of the same salt
     genes: list[GeneRef] = []
     # Typed Any so that a wrong value gets a 400 naming the field (`sampling`,
     # `refuse_unsupported`), rather than a type error at decode.
@@ -299,6 +300,7 @@ def sampling(req: _Common, n_vocab: int) -> dict[str, Any]:
         "min_p": _number(req, "min_p", 0, 1, 0.0),
         "logprobs": logprobs,
         "top_logprobs": top,
+        "cache_salt": req.cache_salt,
     }
 
 
