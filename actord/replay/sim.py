@@ -170,14 +170,20 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 think = {"thought_budget": {"budget": 1 + prompt[-1] % 7, "start": [5, 6], "end": [7, 8],
                                             "forced": [9, 7, 8], "pieces": [b"x", b"y", b"z"],
                                             "opened": prompt[-1] % 2 == 0}} if prompt[-1] % 3 == 0 else {}
+                # Scopes (policy/kv_identity.py), drawn off the prompt too: a salt or another tenant.
+                scope = ({"cache_salt": "s1"} if prompt[-1] % 5 == 0 else
+                         {"tenant": "uid:7"} if prompt[-1] % 7 == 0 else {})
                 await system.complete(prompt=prompt, n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True,
-                                      genes=genes_of(r), **think, **({"slot": slot} if r.random() < 0.8 else {}))
+                                      genes=genes_of(r), **think, **scope,
+                                      **({"slot": slot} if r.random() < 0.8 else {}))
             elif kind == "mind":
                 m = r.choice(sorted(histories))
                 if len(histories[m]) > cfg.ctx // 3:  # the mind starts over before it outgrows the cache
                     histories[m] = histories[m][:fresh]
+                # One mind in three lives under a salt of its own (her name is kept under it).
+                salted = {"cache_salt": f"salt-{m}"} if sum(map(ord, m)) % 3 == 0 else {}
                 res = await system.complete(prompt=histories[m], n_predict=3, mind=m, ignore_eos=True,
-                                            genes=genes_of(r))
+                                            genes=genes_of(r), **salted)
                 histories[m] = histories[m] + res.tokens + [r.randrange(3, 500) for _ in range(r.randint(1, 12))]
             elif kind == "page_out":
                 await system.page_out(slot, f"p{r.randrange(3)}")
