@@ -340,13 +340,23 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         if sch.n_ctx and sum(cells.values()) - shared > sch.n_ctx:  # n_ctx 0: no cells (pure recurrent)
             raise InvariantViolated(f"seed {seed}: KV cells charged {cells} less {shared} shared exceed n_ctx "
                                     f"{sch.n_ctx}")
+        def kv_of(slot: Any) -> list[int] | None:
+            # A running request's cells are its record's (the slot hears of them at its end;
+            # a twin's share is made in the middle: serving/steps/core.py); None while its
+            # `Ended` is on its way (neither knows them then).
+            rid = sch.core.by_slot.get(slot.id)
+            if rid is not None:
+                return sch.core.reqs[rid].tokens[:sch.core.reqs[rid].n_done]
+            return None if slot.active is not None and slot.active.enrolled else slot.kv_tokens
+
         for dst, link in sch.core.links.items():
             # A share is charged once only for cells both sequences hold: the same tokens.
             src, src_epoch, dst_epoch, _ = link
             counted = sch.core._shared(dst, link)
             a, b = system.slots[src], system.slots[dst]
-            if counted and a.kv_epoch == src_epoch and b.kv_epoch == dst_epoch and (
-                    a.kv_tokens[:counted] != b.kv_tokens[:counted]):
+            ka, kb = kv_of(a), kv_of(b)
+            if (counted and ka is not None and kb is not None and a.kv_epoch == src_epoch
+                    and b.kv_epoch == dst_epoch and ka[:counted] != kb[:counted]):
                 raise InvariantViolated(f"seed {seed}: {counted} cells of slots {src} and {dst} charged once "
                                         "hold different tokens")
         res = system.residency

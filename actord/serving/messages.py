@@ -175,6 +175,10 @@ class Enroll(Msg):
     progress: bool = False  # stream a chunk per decoded piece of the prompt (return_progress)
     timings: bool = False  # every streamed chunk carries the timings so far (timings_per_token)
     thought_budget: ThoughtBudget | None = None  # the request's reasoning budget (serving/steps/thought.py)
+    # The sequence's scope (policy/kv_identity.py), and whether it may take a running twin's
+    # prompt cells (a full attention cache, nothing of its own held, no draft context).
+    scope: str = ""
+    twin: bool = False
 
 
 class Abort(Msg):

@@ -73,9 +73,15 @@ class SlotPageBases:
         return self.shares_cells() and not self.props.spec
 
     def _peer_shared(self, tokens: list[int]) -> int:
-        """Tokens a peer slot's sequence shares with `tokens` (read now): a base ends where
-        the two part, mid-block or not, so a page on it holds only its own."""
-        return max((common_prefix(p.kv_tokens, tokens) for p in self.peers
+        """Tokens a peer slot's sequence shares with `tokens` (read now), or the prompt of
+        the request it runs (its sequence holds it, or will: a twin that started together
+        with this one holds nothing yet by its token list): a base ends where the two part,
+        mid-block or not, so a page on it holds only its own."""
+        def held(p: Any) -> list[int]:
+            a = p.active
+            return a.prompt if a is not None and a.enrolled and len(a.prompt) > len(p.kv_tokens) else p.kv_tokens
+
+        return max((common_prefix(held(p), tokens) for p in self.peers
                     if p is not self and p.lineage == self.lineage), default=0)
 
     async def _base_for_page_out(self, name: str, whole: AdmitState | None) -> Page | PageAdmission | None:

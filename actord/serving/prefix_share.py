@@ -101,18 +101,15 @@ class PrefixShare:
             return bool(a.enrolled)
         return bool(self.quiet())  # type: ignore[attr-defined]
 
-    def best_source(self, prompt: list[int], lineage: Any, own: int, running: bool = False) -> tuple[Any, int]:
+    def best_source(self, prompt: list[int], lineage: Any, own: int) -> tuple[Any, int]:
         """The peer slot holding the longest prefix of `prompt` (at most all but its last
-        token) under `lineage`, if it beats `own` by MIN_SHARE; else (None, 0). `running`:
-        only peers running a request (whose cells stay until it ends)."""
+        token) under `lineage`, if it beats `own` by MIN_SHARE; else (None, 0)."""
         if not self.shares_cells() or len(prompt) <= MIN_SHARE:
             return None, 0
         limit = len(prompt) - 1
         best, best_n = None, own + MIN_SHARE - 1
         for p in self.peers:
             if p is self or p.lineage != lineage or len(p.kv_tokens) <= best_n or not p.holds_steady():
-                continue
-            if running and not (p.active is not None and p.active.enrolled):
                 continue
             n = min(common_prefix(p.kv_tokens, prompt), limit)
             if n > best_n:
@@ -221,11 +218,10 @@ class PrefixShare:
         if self.kv_tokens or not isinstance(prompt, list) or not self.stands_on_bases():  # type: ignore[attr-defined]
             return 0
         lineage = (self.gene_set(req), req.kv_scope())  # type: ignore[attr-defined]
-        # A running peer's cells beat a copy: they stay until its request ends, after this
-        # request has shared them. A quiet peer's may not: the placer that placed this mind
-        # may page that peer's mind out next (seen: a new mind left to share a quiet peer's
-        # prefix found it paged out and prefilled 1,000 tokens; bench/multiturn.py).
-        _, n_peer = self.best_source(prompt, lineage, 0, running=True)
+        # The base is taken even where a peer slot's cells hold the prefix now: those may be
+        # gone by the time this request begins (the placer that placed this mind may page
+        # the peer's out next, or its request may end and be paged out: seen twice in
+        # bench/multiturn.py, each a 1,000-token prefill), and a copy costs a memcpy.
         with anyio.CancelScope(shield=True):  # a base found is held for us: Released below
             found = await self.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=lineage[0], scope=lineage[1]))
         base = found.base
@@ -233,7 +229,7 @@ class PrefixShare:
             return 0
         try:
             n = len(base.tokens)
-            if n < MIN_SHARE or n_peer >= n:
+            if n < MIN_SHARE:
                 return 0
             await self.engine.run(J.StateSet(seq=self.seq, data=base.state))
             self.kv_tokens = list(base.tokens)

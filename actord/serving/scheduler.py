@@ -198,6 +198,7 @@ class Scheduler(Actor[SchedulerInbox]):
             spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
             logprobs=[] if m.logprobs else None, progress=m.progress and m.stream,
             think=Thought(m.thought_budget) if m.thought_budget is not None else None,
+            lineage=(m.genes, m.scope) if m.twin else None,
         )
         try:
             self.core.add(r)
@@ -226,8 +227,26 @@ class Scheduler(Actor[SchedulerInbox]):
 
     # -- the loop ----------------------------------------------------------------------
 
+    async def _twins(self) -> None:
+        """Requests waiting for a twin whose KV now holds what both share take it by cells
+        (a between-steps job: the twin's cells below it never change while it runs)."""
+        for r, src, n in self.core.twins_ready():
+            try:
+                ok = bool(await self.engine.run(J.SeqShare(src=src, dst=r.seq, n=n)))
+            except ActordError as e:
+                log.info("scheduler.twin_share_failed", slot=r.slot, error=e.to_dict())
+                ok = False
+            took = self.core.twin_shared(r, ok)
+            ch = self.channels.get(r.rid)
+            if took and ch is not None:
+                ch.n_cached = took
+                self.metrics.prefix_hit_tokens_total.labels(source="twin").inc(took)
+            log.info("scheduler.twin_shared" if took else "scheduler.twin_refused", slot=r.slot, n_tokens=n)
+
     async def _fill(self) -> None:
         core = self.core
+        if core.waiting_for_twins():
+            await self._twins()
         while len(self._pending) < core.depth:
             if core.n_ctx and not self._pending:
                 want = core.wanted()
@@ -366,6 +385,7 @@ class Scheduler(Actor[SchedulerInbox]):
         m = self.metrics
         m.requests_in_flight.dec()
         m.requests_total.labels(outcome=r.reason).inc()
+        m.prompt_tokens_processed_total.inc(r.n_prompt - r.n_cached)  # known here: a twin's share (core.py)
         if r.n_drafted:  # llama-server's counters, for every request that drafted
             m.spec_decode_num_draft_tokens_total.inc(r.n_drafted)
             m.spec_decode_num_accepted_tokens_total.inc(r.n_accepted)

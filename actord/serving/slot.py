@@ -415,7 +415,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self.genes, self.scope = lineage
         self.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
-        self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
+        if (req.n_predict == 0 and usable == len(prompt)) or a.cancelled:  # ends here: the scheduler never counts it
+            self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
         if req.n_predict == 0 and usable == len(prompt):
             await self._answer_here("length", n_cached=usable)
             return
@@ -431,6 +432,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,
             progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
+            scope=self.scope, twin=usable == 0 and self.shares_cells() and not self.drafting,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

@@ -186,3 +186,25 @@ async def test_a_new_mind_starts_from_a_base_in_page_ram_when_no_slot_holds_the_
     assert [r.tokens for r in on] == [r.tokens for r in off]
     # d's slot held z (nothing of the prefix); the base (made when c's page stood on it) did
     assert on[4].n_cached == len(SYSTEM) and off[4].n_cached == 0
+
+
+async def _together(model: str, sharing: bool) -> list:
+    async with ActorSystem(cfg(model, prefix_sharing=sharing)) as s:
+        out: dict[str, object] = {}
+
+        async def one(mind: str, k: int) -> None:
+            out[mind] = await s.complete(prompt=SYSTEM + own(k), n_predict=8, mind=mind, ignore_eos=True)
+
+        async with anyio.create_task_group() as tg:
+            for k, mind in enumerate(("ada", "bob", "cy")):
+                tg.start_soon(one, mind, k)
+        return [out[m] for m in ("ada", "bob", "cy")]
+
+
+async def test_minds_that_arrive_together_with_one_prefix_prefill_it_once(tiny_model):
+    on = await _together(tiny_model, True)
+    off = await _together(tiny_model, False)
+    assert [r.tokens for r in on] == [r.tokens for r in off]
+    assert sum(r.n_prompt_processed for r in off) == 3 * len(SYSTEM + own(0))
+    assert sum(r.n_prompt_processed for r in on) == len(SYSTEM) + 3 * len(own(0))
+    assert sorted(r.n_cached for r in on) == [0, len(SYSTEM), len(SYSTEM)]

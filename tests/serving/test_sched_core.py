@@ -315,3 +315,64 @@ def test_progress_events_report_each_prompt_piece_before_its_token_and_only_when
     assert [x for x in seen if x[0] == "Progress"] == [("Progress", 8), ("Progress", 16), ("Progress", 20)]
     assert seen.index(("Progress", 20)) < seen.index(("Delta", 1))
     assert core._n_progress == 0  # drained: no per-step look any more
+
+
+# -- twins: requests that arrive together with one prefix prefill it once --------------
+
+
+def twin_req(rid: int, slot: int, prompt: list[int], lineage=((), ""), **kw) -> Request:
+    return Request(rid=rid, slot=slot, seq=slot, tokens=list(prompt), n_prompt=len(prompt), n_done=0, n_predict=2,
+                   text=TextState([], False), lineage=lineage, **kw)
+
+
+SHARED = list(range(200, 264))  # 64 tokens both prompts open with
+
+
+def test_a_request_arriving_beside_its_twin_waits_and_takes_the_shared_prefix_once():
+    core = SchedulerCore(n_batch=512, depth=1)
+    core.add(twin_req(1, 0, SHARED + [1, 2, 3]))
+    core.add(twin_req(2, 1, SHARED + [4, 5]))
+    assert core.reqs[2].twin == (1, 64)
+    plan = core.schedule()
+    assert [e.seq for e in plan.step.entries] == [0]  # the twin prefills; the other waits
+    assert core.twins_ready() == []  # nothing is in the KV yet
+    core.update(plan, out_for(plan))
+    [(r, src, n)] = core.twins_ready()
+    assert (r.rid, src, n) == (2, 0, 64)
+    assert core.twin_shared(r, ok=True) == 64
+    assert (r.n_done, r.n_cached) == (64, 64)
+    plan = core.schedule()
+    entry = next(e for e in plan.step.entries if e.seq == 1)
+    assert entry.pos0 == 64 and entry.tokens == [4, 5]  # only its own tokens are prefilled
+    assert core.shared_cells() == 64  # the shared cells are charged once
+
+
+def test_a_refused_share_or_a_twin_that_ended_leaves_the_request_to_prefill_it_all():
+    core = SchedulerCore(n_batch=512, depth=1)
+    core.add(twin_req(1, 0, SHARED + [1]))
+    core.add(twin_req(2, 1, SHARED + [2]))
+    core.update(p := core.schedule(), out_for(p))
+    [(r, _, _)] = core.twins_ready()
+    assert core.twin_shared(r, ok=False) == 0 and r.twin is None and r.n_done == 0
+    assert next(e for e in core.schedule().step.entries if e.seq == 1).pos0 == 0
+
+    core = SchedulerCore(n_batch=512, depth=1)
+    core.add(twin_req(1, 0, SHARED + [1]))
+    core.add(twin_req(2, 1, SHARED + [2]))
+    core.abort(1)
+    assert core.twins_ready() == [] and core.reqs[2].twin is None
+    assert core.schedule().step.entries[0].seq == 1
+
+
+def test_no_twin_across_lineages_or_below_the_minimum_or_for_a_request_that_holds_cells():
+    core = SchedulerCore(n_batch=512, depth=1)
+    core.add(twin_req(1, 0, SHARED + [1]))
+    core.add(twin_req(2, 1, SHARED + [2], lineage=((), "another-scope")))
+    core.add(twin_req(3, 2, SHARED + [3], lineage=(((1, 1.0),), "")))
+    core.add(twin_req(4, 3, SHARED[:20] + [4] * 30))
+    core.add(twin_req(5, 4, SHARED + [5], lineage=None))
+    assert [core.reqs[i].twin for i in (2, 3, 4, 5)] == [None] * 4
+    r = twin_req(6, 5, SHARED + [6])
+    r.n_done = 10  # its own cells: a share would replace them under another request's links
+    core.add(r)
+    assert r.twin is None

@@ -49,6 +49,7 @@ from typing import Any
 
 from actord.engine import jobs as J
 from actord.policy import speculation as S
+from actord.policy.prefix_index import common_prefix
 from actord.service.errors import InternalError, InvalidParams
 from actord.service.types import TokenLogprob, TopLogprob
 from actord.serving.steps.records import Delta, Event, Finished, GeneKey, Plan, Progress, Request, StepCheckpoint
@@ -61,6 +62,9 @@ def _token_logprob(tok: int, res: J.EntryOut | J.Sampled) -> TokenLogprob:
         logprob=res.logprob if res.logprob is not None else 0.0,
         top=[TopLogprob(token=t, text=p.decode(errors="replace"), bytes=list(p), logprob=lp) for t, lp, p in res.top],
     )
+
+
+TWIN_MIN = 32  # tokens (prefix_share.MIN_SHARE): below this a prefill costs less than the wait
 
 
 class SchedulerCore:
@@ -107,9 +111,60 @@ class SchedulerCore:
         self._n_progress += r.progress
         r.order = self._enrolled
         r.checkpoint_at = sorted(p for p in r.checkpoint_at if p > r.n_done)
+        if r.lineage is not None and r.n_done == 0 and not r.spec:
+            r.twin = self._twin_of(r)
         self.reqs[r.rid] = r
         self.by_slot[r.slot] = r.rid
         self.cells.pop(r.slot, None)
+
+    # -- twins: requests that arrive together with one prefix prefill it once ----------
+
+    def _twin_of(self, r: Request) -> tuple[int, int] | None:
+        """The running request under r's lineage whose prompt shares the most with r's (at
+        most all of r's prompt but its last token), if at least TWIN_MIN tokens: r waits for
+        its KV to hold them and takes them by cells (serving/prefix_share.py's share, made
+        at the moment its twin has decoded them, instead of a second prefill)."""
+        best: tuple[int, int] | None = None
+        limit = r.n_prompt - 1
+        for a in self.reqs.values():
+            if a.lineage != r.lineage or a.ended or a.slot == r.slot:
+                continue
+            n = min(common_prefix(a.tokens[:a.n_prompt], r.tokens[:limit]), limit)
+            if n >= TWIN_MIN and (best is None or n > best[1]):
+                best = (a.rid, n)
+        return best
+
+    def twins_ready(self) -> list[tuple[Request, int, int]]:
+        """(request, its twin's sequence, tokens) for every waiting request whose twin's KV
+        now holds what both share; a twin that ended first is forgotten (the request prefills
+        as any other): an ended request's sequence is its slot's again, to cut back, page
+        out or erase, so only a live one's cells are taken."""
+        out = []
+        for r in self.reqs.values():
+            if r.twin is None or r.ended:
+                continue
+            a = self.reqs.get(r.twin[0])
+            n = r.twin[1]
+            if a is None or a.ended:
+                r.twin = None
+            elif a.n_done >= n:
+                out.append((r, a.seq, n))
+        return out
+
+    def twin_shared(self, r: Request, ok: bool) -> int:
+        """A waiting request's share was made (ok: its first n cells are its twin's now) or
+        refused; the tokens it took."""
+        assert r.twin is not None
+        rid, n = r.twin
+        r.twin = None
+        if not ok:
+            return 0
+        r.n_done = r.n_cached = n  # its sequence holds them now, whatever became of the twin
+        r.checkpoint_at = [c for c in r.checkpoint_at if c > n]
+        a = self.reqs.get(rid)
+        if a is not None and not a.ended:  # else charged twice: safe, and only until r ends
+            self.link(r.slot, a.slot, self.epochs.get(a.slot, 0), self.epochs.get(r.slot, 0), n)
+        return n
 
     def set_cells(self, slot: int, n: int) -> None:
         if slot not in self.by_slot:  # while enrolled, the record is the count
@@ -172,12 +227,15 @@ class SchedulerCore:
     def runnable(self) -> list[Request]:
         return [r for r in self.reqs.values() if not r.ended]
 
+    def waiting_for_twins(self) -> bool:
+        return any(r.twin is not None and not r.ended for r in self.reqs.values())
+
     def wanted(self) -> int:
         """Cells the next step of the group that would run wants (for making room)."""
         group = self.choose_group()
         if group is None:
             return 0
-        return min(self.n_batch, sum(self._want(r) for r in self.runnable() if r.genes == group))
+        return min(self.n_batch, sum(self._want(r) for r in self.runnable() if r.genes == group and r.twin is None))
 
     def _want(self, r: Request) -> int:
         p = r.n_done + r.n_sched
@@ -217,7 +275,7 @@ class SchedulerCore:
         members: list[Request] = []
         prompts: list[Request] = []
         for r in self.reqs.values():
-            if r.reason is None and r.genes == group:
+            if r.reason is None and r.genes == group and r.twin is None:
                 (members if r.n_done + r.n_sched >= r.n_prompt else prompts).append(r)
         if prompts:
             members += prompts

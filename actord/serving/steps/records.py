@@ -60,6 +60,11 @@ class Request:
     # of a thought may come first (the forced tokens are fed after the sample that is due).
     think: Thought | None = None
     feed_until: int = 0
+    # Twins (core.py `add`): the lineage (gene set, scope) under which this request may take
+    # another running request's prompt cells (None: never), and the one it waits for: (its
+    # rid, the prompt tokens both share), until that one's KV holds them.
+    lineage: Any = None
+    twin: tuple[int, int] | None = None
 
     @property
     def ended(self) -> bool:
