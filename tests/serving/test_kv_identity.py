@@ -186,3 +186,20 @@ async def test_a_scoped_page_spilled_and_restored_keeps_its_scope(tiny_model, tm
     assert other.n_cached == 0
     assert mine.n_cached == len(prompt) + N - 1  # all it held: the prompt and the reply but its last token
     assert mine.tokens == other.tokens
+
+
+async def test_a_new_mind_on_a_base_whose_owners_were_paged_out_dropped_or_spilled_decodes_as_fresh(
+        tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        for mind, k in (("ada", 20), ("bob", 21)):  # one slot: each pages the other out
+            await s.complete(prompt=SYSTEM + own(k), n_predict=N, ignore_eos=True, mind=mind)
+        await s.complete(prompt=SYSTEM + own(22), n_predict=N, ignore_eos=True, mind="eve")
+        assert (await s.page_stats()).bases == 1
+        await s.page_drop("ada")
+        cy = await s.complete(prompt=SYSTEM + own(23), n_predict=N, ignore_eos=True, mind="cy")
+        await s.page_spill("bob", "bob.page", drop=True)
+        await s.page_spill("eve", "eve.page", drop=True)
+        dave = await s.complete(prompt=SYSTEM + own(24), n_predict=N, ignore_eos=True, mind="dave")
+    assert cy.n_cached == len(SYSTEM)  # from the base: its owners gone from slots, one page dropped
+    assert cy.tokens == await fresh(tiny_model, [], SYSTEM + own(23), None)
+    assert dave.tokens == await fresh(tiny_model, [], SYSTEM + own(24), None)

@@ -97,6 +97,7 @@ class SchedulerCore:
         self._current: GeneKey | None = None
         self._run_length = 0
         self._last_served: dict[GeneKey, int] = {}
+        self._waiting: set[int] = set()  # rids waiting for a twin (`add`)
 
     # -- enrolment and cells -------------------------------------------------------------
 
@@ -113,6 +114,8 @@ class SchedulerCore:
         r.checkpoint_at = sorted(p for p in r.checkpoint_at if p > r.n_done)
         if r.lineage is not None and r.n_done == 0 and not r.spec:
             r.twin = self._twin_of(r)
+            if r.twin is not None:
+                self._waiting.add(r.rid)
         self.reqs[r.rid] = r
         self.by_slot[r.slot] = r.rid
         self.cells.pop(r.slot, None)
@@ -140,13 +143,14 @@ class SchedulerCore:
         as any other): an ended request's sequence is its slot's again, to cut back, page
         out or erase, so only a live one's cells are taken."""
         out = []
-        for r in self.reqs.values():
-            if r.twin is None or r.ended:
-                continue
+        for rid in list(self._waiting):
+            r = self.reqs[rid]
+            assert r.twin is not None
             a = self.reqs.get(r.twin[0])
             n = r.twin[1]
             if a is None or a.ended:
                 r.twin = None
+                self._waiting.discard(rid)
             elif a.n_done >= n:
                 out.append((r, a.seq, n))
         return out
@@ -157,6 +161,7 @@ class SchedulerCore:
         assert r.twin is not None
         rid, n = r.twin
         r.twin = None
+        self._waiting.discard(r.rid)
         if not ok:
             return 0
         r.n_done = r.n_cached = n  # its sequence holds them now, whatever became of the twin
@@ -228,7 +233,7 @@ class SchedulerCore:
         return [r for r in self.reqs.values() if not r.ended]
 
     def waiting_for_twins(self) -> bool:
-        return any(r.twin is not None and not r.ended for r in self.reqs.values())
+        return bool(self._waiting)
 
     def wanted(self) -> int:
         """Cells the next step of the group that would run wants (for making room)."""
@@ -501,6 +506,7 @@ class SchedulerCore:
 
     def _maybe_drained(self, r: Request, events: list[Event]) -> None:
         if r.ended and r.n_sched == 0:
+            self._waiting.discard(r.rid)
             del self.reqs[r.rid]
             del self.by_slot[r.slot]
             self._n_spec -= r.spec > 0
