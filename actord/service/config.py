@@ -109,6 +109,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
     # auto: on where the model runs on a GPU backend; on/off decide outright.
     backend_sampling: str = "auto"
+    # A request's grammar whose sampling costs more than this for one token (a token that
+    # masks the vocabulary: this per 65,536 candidates) is cut: the request ends with a 400
+    # naming the grammar, and the same grammar sent again is refused before it runs
+    # (engine/sampling.py `_cut_grammar`), so an ambiguous grammar, whose cost doubles
+    # each token, holds the engine a bounded time.
+    grammar_token_budget_ms: float = 150.0
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -135,6 +141,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_idle_timeout_s: float = 5.0
     http_body_timeout_s: float = 60.0
     http_max_connections: int = 256
+    # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
+    # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
+    # once per level); a large body is decoded on a worker thread within
+    # http_parse_budget_s (past it, 413 naming the body).
+    http_max_json_depth: int = 128
+    http_parse_budget_s: float = 5.0
+    # Without --api-key, the Host names the front answers to besides its own address,
+    # localhost and loopback addresses: any other Host is refused 403, as llama-server and
+    # Jupyter refuse one (a DNS-rebinding page names its own host).
+    http_host: list[str] = []
     # A chat completion naming no max_tokens generates at most this many (capped by ctx),
     # not the whole context: a model that never emits EOS would otherwise hold its slot
     # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
@@ -301,6 +317,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
         if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if not self.grammar_token_budget_ms > 0:
+            raise InvalidParams("grammar_token_budget_ms must be > 0")
+        if not 2 <= self.http_max_json_depth <= 512 or not self.http_parse_budget_s > 0:
+            raise InvalidParams("http_max_json_depth is between 2 and 512, http_parse_budget_s > 0")
         if self.http_max_header_bytes < 1024:
             raise InvalidParams("http_max_header_bytes must be >= 1024")
         if not 1 <= self.max_n <= 128:

@@ -31,7 +31,10 @@ page its user's browser opens: list the origins (`--cors-origin localhost`) or s
 `--api-key` where that matters. Every header name goes out in its canonical case
 (bounds.py). `--http` may name several addresses, all served by this one app; under
 Google Vertex AI its prediction route is added (`vertex.py`). A body is held to
-`--http-max-body-bytes` (413) and `--http-body-timeout-s` (408) as it arrives (`read_body`).
+`--http-max-body-bytes` (413) and `--http-body-timeout-s` (408) as it arrives (`read_body`);
+its JSON nesting is bounded before it is decoded, a large one decoded on a worker thread,
+and its entry counts checked before any work (`decode_json`, costs.py). Without a key, a
+Host that is not the daemon's own is refused 403 (DNS rebinding: `cors.HostGate`).
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ from starlette.routing import Route
 from actord.service.config import Config, http_addresses, is_loopback, split_names
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http import costs
 from actord.frontends.http.bounds import Gate, bounded_protocol
-from actord.frontends.http.cors import Cors, OriginGate
+from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
 from actord.frontends.http.openai.embeddings import Embeddings
@@ -129,6 +133,7 @@ class HttpFront:
         self.version = _version()
         self._developer: bool | None = None  # whether the chat template names the developer role
         self._socks: list[socket.socket] = []
+        self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
@@ -137,7 +142,7 @@ class HttpFront:
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
-        middleware = [Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
+        middleware = [Middleware(HostGate, front=self), Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
         routes = self.routes()
         if config.vertex:  # Vertex AI's prediction route (vertex.py), which must not hide one of ours
             taken = {getattr(r, "path", "") for r in routes}
@@ -282,6 +287,22 @@ class HttpFront:
             log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
             raise HttpError(408, f"the request body did not arrive within {timeout:g} s", "body_timeout") from None
         return bytes(buf)
+
+    async def decode_json(self, request: Request, typ: Any = None) -> Any:
+        """The body read (`read_body`), its depth bounded before it is decoded (as `typ`, when
+        given; a large one on a parse lane, within its time budget) and its entry counts
+        checked before any entry is used (costs.py): each a 4xx naming what is wrong."""
+        buf = await self.read_body(request)
+        if typ is None and not buf.strip():
+            return {}
+        cfg = self.config
+        if self._lane is None:  # made in the serving loop (a limiter belongs to its loop)
+            self._lane = anyio.CapacityLimiter(costs.PARSE_LANES)
+        obj = await costs.offload(costs.decode, buf, cfg.http_max_json_depth, typ, size=len(buf),
+                                  budget_s=cfg.http_parse_budget_s, field="body", lane=self._lane)
+        limits = cfg.request_limits()
+        costs.check_entries(obj, limits.max_logit_bias, limits.max_prompt_bytes)
+        return obj
 
     async def template_names_developer(self) -> bool:
         """Whether the chat template handles the `developer` role itself (it names it)."""
