@@ -50,7 +50,7 @@ def fds_needed(config: Config, http: bool = False) -> int:
     if config.http or http:
         from actord.frontends.http.bounds import MAX_LINGERING
 
-        n += config.http_max_connections + MAX_LINGERING
+        n += config.http_max_connections + config.http_control_connections + MAX_LINGERING
     return n
 
 

@@ -141,6 +141,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_idle_timeout_s: float = 5.0
     http_body_timeout_s: float = 60.0
     http_max_connections: int = 256
+    # Per peer (bounds.py): one client address holds at most http_max_connections_per_peer
+    # connections; past either cap, http_control_connections more are served for /health
+    # and /metrics alone, so the control routes answer under any flood; an answer whose
+    # client reads nothing for http_write_timeout_s while output waits ends its connection
+    # (and its generation).
+    http_max_connections_per_peer: int = 128
+    http_control_connections: int = 8
+    http_write_timeout_s: float = 30.0
     # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
     # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
     # once per level); a large body is decoded on a worker thread within
@@ -317,6 +325,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
         if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \
+                not self.http_write_timeout_s > 0:
+            raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "
+                                "http_write_timeout_s > 0")
         if not self.grammar_token_budget_ms > 0:
             raise InvalidParams("grammar_token_budget_ms must be > 0")
         if not 2 <= self.http_max_json_depth <= 512 or not self.http_parse_budget_s > 0:

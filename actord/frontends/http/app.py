@@ -61,7 +61,7 @@ from actord.service.config import Config, http_addresses, is_loopback, split_nam
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
-from actord.frontends.http.bounds import Gate, bounded_protocol
+from actord.frontends.http.bounds import ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
@@ -138,11 +138,13 @@ class HttpFront:
                                                     allow_gid=frozenset(config.allow_gid))
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
                          header_timeout_s=config.http_header_timeout_s, policy=policy,
-                         refused=self.refused, opened=self._opened)
+                         refused=self.refused, opened=self._opened,
+                         max_per_peer=config.http_max_connections_per_peer, control=config.http_control_connections,
+                         write_timeout_s=config.http_write_timeout_s)
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
-        middleware = [Middleware(HostGate, front=self), Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
+        middleware = [Middleware(ControlRoom, refused=self.refused), Middleware(HostGate, front=self), Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
         routes = self.routes()
         if config.vertex:  # Vertex AI's prediction route (vertex.py), which must not hide one of ours
             taken = {getattr(r, "path", "") for r in routes}
