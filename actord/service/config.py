@@ -154,6 +154,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # once per level); a large body is decoded on a worker thread within
     # http_parse_budget_s (past it, 413 naming the body).
     http_max_json_depth: int = 128
+    # ... and one holding more values than this in its arrays and objects is refused 413
+    # before it is decoded (a decoder makes an object per value): 128 full-context token
+    # prompts fit.
+    http_max_json_values: int = 1 << 19
     http_parse_budget_s: float = 5.0
     # Without --api-key, the Host names the front answers to besides its own address,
     # localhost and loopback addresses: any other Host is refused 403, as llama-server and
@@ -331,6 +335,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
                                 "http_write_timeout_s > 0")
         if not self.grammar_token_budget_ms > 0:
             raise InvalidParams("grammar_token_budget_ms must be > 0")
+        if self.http_max_json_values < 1024:
+            raise InvalidParams("http_max_json_values must be >= 1024")
         if not 2 <= self.http_max_json_depth <= 512 or not self.http_parse_budget_s > 0:
             raise InvalidParams("http_max_json_depth is between 2 and 512, http_parse_budget_s > 0")
         if self.http_max_header_bytes < 1024:

@@ -61,6 +61,8 @@ def test_the_depth_scan_counts_brackets_outside_strings_only():
     assert costs.json_too_deep(b"[" * 8 + b"]" * 8, 8) is None
     assert costs.json_too_deep(b'[{"a": [1]}, [[2]]]' * 1000, 3) is None
     assert costs.json_too_deep(b"[]]][[[[]]]", 4) == "unbalanced"
+    assert costs.json_too_deep(b"[" + b"1," * 3000 + b"1]", 8, max_values=2048) == "values"
+    assert costs.json_too_deep(b'["' + b"1," * 3000 + b'1"]', 8, max_values=2048) is None  # commas in a string
 
 
 def test_logit_bias_entries_are_counted_before_repeats_merge(url):
@@ -73,9 +75,20 @@ def test_logit_bias_entries_are_counted_before_repeats_merge(url):
         assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
 
 
-def test_a_tokenize_list_past_a_prompts_size_is_refused_before_any_tokenizing(url):
+def test_a_body_holding_more_values_than_the_bound_is_refused_before_it_is_decoded(url):
     with httpx.Client(base_url=url, timeout=60) as c:
         r = c.post("/tokenize", json={"content": ["a"] * 1_000_000})
+        assert r.status_code == 413 and r.json()["error"]["actord"]["param"] == "body", r.text
+        r = c.post("/completion", json={"prompt": "x", "logit_bias": [[5, 1.0]] * 1_300_000})
+        assert r.status_code == 413 and "http_max_json_values" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x" * 4_000_000}],
+                                                  "max_tokens": 1})
+        assert "http_max_json_values" not in r.text  # a long string is one value, whatever its bytes
+
+
+def test_a_tokenize_list_past_a_prompts_size_is_refused_before_any_tokenizing(url):
+    with httpx.Client(base_url=url, timeout=60) as c:
+        r = c.post("/tokenize", json={"content": [1] * 5000})  # more entries than a prompt holds
         assert r.status_code == 400 and r.json()["error"]["actord"]["param"] == "content", r.text
         r = c.post("/tokenize", json={"content": ["a"] * 1000})  # fits a prompt, but a job per string
         assert r.status_code == 400 and "strings" in r.json()["error"]["message"], r.text

@@ -252,7 +252,13 @@ class HttpFront:
         return response
 
     async def _server_error(self, request: Request, exc: Exception) -> Response:
-        return json_response(O.error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
+        log.error("http.internal_error", path=request.url.path[:200], error=repr(exc)[:500])
+        message = f"internal error: {type(exc).__name__}"
+        if request.url.path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's shape
+            from actord.frontends.http.anthropic.wire import error_body as anthropic_error
+
+            return json_response(anthropic_error(500, message), 500)
+        return json_response(O.error_body(500, message, "internal_error"), 500)
 
     def _authorize(self, request: Request) -> None:
         if self._key is None:
@@ -300,7 +306,8 @@ class HttpFront:
         cfg = self.config
         if self._lane is None:  # made in the serving loop (a limiter belongs to its loop)
             self._lane = anyio.CapacityLimiter(costs.PARSE_LANES)
-        obj = await costs.offload(costs.decode, buf, cfg.http_max_json_depth, typ, size=len(buf),
+        obj = await costs.offload(costs.decode, buf, cfg.http_max_json_depth, typ, cfg.http_max_json_values,
+                                  size=len(buf),
                                   budget_s=cfg.http_parse_budget_s, field="body", lane=self._lane)
         limits = cfg.request_limits()
         costs.check_entries(obj, limits.max_logit_bias, limits.max_prompt_bytes)
