@@ -149,6 +149,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_max_connections_per_peer: int = 128
     http_control_connections: int = 8
     http_write_timeout_s: float = 30.0
+    # Generations (completions, chats, messages, responses) one client address has in
+    # flight, running or queued; one more gets 429 at once. 0: twice the slots. Below the
+    # slot count, one address never holds every slot: the others keep their pace.
+    http_max_generations_per_peer: int = 0
     # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
     # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
     # once per level); a large body is decoded on a worker thread within
@@ -329,6 +333,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
         if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_generations_per_peer < 0:
+            raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
         if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \
                 not self.http_write_timeout_s > 0:
             raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "

@@ -8,6 +8,7 @@ where a deadline matters the test waits for what the deadline must produce (a me
 from __future__ import annotations
 
 import socket
+import threading
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ def url(tmp_path_factory):
     proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--http-max-connections", "16",
                           "--http-max-connections-per-peer", "4", "--http-control-connections", "2",
                           "--http-write-timeout-s", "1", "--http-idle-timeout-s", "600",
+                          "--http-max-generations-per-peer", "1",
                           "--http-header-timeout-s", "600")
     try:
         yield url
@@ -100,3 +102,26 @@ def test_a_client_that_does_not_read_is_ended_by_the_write_deadline_and_its_slot
         pass  # the stream's generation saw the disconnect
     r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 3, "id_slot": 0}, timeout=60)
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 3  # slot 0 serves again
+
+
+def test_an_address_past_its_generations_gets_429_while_another_is_served(url):
+    first: dict = {}
+
+    def long_one() -> None:
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.4"), timeout=300) as c:
+            first["r"] = c.post(url + "/completion", json={"prompt": "a", "n_predict": 3000, "ignore_eos": True})
+
+    t = threading.Thread(target=long_one)
+    t.start()
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.4"), timeout=60) as same, \
+            httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.5"), timeout=60) as other:
+        while True:  # until the long one is in flight: then the same address is refused at once
+            r = same.post(url + "/v1/chat/completions", json={"model": "m", "max_tokens": 1,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+            if r.status_code == 429 or "r" in first:
+                break
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"  # OpenAI's shape on OpenAI's route
+        assert other.post(url + "/completion", json={"prompt": "b", "n_predict": 2}).status_code == 200
+    t.join(300)
+    assert first["r"].status_code == 200

@@ -39,6 +39,7 @@ Host that is not the daemon's own is refused 403 (DNS rebinding: `cors.HostGate`
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import hmac
@@ -134,6 +135,8 @@ class HttpFront:
         self._developer: bool | None = None  # whether the chat template names the developer role
         self._socks: list[socket.socket] = []
         self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
+        self.generations: collections.Counter[str] = collections.Counter()  # in flight, by client address
+        self.generations_per_peer = config.http_max_generations_per_peer or 2 * config.slots
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
