@@ -232,6 +232,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # http_responses_max_bytes of conversation text.
     http_responses_max: int = 1024
     http_responses_max_bytes: int = 64 << 20
+    # The minds made for anonymous Responses conversations (named by how they start, no
+    # client name): at most this many, holding at most this many bytes of state; past
+    # either the least recently used one's RAM page and page file are dropped
+    # (actord/frontends/http/openai/anonymous.py).
+    http_anonymous_minds: int = 64
+    http_anonymous_mind_bytes: int = 1 << 30
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
@@ -359,6 +365,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
         if self.reasoning_budget < -1:
             raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens")
+        if self.http_anonymous_minds < 1 or self.http_anonymous_mind_bytes < 0:
+            raise InvalidParams("http_anonymous_minds must be >= 1 and http_anonymous_mind_bytes >= 0")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \

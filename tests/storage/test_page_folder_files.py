@@ -34,3 +34,15 @@ async def test_restoring_a_fifo_in_the_page_folder_is_a_typed_error_and_the_slot
             await s.slot_restore(0, "ada.page")
         r = await s.complete(prompt=[1, 17, 40, 99], n_predict=3, slot=0)
         assert len(r.tokens) == 3
+
+
+@pytest.mark.anyio
+async def test_forgetting_a_mind_removes_its_page_file_generation_whole(tiny_model, tmp_path):
+    cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path / "pages"))
+    async with ActorSystem(cfg) as s:
+        await s.complete(prompt=[1, 17, 40, 99, 7], n_predict=3, slot=0)
+        await s.slot_save(0, "ada.page")
+        assert any(n.startswith("ada.page") for n in os.listdir(cfg.page_dir))
+        assert await s.forget_mind("ada") > 0
+        assert not any(n.startswith("ada.page") for n in os.listdir(cfg.page_dir))
+        assert await s.forget_mind("ada") == 0  # nothing left: nothing to free
