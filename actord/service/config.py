@@ -245,6 +245,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
     request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
     shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
+    # ... and the process exits at most this long after that, whatever a thread is doing (a
+    # worker stuck in a read held it past SIGTERM for ever): exit status 1, logged.
+    shutdown_exit_margin_s: float = 30.0
     # Memory care (actord/service/memory.py): every memory_report_s the daemon refreshes
     # actord_memory_bytes{component} and, with malloc_trim, gives glibc's free arena pages
     # back; trace_malloc_s > 0 runs tracemalloc and logs the top growth by file:line that often
@@ -345,6 +348,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
                 not self.http_write_timeout_s > 0:
             raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "
                                 "http_write_timeout_s > 0")
+        if not self.shutdown_exit_margin_s > 0:
+            raise InvalidParams("shutdown_exit_margin_s must be > 0")
         if not self.grammar_token_budget_ms > 0:
             raise InvalidParams("grammar_token_budget_ms must be > 0")
         if self.http_max_json_values < 1024:
