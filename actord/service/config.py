@@ -130,6 +130,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http: str | None = None
     api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
     http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
+    # Bytes of request bodies being read at once, in all (half of it from one client
+    # address): past it, 503 as the body arrives (costs.py BodyBytes). 0: 4 x the above.
+    http_max_body_bytes_in_flight: int = 0
     # The front's own bounds (actord/frontends/http/bounds.py), beside the socket's below. A request
     # line + headers over http_max_header_bytes get 431 before more is read; a request head
     # not in within http_header_timeout_s of the connection (or of its first byte after a
@@ -342,6 +345,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
         if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_body_bytes_in_flight < 0:
+            raise InvalidParams("http_max_body_bytes_in_flight must be >= 0 (0: 4 x http_max_body_bytes)")
         if self.http_max_generations_per_peer < 0:
             raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
         if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \

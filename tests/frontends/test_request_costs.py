@@ -152,3 +152,42 @@ async def test_parse_work_past_its_budget_is_a_413_naming_the_field():
         await costs.offload(slow, size=costs.OFFLOAD_BYTES + 1, budget_s=0.01, field="body")
     assert e.value.status == 413 and e.value.param == "body"
     await anyio.sleep(0.6)  # the abandoned thread ends before the test does
+
+
+def test_body_bytes_in_flight_are_bounded_in_all_and_per_address():
+    b = costs.BodyBytes(total=100)
+    b.add("a", 50)
+    with pytest.raises(HttpError) as e:
+        b.add("a", 1)  # one address: half the bound
+    assert e.value.status == 503 and e.value.param == "body"
+    b.add("b", 40)
+    with pytest.raises(HttpError):
+        b.add("c", 11)  # in all
+    b.release("a", 50)
+    b.add("c", 11)
+    assert b.held == 51 and b.by_peer == {"b": 40, "c": 11}
+
+
+def test_a_body_past_the_bytes_in_flight_gets_503_as_it_arrives(tmp_path):
+    model = str(write_tiny_llama(tmp_path / "tiny.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
+    proc, _, url = _start(model, tmp_path / "d", "--http-max-body-bytes", str(16 << 20),
+                          "--http-max-body-bytes-in-flight", str(1 << 20))  # 512 KiB from one address
+    try:
+        import socket as _socket
+
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        s = _socket.create_connection((host, int(port)), timeout=60)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 4000000\r\n\r\n" + b" " * (700 << 10))  # under the body limit, over the share
+        answer = b""
+        while not answer.rstrip().endswith(b"}"):  # what the bound must produce, while the body still arrives
+            answer += s.recv(65536)
+        s.close()
+        assert answer.startswith(b"HTTP/1.1 503") and b"http_max_body_bytes_in_flight" in answer, answer
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+            r = c.post("/v1/chat/completions", json={"model": "m", "max_tokens": 1,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200  # the bytes were given back
+    finally:
+        _stop(proc)

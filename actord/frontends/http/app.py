@@ -136,6 +136,7 @@ class HttpFront:
         self._socks: list[socket.socket] = []
         self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
         self.generations: collections.Counter[str] = collections.Counter()  # in flight, by client address
+        self.bodies = costs.BodyBytes(config.http_max_body_bytes_in_flight or 4 * config.http_max_body_bytes)
         self.generations_per_peer = config.http_max_generations_per_peer or 2 * config.slots
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
@@ -285,18 +286,28 @@ class HttpFront:
                             "body_too_large")
         buf = bytearray()
         timeout = self.config.http_body_timeout_s
+        peer = request.client.host if request.client else "?"
+        held = 0
         try:
             with anyio.fail_after(timeout):
                 async for part in request.stream():
-                    buf += part
-                    if len(buf) > limit:
+                    if len(buf) + len(part) > limit:
                         raise HttpError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
+                    self.bodies.add(peer, len(part))  # 503 past the bytes in flight (costs.BodyBytes)
+                    held += len(part)
+                    buf += part
         except ClientDisconnect:
             raise ClientGone("body") from None
         except TimeoutError:
             self.refused("body_timeout")
             log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
             raise HttpError(408, f"the request body did not arrive within {timeout:g} s", "body_timeout") from None
+        except HttpError as e:
+            if e.status == 503:
+                self.refused("body_bytes")
+            raise
+        finally:
+            self.bodies.release(peer, held)
         return bytes(buf)
 
     async def decode_json(self, request: Request, typ: Any = None) -> Any:

@@ -24,6 +24,9 @@ ids were merged before they were counted, and a 10.9 MB `tools` list was refused
   at most PARSE_LANES at once, within `http_parse_budget_s`; past it the request is a 413
   naming the body, and the loop has kept serving meanwhile (msgspec holds the GIL, but a
   thread yields it every switch interval, 5 ms).
+- bodies in flight: `BodyBytes` counts the bytes of bodies being read, in all and per client
+  address; past `http_max_body_bytes_in_flight` (or half of it from one address) a
+  body is refused 503 as it arrives, so 128 slow uploads of 16 MB cannot hold 2 GB.
 - entries: `check_entries` counts what a decoded request's cost grows with, every entry
   (repeats included) of `logit_bias` and of `tools`, and the tools' encoded bytes, against
   the request limits, before any entry is converted.
@@ -121,6 +124,33 @@ def decode(buf: bytes, depth: int, typ: Any = None, max_values: int = 1 << 62) -
         raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
     except RecursionError:  # a type's own nesting past the interpreter's (the depth bound comes first)
         raise HttpError(400, "malformed JSON: it nests too deeply", "invalid_json") from None
+
+
+class BodyBytes:
+    """Bytes of request bodies being read, in all and by client address (see the module
+    docstring): `add` raises a 503 past either bound; `release` gives a body's bytes back."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.per_peer = total, max(1, total // 2)
+        self.held = 0
+        self.by_peer: dict[str, int] = {}
+
+    def add(self, peer: str, n: int) -> None:
+        mine = self.by_peer.get(peer, 0)
+        if self.held + n > self.total or mine + n > self.per_peer:
+            raise HttpError(503, f"request bodies being read hold the front's bound ({self.total} bytes in all, "
+                            f"{self.per_peer} per client address: http_max_body_bytes_in_flight); retry later",
+                            "Overloaded", param="body")
+        self.held += n
+        self.by_peer[peer] = mine + n
+
+    def release(self, peer: str, n: int) -> None:
+        self.held -= n
+        left = self.by_peer.get(peer, 0) - n
+        if left > 0:
+            self.by_peer[peer] = left
+        else:
+            self.by_peer.pop(peer, None)
 
 
 def check_entries(req: Any, max_logit_bias: int, max_tools_bytes: int) -> None:
