@@ -148,7 +148,8 @@ class HttpFront:
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
-        middleware = [Middleware(ControlRoom, refused=self.refused), Middleware(HostGate, front=self), Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
+        middleware = [Middleware(ControlRoom, refused=self.refused), Middleware(HostGate, front=self),
+                      Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
         routes = self.routes()
         if config.vertex:  # Vertex AI's prediction route (vertex.py), which must not hide one of ours
             taken = {getattr(r, "path", "") for r in routes}
@@ -311,9 +312,9 @@ class HttpFront:
         return bytes(buf)
 
     async def decode_json(self, request: Request, typ: Any = None) -> Any:
-        """The body read (`read_body`), its depth bounded before it is decoded (as `typ`, when
-        given; a large one on a parse lane, within its time budget) and its entry counts
-        checked before any entry is used (costs.py): each a 4xx naming what is wrong."""
+        """The body read (`read_body`), its depth and values bounded before it is decoded (as
+        `typ`, when given; a large one on a parse lane, within its time budget) and its entry
+        counts checked before any entry is used (costs.py): each a 4xx naming what is wrong."""
         buf = await self.read_body(request)
         if typ is None and not buf.strip():
             return {}
@@ -321,8 +322,7 @@ class HttpFront:
         if self._lane is None:  # made in the serving loop (a limiter belongs to its loop)
             self._lane = anyio.CapacityLimiter(costs.PARSE_LANES)
         obj = await costs.offload(costs.decode, buf, cfg.http_max_json_depth, typ, cfg.http_max_json_values,
-                                  size=len(buf),
-                                  budget_s=cfg.http_parse_budget_s, field="body", lane=self._lane)
+                                  size=len(buf), budget_s=cfg.http_parse_budget_s, field="body", lane=self._lane)
         limits = cfg.request_limits()
         costs.check_entries(obj, limits.max_logit_bias, limits.max_prompt_bytes)
         return obj
