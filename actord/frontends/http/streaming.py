@@ -123,7 +123,11 @@ class Generation(Response):
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        held, limit = self.front.generations, self.front.generations_per_peer
+        held = getattr(self.front, "generations", None)  # a front that counts none (a test's) caps none
+        if held is None:
+            await self._run(scope, receive, send)
+            return
+        limit = self.front.generations_per_peer
         peer = str((scope.get("client") or ("?",))[0])
         if held[peer] >= limit:  # one address's share of the slots and their queues (`Config`)
             self.front.refused("peer_generations")
@@ -135,14 +139,17 @@ class Generation(Response):
             return
         held[peer] += 1
         try:
-            if self.stream:
-                await self._streamed(scope, receive, send)
-            else:
-                await self._whole(scope, receive, send)
+            await self._run(scope, receive, send)
         finally:
             held[peer] -= 1
             if not held[peer]:
                 del held[peer]
+
+    async def _run(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.stream:
+            await self._streamed(scope, receive, send)
+        else:
+            await self._whole(scope, receive, send)
 
     def _error(self, e: HttpError | ActordError) -> Response:
         status, body = self.answer.error_object(e)
