@@ -3,7 +3,8 @@
 A signal handler only wakes the main task; shutdown then runs in order: new requests are
 refused (`ShuttingDown`), requests in flight get `--shutdown-grace-s` to finish and are then
 cancelled (their clients get answers), the servers stop, the system stops its actors and
-engine thread (bounded), the socket is removed. A second SIGTERM or SIGINT exits at once:
+engine thread (bounded), the socket is removed; whatever a thread does, the process is
+gone `--shutdown-exit-margin-s` after the grace (`_exit_deadline`). A second SIGTERM or SIGINT exits at once:
 page-file publication is crash-safe, so nothing written is left half-done. With `--http
 HOST:PORT` the OpenAI-compatible front (actord/frontends/http/) runs in the same event loop, beside
 the socket, and stops first (it lets answers in flight end, up to 5 s). Its address is
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import anyio
@@ -50,7 +52,7 @@ def fds_needed(config: Config, http: bool = False) -> int:
     if config.http or http:
         from actord.frontends.http.bounds import MAX_LINGERING
 
-        n += config.http_max_connections + MAX_LINGERING
+        n += config.http_max_connections + config.http_control_connections + MAX_LINGERING
     return n
 
 
@@ -124,6 +126,7 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
             async for sig in signals:
                 log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
                 break
+            _exit_deadline(config.shutdown_grace_s + config.shutdown_exit_margin_s)
             systemd.notify("STOPPING=1\nSTATUS=stopping")
             async with anyio.create_task_group() as stopping:
                 stopping.start_soon(_exit_at_second_signal, signals)
@@ -132,6 +135,20 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
                 stopping.cancel_scope.cancel()
             log.info("daemon.stopping", **counts)
         tg.cancel_scope.cancel()
+
+
+def _exit_deadline(seconds: float) -> None:
+    """Shutdown is bounded whatever a thread does: a worker stuck in a read (a FIFO, a hung
+    network disk) kept the process alive past SIGTERM, its close and the interpreter's exit
+    waiting on it for ever. A timer thread, which no blocked loop or worker can hold, ends
+    the process `seconds` after the signal if it is still there."""
+    def fire() -> None:
+        log.error("daemon.exit_forced", after_s=seconds, why="shutdown did not end in time (a thread is stuck)")
+        os._exit(1)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
 
 
 async def _exit_at_second_signal(signals: Any) -> None:

@@ -116,6 +116,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
     # auto: on where the model runs on a GPU backend; on/off decide outright.
     backend_sampling: str = "auto"
+    # A request's grammar whose sampling costs more than this for one token (a token that
+    # masks the vocabulary: this per 65,536 candidates) is cut: the request ends with a 400
+    # naming the grammar, and the same grammar sent again is refused before it runs
+    # (engine/sampling.py `_cut_grammar`), so an ambiguous grammar, whose cost doubles
+    # each token, holds the engine a bounded time.
+    grammar_token_budget_ms: float = 150.0
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -135,6 +141,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # A file of more keys, one per line (blank lines and # comments skipped), read at start.
     api_key_file: str | None = None
     http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
+    # Bytes of request bodies being read at once, in all (half of it from one client
+    # address): past it, 503 as the body arrives (costs.py BodyBytes). 0: 4 x the above.
+    http_max_body_bytes_in_flight: int = 0
     # The front's own bounds (actord/frontends/http/bounds.py), beside the socket's below. A request
     # line + headers over http_max_header_bytes get 431 before more is read; a request head
     # not in within http_header_timeout_s of the connection (or of its first byte after a
@@ -146,6 +155,32 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_idle_timeout_s: float = 5.0
     http_body_timeout_s: float = 60.0
     http_max_connections: int = 256
+    # Per peer (bounds.py): one client address holds at most http_max_connections_per_peer
+    # connections; past either cap, http_control_connections more are served for /health
+    # and /metrics alone, so the control routes answer under any flood; an answer whose
+    # client reads nothing for http_write_timeout_s while output waits ends its connection
+    # (and its generation).
+    http_max_connections_per_peer: int = 128
+    http_control_connections: int = 8
+    http_write_timeout_s: float = 30.0
+    # Generations (completions, chats, messages, responses) one client address has in
+    # flight, running or queued; one more gets 429 at once. 0: twice the slots. Below the
+    # slot count, one address never holds every slot: the others keep their pace.
+    http_max_generations_per_peer: int = 0
+    # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
+    # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
+    # once per level); a large body is decoded on a worker thread within
+    # http_parse_budget_s (past it, 413 naming the body).
+    http_max_json_depth: int = 128
+    # ... and one holding more values than this in its arrays and objects is refused 413
+    # before it is decoded (a decoder makes an object per value): 128 full-context token
+    # prompts fit.
+    http_max_json_values: int = 1 << 19
+    http_parse_budget_s: float = 5.0
+    # Without --api-key, the Host names the front answers to besides its own address,
+    # localhost and loopback addresses: any other Host is refused 403, as llama-server and
+    # Jupyter refuse one (a DNS-rebinding page names its own host).
+    http_host: list[str] = []
     # A chat completion naming no max_tokens generates at most this many (capped by ctx),
     # not the whole context: a model that never emits EOS would otherwise hold its slot
     # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
@@ -211,6 +246,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # http_responses_max_bytes of conversation text.
     http_responses_max: int = 1024
     http_responses_max_bytes: int = 64 << 20
+    # The minds made for anonymous Responses conversations (named by how they start, no
+    # client name): at most this many, holding at most this many bytes of state; past
+    # either the least recently used one's RAM page and page file are dropped
+    # (actord/frontends/http/openai/anonymous.py).
+    http_anonymous_minds: int = 64
+    http_anonymous_mind_bytes: int = 1 << 30
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
@@ -218,6 +259,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
     request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
     shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
+    # ... and the process exits at most this long after that, whatever a thread is doing (a
+    # worker stuck in a read held it past SIGTERM for ever): exit status 1, logged.
+    shutdown_exit_margin_s: float = 30.0
     # Memory care (actord/service/memory.py): every memory_report_s the daemon refreshes
     # actord_memory_bytes{component} and, with malloc_trim, gives glibc's free arena pages
     # back; trace_malloc_s > 0 runs tracemalloc and logs the top growth by file:line that often
@@ -312,6 +356,22 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
         if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_body_bytes_in_flight < 0:
+            raise InvalidParams("http_max_body_bytes_in_flight must be >= 0 (0: 4 x http_max_body_bytes)")
+        if self.http_max_generations_per_peer < 0:
+            raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
+        if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \
+                not self.http_write_timeout_s > 0:
+            raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "
+                                "http_write_timeout_s > 0")
+        if not self.shutdown_exit_margin_s > 0:
+            raise InvalidParams("shutdown_exit_margin_s must be > 0")
+        if not self.grammar_token_budget_ms > 0:
+            raise InvalidParams("grammar_token_budget_ms must be > 0")
+        if self.http_max_json_values < 1024:
+            raise InvalidParams("http_max_json_values must be >= 1024")
+        if not 2 <= self.http_max_json_depth <= 512 or not self.http_parse_budget_s > 0:
+            raise InvalidParams("http_max_json_depth is between 2 and 512, http_parse_budget_s > 0")
         if self.http_max_header_bytes < 1024:
             raise InvalidParams("http_max_header_bytes must be >= 1024")
         if not 1 <= self.max_n <= 128:
@@ -326,6 +386,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
         if self.reasoning_budget < -1:
             raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens")
+        if self.http_anonymous_minds < 1 or self.http_anonymous_mind_bytes < 0:
+            raise InvalidParams("http_anonymous_minds must be >= 1 and http_anonymous_mind_bytes >= 0")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \

@@ -374,6 +374,20 @@ class ActorSystem:
     async def page_drop(self, page: str) -> Any:
         return await self.pages.ask(DropPage(name=page))
 
+    async def forget_mind(self, mind: str) -> int:
+        """Drop mind `mind`'s RAM page and remove its page file, whichever it has (the HTTP
+        front's rule for the minds it made for anonymous conversations); the bytes freed. A
+        mind resident in a slot stays there (0): its next page-out is forgotten next time."""
+        from actord.service.errors import PageNotFound
+        from actord.storage.paths import MIND_FILE_SUFFIX
+
+        n = 0
+        try:
+            n += (await self.page_drop(mind)).n_bytes
+        except PageNotFound:
+            pass
+        return n + await self.files.remove(mind + MIND_FILE_SUFFIX)
+
     @entry("page.list", check_open=False)
     async def page_list(self) -> Any:
         return await self.pages.ask(ListPages())

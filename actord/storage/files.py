@@ -18,7 +18,7 @@ from actord.service.errors import ActordError
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
 from actord.storage.paths import confine_file
-from actord.storage.publish import PublishStats, publish_generation, read_generation
+from actord.storage.publish import PublishStats, publish_generation, read_generation, remove_generation
 
 
 class PageFiles:
@@ -95,6 +95,12 @@ class PageFiles:
             except ActordError:
                 return None  # corrupt: the restore says so
         return await self._run(f"read:{name}", peek)
+
+    async def remove(self, name: str) -> int:
+        """Remove page file `name` (every file of its generation); the bytes it held."""
+        self.check(name)
+        async with self.holding(name):
+            return await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
 
     async def read(self, name: str) -> PageImage:
         self.check(name)

@@ -313,3 +313,26 @@ def read_generation(root: Path, name: str, fs: OsFs) -> PageImage:
     with _folder_lock(base, fs):
         recover(base, fs)
         return load_generation(fs, paths)
+
+
+def remove_generation(root: Path, name: str, fs: OsFs) -> int:
+    """Remove page file `name`'s committed generation (its main file and every sidecar) from
+    `root`, under the folder lock (a publication cut short is completed first, so nothing of
+    it comes back); the bytes removed (0: there was none). The folder is synced after."""
+    paths = [confine(root, name + sfx) for sfx in SUFFIXES]
+    base = Path(root).resolve()
+    if fs.stat(base) is None:
+        return 0
+    n = 0
+    with _folder_lock(base, fs):
+        recover(base, fs)
+        for path in paths:
+            st = fs.stat(path)
+            if st is not None:
+                fs.unlink(path)
+                n += st.st_size
+        if n:
+            fs.dirsync(paths[0].parent)
+    if n:
+        log.info("page_file.removed", file=name, n_bytes=n)
+    return n

@@ -51,6 +51,7 @@ import hashlib
 import time
 from typing import Any
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -59,6 +60,7 @@ from starlette.routing import Route
 from actord.chat.messages import ChatMessage, ChatRequest, ToolCall
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.anonymous import AnonymousMinds, forget_past_bound
 from actord.frontends.http.openai.answers import llama_timings
 from actord.frontends.http.openai.routes import decode_body, request_mind
 from actord.frontends.http.openai.response_store import ResponseStore, Stored
@@ -370,6 +372,7 @@ class Responses(RouteGroup):
         super().__init__(front)
         cfg = front.config
         self.store = ResponseStore(cfg.http_responses_max, cfg.http_responses_max_bytes)
+        self.anonymous = AnonymousMinds(cfg.http_anonymous_minds, cfg.http_anonymous_mind_bytes)
         front.responses_store = self.store  # what memory_report reads (service/memory.py)
 
     def routes(self) -> list[Route]:
@@ -427,8 +430,10 @@ class Responses(RouteGroup):
         prev, history, convo, tools, choice = await self._conversation(req)
         openai_form = request.url.path.startswith("/v1/")
         mind = request_mind(request, req)
+        anonymous = False
         if mind is None and req.store:
             mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
+            anonymous = mind is not None and mind.startswith("r-")
         n = req.max_output_tokens
         if n is None:
             n = min(front.config.http_default_max_tokens, front.system.model_props().n_ctx)
@@ -468,6 +473,10 @@ class Responses(RouteGroup):
             return body
 
         async def run(on_token: Any) -> Any:
-            return await front.system.chat(chat, on_token=on_token)
+            result = await front.system.chat(chat, on_token=on_token)
+            if anonymous and mind is not None:
+                with anyio.CancelScope(shield=True):  # the bound holds whether or not the client stays
+                    await forget_past_bound(self.anonymous, front.system, mind, result.completion)
+            return result
 
         return Generation(front, ResponsesAnswer(run, base, finish, chat.timings_per_token), stream=req.stream)

@@ -35,7 +35,6 @@ import time
 from typing import Any, Awaitable, Callable
 
 import anyio
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -47,7 +46,7 @@ from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.answers import verbose_object
 from actord.frontends.http.openai.tools_wire import call_deltas
-from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response, llama_error_response
+from actord.frontends.http.responses import RouteGroup, error_object, json_response, llama_error_response
 from actord.frontends.http.streaming import DONE, Generation, sse
 
 
@@ -151,13 +150,7 @@ async def complete_prompts(system: Service, comps: list[CompletionRequest], n: i
 
 async def decode_body(front: Any, request: Request, typ: type) -> Any:
     """The request's body (bounded by the front) decoded as `typ`; a 400 names what is wrong."""
-    buf = await front.read_body(request)
-    try:
-        return msgspec.json.decode(buf, type=typ)
-    except msgspec.ValidationError as e:
-        raise HttpError(400, f"invalid request: {e}", "invalid_params") from None
-    except msgspec.DecodeError as e:
-        raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+    return await front.decode_json(request, typ)
 
 
 def request_mind(request: Request, req: Any) -> str | None:
