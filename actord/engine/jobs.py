@@ -474,6 +474,7 @@ class ChatTemplateInfo(msgspec.Struct, frozen=True):
     eos_text: str
     add_bos: bool
     bos: int
+    arch: str = ""  # general.architecture: which built-in template a model without its own gets
 
 
 class StateData(msgspec.Struct, frozen=True):

@@ -162,6 +162,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Each completion's answer carries `__verbose` (llama-server's --verbose): the prompt as
     # rendered, the generated text and the request's settings, for debugging a template.
     http_verbose: bool = False
+    # Request headers whose value names the request's mind when it names none itself (after
+    # X-Actord-Mind, before prompt_cache_key and user), through a digest as `user` does: e.g.
+    # "X-Correlation-ID,X-Session-Id", the session headers load tools (NVIDIA AIPerf) and
+    # agents send. Off by default: a header a proxy may add must not move requests between
+    # minds unless the operator says so. Each value may be a comma-separated list.
+    http_mind_headers: list[str] = []
     # Google Vertex AI's prediction protocol, read from the variables Vertex sets in a
     # container: with AIP_MODE=PREDICTION the front listens on AIP_HTTP_PORT, answers POST
     # AIP_PREDICT_ROUTE ({"instances": [...]}, each naming its route by "@requestFormat")
@@ -318,8 +324,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \
-                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags):
-            raise InvalidParams("model_alias, model_tags and cors_origin values must not be empty")
+                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags) \
+                or "" in split_names(self.http_mind_headers):
+            raise InvalidParams("model_alias, model_tags, cors_origin and http_mind_headers values must not be empty")
         if not 0 < self.aip_http_port < 65536:
             raise InvalidParams("aip_http_port (AIP_HTTP_PORT) is a TCP port", aip_http_port=self.aip_http_port)
         if self.http is not None:

@@ -128,6 +128,7 @@ class HttpFront:
         self.fingerprint = ""
         self.version = _version()
         self._developer: bool | None = None  # whether the chat template names the developer role
+        self._folds: Any = None  # what the chat template refuses (degraded.Folds), probed once
         self._socks: list[socket.socket] = []
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
@@ -147,6 +148,8 @@ class HttpFront:
             routes += Vertex(self).routes()
         self.app = Starlette(routes=routes, middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
+        # --http-mind-headers, lower-cased, where openai/routes.py's named_mind reads them
+        self.app.state.mind_headers = tuple(h.lower() for h in split_names(config.http_mind_headers))
 
     def routes(self) -> list[Route]:
         """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""
@@ -300,6 +303,15 @@ class HttpFront:
                 source = None  # the chat itself reports a template it cannot read
             self._developer = bool(source) and "developer" in source  # type: ignore[operator]
         return self._developer
+
+    async def template_folds(self) -> Any:
+        """What the chat template refuses, so a conversation is folded before it renders
+        (degraded.py): probed on the first chat that could need it, then kept."""
+        if self._folds is None:
+            from actord.frontends.http.degraded import probe_folds
+
+            self._folds = await probe_folds(self.service)
+        return self._folds
 
     async def model_chat_template(self) -> str | None:
         """The chat template the model ships (None: none)."""
