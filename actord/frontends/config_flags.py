@@ -31,6 +31,8 @@ LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
     "threads": ["-t"],
     "gene": ["--lora"],
     "model_alias": ["--alias"],
+    "cache_type_k": ["-ctk"],
+    "cache_type_v": ["-ctv"],
 }
 
 # Modes whose bare flag means "on" (`--flash-attn`, as llama-server's -fa).

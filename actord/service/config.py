@@ -16,6 +16,7 @@ from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 FLASH_ATTN_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 SPEC_MODES = ("", "off", "draft", "mtp")
+CACHE_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache's element types (llama-server's -ctk / -ctv)
 
 if TYPE_CHECKING:
     from actord.service.types import RequestLimits
@@ -104,6 +105,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     main_gpu: int = -1
+    # The KV cache's element types (llama-server's --cache-type-k / --cache-type-v): f16, q8_0
+    # (about half the bytes per token, so a page holds twice the minds) or q4_0 (about a
+    # quarter). A quantized V cache needs flash attention (not --flash-attn off). Pages and
+    # page files record the types; a file of other types is refused (PageDoesNotFit).
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     # Sampler chains that can run inside the decode's graph (greedy, top-k/top-p/min-p/
     # temperature/dist, logit bias; not grammar, penalties, logprobs, speculation) do, so a
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
@@ -290,6 +297,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.cache_type_k not in CACHE_TYPES or self.cache_type_v not in CACHE_TYPES:
+            raise InvalidParams(f"cache_type_k and cache_type_v are one of {', '.join(CACHE_TYPES)}",
+                                cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
+        if self.cache_type_v != "f16" and self.flash_attn == "off":
+            raise InvalidParams(f"a quantized V cache (cache_type_v {self.cache_type_v}) needs flash attention: "
+                                "not with --flash-attn off", cache_type_v=self.cache_type_v)
         if self.backend_sampling not in BACKEND_SAMPLING_MODES:
             raise InvalidParams(f"backend_sampling is one of {BACKEND_SAMPLING_MODES}",
                                 backend_sampling=self.backend_sampling)
