@@ -59,7 +59,7 @@ from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.bounds import Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, OriginGate
-from actord.frontends.http.dashboard import Dashboard
+from actord.frontends.http.dashboard import Dashboard, MindLabels
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
@@ -129,6 +129,7 @@ class HttpFront:
         self.version = _version()
         self._developer: bool | None = None  # whether the chat template names the developer role
         self._folds: Any = None  # what the chat template refuses (degraded.Folds), probed once
+        self.mind_labels = MindLabels()  # digest-named minds' names as clients gave them (dashboard.py)
         self._socks: list[socket.socket] = []
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
@@ -150,6 +151,7 @@ class HttpFront:
             HTTPException: self._http_exception, Exception: self._server_error})
         # --http-mind-headers, lower-cased, where openai/routes.py's named_mind reads them
         self.app.state.mind_headers = tuple(h.lower() for h in split_names(config.http_mind_headers))
+        self.app.state.mind_labels = self.mind_labels
 
     def routes(self) -> list[Route]:
         """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""

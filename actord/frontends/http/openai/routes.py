@@ -180,7 +180,11 @@ def named_mind(request: Request, key: str | None, user: str | None) -> str | Non
                            else ("u", "user", user) if user else ("", "", None))
     if not value:
         return None
-    return O.mind_for(kind, value)
+    mind = O.mind_for(kind, value)
+    labels = getattr(request.app.state, "mind_labels", None)  # the dashboard shows the name as given
+    if labels is not None:
+        labels.note(mind, source, value)
+    return mind
 
 
 def precheck(chat: ChatRequest, limits: Any) -> None:
