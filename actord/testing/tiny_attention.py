@@ -96,6 +96,8 @@ def write_tiny_swa(
     head_dim: int = 16,
     n_ff: int = 128,
     n_ctx_train: int = 4096,
+    chat_template: str | None = None,
+    output_gain: float = 4.0,
 ) -> Path:
     """Write a random f32 "gemma3" GGUF with sliding-window attention; return its path.
 
@@ -132,6 +134,8 @@ def write_tiny_swa(
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(window)
     _end_header(w)
+    if chat_template is not None:  # as write_tiny_llama's (and output_gain too)
+        w.add_chat_template(chat_template)
 
     # gemma scales the input embedding by sqrt(n_embd); keep the residual stream ~unit RMS.
     w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(f32))
@@ -149,4 +153,4 @@ def write_tiny_swa(
         w.add_tensor(p + "ffn_norm.weight", ones(n_embd))
         _add_ffn(w, p, mat, n_embd, n_ff)
         w.add_tensor(p + "post_ffw_norm.weight", ones(n_embd))
-    return _finish(w, path, _output_matrix(rng, n_vocab, n_embd, gain=4.0))
+    return _finish(w, path, _output_matrix(rng, n_vocab, n_embd, gain=output_gain))

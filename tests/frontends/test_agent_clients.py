@@ -6,11 +6,13 @@ ANTHROPIC_BASE_URL at a capture server) and Codex CLI 0.171.0 (`codex exec`, a c
 provider with wire_api=responses) sent, ids and the device digest zeroed, no key in them.
 Each was a 400 before issue 35 (a system message inside `messages`, a property without a
 type, a maxLength of 524,288; `include`, a `namespace` and a `web_search` tool); now each is a
-200 whose lesser parts are named in `X-Actord-Degraded`. The daemon runs the tiny model with
+200 whose lesser parts are named in `X-Actord-Degraded`. The daemon runs a tiny model with
 the Hermes tool template and a context large enough for the recordings' ~62k and ~35k
-tokens (the tiny vocab is about one token per byte), so these are slow tests (minutes on
-two cores). Its output projection is zero, so under the CLIs' temperature of 1 every token
-is equally likely and a reply ends by itself (EOS) after ~512 tokens, as a CLI's turn must;
+tokens (the tiny vocab is about one token per byte). Its two layers attend through a
+32-token sliding window (write_tiny_swa, --swa-full off), so a prompt's prefill is linear
+in its length: the Claude Code replay prefills in ~13 s here where full attention took
+~115 s. Its output projection is zero, so under the CLIs' temperature of 1 every token is
+equally likely and a reply ends by itself (EOS) after ~512 tokens, as a CLI's turn must;
 its `<tool_call>` marker is plain text (no control token), so no sampled reply is ever a
 whole tool call that a CLI would run.
 
@@ -30,7 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_llama
+from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_swa
 from tests.frontends.test_openai_http import KEY, _start, _stop
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -45,14 +47,14 @@ def recorded(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    model = write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-tools.gguf", seed=1, n_ctx_train=CTX,
-                             chat_template=HERMES_TOOL_TEMPLATE, output_gain=0.0)
+    model = write_tiny_swa(tmp_path_factory.mktemp("m") / "tiny-tools.gguf", seed=1, n_layer=2, window=32,
+                           n_ctx_train=CTX, chat_template=HERMES_TOOL_TEMPLATE, output_gain=0.0)
     # Two slots. Each CLI's run names a mind of its own (Claude Code's metadata.user_id and
     # Codex's prompt_cache_key carry its session id), so it prefills whole, as a new
     # session would. Codex names no max_output_tokens, and a reply must end by EOS
     # (P(none in 16384 tokens) ~ e^-32).
     proc, _, url = _start(str(model), tmp_path_factory.mktemp("d"), "--api-key", KEY, "--ctx", str(CTX * 2),
-                          "--batch", "2048", "--http-max-body-bytes", str(4 << 20),
+                          "--batch", "2048", "--swa-full", "off", "--http-max-body-bytes", str(4 << 20),
                           "--http-default-max-tokens", "16384")
     try:
         yield url

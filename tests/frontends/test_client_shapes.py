@@ -149,7 +149,7 @@ def test_the_degraded_header_is_ascii_bounded_and_absent_when_nothing_was_degrad
 
 
 def test_a_thought_is_answered_as_an_opaque_reasoning_item_first_whole_or_streamed():
-    from actord.frontends.http.openai.responses_api import Events, output_items
+    from actord.frontends.http.openai.responses_events import Events, output_items
 
     msg = ChatMessage(role="assistant", content="hi", reasoning_content="let me think")
     items = output_items(msg, False, sealed=True)
