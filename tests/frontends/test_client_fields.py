@@ -131,3 +131,64 @@ async def test_a_named_tool_choice_gives_exactly_one_call_on_every_api(tools_fro
         tools=[{"name": "get_weather", "input_schema": WEATHER}], tool_choice={"type": "tool", "name": "get_weather"},
         extra_body={"temperature": 0})
     assert [b.type for b in msg.content] == ["tool_use"] and msg.stop_reason == "tool_use"
+
+
+# -- strict templates: conversations folded, on the tiny model with Gemma 3's template --------
+
+
+@pytest.fixture(scope="module")
+def gemma_front(tmp_path_factory):
+    from actord.testing.models import GEMMA3_CHAT_TEMPLATE, write_tiny_llama
+    from tests.frontends.test_openai_http import _start, _stop
+
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-gemma.gguf", seed=1,
+                                 chat_template=GEMMA3_CHAT_TEMPLATE))
+    proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY)
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=60)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_system_messages_anywhere_and_same_role_runs_are_folded_where_gemmas_template_refuses_them(gemma_front):
+    chat = _post(gemma_front, "/v1/chat/completions", {"max_tokens": 2, "messages": [
+        {"role": "system", "content": "s1"}, {"role": "developer", "content": "d1"},
+        {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
+        {"role": "system", "content": "s2"}, {"role": "user", "content": "u2"}, {"role": "user", "content": "u3"}]})
+    assert chat.status_code == 200, chat.text
+    assert chat.headers["x-actord-degraded"] == (
+        "messages: 2 system message(s) merged into the first (the template takes one, first); "
+        "messages: 1 message(s) merged into the one before, of the same role (the template takes alternating roles)")
+    codex = _post(gemma_front, "/v1/responses", {"max_output_tokens": 2, "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d1"}]},
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d2"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "env"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi"}]}]})
+    assert codex.status_code == 200, codex.text
+    assert "merged" in codex.headers["x-actord-degraded"]
+    claude = _post(gemma_front, "/v1/messages", {"max_tokens": 2, "system": "s", "messages": [
+        {"role": "user", "content": "u"}, {"role": "system", "content": "mid-conversation"}]})
+    assert claude.status_code == 200, claude.text
+    assert "1 system message(s) merged" in claude.headers["x-actord-degraded"]
+    alternating = _post(gemma_front, "/v1/chat/completions", {"max_tokens": 2, "messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+    assert alternating.status_code == 200 and "x-actord-degraded" not in alternating.headers
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_forced_tool_with_the_same_schema_as_text_format_is_one_call_and_says_the_format_was_dropped(
+        tools_front):
+    # instructor's RESPONSES_TOOLS mode: a forced call and text.format with the call's schema.
+    r = _post(tools_front, "/v1/responses", {
+        "model": "m", "input": "weather in Paris", "max_output_tokens": 200, "temperature": 0,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "text": {"format": {"type": "json_schema", "name": "get_weather", "schema": WEATHER}}})
+    assert r.status_code == 200, r.text
+    assert [o["type"] for o in r.json()["output"]] == ["function_call"]
+    assert r.headers["x-actord-degraded"] == "text.format dropped: a forced tool call's grammar holds the output"

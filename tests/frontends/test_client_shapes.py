@@ -167,3 +167,12 @@ def test_a_thought_is_answered_as_an_opaque_reasoning_item_first_whole_or_stream
     assert X.unseal(done[0]["encrypted_content"]) == "let me think" and ev.output[0] is not ev.output[1]
     assert [e["type"] for e in events].index("response.output_item.added") < \
         [e["type"] for e in events].index("response.output_text.delta")
+
+
+def test_a_custom_freeform_tool_is_dropped_by_name():
+    degraded = Degraded()
+    tools = X.flat_tools([{"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+                          {"type": "function", "name": "f"}], degraded)
+    assert [t["name"] for t in tools] == ["f"]
+    assert degraded.notes == ["tools[0]: custom tool 'apply_patch' dropped: only function tools (JSON arguments) "
+                              "are called here"]

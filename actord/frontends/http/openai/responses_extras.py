@@ -9,8 +9,9 @@ note every lesser answer in the request's `Degraded` (actord/frontends/http/degr
 
 - `flat_tools`: a namespace's function tools join the list under their own names (a name
   that is already taken is dropped); hosted tools (`web_search`, `file_search`,
-  `code_interpreter`, `image_generation`, `computer_use_preview`, `local_shell`, `mcp`,
-  `custom`, ...) are dropped: a local server runs none of them.
+  `code_interpreter`, `image_generation`, `computer_use_preview`, `local_shell`, `mcp`, ...)
+  are dropped: a local server runs none of them; so are `custom` (freeform) tools, whose
+  input is not JSON arguments.
 - `include`: `reasoning.encrypted_content` is honoured (the reasoning comes back as an
   opaque item, `reasoning_item`); other values are dropped and noted.
 - The opaque reasoning is the thought's own text, base64-encoded behind a version prefix:
@@ -60,6 +61,9 @@ def flat_tools(v: Any, degraded: Any) -> Any:
                 else:
                     k = u.get("type") if isinstance(u, dict) else type(u).__name__
                     degraded.add(f"tools[{i}].tools[{j}]: {str(k)[:40]!r} tool dropped: only functions run here")
+        elif kind == "custom":  # a freeform tool (a grammar or plain text input), not a JSON one
+            degraded.add(f"tools[{i}]: custom tool {str(t.get('name'))[:40]!r} dropped: only function tools "
+                         "(JSON arguments) are called here")
         elif isinstance(t, dict) and isinstance(kind, str) and kind != "function":
             degraded.add(f"tools[{i}]: hosted tool {kind[:40]!r} dropped: this server runs none")
         else:
