@@ -39,16 +39,15 @@ LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
 _MODES = {"swa_full": SWA_FULL_MODES, "flash_attn": FLASH_ATTN_MODES, "backend_sampling": BACKEND_SAMPLING_MODES}
 
 
-def flag_help(name: str) -> str:
-    """A flag's help: why the field exists (its comment in config.py), its default and unit
-    (config_help.py, which the generated configuration reference reads too)."""
+def flag_help(f: msgspec.structs.FieldInfo) -> str:
+    """A Config field's flag help: why the field exists (its comment in config.py), its
+    default and unit (config_help.py, which the generated configuration reference reads too)."""
     from actord.frontends.config_help import field_comments, show_default, unit
 
-    f = next(x for x in msgspec.structs.fields(Config) if x.name == name)
-    why = field_comments()[0].get(name, "")
-    default = "required" if f.required else show_default(name, f.default if f.default is not msgspec.NODEFAULT
+    why = field_comments()[0].get(f.name, "")
+    default = "required" if f.required else show_default(f.name, f.default if f.default is not msgspec.NODEFAULT
                                                          else f.default_factory())
-    return f"{why} [default: {default}; {unit(name, f.type)}]".lstrip().replace("%", "%%")
+    return f"{why} [default: {default}; {unit(f.name, f.type)}]".lstrip().replace("%", "%%")
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -57,7 +56,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     for f in msgspec.structs.fields(Config):
         flag = ["--" + f.name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(f.name, [])]
         typ = f.type
-        kw = {"dest": f.name, "default": None, "help": flag_help(f.name)}
+        kw = {"dest": f.name, "default": None, "help": flag_help(f)}
         if f.name in _MODES:
             p.add_argument(*flag, nargs="?", const="on", choices=_MODES[f.name], **kw)
         elif typ is bool:

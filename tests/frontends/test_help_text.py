@@ -28,7 +28,7 @@ def test_every_serve_flag_says_why_its_default_and_its_unit():
     _, serve = build_parser()
     helps = {a.dest: a.help for a in serve._actions}
     for f in msgspec.structs.fields(Config):
-        assert helps[f.name] == flag_help(f.name)
+        assert helps[f.name] == flag_help(f)
         assert re.search(r"\[default: .+; .+\]$", helps[f.name]), f.name
         if why.get(f.name):
             assert helps[f.name].startswith(why[f.name].replace("%", "%%")[:40]), f.name
