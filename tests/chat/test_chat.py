@@ -85,7 +85,7 @@ async def test_a_model_without_a_template_chats_in_chatml_said_once_and_a_named_
 
 
 def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_path):
-    sock, _ = daemon
+    sock, proc = daemon
     msgs = json.dumps([{"role": "user", "content": "hello"}])
     base = [PY, "-m", "actord.frontends.cli", "--socket", str(sock), "chat", "-n", "4"]
     plain = subprocess.run(base, input=msgs, capture_output=True, text=True, timeout=60)  # chatml: no template of its own
@@ -100,6 +100,10 @@ def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_
     streamed = subprocess.run([*base, str(f), "--template", str(tpl), "--stream"], capture_output=True, text=True,
                               timeout=60)
     assert streamed.returncode == 0 and streamed.stdout.startswith(out["message"]["content"])
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    warned = [line for line in err.decode().splitlines() if "chat.builtin_template" in line]
+    assert len(warned) == 1 and "template=chatml" in warned[0]  # said once, at start, for every chat after
 
 
 @pytest.mark.real_model
