@@ -176,3 +176,14 @@ def test_a_custom_freeform_tool_is_dropped_by_name():
     assert [t["name"] for t in tools] == ["f"]
     assert degraded.notes == ["tools[0]: custom tool 'apply_patch' dropped: only function tools (JSON arguments) "
                               "are called here"]
+
+
+def test_a_service_that_renders_no_templates_folds_nothing():
+    import anyio
+
+    from actord.frontends.http.degraded import probe_folds
+
+    class Router:  # the cluster's front: its nodes render the templates
+        pass
+
+    assert anyio.run(probe_folds, Router()) == Folds()

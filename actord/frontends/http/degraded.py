@@ -119,8 +119,12 @@ class Folds(msgspec.Struct, frozen=True):
 async def probe_folds(service: Any) -> Folds:
     """Render three small conversations with the model's template and note which it refuses.
     A template that cannot render at all (none, or broken) folds nothing: the turn itself
-    reports that."""
+    reports that; nor does a service that renders no templates here (the cluster's router,
+    whose nodes render)."""
     from actord.service.errors import ChatTemplateError
+
+    if not hasattr(service, "apply_template"):
+        return Folds()
 
     def m(role: str, text: str) -> ChatMessage:
         return ChatMessage(role=role, content=text)
