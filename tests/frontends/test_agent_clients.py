@@ -8,7 +8,9 @@ Each was a 400 before issue 35 (a system message inside `messages`, a property w
 type, a maxLength of 524,288; `include`, a `namespace` and a `web_search` tool); now each is a
 200 whose lesser parts are named in `X-Actord-Degraded`. The daemon runs a tiny model with
 the Hermes tool template and a context large enough for the recordings' ~62k and ~35k
-tokens (the tiny vocab is about one token per byte). Its two layers attend through a
+tokens (the tiny vocab is about one token per byte); the replays run again on the same
+model with Gemma 3's template, which refuses their system messages and same-role runs
+unless they are folded. Its two layers attend through a
 32-token sliding window (write_tiny_swa, --swa-full off), so a prompt's prefill is linear
 in its length: the Claude Code replay prefills in ~13 s here where full attention took
 ~115 s. Its output projection is zero, so under the CLIs' temperature of 1 every token is
@@ -32,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_swa
+from actord.testing.models import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, write_tiny_swa
 from tests.frontends.test_openai_http import KEY, _start, _stop
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -45,10 +47,9 @@ def recorded(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.fixture(scope="module")
-def front(tmp_path_factory):
+def _daemon(tmp_path_factory, template: str):
     model = write_tiny_swa(tmp_path_factory.mktemp("m") / "tiny-tools.gguf", seed=1, n_layer=2, window=32,
-                           n_ctx_train=CTX, chat_template=HERMES_TOOL_TEMPLATE, output_gain=0.0)
+                           n_ctx_train=CTX, chat_template=template, output_gain=0.0)
     # Two slots. Each CLI's run names a mind of its own (Claude Code's metadata.user_id and
     # Codex's prompt_cache_key carry its session id), so it prefills whole, as a new
     # session would. Codex names no max_output_tokens, and a reply must end by EOS
@@ -62,6 +63,21 @@ def front(tmp_path_factory):
         _stop(proc)
 
 
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    yield from _daemon(tmp_path_factory, HERMES_TOOL_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def gemma_front(tmp_path_factory):
+    """The same model with Gemma 3's template, which refuses a second system message and
+    two messages of one role in a row (and knows no tools: actord's generic tool format)."""
+    yield from _daemon(tmp_path_factory, GEMMA3_CHAT_TEMPLATE)
+
+
+FRONTS = pytest.mark.parametrize("which", ["front", "gemma_front"])
+
+
 def _events(text: str) -> list[dict]:
     out = []
     for block in text.split("\n\n"):
@@ -72,7 +88,9 @@ def _events(text: str) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-def test_claude_codes_recorded_first_request_gets_a_whole_stream_and_names_what_it_relaxed(front):
+@FRONTS
+def test_claude_codes_recorded_first_request_gets_a_whole_stream_and_names_what_it_relaxed(which, request):
+    front = request.getfixturevalue(which)
     rec = recorded(CLAUDE)
     body = {**rec["body"], "max_tokens": 8}
     assert any(m["role"] == "system" for m in body["messages"])  # what used to be the first 400
@@ -86,10 +104,13 @@ def test_claude_codes_recorded_first_request_gets_a_whole_stream_and_names_what_
     degraded = r.headers["x-actord-degraded"]
     assert "Workflow).script: maxLength 524288 dropped" in degraded
     assert "Workflow).args: no type, any JSON value" in degraded
+    assert ("1 system message(s) merged into the first" in degraded) == (which == "gemma_front")
 
 
 @pytest.mark.timeout(900)
-def test_codexs_recorded_first_request_is_answered_and_names_the_tools_it_dropped(front):
+@FRONTS
+def test_codexs_recorded_first_request_is_answered_and_names_the_tools_it_dropped(which, request):
+    front = request.getfixturevalue(which)
     rec = recorded(CODEX)
     body = {**rec["body"], "max_output_tokens": 8}
     assert body["include"] == ["reasoning.encrypted_content"]
@@ -103,6 +124,8 @@ def test_codexs_recorded_first_request_is_answered_and_names_the_tools_it_droppe
     degraded = r.headers["x-actord-degraded"]
     assert "namespace 'multi_agent_v1' flattened into its 5 tools" in degraded
     assert "hosted tool 'web_search' dropped" in degraded
+    # Its two developer items (system, to Gemma's template) and two user items, merged for Gemma only.
+    assert ("1 message(s) merged into the one before, of the same role" in degraded) == (which == "gemma_front")
 
 
 def _cli(name: str) -> str:
