@@ -3,7 +3,8 @@ replayed, and each CLI run once for real where it is installed.
 
 The recordings (tests/frontends/recorded/) are the bodies Claude Code 2.1.197 (`claude -p`,
 ANTHROPIC_BASE_URL at a capture server) and Codex CLI 0.171.0 (`codex exec`, a custom
-provider with wire_api=responses) sent, ids and the device digest zeroed, no key in them.
+provider with wire_api=responses) sent, ids and the device digest zeroed, no key in them;
+and each one's second request, after a capture server answered the first with a tool call.
 Each was a 400 before issue 35 (a system message inside `messages`, a property without a
 type, a maxLength of 524,288; `include`, a `namespace` and a `web_search` tool); now each is a
 200 whose lesser parts are named in `X-Actord-Degraded`. The daemon runs a tiny model with
@@ -40,6 +41,11 @@ from tests.frontends.test_openai_http import KEY, _start, _stop
 RECORDED = Path(__file__).parent / "recorded"
 CLAUDE = RECORDED / "claude_code_2.1.197_first.json"
 CODEX = RECORDED / "codex_0.171.0_first.json"
+# Each CLI's second request, after the capture server's first answer called a tool: Claude
+# Code's carries the tool_use and its tool_result; Codex's a reasoning item (the capture
+# server's, not ours: dropped), the exec_command call and its output.
+CLAUDE_2 = RECORDED / "claude_code_2.1.197_second.json"
+CODEX_2 = RECORDED / "codex_0.171.0_second.json"
 CTX = 262144
 
 
@@ -126,6 +132,27 @@ def test_codexs_recorded_first_request_is_answered_and_names_the_tools_it_droppe
     assert "hosted tool 'web_search' dropped" in degraded
     # Its two developer items (system, to Gemma's template) and two user items, merged for Gemma only.
     assert ("1 message(s) merged into the one before, of the same role" in degraded) == (which == "gemma_front")
+
+
+@pytest.mark.timeout(900)
+@FRONTS
+def test_each_clis_recorded_second_request_with_its_tool_round_trip_is_answered(which, request):
+    front = request.getfixturevalue(which)
+    claude = recorded(CLAUDE_2)
+    assert [m["role"] for m in claude["body"]["messages"]] == ["user", "system", "assistant", "user"]
+    r = httpx.post(front + claude["path"], json={**claude["body"], "max_tokens": 8, "stream": False}, timeout=900,
+                   headers={"x-api-key": KEY, "anthropic-version": claude["headers"]["anthropic-version"]})
+    assert r.status_code == 200, r.text[:500]
+    assert r.json()["type"] == "message" and r.json()["content"]
+    assert r.json()["usage"]["input_tokens"] + r.json()["usage"]["cache_read_input_tokens"] > 10000
+    codex = recorded(CODEX_2)
+    assert [i.get("type") for i in codex["body"]["input"][-3:]] == ["reasoning", "function_call", "function_call_output"]
+    r = httpx.post(front + codex["path"], json={**codex["body"], "max_output_tokens": 8, "stream": False},
+                   headers={"authorization": f"Bearer {KEY}"}, timeout=900)
+    assert r.status_code == 200, r.text[:500]
+    assert r.json()["output"] and r.json()["status"] in ("completed", "incomplete")
+    assert "input[4]: reasoning item dropped: its encrypted_content is not this server's" in \
+        r.headers["x-actord-degraded"]
 
 
 def _cli(name: str) -> str:
