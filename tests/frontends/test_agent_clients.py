@@ -4,7 +4,8 @@ replayed, and each CLI run once for real where it is installed.
 The recordings (tests/frontends/recorded/) are the bodies Claude Code 2.1.197 (`claude -p`,
 ANTHROPIC_BASE_URL at a capture server) and Codex CLI 0.171.0 (`codex exec`, a custom
 provider with wire_api=responses) sent, ids and the device digest zeroed, no key in them;
-and each one's second request, after a capture server answered the first with a tool call.
+and each one's second request, after the capture server answered the first with a tool
+call (scripts/capture_clients.py, which says how to record them again).
 Each was a 400 before issue 35 (a system message inside `messages`, a property without a
 type, a maxLength of 524,288; `include`, a `namespace` and a `web_search` tool); now each is a
 200 whose lesser parts are named in `X-Actord-Degraded`. The daemon runs a tiny model with
