@@ -178,6 +178,9 @@ async def test_system_messages_anywhere_and_same_role_runs_are_folded_where_gemm
     alternating = _post(gemma_front, "/v1/chat/completions", {"max_tokens": 2, "messages": [
         {"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
     assert alternating.status_code == 200 and "x-actord-degraded" not in alternating.headers
+    refused = _post(gemma_front, "/v1/chat/completions", {"max_tokens": 2, "messages": [
+        {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}]})  # no fold makes it start with a user
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages", refused.text
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
