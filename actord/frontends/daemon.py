@@ -97,6 +97,13 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
         start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
     server.system = system
     system.memory_sources.add("connection_buffers", server.held_bytes)
+    if not (config.chat_template or config.chat_template_file or config.trace):
+        # A model without a template of its own chats in a built-in one: warned now, at start,
+        # not at the first chat. Not in a traced run: the read is an engine job no recorded
+        # input explains (the replay would diverge there); the first chat warns instead.
+        from actord.chat.turn import template_info
+
+        await template_info(system)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
         if front is not None:
             front.attach(system)

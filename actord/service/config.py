@@ -16,6 +16,7 @@ from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 FLASH_ATTN_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 SPEC_MODES = ("", "off", "draft", "mtp")
+CACHE_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache's element types (llama-server's -ctk / -ctv)
 
 if TYPE_CHECKING:
     from actord.service.types import RequestLimits
@@ -111,6 +112,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     main_gpu: int = -1
+    # The KV cache's element types (llama-server's --cache-type-k / --cache-type-v): f16, q8_0
+    # (about half the bytes per token, so a page holds twice the minds) or q4_0 (about a
+    # quarter). A quantized V cache needs flash attention (not --flash-attn off). Pages and
+    # page files record the types; a file of other types is refused (PageDoesNotFit).
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     # Sampler chains that can run inside the decode's graph (greedy, top-k/top-p/min-p/
     # temperature/dist, logit bias; not grammar, penalties, logprobs, speculation) do, so a
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
@@ -208,6 +215,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Each completion's answer carries `__verbose` (llama-server's --verbose): the prompt as
     # rendered, the generated text and the request's settings, for debugging a template.
     http_verbose: bool = False
+    # Request headers whose value names the request's mind when it names none itself (after
+    # X-Actord-Mind, before prompt_cache_key and user), through a digest as `user` does: e.g.
+    # "X-Correlation-ID,X-Session-Id", the session headers load tools (NVIDIA AIPerf) and
+    # agents send. Off by default: a header a proxy may add must not move requests between
+    # minds unless the operator says so. Each value may be a comma-separated list.
+    http_mind_headers: list[str] = []
     # Google Vertex AI's prediction protocol, read from the variables Vertex sets in a
     # container: with AIP_MODE=PREDICTION the front listens on AIP_HTTP_PORT, answers POST
     # AIP_PREDICT_ROUTE ({"instances": [...]}, each naming its route by "@requestFormat")
@@ -339,6 +352,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.cache_type_k not in CACHE_TYPES or self.cache_type_v not in CACHE_TYPES:
+            raise InvalidParams(f"cache_type_k and cache_type_v are one of {', '.join(CACHE_TYPES)}",
+                                cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
+        if self.cache_type_v != "f16" and self.flash_attn == "off":
+            raise InvalidParams(f"a quantized V cache (cache_type_v {self.cache_type_v}) needs flash attention: "
+                                "not with --flash-attn off", cache_type_v=self.cache_type_v)
         if self.backend_sampling not in BACKEND_SAMPLING_MODES:
             raise InvalidParams(f"backend_sampling is one of {BACKEND_SAMPLING_MODES}",
                                 backend_sampling=self.backend_sampling)
@@ -391,8 +410,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \
-                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags):
-            raise InvalidParams("model_alias, model_tags and cors_origin values must not be empty")
+                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags) \
+                or "" in split_names(self.http_mind_headers):
+            raise InvalidParams("model_alias, model_tags, cors_origin and http_mind_headers values must not be empty")
         if not 0 < self.aip_http_port < 65536:
             raise InvalidParams("aip_http_port (AIP_HTTP_PORT) is a TCP port", aip_http_port=self.aip_http_port)
         if self.http is not None:

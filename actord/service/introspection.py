@@ -112,7 +112,8 @@ async def memory(system: "ActorSystem") -> "MemoryView":
     minds = [MindView(name=s.mind, tier="slot", n_tokens=s.n_tokens, slot=s.id,
                       n_bytes=props.recurrent_state_bytes + s.n_tokens * props.kv_bytes_per_token)
              for s in slots if s.mind is not None]
-    minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens) for p in pages]
+    minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens,
+                       base=p.base if p.base >= 0 else None, n_base=p.n_base, base_bytes=p.base_bytes) for p in pages]
     root = system.files.root
 
     def files() -> list[tuple[str, int, float]]:

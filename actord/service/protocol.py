@@ -67,6 +67,11 @@ class MindView(msgspec.Struct, frozen=True):
     n_tokens: int | None = None  # None: a page file's, not read (its header would be a disk read per poll)
     slot: int | None = None
     mtime: float | None = None  # a page file's last write (wall clock)
+    # A RAM page on a shared prefix (serving/page_bases.py): its base's generation, tokens
+    # and bytes (held once for every page on it).
+    base: int | None = None
+    n_base: int = 0
+    base_bytes: int = 0
 
 
 class BudgetView(msgspec.Struct, frozen=True):

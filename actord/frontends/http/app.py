@@ -65,7 +65,7 @@ from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
 from actord.frontends.http.bounds import ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
-from actord.frontends.http.dashboard import Dashboard
+from actord.frontends.http.dashboard import Dashboard, MindLabels
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
@@ -138,6 +138,8 @@ class HttpFront:
         self.fingerprint = ""
         self.version = _version()
         self._developer: bool | None = None  # whether the chat template names the developer role
+        self._folds: Any = None  # what the chat template refuses (degraded.Folds), probed once
+        self.mind_labels = MindLabels()  # digest-named minds' names as clients gave them (dashboard.py)
         self._socks: list[socket.socket] = []
         self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
         self.generations: collections.Counter[str] = collections.Counter()  # in flight, by client address
@@ -164,6 +166,9 @@ class HttpFront:
             routes += Vertex(self).routes()
         self.app = Starlette(routes=routes, middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
+        # --http-mind-headers, lower-cased, where openai/routes.py's named_mind reads them
+        self.app.state.mind_headers = tuple(h.lower() for h in split_names(config.http_mind_headers))
+        self.app.state.mind_labels = self.mind_labels
 
     def routes(self) -> list[Route]:
         """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""
@@ -356,6 +361,15 @@ class HttpFront:
                 source = None  # the chat itself reports a template it cannot read
             self._developer = bool(source) and "developer" in source  # type: ignore[operator]
         return self._developer
+
+    async def template_folds(self) -> Any:
+        """What the chat template refuses, so a conversation is folded before it renders
+        (degraded.py): probed on the first chat that could need it, then kept."""
+        if self._folds is None:
+            from actord.frontends.http.degraded import probe_folds
+
+            self._folds = await probe_folds(self.service)
+        return self._folds
 
     async def model_chat_template(self) -> str | None:
         """The chat template the model ships (None: none)."""

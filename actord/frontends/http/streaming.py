@@ -118,8 +118,10 @@ class Answer(Protocol):
 class Generation(Response):
     """Runs one generation in the response, so a disconnect can cancel it."""
 
-    def __init__(self, front: Any, answer: Answer, *, stream: bool) -> None:
+    def __init__(self, front: Any, answer: Answer, *, stream: bool,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.front, self.answer, self.stream = front, answer, stream
+        self.extra = headers or []  # on the answer, not on an error (degraded.py's X-Actord-Degraded)
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -179,6 +181,7 @@ class Generation(Response):
             response = self._error(outcome["error"])
         elif "result" in outcome:
             response = json_response(outcome["result"])
+            response.raw_headers.extend(self.extra)
         else:
             return  # the client went away: nothing to answer
         await response(scope, receive, send)
@@ -236,7 +239,7 @@ class Generation(Response):
                             finished = True
                             await self._error(events[0].error)(scope, receive, send)
                             break
-                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + self.extra})
                         started = True
                         first = answer.first()
                         if first is not None:
