@@ -150,6 +150,52 @@ def publish_generation(root: Path, name: str, image: PageImage, fs: OsFs) -> Pub
     return PublishStats(n_bytes=total, files=files, t_ms=t_ms)
 
 
+def remove_generation(root: Path, name: str, fs: OsFs) -> int:
+    """Remove page file `name`'s generation, whole or not at all; the bytes it held (0: none).
+
+    A removal is a publication of nothing: its commit record moves no file in and every
+    file of the generation away into the stage (never deleted in place), so a crash at any
+    point leaves the old generation whole (before the record) or rolls the removal forward
+    at the next read (after it), exactly as a publication does."""
+    dests = {sfx: confine(root, name + sfx) for sfx in SUFFIXES}
+    base = Path(root).resolve()
+    held = sum(st.st_size for st in (fs.stat(d) for d in dests.values()) if st is not None)
+    if not held:
+        return 0
+    stage_id = f"{fs.getpid()}-{uuid.uuid4().hex[:16]}"
+    stage = base / f"{STAGE_PREFIX}{stage_id}"
+    record = CommitRecord(version=RECORD_VERSION, stage=stage.name, gen_id=uuid.uuid4().hex, moves=[],
+                          away=[str(d.relative_to(base)) for d in dests.values()])
+    stage_lock = _open_stage(base, stage, fs)
+    committed = False
+    try:
+        fs.write_file(stage / STAGED_RECORD, [_REC_ENC.encode(record)])
+        fs.dirsync(stage)
+        with _folder_lock(base, fs):
+            recover(base, fs)
+            rec_path = base / f"{RECORD_PREFIX}{stage_id}{RECORD_SUFFIX}"
+            fs.rename(stage / STAGED_RECORD, rec_path)
+            try:
+                fs.dirsync(base)
+            except StorageError:
+                committed = not _take_back(rec_path, fs)
+                raise
+            committed = True
+            fs.step("removal_placed")
+            _apply(base, rec_path, record, fs)
+    except Exception as e:
+        if committed:
+            msg = e.message if isinstance(e, ActordError) else str(e)
+            raise StorageError(f"removal of page file {name} committed but not finished ({msg}); the next read "
+                               "completes it", file=name, committed=True) from e
+        _discard(stage, fs, e)
+        raise
+    finally:
+        stage_lock.release()
+    log.debug("page_file.removed", file=name, n_bytes=held)
+    return held
+
+
 def _open_stage(base: Path, stage: Path, fs: OsFs) -> FileLock:
     """Create the stage and lock it, both under the folder lock (no reader can see it
     created but not yet locked, and take it for an orphan)."""
@@ -242,6 +288,13 @@ def _apply(base: Path, rec_path: Path, record: CommitRecord, fs: OsFs) -> None:
 
 
 # ---- recover and read --------------------------------------------------------------------
+
+
+def recover_folder(root: Path, fs: OsFs) -> None:
+    """`recover` under the folder lock: at start, before the folder is indexed."""
+    base = Path(root).resolve()
+    with _folder_lock(base, fs):
+        recover(base, fs)
 
 
 def recover(base: Path, fs: OsFs) -> None:
