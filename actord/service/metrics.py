@@ -123,6 +123,9 @@ class Metrics:
         self.page_unpersisted_age_seconds = Gauge(
             "page_unpersisted_age_seconds", "Age of the oldest change to a mind not yet in its page file "
             "(what a kill -9 would lose at most; 0: everything persisted)", registry=r)
+        self.minds_unpersisted = Gauge(
+            "minds_unpersisted", "Minds (RAM pages, idle or busy slots) whose state is not yet in their page file, "
+            "as the last write-behind pass found them", registry=r)
         self.minds_not_persisted_total = Counter(
             "minds_not_persisted", "Minds a graceful stop could not write to their page files (logged by name)",
             registry=r)

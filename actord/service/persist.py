@@ -152,6 +152,7 @@ class Persister:
         times = [t for _, t in self.seen.values()]
         times += [t for s, (k, t) in self.slot_seen.items() if self.slot_done.get(s) != k]
         self.metrics.page_unpersisted_age_seconds.set(now - min(times) if times else 0.0)
+        self.metrics.minds_unpersisted.set(len(times))
 
     # -- a graceful stop ---------------------------------------------------------------
 

@@ -76,6 +76,7 @@ class ActorSystem:
     # The mind placer's class: a host may give a subclass with more verbs (the cluster's
     # node daemon does, actord/cluster/placer.py); the builder makes it as this one.
     placer_class: type[MindPlacer] = MindPlacer
+    stop_requested: anyio.Event | None = None  # set by the `stop` verb (made at start); the daemon waits on it
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None,
                  dispatcher: Dispatcher | None = None, trace: Any = None, http_address: str | None = None) -> None:
@@ -108,7 +109,6 @@ class ActorSystem:
         self.memory_sources = memory.MemorySources()  # bytes the fronts hold, read by memory_report
         self._persister: Persister | None = None
         self._persisted = False
-        self.stop_requested: anyio.Event | None = None  # set by the `stop` verb; the daemon waits on it
 
     # -- what start built (typed; reading one before the start is a bug) ---------------
 

@@ -19,6 +19,7 @@ import contextlib
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
+import msgspec
 
 from actord.service.errors import ActordError, PageDiskExceeded
 from actord.service.log import get
@@ -29,19 +30,23 @@ from actord.storage.paths import confine_file
 from actord.storage.publish import PublishStats, publish_generation, read_generation, recover_folder, remove_generation
 
 log = get("actord.storage")
+_META_ENC = msgspec.msgpack.Encoder()
 
-# What a generation adds to its state, checkpoint and draft bytes (headers, tokens are
-# counted apart, meta): the budget admits a publication by this estimate before it is
-# encoded, then charges its true size.
-_OVERHEAD = 4096
+# What a generation's files add to its state, checkpoint and draft bytes: four containers'
+# headers, the sections' table, the gene list, the meta. The budget admits a publication by
+# this estimate (an upper bound within a few hundred bytes) before it is encoded on its
+# worker thread, then charges its true size.
+_OVERHEAD = 512
 
 
 def image_bytes(image: PageImage) -> int:
     def n(b: Any) -> int:
         return 0 if b is None else memoryview(b).nbytes
 
-    return (n(image.state) + n(image.base) + n(image.draft) + 4 * len(image.tokens)
-            + sum(n(c.data) + 8 for c in image.checkpoints) + _OVERHEAD)
+    meta = len(_META_ENC.encode(image.meta)) if image.meta else 0
+    return (n(image.state) + n(image.base) + n(image.draft) + 4 * len(image.tokens) + meta
+            + sum(n(c.data) + 20 for c in image.checkpoints) + 64 * len(image.genes)
+            + 16 * len(image.divergences) + _OVERHEAD)
 
 
 class PageFiles:
