@@ -3,7 +3,7 @@
 Why: a daemon of 10,000 minds must start serving within seconds without reading the bodies
 of 10,000 page files, answer "which minds live on disk" without listing the folder at every
 call, and keep a disk budget (`--page-disk-bytes`) that evicts the least recently used file
-first. One scan at start (names and sizes: a `listdir` and a `stat` per file, on a worker
+first. One scan at start (names and sizes: one `scandir` per folder, on a worker
 thread, after the publications a crash cut short are rolled forward) fills it; from then on
 the daemon's own publications, reads and removals keep it, on the event loop, so it is never
 read and written from two threads.
@@ -34,28 +34,24 @@ _SIDECARS = tuple(s for s in SUFFIXES if s)
 
 def scan(root: Path, fs: OsFs) -> list[tuple[str, int, int]]:
     """(name relative to root, bytes of its generation, mtime ns of its main file) for every
-    page file under `root`, oldest first. Worker-thread work: a listdir per folder and a stat
-    per file; no file is opened."""
+    page file under `root`, oldest first. Worker-thread work: a scandir per folder (a stat
+    per entry); no file is opened."""
     mains: dict[str, list[int]] = {}
     sidecars: dict[str, int] = {}
 
     def walk(folder: Path, prefix: str, depth: int) -> None:
-        for n in fs.listdir(folder):
+        for n, mode, size, mtime in fs.scan(folder):
             if n.startswith(RESERVED_PREFIX) or n == LOCK_NAME:
                 continue
-            st = fs.stat(folder / n)
-            if st is None:
-                continue  # removed meanwhile
             rel = prefix + n
-            if stat.S_ISDIR(st.st_mode):
+            if stat.S_ISDIR(mode):
                 if depth + 1 < MAX_DEPTH:
                     walk(folder / n, rel + "/", depth + 1)
-            elif stat.S_ISREG(st.st_mode):
-                sfx = next((s for s in _SIDECARS if n.endswith(s)), None)
-                if sfx is not None:
-                    sidecars[rel] = st.st_size
+            elif stat.S_ISREG(mode):
+                if n.endswith(_SIDECARS):
+                    sidecars[rel] = size
                 else:
-                    mains[rel] = [st.st_size, st.st_mtime_ns]
+                    mains[rel] = [size, mtime]
 
     if fs.stat(root) is not None:
         walk(root, "", 0)
