@@ -71,6 +71,23 @@ class FileLock:
         if fd is not None:
             os.close(fd)  # closing the descriptor drops the flock
 
+    def count(self) -> int:
+        """The number the lock file holds (0: none yet): publishers count their holds of
+        the page folder's lock in it (storage/publish.py `_locked`)."""
+        assert self._fd is not None
+        try:
+            raw = os.pread(self._fd, 8, 0)
+        except OSError as e:
+            raise _error("read", self.path, e) from e
+        return int.from_bytes(raw, "little") if len(raw) == 8 else 0
+
+    def set_count(self, n: int) -> None:
+        assert self._fd is not None
+        try:
+            os.pwrite(self._fd, n.to_bytes(8, "little"), 0)
+        except OSError as e:
+            raise _error("write", self.path, e) from e
+
     def __enter__(self) -> FileLock:
         return self
 

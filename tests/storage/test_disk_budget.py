@@ -136,3 +136,25 @@ def test_a_removal_cut_short_at_any_step_leaves_the_generation_whole_or_gone_and
             assert left == [], (op, nth, action, left)
             # what the next start indexes agrees with what a read finds
             assert [e[0] for e in scan(root, OsFs())] == ([] if got is None else ["m.page"])
+
+
+def test_a_quiet_folder_is_not_listed_at_each_read_and_another_holder_makes_it_listed_again(tmp_path):
+    """10,000 page files: a read or publication must not list the folder each time, yet a
+    publication another process cut short is still completed by the next reader."""
+    from actord.storage.paths import LOCK_NAME
+
+    root = tmp_path / "pages"
+    publish_generation(root, "m.page", image(), OsFs())
+    read_generation(root, "m.page", OsFs())
+    fs = FaultyFs()
+    read_generation(root, "m.page", fs)
+    publish_generation(root, "n.page", image(), fs)
+    assert [op for op, _ in fs.trace if op == "listdir"] == []
+    # Another process holds the lock (counting its hold) and dies leaving an orphan stage.
+    with OsFs().lock(root / LOCK_NAME) as other:
+        other.set_count(other.count() + 1)
+        (root / f"{STAGE_PREFIX}999999999-dead").mkdir()
+    fs = FaultyFs(dead_pids=[999999999])
+    read_generation(root, "m.page", fs)
+    assert [op for op, _ in fs.trace if op == "listdir"] != []
+    assert not (root / f"{STAGE_PREFIX}999999999-dead").exists()
