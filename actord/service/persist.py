@@ -63,6 +63,8 @@ class Persister:
         self.slot_done: dict[int, tuple[str, int]] = {}  # slot -> (mind, n_tokens) last found persisted
         self.failed: dict[str, int] = {}  # page -> generation whose write failed (retried next window)
         self._scope: anyio.CancelScope | None = None
+        self._tg: Any = None  # run()'s task group: slot saves go there, else are awaited in the pass
+        self.saving: set[int] = set()  # slots whose save is under way
         self.writes = 0
 
     # -- write-behind ------------------------------------------------------------------
@@ -73,14 +75,18 @@ class Persister:
             return
         tick_s = min(1.0, max(0.05, self.window_s / 4))
         with anyio.CancelScope() as self._scope:
-            while True:
-                await anyio.sleep(tick_s)
-                try:
-                    await self.tick(time.monotonic())
-                except ShuttingDown:
-                    return
-                except ActordError as e:
-                    log.warning("write_behind.failed", error=e.to_dict())
+            # A slot's save waits for a request that arrived meanwhile (a page move on a busy
+            # slot is deferred, not refused): each runs in this group, so one long request
+            # never holds up the other minds' writes.
+            async with anyio.create_task_group() as self._tg:
+                while True:
+                    await anyio.sleep(tick_s)
+                    try:
+                        await self.tick(time.monotonic())
+                    except ShuttingDown:
+                        return
+                    except ActordError as e:
+                        log.warning("write_behind.failed", error=e.to_dict())
 
     async def tick(self, now: float) -> int:
         """One pass: write every mind unchanged for the window. Returns the writes made."""
@@ -132,21 +138,32 @@ class Persister:
             if seen is None or seen[0] != key:
                 self.slot_seen[info.id] = (key, now)
                 continue
-            if now - seen[1] < self.window_s or info.state != "idle" or info.deferred:
+            if now - seen[1] < self.window_s or info.state != "idle" or info.deferred or info.id in self.saving:
                 continue
-            try:
-                out = await slot.ask(SaveSlot(file=mind_file(info.mind), mind=info.mind), timeout=self.bound_s)
-            except ActordError as e:
-                self.slot_seen[info.id] = (key, now)
-                log.warning("write_behind.slot_failed", slot=info.id, mind=info.mind, error=e.to_dict())
-                continue
-            self.slot_done[info.id] = key
-            self.slot_seen.pop(info.id, None)
-            if "skipped" not in out:
-                n += 1
-                self.writes += 1
-                self.metrics.page_write_behind_total.inc()
+            if self._tg is not None:
+                self.saving.add(info.id)
+                self._tg.start_soon(self._save, slot, info.id, key, now)
+            else:
+                n += await self._save(slot, info.id, key, now)
         return n
+
+    async def _save(self, slot: Actor[Any], sid: int, key: tuple[str, int], now: float) -> int:
+        try:
+            out = await slot.ask(SaveSlot(file=mind_file(key[0]), mind=key[0]), timeout=self.bound_s)
+        except ActordError as e:
+            self.slot_seen[sid] = (key, now)
+            log.warning("write_behind.slot_failed", slot=sid, mind=key[0], error=e.to_dict())
+            return 0
+        finally:
+            self.saving.discard(sid)
+        self.slot_done[sid] = key
+        if self.slot_seen.get(sid, (None,))[0] == key:
+            del self.slot_seen[sid]
+        if "skipped" in out:
+            return 0
+        self.writes += 1
+        self.metrics.page_write_behind_total.inc()
+        return 1
 
     def _age(self, now: float) -> None:
         times = [t for _, t in self.seen.values()]

@@ -121,3 +121,24 @@ async def test_page_list_and_memory_answer_a_page_of_minds_at_a_time(tiny_model,
                 break
             after = view.next
         assert seen == [("m0", "file"), ("m1", "page"), ("m2", "page"), ("m3", "page"), ("m4", "page")]
+
+
+async def test_under_a_disk_budget_the_least_recently_used_minds_files_go_and_a_spill_too_large_is_refused(
+        tiny_model, tmp_path):
+    from actord.service.errors import PageDiskExceeded
+
+    history = _history()
+    async with ActorSystem(_cfg(tiny_model, tmp_path / "a", page_disk_bytes=20_000, write_behind_s=0)) as s:
+        await _turns(s, history, rounds=2)
+        m = s.metrics.snapshot()
+        assert m["page_disk_evicted_total"] > 0 and 0 < m["page_disk_bytes"] <= 20_000
+        assert s.files.index.used == sum(p.stat().st_size for p in (tmp_path / "a").iterdir() if p.is_file()
+                                         and not p.name.startswith("."))
+    async with ActorSystem(Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path / "b"),
+                                  page_disk_bytes=1000)) as s:
+        await s.complete(prompt=[1, 2, 3, 4], n_predict=2, slot=0, ignore_eos=True)
+        await s.page_out(0, "ada")
+        with pytest.raises(PageDiskExceeded):
+            await s.page_spill("ada", "ada.page", drop=True)
+        assert [p.page for p in await s.page_list()] == ["ada"]  # nothing moved
+        assert s.metrics.snapshot()["page_disk_refused_total"] == 1
