@@ -173,12 +173,15 @@ class Persister:
 
     # -- a graceful stop ---------------------------------------------------------------
 
+    def stop_background(self) -> None:
+        """Write-behind ends (a stop's own pass writes what is left)."""
+        if self._scope is not None:
+            self._scope.cancel()
+
     async def persist_all(self, bound_s: float) -> dict[str, int]:
         """Write every mind not yet in her file: slots first (each one's state copy runs on
         the engine thread in turn, its write beside the others'), then the RAM pages, by
         `threads` workers at once. Within `bound_s`; the minds left are logged by name."""
-        if self._scope is not None:
-            self._scope.cancel()  # no write-behind pass races the stop's own
         t0 = time.perf_counter()
         left: dict[str, str] = {}  # mind -> why not written (yet)
         written = {"slots": 0, "pages": 0}

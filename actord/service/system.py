@@ -222,8 +222,17 @@ class ActorSystem:
         counts = await self.inflight.drain(grace, self._cancel)
         if self.config.persist_on_stop and self._persister is not None and not self._persisted:
             self._persisted = True
-            counts.update(await self._persister.persist_all(self.config.shutdown_persist_s))
+            self._persister.stop_background()  # no write-behind pass races the stop's own
+            counts.update(await self.persist())
         return counts
+
+    @entry("persist", check_open=False)
+    async def persist(self) -> dict[str, int]:
+        """Write every mind not yet in her page file (slots and RAM pages) now, within
+        `shutdown_persist_s`; a graceful stop does this last. An input of its own, so a
+        trace that holds a stop replays it."""
+        assert self._persister is not None, "the system is not running"
+        return await self._persister.persist_all(self.config.shutdown_persist_s)
 
     async def write_behind(self) -> None:
         """Run write-behind (service/persist.py) until cancelled or stopped: the daemon

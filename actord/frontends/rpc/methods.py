@@ -221,6 +221,8 @@ METHODS: dict[str, Method] = {
     "memory": Method(ListParams, lambda s, p, _: _wrap(s.memory(p.after, p.limit)),
                      help="every tier at once: slots, minds by tier (slot, RAM page, page file), budgets, genes "
                      "(after, limit: a page of the minds, by name; `next` is the following page's cursor)"),
+    "persist": Method(NoParams, lambda s, p, _: _wrap(s.persist()),
+                      help="write every mind not yet in her page file (slots and RAM pages) now"),
     "stop": Method(NoParams, lambda s, p, _: _wrap(s.stop()),
                    help="stop the daemon gracefully, as SIGTERM does: requests end, then every mind is written "
                    "to her page file"),
