@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import sniffio
 
 from actord.serving.messages import RunStep
@@ -54,6 +53,7 @@ from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.service.errors import ActordError, EngineError
 from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
+from actord.replay.sim_persist import held_by, persisted_problem, restart_problem
 from actord.service.trace import digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.storage.publish import read_generation
@@ -398,23 +398,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     held_at_stop: dict[str, list[tuple[tuple[int, ...], tuple[Any, ...]]]] = {}
 
     def check_persisted() -> None:
-        """After a graceful stop: each mind in a slot or RAM page is in her file, whole (a
-        name two holders share, a slot's mind and a page of that name, is either's)."""
-        for sl in system.slots:
-            if sl.mind is not None and sl.kv_tokens:
-                held_at_stop.setdefault(sl.mind, []).append((tuple(sl.kv_tokens), tuple(sl.genes)))
-        for g in system.pages.gens.values():
-            if g.page is not None and g.page.name and system.pages.names.get(g.page.name) == g.page.gen:
-                held_at_stop.setdefault(g.page.name, []).append((tuple(g.page.tokens), tuple(g.page.genes)))
-        for mind, states in held_at_stop.items():
-            try:
-                image = read_generation(root, f"{mind}.page", OsFs())
-            except ActordError as e:
-                raise InvariantViolated(f"seed {seed}: after a graceful stop, {mind!r} has no page file: "
-                                        f"{e.type}") from e
-            if tuple(image.tokens) not in {t for t, _ in states}:
-                raise InvariantViolated(f"seed {seed}: after a graceful stop, {mind}.page holds other tokens "
-                                        "than the mind")
+        held_at_stop.update(held_by(system))
+        problem = persisted_problem(root, held_at_stop)
+        if problem is not None:
+            raise InvariantViolated(f"seed {seed}: {problem}")
 
     crashed = False
     try:
@@ -506,25 +493,11 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
 
 async def _restart(seed: int, cfg: Config, root: Path, histories: dict[str, list[int]],
                    held: dict[str, list[tuple[tuple[int, ...], tuple[Any, ...]]]]) -> None:
-    """A restart over the page folder a graceful stop left: each mind she held (with no
-    genes, which the new process has not loaded) comes back from her file at her next
-    turn and processes only what her file does not hold."""
-    from actord.serving.slot import common_prefix
-
     disp = DeterministicDispatcher(SeededPolicy(seed + 1))
-    system = ActorSystem(msgspec.structs.replace(cfg, device_bytes=0), dispatcher=disp)
-    async with system:
-        disp.live = True
-        for mind, prompt in sorted(histories.items()):
-            states = [t for t, genes in held.get(mind, []) if not genes]
-            if len(states) != 1 or len(held[mind]) != 1:
-                continue
-            got = await _drive_one(disp, system.complete(prompt=prompt, n_predict=1, mind=mind, ignore_eos=True))
-            lcp = common_prefix(list(states[0]), prompt)
-            if got.n_prompt_processed > len(prompt) - lcp + 1:
-                raise InvariantViolated(f"seed {seed}: after a restart, {mind} processed {got.n_prompt_processed} "
-                                        f"of {len(prompt)} prompt tokens, her file holding {lcp} of them")
-        disp.close_actors()
+    problem = await restart_problem(disp, cfg, histories, held,
+                                    lambda aw: _drive_one(disp, aw))  # type: ignore[arg-type]
+    if problem is not None:
+        raise InvariantViolated(f"seed {seed}: {problem}")
 
 
 async def _drive_one(disp: DeterministicDispatcher, aw: Any) -> Any:
