@@ -69,9 +69,9 @@ class SlotPages(SlotPageBases):
     checkpoints: list[SlotCheckpoint]
     genes: tuple[tuple[int, float], ...]
     mind: str | None
-    # (file, its signature then, mind, n, hash of the tokens) of the sequence last written to
+    # (file, its version then, mind, n, hash of the tokens) of the sequence last written to
     # or read from a file: write-behind does not write an unchanged mind again while that
-    # file is still the generation it wrote or read.
+    # file is still the generation it wrote or read (storage/files.py `version`).
     _persisted_sig: tuple[Any, ...] | None = None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
@@ -360,8 +360,7 @@ class SlotPages(SlotPageBases):
         if self.mind != mind or not self.kv_tokens:
             return {"slot": self.id, "file": file, "skipped": "the slot holds another mind"}
         sig = self._persisted_sig
-        if sig is not None and sig[0] == file and sig[2:] == self._kv_sig() \
-                and sig[1] == await self.files.signature(file):  # and nobody published the file since
+        if sig == (file, self.files.version(file), *self._kv_sig()):  # and nobody published the file since
             return {"slot": self.id, "file": file, "skipped": "unchanged"}
         return await self.save(file)
 
@@ -372,10 +371,8 @@ class SlotPages(SlotPageBases):
         draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
         image = page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes, self.ckpt.history,
                            self.ckpt.prompt_end, draft=draft.data if draft else None, draft_n=self.draft_n)
-        async with self.files.holding(file):  # the file's signature is this generation's
-            stats = await self.files.publish(file, image, held=True)
-            file_sig = await self.files.signature(file)
-        self._persisted_sig = (file, file_sig, *self._kv_sig())
+        stats = await self.files.publish(file, image)
+        self._persisted_sig = (file, self.files.version(file), *self._kv_sig())  # no await since: ours
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -383,9 +380,8 @@ class SlotPages(SlotPageBases):
 
     async def restore(self, file: str) -> dict[str, Any]:
         t0 = time.perf_counter()
-        async with self.files.holding(file):  # the file's signature is the generation read
-            image = await self.files.read(file)
-            file_sig = await self.files.signature(file)
+        image = await self.files.read(file)
+        version = self.files.version(file)
         check_fingerprint(image, self.props, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.
         self.kv_tokens, self.resume_raw_lcp, self.mind, self.draft_n = [], None, None, 0
@@ -413,7 +409,7 @@ class SlotPages(SlotPageBases):
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await self.footprint_changed()
         await self._tell_cells()
-        self._persisted_sig = (file, file_sig, *self._kv_sig())
+        self._persisted_sig = (file, version, *self._kv_sig())
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
                  draft="warm" if self.draft_n else "cold")

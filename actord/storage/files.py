@@ -59,6 +59,10 @@ class PageFiles:
         self._offload = offload  # the dispatcher's seam: it may order worker completions
         self._locks: dict[str, list[Any]] = {}  # path -> [lock, holders and waiters]
         self.index = DiskIndex(disk_bytes)
+        # Per file, how many generations this process published or removed: a reader that
+        # notes it learns, with no disk access (and nothing a trace would see differ from
+        # run to run, as a stat's times would), whether the file changed since.
+        self.versions: dict[str, int] = {}
         self.metrics = metrics  # actord.service.metrics.Metrics, or None (a bare PageFiles)
 
     async def start(self) -> int:
@@ -84,6 +88,12 @@ class PageFiles:
             self.metrics.page_disk_bytes.set(self.index.used)
             self.metrics.page_disk_files.set(len(self.index.files))
 
+    def version(self, name: str) -> int:
+        return self.versions.get(self._key(name), 0)
+
+    def _changed(self, key: str) -> None:
+        self.versions[key] = self.versions.get(key, 0) + 1
+
     def _key(self, name: str) -> str:
         return str(self.check(name).relative_to(self.root.resolve()))
 
@@ -106,6 +116,7 @@ class PageFiles:
             async with self.holding(v):
                 freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
             idx.remove(v)
+            self._changed(v)
             if self.metrics is not None:
                 self.metrics.page_disk_evicted_total.inc()
             log.warning("page_file.evicted", file=v, n_bytes=freed, reason="page disk budget", for_file=name)
@@ -117,6 +128,7 @@ class PageFiles:
         async with self.holding(name):
             freed = await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
         self.index.remove(key)
+        self._changed(key)
         self._gauges()
         return freed
 
@@ -161,6 +173,7 @@ class PageFiles:
             stats = await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
         finally:
             self.index.reserved -= estimate
+            self._changed(key)  # a publication that failed may have committed all the same
         self.index.set(key, stats.n_bytes)
         self._gauges()
         return stats
