@@ -105,18 +105,26 @@ class PageFiles:
         if not need:
             return
         victims = list(idx.victims(need, lambda v: v == name or str(self.root.resolve() / v) in self._locks))
-        if sum(idx.files[v] for v in victims) < need:
+        if sum(idx.files[v] for v in victims) < need:  # refused before anything is evicted
             if self.metrics is not None:
                 self.metrics.page_disk_refused_total.inc()
             log.info("page_file.disk_refused", file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
             raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
                                    file=name, n_bytes=n_bytes, used=idx.used, reserved=idx.reserved,
                                    budget=idx.budget)
-        for v in victims:
+        spare = lambda v: v == name or str(self.root.resolve() / v) in self._locks  # noqa: E731
+        while idx.over(name, n_bytes):
+            v = next(idx.victims(1, spare), None)
+            if v is None:  # taken meanwhile by publications of their own: refused after all
+                raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
+                                       file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
+            seen = self.versions.get(v, 0)
             async with self.holding(v):
+                if self.versions.get(v, 0) != seen or v not in idx.files:
+                    continue  # published (or removed) while this waited: used just now, not a victim
                 freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
-            idx.remove(v)
-            self._changed(v)
+                idx.remove(v)
+                self._changed(v)
             if self.metrics is not None:
                 self.metrics.page_disk_evicted_total.inc()
             log.warning("page_file.evicted", file=v, n_bytes=freed, reason="page disk budget", for_file=name)
