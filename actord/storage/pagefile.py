@@ -233,6 +233,31 @@ def main_n_tokens(head: Buffer, file: Path | str = "<main>") -> int | None:
     return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
 
 
+def main_meta(head: Buffer, file: Path | str = "<main>") -> dict[str, Any] | None:
+    """A main file's meta (its first section, checksummed), from the file's first bytes;
+    None when they do not hold it whole (read more)."""
+    mv = _bytes_view(head)
+    if mv.nbytes < _FIXED.size:
+        return None
+    nsec = _FIXED.unpack_from(mv, 0)[4]
+    hlen = _FIXED.size + nsec * _SECTION.size + _CRC.size
+    if hlen > mv.nbytes:
+        return None
+    _, _, nsec, _ = _fixed_header(mv, MAIN, file)
+    if nsec not in (3, 4):
+        raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
+    length, crc = _SECTION.unpack_from(mv, _FIXED.size)
+    if hlen + length > mv.nbytes:
+        return None
+    meta_v = mv[hlen: hlen + length]
+    if zlib.crc32(meta_v) != crc:
+        raise _corrupt(file, "checksum mismatch in section 0 (meta)")
+    try:
+        return _META_DEC.decode(meta_v)
+    except msgspec.MsgspecError as e:
+        raise _corrupt(file, f"meta does not decode: {e}") from None
+
+
 def _open(buf: Buffer, kind: str, file: Path | str, names: Sequence[str]) -> _Container:
     mv = _bytes_view(buf)
     flags, gen_id, nsec, hlen = _fixed_header(mv, kind, file)
