@@ -33,10 +33,8 @@ Why this shape:
 - A page that stands on a shared prefix in RAM (a base, serving/page_store.py) is written
   self-contained: the base's state is the main file's 4th section and "n_base" in the meta
   says how many tokens it holds; the 3rd section is then the state of the positions from
-  there on. Files do not share bases on disk: every file is one generation that publishes,
-  survives a crash and is removed on its own, with nothing outside it to go missing. Bases
-  shared on disk (content-addressed base files with counts of their users, kept correct
-  across a crash between a page file's publication and its base's) are future work.
+  there on. A file may instead name a base file in its meta (storage/bases.py, with
+  `page_file_bases` on): the container is the same, and PageFiles.read joins the two.
 """
 
 from __future__ import annotations
