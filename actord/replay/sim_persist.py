@@ -66,5 +66,7 @@ async def restart_problem(disp: Any, cfg: Config, histories: dict[str, list[int]
                 problem = (f"after a restart, {mind} processed {got.n_prompt_processed} of {len(prompt)} prompt "
                            f"tokens, her file holding {lcp} of them")
                 break
+        while await disp.step():  # what runs in the background (the base files' sweep) ends
+            pass
         disp.close_actors()
     return problem
