@@ -4,6 +4,12 @@ The engine thread copies bytes out of the context; this module hands the resulti
 to `publish_generation` / `read_generation` through `anyio.to_thread.run_sync` with a
 limiter, so disk work never runs on the engine thread or the event loop. A `to_thread`
 call is shielded from cancellation by anyio: an fsync that has started finishes.
+
+It also keeps the page folder's index (storage/disk_index.py), filled by `start` and kept by
+every publication, read and removal made here, and holds the disk budget with it: before a
+generation is written, the least recently used minds' files not in use are removed (crash
+safely, `remove_generation`) until it fits, else it is refused (`PageDiskExceeded`) with
+nothing written.
 """
 
 from __future__ import annotations
@@ -13,22 +19,138 @@ import contextlib
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
+import msgspec
 
-from actord.service.errors import ActordError
+from actord.service.errors import ActordError, CorruptPageFile, PageDiskExceeded
+from actord.service.log import get
+from actord.storage import bases as B
+from actord.storage.disk_index import DiskIndex, scan
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
 from actord.storage.paths import confine_file
-from actord.storage.publish import PublishStats, publish_generation, read_generation, remove_generation
+from actord.storage.publish import PublishStats, publish_generation, read_generation, recover_folder, remove_generation
+
+log = get("actord.storage")
+_META_ENC = msgspec.msgpack.Encoder()
+
+# What a generation's files add to its state, checkpoint and draft bytes: four containers'
+# headers, the sections' table, the gene list, the meta. The budget admits a publication by
+# this estimate (an upper bound within a few hundred bytes) before it is encoded on its
+# worker thread, then charges its true size.
+_OVERHEAD = 512
+
+
+def image_bytes(image: PageImage) -> int:
+    def n(b: Any) -> int:
+        return 0 if b is None else memoryview(b).nbytes
+
+    meta = len(_META_ENC.encode(image.meta)) if image.meta else 0
+    return (n(image.state) + n(image.base) + n(image.draft) + 4 * len(image.tokens) + meta
+            + sum(n(c.data) + 20 for c in image.checkpoints) + 64 * len(image.genes)
+            + 16 * len(image.divergences) + _OVERHEAD)
 
 
 class PageFiles:
     def __init__(self, root: str | Path, *, threads: int = 4, fs: OsFs | None = None,
-                 offload: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 offload: Callable[..., Awaitable[Any]] | None = None, disk_bytes: int = 0,
+                 metrics: Any = None, share_bases: bool = False) -> None:
         self.root = Path(root)
         self.fs = fs or OsFs()
         self.limiter = anyio.CapacityLimiter(threads)
         self._offload = offload  # the dispatcher's seam: it may order worker completions
         self._locks: dict[str, list[Any]] = {}  # path -> [lock, holders and waiters]
+        self.index = DiskIndex(disk_bytes)
+        # Per file, how many generations this process published or removed: a reader that
+        # notes it learns, with no disk access (and nothing a trace would see differ from
+        # run to run, as a stat's times would), whether the file changed since.
+        self.versions: dict[str, int] = {}
+        self.metrics = metrics  # actord.service.metrics.Metrics, or None (a bare PageFiles)
+        # Base files (storage/bases.py): a page on a base spills as its part + a reference.
+        self.share_bases = share_bases
+        self.refs = B.BaseRefs()
+        self.pinned: set[str] = set()  # bases a publication that failed may name: kept until the next start
+        self._drops: set[str] = set()  # bases whose last user went while locks were held: removed after
+
+    async def start(self) -> int:
+        """Complete publications a crash cut short, remove orphaned stages, and index the
+        page folder (names and sizes; no file is read). Returns the files indexed."""
+        def load() -> list[tuple[str, int, int]]:
+            if self.fs.stat(self.root) is None:
+                return []
+            try:
+                recover_folder(self.root, self.fs)
+            except ActordError as e:  # the reads of the files concerned refuse them, typed
+                log.warning("page_files.recover_failed", error=e.to_dict())
+            return scan(self.root, self.fs)
+
+        # Not through the dispatcher's seam: start-up work before any actor runs, and its
+        # answer (modification times) is no event a trace could reproduce.
+        self.index.load(await anyio.to_thread.run_sync(load, limiter=self.limiter))
+        self._gauges()
+        return len(self.index.files)
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.page_disk_bytes.set(self.index.used)
+            self.metrics.page_disk_files.set(len(self.index.files))
+
+    def version(self, name: str) -> int:
+        return self.versions.get(self._key(name), 0)
+
+    def _changed(self, key: str) -> None:
+        self.versions[key] = self.versions.get(key, 0) + 1
+
+    def _key(self, name: str) -> str:
+        return str(self.check(name).relative_to(self.root.resolve()))
+
+    async def _make_room(self, name: str, n_bytes: int) -> None:
+        """Evict least recently used minds' files until `n_bytes` for `name` fit the disk
+        budget; refused (nothing written, nothing evicted) when they cannot."""
+        idx = self.index
+        need = idx.over(name, n_bytes)
+        if not need:
+            return
+        victims = list(idx.victims(need, lambda v: v == name or str(self.root.resolve() / v) in self._locks))
+        if sum(idx.files[v] for v in victims) < need:  # refused before anything is evicted
+            if self.metrics is not None:
+                self.metrics.page_disk_refused_total.inc()
+            log.info("page_file.disk_refused", file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
+            raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
+                                   file=name, n_bytes=n_bytes, used=idx.used, reserved=idx.reserved,
+                                   budget=idx.budget)
+        spare = lambda v: v == name or str(self.root.resolve() / v) in self._locks  # noqa: E731
+        while idx.over(name, n_bytes):
+            v = next(idx.victims(1, spare), None)
+            if v is None:  # taken meanwhile by publications of their own: refused after all
+                raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
+                                       file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
+            seen = self.versions.get(v, 0)
+            async with self.holding(v):
+                if self.versions.get(v, 0) != seen or v not in idx.files:
+                    continue  # published (or removed) while this waited: used just now, not a victim
+                freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
+                idx.remove(v)
+                self._changed(v)
+                gone = self.refs.set(v, None)
+                if gone is not None:
+                    self._drops.add(gone)  # removed once the publication's holds are let go
+            if self.metrics is not None:
+                self.metrics.page_disk_evicted_total.inc()
+            log.warning("page_file.evicted", file=v, n_bytes=freed, reason="page disk budget", for_file=name)
+        self._gauges()
+
+    async def remove(self, name: str) -> int:
+        """Remove page file `name`'s generation (crash-safe); the bytes it held."""
+        key = self._key(name)
+        async with self.holding(name):
+            freed = await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
+        self.index.remove(key)
+        self._changed(key)
+        gone = self.refs.set(key, None) if not B.is_base(key) else None
+        if gone is not None:
+            self._drops.add(gone)
+        await self._drop_bases()
+        return freed
 
     async def _run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         if self._offload is not None:
@@ -57,11 +179,109 @@ class PageFiles:
 
     async def publish(self, name: str, image: PageImage, *, held: bool = False) -> PublishStats:
         """Publish one generation; `held`: the caller holds `holding(name)` already."""
-        self.check(name)
         if held:
-            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
-        async with self.holding(name):
-            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+            stats = await self._publish_page(name, image)
+        else:
+            async with self.holding(name):
+                stats = await self._publish_page(name, image)
+        await self._drop_bases()
+        return stats
+
+    async def _publish_page(self, name: str, image: PageImage) -> PublishStats:
+        """A page file's generation; one on a base is published as its part and a reference
+        to the base's file (made first, durable before any file names it), under the
+        base's hold, so the base cannot go between the check and the reference."""
+        key = self._key(name)
+        if B.is_base(key):
+            return await self._publish(name, image)
+        if not (self.share_bases and image.base is not None and image.n_base > 0):
+            stats = await self._published(key, None, self._publish(name, image))
+            return stats
+        base_key, base_image, image = B.split(image)
+        bname = B.base_name(base_key)
+        async with self.holding(bname):
+            if bname not in self.index.files:
+                await self._publish(bname, base_image)
+            return await self._published(key, base_key, self._publish(name, image))
+
+    async def _published(self, key: str, base_key: str | None, publication: Awaitable[PublishStats]) -> PublishStats:
+        try:
+            stats = await publication
+        except BaseException:
+            if base_key is not None:  # it may have committed all the same: its base stays
+                self.pinned.add(base_key)
+            raise
+        gone = self.refs.set(key, base_key)
+        if gone is not None:
+            self._drops.add(gone)
+        return stats
+
+    async def _drop_bases(self) -> None:
+        """Remove the base files whose last user went (once every file's reference is known)."""
+        while self._drops:
+            key = self._drops.pop()
+            bname = B.base_name(key)
+            async with self.holding(bname):
+                if not self.refs.known or key in self.pinned or self.refs.users.get(key) \
+                        or bname not in self.index.files:
+                    continue
+                freed = await self._run(f"remove:{bname}", remove_generation, self.root, bname, self.fs)
+                self.index.remove(bname)
+                self._changed(bname)
+            log.info("page_file.base_removed", base=key, n_bytes=freed)
+        self._gauges()
+
+    async def sweep_bases(self) -> int:
+        """After start, in the background: read every page file's header for the base it
+        names, then remove the base files nobody names (a crash between a referrer's removal
+        and its base's). Until it has run no base file is removed. The orphans removed."""
+        if not self.share_bases:
+            return 0
+        self.refs.live.clear()
+        names = [n for n in self.index.files if not B.is_base(n)]
+        root = self.root
+
+        def heads() -> dict[str, str | None]:
+            from actord.storage.pagefile import main_meta
+
+            out: dict[str, str | None] = {}
+            for n in names:
+                try:
+                    head = self.fs.read_file(root / n, limit=64 << 10)
+                    meta = None if head is None else main_meta(head, n)
+                    if meta is None and head is not None:
+                        meta = main_meta(self.fs.read_file(root / n) or b"", n)
+                except ActordError:
+                    continue  # unreadable: no restore will ever need its base
+                if meta is not None:
+                    out[n] = B.referred(meta)
+            return out
+
+        for n, key in (await self._run("sweep:bases", heads)).items():
+            if n not in self.refs.live and key is not None:
+                self.refs.set(n, key, live=False)
+        self.refs.known = True
+        orphans = {n[len(B.BASE_DIR) + 1: -len(B.BASE_SUFFIX)] for n in self.index.files if B.is_base(n)}
+        orphans -= set(self.refs.users)
+        self._drops |= orphans
+        await self._drop_bases()
+        if orphans:
+            log.info("page_file.bases_swept", orphans=len(orphans))
+        return len(orphans)
+
+    async def _publish(self, name: str, image: PageImage) -> PublishStats:
+        key = self._key(name)
+        estimate = image_bytes(image)
+        await self._make_room(key, estimate)
+        self.index.reserved += estimate
+        try:
+            stats = await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+        finally:
+            self.index.reserved -= estimate
+            self._changed(key)  # a publication that failed may have committed all the same
+        self.index.set(key, stats.n_bytes)
+        self._gauges()
+        return stats
 
     async def exists(self, name: str) -> bool:
         path = self.check(name)
@@ -96,12 +316,23 @@ class PageFiles:
                 return None  # corrupt: the restore says so
         return await self._run(f"read:{name}", peek)
 
-    async def remove(self, name: str) -> int:
-        """Remove page file `name` (every file of its generation); the bytes it held."""
-        self.check(name)
-        async with self.holding(name):
-            return await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
-
     async def read(self, name: str) -> PageImage:
-        self.check(name)
-        return await self._run(f"read:{name}", read_generation, self.root, name, self.fs)
+        key = self._key(name)
+        image = await self._run(f"read:{name}", read_generation, self.root, name, self.fs)
+        self.index.touch(key)
+        base_key = B.referred(image.meta)
+        if base_key is None:
+            return image
+        n = image.meta.get(B.N_META)
+        bname = B.base_name(base_key)
+        try:
+            base = await self._run(f"read:{bname}", read_generation, self.root, bname, self.fs)
+        except ActordError as e:
+            raise CorruptPageFile(f"{name} stands on base file {bname}, which cannot be read: {e.message}",
+                                  file=name, base=bname) from None
+        if type(n) is not int or not 0 < n < len(image.tokens) or list(base.tokens) != list(image.tokens[:n]):
+            raise CorruptPageFile(f"{name}'s base file {bname} does not hold its first {n!r} tokens", file=name,
+                                  base=bname)
+        self.index.touch(bname)
+        meta = {k: v for k, v in image.meta.items() if k not in (B.FILE_META, B.N_META)}
+        return msgspec.structs.replace(image, base=base.state, n_base=n, meta=meta)
