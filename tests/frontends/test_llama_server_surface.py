@@ -122,6 +122,19 @@ async def test_a_preflight_is_answered_as_llama_server_answers_it_before_the_key
         assert r.headers["access-control-allow-headers"] == "Authorization, Content-Type"
 
 
+async def test_a_browser_answer_exposes_the_degraded_header_to_the_page_script():
+    """A page's script reads only the headers an answer exposes: X-Actord-Degraded (what its
+    request was answered without) is named in Access-Control-Expose-Headers whenever an
+    origin is served, and nothing is added for a client that sent no Origin."""
+    async with client(front()) as c:
+        r = await c.get("/v1/models", headers={"origin": "http://ui.example", **auth()})
+        assert r.status_code == 200
+        assert r.headers["access-control-expose-headers"] == "X-Actord-Degraded"
+        r = await c.get("/v1/models", headers={"origin": "http://ui.example"})  # an error answer too
+        assert r.status_code == 401 and r.headers["access-control-expose-headers"] == "X-Actord-Degraded"
+        assert "access-control-expose-headers" not in (await c.get("/v1/models", headers=auth())).headers
+
+
 async def test_an_origin_the_list_does_not_name_is_still_refused_preflight_or_not():
     async with client(front(cors_origin=["localhost"])) as c:
         r = await c.options("/completions", headers={**PREFLIGHT, "origin": "http://evil.example"})

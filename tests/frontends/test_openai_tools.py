@@ -174,8 +174,25 @@ def test_legacy_functions_answer_with_function_call(client):
     assert again.choices[0].message.content
 
 
+def test_a_hosted_tool_is_dropped_and_named_in_the_degraded_header_as_on_responses(front):
+    """Chat Completions answers a request offering a hosted tool (`web_search`: no local
+    server runs one) as the Responses API does: the tool dropped, the rest served, and the
+    drop named in X-Actord-Degraded; a request offering none carries no such header."""
+    url = front[0] + "/v1/chat/completions"
+    auth = {"authorization": f"Bearer {KEY}"}
+    body = {"model": "m", "messages": ASK, "max_tokens": 2, "temperature": 0}
+    r = httpx.post(url, headers=auth, json={**body, "tools": [{"type": "web_search"}, WEATHER]}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-actord-degraded"] == "tools[0]: hosted tool 'web_search' dropped: this server runs none"
+    r = httpx.post(url, headers=auth, json={**body, "tools": [{"type": "custom", "custom": {"name": "patch"}}]},
+                   timeout=120)
+    assert r.status_code == 200 and "custom tool 'patch' dropped" in r.headers["x-actord-degraded"]
+    plain = httpx.post(url, headers=auth, json={**body, "tools": [WEATHER]}, timeout=120)
+    assert plain.status_code == 200 and "x-actord-degraded" not in plain.headers
+
+
 @pytest.mark.parametrize("body,param", [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),

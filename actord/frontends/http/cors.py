@@ -9,7 +9,9 @@ port); `Cors` reflects an allowed origin in Access-Control-Allow-Origin with cre
 allowed, and answers every OPTIONS request at once (200, before the key: a browser's
 preflight carries none) with llama-server's headers: Allow-Methods "GET, POST, DELETE,
 OPTIONS", Allow-Headers `--cors-headers` ("*"). Starlette's CORSMiddleware answers a
-refused preflight 400 and echoes the requested headers instead.
+refused preflight 400 and echoes the requested headers instead. A browser's answer also
+carries Access-Control-Expose-Headers naming `X-Actord-Degraded` (degraded.py): without it a
+page's script cannot read what its request was answered without.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ipaddress
 import re
 from typing import TYPE_CHECKING, Any
 
+from actord.frontends.http.degraded import HEADER as DEGRADED
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.responses import json_response
 from actord.service.config import split_names
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
 
 log = get("actord.frontends.http")
 
+
+# A browser's script reads only the headers an answer exposes (besides the CORS-safelisted ones).
+EXPOSE = (b"access-control-expose-headers", DEGRADED.title().encode("latin-1"))
 
 _LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?")
 
@@ -132,7 +138,7 @@ class Cors:
             await send({"type": "http.response.body", "body": b""})
             return
         if origin is not None:
-            extra.append((b"access-control-allow-credentials", b"true"))
+            extra += [(b"access-control-allow-credentials", b"true"), EXPOSE]
 
         async def send_cors(message: Any) -> None:
             if message["type"] == "http.response.start":

@@ -72,6 +72,24 @@ class Degraded:
         return [(HEADER.encode(), self.header_value().encode("ascii"))]
 
 
+def unrunnable(t: Any, where: str, degraded: Degraded) -> bool:
+    """Whether a wire tool (a JSON object, OpenAI's shapes) is one no local server can call,
+    noted as dropped: a hosted tool (`web_search`, `file_search`, `code_interpreter`, ...)
+    or a `custom` (freeform) one, whose input is not JSON arguments. Chat Completions and
+    the Responses API drop them alike."""
+    kind = t.get("type", "function") if isinstance(t, dict) else None
+    if kind == "custom":
+        custom = t.get("custom")  # Chat Completions nests the tool's fields, Responses does not
+        name = t.get("name") or (custom.get("name") if isinstance(custom, dict) else None)
+        degraded.add(f"{where}: custom tool {str(name)[:40]!r} dropped: only function tools "
+                     "(JSON arguments) are called here")
+        return True
+    if isinstance(kind, str) and kind not in ("function", "namespace"):
+        degraded.add(f"{where}: hosted tool {kind[:40]!r} dropped: this server runs none")
+        return True
+    return False
+
+
 def relax_tools(tools: list[Tool], degraded: Degraded, param: str = "tools") -> list[Tool]:
     """Each tool's schema relaxed to what the grammar holds (`relax_tool`)."""
     return [relax_tool(t, f"{param}[{i}]", degraded) for i, t in enumerate(tools)]

@@ -27,6 +27,7 @@ import base64
 import binascii
 from typing import Any
 
+from actord.frontends.http.degraded import unrunnable
 from actord.service.errors import InvalidParams
 
 PREFIX = "actord-r1:"
@@ -61,12 +62,7 @@ def flat_tools(v: Any, degraded: Any) -> Any:
                 else:
                     k = u.get("type") if isinstance(u, dict) else type(u).__name__
                     degraded.add(f"tools[{i}].tools[{j}]: {str(k)[:40]!r} tool dropped: only functions run here")
-        elif kind == "custom":  # a freeform tool (a grammar or plain text input), not a JSON one
-            degraded.add(f"tools[{i}]: custom tool {str(t.get('name'))[:40]!r} dropped: only function tools "
-                         "(JSON arguments) are called here")
-        elif isinstance(t, dict) and isinstance(kind, str) and kind != "function":
-            degraded.add(f"tools[{i}]: hosted tool {kind[:40]!r} dropped: this server runs none")
-        else:
+        elif not unrunnable(t, f"tools[{i}]", degraded):  # hosted and custom tools: dropped, noted
             keep(t, f"tools[{i}]")
     return out
 

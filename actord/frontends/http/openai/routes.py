@@ -269,7 +269,7 @@ class OpenAIRoutes(RouteGroup):
         fields = O.chat_fields(req)
         n = await self.system.count_prompt(
             O.chat_messages(req.messages, developer_is_system=not developer), None,
-            fields.get("add_generation_prompt", True), O.chat_tools(req)["tools"], fields["template_kwargs"])
+            fields.get("add_generation_prompt", True), O.chat_tools(req, Degraded())["tools"], fields["template_kwargs"])
         return json_response({"input_tokens": n, "object": "response.input_tokens"})
 
     async def completions(self, request: Request) -> Response:

@@ -19,10 +19,13 @@ and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty
 `timings_per_token` (each chunk with its `timings`), and `ignore_eos`, extra fields OpenAI's clients ignore); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
 over `--max-n`, audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
-`best_of` > 1, more prompts x `n` than `--max-n`, and llama-server's `n_probs`; tools that are not functions
-and bad tool fields, `chat_tools`); and ignored by design, because they change nothing in
-the answer (`store`, `metadata`, `service_tier`, `safety_identifier`, `prediction`), plus
-unknown fields, as
+`best_of` > 1, more prompts x `n` than `--max-n`, and llama-server's `n_probs`; bad tool
+fields, `chat_tools`); answered in a lesser form and named in the `X-Actord-Degraded` header
+(actord/frontends/http/degraded.py), as on the Responses API: hosted and custom tools
+(`web_search`, ...: dropped), tool schemas the grammar cannot hold (relaxed), system
+messages where the template refuses them (merged); and ignored by design, because they
+change nothing in the answer (`store`, `metadata`, `service_tier`, `safety_identifier`,
+`prediction`), plus unknown fields, as
 OpenAI-compatible servers do, because SDKs add optional fields faster than servers learn
 them.
 
@@ -331,8 +334,8 @@ def chat_tools(req: ChatCompletionRequest, degraded: Any = None) -> dict[str, An
     """The ChatRequest's tool fields (actord.chat.tools) from `tools` / `tool_choice` /
     `parallel_tool_calls`, or from the legacy `functions` / `function_call` (then the answer
     carries `function_call`, one call). A bad value is a 400 naming its field; with
-    `degraded` (frontends/http/degraded.py), a schema the grammar cannot hold is relaxed and
-    noted there instead."""
+    `degraded` (frontends/http/degraded.py), hosted tools (`web_search`, ...) are dropped and a
+    schema the grammar cannot hold is relaxed, each noted there instead."""
     from actord.chat import tools as T
     from actord.frontends.http.degraded import relax_tools
 
@@ -342,7 +345,12 @@ def chat_tools(req: ChatCompletionRequest, degraded: Any = None) -> dict[str, An
         tools, choice = functions_from_openai(req.functions or [], req.function_call)
         parallel = False
     else:
-        tools, choice = tools_from_openai(req.tools), req.tool_choice
+        wired = req.tools
+        if degraded is not None and isinstance(wired, list):  # hosted tools dropped, as on Responses
+            from actord.frontends.http.degraded import unrunnable
+
+            wired = [t for i, t in enumerate(wired) if not unrunnable(t, f"tools[{i}]", degraded)]
+        tools, choice = tools_from_openai(wired), req.tool_choice
         parallel = req.parallel_tool_calls is not False
     if choice is not None and not tools and choice not in ("none", "auto"):
         raise InvalidParams("tool_choice names a tool, but there are no tools", param="tool_choice")
