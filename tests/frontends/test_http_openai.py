@@ -224,8 +224,10 @@ def test_legacy_functions_become_one_tool_call_at_most():
 
 
 def test_context_overflow_maps_to_400_context_length_exceeded():
+    from actord.frontends.http.responses import status_of
+
     e = PromptTooLong("prompt of 5000 tokens does not fit n_ctx 4096", n_prompt_tokens=5000, n_ctx=4096)
-    assert O.error_status(e) == 400 and O.error_code(e) == "context_length_exceeded"
+    assert status_of(e) == 400 and O.error_code(e) == "context_length_exceeded"
     assert "maximum context length is 4096 tokens" in O.error_message(e)
     assert O.error_body(400, O.error_message(e), O.error_code(e))["error"]["type"] == "invalid_request_error"
 

@@ -9,6 +9,12 @@ front answers with on every route that is not llama-server's, unknown routes inc
 `RouteGroup` is what a group of routes holds: the front it stands behind. `stopping_word` is
 which stop string ended a completion (llama-server's `stopping_word`, Anthropic's
 `stop_sequence`).
+
+`status_of` is the one HTTP status of an error, whichever API answers it: the error's own
+`http_status` (actord/service/errors.py), except that a refused file or page name is 400, as
+llama-server answers "Invalid filename". An API shapes only its body around that status
+(OpenAI's here, Anthropic's in anthropic/stream.py, llama-server's in native/base.py), so a
+client that branches on the status (retry on 503, shorten on 400) branches alike on each.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from starlette.responses import Response
 
-from actord.service.errors import ActordError
+from actord.service.errors import ActordError, PathRefused
 
 if TYPE_CHECKING:
     from actord.service.protocol import Service
@@ -55,18 +61,27 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(_enc.encode(obj), status_code=status, media_type="application/json")
 
 
+def status_of(e: HttpError | ActordError) -> int:
+    """The HTTP status of `e` on every API (see the module docstring)."""
+    if isinstance(e, HttpError):
+        return e.status
+    if isinstance(e, PathRefused):
+        return 400  # llama-server: "Invalid filename"
+    return e.http_status if 400 <= e.http_status < 600 else 500
+
+
 def error_object(e: HttpError | ActordError, llama: bool = False) -> tuple[int, dict[str, Any]]:
     """OpenAI's error object for `e`, and its status (`llama`: on llama-server's unprefixed
     aliases, a prompt over the context is its `exceed_context_size_error`)."""
     if isinstance(e, ActordError):
-        status = O.error_status(e)
+        status = status_of(e)
         body = O.error_body(status, O.error_message(e), O.error_code(e), e.data.get("param"))
         if "n_ctx" in e.data and "n_prompt_tokens" in e.data:  # llama-server's two numbers, beside OpenAI's code
             body["error"].update(n_prompt_tokens=e.data["n_prompt_tokens"], n_ctx=e.data["n_ctx"])
             if llama:
                 body["error"]["type"] = "exceed_context_size_error"
         return status, body
-    return e.status, O.error_body(e.status, e.message, e.code, e.param)
+    return status_of(e), O.error_body(e.status, e.message, e.code, e.param)
 
 
 def error_response(e: HttpError | ActordError) -> Response:

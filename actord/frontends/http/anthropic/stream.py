@@ -22,16 +22,16 @@ from typing import Any, Awaitable, Callable
 import msgspec
 
 from actord.frontends.http.anthropic import wire as W
-from actord.frontends.http.responses import HttpError, error_object as openai_error_object, json_response
+from actord.frontends.http.responses import HttpError, json_response, status_of
 from actord.service.errors import ActordError
 
 _enc = msgspec.json.Encoder()
 
 
 def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
-    """Anthropic's error object for `e` and its status (the statuses are the front's own)."""
-    status, body = openai_error_object(e)
-    return status, W.error_body(status, W.error_message(e, body["error"]["message"]))
+    """Anthropic's error object for `e` and its status (every API's: `status_of`)."""
+    status = status_of(e)
+    return status, W.error_body(status, W.error_message(e, e.message))
 
 
 def error_response(e: HttpError | ActordError) -> Any:

@@ -9,10 +9,10 @@ and llama-server's mixed prompts (token ids with strings); none should import an
 them.
 
 Errors are llama-server's object, `{"error": {"code": <status>, "message", "type"}}`, with
-actord's typed error beside it (`error.actord`). The status is the error's own
-`http_status` (actord.service.errors: 404 unknown page, slot or gene; 503 over the page ceiling or
-device budget; 400 an empty slot; 409 a gene in use), except that a refused file or page
-name is 400, as llama-server answers "Invalid filename".
+actord's typed error beside it (`error.actord`). The status is every API's
+(`responses.status_of`: the error's own `http_status`, 404 unknown page, slot or gene; 503
+over the page ceiling or device budget; 400 an empty slot or a refused file name; 409 a
+gene in use).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actord.service.errors import ActordError, InvalidParams, PathRefused, PromptTooLong
-from actord.frontends.http.responses import HttpError, RouteGroup, json_response
+from actord.service.errors import ActordError, InvalidParams, PromptTooLong
+from actord.frontends.http.responses import HttpError, RouteGroup, json_response, status_of
 from actord.frontends.rpc.methods import METHODS
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -35,19 +35,13 @@ def error_type(status: int) -> str:
     return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
-def error_status(e: ActordError) -> int:
-    if isinstance(e, PathRefused):
-        return 400  # llama-server: "Invalid filename"
-    return e.http_status if 400 <= e.http_status < 600 else 500
-
-
 def error_body(status: int, message: str, kind: str | None = None, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": status, "message": message, "type": kind or error_type(status), **extra}}
 
 
 def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
     if isinstance(e, ActordError):
-        status = error_status(e)
+        status = status_of(e)
         extra: dict[str, Any] = {"actord": e.to_dict()}
         kind = None
         if isinstance(e, PromptTooLong) and "n_ctx" in e.data and "n_prompt_tokens" in e.data:
@@ -55,7 +49,7 @@ def error_object(e: HttpError | ActordError) -> tuple[int, dict[str, Any]]:
             extra.update(n_prompt_tokens=e.data["n_prompt_tokens"], n_ctx=e.data["n_ctx"])
         return status, error_body(status, e.message, kind, **extra)
     named = {"param": e.param} if e.param else {}
-    return e.status, error_body(e.status, e.message, actord={"type": e.code, "message": e.message, **named})
+    return status_of(e), error_body(e.status, e.message, actord={"type": e.code, "message": e.message, **named})
 
 
 def error_response(e: HttpError | ActordError) -> Response:

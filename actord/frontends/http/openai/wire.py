@@ -443,17 +443,6 @@ def stops(stop: str | list[str] | None) -> list[str]:
 
 # -- errors ----------------------------------------------------------------------------
 
-_OVERLOADED = {"NoFreeSlot", "PageRamExceeded", "DeviceBudgetExceeded", "ShuttingDown", "Overloaded", "ContextFull"}
-
-
-def error_status(e: ActordError) -> int:
-    if isinstance(e, PromptTooLong):
-        return 400  # OpenAI's status for a prompt over the context (code context_length_exceeded)
-    if e.type in _OVERLOADED:
-        return 503
-    return e.http_status if 400 <= e.http_status < 600 else 500
-
-
 def error_code(e: ActordError) -> str:
     """The `code` SDKs branch on: OpenAI's own where one exists, else actord's error type."""
     if isinstance(e, PromptTooLong):
