@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from actord.service.types import CompletionRequest, CompletionResult, SamplingFields
+from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SamplingFields, check_generation
 from actord.service.errors import FileNotFound, InvalidParams, PromptTooLong
 from actord.service.log import get
 
@@ -46,12 +46,25 @@ class ChatState:
     builtin_warned: bool = False  # the model ships no template: said once (template_info)
 
 
+def precheck(request: "ChatRequest", limits: RequestLimits) -> "ChatRequest":
+    """A turn's own refusals under the daemon's limits, before anything renders: its fields
+    (`ChatRequest.check`) and what its completion will ask for beside the prompt (stop
+    strings, genes, the budget, sampling, the mind's name: `check_generation`), read on the
+    request's own fields. Every front's turn meets it here (`check_turn`); an HTTP front
+    meets it once more as it reads the request, so a refusal is its API's 4xx before the
+    answer starts. A grammar is checked where it is made (a front's response_format) and
+    when the completion is."""
+    request.check()
+    check_generation(request, limits)
+    return request
+
+
 def check_turn(system: "ChatHost", request: "ChatRequest", n: int) -> None:
-    """A turn's refusals before anything is recorded or rendered: its fields, a closing
-    system, `n`, and the bytes a client sent (messages, template, tools and calls)."""
+    """A turn's refusals before anything is recorded or rendered: its fields (`precheck`),
+    a closing system, `n`, and the bytes a client sent (messages, template, tools and calls)."""
     from actord.chat.messages import has_tools
 
-    request.check()
+    precheck(request, system.request_limits())
     system.check_open()
     if n != 1:
         from actord.chat.choices import check_n

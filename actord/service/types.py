@@ -7,6 +7,7 @@ get defaults, so older clients keep working.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
@@ -236,7 +237,6 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
 
     def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
         from actord.service.errors import InvalidParams, PromptTooLong
-        from actord.storage.paths import check_mind
 
         if isinstance(self.prompt, str) and not self.prompt:
             raise InvalidParams("prompt is empty")
@@ -252,43 +252,10 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
         if isinstance(self.prompt, list) and len(self.prompt) > limits.max_prompt_tokens:
             raise PromptTooLong(f"prompt of {len(self.prompt)} tokens does not fit n_ctx {limits.max_prompt_tokens}",
                                 n_prompt_tokens=len(self.prompt), n_ctx=limits.max_prompt_tokens)
-        if len(self.stop) > limits.max_stop:
-            raise InvalidParams(f"{len(self.stop)} stop strings, at most {limits.max_stop}",
-                                field="stop", max=limits.max_stop)
-        for s in self.stop:
-            if len(s) > limits.max_stop_bytes or _utf8_len(s, "stop") > limits.max_stop_bytes:
-                raise InvalidParams(f"a stop string is over {limits.max_stop_bytes} bytes",
-                                    field="stop", max_bytes=limits.max_stop_bytes)
         if len(self.stop_tokens) > limits.max_stop_tokens:
             raise InvalidParams(f"{len(self.stop_tokens)} stop tokens, at most {limits.max_stop_tokens}",
                                 field="stop_tokens", max=limits.max_stop_tokens)
-        if len(self.genes) > limits.max_genes:
-            raise InvalidParams(f"{len(self.genes)} genes, at most {limits.max_genes}",
-                                field="genes", max=limits.max_genes)
-        if self.n_predict < 0:
-            raise InvalidParams("n_predict must be >= 0")
-        if not (0 <= self.temperature < math.inf and 0 < self.top_p <= 1 and 0 <= self.top_k < 2**31):
-            raise InvalidParams("bad sampling parameters: 0 <= temperature < inf, 0 < top_p <= 1, "
-                                "0 <= top_k < 2^31")
-        if any(not math.isfinite(g.scale) for g in self.genes):
-            raise InvalidParams("a gene scale must be finite", field="genes")
-        if self.slot is not None and self.slot < 0:
-            raise InvalidParams("slot must be >= 0")
-        if self.slot is not None and self.mind is not None:
-            raise InvalidParams("name a slot or a mind, not both")
-        if self.mind is not None:
-            from actord.policy.kv_identity import SCOPE_MARK, scoped_mind
-
-            why = check_mind(self.mind)
-            if why is None and SCOPE_MARK in self.mind:
-                why = f"{SCOPE_MARK!r} is kept for the daemon's scoped names"
-            if why is None and check_mind(scoped_mind(self.mind, self.kv_scope())) is not None:
-                why = f"too long to be kept under its scope (cache_salt or tenant)"
-            if why is not None:
-                raise InvalidParams(f"a mind name is one page-name component: {why}", mind=self.mind[:64])
-        if len({g.id for g in self.genes}) != len(self.genes):
-            raise InvalidParams("a gene is listed twice")
-        self.check_sampling(limits)
+        check_generation(self, limits)
         if self.thought_budget is not None:
             self.thought_budget.check(limits)
         if self.json_schema is not None:
@@ -297,6 +264,51 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
         if self.grammar:
             self.with_grammar()
         return self
+
+
+
+def check_generation(r: Any, limits: RequestLimits) -> None:
+    """The checks of what a generation asks for beside its prompt (stop strings, genes, the
+    budget, sampling, the slot or mind), shared by `CompletionRequest.check` and a chat turn's
+    precheck (actord/chat/turn.py), which runs them on the ChatRequest's own same-named
+    fields before anything renders."""
+    from actord.service.errors import InvalidParams
+    from actord.storage.paths import check_mind
+
+    if len(r.stop) > limits.max_stop:
+        raise InvalidParams(f"{len(r.stop)} stop strings, at most {limits.max_stop}",
+                            field="stop", max=limits.max_stop)
+    for s in r.stop:
+        if len(s) > limits.max_stop_bytes or _utf8_len(s, "stop") > limits.max_stop_bytes:
+            raise InvalidParams(f"a stop string is over {limits.max_stop_bytes} bytes",
+                                field="stop", max_bytes=limits.max_stop_bytes)
+    if len(r.genes) > limits.max_genes:
+        raise InvalidParams(f"{len(r.genes)} genes, at most {limits.max_genes}",
+                            field="genes", max=limits.max_genes)
+    if r.n_predict < 0:
+        raise InvalidParams("n_predict must be >= 0")
+    if not (0 <= r.temperature < math.inf and 0 < r.top_p <= 1 and 0 <= r.top_k < 2**31):
+        raise InvalidParams("bad sampling parameters: 0 <= temperature < inf, 0 < top_p <= 1, "
+                            "0 <= top_k < 2^31")
+    if any(not math.isfinite(g.scale) for g in r.genes):
+        raise InvalidParams("a gene scale must be finite", field="genes")
+    if r.slot is not None and r.slot < 0:
+        raise InvalidParams("slot must be >= 0")
+    if r.slot is not None and r.mind is not None:
+        raise InvalidParams("name a slot or a mind, not both")
+    if r.mind is not None:
+        from actord.policy.kv_identity import SCOPE_MARK, scoped_mind
+
+        why = check_mind(r.mind)
+        if why is None and SCOPE_MARK in r.mind:
+            why = f"{SCOPE_MARK!r} is kept for the daemon's scoped names"
+        if why is None and check_mind(scoped_mind(r.mind, r.kv_scope())) is not None:
+            why = f"too long to be kept under its scope (cache_salt or tenant)"
+        if why is not None:
+            raise InvalidParams(f"a mind name is one page-name component: {why}", mind=r.mind[:64])
+    if len({g.id for g in r.genes}) != len(r.genes):
+        raise InvalidParams("a gene is listed twice")
+    r.check_sampling(limits)
 
 
 def _utf8_len(s: str, field: str) -> int:

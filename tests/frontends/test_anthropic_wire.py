@@ -165,13 +165,13 @@ def _result(content="", calls=None, thought=None, stop="eos", n_prompt=12, n_cac
     ("context", None, "", "max_tokens"), ("eos", [ToolCall(id="c", name="f", arguments="{}")], "", "tool_use"),
 ])
 def test_stop_reasons(stop, calls, word, want):
-    body = W.message("msg_1", "m", _result("x", calls, stop=stop), word)
+    body = W.from_result("msg_1", "m", _result("x", calls, stop=stop), word)
     assert body["stop_reason"] == want and body["stop_sequence"] == (word or None)
 
 
 def test_the_whole_message_has_thinking_text_then_tool_use_blocks_and_anthropics_usage():
     calls = [ToolCall(id="c1", name="f", arguments='{"a": 1}'), ToolCall(id="c2", name="g", arguments="not json")]
-    body = W.message("msg_1", "m", _result("hi", calls, thought="hmm"), "")
+    body = W.from_result("msg_1", "m", _result("hi", calls, thought="hmm"), "")
     assert body["content"] == [{"type": "thinking", "thinking": "hmm", "signature": ""},
                                {"type": "text", "text": "hi"},
                                {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}},
@@ -179,7 +179,7 @@ def test_the_whole_message_has_thinking_text_then_tool_use_blocks_and_anthropics
     assert body["usage"] == {"input_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 5,
                              "output_tokens": 3}
     assert "timings" not in body and body["type"] == "message" and body["role"] == "assistant"
-    assert W.message("m", "m", _result(""), "")["content"] == [{"type": "text", "text": ""}]
+    assert W.from_result("m", "m", _result(""), "")["content"] == [{"type": "text", "text": ""}]
 
 
 def test_errors_take_anthropics_shape_and_words():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actord.chat.folding import merge_runs, merge_systems
@@ -86,7 +87,8 @@ def test_codexs_developer_and_user_runs_render_with_gemmas_template_once_folded(
              {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d2"}]},
              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "env"}]},
              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi"}]}]
-    msgs = input_messages(items, developer_is_system=True)
+    msgs = [msgspec.structs.replace(m, role="system") if m.role == "developer" else m  # as turns.roles_for fits them
+            for m in input_messages(items)]
     as_dicts = lambda ms: [{"role": m.role, "content": m.content} for m in ms]  # noqa: E731
     with pytest.raises(ChatTemplateError):
         tpl.render(as_dicts(msgs))

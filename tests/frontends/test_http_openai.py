@@ -180,9 +180,21 @@ def test_text_parts_join_with_a_newline_and_other_parts_are_refused_by_index():
 
 
 def test_developer_is_system_unless_the_template_names_it():
-    msgs = [O.Message(role="developer", content="be brief"), O.Message(role="user", content="hi")]
-    assert [m.role for m in O.chat_messages(msgs)] == ["system", "user"]
-    assert [m.role for m in O.chat_messages(msgs, developer_is_system=False)] == ["developer", "user"]
+    import anyio
+
+    from actord.frontends.http.turns import roles_for
+
+    class Front:
+        def __init__(self, names: bool) -> None:
+            self.names = names
+
+        async def template_names_developer(self) -> bool:
+            return self.names
+
+    msgs = O.chat_messages([O.Message(role="developer", content="be brief"), O.Message(role="user", content="hi")])
+    assert [m.role for m in msgs] == ["developer", "user"]  # as sent, until fitted to the template
+    assert [m.role for m in anyio.run(roles_for, Front(False), msgs)] == ["system", "user"]
+    assert anyio.run(roles_for, Front(True), msgs) is msgs
 
 
 def test_a_tool_result_without_its_call_id_is_refused_naming_the_message():

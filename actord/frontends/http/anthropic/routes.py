@@ -5,8 +5,9 @@ Why a translation layer and nothing more: a message is one chat turn, exactly as
 chat route runs it (`Service.chat`: the model's template, tools through actord.chat.tools,
 thinking through actord.chat.reasoning, the turn memory and minds), so clients built for
 Anthropic (Claude Code-style agents, the `anthropic` SDK, litellm's anthropic provider)
-pointed at actord get the same engine. `wire.py` reads the request into a ChatRequest and
-writes the answer; `stream.py` is the answer (`streaming.Generation` runs the turn inside
+pointed at actord get the same engine. `wire.py`'s pure `to_turn` reads the request into
+one turn (actord/frontends/http/turns.py) and its `from_result` writes the whole answer;
+`stream.py` is the answer (`streaming.Generation` runs the turn inside
 the response, so a client that hangs up cancels it, streamed or not).
 
 Every answer that is not a 200 carries Anthropic's error object (`{"type": "error", "error":
@@ -14,8 +15,8 @@ Every answer that is not a 200 carries Anthropic's error object (`{"type": "erro
 key is `x-api-key` or `Authorization: Bearer` (app.py). What bounds a chat bounds a message:
 the body's bytes (--http-max-body-bytes), the conversation's and the tools' bytes (the
 prompt's bound, `chat.turn.check_turn`), the tools' count and schemas (`chat.tools`), the
-stop sequences' count and bytes and the sampling ranges (`precheck`), each a 4xx before any
-work.
+stop sequences' count and bytes and the sampling ranges (`chat.turn.precheck`), each a 4xx
+before any work.
 
 The mind: the `X-Actord-Mind` header, else `metadata.user_id` through a digest (as OpenAI's
 `user`), else none (the request is placed like llama-server's, by shared prefix).
@@ -31,13 +32,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.chat.messages import ChatRequest
 from actord.frontends.http.anthropic import wire as W
 from actord.frontends.http.anthropic.stream import AnthropicAnswer, error_response
-from actord.frontends.http.degraded import Degraded, fold_for
-from actord.frontends.http.openai.routes import decode_body, named_mind, precheck
+from actord.frontends.http.degraded import Degraded
 from actord.frontends.http.responses import RouteGroup, json_response, stopping_word
 from actord.frontends.http.streaming import Generation
+from actord.frontends.http.turns import TurnContext, fit, fitted
 
 
 class AnthropicRoutes(RouteGroup):
@@ -50,43 +50,28 @@ class AnthropicRoutes(RouteGroup):
         ]
 
     async def _request(self, request: Request) -> W.MessagesRequest:
-        req: W.MessagesRequest = await decode_body(self.front, request, W.MessagesRequest)
-        W.check(req)
-        return req
+        return await self.front.decode_json(request, W.MessagesRequest)
 
     async def messages(self, request: Request) -> Response:
         req = await self._request(request)
-        n = req.max_tokens
-        if n is None:  # required by Anthropic; llama-server's default instead
-            n = min(self.config.http_default_max_tokens, self.system.model_props().n_ctx)
-        stops = list(req.stop_sequences or [])
-        degraded = Degraded()
-        tool_fields = W.chat_tools(req, degraded)
-        chat = ChatRequest(
-            messages=await fold_for(self.front, W.chat_messages(req), degraded), n_predict=n,
-            mind=named_mind(request, None, req.metadata.user_id if req.metadata else None),
-            temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k or 0,
-            top_p=1.0 if req.top_p is None else req.top_p, stop=stops, stream=req.stream,
-            template_kwargs=W.thinking_kwargs(req), reasoning_budget=W.thinking_budget(req),
-            grammar=W.output_grammar(req, degraded), ignore_eos=req.ignore_eos, cache_salt=req.cache_salt,
-            **tool_fields,
-        ).check()
-        precheck(chat, self.config.request_limits())
+        turn = W.to_turn(req, request.headers, TurnContext.of(self.front))
+        chat = await fit(self.front, turn)
         system = self.system
 
         async def run(on_token: Any) -> Any:
             return await system.chat(chat, on_token=on_token)
 
         async def stop_word(result: Any) -> str:
-            return await stopping_word(system, result.completion, stops)
+            return await stopping_word(system, result.completion, chat.stop)
 
         answer = AnthropicAnswer(run, stop_word, W.new_id(), req.model or self.front.model_id)
-        return Generation(self.front, answer, stream=req.stream, headers=degraded.headers())
+        return Generation(self.front, answer, stream=req.stream, headers=turn.degraded.headers())
 
     async def count_tokens(self, request: Request) -> Response:
         req = await self._request(request)
+        W.check(req)
         degraded = Degraded()  # counted as the message would be prompted: folded, tools relaxed
         tools = W.chat_tools(req, degraded)["tools"]
-        n = await self.system.count_prompt(await fold_for(self.front, W.chat_messages(req), degraded), None, True,
+        n = await self.system.count_prompt(await fitted(self.front, W.chat_messages(req), degraded), None, True,
                                            tools, W.thinking_kwargs(req))
         return json_response({"input_tokens": n})

@@ -118,7 +118,7 @@ class AnthropicAnswer:
                               "stop_reason": None, "stop_sequence": None})
 
     async def _body(self, result: Any) -> dict[str, Any]:
-        return W.message(self.rid, self.model, result, await self.stop_word(result))
+        return W.from_result(self.rid, self.model, result, await self.stop_word(result))
 
     async def whole(self) -> Any:
         return await self._body(await self.run(None))

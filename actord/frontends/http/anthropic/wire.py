@@ -51,11 +51,14 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from typing import Any
+from typing import Any, Mapping
 
 import msgspec
 
+from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage, Tool, ToolCall
+from actord.frontends.http.degraded import Degraded
+from actord.frontends.http.turns import Turn, TurnContext, mind_of
 from actord.service.errors import ActordError, InvalidParams, PromptTooLong
 
 
@@ -267,6 +270,24 @@ def chat_messages(req: MessagesRequest) -> list[ChatMessage]:
     return out
 
 
+def to_turn(req: MessagesRequest, headers: Mapping[str, str], context: TurnContext) -> Turn:
+    """A Messages request as one chat turn (actord/frontends/http/turns.py): every field read
+    and checked as the module docstring says, a 400 naming the first that is wrong; what it
+    leaves unsaid (`max_tokens`, optional here as in llama-server, and the sampling) is the
+    chat layer's defaults. The mind: the `X-Actord-Mind` header (or a session header the
+    operator named), else `metadata.user_id` through a digest."""
+    check(req)
+    degraded = Degraded()
+    tool_fields = chat_tools(req, degraded)
+    mind, label = mind_of(headers, context, None, req.metadata.user_id if req.metadata else None)
+    chat = asked(context.defaults, messages=chat_messages(req), max_tokens=req.max_tokens,
+                 temperature=req.temperature, top_p=req.top_p, top_k=req.top_k or 0, mind=mind,
+                 stop=list(req.stop_sequences or []), stream=req.stream, template_kwargs=thinking_kwargs(req),
+                 reasoning_budget=thinking_budget(req), grammar=output_grammar(req, degraded),
+                 ignore_eos=req.ignore_eos, cache_salt=req.cache_salt, **tool_fields)
+    return Turn(chat, degraded, label=label)
+
+
 def chat_tools(req: MessagesRequest, degraded: Any = None) -> dict[str, Any]:
     """The ChatRequest's tool fields (actord.chat.tools) from `tools` and `tool_choice`;
     with `degraded` (frontends/http/degraded.py), server tools are dropped and schemas the
@@ -395,8 +416,9 @@ def content_blocks(msg: ChatMessage) -> list[dict[str, Any]]:
     return blocks
 
 
-def message(rid: str, model: str, result: Any, word: str) -> dict[str, Any]:
-    """The whole answer: a ChatResult as Anthropic's `message`."""
+def from_result(rid: str, model: str, result: Any, word: str) -> dict[str, Any]:
+    """The whole answer: a turn's ChatResult as Anthropic's `message` (`word`: the stop
+    sequence that ended it, "" for none)."""
     c, msg = result.completion, result.message
     return {"id": rid, "type": "message", "role": "assistant", "model": model, "content": content_blocks(msg),
             "stop_reason": stop_reason(c, bool(msg.tool_calls), word), "stop_sequence": word or None,

@@ -58,7 +58,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import anyio
 import msgspec
@@ -66,19 +67,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.chat.messages import ChatMessage, ChatRequest, ToolCall
+from actord.chat.defaults import asked
+from actord.chat.messages import ChatMessage, Tool, ToolCall
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.anonymous import AnonymousMinds, forget_past_bound
 from actord.frontends.http.openai.answers import llama_timings
-from actord.frontends.http.openai.routes import decode_body, request_mind
 from actord.frontends.http.openai import responses_extras as X
 from actord.frontends.http.openai.response_store import ResponseStore, Stored
 from actord.frontends.http.openai.responses_events import Events, _usage, output_items
-from actord.frontends.http.degraded import Degraded, fold_for, relax_schema, relax_tools
+from actord.frontends.http.degraded import Degraded, relax_schema, relax_tools
 from actord.frontends.http.openai.tools_wire import tools_from_openai
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import Generation
+from actord.frontends.http.turns import Turn, TurnContext, fit, fitted, mind_of
+from actord.service.types import GeneRef
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
     model: str | None = None
@@ -160,10 +163,11 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     return "\n".join(texts)
 
 
-def input_messages(v: Any, developer_is_system: bool = True, degraded: Degraded | None = None) -> list[ChatMessage]:
-    """`input` as chat messages: a string is one user message; items are messages,
-    function calls (joined onto the assistant turn before them), their outputs, and (with
-    `degraded`) reasoning items, whose thought goes to the assistant turn after them."""
+def input_messages(v: Any, degraded: Degraded | None = None) -> list[ChatMessage]:
+    """`input` as chat messages: a string is one user message; items are messages (roles as
+    sent: turns.py `roles_for` fits `developer` to the template), function calls (joined onto
+    the assistant turn before them), their outputs, and (with `degraded`) reasoning items,
+    whose thought goes to the assistant turn after them."""
     if isinstance(v, str):
         return [ChatMessage(role="user", content=v)]
     if not isinstance(v, list):
@@ -181,8 +185,6 @@ def input_messages(v: Any, developer_is_system: bool = True, degraded: Degraded 
                 raise InvalidParams(f"{p}.role must be user, system, developer or assistant", param=f"{p}.role")
             kinds = ("output_text", "refusal") if role == "assistant" else ("input_text",)
             text = _text_of(it.get("content", ""), f"{p}.content", kinds + ("text",))
-            if role == "developer" and developer_is_system:
-                role = "system"
             out.append(ChatMessage(role=role, content=text,
                                    reasoning_content=thought if role == "assistant" else None))
             thought = None if role == "assistant" else thought
@@ -235,9 +237,81 @@ def conversation_mind(instructions: str | None, first: ChatMessage) -> str:
     """The mind a conversation's first response names when nothing else does: a digest of
     how it starts, so resending the whole history lands in the same mind."""
     h = hashlib.blake2b(digest_size=16, person=b"actord-resp")
-    h.update(msgspec.msgpack.encode([instructions or "", first.role, first.content,
+    role = "system" if first.role == "developer" else first.role  # the name it had before its template fit
+    h.update(msgspec.msgpack.encode([instructions or "", role, first.content,
                                      [(c.id, c.name, c.arguments) for c in first.tool_calls or []]]))
     return "r-" + h.hexdigest()
+
+
+@dataclass
+class ResponseTurn(Turn):
+    """A Responses request's turn, and what its answer and its store need of it: the
+    conversation to keep (without this turn's instructions), whether its mind was named
+    from how the conversation starts (`anonymous`, bounded: anonymous.py), and whether the
+    thought comes back as an opaque item (`sealed`)."""
+
+    history: list[ChatMessage] = field(default_factory=list)
+    anonymous: bool = False
+    sealed: bool = False
+
+
+def conversation(req: ResponsesRequest, prev: Stored | None,
+                 degraded: Degraded) -> tuple[list[ChatMessage], list[ChatMessage], list[Tool], Any]:
+    """The conversation kept (`prev`'s and this input), the one prompted (this turn's
+    instructions first), its tools and tool choice."""
+    from actord.chat import tools as T
+
+    history = (prev.messages if prev is not None else []) + input_messages(req.input, degraded=degraded)
+    convo = ([ChatMessage(role="system", content=req.instructions)] if req.instructions else []) + history
+    tools = relax_tools(tools_from_openai(X.flat_tools(req.tools, degraded), "tools", flat=True), degraded)
+    if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
+        raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    choice = req.tool_choice if req.tool_choice is not None else "auto"
+    T.check_tools(tools, choice)
+    return history, convo, tools, choice
+
+
+def to_turn(req: ResponsesRequest, headers: Mapping[str, str], context: TurnContext,
+            prev: Stored | None = None) -> ResponseTurn:
+    """A Responses request as one chat turn (actord/frontends/http/turns.py), continuing
+    `prev` (the stored response `previous_response_id` names, looked up by the route): every
+    field read and checked as the module docstring says; what it leaves unsaid
+    (`max_output_tokens`, the sampling) is the chat layer's defaults."""
+    degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
+    check(req, degraded)
+    sealed = X.wants_reasoning(req.include, degraded)
+    history, convo, tools, choice = conversation(req, prev, degraded)
+    grammar = text_grammar(req.text, degraded)
+    if grammar and tools and choice != "auto" and choice != "none":
+        # instructor's RESPONSES_TOOLS: a forced call and text.format with its schema; the
+        # call's grammar already holds the output, and two grammars cannot both hold.
+        degraded.add("text.format dropped: a forced tool call's grammar holds the output")
+        grammar = ""
+    mind, label = mind_of(headers, context, req.prompt_cache_key, req.user)
+    anonymous = False
+    if mind is None and req.store:
+        mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
+        anonymous = mind is not None and mind.startswith("r-")
+    chat = asked(context.defaults, messages=convo, max_tokens=req.max_output_tokens, temperature=req.temperature,
+                 top_p=req.top_p, top_k=req.top_k, mind=mind, stream=req.stream,
+                 genes=msgspec.convert(req.genes, list[GeneRef]), grammar=grammar, ignore_eos=req.ignore_eos,
+                 tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
+                 return_progress=req.return_progress and req.stream,
+                 timings_per_token=req.timings_per_token and req.stream, cache_salt=req.cache_salt)
+    return ResponseTurn(chat, degraded, label=label, history=history, anonymous=anonymous, sealed=sealed)
+
+
+def from_result(base: dict[str, Any], result: Any, *, cut_is_incomplete: bool, sealed: bool,
+                output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A turn's ChatResult as the final response object: `base` (the request's echo) with its
+    status, output items (`output`: those a stream already built), usage and why it is
+    incomplete. `cut_is_incomplete`: a reply cut by max_output_tokens is OpenAI's
+    `incomplete` (/v1), else `completed`, as llama-server calls every finished response."""
+    c = result.completion
+    cut = c.stop_reason in ("length", "context") and cut_is_incomplete
+    return {**base, "status": "incomplete" if cut else "completed",
+            "output": output if output is not None else output_items(result.message, cut, sealed),
+            "usage": _usage(c), "incomplete_details": {"reason": "max_output_tokens"} if cut else None}
 
 
 # -- the routes ------------------------------------------------------------------------
@@ -311,88 +385,45 @@ class Responses(RouteGroup):
         """OpenAI's input token count of a Responses body (`POST /v1/responses/input_tokens`):
         its conversation (instructions, a stored previous response, tools) counted as `create`
         would prompt it, nothing generated."""
-        req: ResponsesRequest = await decode_body(self.front, request, ResponsesRequest)
+        req: ResponsesRequest = await self.front.decode_json(request, ResponsesRequest)
         degraded = Degraded()
         check(req, degraded)
-        _, _, convo, tools, _ = await self._conversation(req, degraded)
-        n = await self.front.system.count_prompt(convo, None, True, tools)
+        _, convo, tools, _ = conversation(req, self._previous(req), degraded)
+        n = await self.front.system.count_prompt(await fitted(self.front, convo, degraded), None, True, tools)
         return json_response({"object": "response.input_tokens", "input_tokens": n})
 
-    async def _conversation(self, req: ResponsesRequest,
-                            degraded: Degraded) -> tuple[Any, list[ChatMessage], list[ChatMessage], Any, Any]:
-        from actord.chat import tools as T
-
-        prev = None
-        if req.previous_response_id is not None:
-            prev = self.store.get(req.previous_response_id)
-            if prev is None:
-                raise HttpError(400, f"previous response {req.previous_response_id[:80]!r} is not stored "
-                                "(never stored, store: false, or dropped from the store)",
-                                "previous_response_not_found", "previous_response_id")
-        developer = await self.front.template_names_developer()
-        new = input_messages(req.input, developer_is_system=not developer, degraded=degraded)
-        history = (prev.messages if prev is not None else []) + new
-        convo = ([ChatMessage(role="system", content=req.instructions)] if req.instructions else []) + history
-        convo = await fold_for(self.front, convo, degraded)
-        tools = relax_tools(tools_from_openai(X.flat_tools(req.tools, degraded), "tools", flat=True), degraded)
-        if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
-            raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
-        choice = req.tool_choice if req.tool_choice is not None else "auto"
-        T.check_tools(tools, choice)
-        return prev, history, convo, tools, choice
+    def _previous(self, req: ResponsesRequest) -> Stored | None:
+        if req.previous_response_id is None:
+            return None
+        prev = self.store.get(req.previous_response_id)
+        if prev is None:
+            raise HttpError(400, f"previous response {req.previous_response_id[:80]!r} is not stored "
+                            "(never stored, store: false, or dropped from the store)",
+                            "previous_response_not_found", "previous_response_id")
+        return prev
 
     async def create(self, request: Request) -> Response:
         front = self.front
-        req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
-        degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
-        check(req, degraded)
-        sealed = X.wants_reasoning(req.include, degraded)
-        prev, history, convo, tools, choice = await self._conversation(req, degraded)
-        grammar = text_grammar(req.text, degraded)
-        if grammar and tools and choice != "auto" and choice != "none":
-            # instructor's RESPONSES_TOOLS: a forced call and text.format with its schema; the
-            # call's grammar already holds the output, and two grammars cannot both hold.
-            degraded.add("text.format dropped: a forced tool call's grammar holds the output")
-            grammar = ""
+        req: ResponsesRequest = await front.decode_json(request, ResponsesRequest)
+        turn = to_turn(req, request.headers, TurnContext.of(front), self._previous(req))
+        chat = await fit(front, turn)
+        mind, history, sealed = chat.mind, turn.history, turn.sealed
         openai_form = request.url.path.startswith("/v1/")
-        mind = request_mind(request, req)
-        anonymous = False
-        if mind is None and req.store:
-            mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
-            anonymous = mind is not None and mind.startswith("r-")
-        n = req.max_output_tokens
-        if n is None:
-            n = min(front.config.http_default_max_tokens, front.system.model_props().n_ctx)
-        chat = ChatRequest(
-            messages=convo, n_predict=n, mind=mind, temperature=1.0 if req.temperature is None else req.temperature,
-            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, stream=req.stream,
-            genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=grammar, ignore_eos=req.ignore_eos,
-            tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
-            return_progress=req.return_progress and req.stream, timings_per_token=req.timings_per_token and req.stream,
-            cache_salt=req.cache_salt,
-        ).check()
         rid = O.new_id("resp", "_")
         base = {
             "id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "model": req.model or front.model_id, "output": [], "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-            "parallel_tool_calls": chat.parallel_tool_calls, "tool_choice": choice, "tools": req.tools or [],
-            "previous_response_id": req.previous_response_id, "store": req.store,
+            "parallel_tool_calls": chat.parallel_tool_calls, "tool_choice": chat.tool_choice,
+            "tools": req.tools or [], "previous_response_id": req.previous_response_id, "store": req.store,
             "text": req.text if req.text is not None else {"format": {"type": "text"}}, "truncation": "disabled",
             "metadata": req.metadata or {}, "user": req.user, "error": None, "incomplete_details": None,
             "usage": None, "background": False,
         }
 
         def finish(result: Any, output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-            c = result.completion
-            # OpenAI's `incomplete` on /v1; the unprefixed route answers as llama-server's,
-            # which calls every finished response completed.
-            cut = c.stop_reason in ("length", "context") and openai_form
-            body = {**base, "status": "incomplete" if cut else "completed",
-                    "output": output if output is not None else output_items(result.message, cut, sealed),
-                    "usage": _usage(c),
-                    "incomplete_details": {"reason": "max_output_tokens"} if cut else None}
-            if req.store and c.stop_reason != "cancelled":
+            body = from_result(base, result, cut_is_incomplete=openai_form, sealed=sealed, output=output)
+            if req.store and result.completion.stop_reason != "cancelled":
                 msgs = [*history, result.message]
                 size = len(msgspec.json.encode(msgs)) + len(msgspec.json.encode(body))
                 self.store.put(rid, Stored(mind=mind, messages=msgs, body=body, n_bytes=size))
@@ -400,10 +431,10 @@ class Responses(RouteGroup):
 
         async def run(on_token: Any) -> Any:
             result = await front.system.chat(chat, on_token=on_token)
-            if anonymous and mind is not None:
+            if turn.anonymous and mind is not None:
                 with anyio.CancelScope(shield=True):  # the bound holds whether or not the client stays
                     await forget_past_bound(self.anonymous, front.system, mind, result.completion)
             return result
 
         return Generation(front, ResponsesAnswer(run, base, finish, chat.timings_per_token, sealed), stream=req.stream,
-                          headers=degraded.headers())
+                          headers=turn.degraded.headers())

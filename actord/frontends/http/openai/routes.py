@@ -20,13 +20,14 @@ Tools (actord.chat.tools): a chat's `tools`, `tool_choice`, `parallel_tool_calls
 the answer carries the reply's `tool_calls` (streamed: as `tool_calls` deltas, each call
 whole), or, for a legacy request, `function_call`.
 
-The mind is named by the `X-Actord-Mind` header (used as given: it must be a valid mind
-name), else by `prompt_cache_key`, else by `user`, both free-form and mapped to a mind name
-through a digest (`openai.mind_for`). The header wins, because it is an explicit
-instruction to actord; `prompt_cache_key` beats `user` because it is OpenAI's field for
-exactly this (cache routing), while `user` is an end-user id a client may set for other
-reasons. With none, a request is placed like llama-server's: the idle slot sharing the
-longest prefix.
+Routes are thin (actord/frontends/http/turns.py): a chat's body is read into one turn by
+the wire's pure `to_turn` (`wire.py`), fitted to the template, run by the `chat` verb and
+answered by `OpenAIAnswer` (`wire.from_result`, or the chunks). The mind a request names:
+the `X-Actord-Mind` header, else a session header the operator named, else
+`prompt_cache_key`, else `user` (turns.py `mind_of`). The header wins, because it is an
+explicit instruction to actord; `prompt_cache_key` beats `user` because it is OpenAI's
+field for exactly this (cache routing), while `user` is an end-user id a client may set for
+other reasons.
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.types import CompletionRequest, SamplingFields
-from actord.chat.messages import ChatRequest
+from actord.chat.defaults import TurnDefaults
+from actord.service.types import CompletionRequest
 from actord.service.errors import ActordError, InvalidParams, ModelNotFound
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.answers import verbose_object
 from actord.frontends.http.openai.tools_wire import call_deltas
-from actord.frontends.http.degraded import Degraded, fold_for
+from actord.frontends.http.degraded import Degraded
+from actord.frontends.http.turns import TurnContext, fit, fitted, mind_of
 from actord.frontends.http.responses import RouteGroup, error_object, json_response, llama_error_response
 from actord.frontends.http.streaming import DONE, Generation, sse
 
@@ -84,8 +86,8 @@ class OpenAIAnswer:
         r = await self.run(None)  # a chat's ChatResult (its message and calls), a completion's result
         created, fp = int(time.time()), self.front.fingerprint
         if self.chat:
-            body = O.chat_completion(O.new_id("chatcmpl"), self.model, r, created, fp, self.logprobs,
-                                     self.functions)
+            body = O.from_result(r, model=self.model, created=created, fingerprint=fp, logprobs=self.logprobs,
+                                 functions=self.functions)
         else:
             body = O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs)
         if self.prompt_of is not None:
@@ -155,39 +157,6 @@ async def decode_body(front: Any, request: Request, typ: type) -> Any:
     return await front.decode_json(request, typ)
 
 
-def request_mind(request: Request, req: Any) -> str | None:
-    """The mind a request names (the module docstring): the header, `prompt_cache_key`, `user`."""
-    return named_mind(request, req.prompt_cache_key, req.user)
-
-
-def named_mind(request: Request, key: str | None, user: str | None) -> str | None:
-    """The mind of a request: the `X-Actord-Mind` header, else a session header the operator
-    named (--http-mind-headers), else a cache key's, else an end user's (each API names which
-    of its fields are which)."""
-    header = request.headers.get("x-actord-mind")
-    if header:
-        return header  # as given: CompletionRequest.check refuses a name that is not one
-    given = next(((name, v) for name in getattr(request.app.state, "mind_headers", ())  # --http-mind-headers
-                  if (v := request.headers.get(name))), None)
-    kind, source, value = (("h", given[0], given[1]) if given else ("k", "prompt_cache_key", key) if key
-                           else ("u", "user", user) if user else ("", "", None))
-    if not value:
-        return None
-    mind = O.mind_for(kind, value)
-    labels = getattr(request.app.state, "mind_labels", None)  # the dashboard shows the name as given
-    if labels is not None:
-        labels.note(mind, source, value)
-    return mind
-
-
-def precheck(chat: ChatRequest, limits: Any) -> None:
-    """The checks a chat's completion makes (sampling, stop strings, the mind's name), under
-    this daemon's limits, before any rendering work."""
-    fields = {f: getattr(chat, f) for f in SamplingFields.__struct_fields__}
-    CompletionRequest(prompt=[0], n_predict=chat.n_predict, mind=chat.mind, temperature=chat.temperature,
-                      top_k=chat.top_k, top_p=chat.top_p, stop=chat.stop, **fields).check(limits)
-
-
 class OpenAIRoutes(RouteGroup):
 
     def routes(self) -> list[Route]:
@@ -212,33 +181,10 @@ class OpenAIRoutes(RouteGroup):
     async def _body(self, request: Request, typ: type) -> Any:
         return await decode_body(self.front, request, typ)
 
-    @staticmethod
-    def _mind(request: Request, req: O._Common) -> str | None:
-        return request_mind(request, req)
-
     async def chat_completions(self, request: Request) -> Response:
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
-        O.refuse_unsupported(req)
-        n_choices = O.choices(req, self.config.max_n)
-        fields = O.sampling(req, self.system.model_props().n_vocab)
-        degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
-        tool_fields = O.chat_tools(req, degraded)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
-        if not req.messages:
-            raise InvalidParams("messages is empty", param="messages")
-        developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
-        messages = await fold_for(self.front, O.chat_messages(req.messages, developer_is_system=not developer),
-                                  degraded)
-        n = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if n is None:
-            n = min(self.config.http_default_max_tokens, self.system.model_props().n_ctx)
-        chat = ChatRequest(
-            messages=messages, n_predict=n, mind=self._mind(request, req), ignore_eos=req.ignore_eos,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
-            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
-            **O.chat_fields(req), return_progress=req.return_progress, timings_per_token=req.timings_per_token,
-        ).check()
-        precheck(chat, self.config.request_limits())
+        turn = O.to_turn(req, request.headers, TurnContext.of(self.front))
+        chat = await fit(self.front, turn)
 
         prompt_of = None
         if self._verbose(req):
@@ -249,27 +195,29 @@ class OpenAIRoutes(RouteGroup):
 
         async def run(on_token: Any) -> Any:
             # A ChatResult (the message and its calls); n > 1: one per choice (actord/chat/choices.py).
-            return await self.system.chat(chat, on_token=on_token, n=n_choices)
+            return await self.system.chat(chat, on_token=on_token, n=turn.n)
 
         return OpenAIAnswer.response(self.front, run, chat=True, model=req.model or self.front.model_id,
-                                     stream=req.stream, logprobs=fields["logprobs"],
+                                     stream=req.stream, logprobs=chat.logprobs,
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                      functions=req.functions is not None or req.function_call is not None,
-                                     n=n_choices, llama=not request.url.path.startswith("/v1/"), prompt_of=prompt_of,
-                                     headers=degraded.headers())
+                                     n=turn.n, llama=not request.url.path.startswith("/v1/"), prompt_of=prompt_of,
+                                     headers=turn.degraded.headers())
 
     async def input_tokens(self, request: Request) -> Response:
         """llama-server's token count of a chat's prompt: its messages rendered as the chat
-        would render them (tools, thinking, prefill) and tokenized as the chat would (special
-        tokens parsed, the model's BOS unless the template wrote it), nothing generated."""
+        would render them (fitted to the template, tools, thinking, prefill) and tokenized as
+        the chat would (special tokens parsed, the model's BOS unless the template wrote it),
+        nothing generated."""
         req: O.ChatCompletionRequest = await self._body(request, O.ChatCompletionRequest)
         if not req.messages:
             raise InvalidParams("messages is empty", param="messages")
-        developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
+        degraded = Degraded()  # counted as the chat would be prompted: folded, tools relaxed
         fields = O.chat_fields(req)
         n = await self.system.count_prompt(
-            O.chat_messages(req.messages, developer_is_system=not developer), None,
-            fields.get("add_generation_prompt", True), O.chat_tools(req, Degraded())["tools"], fields["template_kwargs"])
+            await fitted(self.front, O.chat_messages(req.messages), degraded), None,
+            fields.get("add_generation_prompt", True), O.chat_tools(req, degraded)["tools"],
+            fields["template_kwargs"])
         return json_response({"input_tokens": n, "object": "response.input_tokens"})
 
     async def completions(self, request: Request) -> Response:
@@ -282,13 +230,17 @@ class OpenAIRoutes(RouteGroup):
                                 f"completions; this daemon's --max-n allows {self.config.max_n} in one request",
                                 param="prompt", max=self.config.max_n)
         fields = O.sampling(req, self.system.model_props().n_vocab)
-        mind = self._mind(request, req)
+        mind, label = mind_of(request.headers, TurnContext.of(self.front), req.prompt_cache_key, req.user)
+        if label is not None:
+            self.front.mind_labels.note(*label)
+        defaults = TurnDefaults(max_tokens=16)  # OpenAI's own for legacy completions
         comps = [CompletionRequest(
             # A mind continues from prompt 0 only, as from choice 0 (actord/chat/choices.py):
             # the other prompts are requests of their own, not turns of hers.
-            prompt=p, n_predict=req.max_tokens if req.max_tokens is not None else 16, mind=mind if i == 0 else None,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
+            prompt=p, n_predict=defaults.max_tokens if req.max_tokens is None else req.max_tokens,
+            mind=mind if i == 0 else None,
+            temperature=defaults.temperature if req.temperature is None else req.temperature,
+            top_k=req.top_k, top_p=defaults.top_p if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, ignore_eos=req.ignore_eos,
             return_progress=req.return_progress, timings_per_token=req.timings_per_token,
         ).check(self.config.request_limits()) for i, p in enumerate(prompts)]

@@ -35,7 +35,7 @@ Choices made here, stated:
 - Text content parts join with "\\n", as llama-server does for templates that take string
   content (OpenAI does not document it; it is what the model sees either way).
 - `developer` (OpenAI's newer name for `system`) reaches the template as `system` unless
-  the template itself names the developer role: templates written before it (Gemma 3's)
+  the template itself names the developer role (turns.py `roles_for`): templates written before it (Gemma 3's)
   refuse or drop an unknown role.
 - `response_format` json_schema and json_object, and llama-server's `json_schema`, become a
   GBNF grammar through llama-cpp-python's own converter (actord.engine.grammar), applied
@@ -62,15 +62,17 @@ tokens served from cache).
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
+from typing import Any, Mapping
 
 import msgspec
 
 from actord.service.types import GeneRef
+from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage
 from actord.service.errors import ActordError, InvalidParams, PromptTooLong
+from actord.frontends.http.degraded import Degraded
 from actord.frontends.http.openai.tools_wire import calls_from_openai, functions_from_openai, tools_from_openai
+from actord.frontends.http.turns import Turn, TurnContext, mind_for, mind_of  # noqa: F401  (mind_for: the digest)
 # The answer's shapes (one choice or n) live in answers.py; re-exported here.
 from actord.frontends.http.openai.answers import (  # noqa: F401
     Chunks, _split, chat_completion, chat_logprobs, chat_message, finish_reason, new_id, text_completion,
@@ -394,7 +396,36 @@ def chat_fields(req: ChatCompletionRequest) -> dict[str, Any]:
     return out
 
 
-def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> list[ChatMessage]:
+def to_turn(req: ChatCompletionRequest, headers: Mapping[str, str], context: TurnContext) -> Turn:
+    """A chat completion request as one chat turn (actord/frontends/http/turns.py): every
+    field read and checked as the module docstring says, a 400 naming the first that is
+    wrong; the length and sampling it leaves unsaid are the chat layer's defaults."""
+    refuse_unsupported(req)
+    n = choices(req, context.max_n)
+    fields = sampling(req, context.n_vocab)
+    degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
+    tool_fields = chat_tools(req, degraded)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
+    if not req.messages:
+        raise InvalidParams("messages is empty", param="messages")
+    mind, label = mind_of(headers, context, req.prompt_cache_key, req.user)
+    chat = asked(context.defaults, messages=chat_messages(req.messages),
+                 max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+                 temperature=req.temperature, top_p=req.top_p, mind=mind, ignore_eos=req.ignore_eos,
+                 top_k=req.top_k, seed=req.seed, stop=stops(req.stop), stream=req.stream, genes=req.genes,
+                 return_progress=req.return_progress, timings_per_token=req.timings_per_token,
+                 **fields, **tool_fields, **chat_fields(req))
+    return Turn(chat, degraded, n=n, label=label)
+
+
+def from_result(result: Any, *, model: str, created: int, fingerprint: str, logprobs: bool,
+                functions: bool = False) -> dict[str, Any]:
+    """A turn's ChatResult (n > 1: the list of them) as the whole `chat.completion` body."""
+    return chat_completion(new_id("chatcmpl"), model, result, created, fingerprint, logprobs, functions)
+
+
+def chat_messages(msgs: list[Message]) -> list[ChatMessage]:
+    """The messages as actord's (roles as sent: a `developer` one becomes `system` where the
+    template needs it, actord/frontends/http/turns.py `roles_for`)."""
     out = []
     for i, m in enumerate(msgs):
         calls = None
@@ -421,18 +452,9 @@ def chat_messages(msgs: list[Message], *, developer_is_system: bool = True) -> l
             content = "\n".join(texts)
         else:
             content = m.content or ""
-        role = "system" if role == "developer" and developer_is_system else role
         out.append(ChatMessage(role=role, content=content, tool_calls=calls, tool_call_id=call_id if role == "tool" else None,
                                name=m.name, reasoning_content=m.reasoning_content if role == "assistant" else None))
     return out
-
-
-def mind_for(kind: str, value: str) -> str:
-    """A mind name for a free-form `user` ("u") or `prompt_cache_key` ("k"): stable across
-    requests and restarts (no secret, so spilled pages keep their names), one page-name
-    component whatever the input, and 128 bits of digest, so distinct values never meet."""
-    digest = hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16, person=b"actord-" + kind.encode())
-    return f"{kind}-{digest.hexdigest()}"
 
 
 def stops(stop: str | list[str] | None) -> list[str]:
