@@ -21,12 +21,13 @@ from typing import Any, Awaitable, Callable, Iterator
 import msgspec
 
 from actord.chat.messages import ChatRequest
+from actord.chat.turn import precheck
 from actord.cluster.directory import Directory, Entry
 from actord.cluster.messages import KINDS, Holding, Turn
 from actord.cluster.nodelink import NODE_GONE, NodeLink
 from actord.service.errors import DuplicateTurn, InvalidParams, NodeUnavailable
 from actord.service.log import get
-from actord.service.types import CompletionRequest, RequestLimits, SamplingFields
+from actord.service.types import CompletionRequest, RequestLimits
 from actord.storage.paths import check_part
 
 log = get("actord.cluster.turns")
@@ -52,12 +53,10 @@ def check_turn(kind: str, mind: str | None, request: Any, limits: RequestLimits)
         if kind == "completion":
             msgspec.convert({**request, "mind": mind}, CompletionRequest).check(limits)
             return
-        chat = msgspec.convert({**request, "mind": mind}, ChatRequest).check()
+        chat = msgspec.convert({**request, "mind": mind}, ChatRequest)
     except msgspec.ValidationError as e:
         raise InvalidParams(str(e)) from None
-    CompletionRequest(prompt=[0], n_predict=chat.n_predict, mind=mind, temperature=chat.temperature,
-                      top_k=chat.top_k, top_p=chat.top_p,
-                      **{f: getattr(chat, f) for f in SamplingFields.__struct_fields__}).check(limits)
+    precheck(chat, limits)
 
 
 class _Chunks:

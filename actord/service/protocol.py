@@ -40,6 +40,20 @@ class Tokenized(msgspec.Struct, frozen=True):
     tokens: list[int]
     pieces: list[bytes] | None = None
 
+    def answer(self) -> dict[str, Any]:
+        """{tokens: [id, ...]} or, with pieces, [{id, piece}]: a piece is its text when it
+        is valid UTF-8, else its bytes (llama-server's /tokenize answer, the socket's too)."""
+        if self.pieces is None:
+            return {"tokens": self.tokens}
+        tokens = []
+        for t, piece in zip(self.tokens, self.pieces):
+            try:
+                text: Any = piece.decode("utf-8")
+            except UnicodeDecodeError:
+                text = list(piece)
+            tokens.append({"id": t, "piece": text})
+        return {"tokens": tokens}
+
 
 class TemplateSource(msgspec.Struct, frozen=True):
     """The chat template chats render with (`chat.template`): --chat-template-file, else the model's."""

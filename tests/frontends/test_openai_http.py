@@ -418,7 +418,7 @@ def test_max_tokens_zero_is_refused_naming_it(client, field):
 
 @pytest.mark.parametrize("field,value", [
     ("n", 99), ("n_probs", 2), ("tool_choice", "required"),
-    ("tools", [{"type": "retrieval"}]),
+    ("tools", [{"type": "function", "function": {"description": "no name"}}]),
 ])
 def test_a_field_actord_cannot_honour_is_a_400_naming_it(client, field, value):
     with pytest.raises(openai.BadRequestError) as e:

@@ -1,99 +1,29 @@
-"""The method table: JSON-RPC method name -> typed params Struct and a call on the system.
+"""The socket's method table: JSON-RPC method name -> typed params Struct and the Service
+verb it calls.
 
-One table serves the daemon, the CLI (each method is a verb: `actord page-out 0 ada`, its
-params the verb's arguments, its `help` the verb's) and the docs, so a method's name,
-shape and description are defined once.
-
-Strings a client sends are bounded at decode (`Meta(max_length=...)`), and in-RAM page
-names are checked against the stated page-name character set (`storage/paths.py`) before
-anything is asked of an actor; file names are confined by the page folder's own check.
+The method names are the socket's wire; this is where they meet the verbs, at the socket's
+edge. The params Structs are the service's (actord/service/params.py: bounded, a page name
+checked as it decodes), which the native HTTP routes decode into too before calling the
+same verbs themselves: no other front goes through this table. The CLI, the socket's
+client, builds its verbs from it (`actord page-out 0 ada`: the method's params are the
+verb's arguments, its `help` the verb's), and so do the docs, so a method's name, shape
+and description are defined once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Awaitable, Callable, Literal, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 
-from actord.chat.messages import ChatMessage, ChatRequest, Tool
+from actord.chat.messages import ChatRequest
+from actord.service.params import (  # noqa: F401  (ListParams, ... : every method's, here by name)
+    ApplyTemplateParams, DetokenizeParams, GeneIdParams, GenePathParams, ListParams, NoParams, PageParams,
+    SlotFileParams, SlotPageParams, SlotParams, SpillParams, StatsParams, TokenizeParams,
+)
 from actord.service.protocol import Service, TokenChunk
 from actord.service.types import CompletionRequest
-from actord.storage.clientfiles import MAX_PATH
-from actord.storage.paths import MAX_NAME, check_page_name
-
-PageName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
-FileName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
-ClientPath = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
-
-
-class NoParams(msgspec.Struct, forbid_unknown_fields=True):
-    pass
-
-
-class SlotParams(msgspec.Struct, forbid_unknown_fields=True):
-    slot: int
-
-
-class PageParams(msgspec.Struct, forbid_unknown_fields=True):
-    page: PageName
-
-
-class SlotPageParams(msgspec.Struct, forbid_unknown_fields=True):
-    slot: int
-    page: PageName
-
-
-class SpillParams(msgspec.Struct, forbid_unknown_fields=True):
-    page: PageName
-    file: FileName
-    drop: bool = False
-
-
-class SlotFileParams(msgspec.Struct, forbid_unknown_fields=True):
-    slot: int
-    file: FileName
-
-
-class GenePathParams(msgspec.Struct, forbid_unknown_fields=True):
-    path: ClientPath
-    default: bool = False
-
-
-class GeneIdParams(msgspec.Struct, forbid_unknown_fields=True):
-    id: int
-
-
-class ListParams(msgspec.Struct, forbid_unknown_fields=True):
-    """A page of a listing by name: the names after `after`, at most `limit` (0: all)."""
-
-    after: PageName = ""
-    limit: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-
-class StatsParams(msgspec.Struct, forbid_unknown_fields=True):
-    what: Literal["memory", "page", "checkpoint"]
-
-
-class TokenizeParams(msgspec.Struct, forbid_unknown_fields=True):
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeParams(msgspec.Struct, forbid_unknown_fields=True):
-    tokens: list[int]
-
-
-class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
-    messages: list[ChatMessage]
-    template: str | None = None
-    add_generation_prompt: bool = True
-    # None when absent, as the embedded call's defaults, so a trace records the same input.
-    tools: list[Tool] | None = None  # rendered as a chat with these tools renders them
-    template_kwargs: dict[str, Any] | None = None  # more template variables (enable_thinking, ...)
-
 
 Handler = Callable[[Service, Any, Callable[[Any], None] | None], Awaitable[Any]]
 
@@ -154,19 +84,8 @@ async def _stats(system: Service, p: StatsParams, _: Any) -> Any:
 
 
 async def _tokenize(system: Service, p: TokenizeParams, _: Any) -> Any:
-    """{tokens: [id, ...]} or, with_pieces, [{id, piece}]: a piece is its text when it is
-    valid UTF-8, else its bytes (as llama-server's /tokenize answers)."""
-    out = await system.tokenize(p.content, p.add_special, p.parse_special, p.with_pieces)
-    if out.pieces is None:
-        return {"tokens": out.tokens}
-    tokens = []
-    for t, piece in zip(out.tokens, out.pieces):
-        try:
-            text: Any = piece.decode("utf-8")
-        except UnicodeDecodeError:
-            text = list(piece)
-        tokens.append({"id": t, "piece": text})
-    return {"tokens": tokens}
+    """{tokens: [id, ...]} or, with_pieces, [{id, piece}] (`Tokenized.answer`)."""
+    return (await system.tokenize(p.content, p.add_special, p.parse_special, p.with_pieces)).answer()
 
 
 async def _detokenize(system: Service, p: DetokenizeParams, _: Any) -> Any:
@@ -196,15 +115,15 @@ METHODS: dict[str, Method] = {
     "health": Method(NoParams, lambda s, p, _: _wrap(s.health()), control=False, help="whether the daemon serves"),
     "metrics": Method(NoParams, lambda s, p, _: _const({"text": s.metrics_text()}), control=False,
                       help="the metrics, in Prometheus' text format"),
-    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, check_page_name(p.page))),
+    "page.out": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_out(p.slot, p.page)),
                        help="page a slot's context out to a page in RAM"),
-    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, check_page_name(p.page))),
+    "page.in": Method(SlotPageParams, lambda s, p, _: _wrap(s.page_in(p.slot, p.page)),
                       help="page a page into a slot"),
-    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page))),
+    "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(p.page)),
                         help="forget a page"),
     "page.list": Method(ListParams, lambda s, p, _: _wrap(s.page_list(p.after, p.limit)),
                         help="the pages held, by name (after, limit: a page of them)"),
-    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(check_page_name(p.page), p.file, p.drop)),
+    "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(p.page, p.file, p.drop)),
                          help="write a page to a file in the page folder (drop: and free its RAM)"),
     "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file)),
                         help="save a slot's context to a file in the page folder"),

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from actord.service.errors import ActordError, InvalidParams, PromptTooLong
 from actord.frontends.http.responses import HttpError, RouteGroup, json_response, status_of
-from actord.frontends.rpc.methods import METHODS
+from actord.service.params import decode
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
@@ -94,15 +94,12 @@ class NativeRoutes(RouteGroup):
 
     @staticmethod
     def _convert(obj: Any, typ: type) -> Any:
-        try:
-            return msgspec.convert(obj, typ)
-        except msgspec.ValidationError as e:
-            raise InvalidParams(f"invalid request: {e}") from None
+        """`obj` as `typ` (a verb's arguments: actord/service/params.py); a 400 names what is wrong."""
+        return decode(obj, typ)
 
-    async def _call(self, method: str, params: dict[str, Any]) -> Any:
-        """A JSON-RPC verb, with its own parameter checks (actord/frontends/rpc/methods.py)."""
-        m = METHODS[method]
-        return await m.call(self.system, self._convert(params, m.params), None)
+    async def _tokens(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """`text` tokenized by the Service's `tokenize` verb (recorded for traces)."""
+        return (await self.system.tokenize(text, add_special, parse_special)).tokens
 
     async def _default_genes(self) -> set[int]:
         return self.system.default_gene_ids()
@@ -124,7 +121,7 @@ class NativeRoutes(RouteGroup):
         out: list[int] = []
         for i, x in enumerate(prompt):
             if isinstance(x, str):
-                out += (await self._call("tokenize", {"content": x, "add_special": i == 0}))["tokens"]
+                out += await self._tokens(x, add_special=i == 0)
             else:
                 out.append(x)
         return out

@@ -50,6 +50,7 @@ from starlette.routing import Route
 
 from actord.service.types import CompletionRequest, CompletionResult
 from actord.chat.choices import check_n
+from actord.chat.defaults import max_tokens
 from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.native import sampling as S
@@ -191,7 +192,7 @@ def nested_fields(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:
 
 def generation_defaults(config: Any, n_ctx: int) -> dict[str, Any]:
     """What a /completion naming nothing gets (llama-server's `params` shape)."""
-    return {"n_predict": min(config.http_default_max_tokens, n_ctx), **S.defaults(config.seed), "stop": [],
+    return {"n_predict": max_tokens(config, n_ctx), **S.defaults(config.seed), "stop": [],
             "ignore_eos": False, "stream": False, "lora": []}
 
 
@@ -274,8 +275,7 @@ class CompletionRoutes(NativeRoutes):
 
     async def _bias_tokens(self, text: str) -> list[int]:
         """A logit_bias text's tokens: no BOS, special tokens as plain text (llama-server's)."""
-        r = await self._call("tokenize", {"content": text, "add_special": False, "parse_special": False})
-        return list(r["tokens"])
+        return await self._tokens(text, add_special=False, parse_special=False)
 
     async def completion(self, request: Request) -> Response:
         body: CompletionBody = await self._decode(request, CompletionBody)
@@ -293,7 +293,7 @@ class CompletionRoutes(NativeRoutes):
         n_ctx = slot_n_ctx(self.config, self.system.model_props().n_ctx)
         n = body.n_predict if body.n_predict is not None else body.max_tokens
         if n is None:
-            n = min(self.config.http_default_max_tokens, n_ctx)
+            n = max_tokens(self.config, n_ctx)  # the chat APIs' fallback (actord/chat/defaults.py)
         elif n == -1:
             n = n_ctx  # until EOS, a stop, or the context is full
         elif n < -1:
@@ -355,9 +355,8 @@ class CompletionRoutes(NativeRoutes):
         if fields is not None and "prompt" not in fields:
             prompt_text = ""
         else:  # the prompt as evaluated, detokenized (BOS included), as llama-server echoes it
-            tokens = list(req.prompt) if not isinstance(req.prompt, str) else (await self._call(
-                "tokenize", {"content": req.prompt, "add_special": True, "parse_special": True}))["tokens"]
-            prompt_text = (await self._call("detokenize", {"tokens": tokens}))["content"]
+            tokens = list(req.prompt) if not isinstance(req.prompt, str) else await self._tokens(req.prompt, True)
+            prompt_text = await self.system.detokenize(tokens)
         n_gen = len(r.tokens)
         out = {
             "index": i,

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.errors import InvalidParams
+from actord.service.params import GeneIdParams, GenePathParams
 from actord.frontends.http.native.base import LoraRef, NativeRoutes
 from actord.frontends.http.responses import HttpError, json_response
 
@@ -38,7 +40,7 @@ class GeneRoutes(NativeRoutes):
         defaults = await self._default_genes()
         return [{"id": g["id"], "path": g["path"], "scale": 1.0 if g["id"] in defaults else 0.0,
                  "task_name": "", "prompt_prefix": "", "resident": g["resident"], "n_bytes": g["n_bytes"],
-                 "default": g["id"] in defaults} for g in await self._call("gene.list", {})]
+                 "default": g["id"] in defaults} for g in msgspec.to_builtins(await self.system.gene_list())]
 
     async def lora_adapters(self, request: Request) -> Response:
         return json_response(await self._genes())
@@ -65,12 +67,17 @@ class GeneRoutes(NativeRoutes):
         obj = await self._json(request)
         if not isinstance(obj, dict):
             raise InvalidParams("the request body must be a JSON object")
+        system = self.system
         if verb == "load":
             if "path" not in obj:
                 raise InvalidParams('"path" is required', param="path")
-            r = await self._call("gene.load", {"path": obj["path"]})
+            p = self._convert({"path": obj["path"]}, GenePathParams)
+            r = await system.gene_load(p.path, default=p.default)
         else:
             if "id" not in obj:
                 raise InvalidParams('"id" is required', param="id")
-            r = await self._call(f"gene.{verb}", {"id": obj["id"]})
+            g = self._convert({"id": obj["id"]}, GeneIdParams)
+            r = await {"unload": system.gene_unload, "page_out": system.gene_page_out,
+                       "page_in": system.gene_page_in}[verb](g.id)
+        r = msgspec.to_builtins(r)
         return json_response({"success": True, **r} if verb == "unload" else r)

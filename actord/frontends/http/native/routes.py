@@ -23,7 +23,8 @@ lives where its job is:
   `/page_in`.
 - `base.py`: what they all share: llama-server's error object
   (`{"error": {"code": <status>, "message", "type"}}`, actord's typed error beside it in
-  `error.actord`), the key guard, JSON bodies, the JSON-RPC verbs they call.
+  `error.actord`), the key guard, JSON bodies, the verbs' typed arguments
+  (actord/service/params.py), which each route decodes before it calls the Service verb.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from actord.frontends.http.native.genes import GeneRoutes
 from actord.frontends.http.native.metrics import LlamaSeries
 from actord.frontends.http.native.slots import SlotRoutes
 from actord.frontends.http.responses import HttpError, json_response
+from actord.frontends.http.turns import roles_for
+from actord.service.params import ApplyTemplateParams, DetokenizeParams, TokenizeParams
 
 
 class Native(NativeRoutes):
@@ -84,8 +87,10 @@ class Native(NativeRoutes):
                 raise InvalidParams(f"content lists {len(content)} entries, at most {n_max}", param="content")
             tokens = await self._mixed(self._convert(content, list[int | str]), "content")
             return json_response({"tokens": tokens})
-        params = {k: obj[k] for k in ("content", "add_special", "parse_special", "with_pieces") if k in obj}
-        return json_response(await self._call("tokenize", params))
+        p = self._convert({k: obj[k] for k in ("content", "add_special", "parse_special", "with_pieces") if k in obj},
+                          TokenizeParams)
+        return json_response((await self.system.tokenize(p.content, p.add_special, p.parse_special,
+                                                         p.with_pieces)).answer())
 
     async def detokenize(self, request: Request) -> Response:
         obj = await self._json(request)
@@ -93,7 +98,8 @@ class Native(NativeRoutes):
             raise InvalidParams("the request body must be a JSON object")
         if "tokens" not in obj:
             return json_response({"content": ""})
-        return json_response(await self._call("detokenize", {"tokens": obj["tokens"]}))
+        p = self._convert({"tokens": obj["tokens"]}, DetokenizeParams)
+        return json_response({"content": await self.system.detokenize(p.tokens)})
 
     async def apply_template(self, request: Request) -> Response:
         obj = await self._json(request)
@@ -104,8 +110,7 @@ class Native(NativeRoutes):
         msgs = self._convert(obj["messages"], list[O.Message])
         if not msgs:
             raise InvalidParams("messages is empty", param="messages")
-        developer = any(m.role == "developer" for m in msgs) and await self.front.template_names_developer()
-        messages = [msgspec.to_builtins(m) for m in O.chat_messages(msgs, developer_is_system=not developer)]
+        messages = [msgspec.to_builtins(m) for m in await roles_for(self.front, O.chat_messages(msgs))]
         params: dict[str, Any] = {"messages": messages}
         if "add_generation_prompt" in obj:
             params["add_generation_prompt"] = obj["add_generation_prompt"]
@@ -119,14 +124,16 @@ class Native(NativeRoutes):
                 raise InvalidParams("chat_template_kwargs is an object of template variables",
                                     param="chat_template_kwargs")
             params["template_kwargs"] = kwargs
-        return json_response(await self._call("apply_template", params))
+        p = self._convert(params, ApplyTemplateParams)
+        return json_response({"prompt": await self.system.apply_template(p.messages, p.template, p.add_generation_prompt,
+                                                                         p.tools, p.template_kwargs)})
 
     # -- props -----------------------------------------------------------------------------
 
     async def props(self, request: Request) -> Response:
         system, config = self.system, self.config
         actord = await system.props_dict()
-        tpl = await self._call("chat.template", {})
+        tpl = await system.chat_template()
         n_ctx = slot_n_ctx(config, system.model_props().n_ctx)  # a slot's (actord/service/slot_ctx.py)
         out = {
             **actord,
@@ -139,9 +146,9 @@ class Native(NativeRoutes):
             "model_path": config.model,
             "modalities": {"vision": False, "video": False, "audio": False},
             "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
-            "chat_template": tpl["template"] or "",
+            "chat_template": tpl.template or "",
             "chat_template_caps": {},
-            "bos_token": tpl["bos_token"], "eos_token": tpl["eos_token"],
+            "bos_token": tpl.bos_token, "eos_token": tpl.eos_token,
             "build_info": f"actord {self.front.version}",
             "is_sleeping": system.asleep,
             "slot_page_version": 1, "lora_page_version": 1,

@@ -10,7 +10,8 @@ Routes: `GET /slots` (`?fail_on_no_slot=1`: 503 unless a slot is idle; 501 with
 `--no-http-slots`, llama-server's default), `POST
 /slots/{id}?action=save|restore|erase` (`filename`, or `file`, in the body), and the
 seed's `?action=page_out&page=NAME`, `page_in`, `page_drop`, `spill` (`filename`/`file`
-and `drop` in the body). Each calls the JSON-RPC verb of the same job, with its checks.
+and `drop` in the body). Each decodes the verb's typed arguments (actord/service/params.py:
+a page name checked, a file name bounded) and calls the Service verb of the same job.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from starlette.routing import Route
 
 from actord.service.slot_ctx import slot_n_ctx
 from actord.service.errors import InvalidParams
+from actord.service.params import PageParams, SlotFileParams, SlotPageParams, SlotParams, SpillParams
 from actord.frontends.http.native.base import NativeRoutes
 from actord.frontends.http.responses import HttpError, json_response
+
+
+as_json = msgspec.to_builtins  # a verb's answer as the route's JSON (its Structs as objects)
 
 
 class SlotRoutes(NativeRoutes):
@@ -68,13 +73,15 @@ class SlotRoutes(NativeRoutes):
                 raise InvalidParams(f'"{name}" is given twice, with different values', param=name)
             return vals[0]
 
+        system = self.system
         if action == "erase":
-            held = next((i.n_tokens for i in await self.system.slot_list() if i.id == slot), 0)
-            await self._call("slot.erase", {"slot": slot})
+            held = next((i.n_tokens for i in await system.slot_list() if i.id == slot), 0)
+            await system.slot_erase(self._convert({"slot": slot}, SlotParams).slot)
             return json_response({"id_slot": slot, "n_erased": held, "erased": True})
         if action in ("save", "restore"):
             filename = field("filename", alias="file")
-            r = await self._call(f"slot.{action}", {"slot": slot, "file": filename})
+            f = self._convert({"slot": slot, "file": filename}, SlotFileParams)
+            r = as_json(await (system.slot_save if action == "save" else system.slot_restore)(f.slot, f.file))
             if action == "save":
                 shaped = {"n_saved": r["n_tokens"], "n_written": r["n_bytes"], "timings": {"save_ms": r["t_ms"]}}
             else:
@@ -82,13 +89,15 @@ class SlotRoutes(NativeRoutes):
             return json_response({"id_slot": slot, "filename": filename, **shaped, **r})
         page = field("page", query=True)
         if action in ("page_out", "page_in"):
-            r = await self._call(f"page.{action[5:]}", {"slot": slot, "page": page})
+            p = self._convert({"slot": slot, "page": page}, SlotPageParams)
+            r = as_json(await (system.page_out if action == "page_out" else system.page_in)(p.slot, p.page))
             return json_response({"id_slot": slot, **r, "timings": {f"{action}_ms": r["t_ms"]}})
         if action == "page_drop":
-            r = await self._call("page.drop", {"page": page})
+            r = as_json(await system.page_drop(self._convert({"page": page}, PageParams).page))
             return json_response({"id_slot": slot, **r, "dropped": True})
         drop = obj.get("drop", request.query_params.get("drop", False))
         if isinstance(drop, str):
             drop = drop.lower() in ("1", "true", "yes")
-        r = await self._call("page.spill", {"page": page, "file": field("filename", alias="file"), "drop": drop})
+        sp = self._convert({"page": page, "file": field("filename", alias="file"), "drop": drop}, SpillParams)
+        r = as_json(await system.page_spill(sp.page, sp.file, sp.drop))
         return json_response({"id_slot": slot, "filename": r["file"], **r, "timings": {"spill_ms": r["t_ms"]}})
