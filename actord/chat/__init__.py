@@ -7,7 +7,8 @@ choices from one prefill, and the turn that ties them together.
     tools.py        tool calling: the tools in the prompt, the call grammar, the format's choice
     tool_output.py  tool calls parsed back from the output, and the typed events a stream carries
     choices.py      n choices of one prompt from one prefill
-    turn.py         one chat turn, the body of the `chat` verb
+    turn.py         one chat turn, the body of the `chat` verb, and its precheck
+    defaults.py     what a turn gets where its API said nothing (length, sampling), in one place
 
 Nothing here knows a wire: the fronts (actord/frontends) decode into these shapes and
 write the events in their own (OpenAI's tool shapes: actord/frontends/http/openai/tools_wire.py).

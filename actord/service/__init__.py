@@ -2,6 +2,7 @@
 
     system.py   the façade: `async with ActorSystem(config) as system`, lifecycle and typed verbs
     protocol.py the `Service` the fronts speak to (chat/host.py: `ChatHost`, what chat is given)
+    params.py   the verbs' typed arguments, as every front decodes them (socket, native routes, CLI)
     entry.py    `@entry`: a verb refused while closing, bounded, recorded for traces
     builder.py  the actors and the engine thread, wired once
     inflight.py the requests in flight: their slots, shutdown's drain

@@ -49,8 +49,10 @@ response as every generation does (`streaming.Generation`, a client that hangs u
 it); `ResponsesAnswer` is its `streaming.Answer`: the final body, or the events, framed here
 (each has its `event:` line, and one chunk may be several events or none).
 
-The answer's shapes (its output items, usage and streaming events) are
-`responses_events.py`'s. (Not to be confused with `responses.py`, the answer types every
+The route is thin (actord/frontends/http/turns.py): `to_turn` reads the request (and the
+stored response it continues) into one turn, pure; `fit` fits it to the template; the
+`chat` verb runs it; `from_result` writes the final response object. The answer's shapes
+(its output items, usage and streaming events) are `responses_events.py`'s. (Not to be confused with `responses.py`, the answer types every
 route shares.)
 """
 
