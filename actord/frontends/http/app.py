@@ -166,9 +166,6 @@ class HttpFront:
             routes += Vertex(self).routes()
         self.app = Starlette(routes=routes, middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
-        # --http-mind-headers, lower-cased, where openai/routes.py's named_mind reads them
-        self.app.state.mind_headers = tuple(h.lower() for h in split_names(config.http_mind_headers))
-        self.app.state.mind_labels = self.mind_labels
 
     def routes(self) -> list[Route]:
         """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""

@@ -13,7 +13,7 @@ llama-server's (its id the first alias, else the file's stem, with `aliases` and
 and a lookup answers for the id, the stem and each alias. OpenAI's Responses API and
 embeddings have modules of their own (`responses_api.py`: POST /v1/responses, GET/DELETE
 /v1/responses/{id}; `embeddings.py`: POST /v1/embeddings; each with its bare path too), and
-read their bodies and minds as these routes do (`decode_body`, `request_mind`).
+read their bodies as these routes do (`decode_body`; the Responses API its mind too: turns.py `mind_of`).
 
 Tools (actord.chat.tools): a chat's `tools`, `tool_choice`, `parallel_tool_calls` and the legacy
 `functions` / `function_call` become the ChatRequest's tool fields (`openai.chat_tools`);
