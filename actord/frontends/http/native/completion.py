@@ -3,7 +3,9 @@
 Why a module of its own: this is the native API's one generating route, and the larger part
 of it: llama-server's request fields (`CompletionBody`), the line between what is honoured
 and what is refused (`_NEUTRAL`), its prompt shapes, its answer (`NativeAnswer`, run by
-`streaming.Generation` like the OpenAI routes' answers) and result object.
+`streaming.Generation` like the OpenAI routes' answers) and result object (`from_result`,
+pure, as each chat API's wire has its own). Its length fallback is the chat APIs'
+(actord/chat/defaults.py); its sampling defaults are llama-server's (`sampling.py`).
 
 Fields: `prompt` (a string, token ids, ids mixed with strings, a `{prompt_string}` object,
 or several prompts; echoed in the answer as evaluated: detokenized, BOS included),
@@ -350,36 +352,47 @@ class CompletionRoutes(NativeRoutes):
 
     async def _result(self, i: int, r: CompletionResult, req: CompletionRequest, prompt: Any,
                       body: CompletionBody, settings: dict[str, Any]) -> dict[str, Any]:
-        stopping_word = await stopping_word_of(self.system, r, req.stop)
+        """What the answer needs beyond the result (the stop string that ended it, the prompt
+        as evaluated), then the result object (`from_result`)."""
+        word = await stopping_word_of(self.system, r, req.stop)
         fields = body.response_fields or None  # llama-server: none listed is every field
         if fields is not None and "prompt" not in fields:
             prompt_text = ""
         else:  # the prompt as evaluated, detokenized (BOS included), as llama-server echoes it
             tokens = list(req.prompt) if not isinstance(req.prompt, str) else await self._tokens(req.prompt, True)
             prompt_text = await self.system.detokenize(tokens)
-        n_gen = len(r.tokens)
-        out = {
-            "index": i,
-            "content": "" if body.stream else r.content,
-            "tokens": [] if body.stream or not body.return_tokens else list(r.tokens),
-            "id_slot": r.slot,
-            "stop": True,
-            "model": self.front.model_id,
-            "tokens_predicted": n_gen,
-            "tokens_evaluated": r.n_prompt_tokens,
-            "generation_settings": settings,
-            "prompt": prompt_text,
-            "has_new_line": "\n" in r.content,
-            "truncated": r.stop_reason == "context",
-            "stop_type": stop_type(r.stop_reason),
-            "stopping_word": stopping_word,
-            # What the slot's cache holds after the request: the prompt and the generated
-            # tokens but the last sampled one, which is never decoded.
-            "tokens_cached": r.n_prompt_tokens + max(0, n_gen - 1),
-            "timings": timings(r),
-            "stop_reason": r.stop_reason,  # actord's own words, beside stop_type
-            "resumed_from_checkpoint": r.resumed_from_checkpoint,
-        }
-        if not body.stream and r.logprobs:  # streamed, each chunk carried its tokens'
-            out["completion_probabilities"] = S.probabilities(r.logprobs, req.post_sampling_probs)
-        return out if fields is None else nested_fields(fields, out)
+        return from_result(i, r, req, body, settings, model=self.front.model_id, prompt_text=prompt_text,
+                           stopping_word=word)
+
+
+def from_result(i: int, r: CompletionResult, req: CompletionRequest, body: CompletionBody, settings: dict[str, Any],
+                *, model: str, prompt_text: str, stopping_word: str) -> dict[str, Any]:
+    """Completion `i`'s result as llama-server's result object (the last chunk of a stream,
+    where content and tokens went with the chunks), cut to `response_fields` when listed."""
+    fields = body.response_fields or None
+    n_gen = len(r.tokens)
+    out = {
+        "index": i,
+        "content": "" if body.stream else r.content,
+        "tokens": [] if body.stream or not body.return_tokens else list(r.tokens),
+        "id_slot": r.slot,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": n_gen,
+        "tokens_evaluated": r.n_prompt_tokens,
+        "generation_settings": settings,
+        "prompt": prompt_text,
+        "has_new_line": "\n" in r.content,
+        "truncated": r.stop_reason == "context",
+        "stop_type": stop_type(r.stop_reason),
+        "stopping_word": stopping_word,
+        # What the slot's cache holds after the request: the prompt and the generated
+        # tokens but the last sampled one, which is never decoded.
+        "tokens_cached": r.n_prompt_tokens + max(0, n_gen - 1),
+        "timings": timings(r),
+        "stop_reason": r.stop_reason,  # actord's own words, beside stop_type
+        "resumed_from_checkpoint": r.resumed_from_checkpoint,
+    }
+    if not body.stream and r.logprobs:  # streamed, each chunk carried its tokens'
+        out["completion_probabilities"] = S.probabilities(r.logprobs, req.post_sampling_probs)
+    return out if fields is None else nested_fields(fields, out)
