@@ -186,6 +186,22 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # flight, running or queued; one more gets 429 at once. 0: twice the slots. Below the
     # slot count, one address never holds every slot: the others keep their pace.
     http_max_generations_per_peer: int = 0
+    # Per API key, with two keys or more (http/shares.py; one key is everyone's, and its
+    # bound would be the front's own): one key holds at most http_max_connections_per_key
+    # connections and http_max_generations_per_key generations in flight; one more gets 429
+    # in the API's shape. 0: as per address (http_max_connections_per_peer, the generations'
+    # per-address cap).
+    http_max_connections_per_key: int = 0
+    http_max_generations_per_key: int = 0
+    # Chunks generated for streams but not yet taken by their clients, per client address and
+    # per key (0: as per address): past the share, the stream whose chunk overflows ends
+    # (its generation cancelled) with a client_too_slow error event.
+    http_max_queued_chunks_per_peer: int = 16384
+    http_max_queued_chunks_per_key: int = 0
+    # A stream whose client takes nothing (its transport holds what was sent) may generate
+    # this many chunks more; then its generation ends, freeing its slot, and the stream ends
+    # with a client_too_slow error event: a client that does not read holds no engine time.
+    http_stream_ahead_chunks: int = 64
     # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
     # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
     # once per level); a large body is decoded on a worker thread within
@@ -399,6 +415,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes_in_flight must be >= 0 (0: 4 x http_max_body_bytes)")
         if self.http_max_generations_per_peer < 0:
             raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
+        if min(self.http_max_connections_per_key, self.http_max_generations_per_key,
+               self.http_max_queued_chunks_per_key) < 0:
+            raise InvalidParams("http_max_connections_per_key, http_max_generations_per_key and "
+                                "http_max_queued_chunks_per_key must be >= 0 (0: as per address)")
+        if self.http_max_queued_chunks_per_peer < 1 or self.http_stream_ahead_chunks < 1:
+            raise InvalidParams("http_max_queued_chunks_per_peer and http_stream_ahead_chunks must be >= 1")
         if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \
                 not self.http_write_timeout_s > 0:
             raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "
