@@ -141,6 +141,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # (engine/sampling.py `_cut_grammar`), so an ambiguous grammar, whose cost doubles
     # each token, holds the engine a bounded time.
     grammar_token_budget_ms: float = 150.0
+    # The engine time one request may have, as its share of the steps it was in
+    # (policy/engine_time.py); past it the request ends with EngineTimeExceeded (HTTP 429)
+    # and its slot serves others. Generous: a whole context's generation on a slow device
+    # stays under it, a request that stalls its peers for minutes does not. 0: no budget.
+    request_engine_s: float = 600.0
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -427,6 +432,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
                                 "http_write_timeout_s > 0")
         if not self.shutdown_exit_margin_s > 0:
             raise InvalidParams("shutdown_exit_margin_s must be > 0")
+        if self.request_engine_s < 0:
+            raise InvalidParams("request_engine_s must be >= 0 (0: no budget)")
         if not self.grammar_token_budget_ms > 0:
             raise InvalidParams("grammar_token_budget_ms must be > 0")
         if self.http_max_json_values < 1024:
