@@ -196,22 +196,66 @@ class NodeDaemon:
     async def _kick_router(self) -> None:
         """Call the router every ROUTER_KICK_S: one that Ray restarted after a crash starts
         its socket and HTTP front at its first call (router.py `ping`), which no client of
-        the socket can make. A router away (restarting) is simply called again."""
+        the socket can make. A router away (restarting) is simply called again; while its
+        process is gone, a node on its machine answers for it (standin.py): clients get a
+        typed NodeUnavailable, not a refused connection."""
         from actord.cluster.router import ROUTER_KICK_S, ROUTER_NAME
+        from actord.cluster.standin import StandIn, loopback_host
 
         seen = ""
-        while True:
-            await asyncio.sleep(ROUTER_KICK_S)
-            try:
-                router = ray.get_actor(ROUTER_NAME, namespace=self.cfg.namespace)
-                incarnation = await asyncio.wait_for(router.ping.remote(), timeout=30.0)
-            except Exception as e:  # noqa: BLE001 - any failure: the router is away; call again
-                log.debug("cluster.router_kick_failed", node=self.name, error=repr(e)[:200])
-                continue
-            if incarnation != seen:
-                if seen:
-                    log.info("cluster.router_restarted", node=self.name, incarnation=incarnation)
-                seen = incarnation
+        fronts: dict[str, Any] | None = None  # where the router serves, and its process
+        stand_in: StandIn | None = None
+        try:
+            while True:
+                await asyncio.sleep(ROUTER_KICK_S)
+                call = None
+                try:
+                    router = ray.get_actor(ROUTER_NAME, namespace=self.cfg.namespace)
+                    call = asyncio.ensure_future(router.ping.remote())
+                    done, _ = await asyncio.wait({call}, timeout=ROUTER_KICK_S)
+                    if not done and fronts is not None and stand_in is None:
+                        stand_in = await self._stand_in(fronts)
+                    incarnation = await asyncio.wait_for(call, timeout=30.0)
+                except Exception as e:  # noqa: BLE001 - any failure: the router is away; call again
+                    if call is not None and not call.done():
+                        call.cancel()
+                    log.debug("cluster.router_kick_failed", node=self.name, error=repr(e)[:200])
+                    if fronts is not None and stand_in is None:
+                        stand_in = await self._stand_in(fronts)
+                    continue
+                if stand_in is not None:  # the router answers: it takes its fronts back
+                    await stand_in.close()
+                    stand_in = None
+                    try:
+                        await asyncio.wait_for(router.ping.remote(), timeout=30.0)
+                    except Exception as e:  # noqa: BLE001 - its next call takes them back
+                        log.debug("cluster.router_kick_failed", node=self.name, error=repr(e)[:200])
+                if incarnation != seen:
+                    if seen:
+                        log.info("cluster.router_restarted", node=self.name, incarnation=incarnation)
+                    seen = incarnation
+                    try:
+                        fronts = await asyncio.wait_for(router.fronts.remote(), timeout=30.0)
+                    except Exception as e:  # noqa: BLE001 - asked again at its next incarnation
+                        log.debug("cluster.router_fronts_failed", node=self.name, error=repr(e)[:200])
+                        fronts = None
+                    if fronts is not None and fronts.get("host") != loopback_host():
+                        fronts = None  # another machine's router: its socket is not here to stand in for
+        finally:
+            if stand_in is not None:
+                await stand_in.close()
+
+    @staticmethod
+    async def _stand_in(fronts: dict[str, Any]) -> Any:
+        """A stand-in for the router's fronts, if its process is gone (None: it is not, or
+        there was nothing to take)."""
+        from actord.cluster.standin import StandIn, router_process_gone
+
+        if not router_process_gone(int(fronts["pid"])):
+            return None  # alive but slow: its socket is its own
+        s = StandIn(fronts.get("socket"), fronts.get("http"))
+        await s.start()
+        return s if s.serving else None
 
     # -- control (its own loop: answers while the work loop is busy) ----------------------
 

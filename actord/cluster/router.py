@@ -219,6 +219,30 @@ class MindRouter(Turns, Migrations, NodeLoss):
         """Its incarnation, once started: a router Ray restarted after a crash serves its
         socket and HTTP front again at its first call, and every node calls this each
         ROUTER_KICK_S (node.py `_kick_router`), so that is within seconds, whoever else
-        calls it (after kill -9 the socket refused connections for 60 s and more)."""
+        calls it (after kill -9 the socket refused connections for 60 s and more). A
+        front a node's stand-in held while this router started is taken back here."""
         await self._ensure()
+        await self._refront()
         return self.incarnation
+
+    async def fronts(self) -> dict[str, Any]:
+        """Where this router serves and from which process: what a node on its machine needs
+        to stand in for it while it is down (standin.py)."""
+        await self._ensure()
+        from actord.cluster.standin import loopback_host
+
+        return {"pid": os.getpid(), "host": loopback_host(),
+                "socket": self._rpc.path if self._rpc is not None else None,
+                "http": self._http.address if self._http is not None else None}
+
+    async def _refront(self) -> None:
+        if self._rpc is not None:
+            try:
+                await self._rpc.ensure_bound()
+            except OSError as e:
+                log.warning("cluster.rpc_not_served", path=self._rpc.path, error=repr(e))
+        if self.cfg.node.http and self._http is None and self.dir.live_nodes():
+            try:
+                await self._serve_http()
+            except (*NODE_GONE, ActordError) as e:
+                log.debug("cluster.http_not_served", http=self.cfg.node.http, error=repr(e))

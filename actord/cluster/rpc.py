@@ -43,6 +43,7 @@ class RouterRpc:
         self.router = router
         self.path = path
         self.server: asyncio.AbstractServer | None = None
+        self._ino = -1  # the inode of the socket this listener bound
 
     async def start(self) -> None:
         p = Path(self.path)
@@ -50,7 +51,20 @@ class RouterRpc:
         if p.exists() or p.is_symlink():
             os.unlink(p)  # a dead router's socket (a live one would be this actor, restarted)
         self.server = await asyncio.start_unix_server(self._serve, path=self.path, limit=MAX_LINE)
+        self._ino = os.stat(self.path).st_ino
         log.info("cluster.rpc_serving", path=self.path)
+
+    async def ensure_bound(self) -> None:
+        """Bind the path again if it no longer names this listener: a node's stand-in
+        (standin.py) took it while this router was starting, then went away."""
+        try:
+            ours = os.stat(self.path).st_ino == self._ino
+        except OSError:
+            ours = False
+        if not ours:
+            if self.server is not None:
+                self.server.close()
+            await self.start()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()

@@ -64,7 +64,7 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
     scheduler = Scheduler(
         dispatcher, engine, slots, props.n_batch, metrics, capacity=max(cap, 8 * n),
         n_ctx=props.kv_cells,  # 0: cells not charged
-        piece_tile=config.piece_tile, depth=depth, n_slots=n,
+        piece_tile=config.piece_tile, depth=depth, n_slots=n, engine_budget_s=config.request_engine_s,
     )
     pages = PageStore(dispatcher, config.page_ram_bytes, metrics, capacity=cap)
     # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).

@@ -141,6 +141,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # (engine/sampling.py `_cut_grammar`), so an ambiguous grammar, whose cost doubles
     # each token, holds the engine a bounded time.
     grammar_token_budget_ms: float = 150.0
+    # The engine time one request may have, as its share of the steps it was in
+    # (policy/engine_time.py); past it the request ends with EngineTimeExceeded (HTTP 429)
+    # and its slot serves others. Generous: a whole context's generation on a slow device
+    # stays under it, a request that stalls its peers for minutes does not. 0: no budget.
+    request_engine_s: float = 600.0
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -186,6 +191,22 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # flight, running or queued; one more gets 429 at once. 0: twice the slots. Below the
     # slot count, one address never holds every slot: the others keep their pace.
     http_max_generations_per_peer: int = 0
+    # Per API key, with two keys or more (http/shares.py; one key is everyone's, and its
+    # bound would be the front's own): one key holds at most http_max_connections_per_key
+    # connections and http_max_generations_per_key generations in flight; one more gets 429
+    # in the API's shape. 0: as per address (http_max_connections_per_peer, the generations'
+    # per-address cap).
+    http_max_connections_per_key: int = 0
+    http_max_generations_per_key: int = 0
+    # Chunks generated for streams but not yet taken by their clients, per client address and
+    # per key (0: as per address): past the share, the stream whose chunk overflows ends
+    # (its generation cancelled) with a client_too_slow error event.
+    http_max_queued_chunks_per_peer: int = 16384
+    http_max_queued_chunks_per_key: int = 0
+    # A stream whose client takes nothing (its transport holds what was sent) may generate
+    # this many chunks more; then its generation ends, freeing its slot, and the stream ends
+    # with a client_too_slow error event: a client that does not read holds no engine time.
+    http_stream_ahead_chunks: int = 64
     # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
     # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
     # once per level); a large body is decoded on a worker thread within
@@ -399,12 +420,20 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes_in_flight must be >= 0 (0: 4 x http_max_body_bytes)")
         if self.http_max_generations_per_peer < 0:
             raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
+        if min(self.http_max_connections_per_key, self.http_max_generations_per_key,
+               self.http_max_queued_chunks_per_key) < 0:
+            raise InvalidParams("http_max_connections_per_key, http_max_generations_per_key and "
+                                "http_max_queued_chunks_per_key must be >= 0 (0: as per address)")
+        if self.http_max_queued_chunks_per_peer < 1 or self.http_stream_ahead_chunks < 1:
+            raise InvalidParams("http_max_queued_chunks_per_peer and http_stream_ahead_chunks must be >= 1")
         if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \
                 not self.http_write_timeout_s > 0:
             raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "
                                 "http_write_timeout_s > 0")
         if not self.shutdown_exit_margin_s > 0:
             raise InvalidParams("shutdown_exit_margin_s must be > 0")
+        if self.request_engine_s < 0:
+            raise InvalidParams("request_engine_s must be >= 0 (0: no budget)")
         if not self.grammar_token_budget_ms > 0:
             raise InvalidParams("grammar_token_budget_ms must be > 0")
         if self.http_max_json_values < 1024:

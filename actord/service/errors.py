@@ -261,6 +261,13 @@ class FileReadTimeout(ActordError):
     http_status = 504
 
 
+class EngineTimeExceeded(ActordError):
+    """A request had more engine time than `request_engine_s` allows (its share of the
+    steps it was in: policy/engine_time.py); it ended, and its slot serves others."""
+
+    http_status = 429
+
+
 class DraftVocabMismatch(InvalidParams):
     """The draft model's vocabulary is not the target's (speculative decoding needs the
     same token ids with the same texts): refused at start."""

@@ -46,8 +46,9 @@ from actord.serving.stream_extras import LiveTimings, progress, timed
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
 from actord.service.errors import (
-    ActordError, ActorFailed, ContextFull, InternalError, KvCacheFull, SlotBusy, StepSkipped,
+    ActordError, ActorFailed, ContextFull, EngineTimeExceeded, InternalError, KvCacheFull, SlotBusy, StepSkipped,
 )
+from actord.policy.engine_time import past_budget, step_shares
 from actord.service.log import get
 from actord.service.metrics import Metrics
 
@@ -91,7 +92,7 @@ class Scheduler(Actor[SchedulerInbox]):
     def __init__(
         self, dispatcher: Dispatcher, engine: Any, slots: Sequence[Actor[SlotInbox]], n_batch: int,
         metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0, piece_tile: int = 1,
-        depth: int = 2, n_slots: int | None = None,
+        depth: int = 2, n_slots: int | None = None, engine_budget_s: float = 0.0,
     ) -> None:
         super().__init__(dispatcher, "scheduler", capacity)
         self.engine = engine
@@ -113,6 +114,9 @@ class Scheduler(Actor[SchedulerInbox]):
         self._tallied: list[Any] = [0, 0.0, 0]  # steps, busy seconds, sequences not yet in the registry
         self._n_tokens_max = 0  # the longest sequence a completion reached (llama-server's n_tokens_max)
         self._step_tokens: list[int] = []
+        # Each request's share of engine time so far, and the most it may have (policy/engine_time.py).
+        self.engine_budget_s = engine_budget_s
+        self.engine_s: dict[int, float] = {}
 
     @property
     def n_ctx(self) -> int:
@@ -287,6 +291,8 @@ class Scheduler(Actor[SchedulerInbox]):
         else:
             events = core.update(plan, out, time.perf_counter())
             self._tally(out)
+            if self.engine_budget_s:
+                events += self._charge(plan, out)
         if len(self._pending) < core.depth:
             await self._fill()  # the engine gets its next step before Python routes this one's output
         self._route(events)
@@ -307,6 +313,25 @@ class Scheduler(Actor[SchedulerInbox]):
                 continue
             self.core.cells[slot] = 0
             log.warning("scheduler.slot_reclaimed", slot=slot)
+
+    def _charge(self, plan: Plan, out: Any) -> list[Event]:
+        """Charge each request its share of the step; end those past their budget."""
+        shares = step_shares(out.t_decode_ms / 1e3, out.t_sample_ms / 1e3, plan.fed,
+                             [e.token >= 0 for e in out.entries] if len(out.entries) == len(plan.fed)
+                             else [True] * len(plan.fed))
+        events: list[Event] = []
+        for rid, share in zip(plan.rids, shares):
+            spent = self.engine_s[rid] = self.engine_s.get(rid, 0.0) + share
+            if past_budget(spent, self.engine_budget_s) and rid in self.core.reqs:
+                r = self.core.reqs[rid]
+                log.warning("scheduler.engine_time_exceeded", slot=r.slot, spent_s=round(spent, 3),
+                            budget_s=self.engine_budget_s)
+                events += self.core.abort(rid, "error", EngineTimeExceeded(
+                    f"the request had {spent:.1f} s of engine time, past its budget of {self.engine_budget_s:g} s "
+                    "(request_engine_s)", slot=r.slot, budget_s=self.engine_budget_s))
+        for rid in [rid for rid in self.engine_s if rid not in self.core.reqs]:
+            del self.engine_s[rid]  # drained: its account closes
+        return events
 
     def _tally(self, out: Any) -> None:
         """Per-step metrics are summed here and written to the registry every few steps

@@ -239,6 +239,7 @@ def test_the_router_killed_9_serves_its_socket_again_with_no_client_calling_it(c
     import socket as _socket
 
     from actord.frontends.client import Client
+    from actord.service.errors import NodeUnavailable
 
     before = client.status()["router"]
     os.kill(before["pid"], signal.SIGKILL)
@@ -248,6 +249,44 @@ def test_the_router_killed_9_serves_its_socket_again_with_no_client_calling_it(c
                 health = c.call("health")
             if health["router"] != before["incarnation"]:
                 break
-        except (OSError, _socket.timeout, ConnectionError):
-            pass  # refused or gone while the router is down
+        except (OSError, _socket.timeout, ConnectionError, NodeUnavailable):
+            pass  # refused or gone until a node stands in for the router (standin.py), then typed
     assert client.status()["router"]["incarnation"] == health["router"]
+
+
+def test_while_the_router_is_down_its_socket_answers_a_typed_unavailable_until_it_is_back(cluster, client):
+    """Issue 33: between the router's death and its restart, a node on its machine stands
+    in for its socket (actord/cluster/standin.py): clients get NodeUnavailable, not a
+    refused connection. The router is killed without restart here, so the stand-in is
+    surely seen; then it is started again as Ray would, and takes its socket back."""
+    from actord.cluster.local import start_router
+    from actord.frontends.client import Client
+    from actord.service.errors import NodeUnavailable
+
+    o1 = client.turn("standin-mind", turn_req([1, 5, 9]))
+    before = client.status()["router"]
+    ray.kill(cluster.router, no_restart=True)
+    while True:  # refused only until a node sees the router's process gone and stands in
+        try:
+            with Client(before["socket"], timeout=30) as c:
+                c.call("health")
+        except NodeUnavailable as e:
+            assert e.data["router"] is True
+            break
+        except OSError:
+            pass
+    with Client(before["socket"], timeout=30) as c, pytest.raises(NodeUnavailable):
+        c.call("completion", {"prompt": [1, 5, 9], "n_predict": 2, "mind": "standin-mind"})
+    cluster.router = client.router = start_router(cluster.cfg, cluster.cluster.head_node.node_id)
+    while True:  # the stand-in answers until the nodes see the router back; never a refusal after it
+        try:
+            with Client(before["socket"], timeout=30) as c:
+                health = c.call("health")
+            if health["router"] != before["incarnation"]:
+                break
+        except NodeUnavailable:
+            pass
+        except OSError:
+            pass  # the moment between the stand-in closing and the router binding its path again
+    o2 = client.turn("standin-mind", turn_req([1, 5, 9] + o1.result["tokens"] + [3]))
+    assert (o2.node, o2.epoch, o2.placed) == (o1.node, o1.epoch, False)  # its directory survived

@@ -199,3 +199,26 @@ def test_a_client_that_hangs_up_mid_stream_cancels_the_turn_on_its_node(cluster,
     # The node's turn was cancelled (ray.cancel), not run to its end: never recorded as applied.
     held = [h for h in get(cluster.node(node).holdings.remote()).unwrap() if h.mind == mind]
     assert [h.last_turn for h in held] == [None]
+
+
+def test_while_the_router_is_down_its_http_address_answers_a_typed_503(cluster, ray_client, url):
+    """Issue 33: a node on the router's machine stands in for its HTTP front while the
+    router's process is gone (actord/cluster/standin.py): 503 in OpenAI's shape, code
+    NodeUnavailable, not a refused connection. The router is killed without restart so the
+    stand-in is surely seen, then started again as Ray would (last: on port 0 it takes
+    another port)."""
+    from actord.cluster.local import start_router
+
+    ray.kill(cluster.router, no_restart=True)
+    try:
+        while True:  # refused only until a node sees the router's process gone and stands in
+            try:
+                r = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+            except httpx.TransportError:
+                continue
+            break
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "NodeUnavailable"
+    finally:
+        cluster.router = ray_client.router = start_router(cluster.cfg, cluster.cluster.head_node.node_id)
+    assert ray_client.status()["router"]["http"]  # the restarted router serves its front again

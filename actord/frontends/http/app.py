@@ -39,7 +39,6 @@ Host that is not the daemon's own is refused 403 (DNS rebinding: `cors.HostGate`
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hashlib
 import hmac
@@ -63,6 +62,7 @@ from actord.service.config import Config, http_addresses, is_loopback, split_nam
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
+from actord.frontends.http.shares import Shares
 from actord.frontends.http.bounds import ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard, MindLabels
@@ -142,16 +142,22 @@ class HttpFront:
         self.mind_labels = MindLabels()  # digest-named minds' names as clients gave them (dashboard.py)
         self._socks: list[socket.socket] = []
         self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
-        self.generations: collections.Counter[str] = collections.Counter()  # in flight, by client address
         self.bodies = costs.BodyBytes(config.http_max_body_bytes_in_flight or 4 * config.http_max_body_bytes)
-        self.generations_per_peer = config.http_max_generations_per_peer or 2 * config.slots
+        per_peer = config.http_max_generations_per_peer or 2 * config.slots
+        self.shares = Shares(  # generations in flight and chunks queued, per address and per key (shares.py)
+            generations_per_peer=per_peer, generations_per_key=config.http_max_generations_per_key or per_peer,
+            queued_per_peer=config.http_max_queued_chunks_per_peer,
+            queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer)
+        self.stream_ahead = config.http_stream_ahead_chunks
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
                          header_timeout_s=config.http_header_timeout_s, policy=policy,
                          refused=self.refused, opened=self._opened,
                          max_per_peer=config.http_max_connections_per_peer, control=config.http_control_connections,
-                         write_timeout_s=config.http_write_timeout_s)
+                         write_timeout_s=config.http_write_timeout_s,
+                         key_of=self.key_name if len(self._keys) > 1 else None,
+                         max_per_key=config.http_max_connections_per_key or config.http_max_connections_per_peer)
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
@@ -276,21 +282,37 @@ class HttpFront:
         """The tenant the request's key serves; HttpError 401 without a key that opens."""
         if self._key is None:
             return ""  # the connection's peer was checked when it opened (bounds.py)
-        auth = request.headers.get("authorization")
-        if auth is None and "x-api-key" in request.headers:  # Anthropic's header, as llama-server takes it
-            token = request.headers["x-api-key"]
+        found = self._key_index(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        if found is None:
+            raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
+                            "invalid_api_key")
+        return self._keys[found][1]
+
+    def _key_index(self, auth: str | None, x_api_key: str | None) -> int | None:
+        """Which of the front's keys the headers present (None: none of them)."""
+        if auth is None and x_api_key is not None:  # Anthropic's header, as llama-server takes it
+            token = x_api_key
         else:
             scheme, _, token = (auth or "").partition(" ")
             token = token if scheme.lower() == "bearer" else ""
         given = token.strip().encode()
         found = None
-        for key, tenant in self._keys:  # every key compared, in constant time each
+        for i, (key, _) in enumerate(self._keys):  # every key compared, in constant time each
             if hmac.compare_digest(given, key) and given:
-                found = tenant
-        if found is None:
-            raise HttpError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
-                            "invalid_api_key")
+                found = i
         return found
+
+    def key_name(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """The name (`key2`: its place in the configuration, never the key) of the key a
+        request head presents, for the per-key bounds (bounds.py, shares.py)."""
+        auth = x_api_key = None
+        for k, v in headers:
+            if k == b"authorization":
+                auth = v.decode("latin-1")
+            elif k == b"x-api-key":
+                x_api_key = v.decode("latin-1")
+        found = self._key_index(auth, x_api_key)
+        return None if found is None else f"key{found}"
 
     async def read_body(self, request: Request) -> bytes:
         """The request body, held to the front's bounds (size: 413, arrival time: 408)."""

@@ -29,6 +29,12 @@ the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
   route answers 503), with a one-second head deadline, so a flood of streams from one
   address (300 never-reading chats took every connection for as long as they stayed open)
   leaves the control routes answering and other addresses their share;
+- connections per key: with several API keys, a connection counts against the key its
+  latest request presented (`Gate.key_of`, which names the key, never holds it); past
+  `http_max_connections_per_key`, a request is answered 429 in its API's error shape (the
+  control routes aside) and its connection closes, so one key's flood leaves the other
+  keys their share (the key is known only once a head is parsed: before, the per-address
+  bounds hold);
 - write deadline: an answer whose client reads nothing while the transport holds more
   than its high-water mark of output (asyncio's `pause_writing`) for `http_write_timeout_s`
   ends the connection (`abort`): the request sees a disconnect and its generation is
@@ -85,6 +91,11 @@ class Gate:
     max_per_peer: int = 1 << 30  # connections one client address may hold
     control: int = 0  # connections beyond the caps, for the control routes alone
     write_timeout_s: float = 1e9  # output not drained for this long ends the connection
+    # With several API keys: the key a request head presents (its name, never the key; None:
+    # no key of this front), and the connections one key may hold (`Shares` says why per key).
+    key_of: Callable[[list[tuple[bytes, bytes]]], str | None] | None = None
+    max_per_key: int = 1 << 30
+    per_key: dict[str, int] = field(default_factory=dict)
     open: int = 0
     control_open: int = 0
     per_peer: dict[str, int] = field(default_factory=dict)
@@ -107,6 +118,8 @@ SNDBUF_BYTES = 64 << 10  # a connection's kernel send buffer (Linux doubles it),
 CONTROL_PATHS = frozenset({"/health", "/v1/health", "/metrics"})  # what the control room serves
 CONTROL_HEAD_S = 1.0  # a control-room connection's head deadline (at most the front's)
 CONTROL_ONLY = "actord.control_only"  # the scope key of a request on a control-room connection
+KEY = "actord.key"  # the scope key holding the name of the API key a request presented (several keys)
+KEY_FULL = "actord.key_full"  # the scope key of a request whose key holds its share of connections
 
 _SPECIAL = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate", b"te": b"TE"}
 
@@ -169,6 +182,7 @@ class _Bounds:
         self._b_wtimer: asyncio.TimerHandle | None = None
         self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
         self._b_control = False  # admitted into the control room: control routes only
+        self._b_key: str | None = None  # the API key this connection counts against (its last request's)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:  # the kernel's share of a reader's backlog bounded too (autotuned, it grows to 4 MB)
@@ -280,9 +294,40 @@ class _Bounds:
             c.transport = _CanonicalHead(c.transport)
         if c is not None and self._b_control:
             c.scope[CONTROL_ONLY] = True  # answered by `control_room` in the app, before any route
+        if c is not None and self.gate.key_of is not None:
+            self._b_keyed(c.scope)
         self._b_in_head = False
         self._b_head_bytes = 0
         self._b_disarm()
+
+    def _b_keyed(self, scope: Any) -> None:
+        """Count the connection against the key its request presents (a keep-alive connection
+        whose next request presents another key moves to it); past the key's share, the
+        request is answered 429 by `ControlRoom` and the connection counts no more."""
+        g = self.gate
+        assert g.key_of is not None
+        key = g.key_of(scope.get("headers") or [])
+        if key != self._b_key:
+            self._b_unkey()
+            if key is not None:
+                g.per_key[key] = g.per_key.get(key, 0) + 1
+                self._b_key = key
+        if key is None:
+            return
+        scope[KEY] = key
+        if g.per_key[key] > g.max_per_key and scope.get("path") not in CONTROL_PATHS:
+            log.debug("http.key_connections", open=g.per_key[key], max=g.max_per_key, client=_addr(self.transport))
+            scope[KEY_FULL] = g.max_per_key
+            self._b_unkey()
+
+    def _b_unkey(self) -> None:
+        key, self._b_key = self._b_key, None
+        if key is not None:
+            left = self.gate.per_key.get(key, 1) - 1
+            if left > 0:
+                self.gate.per_key[key] = left
+            else:
+                self.gate.per_key.pop(key, None)
 
     def _b_message_done(self) -> None:
         self._b_in_head = True  # what follows the request's last body byte is the next head
@@ -323,6 +368,7 @@ class _Bounds:
                        "header_timeout", "header_timeout")
 
     def _b_uncount(self) -> None:
+        self._b_unkey()
         if self._b_counted:
             g = self.gate
             self._b_counted = False
@@ -365,7 +411,8 @@ class _Bounds:
 
 class ControlRoom:
     """The app's outermost layer: a request on a control-room connection (`_Bounds`) that
-    names any route but the control ones is answered 503 before anything else runs."""
+    names any route but the control ones is answered 503 before anything else runs; one
+    whose API key holds its share of connections, 429 (in the route's API's error shape)."""
 
     def __init__(self, app: Any, refused: Callable[[str], None] = lambda reason: None) -> None:
         self.app, self.refused = app, refused
@@ -373,14 +420,29 @@ class ControlRoom:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope.get(CONTROL_ONLY) and scope.get("path") not in CONTROL_PATHS:
             self.refused("connections")  # the cap refused it, from inside the room
-            body = msgspec.json.encode(O.error_body(
-                503, "the front is full: only /health and /metrics are served now", "Overloaded"))
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, 503, "the front is full: only /health and /metrics are served now", "Overloaded")
+            return
+        if scope.get(KEY_FULL) is not None:
+            self.refused("key_connections")
+            await _refuse(send, 429, f"one API key holds at most {scope[KEY_FULL]} connections at once "
+                          "(http_max_connections_per_key)", "rate_limit_exceeded", anthropic=str(
+                              scope.get("path", "")).startswith("/v1/messages"))
             return
         await self.app(scope, receive, send)
+
+
+async def _refuse(send: Any, status: int, message: str, code: str, *, anthropic: bool = False) -> None:
+    """One whole answer closing its connection, in OpenAI's error shape (Anthropic's on its routes)."""
+    if anthropic:
+        from actord.frontends.http.anthropic.wire import error_body as anthropic_error
+
+        body = msgspec.json.encode(anthropic_error(status, message))
+    else:
+        body = msgspec.json.encode(O.error_body(status, message, code))
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _addr(transport: Any) -> str | None:

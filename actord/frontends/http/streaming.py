@@ -21,14 +21,21 @@ the answer is the same, and subtle enough to be written once:
   queues it in a bounded memory stream (OUTBOX events). The response's own task takes
   what is queued, frames each event and sends them in one write (one `b"".join`: the
   copying is linear in what is sent, however many events waited). A client too slow to
-  drain the queue is cut off, as on the socket. (The Responses API's answer still frames
+  drain the queue is cut off, as on the socket. So is a stream whose client takes
+  nothing (the response waits in `send`: its transport holds what was sent) while
+  `http_stream_ahead_chunks` more chunks come, and one whose address or key holds its
+  share of queued chunks (shares.py): its generation is cancelled, which frees its slot,
+  and the stream ends with a `client_too_slow` error event after what was queued. Before,
+  a never-reading stream generated on into its outbox (8,192 chunks) and held its slot
+  and engine time for its whole n_predict. (The Responses API's answer still frames
   its events as it shapes them, in `Answer.chunk`: those are encoded in the sink.)
 - The http.disconnect uvicorn reports once a response is complete is the end of an answer,
   not a client that went away.
 - A bug in one request (an exception that is not a typed error) is logged and answered
   500 `internal_error`; it never takes its peers down.
 - One client address has at most `http_max_generations_per_peer` generations in flight
-  (running or queued for a slot); one more is answered 429 at once, in the API's shape,
+  (running or queued for a slot), and with several API keys one key at most
+  `http_max_generations_per_key`; one more is answered 429 at once, in the API's shape,
   before it queues: 300 streams from one address held every connection and queued ahead
   of every other client (issue 33).
 
@@ -48,6 +55,7 @@ import msgspec
 from starlette.responses import Response
 
 from actord.service.errors import ActordError
+from actord.frontends.http.bounds import KEY
 from actord.frontends.http.responses import HttpError, json_response
 from actord.service.log import get
 
@@ -125,27 +133,24 @@ class Generation(Response):
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        held = getattr(self.front, "generations", None)  # a front that counts none (a test's) caps none
-        if held is None:
+        shares = getattr(self.front, "shares", None)  # a front that counts none (a test's) caps none
+        if shares is None:
             await self._run(scope, receive, send)
             return
-        limit = self.front.generations_per_peer
         peer = str((scope.get("client") or ("?",))[0])
-        if held[peer] >= limit:  # one address's share of the slots and their queues (`Config`)
-            self.front.refused("peer_generations")
-            response = self._error(HttpError(
-                429, f"this client address has {limit} generations in flight, the most it may "
-                     "(http_max_generations_per_peer)", "rate_limit_exceeded"))
+        key = scope.get(KEY)  # the API key's name, with several keys (bounds.py)
+        refused = shares.refusal(peer, key)
+        if refused is not None:  # one address's (or key's) share of the slots and their queues (`Config`)
+            self.front.refused(refused[1])
+            response = self._error(HttpError(429, refused[0], "rate_limit_exceeded"))
             response.headers["retry-after"] = "1"
             await response(scope, receive, send)
             return
-        held[peer] += 1
+        shares.start(peer, key)
         try:
             await self._run(scope, receive, send)
         finally:
-            held[peer] -= 1
-            if not held[peer]:
-                del held[peer]
+            shares.end(peer, key)
 
     async def _run(self, scope: Any, receive: Any, send: Any) -> None:
         if self.stream:
@@ -196,29 +201,59 @@ class Generation(Response):
         # uvicorn reports once a response is complete is the end of a stream, not a client
         # that went away.
         finished = False
+        shares = getattr(self.front, "shares", None)
+        peer = str((scope.get("client") or ("?",))[0])
+        key = scope.get(KEY)
+        ahead = getattr(self.front, "stream_ahead", OUTBOX)
+        queued = 0  # chunks on_token queued that the sender has not taken yet
+        sending = False  # the sender waits in `send`: its transport holds what the client has not read
+        cut: list[str] = []  # why the stream's generation was ended for its client (at most one)
+        work_scope = anyio.CancelScope()
 
         async with anyio.create_task_group() as tg:
+            def stop(why: str) -> None:
+                if not cut:
+                    cut.append(why)
+                    log.info("http.client_too_slow", reason=why, client=peer)
+                    refused = getattr(self.front, "refused", None)
+                    if refused is not None:
+                        refused("stream_output")
+                work_scope.cancel()  # the generation ends (its slot free); the stream ends after what is queued
+
             def on_token(chunk: dict[str, Any]) -> None:  # in a slot's turn: shape and queue, no more
+                nonlocal queued
                 event = answer.chunk(chunk)
-                if isinstance(event, bytes) and not event:  # the answer framed no event for this chunk
+                if (isinstance(event, bytes) and not event) or cut:  # no event for this chunk, or cut already
+                    return
+                if sending and queued >= ahead:
+                    stop(f"the client took nothing while its stream ran {ahead} chunks ahead "
+                         "(http_stream_ahead_chunks)")
+                    return
+                if shares is not None and not shares.queue(peer, key):
+                    stop("this client's streams hold the most output they may have waiting "
+                         "(http_max_queued_chunks_per_peer, http_max_queued_chunks_per_key)")
                     return
                 try:
                     tx.send_nowait(event)
+                    queued += 1
+                    return
                 except anyio.WouldBlock:
-                    log.warning("http.client_too_slow")
-                    tg.cancel_scope.cancel()
+                    stop(f"the client left {OUTBOX} chunks unread")
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     pass
+                if shares is not None:
+                    shares.taken(peer, key, 1)
 
             async def work() -> None:
                 async with tx:
-                    try:
-                        final = await guarded(lambda: answer.streamed(on_token))
-                    except (ActordError, HttpError) as e:
-                        await tx.send(_Failed(e))
-                        return
-                    for event in final:
-                        await tx.send(event)
+                    with work_scope:
+                        try:
+                            final = await guarded(lambda: answer.streamed(on_token))
+                        except (ActordError, HttpError) as e:
+                            await tx.send(_Failed(e))
+                            return
+                        for event in final:
+                            await tx.send(event)
 
             async def watch() -> None:
                 await until_disconnect(receive)
@@ -229,26 +264,42 @@ class Generation(Response):
             tg.start_soon(work)
             tg.start_soon(watch)
             started = False
-            async with rx:
-                while not finished:
-                    events, ended = await _available(rx)
-                    if not started:
-                        if not events:
-                            break  # nothing was ever queued: nothing to answer
-                        if isinstance(events[0], _Failed):  # before the first chunk: still an HTTP status
+            try:
+                async with rx:
+                    while not finished:
+                        events, ended = await _available(rx)
+                        took = min(queued, len(events))  # on_token's chunks come first: finals follow them
+                        queued -= took
+                        if shares is not None:
+                            shares.taken(peer, key, took)
+                        if ended and cut:  # the client did not keep up: the stream says so as it ends
+                            events.append(_Failed(HttpError(429, cut[0], "client_too_slow")))
+                        if not started:
+                            if not events:
+                                break  # nothing was ever queued: nothing to answer
+                            if isinstance(events[0], _Failed):  # before the first chunk: still an HTTP status
+                                finished = True
+                                await self._error(events[0].error)(scope, receive, send)
+                                break
+                            await send({"type": "http.response.start", "status": 200,
+                                        "headers": SSE_HEADERS + self.extra})
+                            started = True
+                            first = answer.first()
+                            if first is not None:
+                                events.insert(0, first)
+                        parts = [self._framed(e) for e in events]
+                        if ended:
                             finished = True
-                            await self._error(events[0].error)(scope, receive, send)
-                            break
-                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + self.extra})
-                        started = True
-                        first = answer.first()
-                        if first is not None:
-                            events.insert(0, first)
-                    parts = [self._framed(e) for e in events]
-                    if ended:
-                        finished = True
-                        parts.append(answer.done)
-                    await send({"type": "http.response.body", "body": b"".join(parts), "more_body": not ended})
+                            parts.append(answer.done)
+                        sending = True
+                        try:
+                            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": not ended})
+                        finally:
+                            sending = False
+            finally:
+                if shares is not None:
+                    shares.taken(peer, key, queued)  # what was queued and never taken
+                    queued = 0
             tg.cancel_scope.cancel()
 
 

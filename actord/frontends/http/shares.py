@@ -1,0 +1,79 @@
+"""What each client holds of the HTTP front's generations: counted by client address and,
+with several API keys, by key too (issue 33: no client's flood denies another).
+
+Why per key as well as per address: clients behind one proxy (or a NAT) share an address,
+and one key's holder may come from many addresses; a flood under one key must leave the
+other keys their share. With one key (or none) the key is everyone's: a bound on it would
+be a front-wide cap, which `http_max_connections` already is, so keys are not counted then.
+
+Two things are counted (the connections themselves are counted in bounds.py `Gate`):
+
+- generations in flight, running or queued for a slot: one more than the address's (or
+  the key's) share is refused 429 before it queues;
+- chunks queued for streams, generated but not yet taken by their clients' transports:
+  past the address's (or the key's) share, the stream whose chunk overflows ends, its
+  generation cancelled, so clients that do not read hold neither memory nor engine time.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Shares:
+    generations_per_peer: int
+    generations_per_key: int
+    queued_per_peer: int
+    queued_per_key: int
+    generations: collections.Counter[str] = field(default_factory=collections.Counter)  # by address
+    key_generations: collections.Counter[str] = field(default_factory=collections.Counter)
+    queued: collections.Counter[str] = field(default_factory=collections.Counter)  # chunks, by address
+    key_queued: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def refusal(self, peer: str, key: str | None) -> tuple[str, str] | None:
+        """Why one more generation from `peer` under `key` is refused (the message, the
+        refusal's metric reason), or None: it may run."""
+        if self.generations[peer] >= self.generations_per_peer:
+            return (f"this client address has {self.generations_per_peer} generations in flight, the most it may "
+                    "(http_max_generations_per_peer)", "peer_generations")
+        if key is not None and self.key_generations[key] >= self.generations_per_key:
+            return (f"this API key has {self.generations_per_key} generations in flight, the most it may "
+                    "(http_max_generations_per_key)", "key_generations")
+        return None
+
+    def start(self, peer: str, key: str | None) -> None:
+        self.generations[peer] += 1
+        if key is not None:
+            self.key_generations[key] += 1
+
+    def end(self, peer: str, key: str | None) -> None:
+        _drop(self.generations, peer, 1)
+        if key is not None:
+            _drop(self.key_generations, key, 1)
+
+    def queue(self, peer: str, key: str | None) -> bool:
+        """One chunk more queued for a stream of `peer` under `key`; False (nothing counted):
+        past the address's or the key's share."""
+        if self.queued[peer] >= self.queued_per_peer or (key is not None and self.key_queued[key] >= self.queued_per_key):
+            return False
+        self.queued[peer] += 1
+        if key is not None:
+            self.key_queued[key] += 1
+        return True
+
+    def taken(self, peer: str, key: str | None, n: int) -> None:
+        """`n` of the stream's queued chunks were handed to its transport (or dropped)."""
+        if n:
+            _drop(self.queued, peer, n)
+            if key is not None:
+                _drop(self.key_queued, key, n)
+
+
+def _drop(counts: collections.Counter[str], name: str, n: int) -> None:
+    left = counts[name] - n
+    if left > 0:
+        counts[name] = left
+    else:
+        counts.pop(name, None)

@@ -1,0 +1,142 @@
+"""Per-key bounds on the HTTP front (issue 33), through a daemon with two API keys: one key
+past its share of connections or generations gets 429 in the route's API shape while the
+other key is served; a stream whose client takes nothing ends its generation before the
+write deadline, so its slot serves again. No assertion is on time: where something must
+happen the test waits for what it must produce (a metric, an answer)."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from tests.frontends.test_http_bounds import _addr
+from tests.frontends.test_openai_http import KEY, _metric, _start, _stop
+
+OTHER = "second-key"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
+
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
+                                 chat_template=TINY_CHAT_TEMPLATE))
+    proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", f"{KEY},{OTHER}",
+                          "--http-max-connections-per-key", "2", "--http-max-generations-per-key", "1",
+                          "--http-max-generations-per-peer", "8", "--http-write-timeout-s", "600",
+                          "--http-stream-ahead-chunks", "4", "--http-idle-timeout-s", "600")
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def _keyed(url: str, key: str) -> socket.socket:
+    """A connection the daemon counts against `key`: one request answered on it already."""
+    s = socket.create_connection(_addr(url), timeout=60)
+    s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+        got += s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 200")
+    return s
+
+
+def test_a_key_past_its_connections_gets_429_in_its_apis_shape_while_another_key_is_served(url):
+    held = [_keyed(url, KEY) for _ in range(2)]  # the key's whole share
+    try:
+        with httpx.Client(timeout=60) as c:
+            r = c.get(url + "/v1/models", headers=_auth(KEY))
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            assert r.json()["error"]["code"] == "rate_limit_exceeded"  # OpenAI's shape
+            assert "connections" in r.json()["error"]["message"]
+        with httpx.Client(timeout=60) as c:
+            r = c.post(url + "/v1/messages", headers={"x-api-key": KEY},
+                       json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 429 and r.json()["type"] == "error"  # Anthropic's shape on its route
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        with httpx.Client(timeout=60) as c:
+            assert c.get(url + "/v1/models", headers=_auth(OTHER)).status_code == 200  # the other key's share
+            assert c.get(url + "/health").status_code == 200  # control routes answer past a key's share
+    finally:
+        for s in held:
+            s.close()
+    assert _metric(url, 'http_refused_total{reason="key_connections"}') >= 2
+    with httpx.Client(timeout=60) as c:  # its connections closed, the key is served again
+        while c.get(url + "/v1/models", headers=_auth(KEY)).status_code == 429:
+            pass  # the closed connections are counted out as the daemon sees them go
+
+
+def _unread_stream(url: str, key: str) -> socket.socket:
+    """A long stream under `key` whose client reads nothing (a small window: the daemon's
+    output backs up); its answer cannot end, so its generation counts till it is closed."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(60)
+    s.connect(_addr(url))
+    body = b'{"prompt": "hello", "n_predict": 4000, "ignore_eos": true, "stream": true, "id_slot": 0}'
+    s.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + key.encode() + b"\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return s
+
+
+def test_a_key_past_its_generations_gets_429_while_another_key_is_served(url):
+    held = _unread_stream(url, KEY)
+    try:
+        with httpx.Client(timeout=60) as c:
+            while True:  # until the stream is in flight: then the same key is refused at once
+                r = c.post(url + "/v1/chat/completions", headers=_auth(KEY),
+                           json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+                if r.status_code != 200:
+                    break
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            assert r.json()["error"]["code"] == "rate_limit_exceeded" and "API key" in r.json()["error"]["message"]
+            r = c.post(url + "/completion", headers=_auth(OTHER), json={"prompt": "b", "n_predict": 2})
+            assert r.status_code == 200  # the same address, another key: served
+    finally:
+        held.close()
+    assert _metric(url, 'http_refused_total{reason="key_generations"}') >= 1
+
+
+def test_a_stream_whose_client_takes_nothing_ends_its_generation_and_frees_its_slot(url):
+    # The write deadline is 600 s here: only the stream's own bound can free the slot.
+    before = _metric(url, 'http_refused_total{reason="stream_output"}')
+    s = _unread_stream(url, OTHER)
+    try:
+        while _metric(url, 'http_refused_total{reason="stream_output"}') <= before:
+            pass  # what the bound must produce: the stream cut, counted
+        r = httpx.post(url + "/completion", headers=_auth(KEY),
+                       json={"prompt": "hi", "n_predict": 3, "id_slot": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 3  # slot 0 serves again
+        got = b""
+        while b"client_too_slow" not in got:  # read at last: the stream ends saying why
+            part = s.recv(65536)
+            assert part, got[-500:]
+            got += part
+        assert got.startswith(b"HTTP/1.1 200")
+        assert got.count(b'"content"') < 4000  # the generation ended long before its n_predict
+    finally:
+        s.close()
+
+
+def test_shares_bound_queued_chunks_per_key_and_release_them():
+    from actord.frontends.http.shares import Shares
+
+    sh = Shares(generations_per_peer=8, generations_per_key=1, queued_per_peer=100, queued_per_key=3)
+    assert all(sh.queue("10.0.0.1", "key0") for _ in range(3))
+    assert not sh.queue("10.0.0.2", "key0")  # another address, the same key: the key's share is taken
+    assert sh.queue("10.0.0.2", "key1") and sh.queue("10.0.0.2", None)  # another key, and no key: their own
+    sh.taken("10.0.0.1", "key0", 3)
+    assert sh.queue("10.0.0.2", "key0") and not sh.key_queued["key1"] - 1
+    sh.start("10.0.0.1", "key0")
+    assert sh.refusal("10.0.0.2", "key0")[1] == "key_generations"
+    assert sh.refusal("10.0.0.2", "key1") is None
+    sh.end("10.0.0.1", "key0")
+    assert sh.refusal("10.0.0.2", "key0") is None and not sh.generations and not sh.key_generations
