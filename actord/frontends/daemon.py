@@ -1,9 +1,11 @@
 """`actord serve`: the actor system plus the socket server on uvloop, stopped by a signal.
 
-A signal handler only wakes the main task; shutdown then runs in order: new requests are
-refused (`ShuttingDown`), requests in flight get `--shutdown-grace-s` to finish and are then
-cancelled (their clients get answers), the servers stop, the system stops its actors and
-engine thread (bounded), the socket is removed. A second SIGTERM or SIGINT exits at once:
+A signal handler only wakes the main task (so does the `stop` verb); shutdown then runs in
+order: new requests are refused (`ShuttingDown`), requests in flight get
+`--shutdown-grace-s` to finish and are then cancelled (their clients get answers), every mind
+is written to her page file within `--shutdown-persist-s` (service/persist.py), the servers
+stop, the system stops its actors and engine thread (bounded), the socket is removed.
+Write-behind runs beside the servers (`--write-behind-s`, unless a trace is recorded). A second SIGTERM or SIGINT exits at once:
 page-file publication is crash-safe, so nothing written is left half-done. With `--http
 HOST:PORT` the OpenAI-compatible front (actord/frontends/http/) runs in the same event loop, beside
 the socket, and stops first (it lets answers in flight end, up to 5 s). Its address is
@@ -115,15 +117,32 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
             from actord.service.sleep import IdleClock
 
             tg.start_soon(IdleClock(system, config.sleep_idle_s).run)
+        if config.write_behind_s > 0 and config.trace:
+            log.info("write_behind.off", why="a trace is being recorded", trace=config.trace)  # as the report above
+        elif config.write_behind_s > 0:
+            tg.start_soon(system.write_behind)
         task_status.started(system)
         systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {server.path}")
         interval = systemd.watchdog_interval()
         if interval is not None:
             tg.start_soon(systemd.watchdog, interval)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for sig in signals:
-                log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
-                break
+            async with anyio.create_task_group() as first:
+                async def on_signal() -> None:
+                    async for sig in signals:
+                        log.info("daemon.signal", signal=signal.Signals(sig).name, grace_s=config.shutdown_grace_s)
+                        break
+                    first.cancel_scope.cancel()
+
+                async def on_stop() -> None:
+                    if system.stop_requested is None:
+                        return
+                    await system.stop_requested.wait()
+                    log.info("daemon.stop_verb", grace_s=config.shutdown_grace_s)
+                    first.cancel_scope.cancel()
+
+                first.start_soon(on_signal)
+                first.start_soon(on_stop)
             systemd.notify("STOPPING=1\nSTATUS=stopping")
             async with anyio.create_task_group() as stopping:
                 stopping.start_soon(_exit_at_second_signal, signals)

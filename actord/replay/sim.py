@@ -24,6 +24,12 @@ refuses such a step, which would fail a request with GeneNotResident); no idle s
 still enrolled with the scheduler; every acknowledged publication reads back whole; every
 operation gets exactly one final answer (the run never stalls with a client waiting).
 
+Persistence (issue 34), drawn from a stream of its own so the other draws stay as they
+were: write-behind passes at seeded instants of a clock made of the event count (a window
+of a seeded number of events), racing the clients; and after a graceful stop with no disk
+fault fired, every mind a slot or a RAM page holds reads back from her page file with
+exactly her tokens (what a restart would resume from).
+
 The trace hash depends on the seed, the model's bytes and the code, never on where files
 live: paths are written relative to their folders.
 """
@@ -121,11 +127,14 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     # Device budgets in units of the genes' size (35 kB for the tiny llama's), so they are as
     # tight for a model whose adapters are larger.
     gene_scale = max(35_000, Path(loras[0]).stat().st_size) if loras else 35_000
+    persist_rng = random.Random(f"persist/{seed}")
+    wb_every = persist_rng.choice([0, 0, 40, 150])  # events between write-behind passes (0: none)
+    wb_window = persist_rng.choice([1, 3, 10])  # in units of wb_every: the pass's clock is position / wb_every
     cfg = Config(model=model, slots=n_slots, ctx=rng.choice([160, 256, 512]), batch=32, page_dir=str(root), threads=1,
                  page_ram_bytes=rng.choice([6_000, 20_000, 10**6]), ctx_checkpoints_bytes=rng.choice([0, 4_000, 10**6]),
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
-                 ask_timeout_s=60, shutdown_grace_s=0.0,
+                 ask_timeout_s=60, shutdown_grace_s=0.0, write_behind_s=float(wb_window),
                  # Deeper pipelines too (their own stream: the other choices stay as they were).
                  pipeline_depth=random.Random(f"depth/{seed}").choice([0, 0, 3, 4]),
                  **({} if not draft else {"spec": "mtp", "spec_n_max": rng.choice([1, 2, 4])} if draft == "mtp" else
@@ -247,6 +256,22 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 raise InvariantViolated(f"seed {seed}: flood {flood_method} failed with {e.type}: {e.message}") from e
             errors[e.type] = errors.get(e.type, 0) + 1
         ops_done[0] += 1
+
+    wb = {"running": False, "passes": 0}
+
+    async def write_behind_pass(now: float) -> None:
+        CLIENT.set("writebehind")
+        try:
+            await system.write_behind_tick(now)
+            wb["passes"] += 1
+        except ActordError as e:
+            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+                raise SimulatedCrash(f"after a simulated crash, write-behind got {e.type}") from e
+            if e.type in FINDINGS:
+                raise InvariantViolated(f"seed {seed}: write-behind failed with {e.type}: {e.message}") from e
+            errors[e.type] = errors.get(e.type, 0) + 1
+        finally:
+            wb["running"] = False
 
     async def flooder() -> None:
         CLIENT.set("flooder")
@@ -385,6 +410,21 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 raise InvariantViolated(f"seed {seed}: slot {s.id} holds checkpoints {real}, the budget counts {mirror}")
 
 
+    def check_persisted() -> None:
+        """After a graceful stop: each mind in a slot or RAM page is in her file, whole."""
+        held = [(sl.mind, sl.kv_tokens) for sl in system.slots if sl.mind is not None and sl.kv_tokens]
+        held += [(g.page.name, g.page.tokens) for g in system.pages.gens.values()
+                 if g.page is not None and g.page.name and system.pages.names.get(g.page.name) == g.page.gen]
+        for mind, tokens in held:
+            try:
+                image = read_generation(root, f"{mind}.page", OsFs())
+            except ActordError as e:
+                raise InvariantViolated(f"seed {seed}: after a graceful stop, {mind!r} has no page file: "
+                                        f"{e.type}") from e
+            if list(image.tokens) != list(tokens):
+                raise InvariantViolated(f"seed {seed}: after a graceful stop, {mind}.page holds other tokens "
+                                        "than the mind")
+
     crashed = False
     try:
         async with system:
@@ -405,6 +445,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                     tg.start_soon(flooder)
                 try:
                     while True:
+                        if wb_every and not wb["running"] and not stopping["on"] and pending["n"] > 0 \
+                                and disp.position % wb_every == 0:
+                            wb["running"] = True
+                            tg.start_soon(write_behind_pass, disp.position / wb_every)
                         if stop_at is not None and disp.position >= stop_at and not stopping["on"]:
                             stopping["on"] = True  # SIGTERM: no grace, everything in flight is cancelled
                             tg.start_soon(system.shutdown, 0.0)
@@ -428,6 +472,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                                 break
                     raise
             check_end()
+            if stopping["on"] and not getattr(fs, "fired", ()):
+                check_persisted()
             disp.close_actors()
     except BaseExceptionGroup as eg:
         # A simulated crash mid-publication kills the process; anything else is a finding.

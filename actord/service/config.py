@@ -77,6 +77,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Pages
     page_ram_bytes: int = 2 << 30  # the page RAM ceiling: host RAM for paged-out minds; past it, pages spill to files
     page_dir: str = "./pages"  # the page folder: page files (spills, saves, minds) live here, and only here
+    # The disk budget for page files (bytes, every file of each generation, sub-folders
+    # included): past it, the least recently used minds' files not in use are removed first;
+    # a file that still does not fit is refused (PageDiskExceeded). 0: no budget.
+    page_disk_bytes: int = 0
+    # Write-behind: a mind unchanged this many seconds (a RAM page, an idle slot) is written
+    # to its page file in the background, so a kill -9 loses at most about this window of
+    # any mind; the page stays in RAM (the file is its backup). 0: off.
+    write_behind_s: float = 3.0
     # Context checkpoints
     ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
@@ -218,6 +226,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
     request_timeout_s: float = 3600.0  # longest a completion may take end to end (then cancelled)
     shutdown_grace_s: float = 10.0  # SIGTERM: requests in flight get this long to finish, then are cancelled
+    # A graceful stop (SIGTERM, `stop`) then writes every mind (slots and RAM pages) to its
+    # page file, in parallel on the disk threads, within this many seconds more; a mind
+    # not written by then is logged by name. The whole stop takes at most
+    # shutdown_grace_s + shutdown_persist_s (systemd's TimeoutStopSec must cover both).
+    shutdown_persist_s: float = 30.0
+    persist_on_stop: bool = True  # off: a stop keeps only the minds already in page files
     # Memory care (actord/service/memory.py): every memory_report_s the daemon refreshes
     # actord_memory_bytes{component} and, with malloc_trim, gives glibc's free arena pages
     # back; trace_malloc_s > 0 runs tracemalloc and logs the top growth by file:line that often
@@ -304,6 +318,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams(f"checkpoint_policy is one of {CHECKPOINT_POLICIES}")
         if self.ask_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
             raise InvalidParams("ask_timeout_s and request_timeout_s must be > 0, shutdown_grace_s >= 0")
+        if self.page_disk_bytes < 0 or self.write_behind_s < 0 or self.shutdown_persist_s < 0:
+            raise InvalidParams("page_disk_bytes, write_behind_s and shutdown_persist_s are >= 0 (0: none or off)")
         if self.memory_report_s < 0 or self.trace_malloc_s < 0 or self.malloc_arena_max < 0 or self.sleep_idle_s < 0:
             raise InvalidParams("memory_report_s, trace_malloc_s, malloc_arena_max and sleep_idle_s are >= 0 (0: off)")
         if self.ctx_checkpoints < 0 or self.checkpoint_every < 1:

@@ -84,6 +84,13 @@ class PageRamExceeded(ActordError):
     http_status = 503
 
 
+class PageDiskExceeded(ActordError):
+    """A page file would pass the disk budget (--page-disk-bytes) and no file the daemon
+    may evict (a mind's own, not in use) frees enough room."""
+
+    http_status = 507
+
+
 class PageDoesNotFit(ActordError):
     """A page's state does not fit the context it is being paged into."""
 

@@ -87,22 +87,26 @@ def answered(system: "ActorSystem", result: Any) -> Any:
     return result
 
 
-async def memory(system: "ActorSystem") -> "MemoryView":
+async def memory(system: "ActorSystem", after: str = "", limit: int = 0) -> "MemoryView":
     """Every tier of memory at once, for the dashboard (frontends/http/dashboard.py).
 
     Not recorded for traces, unlike `slot.list` and the stats verbs it overlaps: a page
     polls it every second, and a read that changes nothing is no input a replay needs. It
-    asks the same actors those verbs ask; the page folder is listed on a worker thread."""
+    asks the same actors those verbs ask; the minds on disk come from the page folder's
+    index (storage/disk_index.py), with no disk access.
+
+    Paginated by mind name (issue 34: 10,000 minds): the minds named after `after`, at most
+    `limit` names (0: all), each in every tier that holds her (a RAM page and its file
+    written behind are two entries); `next` is the cursor for the following page."""
     from actord.serving.checkpoint_budget import BudgetStats
     from actord.serving.gene_residency import ListGenes
     from actord.serving.messages import Info
     from actord.serving.page_store import ListPages, StoreStats
     from actord.service.protocol import BudgetView, MemoryView, MindView
-    from actord.storage.paths import MIND_FILE_SUFFIX
 
     a = system.built
     slots = [await s.ask(Info()) for s in system.slots]
-    pages = await a.pages.ask(ListPages())
+    pages = await a.pages.ask(ListPages(after=after, limit=limit))
     store = await a.pages.ask(StoreStats())
     ckpt = await a.ckpt_budget.ask(BudgetStats())
     genes = await a.residency.ask(ListGenes())
@@ -111,25 +115,18 @@ async def memory(system: "ActorSystem") -> "MemoryView":
     # budget counts it only where there is one, so it is computed, not read.
     minds = [MindView(name=s.mind, tier="slot", n_tokens=s.n_tokens, slot=s.id,
                       n_bytes=props.recurrent_state_bytes + s.n_tokens * props.kv_bytes_per_token)
-             for s in slots if s.mind is not None]
+             for s in slots if s.mind is not None and s.mind > after]
     minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens) for p in pages]
-    root = system.files.root
-
-    def files() -> list[tuple[str, int, float]]:
-        import os
-
-        try:
-            entries = list(os.scandir(root))
-        except OSError:
-            return []
-        out = []
-        for e in entries:
-            if e.name.endswith(MIND_FILE_SUFFIX) and e.is_file(follow_symlinks=False):
-                st = e.stat(follow_symlinks=False)
-                out.append((e.name[: -len(MIND_FILE_SUFFIX)], st.st_size, st.st_mtime))
-        return sorted(out)
-
-    minds += [MindView(name=n, tier="file", n_bytes=b, mtime=t) for n, b, t in await system.run_sync(files)]
+    minds += [MindView(name=n, tier="file", n_bytes=b) for n, b in system.files.index.minds(after, limit)]
+    minds.sort(key=lambda m: m.name)
+    nxt = None
+    if limit:
+        names = sorted({m.name for m in minds})
+        if len(names) > limit:
+            nxt = names[limit - 1]
+            minds = [m for m in minds if m.name <= nxt]
+        elif len(names) == limit:
+            nxt = names[-1]
     gene_bytes = sum(g.n_bytes for g in genes)
     budgets = [
         BudgetView(name="page_ram", used=store.charged, limit=store.ceiling),
@@ -140,4 +137,4 @@ async def memory(system: "ActorSystem") -> "MemoryView":
     snap = system.metrics.snapshot()
     return MemoryView(time=time.time(), slots=slots, minds=minds, budgets=budgets,
                       genes=[msgspec.to_builtins(g) for g in genes],
-                      counters={k: snap.get(k, 0.0) for k in MEMORY_COUNTERS})
+                      counters={k: snap.get(k, 0.0) for k in MEMORY_COUNTERS}, next=nxt)

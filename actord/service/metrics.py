@@ -109,6 +109,26 @@ class Metrics:
             "mind_files_refused", "Minds whose page file could not be restored (corrupt, another model): "
             "refused once, the mind started fresh", registry=r,
         )
+        # Page files (storage/disk_index.py) and their persistence (service/persist.py)
+        self.page_disk_bytes = Gauge("page_disk_bytes", "Bytes of page files in the page folder", registry=r)
+        self.page_disk_files = Gauge("page_disk_files", "Page files (generations) in the page folder", registry=r)
+        self.page_disk_evicted_total = Counter(
+            "page_disk_evicted", "Minds' page files removed, least recently used first, to fit --page-disk-bytes",
+            registry=r)
+        self.page_disk_refused_total = Counter(
+            "page_disk_refused", "Page files refused by --page-disk-bytes (nothing evictable freed enough)", registry=r)
+        self.page_write_behind_total = Counter(
+            "page_write_behind", "Minds written to their page files in the background (RAM pages and idle slots)",
+            registry=r)
+        self.page_unpersisted_age_seconds = Gauge(
+            "page_unpersisted_age_seconds", "Age of the oldest change to a mind not yet in its page file "
+            "(what a kill -9 would lose at most; 0: everything persisted)", registry=r)
+        self.minds_unpersisted = Gauge(
+            "minds_unpersisted", "Minds (RAM pages, idle or busy slots) whose state is not yet in their page file, "
+            "as the last write-behind pass found them", registry=r)
+        self.minds_not_persisted_total = Counter(
+            "minds_not_persisted", "Minds a graceful stop could not write to their page files (logged by name)",
+            registry=r)
         # Checkpoints
         self.ctx_checkpoint_bytes = Gauge("ctx_checkpoint_bytes", "Bytes held by context checkpoints", registry=r)
         self.ctx_checkpoints_evicted_budget_total = Counter(

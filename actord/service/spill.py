@@ -23,6 +23,7 @@ from actord.serving.kernel import Actor
 from actord.serving.page_store import PageStoreInbox, SpillBegin, SpillEnd
 from actord.serving.slot import page_image
 from actord.storage.files import PageFiles
+from actord.storage.paths import MIND_FILE_SUFFIX
 
 log = get("actord.service.spill")
 
@@ -49,7 +50,8 @@ async def spill_page(pages: Actor[PageStoreInbox], files: PageFiles, props: J.Mo
             raise
         finally:
             with anyio.CancelScope(shield=True):
-                dropped = await pages.ask(SpillEnd(gen=held.gen, drop=drop and durable))
+                dropped = await pages.ask(SpillEnd(gen=held.gen, drop=drop and durable,
+                                                   persisted=durable and file == page + MIND_FILE_SUFFIX))
     metrics.page_spill_total.inc()
     t_ms = (time.perf_counter() - t0) * 1e3
     log.info("page.spilled", page=page, file=file, n_bytes=stats.n_bytes, dropped=dropped, t_ms=round(t_ms, 3))

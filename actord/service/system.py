@@ -8,7 +8,8 @@ it only uses anyio.
 The system is a client of its actors (above them all in the ask order): it may ask any of
 them, always within a bound (`request_timeout_s` for a completion, `ask_timeout_s` for the
 rest). Stopping is bounded too: `shutdown(grace)` refuses new work, lets requests in flight
-finish within the grace, cancels the rest, and leaving the context closes every mailbox and
+finish within the grace, cancels the rest, then writes every mind to her page file within
+`shutdown_persist_s` (service/persist.py), and leaving the context closes every mailbox and
 gives the actors a bounded time to drain before they are cancelled.
 """
 
@@ -34,6 +35,7 @@ from actord.service.inflight import InFlight
 from actord.service.log import get
 from actord.service.metrics import Metrics
 from actord.service.protocol import Embedded, MemoryView, OnToken, TemplateSource, Tokenized
+from actord.service.persist import Persister
 from actord.service.spill import spill_page
 from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
@@ -74,6 +76,7 @@ class ActorSystem:
     # The mind placer's class: a host may give a subclass with more verbs (the cluster's
     # node daemon does, actord/cluster/placer.py); the builder makes it as this one.
     placer_class: type[MindPlacer] = MindPlacer
+    stop_requested: anyio.Event | None = None  # set by the `stop` verb (made at start); the daemon waits on it
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Config], Any] | None = None,
                  dispatcher: Dispatcher | None = None, trace: Any = None, http_address: str | None = None) -> None:
@@ -95,7 +98,8 @@ class ActorSystem:
         # goes through a deterministic dispatcher's run_sync: it must know the work is in
         # flight to tell when the system is quiet. The plain dispatcher has no such seam.
         self.run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
-        self.files = PageFiles(c.page_dir, threads=c.disk_threads, offload=self.dispatcher.offload)
+        self.files = PageFiles(c.page_dir, threads=c.disk_threads, offload=self.dispatcher.offload,
+                               disk_bytes=c.page_disk_bytes, metrics=self.metrics)
         self.gene_files = GeneFiles(c, self.run_sync)
         self.chat_state = ChatState()
         self._tg: Any = None
@@ -103,6 +107,8 @@ class ActorSystem:
         self.closing = False
         self.inflight = InFlight()
         self.memory_sources = memory.MemorySources()  # bytes the fronts hold, read by memory_report
+        self._persister: Persister | None = None
+        self._persisted = False
 
     # -- what start built (typed; reading one before the start is a bug) ---------------
 
@@ -145,6 +151,13 @@ class ActorSystem:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def __aenter__(self) -> "ActorSystem":
+        self.stop_requested = anyio.Event()
+        t0 = time.perf_counter()
+        # The page folder's index first (names and sizes, no file read): minds come back
+        # lazily from their files, at their next request.
+        n_files = await self.files.start()
+        log.info("page_files.indexed", files=n_files, bytes=self.files.index.used,
+                 t_ms=round((time.perf_counter() - t0) * 1e3, 1))
         await self.engine.start()
         try:
             self._props = await self.engine.run(J.ModelInfo())
@@ -152,6 +165,10 @@ class ActorSystem:
                 self._limits = msgspec.structs.replace(self._limits, max_prompt_tokens=self._limits.max_prompt_bytes)
             self._actors = build_actors(self.config, self._props, self.dispatcher, self.engine, self.metrics,
                                         self.files, self._spill_page, self.default_genes, self.placer_class)
+            c = self.config
+            self._persister = Persister(self._actors.slots, self._actors.pages, self._spill_page, self.metrics,
+                                        window_s=c.write_behind_s, threads=c.disk_threads,
+                                        ask_timeout_s=c.ask_timeout_s)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
         except BaseException:
@@ -202,7 +219,40 @@ class ActorSystem:
         """
         grace = self.config.shutdown_grace_s if grace_s is None else grace_s
         self.closing = True
-        return await self.inflight.drain(grace, self._cancel)
+        counts = await self.inflight.drain(grace, self._cancel)
+        if self.config.persist_on_stop and self._persister is not None and not self._persisted:
+            self._persisted = True
+            self._persister.stop_background()  # no write-behind pass races the stop's own
+            counts.update(await self.persist())
+        return counts
+
+    @entry("persist", check_open=False)
+    async def persist(self) -> dict[str, int]:
+        """Write every mind not yet in her page file (slots and RAM pages) now, within
+        `shutdown_persist_s`; a graceful stop does this last. An input of its own, so a
+        trace that holds a stop replays it."""
+        assert self._persister is not None, "the system is not running"
+        return await self._persister.persist_all(self.config.shutdown_persist_s)
+
+    async def write_behind(self) -> None:
+        """Run write-behind (service/persist.py) until cancelled or stopped: the daemon
+        runs it beside its servers; an embedding host may run it in its own task group."""
+        if self._persister is not None:
+            await self._persister.run()
+
+    async def write_behind_tick(self, now: float) -> int:
+        """One write-behind pass at `now` (monotonic seconds): the minds written."""
+        assert self._persister is not None, "the system is not running"
+        return await self._persister.tick(now)
+
+    @entry("stop", check_open=False)
+    async def stop(self) -> dict[str, Any]:
+        """Ask the daemon to stop gracefully, as SIGTERM does (the daemon waits on
+        `stop_requested`); an embedding host reads the event itself."""
+        log.info("system.stop_requested")
+        if self.stop_requested is not None:
+            self.stop_requested.set()
+        return {"stopping": True}
 
     def check_open(self) -> None:
         if self.closing:
@@ -375,8 +425,11 @@ class ActorSystem:
         return await self.pages.ask(DropPage(name=page))
 
     @entry("page.list", check_open=False)
-    async def page_list(self) -> Any:
-        return await self.pages.ask(ListPages())
+    async def page_list(self, after: str = "", limit: int = 0) -> Any:
+        """The pages by name: those after `after`, at most `limit` (0: all)."""
+        if limit < 0:
+            raise InvalidParams("limit is >= 0 (0: all)", limit=limit)
+        return await self.pages.ask(ListPages(after=after, limit=limit))
 
     @entry("checkpoint.stats", check_open=False)
     async def checkpoint_stats(self) -> Any:
@@ -446,8 +499,10 @@ class ActorSystem:
     async def health(self) -> dict[str, Any]:
         return introspection.health(self, self._started)
 
-    async def memory(self) -> MemoryView:
-        return await introspection.memory(self)
+    async def memory(self, after: str = "", limit: int = 0) -> MemoryView:
+        if limit < 0:
+            raise InvalidParams("limit is >= 0 (0: all)", limit=limit)
+        return await introspection.memory(self, after, limit)
 
     def metrics_text(self) -> str:
         return self.metrics.exposition()

@@ -83,6 +83,10 @@ class PageInSlot(Msg):
 
 class SaveSlot(Msg):
     file: str
+    # Write-behind and a graceful stop (service/persist.py): save only while the slot holds
+    # this mind, and only if its sequence changed since it was last written to or read from
+    # her file (else the answer says "skipped" and nothing is written).
+    mind: str | None = None
 
 
 class RestoreSlot(Msg):

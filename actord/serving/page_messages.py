@@ -108,7 +108,31 @@ class DropPage(Msg):
 
 
 class ListPages(Msg):
-    pass
+    """The pages by name; `after` a name and at most `limit` of them (0: all), so that a
+    store of 10,000 pages answers a page of them at a time."""
+
+    after: str = ""
+    limit: int = 0
+
+
+class PageTokens(Msg):
+    """How many tokens page `name` holds (None: no such page): one page's size, where
+    ListPages would list them all."""
+
+    name: str
+
+
+class SpillVictim(Msg):
+    """Of `candidates` (page names, oldest first), the one to spill: the oldest that is a
+    page and stands on no base other pages share, else the oldest that is a page; None
+    when none is. The asker sends a bounded prefix of its own order."""
+
+    candidates: list[str]
+
+
+class Unpersisted(Msg):
+    """(name, generation) of every page whose generation is not in its mind's page file,
+    oldest change first (write-behind and a graceful stop write them)."""
 
 
 class SpillBegin(Msg):
@@ -118,6 +142,7 @@ class SpillBegin(Msg):
 class SpillEnd(Msg):
     gen: int
     drop: bool = False
+    persisted: bool = False  # the spill was to the page's own mind file: that generation is on disk
 
 
 class StoreStats(Msg):
@@ -156,7 +181,7 @@ class AdmitBase(Msg):
 
 PageStoreInbox = (
     Admit | AdmitState | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
-    | SpillBegin | SpillEnd | StoreStats | FindBase | AdmitBase
+    | SpillBegin | SpillEnd | StoreStats | FindBase | AdmitBase | PageTokens | SpillVictim | Unpersisted
 )
 
 
@@ -175,3 +200,4 @@ class PageStoreStats(msgspec.Struct, frozen=True):
     bases: int = 0  # shared prefixes stored once (generations with no name)
     base_bytes: int = 0
     shared_bytes: int = 0  # what whole pages would have charged beyond what is charged
+    unpersisted: int = 0  # pages whose generation is not yet in their page file

@@ -30,6 +30,11 @@ as a page (or a page-in or spill of one) stands on it, and its bytes are charged
 prefix indexes (policy/prefix_index.py) answer FindBase in one walk over the asked tokens'
 blocks: one over the bases, one over the pages' own tokens (a prefix that another page
 shares is worth a base: the page-out that asks makes one from its own sequence).
+
+Persistence (issue 34): the store knows which pages' current generation is not yet in the
+page's own file (`dirty`, oldest change first): a commit makes a page dirty, a spill to its
+own file (SpillEnd.persisted) of the generation still current makes it clean, a take or drop
+forgets it. Write-behind and a graceful stop ask `Unpersisted` and write those.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.buffer_pool import BufferPool, buffer_of, capacity_for
 from actord.serving.page_messages import (
     Admit, AdmitBase, AdmitState, BaseFound, CancelReservation, Commit, DropPage, FindBase, ListPages, Page,
-    PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, Release, Return, SpillBegin, SpillEnd, StoreStats, Take,
+    PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, PageTokens, Release, Return, SpillBegin, SpillEnd,
+    SpillVictim, StoreStats, Take, Unpersisted,
 )
 from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
@@ -50,8 +56,8 @@ from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
     "Admit", "AdmitBase", "AdmitState", "BaseFound", "CancelReservation", "Commit", "DropPage", "FindBase",
-    "ListPages", "Page", "PageAdmission", "PageInfo", "PageStore", "PageStoreInbox", "PageStoreStats", "Release",
-    "Return", "SpillBegin", "SpillEnd", "StoreStats", "Take",
+    "ListPages", "Page", "PageAdmission", "PageInfo", "PageStore", "PageStoreInbox", "PageStoreStats", "PageTokens",
+    "Release", "Return", "SpillBegin", "SpillEnd", "SpillVictim", "StoreStats", "Take", "Unpersisted",
 ]
 
 log = get("actord.pages")
@@ -84,6 +90,7 @@ class PageStore(Actor[PageStoreInbox]):
         self.bases = PrefixIndex()  # base generation -> its tokens
         self.page_index = PrefixIndex()  # page generation -> its tokens
         self.on_base: dict[int, int] = {}  # base generation -> page generations standing on it
+        self.dirty: dict[str, int] = {}  # page -> its generation not yet in its file, oldest change first
 
     async def handle(self, msg: PageStoreInbox, env: Envelope[PageStoreInbox]) -> None:
         reply = env.reply
@@ -104,11 +111,21 @@ class PageStore(Actor[PageStoreInbox]):
                 out = self.release(gen)
             case DropPage(name=name):
                 out = self.drop(name)
-            case ListPages():
-                out = [self.info(n) for n in sorted(self.names)]
+            case ListPages(after=after, limit=limit):
+                out = [self.info(n) for n in self.page_names(after, limit)]
+            case PageTokens(name=name):
+                gen = self.names.get(name)
+                out = None if gen is None else len(self.gens[gen].page.tokens)  # type: ignore[union-attr]
+            case SpillVictim(candidates=candidates):
+                out = self.spill_victim(candidates)
+            case Unpersisted():
+                out = list(self.dirty.items())
             case SpillBegin(name=name):
                 out = self.spill_begin(name)
-            case SpillEnd(gen=gen, drop=drop):
+            case SpillEnd(gen=gen, drop=drop, persisted=persisted):
+                g = self.gens.get(gen)
+                if persisted and g is not None and g.page is not None and self.dirty.get(g.page.name) == gen:
+                    del self.dirty[g.page.name]
                 out = self.spill_end(gen, drop)
             case StoreStats():
                 out = self.stats()
@@ -201,6 +218,8 @@ class PageStore(Actor[PageStoreInbox]):
         self.page_index.add(page.gen, page.tokens, page.genes, page.scope)
         old = self.names.get(name)
         self.names[name] = page.gen
+        self.dirty.pop(name, None)
+        self.dirty[name] = page.gen
         if old is not None:
             self._unhold(old)
         return self.info(name)
@@ -237,6 +256,7 @@ class PageStore(Actor[PageStoreInbox]):
         gen = self.names.pop(name, None)
         if gen is None:
             raise PageNotFound(f"no page named {name!r}", page=name)
+        self.dirty.pop(name, None)  # the mind is in a slot now: the slot's own write-behind keeps it
         page = self.gens[gen].page
         assert page is not None
         return page  # the store's hold passes to the taker, who Releases or Returns it
@@ -250,6 +270,7 @@ class PageStore(Actor[PageStoreInbox]):
             self._unhold(gen)
         else:
             self.names[name] = gen
+            self.dirty[name] = gen  # whether its file still holds it is not known here
 
     def release(self, gen: int) -> None:
         if gen in self.gens:
@@ -258,6 +279,7 @@ class PageStore(Actor[PageStoreInbox]):
     def drop(self, name: str) -> PageInfo:
         info = self.info(name)
         gen = self.names.pop(name)
+        self.dirty.pop(name, None)
         self._unhold(gen)
         log.info("page.dropped", page=name, n_bytes=info.n_bytes, still_held=info.holders > 1)
         return info
@@ -291,6 +313,7 @@ class PageStore(Actor[PageStoreInbox]):
         dropped = False
         if drop and g.page is not None and self.names.get(g.page.name) == gen:
             del self.names[g.page.name]  # only this generation: a newer one stays
+            self.dirty.pop(g.page.name, None)
             self._unhold(gen)
             dropped = True
         self._unhold(gen)
@@ -316,7 +339,29 @@ class PageStore(Actor[PageStoreInbox]):
             if buf is not None:
                 self.pool.give(buf, self.ceiling - self.effective)
 
+    def spill_victim(self, candidates: list[str]) -> str | None:
+        """The placer's victim among `candidates` (oldest first): a page on a base other
+        pages share comes last, since its spill frees only its own part."""
+        first = None
+        for name in candidates:
+            gen = self.names.get(name)
+            if gen is None:
+                continue
+            base = self.gens[gen].page.base  # type: ignore[union-attr]
+            if base is None or self.on_base.get(base.gen, 0) <= 1:
+                return name
+            first = first or name
+        return first
+
     # -- views -------------------------------------------------------------------------
+
+    def page_names(self, after: str = "", limit: int = 0) -> list[str]:
+        names = sorted(self.names)
+        if after:
+            from bisect import bisect_right
+
+            names = names[bisect_right(names, after):]
+        return names[:limit] if limit else names
 
     def info(self, name: str) -> PageInfo:
         gen = self.names.get(name)
@@ -343,7 +388,7 @@ class PageStore(Actor[PageStoreInbox]):
                               live_bytes=self.live_bytes(), earmarked=self.earmarked, pooled=self.pool.bytes,
                               pool_buffers=len(self.pool), pool_hits=self.pool.hits, pool_misses=self.pool.misses,
                               bases=len(self.on_base), base_bytes=sum(self.gens[b].n_bytes for b in self.on_base),
-                              shared_bytes=self.shared_bytes())
+                              shared_bytes=self.shared_bytes(), unpersisted=len(self.dirty))
 
     def _publish_metrics(self) -> None:
         self.metrics.page_store_bytes.set(self.charged)

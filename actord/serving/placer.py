@@ -22,7 +22,7 @@ from actord.serving.messages import (
 )
 from actord.serving.prefix_share import MIN_SHARE
 from actord.serving.room import holding_room, no_room
-from actord.serving.page_store import ListPages
+from actord.serving.page_store import PageTokens, SpillVictim
 from actord.service.errors import (
     ActordError, Cancelled, ContextFull, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded,
 )
@@ -33,6 +33,8 @@ from actord.storage.files import PageFiles
 from actord.storage.paths import MIND_FILE_SUFFIX
 
 log = get("actord.placer")
+
+VICTIM_WINDOW = 64  # the oldest pages of ours the page store chooses a spill victim among
 
 # The system's spill of a page to its file: (page, file, drop) -> its report.
 Spill = Callable[[str, str, bool], Awaitable[dict[str, Any]]]
@@ -230,19 +232,27 @@ class MindPlacer(Actor[PlacerInbox]):
         is durable, and the slot is erased only after its own save succeeded. When the disk
         refuses (full, read-only, EIO) the error goes to the request being placed and every
         mind stays where it was."""
-        live = {p.page: p for p in await self.pages.ask(ListPages())}
         # Oldest first, but a page on a base other pages share comes last: its spill frees
         # only its own part (the base stays for them), so the ceiling is met by spilling
         # fewer minds, and the prefix many minds share stays in RAM (SGLang keeps a radix
-        # node's shared blocks while any leaf below uses them).
-        victims = sorted((m for m in self.paged if m in live and m != held), key=lambda m: live[m].base_pages > 1)
-        if not victims:  # nothing to spill: the slot goes straight to its file
+        # node's shared blocks while any leaf below uses them). The store chooses among the
+        # oldest VICTIM_WINDOW at a time, so a placement costs the same at 10,000 minds as
+        # at 1,000; minds of ours no longer paged are forgotten as they are met.
+        victim = None
+        while victim is None:
+            window = [m for m in self.paged[:VICTIM_WINDOW] if m != held]
+            if not window:
+                break
+            victim = await self.pages.ask(SpillVictim(candidates=window))
+            if victim is None:
+                gone = set(window)
+                self.paged = [m for m in self.paged if m not in gone]
+        if victim is None:  # nothing to spill: the slot goes straight to its file
             if held is not None:
                 await self.slots[slot].ask(SaveSlot(file=mind_file(held)))
                 self._note_paged(held)
             await self.slots[slot].ask(Erase())
             return
-        victim = victims[0]
         try:
             await self.spill(victim, mind_file(victim), True)
         except PageNotFound:  # paged in (or dropped) meanwhile: not ours to spill
@@ -296,7 +306,12 @@ class MindPlacer(Actor[PlacerInbox]):
         fresh_size = False
         while True:
             if mind not in self.page_tokens or fresh_size:
-                self.page_tokens = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
+                # One page's size, not a listing of them all (10,000 minds: issue 34).
+                n_page = await self.pages.ask(PageTokens(name=mind))
+                if n_page is None:
+                    self.page_tokens.pop(mind, None)
+                else:
+                    self.page_tokens[mind] = n_page
                 fresh_size = True
             n = self.page_tokens.get(mind, 0)
             async with holding_room(self.scheduler, slot, n) if n else no_room() as room:

@@ -71,6 +71,9 @@ class SlotPages(SlotPageBases):
     genes: tuple[tuple[int, float], ...]
     scope: str
     mind: str | None
+    # (file, mind, n, hash of the tokens) of the sequence last written to or read from a
+    # file: write-behind does not write an unchanged mind again.
+    _persisted_sig: tuple[Any, ...] | None = None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
         if isinstance(msg, PageInSlot) and (msg.evict_first or msg.room):
@@ -82,6 +85,8 @@ class SlotPages(SlotPageBases):
                         out = await self.page_out(name)
                     case PageInSlot(page=name):
                         out = await self.page_in(name)
+                    case SaveSlot(file=file, mind=mind) if mind is not None:
+                        out = await self.save_mind(mind, file)
                     case SaveSlot(file=file):
                         out = await self.save(file)
                     case RestoreSlot(file=file):
@@ -376,6 +381,19 @@ class SlotPages(SlotPageBases):
             out.append((gid, float(sg.scale)))
         return tuple(sorted(out))
 
+    def _kv_sig(self) -> tuple[Any, ...]:
+        # The lineage too: the same tokens under other genes or another scope are another state.
+        return (self.mind, self.genes, self.scope, len(self.kv_tokens), hash(tuple(self.kv_tokens)))
+
+    async def save_mind(self, mind: str, file: str) -> dict[str, Any]:
+        """Save the slot's mind to her file, unless the slot holds another or the file
+        already holds this very sequence (write-behind asks again and again)."""
+        if self.mind != mind or not self.kv_tokens:
+            return {"slot": self.id, "file": file, "skipped": "the slot holds another mind"}
+        if self._persisted_sig == (file, *self._kv_sig()):
+            return {"slot": self.id, "file": file, "skipped": "unchanged"}
+        return await self.save(file)
+
     async def save(self, file: str) -> dict[str, Any]:
         self.files.check(file)
         t0 = time.perf_counter()
@@ -385,6 +403,7 @@ class SlotPages(SlotPageBases):
                                                           self.ckpt.history, self.ckpt.prompt_end,
                                                           draft=draft.data if draft else None, draft_n=self.draft_n,
                                                           scope=self.scope, gene_digests=await self.gene_digests()))
+        self._persisted_sig = (file, *self._kv_sig())
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -421,6 +440,7 @@ class SlotPages(SlotPageBases):
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await self.footprint_changed()
         await self._tell_cells()
+        self._persisted_sig = (file, *self._kv_sig())
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
                  draft="warm" if self.draft_n else "cold")

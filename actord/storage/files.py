@@ -4,6 +4,12 @@ The engine thread copies bytes out of the context; this module hands the resulti
 to `publish_generation` / `read_generation` through `anyio.to_thread.run_sync` with a
 limiter, so disk work never runs on the engine thread or the event loop. A `to_thread`
 call is shielded from cancellation by anyio: an fsync that has started finishes.
+
+It also keeps the page folder's index (storage/disk_index.py), filled by `start` and kept by
+every publication, read and removal made here, and holds the disk budget with it: before a
+generation is written, the least recently used minds' files not in use are removed (crash
+safely, `remove_generation`) until it fits, else it is refused (`PageDiskExceeded`) with
+nothing written.
 """
 
 from __future__ import annotations
@@ -13,22 +19,106 @@ import contextlib
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
+import msgspec
 
-from actord.service.errors import ActordError
+from actord.service.errors import ActordError, PageDiskExceeded
+from actord.service.log import get
+from actord.storage.disk_index import DiskIndex, scan
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
 from actord.storage.paths import confine_file
-from actord.storage.publish import PublishStats, publish_generation, read_generation
+from actord.storage.publish import PublishStats, publish_generation, read_generation, recover_folder, remove_generation
+
+log = get("actord.storage")
+_META_ENC = msgspec.msgpack.Encoder()
+
+# What a generation's files add to its state, checkpoint and draft bytes: four containers'
+# headers, the sections' table, the gene list, the meta. The budget admits a publication by
+# this estimate (an upper bound within a few hundred bytes) before it is encoded on its
+# worker thread, then charges its true size.
+_OVERHEAD = 512
+
+
+def image_bytes(image: PageImage) -> int:
+    def n(b: Any) -> int:
+        return 0 if b is None else memoryview(b).nbytes
+
+    meta = len(_META_ENC.encode(image.meta)) if image.meta else 0
+    return (n(image.state) + n(image.base) + n(image.draft) + 4 * len(image.tokens) + meta
+            + sum(n(c.data) + 20 for c in image.checkpoints) + 64 * len(image.genes)
+            + 16 * len(image.divergences) + _OVERHEAD)
 
 
 class PageFiles:
     def __init__(self, root: str | Path, *, threads: int = 4, fs: OsFs | None = None,
-                 offload: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 offload: Callable[..., Awaitable[Any]] | None = None, disk_bytes: int = 0,
+                 metrics: Any = None) -> None:
         self.root = Path(root)
         self.fs = fs or OsFs()
         self.limiter = anyio.CapacityLimiter(threads)
         self._offload = offload  # the dispatcher's seam: it may order worker completions
         self._locks: dict[str, list[Any]] = {}  # path -> [lock, holders and waiters]
+        self.index = DiskIndex(disk_bytes)
+        self.metrics = metrics  # actord.service.metrics.Metrics, or None (a bare PageFiles)
+
+    async def start(self) -> int:
+        """Complete publications a crash cut short, remove orphaned stages, and index the
+        page folder (names and sizes; no file is read). Returns the files indexed."""
+        def load() -> list[tuple[str, int, int]]:
+            if self.fs.stat(self.root) is None:
+                return []
+            try:
+                recover_folder(self.root, self.fs)
+            except ActordError as e:  # the reads of the files concerned refuse them, typed
+                log.warning("page_files.recover_failed", error=e.to_dict())
+            return scan(self.root, self.fs)
+
+        # Not through the dispatcher's seam: start-up work before any actor runs, and its
+        # answer (modification times) is no event a trace could reproduce.
+        self.index.load(await anyio.to_thread.run_sync(load, limiter=self.limiter))
+        self._gauges()
+        return len(self.index.files)
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.page_disk_bytes.set(self.index.used)
+            self.metrics.page_disk_files.set(len(self.index.files))
+
+    def _key(self, name: str) -> str:
+        return str(self.check(name).relative_to(self.root.resolve()))
+
+    async def _make_room(self, name: str, n_bytes: int) -> None:
+        """Evict least recently used minds' files until `n_bytes` for `name` fit the disk
+        budget; refused (nothing written, nothing evicted) when they cannot."""
+        idx = self.index
+        need = idx.over(name, n_bytes)
+        if not need:
+            return
+        victims = list(idx.victims(need, lambda v: v == name or str(self.root.resolve() / v) in self._locks))
+        if sum(idx.files[v] for v in victims) < need:
+            if self.metrics is not None:
+                self.metrics.page_disk_refused_total.inc()
+            log.info("page_file.disk_refused", file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
+            raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
+                                   file=name, n_bytes=n_bytes, used=idx.used, reserved=idx.reserved,
+                                   budget=idx.budget)
+        for v in victims:
+            async with self.holding(v):
+                freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
+            idx.remove(v)
+            if self.metrics is not None:
+                self.metrics.page_disk_evicted_total.inc()
+            log.warning("page_file.evicted", file=v, n_bytes=freed, reason="page disk budget", for_file=name)
+        self._gauges()
+
+    async def remove(self, name: str) -> int:
+        """Remove page file `name`'s generation (crash-safe); the bytes it held."""
+        key = self._key(name)
+        async with self.holding(name):
+            freed = await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
+        self.index.remove(key)
+        self._gauges()
+        return freed
 
     async def _run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         if self._offload is not None:
@@ -57,11 +147,23 @@ class PageFiles:
 
     async def publish(self, name: str, image: PageImage, *, held: bool = False) -> PublishStats:
         """Publish one generation; `held`: the caller holds `holding(name)` already."""
-        self.check(name)
         if held:
-            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+            return await self._publish(name, image)
         async with self.holding(name):
-            return await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+            return await self._publish(name, image)
+
+    async def _publish(self, name: str, image: PageImage) -> PublishStats:
+        key = self._key(name)
+        estimate = image_bytes(image)
+        await self._make_room(key, estimate)
+        self.index.reserved += estimate
+        try:
+            stats = await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
+        finally:
+            self.index.reserved -= estimate
+        self.index.set(key, stats.n_bytes)
+        self._gauges()
+        return stats
 
     async def exists(self, name: str) -> bool:
         path = self.check(name)
@@ -97,5 +199,7 @@ class PageFiles:
         return await self._run(f"read:{name}", peek)
 
     async def read(self, name: str) -> PageImage:
-        self.check(name)
-        return await self._run(f"read:{name}", read_generation, self.root, name, self.fs)
+        key = self._key(name)
+        image = await self._run(f"read:{name}", read_generation, self.root, name, self.fs)
+        self.index.touch(key)
+        return image

@@ -39,10 +39,12 @@ Every OS call goes through the `fs` adapter (`osfs.py`); there are no OS branche
 
 from __future__ import annotations
 
+import contextlib
 import stat
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import msgspec
 
@@ -86,11 +88,71 @@ def _folder_lock(base: Path, fs: OsFs) -> FileLock:
     return held
 
 
+# Recovery without a listing (issue 34: 10,000 page files made every read and publication
+# list the whole folder, 12 ms each). Every hold of the folder lock counts itself in the
+# lock file at once (before anything is changed, so a holder that dies mid-publication has
+# counted). A process that found nothing to recover remembers the count and the folder's
+# signature after its own hold; finding both unchanged at its next hold, it knows no other
+# process held the lock meanwhile and nothing else changed the folder, so nothing can be
+# left to roll forward or sweep (its own cut-short publications forget the memory).
+_QUIET: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+_LEFT: set[str] = set()  # folders where a stage could not be removed: listed at the next hold
+
+
+class _Hold:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet  # nothing to recover in the folder
+
+
+def _signature(base: Path, fs: OsFs) -> tuple[int, ...] | None:
+    """The folder's identity and change times; None where it cannot be read (then it is
+    listed: a failure here never changes an operation's outcome)."""
+    try:
+        st = fs.stat(base)
+    except StorageError:
+        return None
+    return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_size)
+
+
+@contextlib.contextmanager
+def _forget_on_failure(base: Path) -> Iterator[None]:
+    """A publication or removal cut short (an error, a simulated crash) may leave a stage
+    or a record: the next hold lists the folder."""
+    try:
+        yield
+    except BaseException:
+        _QUIET.pop(str(base), None)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(base: Path, fs: OsFs) -> Iterator[_Hold]:
+    """The folder lock, counted; `hold.quiet` says whether `recover` can skip its listing."""
+    key = str(base)
+    with _folder_lock(base, fs) as held:
+        n = held.count()
+        known = _QUIET.pop(key, None)
+        left = key in _LEFT
+        _LEFT.discard(key)
+        sig = _signature(base, fs)
+        hold = _Hold(quiet=not left and sig is not None and known == (n, sig))
+        held.set_count(n + 1)
+        yield hold
+        sig = _signature(base, fs) if hold.quiet and key not in _LEFT else None
+        if sig is not None:
+            _QUIET[key] = (n + 1, sig)
+
+
 # ---- publish -----------------------------------------------------------------------------
 
 
 def publish_generation(root: Path, name: str, image: PageImage, fs: OsFs) -> PublishStats:
     """Publish `image` as the generation of page file `name` in `root`, whole or not at all."""
+    with _forget_on_failure(Path(root).resolve()):
+        return _publish_generation(root, name, image, fs)
+
+
+def _publish_generation(root: Path, name: str, image: PageImage, fs: OsFs) -> PublishStats:
     t0 = time.perf_counter()
     dests = {sfx: confine(root, name + sfx) for sfx in SUFFIXES}
     base = Path(root).resolve()
@@ -115,8 +177,8 @@ def publish_generation(root: Path, name: str, image: PageImage, fs: OsFs) -> Pub
         fs.dirsync(stage)
         fs.write_file(stage / STAGED_RECORD, [_REC_ENC.encode(record)])
         fs.step("staged")
-        with _folder_lock(base, fs):
-            recover(base, fs)
+        with _locked(base, fs) as hold:
+            recover(base, fs, hold)
             _make_parents(base, dests[""].parent, fs)
             _refuse_folders(dests, fs)
             rec_path = base / f"{RECORD_PREFIX}{stage_id}{RECORD_SUFFIX}"
@@ -150,10 +212,61 @@ def publish_generation(root: Path, name: str, image: PageImage, fs: OsFs) -> Pub
     return PublishStats(n_bytes=total, files=files, t_ms=t_ms)
 
 
+def remove_generation(root: Path, name: str, fs: OsFs) -> int:
+    """Remove page file `name`'s generation, whole or not at all; the bytes it held (0: none).
+
+    A removal is a publication of nothing: its commit record moves no file in and every
+    file of the generation away into the stage (never deleted in place), so a crash at any
+    point leaves the old generation whole (before the record) or rolls the removal forward
+    at the next read (after it), exactly as a publication does."""
+    with _forget_on_failure(Path(root).resolve()):
+        return _remove_generation(root, name, fs)
+
+
+def _remove_generation(root: Path, name: str, fs: OsFs) -> int:
+    dests = {sfx: confine(root, name + sfx) for sfx in SUFFIXES}
+    base = Path(root).resolve()
+    held = sum(st.st_size for st in (fs.stat(d) for d in dests.values()) if st is not None)
+    if not held:
+        return 0
+    stage_id = f"{fs.getpid()}-{uuid.uuid4().hex[:16]}"
+    stage = base / f"{STAGE_PREFIX}{stage_id}"
+    record = CommitRecord(version=RECORD_VERSION, stage=stage.name, gen_id=uuid.uuid4().hex, moves=[],
+                          away=[str(d.relative_to(base)) for d in dests.values()])
+    stage_lock = _open_stage(base, stage, fs)
+    committed = False
+    try:
+        fs.write_file(stage / STAGED_RECORD, [_REC_ENC.encode(record)])
+        fs.dirsync(stage)
+        with _locked(base, fs) as hold:
+            recover(base, fs, hold)
+            rec_path = base / f"{RECORD_PREFIX}{stage_id}{RECORD_SUFFIX}"
+            fs.rename(stage / STAGED_RECORD, rec_path)
+            try:
+                fs.dirsync(base)
+            except StorageError:
+                committed = not _take_back(rec_path, fs)
+                raise
+            committed = True
+            fs.step("removal_placed")
+            _apply(base, rec_path, record, fs)
+    except Exception as e:
+        if committed:
+            msg = e.message if isinstance(e, ActordError) else str(e)
+            raise StorageError(f"removal of page file {name} committed but not finished ({msg}); the next read "
+                               "completes it", file=name, committed=True) from e
+        _discard(stage, fs, e)
+        raise
+    finally:
+        stage_lock.release()
+    log.debug("page_file.removed", file=name, n_bytes=held)
+    return held
+
+
 def _open_stage(base: Path, stage: Path, fs: OsFs) -> FileLock:
     """Create the stage and lock it, both under the folder lock (no reader can see it
     created but not yet locked, and take it for an orphan)."""
-    with _folder_lock(base, fs):
+    with _locked(base, fs):
         fs.mkdir(stage)
         try:
             held = fs.lock(stage / STAGE_LOCK, blocking=False)
@@ -170,6 +283,7 @@ def _discard(stage: Path, fs: OsFs, cause: BaseException) -> None:
         fs.rmtree(stage)
     except Exception as e:  # never mask the error that brought us here
         log.warning("page_file.stage_not_removed", stage=stage.name, error=str(e), cause=str(cause))
+        _LEFT.add(str(stage.parent))  # the next hold lists the folder and sweeps it
 
 
 def _take_back(rec_path: Path, fs: OsFs) -> bool:
@@ -239,16 +353,34 @@ def _apply(base: Path, rec_path: Path, record: CommitRecord, fs: OsFs) -> None:
         fs.rmtree(stage)
     except StorageError as e:
         log.warning("page_file.stage_not_removed", stage=record.stage, error=e.message)
+        _LEFT.add(str(stage.parent))  # the next hold lists the folder and sweeps it
 
 
 # ---- recover and read --------------------------------------------------------------------
 
 
-def recover(base: Path, fs: OsFs) -> None:
+def recover_folder(root: Path, fs: OsFs) -> None:
+    """`recover` under the folder lock: at start, before the folder is indexed."""
+    base = Path(root).resolve()
+    with _locked(base, fs) as hold:
+        hold.quiet = False  # at start, always the whole listing
+        recover(base, fs, hold)
+
+
+def recover(base: Path, fs: OsFs, hold: _Hold | None = None) -> None:
     """Roll forward records left by cut-short publications; remove orphaned stages.
 
-    Call with the folder lock held.
+    Call with the folder lock held (`hold`: as `_locked` gave it; a quiet folder needs no
+    listing, and one listed here is quiet after it).
     """
+    if hold is not None and hold.quiet:
+        return
+    _recover(base, fs)
+    if hold is not None:
+        hold.quiet = True
+
+
+def _recover(base: Path, fs: OsFs) -> None:
     names = fs.listdir(base)
     records = [n for n in names if n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX)]
     for n in records:
@@ -292,12 +424,14 @@ def _sweep_stage(stage: Path, fs: OsFs) -> None:
         if pid is None or fs.pid_alive(pid):
             held = fs.lock(stage / STAGE_LOCK, blocking=False)
             if held is None:
+                _LEFT.add(str(stage.parent))  # not quiet: its owner may yet abandon it
                 return  # a live publication is writing it
             held.release()
         fs.rmtree(stage)
         log.info("page_file.stage_removed", stage=stage.name, pid=pid)
     except StorageError as e:
         log.warning("page_file.stage_not_removed", stage=stage.name, error=e.message)
+        _LEFT.add(str(stage.parent))  # the next hold lists the folder and sweeps it
 
 
 def read_generation(root: Path, name: str, fs: OsFs) -> PageImage:
@@ -310,6 +444,6 @@ def read_generation(root: Path, name: str, fs: OsFs) -> PageImage:
     base = Path(root).resolve()
     if fs.stat(base) is None:
         raise FileNotFound(f"page folder {base} not found", file=name)
-    with _folder_lock(base, fs):
-        recover(base, fs)
+    with _locked(base, fs) as hold:
+        recover(base, fs, hold)
         return load_generation(fs, paths)

@@ -317,7 +317,7 @@ async def test_shutdown_cancels_requests_past_the_grace_and_refuses_new_ones(tin
             await eventually(lambda: len(s.inflight) == 2, "both requests in flight")
             with anyio.fail_after(10):
                 counts = await s.shutdown(grace_s=0.2)
-        assert counts == {"finished": 0, "cancelled": 2}
+        assert counts["finished"] == 0 and counts["cancelled"] == 2  # then the minds were persisted
         assert sorted(r.stop_reason for r in results) == ["cancelled", "cancelled"]
         with pytest.raises(ShuttingDown):
             await s.complete(prompt=prompt(5), n_predict=1, slot=0)

@@ -106,6 +106,16 @@ class Dashboard:
             "referrer-policy": "no-referrer"})
 
     async def state(self, request: Request) -> Response:
+        """The page's JSON; `?after=NAME&limit=N` pages the minds by name (the answer's
+        `next` is the following page's cursor), so 10,000 minds answer a page at a time."""
+        q = request.query_params
+        if "after" in q or "limit" in q:
+            after, limit = q.get("after", ""), q.get("limit", "0")
+            if not limit.isdigit() or len(after) > 512:
+                return json_response({"error": {"message": "limit is a count >= 0, after a mind name",
+                                                "type": "invalid_request_error"}}, 400)
+            view = await self.front.service.memory(after, int(limit))
+            return json_response({**self.shape(view, time.monotonic()), "next": view.next}, 200)
         now = time.monotonic()
         if self.last is None or now - self.last[0] >= MIN_INTERVAL_S:
             self.last = (now, self.shape(await self.front.service.memory(), now))

@@ -64,6 +64,13 @@ class GeneIdParams(msgspec.Struct, forbid_unknown_fields=True):
     id: int
 
 
+class ListParams(msgspec.Struct, forbid_unknown_fields=True):
+    """A page of a listing by name: the names after `after`, at most `limit` (0: all)."""
+
+    after: PageName = ""
+    limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class StatsParams(msgspec.Struct, forbid_unknown_fields=True):
     what: Literal["memory", "page", "checkpoint"]
 
@@ -195,7 +202,8 @@ METHODS: dict[str, Method] = {
                       help="page a page into a slot"),
     "page.drop": Method(PageParams, lambda s, p, _: _wrap(s.page_drop(check_page_name(p.page))),
                         help="forget a page"),
-    "page.list": Method(NoParams, lambda s, p, _: _wrap(s.page_list()), help="the pages held"),
+    "page.list": Method(ListParams, lambda s, p, _: _wrap(s.page_list(p.after, p.limit)),
+                        help="the pages held, by name (after, limit: a page of them)"),
     "page.spill": Method(SpillParams, lambda s, p, _: _wrap(s.page_spill(check_page_name(p.page), p.file, p.drop)),
                          help="write a page to a file in the page folder (drop: and free its RAM)"),
     "slot.save": Method(SlotFileParams, lambda s, p, _: _wrap(s.slot_save(p.slot, p.file)),
@@ -210,8 +218,14 @@ METHODS: dict[str, Method] = {
     "gene.page_in": Method(GeneIdParams, lambda s, p, _: _wrap(s.gene_page_in(p.id)),
                            help="page a gene's weights back into the device"),
     "gene.list": Method(NoParams, lambda s, p, _: _wrap(s.gene_list()), help="the loaded genes"),
-    "memory": Method(NoParams, lambda s, p, _: _wrap(s.memory()),
-                     help="every tier at once: slots, minds by tier (slot, RAM page, page file), budgets, genes"),
+    "memory": Method(ListParams, lambda s, p, _: _wrap(s.memory(p.after, p.limit)),
+                     help="every tier at once: slots, minds by tier (slot, RAM page, page file), budgets, genes "
+                     "(after, limit: a page of the minds, by name; `next` is the following page's cursor)"),
+    "persist": Method(NoParams, lambda s, p, _: _wrap(s.persist()),
+                      help="write every mind not yet in her page file (slots and RAM pages) now"),
+    "stop": Method(NoParams, lambda s, p, _: _wrap(s.stop()),
+                   help="stop the daemon gracefully, as SIGTERM does: requests end, then every mind is written "
+                   "to her page file"),
     "page.stats": Method(NoParams, lambda s, p, _: _wrap(s.page_stats()), help="the page store's counters"),
     "checkpoint.stats": Method(NoParams, lambda s, p, _: _wrap(s.checkpoint_stats()),
                                help="the checkpoint budget's counters"),
