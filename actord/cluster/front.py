@@ -52,6 +52,7 @@ from actord.service.errors import InvalidParams, NotServed
 from actord.service.metrics import Metrics
 from actord.frontends.http.native import base as native_base
 from actord.frontends.http.app import HttpFront
+from actord.service import tenancy
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
 from actord.frontends.http.openai.routes import OpenAIRoutes
@@ -94,7 +95,8 @@ class ClusterFront:
         return self._chat_info
 
     async def _turn(self, kind: str, mind: str | None, request: Any, on_token: OnToken) -> dict[str, Any]:
-        fields = _fields(request)
+        # The key's tenant travels in the request's fields: the node scopes reuse by it.
+        fields = _fields(tenancy.stamp(request))
         if mind is None:
             out = await self.router.free_turn(fields, on_token, kind=kind)
         else:

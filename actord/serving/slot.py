@@ -392,14 +392,16 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         # sequence is cut back, so a refused request changes nothing.
         seed = req.seed if req.seed is not None else self.default_seed
         await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
-        if self.mind is not None and req.mind is None and req.slot is None and self.kv_tokens:
+        scope = req.kv_scope()
+        if self.mind is not None and req.mind is None and self.kv_tokens and (req.slot is None or scope != self.scope):
             # An unnamed request placed on her slot: not her turn, and nobody asked for her
             # state to go. (A request addressed to the slot is the client's own say over it,
-            # as llama-server's slot verbs are: it continues or replaces what the slot holds.)
+            # as llama-server's slot verbs are: it continues or replaces what the slot holds;
+            # but only within its scope: another tenant's say never reaches her state.)
             await self._keep_mind()
         # Its own cells count only under the request's whole lineage: cells computed under
         # other genes, or held for another scope, are another state (policy/kv_identity.py).
-        lineage = (genes, req.kv_scope())
+        lineage = (genes, scope)
         raw = common_prefix(self.kv_tokens, prompt) if self.lineage == lineage else 0
         if raw == 0 and self.kv_tokens and self.lineage != lineage:
             log.info("slot.lineage_changed", slot=self.id, n_tokens=len(self.kv_tokens),

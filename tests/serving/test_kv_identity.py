@@ -203,3 +203,13 @@ async def test_a_new_mind_on_a_base_whose_owners_were_paged_out_dropped_or_spill
     assert cy.n_cached == len(SYSTEM)  # from the base: its owners gone from slots, one page dropped
     assert cy.tokens == await fresh(tiny_model, [], SYSTEM + own(23), None)
     assert dave.tokens == await fresh(tiny_model, [], SYSTEM + own(24), None)
+
+
+async def test_a_request_addressed_to_a_slot_from_another_scope_never_writes_over_her_state(tiny_model):
+    async with ActorSystem(cfg(tiny_model)) as s:
+        a1 = await s.complete(prompt=SYSTEM + own(30), n_predict=N, ignore_eos=True, mind="ada", tenant="key:a")
+        other = await s.complete(prompt=SYSTEM + own(31), n_predict=N, ignore_eos=True, slot=a1.slot, tenant="key:b")
+        assert other.n_cached == 0
+        nxt = SYSTEM + own(30) + a1.tokens + own(32)
+        a2 = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, mind="ada", tenant="key:a")
+    assert a2.n_cached == len(SYSTEM) + 6 + N - 1  # her state was kept (to her page) before the slot was reused
