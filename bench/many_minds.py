@@ -10,7 +10,9 @@ over a page folder of N minds' page files, and measures, median of --reps:
     disk      an old mind's return from her page file (restore, then 3 new tokens)
     memory    the `memory` verb, paginated (100 minds a page), and page.list (100 pages)
     start     the restart: the system's start (the page folder indexed, the model loaded)
-              to its first served turn, against the same start over an empty folder
+              to its first served turn, against the same start over an empty folder; and
+              `actord serve` from exec to answering `health`, over the largest folder and
+              over an empty one
 
 The N page files are copies of one real mind's generation (each a whole, valid page file
 under its own name), so a 10,000-mind folder is made in seconds rather than by 10,000
@@ -126,6 +128,26 @@ async def row(model: str, folder: Path, n: int, back: list[int], reps: int, meas
     return out
 
 
+def daemon_start_s(model: str, folder: Path) -> float:
+    """`actord serve` over `folder`, from the process's start until it answers `health`
+    (imports, the folder's index, the model): what an operator's restart costs."""
+    import subprocess
+
+    from actord.testing.daemon import wait_until_serving
+
+    sock = folder.parent / f"{folder.name}.sock"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2",
+                             "--ctx", "2048", "--threads", "1", "--socket", str(sock), "--page-dir", str(folder),
+                             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until_serving(proc, sock, timeout_s=120, poll_s=0.01)
+        return time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="100 and 1,000 minds only")
@@ -143,11 +165,15 @@ def main() -> int:
         baseline = anyio.run(row, model, _with(base, empty, 1), 1, back, a.reps, False)
         baseline["minds"] = 0
         rows.append(baseline)
+        daemon = {"empty": daemon_start_s(model, empty)}
         for n in sizes:
             folder = Path(d) / f"n{n}"
             folder.mkdir()
             populate_from(base, folder, n)
             rows.append(anyio.run(row, model, folder, n, back, a.reps))
+            if n == sizes[-1]:
+                populate_from(base, folder, n)  # the row's stop wrote some minds again: n files as before
+                daemon[str(n)] = daemon_start_s(model, folder)
             shutil.rmtree(folder)
             show(rows[-1])
     print()
@@ -166,14 +192,17 @@ def main() -> int:
     top = rows[-1]
     print(f"restart with {top['files']} page files: {top['start_ms'] / 1e3:.2f} s to the first served turn "
           f"(an empty folder: {baseline['start_ms'] / 1e3:.2f} s; goal <= {GOALS['restart_s']} s)")
-    if top["start_ms"] / 1e3 > GOALS["restart_s"]:
-        misses.append(f"restart {top['start_ms'] / 1e3:.2f} s")
+    n_top = str(top["minds"])
+    print(f"`actord serve` from exec to serving: {daemon[n_top]:.2f} s with {n_top} page files, "
+          f"{daemon['empty']:.2f} s over an empty folder (goal <= {GOALS['restart_s']} s)")
+    if max(top["start_ms"] / 1e3, daemon[n_top]) > GOALS["restart_s"]:
+        misses.append(f"restart {max(top['start_ms'] / 1e3, daemon[n_top]):.2f} s")
     for r in rows[1:]:
         for op in ("memory", "page_list"):
             if r[f"{op}_ms"] > GOALS["list_ms"]:
                 misses.append(f"{op} at {r['minds']} minds {r[f'{op}_ms']:.1f} ms")
     print("disk bytes per mind on a shared prefix: not built (issue 34 part 3, base files, is future work)")
-    _out.write("many_minds", rows=rows, goals=GOALS, misses=misses)
+    _out.write("many_minds", rows=rows, daemon_start_s=daemon, goals=GOALS, misses=misses)
     if misses:
         print("MISSED:", "; ".join(misses))
         return 1

@@ -40,6 +40,8 @@ from actord.storage.paths import MIND_FILE_SUFFIX, check_mind
 
 log = get("actord.service.persist")
 
+PASSES = 3  # a stop's passes over the slots and pages at most
+
 # (page, file, drop) -> the spill's report (service/spill.py through the system).
 Spill = Callable[[str, str, bool], Awaitable[dict[str, Any]]]
 
@@ -215,19 +217,26 @@ class Persister:
                 written["pages"] += 1
 
         with anyio.move_on_after(bound_s) as scope:
-            async with anyio.create_task_group() as tg:
-                for slot in self.slots:
-                    tg.start_soon(one_slot, slot)
-            for name, _ in await self.pages.ask(Unpersisted(), timeout=self.bound_s):
-                why = check_mind(name)
-                if why is not None:
-                    left[name] = f"its name cannot be a page file's: {why}"
-                    continue
-                left[name] = "in RAM"
-                queue.append(name)
-            async with anyio.create_task_group() as tg:
-                for _ in range(min(self.threads, len(queue))):
-                    tg.start_soon(worker)
+            # Again while a pass wrote something: a move under way at the stop (a page-in a
+            # cancelled placement was making, an eviction) may have put a mind where the
+            # pass had looked already. An unchanged mind costs a pass nothing.
+            for _ in range(PASSES):
+                before = written["slots"] + written["pages"]
+                async with anyio.create_task_group() as tg:
+                    for slot in self.slots:
+                        tg.start_soon(one_slot, slot)
+                for name, _ in await self.pages.ask(Unpersisted(), timeout=self.bound_s):
+                    why = check_mind(name)
+                    if why is not None:
+                        left[name] = f"its name cannot be a page file's: {why}"
+                        continue
+                    left[name] = "in RAM"
+                    queue.append(name)
+                async with anyio.create_task_group() as tg:
+                    for _ in range(min(self.threads, len(queue))):
+                        tg.start_soon(worker)
+                if written["slots"] + written["pages"] == before:
+                    break
         t_ms = (time.perf_counter() - t0) * 1e3
         for mind, why in sorted(left.items()):
             self.metrics.minds_not_persisted_total.inc()

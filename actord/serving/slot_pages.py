@@ -71,8 +71,9 @@ class SlotPages(SlotPageBases):
     genes: tuple[tuple[int, float], ...]
     scope: str
     mind: str | None
-    # (file, mind, n, hash of the tokens) of the sequence last written to or read from a
-    # file: write-behind does not write an unchanged mind again.
+    # (file, its version then, mind, n, hash of the tokens) of the sequence last written to
+    # or read from a file: write-behind does not write an unchanged mind again while that
+    # file is still the generation it wrote or read (storage/files.py `version`).
     _persisted_sig: tuple[Any, ...] | None = None
 
     async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
@@ -390,7 +391,8 @@ class SlotPages(SlotPageBases):
         already holds this very sequence (write-behind asks again and again)."""
         if self.mind != mind or not self.kv_tokens:
             return {"slot": self.id, "file": file, "skipped": "the slot holds another mind"}
-        if self._persisted_sig == (file, *self._kv_sig()):
+        sig = self._persisted_sig
+        if sig == (file, self.files.version(file), *self._kv_sig()):  # and nobody published the file since
             return {"slot": self.id, "file": file, "skipped": "unchanged"}
         return await self.save(file)
 
@@ -399,11 +401,11 @@ class SlotPages(SlotPageBases):
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
         draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
-        stats = await self.files.publish(file, page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes,
-                                                          self.ckpt.history, self.ckpt.prompt_end,
-                                                          draft=draft.data if draft else None, draft_n=self.draft_n,
-                                                          scope=self.scope, gene_digests=await self.gene_digests()))
-        self._persisted_sig = (file, *self._kv_sig())
+        image = page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes, self.ckpt.history,
+                           self.ckpt.prompt_end, draft=draft.data if draft else None, draft_n=self.draft_n,
+                           scope=self.scope, gene_digests=await self.gene_digests())
+        stats = await self.files.publish(file, image)
+        self._persisted_sig = (file, self.files.version(file), *self._kv_sig())  # no await since: ours
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
@@ -412,6 +414,7 @@ class SlotPages(SlotPageBases):
     async def restore(self, file: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         image = await self.files.read(file)
+        version = self.files.version(file)
         check_fingerprint(image, self.props, file)
         genes = await self.genes_by_content(image, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.
@@ -440,7 +443,7 @@ class SlotPages(SlotPageBases):
         await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await self.footprint_changed()
         await self._tell_cells()
-        self._persisted_sig = (file, *self._kv_sig())
+        self._persisted_sig = (file, version, *self._kv_sig())
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
                  draft="warm" if self.draft_n else "cold")

@@ -59,6 +59,10 @@ class PageFiles:
         self._offload = offload  # the dispatcher's seam: it may order worker completions
         self._locks: dict[str, list[Any]] = {}  # path -> [lock, holders and waiters]
         self.index = DiskIndex(disk_bytes)
+        # Per file, how many generations this process published or removed: a reader that
+        # notes it learns, with no disk access (and nothing a trace would see differ from
+        # run to run, as a stat's times would), whether the file changed since.
+        self.versions: dict[str, int] = {}
         self.metrics = metrics  # actord.service.metrics.Metrics, or None (a bare PageFiles)
 
     async def start(self) -> int:
@@ -84,6 +88,12 @@ class PageFiles:
             self.metrics.page_disk_bytes.set(self.index.used)
             self.metrics.page_disk_files.set(len(self.index.files))
 
+    def version(self, name: str) -> int:
+        return self.versions.get(self._key(name), 0)
+
+    def _changed(self, key: str) -> None:
+        self.versions[key] = self.versions.get(key, 0) + 1
+
     def _key(self, name: str) -> str:
         return str(self.check(name).relative_to(self.root.resolve()))
 
@@ -95,17 +105,26 @@ class PageFiles:
         if not need:
             return
         victims = list(idx.victims(need, lambda v: v == name or str(self.root.resolve() / v) in self._locks))
-        if sum(idx.files[v] for v in victims) < need:
+        if sum(idx.files[v] for v in victims) < need:  # refused before anything is evicted
             if self.metrics is not None:
                 self.metrics.page_disk_refused_total.inc()
             log.info("page_file.disk_refused", file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
             raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
                                    file=name, n_bytes=n_bytes, used=idx.used, reserved=idx.reserved,
                                    budget=idx.budget)
-        for v in victims:
+        spare = lambda v: v == name or str(self.root.resolve() / v) in self._locks  # noqa: E731
+        while idx.over(name, n_bytes):
+            v = next(idx.victims(1, spare), None)
+            if v is None:  # taken meanwhile by publications of their own: refused after all
+                raise PageDiskExceeded(f"page file {name} ({n_bytes} bytes) would pass the page disk budget",
+                                       file=name, n_bytes=n_bytes, used=idx.used, budget=idx.budget)
+            seen = self.versions.get(v, 0)
             async with self.holding(v):
+                if self.versions.get(v, 0) != seen or v not in idx.files:
+                    continue  # published (or removed) while this waited: used just now, not a victim
                 freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
-            idx.remove(v)
+                idx.remove(v)
+                self._changed(v)
             if self.metrics is not None:
                 self.metrics.page_disk_evicted_total.inc()
             log.warning("page_file.evicted", file=v, n_bytes=freed, reason="page disk budget", for_file=name)
@@ -117,6 +136,7 @@ class PageFiles:
         async with self.holding(name):
             freed = await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
         self.index.remove(key)
+        self._changed(key)
         self._gauges()
         return freed
 
@@ -161,6 +181,7 @@ class PageFiles:
             stats = await self._run(f"publish:{name}", publish_generation, self.root, name, image, self.fs)
         finally:
             self.index.reserved -= estimate
+            self._changed(key)  # a publication that failed may have committed all the same
         self.index.set(key, stats.n_bytes)
         self._gauges()
         return stats

@@ -1,0 +1,70 @@
+"""The seeded simulation's persistence checks (issue 34), apart from sim.py so that both fit.
+
+After a graceful stop with no fault fired, every mind a slot or a RAM page holds must read
+back from her page file with exactly her tokens; then a second system over the same page
+folder (a restart) must bring each of them back at her next turn processing only what her
+file does not hold. Each check answers a problem's description, or None.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import msgspec
+
+from actord.service.config import Config
+from actord.service.errors import ActordError
+from actord.storage.osfs import OsFs
+from actord.storage.publish import read_generation
+
+Held = dict[str, list[tuple[tuple[int, ...], tuple[Any, ...]]]]
+
+
+def held_by(system: Any) -> Held:
+    """Mind name -> (tokens, genes) of each holder: slots with a mind, current RAM pages (a
+    name a slot and a page both hold, after `page.out` under a restored mind's name, has two)."""
+    held: Held = {}
+    for sl in system.slots:
+        if sl.mind is not None and sl.kv_tokens:
+            held.setdefault(sl.mind, []).append((tuple(sl.kv_tokens), tuple(sl.genes)))
+    for g in system.pages.gens.values():
+        if g.page is not None and g.page.name and system.pages.names.get(g.page.name) == g.page.gen:
+            held.setdefault(g.page.name, []).append((tuple(g.page.tokens), tuple(g.page.genes)))
+    return held
+
+
+def persisted_problem(root: Path, held: Held) -> str | None:
+    for mind, states in held.items():
+        try:
+            image = read_generation(root, f"{mind}.page", OsFs())
+        except ActordError as e:
+            return f"after a graceful stop, {mind!r} has no page file: {e.type}"
+        if tuple(image.tokens) not in {t for t, _ in states}:
+            return f"after a graceful stop, {mind}.page holds other tokens than the mind"
+    return None
+
+
+async def restart_problem(disp: Any, cfg: Config, histories: dict[str, list[int]], held: Held,
+                          drive: Callable[[Awaitable[Any]], Awaitable[Any]]) -> str | None:
+    """The restart: minds held with no genes (the new process has loaded none) and by one
+    holder each; `drive` runs one call to its end under the deterministic dispatcher."""
+    from actord.service.system import ActorSystem
+    from actord.serving.slot import common_prefix
+
+    system = ActorSystem(msgspec.structs.replace(cfg, device_bytes=0), dispatcher=disp)
+    problem = None
+    async with system:
+        disp.live = True
+        for mind, prompt in sorted(histories.items()):
+            states = [t for t, genes in held.get(mind, []) if not genes]
+            if len(states) != 1 or len(held[mind]) != 1:
+                continue
+            got = await drive(system.complete(prompt=prompt, n_predict=1, mind=mind, ignore_eos=True))
+            lcp = common_prefix(list(states[0]), prompt)
+            if got.n_prompt_processed > len(prompt) - lcp + 1:
+                problem = (f"after a restart, {mind} processed {got.n_prompt_processed} of {len(prompt)} prompt "
+                           f"tokens, her file holding {lcp} of them")
+                break
+        disp.close_actors()
+    return problem
