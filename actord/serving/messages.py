@@ -25,6 +25,10 @@ class Complete(Msg):
     # `req.mind` when it starts (evicted or moved meanwhile; the slot's tell of it crossed
     # the forward), it hands the request back to the placer (`Misplaced`) to place again.
     resident: bool = False
+    # Forwarded by the placer as a new mind's fresh start on a slot its table says holds no
+    # mind: the slot makes way itself first (whatever it holds goes as an eviction would
+    # take it: a mind to her page, an unnamed sequence dropped), in this same message.
+    fresh: bool = False
 
 
 class CancelRequest(Msg):

@@ -311,6 +311,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
     async def _start(self, msg: Complete, env: Envelope[SlotInbox]) -> None:
         req = msg.req
         t_start = time.perf_counter()
+        if msg.fresh and self.kv_tokens:
+            await self.evict("placer")  # a new mind's fresh start: the slot makes way first
         prompt = await self._tokens_of(req)
         n_vocab = self.props.n_vocab
         for param, toks in (("logit_bias", [t for t, _ in req.bias_pairs()]),

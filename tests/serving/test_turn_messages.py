@@ -61,3 +61,15 @@ async def test_a_switch_between_minds_that_share_a_prefix_costs_three_asks_more_
     assert r1.n_cached > 0 and r2.n_cached > 0
     assert first.count("pagestore:AdmitBase") == 1 and len(first) <= 15, first
     assert "pagestore:AdmitBase" not in again and len(again) <= 13, again
+
+
+async def test_a_new_minds_first_turn_takes_six_deliveries(tiny_model, tmp_path):
+    """No page, no file, no base: the page store says so in the one ask that sizes her page,
+    and the slot makes way as it takes the request (Complete.fresh)."""
+    prompt = list(range(10, 60))
+    async with counted_turns(tiny_model, tmp_path, {"ada": prompt}) as (_, turn):
+        r, first = await turn("ada", [1])
+    assert r.n_cached == 0
+    assert collections.Counter(first) == collections.Counter(
+        ["placer:PlaceMind", "pagestore:PageTokens", "slot0:Complete", "scheduler:Enroll", "slot0:Ended",
+         "placer:SlotState"]), first
