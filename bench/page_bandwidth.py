@@ -32,7 +32,9 @@ What is measured:
 4. A generated f32 llama with a big per-token state (defaults: n_embd 1024, 32 layers,
    8 KV heads of 128 = Llama-3-8B's 128 KiB/token KV layout) and `--big-tokens` tokens,
    so the state is well past the CPU caches (~134 MB at the default), paged the same way.
-5. With speculative decoding on (a pruned copy of each model as its draft): the draft
+5. Bytes per token of a page under each KV cache type (f16, q8_0, q4_0: --cache-type-k / -v),
+   on the synthetic llama (--skip-cache-types leaves it out).
+6. With speculative decoding on (a pruned copy of each model as its draft): the draft
    state's share of a page and page_out / page_in times (--skip-draft leaves it out).
 
 References, measured between the page operations (interleaved, same process):
@@ -403,6 +405,33 @@ async def big_model(a: argparse.Namespace, page_dir: Path, tmp: Path) -> dict[st
     return {f"big_{k}": v for k, v in ratios.items()}
 
 
+async def cache_types(a: argparse.Namespace, page_dir: Path, tmp: Path) -> None:
+    """Bytes per token of a page under each KV cache type (--cache-type-k / -v, the same for K
+    and V): the synthetic llama, `--big-tokens` tokens paged out of a slot. What the types buy:
+    a page store of one size holds ~1.9x (q8_0) or ~3.6x (q4_0) the minds of f16."""
+    from actord.service.config import CACHE_TYPES
+
+    path = write_tiny_llama(tmp / "types-llama.gguf", seed=3, n_embd=a.big_embd, n_layer=a.big_layers,
+                            n_head=a.big_heads, n_head_kv=a.big_heads, n_ff=128, n_ctx_train=4096)
+    prompt = [1] + [259 + (i * 7919) % 253 for i in range(a.big_tokens - 1)]
+    print(f"\nKV cache types: synthetic llama ({a.big_embd} x {a.big_layers} layers), {len(prompt)}-token page")
+    print(f"{'type (K/V)':<11} {'KV B/token':>11} {'page B/token':>13} {'vs f16':>7} {'page_out ms':>12} {'page_in ms':>11}")
+    base = 0.0
+    for t in CACHE_TYPES:
+        cfg = Config(model=str(path), slots=2, ctx=ctx_for(len(prompt) + 8), batch=a.batch, threads=a.threads,
+                     page_dir=str(page_dir / t), page_ram_bytes=a.page_ram_bytes, cache_type_k=t, cache_type_v=t)
+        async with ActorSystem(cfg) as s:
+            await s.complete(prompt=prompt, n_predict=1, slot=0, ignore_eos=True)
+            out = await s.page_out(0, "m")
+            back = await s.page_in(1, "m")
+            per_tok = out["n_bytes"] / len(prompt)
+            base = base or per_tok
+            print(f"{t + '/' + t:<11} {s.props.kv_bytes_per_token:>11} {per_tok:>13.0f} {per_tok / base:>7.2f} "
+                  f"{out['t_ms']:>12.2f} {back['t_ms']:>11.2f}")
+            ROWS.append({"part": "cache_types", "type": t, "kv_bytes_per_token": s.props.kv_bytes_per_token,
+                         "page_bytes_per_token": per_tok})
+
+
 async def draft_share(a: argparse.Namespace, page_dir: Path, tmp: Path) -> None:
     """With speculative decoding on, a page also carries the draft context's sequence state:
     its share of the page and what it adds to page_out / page_in, on Gemma 3 270M drafted by
@@ -465,6 +494,8 @@ async def amain(a: argparse.Namespace) -> None:
             results.update(await real_model(a, page_dir / "real"))
         if not a.skip_big:
             results.update(await big_model(a, page_dir / "big", tmp))
+        if not a.skip_cache_types:
+            await cache_types(a, page_dir / "types", tmp)
         if not a.skip_draft:
             await draft_share(a, page_dir / "draft", tmp)
     finally:
@@ -516,6 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-files-and-turns", action="store_true",
                    help="real model: only the page_out/page_in cycles (no save/restore/spill, no re-prefills)")
     p.add_argument("--skip-draft", action="store_true", help="skip the draft state's share of a page")
+    p.add_argument("--skip-cache-types", action="store_true", help="skip the bytes per token of each KV cache type")
     a = p.parse_args(argv)
     if a.reps < 1 or a.memcpy_reps < 1 or a.prompt_tokens < 2 or a.big_tokens < 2 or any(n < 2 for n in a.sizes):
         p.error("--reps, --memcpy-reps >= 1 and prompt lengths >= 2")

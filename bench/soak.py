@@ -28,7 +28,8 @@ crashed actors; any of them past its bound ends the run with exit status 1 and a
 line naming it. The samples and the summary go to bench/out/soak.json (or `--json`), the daemon's log
 beside it (soak.log).
 `--only socket|http|genes|pages` runs one part of the workload (with the probe), to
-attribute growth to it.
+attribute growth to it. `--attacks` mixes in bench/abuse.py's attacks (issue 33), one at a
+time, `--attack-s` on and as long off; their answers are filed under attack_NAME.
 
 Usage: .venv/bin/python bench/soak.py --minutes 12 [--warmup-min 5] [--max-slope 0.3] [--only http]
 (--sample-s sets the RSS/fd sampling period; bench/report.py plots RSS and fds from bench/out/soak.json.)
@@ -359,6 +360,30 @@ class Soak:
             f.close()
             s.close()
 
+    def attacker(self) -> None:
+        """Issue 33's attacks (bench/abuse.py), one after another, each `--attack-s` on and as
+        long off: their answers filed under attack_NAME (a 500 is untyped)."""
+        import abuse
+
+        names = [n for n in abuse.ATTACKS if n != "no_readers"] + ["no_readers"]
+        i = 0
+        while not self.stop.is_set():
+            name = names[i % len(names)]
+            i += 1
+            counts: collections.Counter = collections.Counter()
+            end = threading.Event()
+            run = abuse.ATTACKS[name](url=self.http, sock=self.sock, folder=self.folder, quick=True)
+            th = threading.Thread(target=run, args=(end, counts), daemon=True)
+            th.start()
+            self.stop.wait(self.args.attack_s)
+            end.set()
+            th.join(self.args.hang_s)
+            for outcome, n in counts.items():
+                key = "untyped:500" if outcome == "500" else ("hang" if outcome == "ReadTimeout" else outcome)
+                with self.lock:
+                    self.outcomes[f"attack_{name}"][key] += n
+            self.stop.wait(self.args.attack_s)
+
     def prober(self, c: Client, r: random.Random) -> None:
         flood = self.flooding.is_set()
         t0 = time.perf_counter()
@@ -395,6 +420,8 @@ class Soak:
             "pages": [t(self.loop, "page_move", self.page_mover)],
             "genes": [t(self.loop, "gene", self.genes)],
         }
+        if self.args.attacks:
+            parts["attacks"] = [t(self.attacker)]
         only = self.args.only
         workers = [w for name, ws in parts.items() if only is None or name == only for w in ws]
         workers += [t(self.loop, "probe", self.prober), t(self.sampler)]
@@ -495,6 +522,8 @@ def main() -> None:
                     help="run this part of the workload alone (and the probe)")
     ap.add_argument("--sample-s", type=float, default=10.0, help="seconds between RSS and fd samples")
     ap.add_argument("--daemon-arg", action="append", default=[], help="one more `actord serve` argument")
+    ap.add_argument("--attacks", action="store_true", help="mix in bench/abuse.py's attacks, one at a time")
+    ap.add_argument("--attack-s", type=float, default=5.0, help="each attack's length (and the pause after it)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="actord-soak-") as tmp:
         soak = Soak(args, Path(tmp))

@@ -17,10 +17,7 @@ place it is written.
 
 from __future__ import annotations
 
-import inspect
-import io
 import sys
-import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -31,88 +28,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from actord.frontends.config_flags import LLAMA_SERVER_ALIASES  # noqa: E402
+from actord.frontends.config_help import field_comments, show_default, unit  # noqa: E402
 from actord.frontends.rpc.methods import METHODS  # noqa: E402
 from actord.service import config as config_module  # noqa: E402
 from actord.service.config import Config  # noqa: E402
-
-UNITS = (("_bytes", "bytes"), ("_s", "seconds"), ("_ms", "milliseconds"), ("_tokens", "tokens"))
-TOKEN_FIELDS = {"ctx": "tokens (KV cells)", "batch": "tokens", "piece_tile": "positions", "checkpoint_every": "tokens",
-                "spec_n_max": "tokens"}
-
-
-def field_comments() -> tuple[dict[str, str], dict[str, str]]:
-    """Config field -> its comment (trailing, else the block above it), and field -> the
-    section it stands in (a one-line heading comment such as `# Pages`)."""
-    source = inspect.getsource(Config)
-    lines = source.splitlines()
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    names = {f.name for f in msgspec.structs.fields(Config)}
-    why: dict[str, str] = {}
-    section: dict[str, str] = {}
-    block: list[str] = []  # the comment block above the fields that follow it
-    fresh = False  # the block ends right above this line
-    heading = ""
-    for no, line in enumerate(lines, 1):
-        text = line.strip()
-        if text.startswith(("def ", "@")):
-            break
-        if text.startswith("#"):
-            c = comments.get(no, "")
-            if not fresh and _is_heading(c):
-                heading, block = c, []
-                continue
-            block = [*block, c] if fresh else [c]
-            fresh = True
-            continue
-        name = text.split(":", 1)[0].strip()
-        if name in names:
-            own = comments.get(no, "")
-            why[name] = (own + ". " + " ".join(block) if fresh and block else own) if own else " ".join(block)
-            section[name] = heading
-            fresh = False
-            continue
-        block, fresh = [], False  # a blank line or other code ends a block
-    return why, section
-
-
-def _is_heading(comment: str) -> bool:
-    """`# Pages`: a short comment that is no sentence names the section below it."""
-    return bool(comment) and len(comment.split()) <= 6 and not comment.endswith((".", ":", ")")) \
-        and "," not in comment
-
-
-def unit(name: str, typ: Any) -> str:
-    if name in TOKEN_FIELDS:
-        return TOKEN_FIELDS[name]
-    for suffix, u in UNITS:
-        if name.endswith(suffix):
-            return u
-    if typ is bool:
-        return "on/off"
-    if typ is int:
-        return "count"
-    if typ is float:
-        return "number"
-    return "text" if typ in (str, str | None) else "list"
-
-
-def show_default(name: str, value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, list):
-        return "[]" if not value else ", ".join(map(str, value))
-    if isinstance(value, int) and not isinstance(value, bool) and name.endswith("_bytes") and value >= 1 << 20:
-        for n, u in ((1 << 30, "GiB"), (1 << 20, "MiB")):
-            if value % n == 0:
-                return f"{value} ({value // n} {u})"
-        return str(value)
-    if isinstance(value, str):
-        return f'"{value}"'
-    return str(value)
-
 
 def flags(name: str) -> list[str]:
     return ["--" + name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(name, [])]

@@ -1,6 +1,7 @@
 """The house rules a newcomer relies on, checked over every import (lazy ones included):
 the parts stand on floors, asks and imports go down, and nothing goes round in a circle.
 
+    floor 9  __main__.py          `python -m actord`: the program, by its module name
     floor 8  frontends/cli.py     the program: dispatches to every part's subcommands
     floor 7  cluster/, replay/, testing/
     floor 6  frontends/           the socket, the HTTP fronts, the daemon, the client
@@ -25,7 +26,7 @@ from typing import Iterator
 PKG = Path(__file__).resolve().parents[1] / "actord"
 
 FLOORS = {
-    "actord.frontends.cli": 8,
+    "actord.__main__": 9, "actord.frontends.cli": 8,
     "actord.cluster": 7, "actord.replay": 7, "actord.testing": 7,
     "actord.frontends": 6,
     "actord.service": 5,

@@ -84,6 +84,9 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
     # (actord/serving/stream_extras.py).
     return_progress: bool = False
     timings_per_token: bool = False
+    # llama-server's: the model's end-of-generation tokens do not end the reply, n_predict does
+    # (what benchmarks with fixed output lengths send).
+    ignore_eos: bool = False
 
     def check(self) -> "ChatRequest":
         if not self.messages:

@@ -62,6 +62,14 @@ NAMED: dict[str, str] = {
 }
 
 
+# A model that ships no template chats in its architecture's own format where there is one
+# here (Gemma 3 270M's package ships none, and chatml's markers are plain text to Gemma), else
+# in chatml, llama-server's fallback for every model.
+def builtin_for(arch: str) -> str:
+    """The built-in template a model of architecture `arch` without its own template gets."""
+    return "gemma" if arch.startswith("gemma") else "chatml"
+
+
 def is_source(value: str) -> bool:
     """Whether `--chat-template`'s value is Jinja source rather than a name (llama-server
     takes either)."""

@@ -36,7 +36,8 @@ from actord.service.errors import ChatTemplateError, PromptTooLong
 
 
 def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(f"the chat template refused the conversation: {message}")
+    # The template refused the messages (their roles, their order): a 400 naming them.
+    raise ChatTemplateError(f"the chat template refused the conversation: {message}", param="messages")
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,

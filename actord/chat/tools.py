@@ -31,11 +31,12 @@ Grammar (GBNF through actord.engine.grammar's converter): the call is one JSON s
 `anyOf` one object per allowed tool with `name` fixed by `const` and its arguments under
 the tool's own `parameters` schema; the format wraps it in its markers. `required` and a
 named function apply that grammar from the first token (named: only that tool in the
-`anyOf`); `auto` on the native formats applies it lazily, from the first marker the
-model writes (`<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`, or a `{` opening a llama3
-answer): text before a call is free, and a call, once begun, is valid JSON under its
-schema. `none` renders no tools and parses nothing: the answer is text. `parallel_tool_calls:
-false` lets the grammar take one call. The grammar guarantees a call only when generation
+`anyOf`, and exactly one call, as OpenAI and Anthropic give); `auto` on the native
+formats applies it lazily, from the first marker the model writes (`<tool_call>`,
+`[TOOL_CALLS]`, `<|python_tag|>`, or a `{` opening a llama3 answer): text before a call
+is free, and a call, once begun, is valid JSON under its schema. `none` renders no tools
+and parses nothing: the answer is text. `parallel_tool_calls: false` lets the grammar take
+one call. The grammar guarantees a call only when generation
 ends by itself: a `length` cut leaves an unfinished call, which parses as text.
 """
 
@@ -251,6 +252,9 @@ def plan_turn(fmt: str, messages: list[Any], tools: list[Tool], mode: str, name:
     `tool_calls`, `tool_call_id`, `name`); `mode`/`name` as `check_tools` returns them."""
     if fmt not in FORMATS:
         raise _bad("tool_format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
+    # A named function is one call (OpenAI's and Anthropic's meaning), whatever
+    # parallel_tool_calls says: its grammar takes one and the scanner keeps one.
+    parallel = parallel and mode != "named"
     active = tools if mode != "none" else []
     if fmt == "generic":
         render = _generic_messages(messages, active)

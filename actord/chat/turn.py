@@ -43,6 +43,7 @@ class ChatState:
     prompter: "ChatPrompter | None" = None
     render_limiter: anyio.CapacityLimiter | None = None
     tool_format_logged: tuple[str, str | None] | None = None
+    builtin_warned: bool = False  # the model ships no template: said once (template_info)
 
 
 def check_turn(system: "ChatHost", request: "ChatRequest", n: int) -> None:
@@ -100,7 +101,8 @@ async def run_turn(system: "ChatHost", request: "ChatRequest", on_token: "OnToke
         prompt=prompt.tokens, n_predict=request.n_predict, slot=request.slot, mind=request.mind,
         temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
         stop=request.stop, stream=request.stream, genes=request.genes, return_progress=request.return_progress,
-        timings_per_token=request.timings_per_token, thought_budget=await thought.thought_budget(system), **fields,
+        timings_per_token=request.timings_per_token, thought_budget=await thought.thought_budget(system),
+        ignore_eos=request.ignore_eos, **fields,
     )
 
     async def end(result: CompletionResult, message: Any) -> Any:
@@ -160,6 +162,15 @@ async def template_info(system: "ChatHost") -> tuple["ChatTemplateInfo", bool]:
 
         return msgspec.structs.replace(info, template=named(system.config.chat_template)), True
     if not path:
+        if info.template is None:  # llama-server's fallback: the architecture's own format, else chatml
+            from actord.chat.named_templates import NAMED, builtin_for
+
+            name = builtin_for(info.arch)
+            if not system.chat_state.builtin_warned:
+                system.chat_state.builtin_warned = True
+                log.warning("chat.builtin_template", template=name, arch=info.arch,
+                            why="the model ships no tokenizer.chat_template; --chat-template names another")
+            return msgspec.structs.replace(info, template=NAMED[name]), False
         return info, False
     try:
         source = await system.run_sync(Path(path).read_text)

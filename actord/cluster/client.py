@@ -21,7 +21,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from actord.cluster.router import ROUTER_NAME
 from actord.cluster.turns import TurnOut
-from actord.service.errors import ActordError, DuplicateTurn
+from actord.service.errors import ActordError, DuplicateTurn, NodeUnavailable
 
 
 def get(refs: Any) -> Any:
@@ -38,7 +38,7 @@ def get(refs: Any) -> Any:
 class ClusterClient:
     """`restart_wait_s`: how long a call waits out a router that Ray is restarting (its
     restart reads the directory and starts its fronts: seconds under load) before the
-    `ActorUnavailableError` reaches the caller."""
+    caller gets actord's typed `NodeUnavailable` (data `router: true`), not Ray's error."""
 
     def __init__(self, router: Any = None, namespace: str = "actord", restart_wait_s: float = 60.0) -> None:
         self.router = router if router is not None else ray.get_actor(ROUTER_NAME, namespace=namespace)
@@ -51,6 +51,11 @@ class ClusterClient:
             return False
         time.sleep(pause)
         return True
+
+    def _unavailable(self, e: BaseException) -> NodeUnavailable:
+        """What a caller gets once a restart outlasted the wait: actord's typed error, not Ray's."""
+        return NodeUnavailable(f"the cluster's router did not answer within {self.restart_wait_s:g} s (restarting?): "
+                               f"retry; {type(e).__name__}", router=True)
 
     def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None) -> TurnOut:
         return self.turns([(mind, request)], [turn_id])[0]
@@ -72,9 +77,9 @@ class ClusterClient:
                 try:
                     out[i] = get(ref)
                     break
-                except (ActorUnavailableError, ActorDiedError):  # the router restarting
+                except (ActorUnavailableError, ActorDiedError) as e:  # the router restarting
                     if not self._backoff(attempt, deadline):
-                        raise
+                        raise self._unavailable(e) from e
                 except DuplicateTurn as e:
                     if attempt == 1 or e.data.get("result") is None:
                         raise
@@ -116,6 +121,6 @@ class ClusterClient:
             attempt += 1
             try:
                 return get(getattr(self.router, method).remote(*args))
-            except (ActorUnavailableError, ActorDiedError):
+            except (ActorUnavailableError, ActorDiedError) as e:
                 if not self._backoff(attempt, deadline):
-                    raise
+                    raise self._unavailable(e) from e

@@ -180,7 +180,11 @@ class NodeDaemon:
             async with NodeSystem(self.node_config) as system:
                 self.system = system
                 self._ready.set()
-                await self._stop.wait()
+                kick = asyncio.get_running_loop().create_task(self._kick_router())
+                try:
+                    await self._stop.wait()
+                finally:
+                    kick.cancel()
                 await system.shutdown(self.node_config.shutdown_grace_s)
         except BaseException as e:
             self._start_error = e
@@ -188,6 +192,26 @@ class NodeDaemon:
         finally:
             self.system = None
             self._ready.set()
+
+    async def _kick_router(self) -> None:
+        """Call the router every ROUTER_KICK_S: one that Ray restarted after a crash starts
+        its socket and HTTP front at its first call (router.py `ping`), which no client of
+        the socket can make. A router away (restarting) is simply called again."""
+        from actord.cluster.router import ROUTER_KICK_S, ROUTER_NAME
+
+        seen = ""
+        while True:
+            await asyncio.sleep(ROUTER_KICK_S)
+            try:
+                router = ray.get_actor(ROUTER_NAME, namespace=self.cfg.namespace)
+                incarnation = await asyncio.wait_for(router.ping.remote(), timeout=30.0)
+            except Exception as e:  # noqa: BLE001 - any failure: the router is away; call again
+                log.debug("cluster.router_kick_failed", node=self.name, error=repr(e)[:200])
+                continue
+            if incarnation != seen:
+                if seen:
+                    log.info("cluster.router_restarted", node=self.name, incarnation=incarnation)
+                seen = incarnation
 
     # -- control (its own loop: answers while the work loop is busy) ----------------------
 

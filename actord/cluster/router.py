@@ -46,6 +46,7 @@ from actord.storage.paths import check_part
 log = get("actord.cluster.router")
 
 ROUTER_NAME = "actord-router"
+ROUTER_KICK_S = 1.0  # how often each node calls the router (its `ping`), which restarts its fronts
 
 
 def _served(task: "asyncio.Task[None]") -> None:
@@ -215,4 +216,9 @@ class MindRouter(Turns, Migrations, NodeLoss):
         return self.lost_log
 
     async def ping(self) -> str:
+        """Its incarnation, once started: a router Ray restarted after a crash serves its
+        socket and HTTP front again at its first call, and every node calls this each
+        ROUTER_KICK_S (node.py `_kick_router`), so that is within seconds, whoever else
+        calls it (after kill -9 the socket refused connections for 60 s and more)."""
+        await self._ensure()
         return self.incarnation

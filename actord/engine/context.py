@@ -38,6 +38,9 @@ def _flash_attn_resolved(asked: str, log_lines: list[str]) -> str:
 
 
 _FLASH_ATTN_TYPE = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
+GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # enum ggml_type, for Config.CACHE_TYPES
+# Bytes per element of each cache type (ggml's block sizes: q8_0 is 34 bytes per 32, q4_0 18).
+TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
 def _main_device(devs: list[J.DeviceInfo], main_gpu: int) -> tuple[str, int, int] | None:
@@ -71,6 +74,8 @@ def context_params(config: Config, *, threads: int, swa_full: bool) -> Any:
     cp.kv_unified = True
     cp.swa_full = swa_full
     cp.no_perf = True
+    cp.type_k = GGML_TYPE[config.cache_type_k]  # --cache-type-k / -v (every context: target, draft, MTP)
+    cp.type_v = GGML_TYPE[config.cache_type_v]
     return cp
 
 
@@ -132,7 +137,7 @@ class Context:
             # snapshots (one per draft token) where the architecture has them (qwen35), else
             # a copy of the recurrent state before the verify (see `_verify`).
             n_rs_seq = max(n_rs_seq, config.spec_n_max)
-        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self.kv_bytes_per_token = self._kv_bytes_per_token(config.cache_type_k, config.cache_type_v)
         n_swa = int(lib.llama_model_n_swa(self.model)) if hasattr(lib, "llama_model_n_swa") else 0
         swa_budget = device_policy.swa_budget(
             config.device_bytes, gpu=after_model[0] if after_model else None,
@@ -205,7 +210,8 @@ class Context:
             device=f"{main.name} ({main.description})" if main and not after_ctx else name,
             gpu_offload=offload, n_gpu_layers=config.n_gpu_layers if offload else 0, main_gpu=config.main_gpu,
             flash_attn=config.flash_attn, flash_attn_used=_flash_attn_resolved(config.flash_attn, ctx_log),
-            v_trans=config.flash_attn == "off", free_bytes=free, total_bytes=total,
+            v_trans=config.flash_attn == "off", cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v,
+            free_bytes=free, total_bytes=total,
             budget_bytes=budget.bytes, budget_reason=budget.reason, devices=devs,
         )
 
@@ -221,9 +227,9 @@ class Context:
         except ValueError:
             return None
 
-    def _kv_bytes_per_token(self) -> int:
+    def _kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
         """An estimate before the context exists (for the --swa-full choice): every layer's K
-        and V at f16 (the default type). Right for attention-only models, the only ones with a
+        and V in the cache's types (--cache-type-k / -v). Right for attention-only models, the only ones with a
         sliding window here; it counts a hybrid's recurrent layers as attention (4x too much on
         Qwen3.5) and is 0 on Mamba (no KV heads). Props report `_measure_memory`'s figures."""
         arch = self._meta_str("general.architecture") or ""
@@ -232,7 +238,7 @@ class Context:
         head = int(lib.llama_model_n_embd(self.model)) // max(1, int(lib.llama_model_n_head(self.model)))
         k = self._meta_int(f"{arch}.attention.key_length") or head
         v = self._meta_int(f"{arch}.attention.value_length") or head
-        return n_layer * n_head_kv * (k + v) * 2
+        return int(n_layer * n_head_kv * (k * TYPE_BYTES[type_k] + v * TYPE_BYTES[type_v]))
 
     def _measure_memory(self) -> J.MemoryLayout:
         """What one sequence really holds, measured once on the fresh context.

@@ -69,6 +69,9 @@ class Engine(Context, Props, Vocab, Stepping, StateCopy, Sampling, Embedding, Sl
         self.grammar_first = False  # bench seam: apply the grammar to every candidate, every token
         self.grammar_samples = 0  # constrained samples, and those that masked the whole vocabulary
         self.grammar_masked = 0
+        self.grammar_cut = 0
+        self.seq_grammar: dict[int, bytes] = {}
+        self.cut_grammars: dict[bytes, None] = {}
         self._cand: Any = None
         self._ids: Any = None
         self.genes = GeneCatalog(self.model, self.ctx)

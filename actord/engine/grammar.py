@@ -14,8 +14,8 @@ It is run under bounds, because its output grows with the numbers in a schema: i
 `minItems: n` out as n copies of the item rule and a pattern's `{m,n}` as nested copies, so
 an unbounded `minItems: 1e9` would exhaust memory before any size check. Every repetition
 count is capped (`MAX_REPEAT`, llama.cpp's own grammar parser refuses more than 2000), a
-pattern's expansion is estimated before conversion (`MAX_PATTERN_COST`), and the schema's
-and the grammar's sizes are bounded.
+pattern's expansion is estimated before conversion (`MAX_PATTERN_COST`), the alternatives
+counted (`MAX_ALTERNATIVES`), and the schema's and the grammar's sizes are bounded.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ MAX_GRAMMAR_BYTES = 1024 * 1024
 MAX_REPEAT = 1000
 MAX_PATTERN_COST = 20_000
 MAX_DEPTH = 64
+# Alternatives in one schema, all its `enum`, `anyOf` and `oneOf` entries together: each is
+# a parse stack its grammar tests every candidate token against, so sampling under an
+# 11,500-string enum stalled a victim 19 s (issue 33).
+MAX_ALTERNATIVES = 256
 
 JSON_OBJECT_GBNF: str = grammar_lib.JSON_GBNF
 _LOOSE_CHAR = 'char ::= [^"\\\\] |'
@@ -79,6 +83,7 @@ def schema_grammar(schema: Any, param: str = "json_schema") -> str:
 
 def _check_bounds(schema: Any, param: str) -> None:
     todo: list[tuple[Any, int]] = [(schema, 0)]
+    alternatives = 0
     while todo:
         node, depth = todo.pop()
         if depth > MAX_DEPTH:
@@ -92,6 +97,13 @@ def _check_bounds(schema: Any, param: str) -> None:
             v = node.get(key)
             if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_REPEAT):
                 raise _bad(param, f"{key} must be an integer in [0, {MAX_REPEAT}], got {str(v)[:40]}")
+        for key in ("enum", "anyOf", "oneOf"):
+            v = node.get(key)
+            if isinstance(v, list):
+                alternatives += len(v)
+                if alternatives > MAX_ALTERNATIVES:
+                    raise _bad(param, f"the schema's enum, anyOf and oneOf entries are more than {MAX_ALTERNATIVES} "
+                                      "together")
         pat = node.get("pattern")
         if isinstance(pat, str) and pattern_cost(pat) > MAX_PATTERN_COST:
             raise _bad(param, f"the pattern {pat[:60]!r} expands past {MAX_PATTERN_COST} grammar symbols")

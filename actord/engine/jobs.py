@@ -341,6 +341,10 @@ class DeviceReport(msgspec.Struct, frozen=True):
     # sizes V so only the non-FA path reads it transposed; "auto" keeps it untransposed). A
     # state taken from one layout does not restore into the other: page files record it.
     v_trans: bool = False
+    # The KV cache's element types (--cache-type-k / -v): a state holds its cells in them, so
+    # page files record them and refuse a state of other types.
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     free_bytes: int = 0  # the main device's free memory after the model and context (0: CPU)
     total_bytes: int = 0
     budget_bytes: int = 0  # what --device-bytes resolved to (0 = unlimited; actord.policy.device)
@@ -477,6 +481,7 @@ class ChatTemplateInfo(msgspec.Struct, frozen=True):
     eos_text: str
     add_bos: bool
     bos: int
+    arch: str = ""  # general.architecture: which built-in template a model without its own gets
 
 
 class StateData(msgspec.Struct, frozen=True):

@@ -72,4 +72,5 @@ class Props:
             eos_text=self.token_text(int(lib.llama_vocab_eos(self.vocab))),
             add_bos=bool(lib.llama_vocab_get_add_bos(self.vocab)),
             bos=bos,
+            arch=self._meta_str("general.architecture") or "",
         )

@@ -10,7 +10,9 @@ when the grammar refuses it (llama-server's order; masking 262k logits per token
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,12 @@ from actord.engine import backend_sampling as BS
 from actord.engine import jobs as J
 from actord.engine.llama import lib
 from actord.service.errors import InvalidParams
+from actord.service.log import get
+
+log = get("actord.engine")
+
+MASK_BUDGET_VOCAB = 65536  # grammar_token_budget_ms is a mask's over this many candidates
+CUT_GRAMMARS_KEPT = 256  # digests of grammars cut for their cost, refused up front when sent again
 
 
 class Watch:
@@ -47,6 +55,10 @@ class Sampling:
     backend_sampling: bool  # attach eligible chains to the backend (engine/backend_sampling.py)
     backend_seqs: set[int]  # the sequences whose chain is attached
     post_probs: set[int]  # the sequences whose logprobs are the chain's candidates' (post_sampling)
+    config: Any
+    grammar_cut: int  # grammars cut for their cost per token (`_cut_grammar`)
+    seq_grammar: dict[int, bytes]  # seq -> its grammar's digest
+    cut_grammars: dict[bytes, None]  # digests of grammars cut, oldest first
 
     def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
         """Build sequence `seq`'s sampler chain (see J.SamplingParams for the order).
@@ -64,6 +76,10 @@ class Sampling:
         add = lib.llama_sampler_chain_add
         try:
             if p.grammar:
+                digest = hashlib.blake2b(p.grammar.encode(), digest_size=16).digest()
+                if digest in self.cut_grammars:
+                    raise InvalidParams("grammar: this grammar was cut for its sampling cost before "
+                                        "(grammar_token_budget_ms)", param="grammar")
                 # Kept beside the chain, not in it: see `_sample_constrained`.
                 grammar = lib.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
                 if not grammar:
@@ -112,6 +128,7 @@ class Sampling:
             self.watches[seq] = Watch(grammar, tuple((t.encode(), at) for t, at in p.grammar_triggers), preserve)
         elif grammar:
             self.grammars[seq] = grammar
+            self.seq_grammar[seq] = digest
         if post:
             self.post_probs.add(seq)
             # None: no grammar, but sampled through the candidate array, on the path a
@@ -133,6 +150,7 @@ class Sampling:
         if seq in self.backend_seqs:
             self.backend_seqs.discard(seq)
             BS.detach(self.ctx, seq)
+        self.seq_grammar.pop(seq, None)
         for table in (self.samplers, self.grammars):
             smpl = table.pop(seq, None)
             if smpl:
@@ -274,16 +292,43 @@ class Sampling:
                 return 0, "the samplers left no token (logit_bias banned every one)"
             lib.llama_sampler_accept(chain, tok)
             return tok, ""
+        t0 = time.perf_counter()
+        budget = self.config.grammar_token_budget_ms
         tok = -1 if self.grammar_first else run()
         self.grammar_samples += 1
         if tok < 0 or not self._allows(grammar, tok):
             self.grammar_masked += 1
+            # A mask tests every candidate against every parse stack: its budget scales
+            # with the vocabulary (a 262k-token one masks in ~140 ms under a plain grammar).
+            budget *= max(1.0, self.props.n_vocab / MASK_BUDGET_VOCAB)
             tok = run(grammar)
             if tok < 0 or not self._allows(grammar, tok):
                 return max(tok, 0), "the grammar allows no token that the other samplers (logit_bias) leave"
         lib.llama_sampler_accept(grammar, tok)
         lib.llama_sampler_accept(chain, tok)
+        ms = (time.perf_counter() - t0) * 1e3
+        if ms > budget:
+            return tok, self._cut_grammar(seq, grammar, ms, budget)
         return tok, ""
+
+    def _cut_grammar(self, seq: int, grammar: Any, ms: float, budget: float) -> str:
+        """Sequence `seq`'s grammar cost `ms` for one token, over the per-token budget: it is
+        freed (what the sequence samples until its request ends is unconstrained) and the
+        request ends with the reason. An ambiguous grammar (one whose parse stacks double
+        at every `[`) doubles its cost each token, so the one cut costs at most about twice
+        the budget and all before it about as much again: a bound per request, where
+        letting it run held both slots for minutes (issue 33)."""
+        lib.llama_sampler_free(grammar)
+        self.grammars[seq] = None  # on the candidate-array path, unconstrained, till the request ends
+        self.grammar_cut += 1
+        digest = self.seq_grammar.pop(seq, None)
+        if digest is not None:  # the same grammar again is refused before it runs (`set_sampler`)
+            self.cut_grammars[digest] = None
+            while len(self.cut_grammars) > CUT_GRAMMARS_KEPT:
+                del self.cut_grammars[next(iter(self.cut_grammars))]
+        log.warning("engine.grammar_cut", seq=seq, ms=round(ms, 1), budget_ms=round(budget, 1))
+        return (f"grammar: sampling one token under it took {ms:.0f} ms, over its budget of {budget:.0f} ms "
+                "(grammar_token_budget_ms); an ambiguous grammar's cost doubles with each token")
 
     def _post_probs(self, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
         """After `_sample_constrained`: the log of `tok`'s probability among the candidates

@@ -199,14 +199,33 @@ def verbs() -> dict[str, str]:
     return out
 
 
+# What `actord --help` tells a user (the module docstring above is for whoever edits this file).
+DESCRIPTION = """\
+actord serves many long-lived LLM sessions ("minds") on a few slots of one model: a mind
+switch moves her state to a RAM page and back (a memory copy, not a re-prefill), pages spill
+to crash-safe files, and LoRA adapters ("genes") page between device and host. `actord serve`
+runs the daemon (a JSON-RPC Unix socket; with --http, OpenAI, Anthropic and llama-server
+routes too); every other verb is a client of a running daemon.
+
+examples:
+  actord serve --slots 2 --http 127.0.0.1:8080          # the daemon (Gemma 3 270M by default)
+  actord complete "Ada says:" -n 16 --mind ada          # a completion in mind "ada"
+  actord page-out 0 ada && actord spill ada ada.page    # her slot to a RAM page, then to a file
+
+`actord serve --help` lists every setting with its default and unit; `actord VERB --help`
+a verb's arguments."""
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The CLI's parser and its `serve` subparser."""
-    ap = argparse.ArgumentParser(prog="actord", description=__doc__,
+    ap = argparse.ArgumentParser(prog="actord", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--socket", default=os.environ.get("ACTORD_SOCKET", "./actord.sock"), help="daemon socket (client verbs)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="VERB")
     # No abbreviations: `--slot 4` must not quietly mean `--slots 4`, nor a typo anything.
-    serve = sub.add_parser("serve", help="run the daemon", allow_abbrev=False)
+    serve = sub.add_parser("serve", help="run the daemon", allow_abbrev=False, usage="actord serve [FLAGS]",
+                           description="Run the daemon. Each flag sets the Config field of its name "
+                           "(also a key of the --config TOML file); a flag not given keeps its default.")
     add_serve_flags(serve)
     config = sub.add_parser("config", help="show: the effective configuration (--config FILE and flags applied)")
     show = config.add_subparsers(dest="config_cmd", required=True, metavar="show").add_parser(

@@ -31,19 +31,32 @@ LLAMA_SERVER_ALIASES: dict[str, list[str]] = {
     "threads": ["-t"],
     "gene": ["--lora"],
     "model_alias": ["--alias"],
+    "cache_type_k": ["-ctk"],
+    "cache_type_v": ["-ctv"],
 }
 
 # Modes whose bare flag means "on" (`--flash-attn`, as llama-server's -fa).
 _MODES = {"swa_full": SWA_FULL_MODES, "flash_attn": FLASH_ATTN_MODES, "backend_sampling": BACKEND_SAMPLING_MODES}
 
 
+def flag_help(f: msgspec.structs.FieldInfo) -> str:
+    """A Config field's flag help: why the field exists (its comment in config.py), its
+    default and unit (config_help.py, which the generated configuration reference reads too)."""
+    from actord.frontends.config_help import field_comments, show_default, unit
+
+    why = field_comments()[0].get(f.name, "")
+    default = "required" if f.required else show_default(f.name, f.default if f.default is not msgspec.NODEFAULT
+                                                         else f.default_factory())
+    return f"{why} [default: {default}; {unit(f.name, f.type)}]".lstrip().replace("%", "%%")
+
+
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     """One flag per Config field (`--ctx-checkpoints-bytes` for `ctx_checkpoints_bytes`),
-    default None: a flag not given leaves the field's own default."""
+    default None: a flag not given leaves the field's own default; its help is `flag_help`."""
     for f in msgspec.structs.fields(Config):
         flag = ["--" + f.name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(f.name, [])]
         typ = f.type
-        kw = {"dest": f.name, "default": None}
+        kw = {"dest": f.name, "default": None, "help": flag_help(f)}
         if f.name in _MODES:
             p.add_argument(*flag, nargs="?", const="on", choices=_MODES[f.name], **kw)
         elif typ is bool:
@@ -67,8 +80,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """`actord serve`'s flags: Config's, its file, and how the daemon logs."""
     add_config_flags(p)
     add_config_file_flag(p)
-    p.add_argument("--log-json", action="store_true")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-json", action="store_true", help="log one JSON object per line (structlog)")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error [default: info]")
 
 
 def unknown_flag_message(parser: argparse.ArgumentParser, rest: list[str]) -> str:

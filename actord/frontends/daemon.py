@@ -4,8 +4,10 @@ A signal handler only wakes the main task (so does the `stop` verb); shutdown th
 order: new requests are refused (`ShuttingDown`), requests in flight get
 `--shutdown-grace-s` to finish and are then cancelled (their clients get answers), every mind
 is written to her page file within `--shutdown-persist-s` (service/persist.py), the servers
-stop, the system stops its actors and engine thread (bounded), the socket is removed.
-Write-behind runs beside the servers (`--write-behind-s`, unless a trace is recorded). A second SIGTERM or SIGINT exits at once:
+stop, the system stops its actors and engine thread (bounded), the socket is removed;
+whatever a thread does, the process is gone `--shutdown-exit-margin-s` after the grace and
+the persistence (`_exit_deadline`). Write-behind runs beside the servers (`--write-behind-s`,
+unless a trace is recorded). A second SIGTERM or SIGINT exits at once:
 page-file publication is crash-safe, so nothing written is left half-done. With `--http
 HOST:PORT` the OpenAI-compatible front (actord/frontends/http/) runs in the same event loop, beside
 the socket, and stops first (it lets answers in flight end, up to 5 s). Its address is
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import anyio
@@ -52,7 +55,7 @@ def fds_needed(config: Config, http: bool = False) -> int:
     if config.http or http:
         from actord.frontends.http.bounds import MAX_LINGERING
 
-        n += config.http_max_connections + MAX_LINGERING
+        n += config.http_max_connections + config.http_control_connections + MAX_LINGERING
     return n
 
 
@@ -97,6 +100,13 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
         start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
     server.system = system
     system.memory_sources.add("connection_buffers", server.held_bytes)
+    if not (config.chat_template or config.chat_template_file or config.trace):
+        # A model without a template of its own chats in a built-in one: warned now, at start,
+        # not at the first chat. Not in a traced run: the read is an engine job no recorded
+        # input explains (the replay would diverge there); the first chat warns instead.
+        from actord.chat.turn import template_info
+
+        await template_info(system)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
         if front is not None:
             front.attach(system)
@@ -143,6 +153,8 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
 
                 first.start_soon(on_signal)
                 first.start_soon(on_stop)
+            _exit_deadline(config.shutdown_grace_s + (config.shutdown_persist_s if config.persist_on_stop else 0)
+                           + config.shutdown_exit_margin_s)
             systemd.notify("STOPPING=1\nSTATUS=stopping")
             async with anyio.create_task_group() as stopping:
                 stopping.start_soon(_exit_at_second_signal, signals)
@@ -151,6 +163,20 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
                 stopping.cancel_scope.cancel()
             log.info("daemon.stopping", **counts)
         tg.cancel_scope.cancel()
+
+
+def _exit_deadline(seconds: float) -> None:
+    """Shutdown is bounded whatever a thread does: a worker stuck in a read (a FIFO, a hung
+    network disk) kept the process alive past SIGTERM, its close and the interpreter's exit
+    waiting on it for ever. A timer thread, which no blocked loop or worker can hold, ends
+    the process `seconds` after the signal if it is still there."""
+    def fire() -> None:
+        log.error("daemon.exit_forced", after_s=seconds, why="shutdown did not end in time (a thread is stuck)")
+        os._exit(1)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
 
 
 async def _exit_at_second_signal(signals: Any) -> None:

@@ -131,11 +131,13 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     persist_rng = random.Random(f"persist/{seed}")
     wb_every = persist_rng.choice([0, 0, 40, 150])  # events between write-behind passes (0: none)
     wb_window = persist_rng.choice([1, 3, 10])  # in units of wb_every: the pass's clock is position / wb_every
+    file_bases = persist_rng.random() < 0.5  # page files on a base refer to a base file
     cfg = Config(model=model, slots=n_slots, ctx=rng.choice([160, 256, 512]), batch=32, page_dir=str(root), threads=1,
                  page_ram_bytes=rng.choice([6_000, 20_000, 10**6]), ctx_checkpoints_bytes=rng.choice([0, 4_000, 10**6]),
                  checkpoint_every=8, ctx_checkpoints=3,
                  device_bytes=rng.choice([0, 60_000, 90_000, 150_000]) * gene_scale // 35_000 if device else 0,
                  ask_timeout_s=60, shutdown_grace_s=0.0, write_behind_s=float(wb_window),
+                 page_file_bases=file_bases,
                  # Deeper pipelines too (their own stream: the other choices stay as they were).
                  pipeline_depth=random.Random(f"depth/{seed}").choice([0, 0, 3, 4]),
                  **({} if not draft else {"spec": "mtp", "spec_n_max": rng.choice([1, 2, 4])} if draft == "mtp" else

@@ -48,7 +48,10 @@ def persisted_problem(root: Path, held: Held) -> str | None:
 async def restart_problem(disp: Any, cfg: Config, histories: dict[str, list[int]], held: Held,
                           drive: Callable[[Awaitable[Any]], Awaitable[Any]]) -> str | None:
     """The restart: minds held with no genes (the new process has loaded none) and by one
-    holder each; `drive` runs one call to its end under the deterministic dispatcher."""
+    holder each; `drive` runs one call to its end under the deterministic dispatcher. A
+    mind whose next prompt parts from her file before its end is held to the bound only
+    where the memory can be cut back anywhere (SWA and recurrent memory resume from a
+    checkpoint, which the seeded budget may not keep, exactly as without a restart)."""
     from actord.service.system import ActorSystem
     from actord.serving.slot import common_prefix
 
@@ -62,9 +65,14 @@ async def restart_problem(disp: Any, cfg: Config, histories: dict[str, list[int]
                 continue
             got = await drive(system.complete(prompt=prompt, n_predict=1, mind=mind, ignore_eos=True))
             lcp = common_prefix(list(states[0]), prompt)
+            cuts_back = not system.props.needs_checkpoints and not system.props.n_swa
+            if lcp < len(states[0]) and not cuts_back:
+                continue  # SWA or recurrent memory resumes mid-sequence from a checkpoint, if one is kept
             if got.n_prompt_processed > len(prompt) - lcp + 1:
                 problem = (f"after a restart, {mind} processed {got.n_prompt_processed} of {len(prompt)} prompt "
                            f"tokens, her file holding {lcp} of them")
                 break
+        while await disp.step():  # what runs in the background (the base files' sweep) ends
+            pass
         disp.close_actors()
     return problem

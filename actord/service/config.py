@@ -16,6 +16,7 @@ from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
 FLASH_ATTN_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 SPEC_MODES = ("", "off", "draft", "mtp")
+CACHE_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache's element types (llama-server's -ctk / -ctv)
 
 if TYPE_CHECKING:
     from actord.service.types import RequestLimits
@@ -85,6 +86,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # to its page file in the background, so a kill -9 loses at most about this window of
     # any mind; the page stays in RAM (the file is its backup). 0: off.
     write_behind_s: float = 3.0
+    # Page files share bases (storage/bases.py): a page on a shared prefix spills as its own
+    # part plus a reference to a content-addressed base file `bases/KEY.base`, written once
+    # and removed with its last referrer. Off: every page file is self-contained.
+    page_file_bases: bool = False
     # Context checkpoints
     ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots
@@ -119,11 +124,23 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     main_gpu: int = -1
+    # The KV cache's element types (llama-server's --cache-type-k / --cache-type-v): f16, q8_0
+    # (about half the bytes per token, so a page holds twice the minds) or q4_0 (about a
+    # quarter). A quantized V cache needs flash attention (not --flash-attn off). Pages and
+    # page files record the types; a file of other types is refused (PageDoesNotFit).
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     # Sampler chains that can run inside the decode's graph (greedy, top-k/top-p/min-p/
     # temperature/dist, logit bias; not grammar, penalties, logprobs, speculation) do, so a
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
     # auto: on where the model runs on a GPU backend; on/off decide outright.
     backend_sampling: str = "auto"
+    # A request's grammar whose sampling costs more than this for one token (a token that
+    # masks the vocabulary: this per 65,536 candidates) is cut: the request ends with a 400
+    # naming the grammar, and the same grammar sent again is refused before it runs
+    # (engine/sampling.py `_cut_grammar`), so an ambiguous grammar, whose cost doubles
+    # each token, holds the engine a bounded time.
+    grammar_token_budget_ms: float = 150.0
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -143,6 +160,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # A file of more keys, one per line (blank lines and # comments skipped), read at start.
     api_key_file: str | None = None
     http_max_body_bytes: int = 16 << 20  # larger request bodies get 413
+    # Bytes of request bodies being read at once, in all (half of it from one client
+    # address): past it, 503 as the body arrives (costs.py BodyBytes). 0: 4 x the above.
+    http_max_body_bytes_in_flight: int = 0
     # The front's own bounds (actord/frontends/http/bounds.py), beside the socket's below. A request
     # line + headers over http_max_header_bytes get 431 before more is read; a request head
     # not in within http_header_timeout_s of the connection (or of its first byte after a
@@ -154,6 +174,32 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_idle_timeout_s: float = 5.0
     http_body_timeout_s: float = 60.0
     http_max_connections: int = 256
+    # Per peer (bounds.py): one client address holds at most http_max_connections_per_peer
+    # connections; past either cap, http_control_connections more are served for /health
+    # and /metrics alone, so the control routes answer under any flood; an answer whose
+    # client reads nothing for http_write_timeout_s while output waits ends its connection
+    # (and its generation).
+    http_max_connections_per_peer: int = 128
+    http_control_connections: int = 8
+    http_write_timeout_s: float = 30.0
+    # Generations (completions, chats, messages, responses) one client address has in
+    # flight, running or queued; one more gets 429 at once. 0: twice the slots. Below the
+    # slot count, one address never holds every slot: the others keep their pace.
+    http_max_generations_per_peer: int = 0
+    # Cost before work (actord/frontends/http/costs.py): a JSON body nesting deeper than
+    # this many arrays and objects is refused 400 before it is decoded (a decoder recurses
+    # once per level); a large body is decoded on a worker thread within
+    # http_parse_budget_s (past it, 413 naming the body).
+    http_max_json_depth: int = 128
+    # ... and one holding more values than this in its arrays and objects is refused 413
+    # before it is decoded (a decoder makes an object per value): 128 full-context token
+    # prompts fit.
+    http_max_json_values: int = 1 << 19
+    http_parse_budget_s: float = 5.0
+    # Without --api-key, the Host names the front answers to besides its own address,
+    # localhost and loopback addresses: any other Host is refused 403, as llama-server and
+    # Jupyter refuse one (a DNS-rebinding page names its own host).
+    http_host: list[str] = []
     # A chat completion naming no max_tokens generates at most this many (capped by ctx),
     # not the whole context: a model that never emits EOS would otherwise hold its slot
     # for ctx tokens. /v1/completions keeps OpenAI's own default of 16.
@@ -181,6 +227,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Each completion's answer carries `__verbose` (llama-server's --verbose): the prompt as
     # rendered, the generated text and the request's settings, for debugging a template.
     http_verbose: bool = False
+    # Request headers whose value names the request's mind when it names none itself (after
+    # X-Actord-Mind, before prompt_cache_key and user), through a digest as `user` does: e.g.
+    # "X-Correlation-ID,X-Session-Id", the session headers load tools (NVIDIA AIPerf) and
+    # agents send. Off by default: a header a proxy may add must not move requests between
+    # minds unless the operator says so. Each value may be a comma-separated list.
+    http_mind_headers: list[str] = []
     # Google Vertex AI's prediction protocol, read from the variables Vertex sets in a
     # container: with AIP_MODE=PREDICTION the front listens on AIP_HTTP_PORT, answers POST
     # AIP_PREDICT_ROUTE ({"instances": [...]}, each naming its route by "@requestFormat")
@@ -219,6 +271,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # http_responses_max_bytes of conversation text.
     http_responses_max: int = 1024
     http_responses_max_bytes: int = 64 << 20
+    # The minds made for anonymous Responses conversations (named by how they start, no
+    # client name): at most this many, holding at most this many bytes of state; past
+    # either the least recently used one's RAM page and page file are dropped
+    # (actord/frontends/http/openai/anonymous.py).
+    http_anonymous_minds: int = 64
+    http_anonymous_mind_bytes: int = 1 << 30
     trace: str | None = None
     mailbox_capacity: int = 64
     disk_threads: int = 4
@@ -232,6 +290,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # shutdown_grace_s + shutdown_persist_s (systemd's TimeoutStopSec must cover both).
     shutdown_persist_s: float = 30.0
     persist_on_stop: bool = True  # off: a stop keeps only the minds already in page files
+    # ... and the process exits at most this long after that, whatever a thread is doing (a
+    # worker stuck in a read held it past SIGTERM for ever): exit status 1, logged.
+    shutdown_exit_margin_s: float = 30.0
     # Memory care (actord/service/memory.py): every memory_report_s the daemon refreshes
     # actord_memory_bytes{component} and, with malloc_trim, gives glibc's free arena pages
     # back; trace_malloc_s > 0 runs tracemalloc and logs the top growth by file:line that often
@@ -309,6 +370,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("n_gpu_layers is -1 (all) or a count >= 0", n_gpu_layers=self.n_gpu_layers)
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise InvalidParams(f"flash_attn is one of {FLASH_ATTN_MODES}", flash_attn=self.flash_attn)
+        if self.cache_type_k not in CACHE_TYPES or self.cache_type_v not in CACHE_TYPES:
+            raise InvalidParams(f"cache_type_k and cache_type_v are one of {', '.join(CACHE_TYPES)}",
+                                cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
+        if self.cache_type_v != "f16" and self.flash_attn == "off":
+            raise InvalidParams(f"a quantized V cache (cache_type_v {self.cache_type_v}) needs flash attention: "
+                                "not with --flash-attn off", cache_type_v=self.cache_type_v)
         if self.backend_sampling not in BACKEND_SAMPLING_MODES:
             raise InvalidParams(f"backend_sampling is one of {BACKEND_SAMPLING_MODES}",
                                 backend_sampling=self.backend_sampling)
@@ -328,6 +395,22 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes must be >= 1 and chat_memory_tokens >= 0")
         if not (self.http_header_timeout_s > 0 and self.http_idle_timeout_s > 0 and self.http_body_timeout_s > 0):
             raise InvalidParams("http_header_timeout_s, http_idle_timeout_s and http_body_timeout_s must be > 0")
+        if self.http_max_body_bytes_in_flight < 0:
+            raise InvalidParams("http_max_body_bytes_in_flight must be >= 0 (0: 4 x http_max_body_bytes)")
+        if self.http_max_generations_per_peer < 0:
+            raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
+        if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \
+                not self.http_write_timeout_s > 0:
+            raise InvalidParams("http_max_connections_per_peer must be >= 1, http_control_connections >= 0 and "
+                                "http_write_timeout_s > 0")
+        if not self.shutdown_exit_margin_s > 0:
+            raise InvalidParams("shutdown_exit_margin_s must be > 0")
+        if not self.grammar_token_budget_ms > 0:
+            raise InvalidParams("grammar_token_budget_ms must be > 0")
+        if self.http_max_json_values < 1024:
+            raise InvalidParams("http_max_json_values must be >= 1024")
+        if not 2 <= self.http_max_json_depth <= 512 or not self.http_parse_budget_s > 0:
+            raise InvalidParams("http_max_json_depth is between 2 and 512, http_parse_budget_s > 0")
         if self.http_max_header_bytes < 1024:
             raise InvalidParams("http_max_header_bytes must be >= 1024")
         if not 1 <= self.max_n <= 128:
@@ -342,11 +425,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
         if self.reasoning_budget < -1:
             raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens")
+        if self.http_anonymous_minds < 1 or self.http_anonymous_mind_bytes < 0:
+            raise InvalidParams("http_anonymous_minds must be >= 1 and http_anonymous_mind_bytes >= 0")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:
             raise InvalidParams("http_responses_max and http_responses_max_bytes must be >= 0")
         if any(not a for a in self.model_alias) or any(not o for o in self.cors_origin) \
-                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags):
-            raise InvalidParams("model_alias, model_tags and cors_origin values must not be empty")
+                or "" in split_names(self.model_alias) or "" in split_names(self.model_tags) \
+                or "" in split_names(self.http_mind_headers):
+            raise InvalidParams("model_alias, model_tags, cors_origin and http_mind_headers values must not be empty")
         if not 0 < self.aip_http_port < 65536:
             raise InvalidParams("aip_http_port (AIP_HTTP_PORT) is a TCP port", aip_http_port=self.aip_http_port)
         if self.http is not None:

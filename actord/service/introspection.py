@@ -116,7 +116,8 @@ async def memory(system: "ActorSystem", after: str = "", limit: int = 0) -> "Mem
     minds = [MindView(name=s.mind, tier="slot", n_tokens=s.n_tokens, slot=s.id,
                       n_bytes=props.recurrent_state_bytes + s.n_tokens * props.kv_bytes_per_token)
              for s in slots if s.mind is not None and s.mind > after]
-    minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens) for p in pages]
+    minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens,
+                       base=p.base if p.base >= 0 else None, n_base=p.n_base, base_bytes=p.base_bytes) for p in pages]
     minds += [MindView(name=n, tier="file", n_bytes=b) for n, b in system.files.index.minds(after, limit)]
     minds.sort(key=lambda m: m.name)
     nxt = None

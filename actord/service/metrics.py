@@ -165,6 +165,12 @@ class Metrics:
             "http_refused", "HTTP connections and requests refused by a bound or a check, by reason", ["reason"],
             registry=r,
         )
+        self.http_anonymous_minds = Gauge("http_anonymous_minds", "Minds the HTTP front made for anonymous chats",
+                                     registry=r)
+        self.http_anonymous_minds_evicted_total = Counter(
+            "http_anonymous_minds_evicted", "Anonymous minds forgotten (RAM page and page file dropped) past the bound",
+            registry=r,
+        )
         self.http_client_gone_total = Counter(
             "http_client_gone", "HTTP clients that hung up before their answer ended, by phase", ["phase"],
             registry=r,

@@ -199,7 +199,7 @@ class Persister:
             except ActordError as e:
                 left[info.mind] = f"its slot's save failed: {e.type}"
                 return
-            del left[info.mind]
+            left.pop(info.mind, None)  # two slots may hold one name (a restore of her file by slot)
             written["slots"] += "skipped" not in out
 
         async def worker() -> None:

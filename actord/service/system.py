@@ -99,7 +99,7 @@ class ActorSystem:
         # flight to tell when the system is quiet. The plain dispatcher has no such seam.
         self.run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
         self.files = PageFiles(c.page_dir, threads=c.disk_threads, offload=self.dispatcher.offload,
-                               disk_bytes=c.page_disk_bytes, metrics=self.metrics)
+                               disk_bytes=c.page_disk_bytes, metrics=self.metrics, share_bases=c.page_file_bases)
         self.gene_files = GeneFiles(c, self.run_sync)
         self.chat_state = ChatState()
         self._tg: Any = None
@@ -180,6 +180,8 @@ class ActorSystem:
             for actor in self.actors():
                 actor.on_failure = on_failure
                 self.dispatcher.spawn(actor)
+            if self.config.page_file_bases:  # which base files are used: read in the background
+                self._tg.start_soon(self._sweep_bases)
             for path in self.config.gene:
                 info = await self.gene_load(path, default=True)
                 self.default_genes.append(info.id)
@@ -233,6 +235,12 @@ class ActorSystem:
         trace that holds a stop replays it."""
         assert self._persister is not None, "the system is not running"
         return await self._persister.persist_all(self.config.shutdown_persist_s)
+
+    async def _sweep_bases(self) -> None:
+        try:
+            await self.files.sweep_bases()
+        except ActordError as e:  # no base file is removed until a sweep succeeds
+            log.warning("page_files.base_sweep_failed", error=e.to_dict())
 
     async def write_behind(self) -> None:
         """Run write-behind (service/persist.py) until cancelled or stopped: the daemon
@@ -423,6 +431,20 @@ class ActorSystem:
     @entry("page.drop")
     async def page_drop(self, page: str) -> Any:
         return await self.pages.ask(DropPage(name=page))
+
+    async def forget_mind(self, mind: str) -> int:
+        """Drop mind `mind`'s RAM page and remove its page file, whichever it has (the HTTP
+        front's rule for the minds it made for anonymous conversations); the bytes freed. A
+        mind resident in a slot stays there (0): its next page-out is forgotten next time."""
+        from actord.service.errors import PageNotFound
+        from actord.storage.paths import MIND_FILE_SUFFIX
+
+        n = 0
+        try:
+            n += (await self.page_drop(mind)).n_bytes
+        except PageNotFound:
+            pass
+        return n + await self.files.remove(mind + MIND_FILE_SUFFIX)
 
     @entry("page.list", check_open=False)
     async def page_list(self, after: str = "", limit: int = 0) -> Any:

@@ -51,6 +51,8 @@ class PageInfo(msgspec.Struct, frozen=True):
     holders: int
     n_base: int = 0  # tokens of a shared prefix the page stands on (its base, stored once)
     base_pages: int = 0  # pages standing on that base (this one included)
+    base: int = -1  # that base's generation (-1: none), so a caller can group pages by base
+    base_bytes: int = 0  # the bytes it holds, once for all its pages
 
 
 # ---- inbox ------------------------------------------------------------------------------

@@ -389,7 +389,8 @@ class PageStore(Actor[PageStoreInbox]):
         base = g.page.base
         return PageInfo(page=name, gen=gen, n_bytes=g.n_bytes, n_tokens=len(g.page.tokens),
                         n_checkpoints=len(g.page.checkpoints), holders=g.holders, n_base=g.page.n_base,
-                        base_pages=self.on_base.get(base.gen, 0) if base is not None else 0)
+                        base_pages=self.on_base.get(base.gen, 0) if base is not None else 0,
+                        base=base.gen if base is not None else -1, base_bytes=base.n_bytes if base is not None else 0)
 
     def live_bytes(self) -> int:
         return sum(g.n_bytes for g in self.gens.values()) + sum(n for _, n in self.reserved.values())

@@ -419,13 +419,11 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self.genes, self.scope = lineage
         self.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
-        if (req.n_predict == 0 and usable == len(prompt)) or a.cancelled:  # ends here: the scheduler never counts it
+        nothing_to_decode = req.n_predict == 0 and usable == len(prompt)
+        if nothing_to_decode or a.cancelled:
+            # It ends here, never enrolled: the scheduler, which counts the rest, never sees it.
             self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
-        if req.n_predict == 0 and usable == len(prompt):
-            await self._answer_here("length", n_cached=usable)
-            return
-        if a.cancelled:
-            await self._answer_here("cancelled", n_cached=usable)
+            await self._answer_here("length" if nothing_to_decode else "cancelled", n_cached=usable)
             return
         enroll = Enroll(
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,

@@ -496,12 +496,22 @@ def check_fingerprint(image: PageImage, props: J.ModelProps, file: str) -> None:
 
 def state_layout(props: J.ModelProps) -> dict[str, Any]:
     """What a state's bytes need of the context they go into, beyond the model: the V cache's
-    layout. libllama refuses a state whose V transposition differs ("incompatible V
-    transposition"); it is transposed only where flash attention is off outright."""
-    return {"v_trans": props.device.v_trans}
+    layout and the cache's element types. libllama refuses a state whose V transposition
+    differs ("incompatible V transposition"); it is transposed only where flash attention is
+    off outright. A state's cells are in the types it was taken with (--cache-type-k / -v)."""
+    return {"v_trans": props.device.v_trans, "cache_type_k": props.device.cache_type_k,
+            "cache_type_v": props.device.cache_type_v}
 
 
 def check_state_layout(image: PageImage, props: J.ModelProps, file: str) -> None:
+    # A file from before the cache types were recorded was written in f16, the only type there was.
+    saved_types = (image.meta.get("cache_type_k", "f16"), image.meta.get("cache_type_v", "f16"))
+    types = (props.device.cache_type_k, props.device.cache_type_v)
+    if saved_types != types:
+        raise PageDoesNotFit(
+            f"{file} holds a state whose KV cache is {saved_types[0]}/{saved_types[1]} (K/V), and this daemon's is "
+            f"{types[0]}/{types[1]}: restore it under --cache-type-k {saved_types[0]} --cache-type-v {saved_types[1]}",
+            file=file, saved_cache_types=list(saved_types), cache_types=list(types))
     # A file from before the layout was recorded was written with flash attention "auto",
     # the only setting there was: V not transposed.
     saved = bool(image.meta.get("v_trans", False))

@@ -21,8 +21,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 import msgspec
 
-from actord.service.errors import ActordError, PageDiskExceeded
+from actord.service.errors import ActordError, CorruptPageFile, PageDiskExceeded
 from actord.service.log import get
+from actord.storage import bases as B
 from actord.storage.disk_index import DiskIndex, scan
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import PageImage
@@ -52,7 +53,7 @@ def image_bytes(image: PageImage) -> int:
 class PageFiles:
     def __init__(self, root: str | Path, *, threads: int = 4, fs: OsFs | None = None,
                  offload: Callable[..., Awaitable[Any]] | None = None, disk_bytes: int = 0,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, share_bases: bool = False) -> None:
         self.root = Path(root)
         self.fs = fs or OsFs()
         self.limiter = anyio.CapacityLimiter(threads)
@@ -64,6 +65,11 @@ class PageFiles:
         # run to run, as a stat's times would), whether the file changed since.
         self.versions: dict[str, int] = {}
         self.metrics = metrics  # actord.service.metrics.Metrics, or None (a bare PageFiles)
+        # Base files (storage/bases.py): a page on a base spills as its part + a reference.
+        self.share_bases = share_bases
+        self.refs = B.BaseRefs()
+        self.pinned: set[str] = set()  # bases a publication that failed may name: kept until the next start
+        self._drops: set[str] = set()  # bases whose last user went while locks were held: removed after
 
     async def start(self) -> int:
         """Complete publications a crash cut short, remove orphaned stages, and index the
@@ -125,6 +131,9 @@ class PageFiles:
                 freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
                 idx.remove(v)
                 self._changed(v)
+                gone = self.refs.set(v, None)
+                if gone is not None:
+                    self._drops.add(gone)  # removed once the publication's holds are let go
             if self.metrics is not None:
                 self.metrics.page_disk_evicted_total.inc()
             log.warning("page_file.evicted", file=v, n_bytes=freed, reason="page disk budget", for_file=name)
@@ -137,7 +146,10 @@ class PageFiles:
             freed = await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
         self.index.remove(key)
         self._changed(key)
-        self._gauges()
+        gone = self.refs.set(key, None) if not B.is_base(key) else None
+        if gone is not None:
+            self._drops.add(gone)
+        await self._drop_bases()
         return freed
 
     async def _run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -168,9 +180,94 @@ class PageFiles:
     async def publish(self, name: str, image: PageImage, *, held: bool = False) -> PublishStats:
         """Publish one generation; `held`: the caller holds `holding(name)` already."""
         if held:
+            stats = await self._publish_page(name, image)
+        else:
+            async with self.holding(name):
+                stats = await self._publish_page(name, image)
+        await self._drop_bases()
+        return stats
+
+    async def _publish_page(self, name: str, image: PageImage) -> PublishStats:
+        """A page file's generation; one on a base is published as its part and a reference
+        to the base's file (made first, durable before any file names it), under the
+        base's hold, so the base cannot go between the check and the reference."""
+        key = self._key(name)
+        if B.is_base(key):
             return await self._publish(name, image)
-        async with self.holding(name):
-            return await self._publish(name, image)
+        if not (self.share_bases and image.base is not None and image.n_base > 0):
+            stats = await self._published(key, None, self._publish(name, image))
+            return stats
+        base_key, base_image, image = B.split(image)
+        bname = B.base_name(base_key)
+        async with self.holding(bname):
+            if bname not in self.index.files:
+                await self._publish(bname, base_image)
+            return await self._published(key, base_key, self._publish(name, image))
+
+    async def _published(self, key: str, base_key: str | None, publication: Awaitable[PublishStats]) -> PublishStats:
+        try:
+            stats = await publication
+        except BaseException:
+            if base_key is not None:  # it may have committed all the same: its base stays
+                self.pinned.add(base_key)
+            raise
+        gone = self.refs.set(key, base_key)
+        if gone is not None:
+            self._drops.add(gone)
+        return stats
+
+    async def _drop_bases(self) -> None:
+        """Remove the base files whose last user went (once every file's reference is known)."""
+        while self._drops:
+            key = self._drops.pop()
+            bname = B.base_name(key)
+            async with self.holding(bname):
+                if not self.refs.known or key in self.pinned or self.refs.users.get(key) \
+                        or bname not in self.index.files:
+                    continue
+                freed = await self._run(f"remove:{bname}", remove_generation, self.root, bname, self.fs)
+                self.index.remove(bname)
+                self._changed(bname)
+            log.info("page_file.base_removed", base=key, n_bytes=freed)
+        self._gauges()
+
+    async def sweep_bases(self) -> int:
+        """After start, in the background: read every page file's header for the base it
+        names, then remove the base files nobody names (a crash between a referrer's removal
+        and its base's). Until it has run no base file is removed. The orphans removed."""
+        if not self.share_bases:
+            return 0
+        self.refs.live.clear()
+        names = [n for n in self.index.files if not B.is_base(n)]
+        root = self.root
+
+        def heads() -> dict[str, str | None]:
+            from actord.storage.pagefile import main_meta
+
+            out: dict[str, str | None] = {}
+            for n in names:
+                try:
+                    head = self.fs.read_file(root / n, limit=64 << 10)
+                    meta = None if head is None else main_meta(head, n)
+                    if meta is None and head is not None:
+                        meta = main_meta(self.fs.read_file(root / n) or b"", n)
+                except ActordError:
+                    continue  # unreadable: no restore will ever need its base
+                if meta is not None:
+                    out[n] = B.referred(meta)
+            return out
+
+        for n, key in (await self._run("sweep:bases", heads)).items():
+            if n not in self.refs.live and key is not None:
+                self.refs.set(n, key, live=False)
+        self.refs.known = True
+        orphans = {n[len(B.BASE_DIR) + 1: -len(B.BASE_SUFFIX)] for n in self.index.files if B.is_base(n)}
+        orphans -= set(self.refs.users)
+        self._drops |= orphans
+        await self._drop_bases()
+        if orphans:
+            log.info("page_file.bases_swept", orphans=len(orphans))
+        return len(orphans)
 
     async def _publish(self, name: str, image: PageImage) -> PublishStats:
         key = self._key(name)
@@ -223,4 +320,19 @@ class PageFiles:
         key = self._key(name)
         image = await self._run(f"read:{name}", read_generation, self.root, name, self.fs)
         self.index.touch(key)
-        return image
+        base_key = B.referred(image.meta)
+        if base_key is None:
+            return image
+        n = image.meta.get(B.N_META)
+        bname = B.base_name(base_key)
+        try:
+            base = await self._run(f"read:{bname}", read_generation, self.root, bname, self.fs)
+        except ActordError as e:
+            raise CorruptPageFile(f"{name} stands on base file {bname}, which cannot be read: {e.message}",
+                                  file=name, base=bname) from None
+        if type(n) is not int or not 0 < n < len(image.tokens) or list(base.tokens) != list(image.tokens[:n]):
+            raise CorruptPageFile(f"{name}'s base file {bname} does not hold its first {n!r} tokens", file=name,
+                                  base=bname)
+        self.index.touch(bname)
+        meta = {k: v for k, v in image.meta.items() if k not in (B.FILE_META, B.N_META)}
+        return msgspec.structs.replace(image, base=base.state, n_base=n, meta=meta)

@@ -35,6 +35,7 @@ import errno as _errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,16 +145,22 @@ class OsFs:
         """The file's bytes (at most `limit`), or None when it does not exist.
 
         The buffer is sized from fstat (or `limit`), never from anything inside the file.
+        A name that is not a regular file (a FIFO, a device, a socket) is refused before
+        anything is read: opened with O_NONBLOCK (a FIFO with no writer would block the open
+        itself, a read on it for ever, holding a worker thread past shutdown) and fstat'ed.
         """
         try:
             try:
                 self._enter("read", path)
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
             except FileNotFoundError:
                 self._exit("read", path)
                 return None
             try:
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise OSError(_errno.EINVAL, "not a regular file")
+                size = st.st_size
                 if limit is not None:
                     size = min(size, limit)
                 buf = bytearray(size)

@@ -33,10 +33,8 @@ Why this shape:
 - A page that stands on a shared prefix in RAM (a base, serving/page_store.py) is written
   self-contained: the base's state is the main file's 4th section and "n_base" in the meta
   says how many tokens it holds; the 3rd section is then the state of the positions from
-  there on. Files do not share bases on disk: every file is one generation that publishes,
-  survives a crash and is removed on its own, with nothing outside it to go missing. Bases
-  shared on disk (content-addressed base files with counts of their users, kept correct
-  across a crash between a page file's publication and its base's) are future work.
+  there on. A file may instead name a base file in its meta (storage/bases.py, with
+  `page_file_bases` on): the container is the same, and PageFiles.read joins the two.
 """
 
 from __future__ import annotations
@@ -232,6 +230,31 @@ def main_n_tokens(head: Buffer, file: Path | str = "<main>") -> int | None:
     if nsec not in (3, 4):
         raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
     return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
+
+
+def main_meta(head: Buffer, file: Path | str = "<main>") -> dict[str, Any] | None:
+    """A main file's meta (its first section, checksummed), from the file's first bytes;
+    None when they do not hold it whole (read more)."""
+    mv = _bytes_view(head)
+    if mv.nbytes < _FIXED.size:
+        return None
+    nsec = _FIXED.unpack_from(mv, 0)[4]
+    hlen = _FIXED.size + nsec * _SECTION.size + _CRC.size
+    if hlen > mv.nbytes:
+        return None
+    _, _, nsec, _ = _fixed_header(mv, MAIN, file)
+    if nsec not in (3, 4):
+        raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
+    length, crc = _SECTION.unpack_from(mv, _FIXED.size)
+    if hlen + length > mv.nbytes:
+        return None
+    meta_v = mv[hlen: hlen + length]
+    if zlib.crc32(meta_v) != crc:
+        raise _corrupt(file, "checksum mismatch in section 0 (meta)")
+    try:
+        return _META_DEC.decode(meta_v)
+    except msgspec.MsgspecError as e:
+        raise _corrupt(file, f"meta does not decode: {e}") from None
 
 
 def _open(buf: Buffer, kind: str, file: Path | str, names: Sequence[str]) -> _Container:

@@ -447,3 +447,4 @@ def read_generation(root: Path, name: str, fs: OsFs) -> PageImage:
     with _locked(base, fs) as hold:
         recover(base, fs, hold)
         return load_generation(fs, paths)
+

@@ -30,13 +30,16 @@ def write_tiny_llama(
     chat_template: str | None = None,
     control_tokens: Sequence[str] = (),
     pooling: int | None = None,
+    output_gain: float = 4.0,
 ) -> Path:
     """Write a random f32 llama-architecture GGUF with a 512-token SPM vocab; return its path.
 
     `chat_template` (e.g. TINY_CHAT_TEMPLATE) is stored as tokenizer.chat_template;
     `control_tokens` (e.g. "<tool_call>") become control tokens at the vocab's end, whose
     output rows are zero like the other specials' (never picked greedily unless biased);
-    `pooling` names a pooling type, as embedding models do."""
+    `pooling` names a pooling type, as embedding models do. `output_gain` 0 zeroes the output
+    projection: every token, EOS included, is equally likely under sampling, so a reply at
+    temperature 1 ends by itself after ~512 tokens (what an agent CLI's turn needs to end)."""
     import gguf
     import numpy as np
 
@@ -69,7 +72,7 @@ def write_tiny_llama(
         w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd))
         w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=f32))
         _add_ffn(w, p, mat, n_embd, n_ff)
-    out = _output_matrix(rng, n_vocab, n_embd, gain=4.0)
+    out = _output_matrix(rng, n_vocab, n_embd, gain=output_gain)
     if control_tokens:
         out[n_vocab - len(control_tokens):] = 0.0
     return _finish(w, path, out)
@@ -93,6 +96,8 @@ def write_tiny_swa(
     head_dim: int = 16,
     n_ff: int = 128,
     n_ctx_train: int = 4096,
+    chat_template: str | None = None,
+    output_gain: float = 4.0,
 ) -> Path:
     """Write a random f32 "gemma3" GGUF with sliding-window attention; return its path.
 
@@ -129,6 +134,8 @@ def write_tiny_swa(
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(window)
     _end_header(w)
+    if chat_template is not None:  # as write_tiny_llama's (and output_gain too)
+        w.add_chat_template(chat_template)
 
     # gemma scales the input embedding by sqrt(n_embd); keep the residual stream ~unit RMS.
     w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(f32))
@@ -146,4 +153,4 @@ def write_tiny_swa(
         w.add_tensor(p + "ffn_norm.weight", ones(n_embd))
         _add_ffn(w, p, mat, n_embd, n_ff)
         w.add_tensor(p + "post_ffw_norm.weight", ones(n_embd))
-    return _finish(w, path, _output_matrix(rng, n_vocab, n_embd, gain=4.0))
+    return _finish(w, path, _output_matrix(rng, n_vocab, n_embd, gain=output_gain))

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from actord.chat.messages import ChatMessage
 from actord.service.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import ChatTemplateError, NoChatTemplate
+from actord.service.errors import ChatTemplateError
 from actord.service.system import ActorSystem
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, write_tiny_llama
 from tests.frontends.test_daemon import daemon  # noqa: F401  (the fixture: `actord serve` in its own process)
@@ -64,10 +64,17 @@ def test_each_turn_decodes_only_its_new_messages(chat_model, system, users, n_pr
 
 
 @pytest.mark.anyio
-async def test_no_template_is_refused_unless_named_and_streams_like_completion(tiny_model, chat_model):
+async def test_a_model_without_a_template_chats_in_chatml_said_once_and_a_named_one_streams(tiny_model, chat_model):
+    from structlog.testing import capture_logs
+
     async with ActorSystem(Config(model=tiny_model, slots=1, ctx=512, batch=64)) as s:
-        with pytest.raises(NoChatTemplate):
-            await s.chat(messages=[ChatMessage("user", "hi")])
+        with capture_logs() as logs:
+            await s.chat(messages=[ChatMessage("user", "hi")], n_predict=2)
+            await s.chat(messages=[ChatMessage("user", "ho")], n_predict=2)
+        warned = [e for e in logs if e["event"] == "chat.builtin_template"]
+        assert [(e["log_level"], e["template"], e["arch"]) for e in warned] == [("warning", "chatml", "llama")]
+        assert await s.apply_template([ChatMessage("user", "hi")]) == \
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         chunks: list[str] = []
         r = await s.chat(messages=[ChatMessage("user", "hi")], template=TINY_CHAT_TEMPLATE, n_predict=5,
                          stream=True, on_token=lambda ch: chunks.append(ch["content"]))
@@ -78,11 +85,11 @@ async def test_no_template_is_refused_unless_named_and_streams_like_completion(t
 
 
 def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_path):
-    sock, _ = daemon
+    sock, proc = daemon
     msgs = json.dumps([{"role": "user", "content": "hello"}])
     base = [PY, "-m", "actord.frontends.cli", "--socket", str(sock), "chat", "-n", "4"]
-    refused = subprocess.run(base, input=msgs, capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 1 and json.loads(refused.stderr)["error"]["type"] == "NoChatTemplate"
+    plain = subprocess.run(base, input=msgs, capture_output=True, text=True, timeout=60)  # chatml: no template of its own
+    assert plain.returncode == 0 and json.loads(plain.stdout)["message"]["role"] == "assistant"
     tpl = tmp_path / "t.jinja"
     tpl.write_text(TINY_CHAT_TEMPLATE)
     ok = subprocess.run([*base, "--template", str(tpl)], input=msgs, capture_output=True, text=True, timeout=60)
@@ -93,6 +100,10 @@ def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_
     streamed = subprocess.run([*base, str(f), "--template", str(tpl), "--stream"], capture_output=True, text=True,
                               timeout=60)
     assert streamed.returncode == 0 and streamed.stdout.startswith(out["message"]["content"])
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    warned = [line for line in err.decode().splitlines() if "chat.builtin_template" in line]
+    assert len(warned) == 1 and "template=chatml" in warned[0]  # said once, at start, for every chat after
 
 
 @pytest.mark.real_model
@@ -108,14 +119,15 @@ async def test_gemma3_prompt_is_the_templates_own_output_and_the_next_turn_reuse
         messages=[{"role": m.role, "content": m.content} for m in msgs], add_generation_prompt=True,
         bos_token="<bos>", eos_token="<eos>")
     async with ActorSystem(Config(model=real_model, slots=1, ctx=1024, batch=256)) as s:
-        with pytest.raises(NoChatTemplate):  # the registry's 270M is the pretrained model: no template
-            await s.chat(messages=msgs)
+        # The registry's 270M is the pretrained model and ships no template: the built-in
+        # gemma format renders the same tokens as Gemma 3's own template.
+        builtin = await s.chat(messages=msgs, n_predict=1)
         r = await s.chat(messages=msgs, template=GEMMA3_CHAT_TEMPLATE, n_predict=8, mind="gem")
         want = await s.engine.run(J.Tokenize(text=ref_text, add_special=False, parse_special=True))
         assert want[0] == s.props.bos and want.count(s.props.bos) == 1
         sot = await s.engine.run(J.Tokenize(text="<start_of_turn>", add_special=False, parse_special=True))
         assert len(sot) == 1 and want.count(sot[0]) == 4  # special tokens are single tokens
-        assert r.completion.n_prompt_tokens == len(want)
+        assert r.completion.n_prompt_tokens == len(want) == builtin.completion.n_prompt_tokens
         held = (await s.slot_list())[0].n_tokens
         assert held >= len(want)
         nxt = [*msgs, r.message, ChatMessage("user", "And of Spain?")]

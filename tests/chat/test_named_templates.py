@@ -42,3 +42,17 @@ def test_jinja_source_is_taken_as_is_and_an_unknown_name_is_refused():
     with pytest.raises(InvalidParams) as e:
         named("chatml2")
     assert e.value.data["param"] == "chat_template" and "chatml" in e.value.message
+
+
+def test_a_model_without_a_template_gets_gemma_for_gemma_and_chatml_else_and_gemma_renders_as_gemma3s_own():
+    from actord.chat.named_templates import NAMED, builtin_for
+    from actord.chat.template import ChatTemplate
+    from actord.testing.chat_templates import GEMMA3_CHAT_TEMPLATE
+
+    assert [builtin_for(a) for a in ("gemma3", "gemma", "gemma3n", "llama", "qwen2", "")] == \
+        ["gemma", "gemma", "gemma", "chatml", "chatml", "chatml"]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"}]
+    own = ChatTemplate(GEMMA3_CHAT_TEMPLATE, bos_token="<bos>").render(msgs)
+    builtin = ChatTemplate(NAMED["gemma"], bos_token="<bos>").render(msgs)
+    assert own == "<bos>" + builtin  # the prompter adds the BOS the built-in formats leave out

@@ -228,3 +228,26 @@ def test_a_restarted_router_knows_every_owner_from_its_directory(cluster, client
     assert (o2.node, o2.epoch, o2.placed) == (o1.node, o1.epoch, False)
     assert o2.result["n_cached"] > 0
     assert after["minds"] == {**before["minds"], "steady": before["minds"]["steady"]}
+
+
+def test_the_router_killed_9_serves_its_socket_again_with_no_client_calling_it(cluster, client):
+    """Issue 33: Ray restarts the router, and the nodes' calls (router.py `ping`) start its
+    socket again; before, it stayed closed until some client made a Ray call. Only the
+    socket is used while waiting: nothing here calls the router through Ray."""
+    import os
+    import signal
+    import socket as _socket
+
+    from actord.frontends.client import Client
+
+    before = client.status()["router"]
+    os.kill(before["pid"], signal.SIGKILL)
+    while True:  # what the restart must produce: the socket answering, from a new incarnation
+        try:
+            with Client(before["socket"], timeout=30) as c:
+                health = c.call("health")
+            if health["router"] != before["incarnation"]:
+                break
+        except (OSError, _socket.timeout, ConnectionError):
+            pass  # refused or gone while the router is down
+    assert client.status()["router"]["incarnation"] == health["router"]

@@ -77,3 +77,23 @@ def test_a_page_on_a_shared_prefix_travels_with_its_base_and_a_flipped_base_byte
     blob.base[3] ^= 1
     with pytest.raises(CorruptPageFile):
         unpack(blob)
+
+
+def test_a_router_restart_outlasting_the_wait_is_a_typed_unavailable():
+    pytest.importorskip("ray")
+    from ray.exceptions import ActorUnavailableError
+
+    from actord.cluster.client import ClusterClient
+    from actord.service.errors import NodeUnavailable
+
+    class Away:  # a router handle whose every call finds the actor restarting
+        def __getattr__(self, name: str) -> "Away":
+            return self
+
+        def remote(self, *args: object) -> None:
+            raise ActorUnavailableError("restarting", None)
+
+    c = ClusterClient(router=Away(), restart_wait_s=0.3)
+    with pytest.raises(NodeUnavailable) as e:
+        c.status()
+    assert e.value.data["router"] is True

@@ -132,7 +132,6 @@ def test_structured_output_follows_output_config_format(client):
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "AA=="}}]}]},
      "image input is not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages[0].content[0]"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
     ({"tools": [WEATHER, WEATHER]}, "listed twice"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"thinking": {"type": "enabled", "budget_tokens": "x"}}, "thinking.budget_tokens"),

@@ -93,10 +93,24 @@ def test_an_unknown_block_type_or_a_missing_messages_fails_at_decode():
         msgspec.convert({"max_tokens": 5}, W.MessagesRequest)
 
 
-def test_a_system_role_in_messages_is_refused():
+def test_a_system_message_inside_messages_keeps_its_place_and_other_roles_are_refused():
+    msgs = W.chat_messages(_req(messages=[{"role": "user", "content": "u"},
+                                          {"role": "system", "content": [{"type": "text", "text": "s"}]}]))
+    assert [(m.role, m.content) for m in msgs] == [("user", "u"), ("system", "s")]
     with pytest.raises(InvalidParams) as e:
-        W.chat_messages(_req(messages=[{"role": "system", "content": "x"}]))
+        W.chat_messages(_req(messages=[{"role": "tool", "content": "x"}]))
     assert e.value.data["param"] == "messages[0].role"
+
+
+def test_server_tools_are_dropped_and_a_schema_relaxed_when_degrading_is_allowed():
+    from actord.frontends.http.degraded import Degraded
+
+    d = Degraded()
+    tool = {"name": "run", "input_schema": {"type": "object", "properties": {"args": {"description": "any"}}}}
+    f = W.chat_tools(_req(tools=[{"type": "web_search_20250305", "name": "web_search"}, tool]), d)
+    assert [t.name for t in f["tools"]] == ["run"] and f["tools"][0].parameters["properties"]["args"] == {}
+    assert d.notes == ["tools[0]: server tool 'web_search_20250305' (web_search) dropped: this server runs none",
+                       "tools[1] (run).args: no type, any JSON value"]
 
 
 TOOL = {"name": "get_weather", "description": "The weather", "input_schema": {

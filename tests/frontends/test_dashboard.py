@@ -54,7 +54,7 @@ def daemon(tmp_path_factory):
     model = write_tiny_llama(d / "tiny.gguf", seed=1)
     sock = d / "actord.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", "2", "--ctx", "1024",
+        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", "2", "--ctx", "2048",
          "--batch", "64", "--threads", "1", "--socket", str(sock), "--page-dir", str(d / "pages"),
          "--log-level", "warning", "--http", "127.0.0.1:0", "--api-key", KEY],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -130,6 +130,59 @@ def test_the_page_shows_a_mind_moving_from_a_slot_to_a_page_and_back(daemon):
             expect(refused.locator("body")).to_have_attribute("data-state", "refused", timeout=20000)
             expect(refused.locator("#status")).to_contain_text("API key")
             expect(refused.locator('#minds tr[data-mind="ada"]')).to_have_count(0)
+        finally:
+            browser.close()
+
+
+PREFIX = [1] + [3 + (i * 37) % 500 for i in range(599)]  # two prompts share it: a base (serving/page_bases.py)
+LONG = "Ada Lovelace, Countess of Lovelace, who wrote the first program for the Analytical Engine"
+
+
+def fits(page, width: int) -> list[str]:
+    """What is wider than its box at this width: the document, or a card's content."""
+    return page.evaluate("""(w) => {
+        const out = [];
+        if (document.documentElement.scrollWidth > w) out.push("document " + document.documentElement.scrollWidth);
+        for (const s of document.querySelectorAll("section")) if (s.scrollWidth > s.clientWidth + 1)
+            out.push(s.querySelector("h2").textContent + " " + s.scrollWidth + " > " + s.clientWidth);
+        return out; }""", width)
+
+
+def test_the_page_shows_a_minds_label_its_shared_base_and_fits_1280_px(daemon):
+    why = browser_missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import expect, sync_playwright
+
+    url, c = daemon
+    for slot in (0, 1):
+        c.call("slot.erase", {"slot": slot})
+    for slot, tail in ((0, [7, 8, 9]), (1, [90, 91, 92])):
+        c.call("completion", {"prompt": PREFIX + tail, "n_predict": 2, "slot": slot, "ignore_eos": True})
+    c.call("page.out", {"slot": 0, "page": "pa"})  # slot 1 shares the prefix: pa is made a base and a rest
+    c.call("page.out", {"slot": 1, "page": "pb"})  # and pb stands on that base
+    r = httpx.post(url + "/v1/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=60,
+                   json={"prompt": "a mind a client named", "max_tokens": 2, "user": LONG})
+    assert r.status_code == 200, r.text
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium())
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(url + f"/dashboard#key={KEY}")
+            expect(page.locator("body")).to_have_attribute("data-state", "live", timeout=20000)
+            labelled = page.locator(f'#minds tr[data-label="{LONG}"]')
+            expect(labelled).to_have_count(1, timeout=20000)
+            expect(labelled).to_contain_text("Ada Lovelace")
+            assert labelled.get_attribute("data-mind").startswith("u-")  # the digest, shown beneath
+            base = page.locator("#bases tr[data-base]")
+            expect(base).to_have_count(1, timeout=20000)
+            assert base.get_attribute("data-pages") == "pa,pb"
+            expect(base).to_contain_text("600")  # the tokens the two pages share, held once
+            expect(page.locator('#minds tr[data-mind="pb"] .based')).to_have_count(1)
+            assert fits(page, 1280) == []
+            shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
+            if shot:
+                page.screenshot(path=shot.replace(".png", "-bases.png"), full_page=True)
         finally:
             browser.close()
 

@@ -61,7 +61,7 @@ def _read_all(s: socket.socket) -> bytes:
 def _kept_alive(url: str) -> socket.socket:
     """A connection the daemon has surely accepted: one request answered on it already."""
     s = socket.create_connection(_addr(url), timeout=60)
-    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
     got = b""
     while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
         got += s.recv(65536)
@@ -91,7 +91,7 @@ def test_huge_header_is_refused_before_reading_it(daemon):
     def pump() -> None:
         nonlocal sent
         try:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nX-Big: ")
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
             chunk = b"a" * (1 << 20)
             while sent < total:
                 s.sendall(chunk)
@@ -126,7 +126,7 @@ def test_a_header_over_the_limit_in_one_piece_gets_431(daemon):
 def test_a_trickled_head_gets_408_although_bytes_keep_coming(daemon):
     _, url, _ = daemon
     s = _kept_alive(url)
-    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n")
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n")
     got = b""
     s.settimeout(60)
     # A byte at a time, never finishing the head: only the head's own deadline ends this.
@@ -172,7 +172,7 @@ def test_connections_over_the_cap_get_503_and_the_socket_keeps_serving(chat_mode
         extra = []
         for _ in range(40):
             s = socket.create_connection(_addr(url), timeout=60)
-            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
             answer = _read_all(s)
             extra.append(s)
             if answer.startswith(b"HTTP/1.1 503"):
@@ -202,7 +202,7 @@ def test_connections_over_the_cap_get_503_and_the_socket_keeps_serving(chat_mode
 def test_a_body_that_stops_coming_gets_408(daemon):
     _, url, _ = daemon
     s = _kept_alive(url)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: 1000\r\n\r\n{\"messages\": ")
     answer = _read_all(s)
     s.close()
@@ -214,7 +214,7 @@ def test_client_hanging_up_mid_body_writes_no_traceback(chat_model, tmp_path):
     try:
         for _ in range(3):
             s = _kept_alive(url)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 60000\r\n\r\n{\"messages\": [")
             s.close()
         for _ in range(200):

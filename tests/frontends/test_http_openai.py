@@ -105,7 +105,7 @@ def test_sampling_fields_map_onto_the_completion_request():
                          response_format={"type": "json_object"}), 512)
     assert f == {"grammar": JSON_OBJECT_GBNF, "logit_bias": {"42": -100.0, "7": 2.5}, "presence_penalty": 0.5,
                  "frequency_penalty": -0.5, "repeat_penalty": 1.1, "repeat_last_n": 32, "min_p": 0.05,
-                 "logprobs": True, "top_logprobs": 3}
+                 "logprobs": True, "top_logprobs": 3, "cache_salt": None}
     req = CompletionRequest(prompt=[1], **f).check()
     assert req.bias_pairs() == ((7, 2.5), (42, float("-inf")))  # -100 bans
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

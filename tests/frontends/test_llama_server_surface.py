@@ -87,8 +87,8 @@ async def test_header_names_go_out_canonical_on_whole_and_streamed_answers_and_t
     async with anyio.create_task_group() as tg:
         address = await tg.start(f.serve)
         port = int(address.rsplit(":", 1)[1])
-        sse = await _raw(port, b"GET /sse HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        one = await _raw(port, b"GET /whole HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        sse = await _raw(port, b"GET /sse HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        one = await _raw(port, b"GET /whole HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         tg.cancel_scope.cancel()
     head, _, body = sse.partition(b"\r\n\r\n")
     assert b"\r\nContent-Type: text/event-stream" in head and b"\r\nTransfer-Encoding: chunked" in head

@@ -120,14 +120,11 @@ def test_structured_output_through_text_format(client):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"background": True}, "background"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"truncation": "auto"}, "truncation"),
     ({"max_tool_calls": 2}, "max_tool_calls"),
     ({"conversation": "conv_1"}, "conversation"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type"),
@@ -143,6 +140,23 @@ def test_a_refused_responses_field_is_a_400_naming_it(front, body, param):
                    json={"model": "m", "input": "hi", "max_output_tokens": 2, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("body,note", [
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort 'high' ignored"),
+    ({"include": ["message.output_text.logprobs"]}, "include: 'message.output_text.logprobs' dropped"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]: hosted tool 'web_search' dropped"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+                {"role": "user", "content": "hi"}]}, "input[0]: reasoning item dropped"),
+])
+def test_what_agents_send_beyond_function_tools_is_answered_and_named_in_the_degraded_header(front, body, note):
+    r = httpx.post(front + "/v1/responses", headers={"authorization": f"Bearer {KEY}"},
+                   json={"model": "m", "input": "hi", "max_output_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert note in r.headers["x-actord-degraded"]
+    plain = httpx.post(front + "/v1/responses", headers={"authorization": f"Bearer {KEY}"},
+                       json={"model": "m", "input": "hi", "max_output_tokens": 2}, timeout=60)
+    assert "x-actord-degraded" not in plain.headers
 
 
 def test_input_tokens_counts_the_prompt_a_response_would_process(front, client):

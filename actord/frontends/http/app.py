@@ -31,11 +31,15 @@ page its user's browser opens: list the origins (`--cors-origin localhost`) or s
 `--api-key` where that matters. Every header name goes out in its canonical case
 (bounds.py). `--http` may name several addresses, all served by this one app; under
 Google Vertex AI its prediction route is added (`vertex.py`). A body is held to
-`--http-max-body-bytes` (413) and `--http-body-timeout-s` (408) as it arrives (`read_body`).
+`--http-max-body-bytes` (413) and `--http-body-timeout-s` (408) as it arrives (`read_body`);
+its JSON nesting is bounded before it is decoded, a large one decoded on a worker thread,
+and its entry counts checked before any work (`decode_json`, costs.py). Without a key, a
+Host that is not the daemon's own is refused 403 (DNS rebinding: `cors.HostGate`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import hmac
@@ -58,9 +62,10 @@ from actord.service import tenancy
 from actord.service.config import Config, http_addresses, is_loopback, split_names
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
-from actord.frontends.http.bounds import Gate, bounded_protocol
-from actord.frontends.http.cors import Cors, OriginGate
-from actord.frontends.http.dashboard import Dashboard
+from actord.frontends.http import costs
+from actord.frontends.http.bounds import ControlRoom, Gate, bounded_protocol
+from actord.frontends.http.cors import Cors, HostGate, OriginGate
+from actord.frontends.http.dashboard import Dashboard, MindLabels
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
 from actord.frontends.http.openai.embeddings import Embeddings
 from actord.frontends.http.native.routes import Native
@@ -133,16 +138,25 @@ class HttpFront:
         self.fingerprint = ""
         self.version = _version()
         self._developer: bool | None = None  # whether the chat template names the developer role
+        self._folds: Any = None  # what the chat template refuses (degraded.Folds), probed once
+        self.mind_labels = MindLabels()  # digest-named minds' names as clients gave them (dashboard.py)
         self._socks: list[socket.socket] = []
+        self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
+        self.generations: collections.Counter[str] = collections.Counter()  # in flight, by client address
+        self.bodies = costs.BodyBytes(config.http_max_body_bytes_in_flight or 4 * config.http_max_body_bytes)
+        self.generations_per_peer = config.http_max_generations_per_peer or 2 * config.slots
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
         self.gate = Gate(max_connections=config.http_max_connections, max_header_bytes=config.http_max_header_bytes,
                          header_timeout_s=config.http_header_timeout_s, policy=policy,
-                         refused=self.refused, opened=self._opened)
+                         refused=self.refused, opened=self._opened,
+                         max_per_peer=config.http_max_connections_per_peer, control=config.http_control_connections,
+                         write_timeout_s=config.http_write_timeout_s)
         self.system: Service | None = None
         if system is not None:
             self.attach(system)
-        middleware = [Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
+        middleware = [Middleware(ControlRoom, refused=self.refused), Middleware(HostGate, front=self),
+                      Middleware(OriginGate, front=self), Middleware(Cors, front=self)]
         routes = self.routes()
         if config.vertex:  # Vertex AI's prediction route (vertex.py), which must not hide one of ours
             taken = {getattr(r, "path", "") for r in routes}
@@ -152,6 +166,9 @@ class HttpFront:
             routes += Vertex(self).routes()
         self.app = Starlette(routes=routes, middleware=middleware, exception_handlers={
             HTTPException: self._http_exception, Exception: self._server_error})
+        # --http-mind-headers, lower-cased, where openai/routes.py's named_mind reads them
+        self.app.state.mind_headers = tuple(h.lower() for h in split_names(config.http_mind_headers))
+        self.app.state.mind_labels = self.mind_labels
 
     def routes(self) -> list[Route]:
         """The route table (the cluster's front, actord/cluster/front.py, serves its own)."""
@@ -250,7 +267,13 @@ class HttpFront:
         return response
 
     async def _server_error(self, request: Request, exc: Exception) -> Response:
-        return json_response(O.error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
+        log.error("http.internal_error", path=request.url.path[:200], error=repr(exc)[:500])
+        message = f"internal error: {type(exc).__name__}"
+        if request.url.path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's shape
+            from actord.frontends.http.anthropic.wire import error_body as anthropic_error
+
+            return json_response(anthropic_error(500, message), 500)
+        return json_response(O.error_body(500, message, "internal_error"), 500)
 
     def _authorize(self, request: Request) -> str:
         """The tenant the request's key serves; HttpError 401 without a key that opens."""
@@ -281,19 +304,45 @@ class HttpFront:
                             "body_too_large")
         buf = bytearray()
         timeout = self.config.http_body_timeout_s
+        peer = request.client.host if request.client else "?"
+        held = 0
         try:
             with anyio.fail_after(timeout):
                 async for part in request.stream():
-                    buf += part
-                    if len(buf) > limit:
+                    if len(buf) + len(part) > limit:
                         raise HttpError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
+                    self.bodies.add(peer, len(part))  # 503 past the bytes in flight (costs.BodyBytes)
+                    held += len(part)
+                    buf += part
         except ClientDisconnect:
             raise ClientGone("body") from None
         except TimeoutError:
             self.refused("body_timeout")
             log.info("http.body_timeout", received=len(buf), timeout_s=timeout)
             raise HttpError(408, f"the request body did not arrive within {timeout:g} s", "body_timeout") from None
+        except HttpError as e:
+            if e.status == 503:
+                self.refused("body_bytes")
+            raise
+        finally:
+            self.bodies.release(peer, held)
         return bytes(buf)
+
+    async def decode_json(self, request: Request, typ: Any = None) -> Any:
+        """The body read (`read_body`), its depth and values bounded before it is decoded (as
+        `typ`, when given; a large one on a parse lane, within its time budget) and its entry
+        counts checked before any entry is used (costs.py): each a 4xx naming what is wrong."""
+        buf = await self.read_body(request)
+        if typ is None and not buf.strip():
+            return {}
+        cfg = self.config
+        if self._lane is None:  # made in the serving loop (a limiter belongs to its loop)
+            self._lane = anyio.CapacityLimiter(costs.PARSE_LANES)
+        obj = await costs.offload(costs.decode, buf, cfg.http_max_json_depth, typ, cfg.http_max_json_values,
+                                  size=len(buf), budget_s=cfg.http_parse_budget_s, field="body", lane=self._lane)
+        limits = cfg.request_limits()
+        costs.check_entries(obj, limits.max_logit_bias, limits.max_prompt_bytes)
+        return obj
 
     async def template_names_developer(self) -> bool:
         """Whether the chat template handles the `developer` role itself (it names it)."""
@@ -312,6 +361,15 @@ class HttpFront:
                 source = None  # the chat itself reports a template it cannot read
             self._developer = bool(source) and "developer" in source  # type: ignore[operator]
         return self._developer
+
+    async def template_folds(self) -> Any:
+        """What the chat template refuses, so a conversation is folded before it renders
+        (degraded.py): probed on the first chat that could need it, then kept."""
+        if self._folds is None:
+            from actord.frontends.http.degraded import probe_folds
+
+            self._folds = await probe_folds(self.service)
+        return self._folds
 
     async def model_chat_template(self) -> str | None:
         """The chat template the model ships (None: none)."""

@@ -23,6 +23,18 @@ the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
   503 at once and closed (a refused connection stops counting against the cap: its short
   linger is bounded by MAX_LINGERING instead); the daemon raises its fd limit above both this cap and the
   socket's (`actord/frontends/daemon.py`), so neither kind of client can run the process out of fds;
+- connections per peer: one client address holds at most `http_max_connections_per_peer`
+  of them; beyond that (or beyond the front's cap), a new connection is served only in the
+  control room: `http_control_connections` more, for /health and /metrics alone (any other
+  route answers 503), with a one-second head deadline, so a flood of streams from one
+  address (300 never-reading chats took every connection for as long as they stayed open)
+  leaves the control routes answering and other addresses their share;
+- write deadline: an answer whose client reads nothing while the transport holds more
+  than its high-water mark of output (asyncio's `pause_writing`) for `http_write_timeout_s`
+  ends the connection (`abort`): the request sees a disconnect and its generation is
+  cancelled, so a client that does not read holds neither its slot nor its connection (the
+  kernel's send buffer is set to SNDBUF_BYTES: autotuned, it absorbed a whole stream of
+  several MB, and the stall never reached the protocol);
 - peers: without an API key, the client socket's owner (`actord.frontends.rpc.peers.tcp_peer`) must
   pass the socket's `PeerPolicy`, else 403, decided once per connection when it opens
   (like SO_PEERCRED, which the kernel takes at connect).
@@ -43,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -69,7 +82,12 @@ class Gate:
     policy: PeerPolicy | None  # None: an API key guards the front instead
     refused: Callable[[str], None] = lambda reason: None  # counts a refusal (metrics)
     opened: Callable[[int], None] = lambda n: None  # reports the open count (metrics)
+    max_per_peer: int = 1 << 30  # connections one client address may hold
+    control: int = 0  # connections beyond the caps, for the control routes alone
+    write_timeout_s: float = 1e9  # output not drained for this long ends the connection
     open: int = 0
+    control_open: int = 0
+    per_peer: dict[str, int] = field(default_factory=dict)
     lingering: int = 0
     full: bool = False  # at the cap now: warn once per episode, not per connection
     warned: set[int | None] = field(default_factory=set)  # peers refused: warn once per uid, not per connection
@@ -84,6 +102,11 @@ def answer(status: int, message: str, code: str, *, retry_after: int | None = No
         head.append(f"Retry-After: {retry_after}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
+
+SNDBUF_BYTES = 64 << 10  # a connection's kernel send buffer (Linux doubles it), so a write deadline can see a stall
+CONTROL_PATHS = frozenset({"/health", "/v1/health", "/metrics"})  # what the control room serves
+CONTROL_HEAD_S = 1.0  # a control-room connection's head deadline (at most the front's)
+CONTROL_ONLY = "actord.control_only"  # the scope key of a request on a control-room connection
 
 _SPECIAL = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate", b"te": b"TE"}
 
@@ -143,7 +166,19 @@ class _Bounds:
         self._b_head_bytes = 0
         self._b_timer: asyncio.TimerHandle | None = None
         self._b_linger: asyncio.TimerHandle | None = None
+        self._b_wtimer: asyncio.TimerHandle | None = None
         self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
+        self._b_control = False  # admitted into the control room: control routes only
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # the kernel's share of a reader's backlog bounded too (autotuned, it grows to 4 MB)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
+            except OSError:
+                pass
+        peer = transport.get_extra_info("peername")
+        self._b_peer: str | None = str(peer[0]) if peer else None
+        if self._b_peer is not None:
+            g.per_peer[self._b_peer] = g.per_peer.get(self._b_peer, 0) + 1
         if g.policy is not None:
             peer = tcp_peer(transport.get_extra_info("sockname"), transport.get_extra_info("peername"),
                             gid=bool(g.policy.allow_gid))
@@ -157,6 +192,18 @@ class _Bounds:
                 self._b_refuse(403, "this daemon serves its own uid and the allowed uids/gids only "
                                "(or set --api-key)", "PeerRefused", "peer")
                 return
+        mine = g.per_peer.get(self._b_peer, 0) if self._b_peer is not None else 0
+        if (g.open > g.max_connections or mine > g.max_per_peer) and g.control_open < g.control:
+            g.control_open += 1  # the control room: /health and /metrics answer under any flood
+            self._b_control = True
+            log.debug("http.control_room", open=g.open, peer_open=mine, client=_addr(transport))
+            self._b_arm()
+            return
+        if mine > g.max_per_peer:
+            log.debug("http.peer_connections", open=mine, max=g.max_per_peer, client=_addr(transport))
+            self._b_refuse(503, f"one client address holds at most {g.max_per_peer} connections at once",
+                           "Overloaded", "peer_connections", retry_after=1)
+            return
         if g.open > g.max_connections:
             if not g.full:
                 g.full = True
@@ -174,6 +221,9 @@ class _Bounds:
         g = self.gate
         self._b_uncount()
         self._b_disarm()
+        if self._b_wtimer is not None:
+            self._b_wtimer.cancel()
+            self._b_wtimer = None
         if self._b_linger is not None:
             self._b_linger.cancel()
             self._b_linger = None
@@ -202,12 +252,34 @@ class _Bounds:
                 self._b_refuse(431, f"the request line and headers exceed {self.gate.max_header_bytes} bytes",
                                "header_too_large", "header_bytes")
 
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self._b_wtimer is None:
+            self._b_wtimer = self.loop.call_later(self.gate.write_timeout_s, self._b_write_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        if self._b_wtimer is not None:
+            self._b_wtimer.cancel()
+            self._b_wtimer = None
+
+    def _b_write_timeout(self) -> None:
+        self._b_wtimer = None
+        if self.transport.is_closing():
+            return
+        self.gate.refused("write_timeout")
+        log.info("http.write_timeout", timeout_s=self.gate.write_timeout_s, client=_addr(self.transport),
+                 buffered=self.transport.get_write_buffer_size())
+        self.transport.abort()  # the request sees a disconnect: its work is cancelled
+
     # -- hooks the concrete classes call ------------------------------------------------
 
     def _b_head_done(self) -> None:
         c = self.cycle  # the request's cycle, made as its head was parsed, its task not yet run
         if c is not None and not isinstance(c.transport, _CanonicalHead):
             c.transport = _CanonicalHead(c.transport)
+        if c is not None and self._b_control:
+            c.scope[CONTROL_ONLY] = True  # answered by `control_room` in the app, before any route
         self._b_in_head = False
         self._b_head_bytes = 0
         self._b_disarm()
@@ -227,7 +299,8 @@ class _Bounds:
 
     def _b_arm(self) -> None:
         self._b_disarm()
-        self._b_timer = self.loop.call_later(self.gate.header_timeout_s, self._b_timeout)
+        t = min(self.gate.header_timeout_s, CONTROL_HEAD_S) if self._b_control else self.gate.header_timeout_s
+        self._b_timer = self.loop.call_later(t, self._b_timeout)
 
     def _b_disarm(self) -> None:
         if self._b_timer is not None:
@@ -251,9 +324,18 @@ class _Bounds:
 
     def _b_uncount(self) -> None:
         if self._b_counted:
+            g = self.gate
             self._b_counted = False
-            self.gate.open -= 1
-            self.gate.opened(self.gate.open)
+            g.open -= 1
+            g.opened(g.open)
+            if self._b_control:
+                g.control_open -= 1
+            if self._b_peer is not None:
+                left = g.per_peer.get(self._b_peer, 1) - 1
+                if left > 0:
+                    g.per_peer[self._b_peer] = left
+                else:
+                    g.per_peer.pop(self._b_peer, None)
 
     def _b_refuse(self, status: int, message: str, code: str, reason: str, *, retry_after: int | None = None) -> None:
         g = self.gate
@@ -279,6 +361,26 @@ class _Bounds:
             self._b_linger = None
             self.gate.lingering -= 1
         self.transport.close()
+
+
+class ControlRoom:
+    """The app's outermost layer: a request on a control-room connection (`_Bounds`) that
+    names any route but the control ones is answered 503 before anything else runs."""
+
+    def __init__(self, app: Any, refused: Callable[[str], None] = lambda reason: None) -> None:
+        self.app, self.refused = app, refused
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get(CONTROL_ONLY) and scope.get("path") not in CONTROL_PATHS:
+            self.refused("connections")  # the cap refused it, from inside the room
+            body = msgspec.json.encode(O.error_body(
+                503, "the front is full: only /health and /metrics are served now", "Overloaded"))
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
 
 
 def _addr(transport: Any) -> str | None:

@@ -14,11 +14,13 @@ refused preflight 400 and echoes the requested headers instead.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import TYPE_CHECKING, Any
 
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.responses import json_response
+from actord.service.config import split_names
 from actord.service.log import get
 
 if TYPE_CHECKING:
@@ -36,6 +38,53 @@ def origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
     if not allowed or "*" in allowed or origin in allowed:
         return True
     return "localhost" in allowed and _LOCAL_ORIGIN.fullmatch(origin) is not None
+
+
+def host_allowed(host: str, allowed: frozenset[str]) -> bool:
+    """Whether a request naming `host` (its Host header, port and all) may be served by a
+    front without a key: an IP address (never a rebinding: that needs a name the attacker's
+    DNS answers), localhost and its subdomains (browsers resolve them to loopback
+    themselves), or a name `allowed` (`--http-host`; "*": any) lists."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    if not name:
+        return False
+    if "*" in allowed or name in allowed or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostGate:
+    """Without an API key, refuses (403) a request whose Host is not the front's own
+    (`host_allowed`): a page whose name its DNS points at 127.0.0.1 (DNS rebinding) is then
+    same-origin with the daemon, so no origin check can stop it; its Host header still
+    names it, as llama-server's and Jupyter's checks read it. With a key the key decides."""
+
+    def __init__(self, app: Any, front: "HttpFront") -> None:
+        self.app, self.front = app, front
+        self.allowed = frozenset(n.strip().lower().rstrip(".") for n in split_names(front.config.http_host))
+        self.on = not front.config.api_key
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.on and scope["type"] == "http":
+            host = next((v for k, v in scope["headers"] if k == b"host"), None)
+            if host is not None and not host_allowed(host.decode("latin-1"), self.allowed):
+                self.front.refused("host")
+                log.info("http.host_refused", host=host.decode("latin-1")[:200])
+                response = json_response(O.error_body(
+                    403, "this Host is not the daemon's own (see --http-host, or set --api-key)",
+                    "host_not_allowed"), 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class OriginGate:

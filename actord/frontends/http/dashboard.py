@@ -29,6 +29,11 @@ the address's fragment (`/dashboard#key=KEY`: a fragment never reaches the serve
 logs) or a field, keeps it for the tab (sessionStorage), and says "refused" when the state
 route refuses it. The page's Content-Security-Policy lets it reach its own origin only.
 
+A mind the front named through a digest (`user`, `prompt_cache_key`, a session header:
+`u-<digest>`) shows the name the client gave as its label (`MindLabels`: kept in this
+process, for the key holder's eyes only, bounded). Pages on a shared prefix are grouped by
+the base they stand on, which holds its bytes once for all of them.
+
 The rates (tokens/s, first-token latency, prompt tokens processed vs cached) are the
 counters' differences between polls, kept here for `HISTORY_S` so a reload keeps its plots;
 nothing is sampled while no page polls. "Last use" is when this front last saw the mind
@@ -38,7 +43,7 @@ change (moved, grew, or its slot at work), or a page file's last write.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +66,28 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline
 SW_JS = b"""self.addEventListener("install", () => self.skipWaiting());
 self.addEventListener("activate", (e) => e.waitUntil(self.registration.unregister()));
 """
+
+
+class MindLabels:
+    """The names clients gave the minds the front named through a digest: digest name ->
+    (where it came from, the name as given). The newest MAX_LABELS are kept, in memory
+    only: a label is a client's own string, shown only to the dashboard's key holder."""
+
+    MAX_LABELS = 4096
+    MAX_CHARS = 200
+
+    def __init__(self) -> None:
+        self.by_mind: OrderedDict[str, tuple[str, str]] = OrderedDict()
+
+    def note(self, mind: str, source: str, given: str) -> None:
+        self.by_mind[mind] = (source, given[: self.MAX_CHARS])
+        self.by_mind.move_to_end(mind)
+        while len(self.by_mind) > self.MAX_LABELS:
+            self.by_mind.popitem(last=False)
+
+    def get(self, mind: str) -> dict[str, str] | None:
+        got = self.by_mind.get(mind)
+        return {"from": got[0], "label": got[1]} if got is not None else None
 
 
 def page_html() -> bytes:
@@ -137,13 +164,20 @@ class Dashboard:
             if before is None or before[0] != what or m.slot in busy:
                 since = m.mtime if m.mtime is not None and before is None else view.time
                 self.seen[key] = (what, since)
-            minds.append({**msgspec.to_builtins(m), "last_use": self.seen[key][1]})
+            minds.append({**msgspec.to_builtins(m), "last_use": self.seen[key][1],
+                          **(self.front.mind_labels.get(m.name) or {})})
         for key in set(self.seen) - present:
             del self.seen[key]
+        bases: dict[int, dict[str, Any]] = {}
+        for m in view.minds:
+            if m.base is not None:
+                b = bases.setdefault(m.base, {"base": m.base, "n_tokens": m.n_base, "n_bytes": m.base_bytes,
+                                              "pages": []})
+                b["pages"].append(m.name)
         return {
             "time": view.time, "model": self.front.model_id,
             "slots": msgspec.to_builtins(view.slots), "minds": minds,
-            "budgets": msgspec.to_builtins(view.budgets), "genes": view.genes,
+            "budgets": msgspec.to_builtins(view.budgets), "genes": view.genes, "bases": list(bases.values()),
             "series": series(list(self.samples)),
         }
 

@@ -27,6 +27,10 @@ the answer is the same, and subtle enough to be written once:
   not a client that went away.
 - A bug in one request (an exception that is not a typed error) is logged and answered
   500 `internal_error`; it never takes its peers down.
+- One client address has at most `http_max_generations_per_peer` generations in flight
+  (running or queued for a slot); one more is answered 429 at once, in the API's shape,
+  before it queues: 300 streams from one address held every connection and queued ahead
+  of every other client (issue 33).
 
 What differs between the APIs is an `Answer`: how the whole body, a chunk, the final
 events and an error are shaped, and what ends a stream. An event is a JSON object sent as
@@ -114,11 +118,36 @@ class Answer(Protocol):
 class Generation(Response):
     """Runs one generation in the response, so a disconnect can cancel it."""
 
-    def __init__(self, front: Any, answer: Answer, *, stream: bool) -> None:
+    def __init__(self, front: Any, answer: Answer, *, stream: bool,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.front, self.answer, self.stream = front, answer, stream
+        self.extra = headers or []  # on the answer, not on an error (degraded.py's X-Actord-Degraded)
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        held = getattr(self.front, "generations", None)  # a front that counts none (a test's) caps none
+        if held is None:
+            await self._run(scope, receive, send)
+            return
+        limit = self.front.generations_per_peer
+        peer = str((scope.get("client") or ("?",))[0])
+        if held[peer] >= limit:  # one address's share of the slots and their queues (`Config`)
+            self.front.refused("peer_generations")
+            response = self._error(HttpError(
+                429, f"this client address has {limit} generations in flight, the most it may "
+                     "(http_max_generations_per_peer)", "rate_limit_exceeded"))
+            response.headers["retry-after"] = "1"
+            await response(scope, receive, send)
+            return
+        held[peer] += 1
+        try:
+            await self._run(scope, receive, send)
+        finally:
+            held[peer] -= 1
+            if not held[peer]:
+                del held[peer]
+
+    async def _run(self, scope: Any, receive: Any, send: Any) -> None:
         if self.stream:
             await self._streamed(scope, receive, send)
         else:
@@ -152,6 +181,7 @@ class Generation(Response):
             response = self._error(outcome["error"])
         elif "result" in outcome:
             response = json_response(outcome["result"])
+            response.raw_headers.extend(self.extra)
         else:
             return  # the client went away: nothing to answer
         await response(scope, receive, send)
@@ -209,7 +239,7 @@ class Generation(Response):
                             finished = True
                             await self._error(events[0].error)(scope, receive, send)
                             break
-                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + self.extra})
                         started = True
                         first = answer.first()
                         if first is not None:

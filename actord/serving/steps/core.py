@@ -441,7 +441,7 @@ class SchedulerCore:
         if not res.more:  # one token: the common case
             r.tokens.append(res.token)  # the KV may take it (a step in flight feeds it), output or not
             if res.refused:
-                raise InvalidParams(res.refused)
+                raise InvalidParams(res.refused, param="grammar")
             self._emit(r, res, now, events)
             return
         refused = ""
@@ -454,7 +454,7 @@ class SchedulerCore:
                 continue
             self._emit(r, x, now, events)
         if refused:
-            raise InvalidParams(refused)
+            raise InvalidParams(refused, param="grammar")
 
     def _emit(self, r: Request, x: J.EntryOut | J.Sampled, now: float, events: list[Event]) -> None:
         tok, eog, piece = x.token, x.eog, x.piece

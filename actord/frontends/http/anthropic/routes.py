@@ -34,6 +34,7 @@ from starlette.routing import Route
 from actord.chat.messages import ChatRequest
 from actord.frontends.http.anthropic import wire as W
 from actord.frontends.http.anthropic.stream import AnthropicAnswer, error_response
+from actord.frontends.http.degraded import Degraded, fold_for
 from actord.frontends.http.openai.routes import decode_body, named_mind, precheck
 from actord.frontends.http.responses import RouteGroup, json_response, stopping_word
 from actord.frontends.http.streaming import Generation
@@ -59,13 +60,16 @@ class AnthropicRoutes(RouteGroup):
         if n is None:  # required by Anthropic; llama-server's default instead
             n = min(self.config.http_default_max_tokens, self.system.model_props().n_ctx)
         stops = list(req.stop_sequences or [])
+        degraded = Degraded()
+        tool_fields = W.chat_tools(req, degraded)
         chat = ChatRequest(
-            messages=W.chat_messages(req), n_predict=n,
+            messages=await fold_for(self.front, W.chat_messages(req), degraded), n_predict=n,
             mind=named_mind(request, None, req.metadata.user_id if req.metadata else None),
             temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k or 0,
             top_p=1.0 if req.top_p is None else req.top_p, stop=stops, stream=req.stream,
             template_kwargs=W.thinking_kwargs(req), reasoning_budget=W.thinking_budget(req),
-            grammar=W.output_grammar(req), cache_salt=req.cache_salt, **W.chat_tools(req),
+            grammar=W.output_grammar(req, degraded), ignore_eos=req.ignore_eos, cache_salt=req.cache_salt,
+            **tool_fields,
         ).check()
         precheck(chat, self.config.request_limits())
         system = self.system
@@ -77,10 +81,12 @@ class AnthropicRoutes(RouteGroup):
             return await stopping_word(system, result.completion, stops)
 
         answer = AnthropicAnswer(run, stop_word, W.new_id(), req.model or self.front.model_id)
-        return Generation(self.front, answer, stream=req.stream)
+        return Generation(self.front, answer, stream=req.stream, headers=degraded.headers())
 
     async def count_tokens(self, request: Request) -> Response:
         req = await self._request(request)
-        n = await self.system.count_prompt(W.chat_messages(req), None, True, W.chat_tools(req)["tools"],
-                                           W.thinking_kwargs(req))
+        degraded = Degraded()  # counted as the message would be prompted: folded, tools relaxed
+        tools = W.chat_tools(req, degraded)["tools"]
+        n = await self.system.count_prompt(await fold_for(self.front, W.chat_messages(req), degraded), None, True,
+                                           tools, W.thinking_kwargs(req))
         return json_response({"input_tokens": n})

@@ -14,10 +14,14 @@ Every field is honoured, refused, or ignored by design:
   the template's `enable_thinking` on; disabled: off), `metadata.user_id` (names the mind,
   as OpenAI's `user` does), `output_config.format` (a JSON schema: grammar-constrained
   decoding, as `response_format` on the chat route), llama-server's `chat_template_kwargs`;
+- answered in a lesser form, each named in the `X-Actord-Degraded` header
+  (actord/frontends/http/degraded.py): server tools (web search, code execution, ...: no
+  local server runs them) dropped, a tool schema the grammar cannot hold relaxed, `system`
+  messages inside `messages` (Claude Code's mid-conversation system beta) kept where they
+  are, or merged into the leading one where the template refuses them;
 - refused with a 400 naming the field, because ignoring it would change the answer without
-  saying so: image and document blocks (this server serves text models), server tools (web
-  search, code execution, ...), `mcp_servers`, `container`, a `thinking.budget_tokens`
-  that is not a count;
+  saying so: image and document blocks (this server serves text models), `mcp_servers`,
+  `container`, a `thinking.budget_tokens` that is not a count;
 - ignored by design: `cache_control` on any block or tool (actord caches every prompt's
   prefix by itself, in the slot or the mind's page), `redacted_thinking` blocks (opaque
   outside Anthropic), a tool result's `is_error` (llama-server's reading: the result's text
@@ -149,6 +153,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True, frozen=True):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # llama-server's: more template variables
+    ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model's end token says
     # Refused unless absent (see the module docstring).
     mcp_servers: Any = None
     container: Any = None
@@ -212,9 +217,18 @@ def chat_messages(req: MessagesRequest) -> list[ChatMessage]:
         out.append(ChatMessage(role="system", content=system))
     for i, m in enumerate(req.messages):
         p = f"messages[{i}]"
-        if m.role not in ("user", "assistant"):
-            raise InvalidParams(f"{p}.role must be user or assistant (the system prompt is `system`)",
-                                param=f"{p}.role")
+        if m.role not in ("user", "assistant", "system"):
+            raise InvalidParams(f"{p}.role must be user, assistant or system", param=f"{p}.role")
+        if m.role == "system":  # mid-conversation system text (Claude Code's beta): text only
+            if isinstance(m.content, str):
+                out.append(ChatMessage(role="system", content=m.content))
+                continue
+            for j, b in enumerate(m.content):
+                if not isinstance(b, Text):
+                    raise InvalidParams(f"{p}.content[{j}]: a system message holds text blocks",
+                                        param=f"{p}.content[{j}].type")
+            out.append(ChatMessage(role="system", content="\n".join(b.text for b in m.content)))  # type: ignore[union-attr]
+            continue
         if isinstance(m.content, str):
             out.append(ChatMessage(role=m.role, content=m.content))
             continue
@@ -253,16 +267,23 @@ def chat_messages(req: MessagesRequest) -> list[ChatMessage]:
     return out
 
 
-def chat_tools(req: MessagesRequest) -> dict[str, Any]:
-    """The ChatRequest's tool fields (actord.chat.tools) from `tools` and `tool_choice`."""
+def chat_tools(req: MessagesRequest, degraded: Any = None) -> dict[str, Any]:
+    """The ChatRequest's tool fields (actord.chat.tools) from `tools` and `tool_choice`;
+    with `degraded` (frontends/http/degraded.py), server tools are dropped and schemas the
+    grammar cannot hold relaxed, each noted there (without it, both are refused)."""
     from actord.chat import tools as T
+    from actord.frontends.http.degraded import relax_tool
 
     tools = []
     for i, t in enumerate(req.tools or []):
         if t.type not in (None, "custom"):
-            raise InvalidParams(f"tools[{i}].type: server tools ({t.type[:40]!r}) are not supported; "
-                                "only custom tools", param=f"tools[{i}].type")
-        tools.append(Tool(name=t.name, description=t.description, parameters=t.input_schema))
+            if degraded is None:
+                raise InvalidParams(f"tools[{i}].type: server tools ({t.type[:40]!r}) are not supported; "
+                                    "only custom tools", param=f"tools[{i}].type")
+            degraded.add(f"tools[{i}]: server tool {t.type[:40]!r} ({t.name[:40]}) dropped: this server runs none")
+            continue
+        tool = Tool(name=t.name, description=t.description, parameters=t.input_schema)
+        tools.append(tool if degraded is None else relax_tool(tool, f"tools[{i}]", degraded))
     tc = req.tool_choice
     choice: Any = "auto"
     if tc is not None:
@@ -282,10 +303,12 @@ def chat_tools(req: MessagesRequest) -> dict[str, Any]:
             "parallel_tool_calls": not (tc is not None and tc.disable_parallel_tool_use)}
 
 
-def output_grammar(req: MessagesRequest) -> str:
+def output_grammar(req: MessagesRequest, degraded: Any = None) -> str:
     """`output_config.format` (structured outputs) as GBNF, "" for free text; a schema the
-    converter cannot take is a 400 naming the field (as response_format on the chat route)."""
+    converter cannot take, once relaxed (noted in `degraded`), is a 400 naming the field (as
+    response_format on the chat route)."""
     from actord.engine.grammar import JSON_OBJECT_GBNF, schema_grammar
+    from actord.frontends.http.degraded import relax_schema
 
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is None:
@@ -294,6 +317,8 @@ def output_grammar(req: MessagesRequest) -> str:
         raise InvalidParams("output_config.format is {\"type\": \"json_schema\", \"schema\": {...}}",
                             param="output_config.format")
     schema = fmt.get("schema")
+    if schema is not None and degraded is not None:
+        schema = relax_schema(schema, "output_config.format.schema", degraded)
     return JSON_OBJECT_GBNF if schema is None else schema_grammar(schema, "output_config.format")
 
 

@@ -79,7 +79,10 @@ class Native(NativeRoutes):
         if content is None:
             return json_response({"tokens": []})  # llama-server: no content, no tokens
         if isinstance(content, list):  # llama-server tokenizes a mixed list too
-            tokens = await self._mixed(self._convert(content, list[int | str]))
+            n_max = self.config.request_limits().max_prompt_tokens
+            if len(content) > n_max:  # counted before a million entries are converted
+                raise InvalidParams(f"content lists {len(content)} entries, at most {n_max}", param="content")
+            tokens = await self._mixed(self._convert(content, list[int | str]), "content")
             return json_response({"tokens": tokens})
         params = {k: obj[k] for k in ("content", "add_special", "parse_special", "with_pieces") if k in obj}
         return json_response(await self._call("tokenize", params))

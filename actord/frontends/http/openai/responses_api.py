@@ -24,12 +24,19 @@ parts, `function_call` and `function_call_output`), `instructions` (a system mes
 this turn only, as OpenAI documents), `previous_response_id`, `max_output_tokens`,
 `temperature`, `top_p`, `stream`, `tools` (function tools), `tool_choice`,
 `parallel_tool_calls`, `text.format` (text, json_object, json_schema: the grammar of
-response_format), `store`, `metadata` (echoed), `user`, `prompt_cache_key`; extensions
-`top_k`, `genes`. Refused with a 400 naming the field: other tool types, images and files,
-`item_reference` and reasoning items, `reasoning`, `background`, `conversation`, `prompt`,
-`include`, `top_logprobs`, `max_tool_calls`, `truncation: auto`. Ignored by design:
-`service_tier`, `safety_identifier`, `stream_options`, `prompt_cache_retention`, unknown
-fields.
+response_format), `store`, `metadata` (echoed), `user`, `prompt_cache_key`,
+`include: ["reasoning.encrypted_content"]` (the turn's thought as an opaque reasoning item,
+which comes back as an input item: responses_extras.py); extensions `top_k`, `genes`,
+`ignore_eos`. Answered in a lesser form and named in the `X-Actord-Degraded` header
+(actord/frontends/http/degraded.py): hosted tools (dropped), `namespace` tools (flattened),
+tool schemas the grammar cannot hold (relaxed), other `include` values and reasoning items
+this server did not write (dropped), `reasoning.effort` (this model reasons as its template
+says), a `text.format` beside a forced tool call (the call's grammar holds the output),
+developer and system items where the template refuses them (merged). Refused with a 400
+naming the field: images and files, `item_reference`, `background`, `conversation`,
+`prompt`, `top_logprobs`, `max_tool_calls`, `truncation: auto`. Ignored by design:
+`service_tier`, `safety_identifier`, `stream_options`, `prompt_cache_retention`,
+`client_metadata`, unknown fields.
 
 Streaming sends the Responses events (`event:` and `data:` lines, no `[DONE]`):
 response.created, response.in_progress, response.output_item.added,
@@ -42,7 +49,9 @@ response as every generation does (`streaming.Generation`, a client that hangs u
 it); `ResponsesAnswer` is its `streaming.Answer`: the final body, or the events, framed here
 (each has its `event:` line, and one chunk may be several events or none).
 
-(Not to be confused with `responses.py`, the answer types every route shares.)
+The answer's shapes (its output items, usage and streaming events) are
+`responses_events.py`'s. (Not to be confused with `responses.py`, the answer types every
+route shares.)
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import hashlib
 import time
 from typing import Any
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -59,15 +69,16 @@ from starlette.routing import Route
 from actord.chat.messages import ChatMessage, ChatRequest, ToolCall
 from actord.service.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.anonymous import AnonymousMinds, forget_past_bound
 from actord.frontends.http.openai.answers import llama_timings
 from actord.frontends.http.openai.routes import decode_body, request_mind
+from actord.frontends.http.openai import responses_extras as X
 from actord.frontends.http.openai.response_store import ResponseStore, Stored
+from actord.frontends.http.openai.responses_events import Events, _usage, output_items
+from actord.frontends.http.degraded import Degraded, fold_for, relax_schema, relax_tools
 from actord.frontends.http.openai.tools_wire import tools_from_openai
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import Generation
-
-_enc = msgspec.json.Encoder()
-
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
     model: str | None = None
@@ -93,6 +104,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
     # while the prompt is decoded; `timings` on each text delta and on the last event.
     return_progress: bool = False
     timings_per_token: bool = False
+    ignore_eos: bool = False  # llama-server's: max_output_tokens, not the end token, ends the output
     # Refused unless absent (see the module docstring).
     reasoning: Any = None
     background: Any = None
@@ -108,16 +120,17 @@ def _refuse(field: str, why: str) -> InvalidParams:
     return InvalidParams(f"unsupported parameter '{field}': {why}", param=field)
 
 
-def check(req: ResponsesRequest) -> None:
-    """A 400 naming the first field that cannot be honoured."""
+def check(req: ResponsesRequest, degraded: Degraded) -> None:
+    """A 400 naming the first field that cannot be honoured; what is answered in a lesser
+    form noted in `degraded`."""
     for name in ("background", "conversation", "prompt", "max_tool_calls"):
         if getattr(req, name) not in (None, False):
             raise _refuse(name, "not supported by this server")
-    if req.reasoning not in (None, {}) and not (isinstance(req.reasoning, dict) and
-                                                req.reasoning.get("effort") in (None, "none")):
-        raise _refuse("reasoning", "this model does not reason in a separate channel")
-    if req.include:
-        raise _refuse("include", "no extra output data (logprobs, reasoning, sources) is produced")
+    if req.reasoning is not None and not isinstance(req.reasoning, dict):
+        raise InvalidParams("reasoning is an object", param="reasoning")
+    if (req.reasoning or {}).get("effort") not in (None, "none"):
+        degraded.add(f"reasoning.effort {str(req.reasoning['effort'])[:20]!r} ignored: "  # type: ignore[index]
+                     "this model reasons as its template and chat_template_kwargs say")
     if req.top_logprobs not in (None, 0):
         raise _refuse("top_logprobs", "logprobs are served on /v1/chat/completions")
     if req.truncation not in (None, "disabled"):
@@ -147,14 +160,16 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     return "\n".join(texts)
 
 
-def input_messages(v: Any, developer_is_system: bool = True) -> list[ChatMessage]:
+def input_messages(v: Any, developer_is_system: bool = True, degraded: Degraded | None = None) -> list[ChatMessage]:
     """`input` as chat messages: a string is one user message; items are messages,
-    function calls (joined onto the assistant turn before them) and their outputs."""
+    function calls (joined onto the assistant turn before them), their outputs, and (with
+    `degraded`) reasoning items, whose thought goes to the assistant turn after them."""
     if isinstance(v, str):
         return [ChatMessage(role="user", content=v)]
     if not isinstance(v, list):
         raise InvalidParams("input is a string or a list of items", param="input")
     out: list[ChatMessage] = []
+    thought: str | None = None  # a reasoning item's, for the assistant turn that follows it
     for i, it in enumerate(v):
         p = f"input[{i}]"
         if not isinstance(it, dict):
@@ -168,7 +183,9 @@ def input_messages(v: Any, developer_is_system: bool = True) -> list[ChatMessage
             text = _text_of(it.get("content", ""), f"{p}.content", kinds + ("text",))
             if role == "developer" and developer_is_system:
                 role = "system"
-            out.append(ChatMessage(role=role, content=text))
+            out.append(ChatMessage(role=role, content=text,
+                                   reasoning_content=thought if role == "assistant" else None))
+            thought = None if role == "assistant" else thought
         elif kind == "function_call":
             name, args, cid = it.get("name"), it.get("arguments", "{}"), it.get("call_id")
             if not (isinstance(name, str) and isinstance(args, str) and isinstance(cid, str)):
@@ -178,7 +195,8 @@ def input_messages(v: Any, developer_is_system: bool = True) -> list[ChatMessage
                 last = out[-1]
                 out[-1] = msgspec.structs.replace(last, tool_calls=[*(last.tool_calls or []), call])
             else:
-                out.append(ChatMessage(role="assistant", tool_calls=[call]))
+                out.append(ChatMessage(role="assistant", tool_calls=[call], reasoning_content=thought))
+                thought = None
         elif kind == "function_call_output":
             cid = it.get("call_id")
             if not isinstance(cid, str):
@@ -186,14 +204,17 @@ def input_messages(v: Any, developer_is_system: bool = True) -> list[ChatMessage
             output = it.get("output", "")
             text = output if isinstance(output, str) else _text_of(output, f"{p}.output", ("input_text",))
             out.append(ChatMessage(role="tool", tool_call_id=cid, content=text))
+        elif kind == "reasoning" and degraded is not None:
+            thought = X.input_reasoning(it, p, degraded)
         else:
             raise InvalidParams(f"{p}: items of type {str(kind)[:40]!r} are not supported "
-                                "(message, function_call, function_call_output)", param=f"{p}.type")
+                                "(message, function_call, function_call_output, reasoning)", param=f"{p}.type")
     return out
 
 
-def text_grammar(text: Any) -> str:
-    """`text.format` as GBNF ("" for plain text), as response_format on the chat route."""
+def text_grammar(text: Any, degraded: Degraded | None = None) -> str:
+    """`text.format` as GBNF ("" for plain text), as response_format on the chat route; its
+    schema relaxed where the grammar cannot hold it (noted in `degraded`)."""
     from actord.engine.grammar import JSON_OBJECT_GBNF, schema_grammar
 
     fmt = text.get("format") if isinstance(text, dict) else None
@@ -204,6 +225,8 @@ def text_grammar(text: Any) -> str:
         return JSON_OBJECT_GBNF
     if kind == "json_schema":
         schema = fmt.get("schema")
+        if schema is not None and degraded is not None:
+            schema = relax_schema(schema, "text.format.schema", degraded)
         return JSON_OBJECT_GBNF if schema is None else schema_grammar(schema, "text.format")
     raise _refuse("text.format", f"type {str(kind)[:40]!r} is not one of text, json_object, json_schema")
 
@@ -217,115 +240,6 @@ def conversation_mind(instructions: str | None, first: ChatMessage) -> str:
     return "r-" + h.hexdigest()
 
 
-# -- answer shapes ---------------------------------------------------------------------
-
-
-def _usage(c: Any) -> dict[str, Any]:
-    n_out = len(c.tokens)
-    return {"input_tokens": c.n_prompt_tokens,
-            "input_tokens_details": {"cached_tokens": c.n_cached, "cache_write_tokens": 0},
-            "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": c.n_prompt_tokens + n_out}
-
-
-class Events:
-    """The Responses streaming events of one answer (SSE bytes), and the output items they
-    add up to (the final body's `output`, ids included)."""
-
-    def __init__(self, base: dict[str, Any]) -> None:
-        self.base = base
-        self.seq = 0
-        self.output: list[dict[str, Any]] = []
-        self._msg: dict[str, Any] | None = None  # the message item open for text
-        self._started = False
-
-    def _ev(self, kind: str, **fields: Any) -> bytes:
-        body = {"type": kind, "sequence_number": self.seq, **fields}
-        self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + _enc.encode(body) + b"\n\n"
-
-    def _lead(self) -> bytes:
-        """response.created and response.in_progress, before the first other event."""
-        if self._started:
-            return b""
-        self._started = True
-        return self._ev("response.created", response=self.base) + self._ev("response.in_progress", response=self.base)
-
-    def progress(self, p: dict[str, Any], timings: dict[str, Any] | None) -> bytes:
-        return self._lead() + self._ev("response.in_progress", response=self.base, prompt_progress=p,
-                                       **({"timings": timings} if timings else {}))
-
-    def text(self, delta: str, timings: dict[str, Any] | None = None) -> bytes:
-        out = self._lead()
-        if self._msg is None:
-            self._msg = {"type": "message", "id": O.new_id("msg", "_"), "status": "in_progress", "role": "assistant",
-                         "content": []}
-            i = len(self.output)
-            self.output.append(self._msg)
-            out += self._ev("response.output_item.added", output_index=i, item=self._msg)
-            out += self._ev("response.content_part.added", item_id=self._msg["id"], output_index=i, content_index=0,
-                            part={"type": "output_text", "text": "", "annotations": []})
-            self._msg["content"] = [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
-        part = self._msg["content"][0]
-        part["text"] += delta
-        return out + self._ev("response.output_text.delta", item_id=self._msg["id"],
-                              output_index=self.output.index(self._msg), content_index=0, delta=delta, logprobs=[],
-                              **({"timings": timings} if timings else {}))
-
-    def _close_text(self, status: str) -> bytes:
-        if self._msg is None:
-            return b""
-        m, self._msg = self._msg, None
-        m["status"] = status
-        i = self.output.index(m)
-        part = m["content"][0]
-        return (self._ev("response.output_text.done", item_id=m["id"], output_index=i, content_index=0,
-                         text=part["text"], logprobs=[])
-                + self._ev("response.content_part.done", item_id=m["id"], output_index=i, content_index=0,
-                           part={"type": "output_text", "text": part["text"], "annotations": []})
-                + self._ev("response.output_item.done", output_index=i, item=m))
-
-    def call(self, c: Any) -> bytes:
-        out = self._lead() + self._close_text("completed")
-        item = {"type": "function_call", "id": O.new_id("fc", "_"), "call_id": c.id, "name": c.name,
-                "arguments": "", "status": "in_progress"}
-        i = len(self.output)
-        self.output.append(item)
-        out += self._ev("response.output_item.added", output_index=i, item=dict(item))
-        out += self._ev("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
-                        delta=c.arguments)
-        item["arguments"], item["status"] = c.arguments, "completed"
-        out += self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=i,
-                        arguments=c.arguments)
-        return out + self._ev("response.output_item.done", output_index=i, item=item)
-
-    def finish(self, body: dict[str, Any], timings: dict[str, Any] | None = None) -> bytes:
-        """The last events; `body` is the final response, whose `output` is `self.output`."""
-        incomplete = body["status"] == "incomplete"
-        out = self._lead()
-        if not self.output:  # no text and no call: an empty message, as the whole answer has
-            out += self.text("")
-        out += self._close_text("incomplete" if incomplete else "completed")
-        return out + self._ev("response.incomplete" if incomplete else "response.completed", response=body,
-                              **({"timings": timings} if timings else {}))
-
-    def error(self, status: int, message: str, code: str, param: str | None) -> bytes:
-        return self._ev("error", code=code, message=message, param=param)
-
-
-def output_items(msg: ChatMessage, incomplete: bool) -> list[dict[str, Any]]:
-    """A whole answer's `output`: its text as a message item, then one item per call."""
-    items: list[dict[str, Any]] = []
-    if msg.content or not msg.tool_calls:
-        items.append({"type": "message", "id": O.new_id("msg", "_"), "status": "incomplete" if incomplete else "completed",
-                      "role": "assistant",
-                      "content": [{"type": "output_text", "text": msg.content, "annotations": [], "logprobs": []}]})
-    for c in msg.tool_calls or []:
-        items.append({"type": "function_call", "id": O.new_id("fc", "_"), "call_id": c.id, "name": c.name,
-                      "arguments": c.arguments, "status": "completed"})
-    return items
-
-
 # -- the routes ------------------------------------------------------------------------
 
 
@@ -336,9 +250,10 @@ class ResponsesAnswer:
     done = b""
     error_object = staticmethod(error_object)
 
-    def __init__(self, run: Any, base: dict[str, Any], finish: Any, timings: bool = False) -> None:
+    def __init__(self, run: Any, base: dict[str, Any], finish: Any, timings: bool = False,
+                 sealed: bool = False) -> None:
         self.run, self.finish, self.timings = run, finish, timings
-        self.events = Events(base)
+        self.events = Events(base, sealed)
 
     async def whole(self) -> Any:
         return self.finish(await self.run(None))
@@ -354,6 +269,8 @@ class ResponsesAnswer:
     def chunk(self, chunk: dict[str, Any]) -> bytes:
         t = chunk.get("timings")
         data = self.events.progress(chunk["progress"], t) if "progress" in chunk else b""
+        if chunk.get("reasoning"):
+            data += self.events.thought(chunk["reasoning"])
         if chunk.get("content"):
             data += self.events.text(chunk["content"], t)
         for made in chunk.get("calls") or []:  # actord.chat.tool_output.CallMade: the call, whole
@@ -370,6 +287,7 @@ class Responses(RouteGroup):
         super().__init__(front)
         cfg = front.config
         self.store = ResponseStore(cfg.http_responses_max, cfg.http_responses_max_bytes)
+        self.anonymous = AnonymousMinds(cfg.http_anonymous_minds, cfg.http_anonymous_mind_bytes)
         front.responses_store = self.store  # what memory_report reads (service/memory.py)
 
     def routes(self) -> list[Route]:
@@ -394,12 +312,14 @@ class Responses(RouteGroup):
         its conversation (instructions, a stored previous response, tools) counted as `create`
         would prompt it, nothing generated."""
         req: ResponsesRequest = await decode_body(self.front, request, ResponsesRequest)
-        check(req)
-        _, _, convo, tools, _ = await self._conversation(req)
+        degraded = Degraded()
+        check(req, degraded)
+        _, _, convo, tools, _ = await self._conversation(req, degraded)
         n = await self.front.system.count_prompt(convo, None, True, tools)
         return json_response({"object": "response.input_tokens", "input_tokens": n})
 
-    async def _conversation(self, req: ResponsesRequest) -> tuple[Any, list[ChatMessage], list[ChatMessage], Any, Any]:
+    async def _conversation(self, req: ResponsesRequest,
+                            degraded: Degraded) -> tuple[Any, list[ChatMessage], list[ChatMessage], Any, Any]:
         from actord.chat import tools as T
 
         prev = None
@@ -410,10 +330,11 @@ class Responses(RouteGroup):
                                 "(never stored, store: false, or dropped from the store)",
                                 "previous_response_not_found", "previous_response_id")
         developer = await self.front.template_names_developer()
-        new = input_messages(req.input, developer_is_system=not developer)
+        new = input_messages(req.input, developer_is_system=not developer, degraded=degraded)
         history = (prev.messages if prev is not None else []) + new
         convo = ([ChatMessage(role="system", content=req.instructions)] if req.instructions else []) + history
-        tools = tools_from_openai(req.tools, "tools", flat=True)
+        convo = await fold_for(self.front, convo, degraded)
+        tools = relax_tools(tools_from_openai(X.flat_tools(req.tools, degraded), "tools", flat=True), degraded)
         if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
             raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         choice = req.tool_choice if req.tool_choice is not None else "auto"
@@ -423,19 +344,29 @@ class Responses(RouteGroup):
     async def create(self, request: Request) -> Response:
         front = self.front
         req: ResponsesRequest = await decode_body(front, request, ResponsesRequest)
-        check(req)
-        prev, history, convo, tools, choice = await self._conversation(req)
+        degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
+        check(req, degraded)
+        sealed = X.wants_reasoning(req.include, degraded)
+        prev, history, convo, tools, choice = await self._conversation(req, degraded)
+        grammar = text_grammar(req.text, degraded)
+        if grammar and tools and choice != "auto" and choice != "none":
+            # instructor's RESPONSES_TOOLS: a forced call and text.format with its schema; the
+            # call's grammar already holds the output, and two grammars cannot both hold.
+            degraded.add("text.format dropped: a forced tool call's grammar holds the output")
+            grammar = ""
         openai_form = request.url.path.startswith("/v1/")
         mind = request_mind(request, req)
+        anonymous = False
         if mind is None and req.store:
             mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
+            anonymous = mind is not None and mind.startswith("r-")
         n = req.max_output_tokens
         if n is None:
             n = min(front.config.http_default_max_tokens, front.system.model_props().n_ctx)
         chat = ChatRequest(
             messages=convo, n_predict=n, mind=mind, temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, stream=req.stream,
-            genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=text_grammar(req.text),
+            genes=msgspec.convert(req.genes, list[O.GeneRef]), grammar=grammar, ignore_eos=req.ignore_eos,
             tools=tools, tool_choice=choice, parallel_tool_calls=req.parallel_tool_calls is not False,
             return_progress=req.return_progress and req.stream, timings_per_token=req.timings_per_token and req.stream,
             cache_salt=req.cache_salt,
@@ -458,7 +389,7 @@ class Responses(RouteGroup):
             # which calls every finished response completed.
             cut = c.stop_reason in ("length", "context") and openai_form
             body = {**base, "status": "incomplete" if cut else "completed",
-                    "output": output if output is not None else output_items(result.message, cut),
+                    "output": output if output is not None else output_items(result.message, cut, sealed),
                     "usage": _usage(c),
                     "incomplete_details": {"reason": "max_output_tokens"} if cut else None}
             if req.store and c.stop_reason != "cancelled":
@@ -468,6 +399,11 @@ class Responses(RouteGroup):
             return body
 
         async def run(on_token: Any) -> Any:
-            return await front.system.chat(chat, on_token=on_token)
+            result = await front.system.chat(chat, on_token=on_token)
+            if anonymous and mind is not None:
+                with anyio.CancelScope(shield=True):  # the bound holds whether or not the client stays
+                    await forget_past_bound(self.anonymous, front.system, mind, result.completion)
+            return result
 
-        return Generation(front, ResponsesAnswer(run, base, finish, chat.timings_per_token), stream=req.stream)
+        return Generation(front, ResponsesAnswer(run, base, finish, chat.timings_per_token, sealed), stream=req.stream,
+                          headers=degraded.headers())

@@ -35,7 +35,6 @@ import time
 from typing import Any, Awaitable, Callable
 
 import anyio
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -47,7 +46,8 @@ from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.answers import verbose_object
 from actord.frontends.http.openai.tools_wire import call_deltas
-from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response, llama_error_response
+from actord.frontends.http.degraded import Degraded, fold_for
+from actord.frontends.http.responses import RouteGroup, error_object, json_response, llama_error_response
 from actord.frontends.http.streaming import DONE, Generation, sse
 
 
@@ -74,10 +74,11 @@ class OpenAIAnswer:
     @classmethod
     def response(cls, front: Any, run: Callable[[Any], Awaitable[Any]], *, chat: bool, model: str,
                  stream: bool, include_usage: bool, logprobs: bool = False, functions: bool = False,
-                 n: int = 1, llama: bool = False, prompt_of: Callable[[], Awaitable[str]] | None = None) -> Generation:
+                 n: int = 1, llama: bool = False, prompt_of: Callable[[], Awaitable[str]] | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> Generation:
         answer = cls(front, run, chat=chat, model=model, stream=stream, include_usage=include_usage,
                      logprobs=logprobs, functions=functions, n=n, llama=llama, prompt_of=prompt_of)
-        return Generation(front, answer, stream=stream)
+        return Generation(front, answer, stream=stream, headers=headers)
 
     async def whole(self) -> Any:
         r = await self.run(None)  # a chat's ChatResult (its message and calls), a completion's result
@@ -151,13 +152,7 @@ async def complete_prompts(system: Service, comps: list[CompletionRequest], n: i
 
 async def decode_body(front: Any, request: Request, typ: type) -> Any:
     """The request's body (bounded by the front) decoded as `typ`; a 400 names what is wrong."""
-    buf = await front.read_body(request)
-    try:
-        return msgspec.json.decode(buf, type=typ)
-    except msgspec.ValidationError as e:
-        raise HttpError(400, f"invalid request: {e}", "invalid_params") from None
-    except msgspec.DecodeError as e:
-        raise HttpError(400, f"malformed JSON: {e}", "invalid_json") from None
+    return await front.decode_json(request, typ)
 
 
 def request_mind(request: Request, req: Any) -> str | None:
@@ -166,16 +161,23 @@ def request_mind(request: Request, req: Any) -> str | None:
 
 
 def named_mind(request: Request, key: str | None, user: str | None) -> str | None:
-    """The mind of a request: the `X-Actord-Mind` header, else a cache key's, else an end
-    user's (each API names which of its fields are which)."""
+    """The mind of a request: the `X-Actord-Mind` header, else a session header the operator
+    named (--http-mind-headers), else a cache key's, else an end user's (each API names which
+    of its fields are which)."""
     header = request.headers.get("x-actord-mind")
     if header:
         return header  # as given: CompletionRequest.check refuses a name that is not one
-    if key:
-        return O.mind_for("k", key)
-    if user:
-        return O.mind_for("u", user)
-    return None
+    given = next(((name, v) for name in getattr(request.app.state, "mind_headers", ())  # --http-mind-headers
+                  if (v := request.headers.get(name))), None)
+    kind, source, value = (("h", given[0], given[1]) if given else ("k", "prompt_cache_key", key) if key
+                           else ("u", "user", user) if user else ("", "", None))
+    if not value:
+        return None
+    mind = O.mind_for(kind, value)
+    labels = getattr(request.app.state, "mind_labels", None)  # the dashboard shows the name as given
+    if labels is not None:
+        labels.note(mind, source, value)
+    return mind
 
 
 def precheck(chat: ChatRequest, limits: Any) -> None:
@@ -219,16 +221,18 @@ class OpenAIRoutes(RouteGroup):
         O.refuse_unsupported(req)
         n_choices = O.choices(req, self.config.max_n)
         fields = O.sampling(req, self.system.model_props().n_vocab)
-        tool_fields = O.chat_tools(req)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
+        degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
+        tool_fields = O.chat_tools(req, degraded)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
         if not req.messages:
             raise InvalidParams("messages is empty", param="messages")
         developer = any(m.role == "developer" for m in req.messages) and await self.front.template_names_developer()
+        messages = await fold_for(self.front, O.chat_messages(req.messages, developer_is_system=not developer),
+                                  degraded)
         n = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if n is None:
             n = min(self.config.http_default_max_tokens, self.system.model_props().n_ctx)
         chat = ChatRequest(
-            messages=O.chat_messages(req.messages, developer_is_system=not developer),
-            n_predict=n, mind=self._mind(request, req),
+            messages=messages, n_predict=n, mind=self._mind(request, req), ignore_eos=req.ignore_eos,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
             stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, **tool_fields,
@@ -251,7 +255,8 @@ class OpenAIRoutes(RouteGroup):
                                      stream=req.stream, logprobs=fields["logprobs"],
                                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                      functions=req.functions is not None or req.function_call is not None,
-                                     n=n_choices, llama=not request.url.path.startswith("/v1/"), prompt_of=prompt_of)
+                                     n=n_choices, llama=not request.url.path.startswith("/v1/"), prompt_of=prompt_of,
+                                     headers=degraded.headers())
 
     async def input_tokens(self, request: Request) -> Response:
         """llama-server's token count of a chat's prompt: its messages rendered as the chat
@@ -284,7 +289,7 @@ class OpenAIRoutes(RouteGroup):
             prompt=p, n_predict=req.max_tokens if req.max_tokens is not None else 16, mind=mind if i == 0 else None,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
-            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields,
+            stop=O.stops(req.stop), stream=req.stream, genes=req.genes, **fields, ignore_eos=req.ignore_eos,
             return_progress=req.return_progress, timings_per_token=req.timings_per_token,
         ).check(self.config.request_limits()) for i, p in enumerate(prompts)]
 

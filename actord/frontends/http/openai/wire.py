@@ -16,7 +16,7 @@ constrained decoding; llama-server's `schema` inside a json_object applied too),
 and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty`,
 `repeat_last_n`, `min_p`; all mapped by `sampling`; llama-server's streamed extras
 `return_progress` (chunks with `prompt_progress` while the prompt is decoded) and
-`timings_per_token` (each chunk with its `timings`), extra fields OpenAI's clients ignore); refused with a 400 whose `param` names
+`timings_per_token` (each chunk with its `timings`), and `ignore_eos`, extra fields OpenAI's clients ignore); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
 over `--max-n`, audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
 `best_of` > 1, more prompts x `n` than `--max-n`, and llama-server's `n_probs`; tools that are not functions
@@ -127,6 +127,7 @@ class _Common(msgspec.Struct, kw_only=True, frozen=True):
     # llama-server's, streamed only: prompt progress chunks, timings on every chunk.
     return_progress: bool = False
     timings_per_token: bool = False
+    ignore_eos: bool = False  # llama-server's: n_predict, not the end token, ends the output
 
 
 class ChatCompletionRequest(_Common, kw_only=True, frozen=True):
@@ -326,11 +327,14 @@ def text_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
     raise InvalidParams("prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
 
-def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
+def chat_tools(req: ChatCompletionRequest, degraded: Any = None) -> dict[str, Any]:
     """The ChatRequest's tool fields (actord.chat.tools) from `tools` / `tool_choice` /
     `parallel_tool_calls`, or from the legacy `functions` / `function_call` (then the answer
-    carries `function_call`, one call). A bad value is a 400 naming its field."""
+    carries `function_call`, one call). A bad value is a 400 naming its field; with
+    `degraded` (frontends/http/degraded.py), a schema the grammar cannot hold is relaxed and
+    noted there instead."""
     from actord.chat import tools as T
+    from actord.frontends.http.degraded import relax_tools
 
     if req.functions is not None or req.function_call is not None:
         if req.tools is not None or req.tool_choice is not None:
@@ -344,6 +348,8 @@ def chat_tools(req: ChatCompletionRequest) -> dict[str, Any]:
         raise InvalidParams("tool_choice names a tool, but there are no tools", param="tool_choice")
     if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
         raise InvalidParams("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    if degraded is not None:
+        tools = relax_tools(tools, degraded)
     T.check_tools(tools, choice)
     if req.tool_format is not None and req.tool_format not in T.FORMATS:
         raise InvalidParams(f"tool_format is one of {', '.join(T.FORMATS)}", param="tool_format")
