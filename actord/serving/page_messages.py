@@ -115,6 +115,9 @@ class ListPages(Msg):
 
     after: str = ""
     limit: int = 0
+    # A tenant's listing (policy/kv_identity.py): only the pages of this scope, each under the
+    # name its client knows it by, `after` one such name. None: every page, as kept.
+    scope: str | None = None
 
 
 class PageTokens(Msg):

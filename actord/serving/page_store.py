@@ -42,6 +42,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import msgspec
+
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.buffer_pool import BufferPool, buffer_of, capacity_for
 from actord.serving.page_messages import (  # noqa: I001
@@ -53,6 +55,7 @@ from actord.serving.page_messages import (  # noqa: I001
 from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
+from actord.policy.kv_identity import client_name
 from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
@@ -112,8 +115,10 @@ class PageStore(Actor[PageStoreInbox]):
                 out = self.release(gen)
             case DropPage(name=name):
                 out = self.drop(name)
-            case ListPages(after=after, limit=limit):
+            case ListPages(after=after, limit=limit, scope=None):
                 out = [self.info(n) for n in self.page_names(after, limit)]
+            case ListPages(after=after, limit=limit, scope=str(scope)):
+                out = [msgspec.structs.replace(self.info(n), page=c) for c, n in self.scoped_names(scope, after, limit)]
             case PageTokens(name=name, prompt=prompt, scope=scope):
                 gen = self.names.get(name)
                 n_page = None if gen is None else len(self.gens[gen].page.tokens)  # type: ignore[union-attr]
@@ -379,6 +384,11 @@ class PageStore(Actor[PageStoreInbox]):
 
             names = names[bisect_right(names, after):]
         return names[:limit] if limit else names
+
+    def scoped_names(self, scope: str, after: str = "", limit: int = 0) -> list[tuple[str, str]]:
+        """(client name, name) of the pages of `scope`, by client name: those after `after`."""
+        mine = sorted((c, n) for n in self.names if (c := client_name(n, scope)) is not None and c > after)
+        return mine[:limit] if limit else mine
 
     def info(self, name: str) -> PageInfo:
         gen = self.names.get(name)
