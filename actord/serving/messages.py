@@ -140,7 +140,8 @@ class Fork(Msg):
 class FromBase(Msg):
     """From the placer, for a new mind about to start in this (erased) slot: take the
     longest base in page RAM (the state of a prefix minds share, serving/page_bases.py)
-    that begins `req`'s prompt, unless another slot's sequence holds more of it (the request
+    that begins `req`'s prompt, else the longest base file of her identity (storage/bases.py),
+    unless another slot's sequence holds more of it (the request
     then shares those cells when it starts). `room` is a KV room token held for it, handed
     back with the slot's cell count, as for a page-in. Answers the tokens taken (0: none)."""
 

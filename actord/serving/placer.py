@@ -325,6 +325,11 @@ class MindPlacer(Actor[PlacerInbox]):
                 start = await self.pages.ask(PageTokens(name=mind, prompt=prompt, scope=req.kv_scope() if prompt else ""))
                 n_page = start.n_page if isinstance(start, MindStart) else start
                 self._base_hint = start.n_base if isinstance(start, MindStart) else 0
+                if prompt is not None and n_page is None and self._base_hint < MIN_SHARE and req is not None:
+                    # No base in page RAM: a base file may begin her prompt (page_file_bases),
+                    # which the files' index in RAM says without a read.
+                    on_file = self.files.find_base(prompt, req.kv_scope())
+                    self._base_hint = on_file[1] if on_file is not None else 0
                 if n_page is None:
                     # No page to take: the slot only makes way (its mind to her page, an
                     # unnamed sequence dropped), which leaves it as empty as an erase would;
