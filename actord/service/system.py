@@ -420,7 +420,8 @@ class ActorSystem:
         if not page:
             raise InvalidParams("page name is empty")
         # Page names are the caller's scope's (service/tenancy.py), here and in every page verb.
-        return tenancy.client_answer(await self._slot(slot).ask(PageOutSlot(page=tenancy.own_name(page, "page"))))
+        return tenancy.client_answer(await self._slot(slot).ask(PageOutSlot(page=tenancy.own_name(page, "page"),
+                                                                             scope=tenancy.scope())))
 
     @entry("page.in")
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
@@ -479,7 +480,8 @@ class ActorSystem:
 
     @entry("slot.save")
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
-        return tenancy.client_answer(await self._slot(slot).ask(SaveSlot(file=tenancy.own_name(file, "file", file=True))))
+        return tenancy.client_answer(await self._slot(slot).ask(SaveSlot(file=tenancy.own_name(file, "file", file=True),
+                                                                          scope=tenancy.scope())))
 
     @entry("slot.restore")
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:

@@ -65,6 +65,9 @@ class Info(Msg):
 
 class PageOutSlot(Msg):
     page: str
+    # The caller's scope, where a front's client asks (service/tenancy.py): cells of another
+    # scope are not hers to copy, and the slot answers as an empty one (SlotEmpty).
+    scope: str | None = None
 
 
 class PageInSlot(Msg):
@@ -91,6 +94,7 @@ class SaveSlot(Msg):
     # this mind, and only if its sequence changed since it was last written to or read from
     # her file (else the answer says "skipped" and nothing is written).
     mind: str | None = None
+    scope: str | None = None  # as PageOutSlot's
 
 
 class RestoreSlot(Msg):

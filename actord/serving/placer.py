@@ -67,10 +67,13 @@ class SlotState(Msg):
 
 class Misplaced(Msg):
     """From a slot: a request forwarded as its mind's resident slot found the mind gone
-    (the slot's tell of the move crossed the forward); place it again."""
+    (the slot's tell of the move crossed the forward), or a fresh start found the slot busy
+    with a request the placer did not place (`busy`: a slot-addressed one that arrived
+    together with it); place it again."""
 
     slot: int
     complete: Complete
+    busy: bool = False
 
 
 PlacerInbox = PlaceMind | CancelPlaced | SlotState | Misplaced
@@ -140,8 +143,10 @@ class MindPlacer(Actor[PlacerInbox]):
                     self.slot_mind[s] = mind
                 if self.parked and not self._busy(s):
                     await self._serve_parked()
-            case Misplaced(slot=s, complete=c):
+            case Misplaced(slot=s, complete=c, busy=busy):
                 self.forwarded[s] -= 1
+                if busy:  # until its state says otherwise: the placement goes elsewhere
+                    self.busy[s] = True
                 if self.slot_mind[s] == c.req.mind:
                     self.slot_mind[s] = None
                 self.parked.insert(0, _Parked(c, env))

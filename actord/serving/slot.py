@@ -234,6 +234,11 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
                     await self._drain_deferred()
             case Evict(reason=reason):
                 await self._on_evict(reason, env)
+            case Complete(fresh=True) if self.busy:
+                # A fresh start moved nothing here: it need not wait behind a request the
+                # placer did not place (a slot-addressed one that came together with it).
+                self._placed -= 1  # not taken: the placer takes its forward back
+                self.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg, busy=True), env.reply, env.stream))
             case _ if self.busy:
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()

@@ -81,6 +81,9 @@ class SlotPages(SlotPageBases):
             out = await self._placer_page_in(msg)
         else:
             try:
+                scope = getattr(msg, "scope", None)
+                if scope is not None and self.kv_tokens and self.scope != scope:  # type: ignore[attr-defined]
+                    raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)  # none of the caller's
                 match msg:
                     case PageOutSlot(page=name):
                         out = await self.page_out(name)

@@ -1,7 +1,7 @@
 """The socket's page verbs act in the caller's scope (service/tenancy.py): a peer of another
 uid lists, pages in, drops, spills and restores only her own pages and files, by the names
 she gave them; naming another tenant's page gets the same typed not-found as a page that
-does not exist, and changes nothing.
+does not exist, and changes nothing; a slot holding another tenant's cells is empty to her.
 
 The real RpcServer over a real socket, in this process; the peers' uids are what the kernel
 would report for them (SO_PEERCRED), handed out by connection: a test cannot run processes
@@ -109,3 +109,8 @@ async def test_a_tenant_sees_and_touches_only_her_own_pages_and_a_guess_is_not_f
             assert restored["file"] == "diary.page" and restored["n_tokens"] == len(PROMPT) + 1
             slots = {s["id"]: s for s in await mallory.call("slot.list", {})}
             assert slots[0]["n_tokens"] == len(PROMPT) + 1
+            # Her cells in a slot are not another tenant's to copy out: the slot is empty to him.
+            for method, params in (("page.out", {"slot": 0, "page": "stolen"}),
+                                   ("slot.save", {"slot": 0, "file": "stolen.page"})):
+                assert (await mallory.call(method, params))[:2] == ("error", "SlotEmpty"), method
+            assert (await alice.call("slot.save", {"slot": 0, "file": "again.page"}))["file"] == "again.page"
