@@ -345,8 +345,10 @@ class MindPlacer(Actor[PlacerInbox]):
                             and await self.files.signature(mind_file(mind)) is None):
                         self.fresh_start = True
                         return False
-                    await self._make_way(slot)
+                    ev = await self._make_way(slot)
                     self._made_way = True
+                    if prompt is not None:  # the page-out may have made a base: worth a look
+                        self._base_hint = max(self._base_hint, int((ev or {}).get("n_base", 0)))
                     return False
                 else:
                     self.page_tokens[mind] = n_page
@@ -385,16 +387,18 @@ class MindPlacer(Actor[PlacerInbox]):
                         raise
                     fresh_size = True  # sized by an older page of hers: size it again
 
-    async def _make_way(self, slot: int) -> None:
-        """The slot's mind goes to her page (its sequence, with no mind, is dropped)."""
+    async def _make_way(self, slot: int) -> dict[str, Any] | None:
+        """The slot's mind goes to her page (its sequence, with no mind, is dropped); what
+        was evicted (None: no mind)."""
         while True:
             try:
                 out = await self.slots[slot].ask(PageInSlot(page="", evict_first=True))
             except PageRamExceeded as e:
                 await self._page_room(slot, e.data.get("mind"))
                 continue
-            self._evicted(out.get("evicted"))
-            return
+            ev = out.get("evicted")
+            self._evicted(ev)
+            return ev
 
     def _evicted(self, ev: dict[str, Any] | None) -> None:
         if ev:

@@ -145,6 +145,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self._tickets = 0
         self.handling = 0  # handlers at work (nested: deferred messages run inside one)
         self.cells_batched = False  # inside a page move that tells its cells once, at its end
+        self.paged_out_base = 0  # tokens of the base the last page-out stood on (the placer's hint)
         self.cells_dirty = False
         self.owe_cells = False  # an eviction was refused as busy: tell the cells when the request ends
         # What the placer knows of this slot (busy, mind): told when it changes, except where
