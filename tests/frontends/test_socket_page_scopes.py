@@ -114,3 +114,33 @@ async def test_a_tenant_sees_and_touches_only_her_own_pages_and_a_guess_is_not_f
                                    ("slot.save", {"slot": 0, "file": "stolen.page"})):
                 assert (await mallory.call(method, params))[:2] == ("error", "SlotEmpty"), method
             assert (await alice.call("slot.save", {"slot": 0, "file": "again.page"}))["file"] == "again.page"
+
+
+def test_a_trace_of_a_tenants_page_verbs_replays_as_that_tenant(tiny_model, tmp_path):
+    """The tenant a front vouched for is part of each input: a replay asks as the same
+    tenant, so her page verbs name the same scoped pages (else the first one diverges)."""
+    from actord.replay.replay import replay_file
+    from actord.service import tenancy
+    from actord.service.trace import Input, read_trace
+
+    trace = tmp_path / "trace.jsonl"
+    cfg = Config(model=tiny_model, slots=2, ctx=256, batch=64, threads=1, page_dir=str(tmp_path / "pages"))
+
+    async def run() -> None:
+        async with ActorSystem(cfg, trace=str(trace)) as s:
+            async def as_tenant() -> None:
+                tenancy.enter(f"uid:{ALICE}")
+                await s.complete(prompt=PROMPT, n_predict=2, ignore_eos=True, slot=0)
+                await s.page_out(0, "diary")
+                await s.page_in(1, "diary")
+                await s.page_out(1, "diary")
+                await s.page_drop("diary")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(as_tenant)
+
+    anyio.run(run)
+    inputs = [e for e in read_trace(trace) if isinstance(e, Input)]
+    assert {e.tenant for e in inputs if e.method.startswith("page.")} == {f"uid:{ALICE}"}
+    r = replay_file(trace, tiny_model)
+    assert r.ok, r
