@@ -64,3 +64,38 @@ def scoped_mind(mind: str, scope: str) -> str:
     default scope keeps names as given; no client name holds SCOPE_MARK, so none can take
     a scoped name."""
     return mind if not scope else f"{mind}{SCOPE_MARK}{scope[:16]}"
+
+
+def client_name(name: str, scope: str) -> str | None:
+    """The name a client of `scope` knows the daemon's name `name` by (`scoped_mind`
+    undone), or None where `name` belongs to another scope: what a listing shows a tenant."""
+    if not scope:
+        return None if SCOPE_MARK in name else name
+    stem, mark, tag = name.rpartition(SCOPE_MARK)
+    return stem if mark and stem and tag == scope[:16] and SCOPE_MARK not in stem else None
+
+
+_FILE_SUFFIX = ".page"  # storage/paths.py MIND_FILE_SUFFIX: a mind's page file is "<mind>.page"
+
+
+def scoped_file(file: str, scope: str) -> str:
+    """A page file a client of `scope` names, as the daemon keeps it: its last component
+    scoped as a mind's name is (before a ".page" suffix), so a tenant's "ada.page" is her
+    mind ada's own file and never another tenant's."""
+    if not scope:
+        return file
+    folder, slash, last = file.rpartition("/")
+    stem, suffix = ((last[: -len(_FILE_SUFFIX)], _FILE_SUFFIX) if last.endswith(_FILE_SUFFIX)
+                    and len(last) > len(_FILE_SUFFIX) else (last, ""))
+    return f"{folder}{slash}{scoped_mind(stem, scope)}{suffix}"
+
+
+def client_file(file: str, scope: str) -> str:
+    """`scoped_file` undone, for an answer that names the file (`file` as given otherwise)."""
+    if not scope:
+        return file
+    folder, slash, last = file.rpartition("/")
+    stem, suffix = ((last[: -len(_FILE_SUFFIX)], _FILE_SUFFIX) if last.endswith(_FILE_SUFFIX)
+                    and len(last) > len(_FILE_SUFFIX) else (last, ""))
+    name = client_name(stem, scope)
+    return file if name is None else f"{folder}{slash}{name}{suffix}"

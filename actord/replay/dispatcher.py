@@ -263,13 +263,13 @@ class DeterministicDispatcher(Dispatcher):
             self.workers_inflight -= 1
             self._settle()
 
-    async def input(self, method: str, params: Any) -> None:
+    async def input(self, method: str, params: Any, tenant: str | None = None) -> None:
         import msgspec
 
         # As the recorder writes it (paths relative to their folders), or a replay could never
         # match an input that names a file beside the model (a gene.load).
-        await self._hold("input", Input(method=method, params=canonical(msgspec.to_builtins(params))))
-        await super().input(method, params)
+        await self._hold("input", Input(method=method, params=canonical(msgspec.to_builtins(params)), tenant=tenant))
+        await super().input(method, params, tenant)
 
     # -- the loop ------------------------------------------------------------------------
 

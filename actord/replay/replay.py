@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from actord.service import tenancy
 from actord.service.config import Config
 from actord.service.errors import ActordError
 from actord.replay.dispatcher import DeterministicDispatcher, EngineOrder, RecordedPolicy, ReplayDiverged, SeededPolicy
@@ -62,6 +63,8 @@ async def replay(events: list[Event], model: str, *, page_dir: str | None = None
 
     async def call(ev: Input) -> None:
         method = METHODS[ev.method]
+        if ev.tenant is not None:  # asked as the tenant the front vouched for (a page verb's scope)
+            tenancy.enter(ev.tenant)
         try:
             await method.call(system, msgspec.convert(local(ev.params), method.params), None)
         except ActordError:

@@ -87,9 +87,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # any mind; the page stays in RAM (the file is its backup). 0: off.
     write_behind_s: float = 3.0
     # Page files share bases (storage/bases.py): a page on a shared prefix spills as its own
-    # part plus a reference to a content-addressed base file `bases/KEY.base`, written once
-    # and removed with its last referrer. Off: every page file is self-contained.
-    page_file_bases: bool = False
+    # part plus a reference to a base file `bases/KEY.base` (KEY: the base's whole identity),
+    # written once and removed with its last referrer; a new mind may start from one. Off:
+    # every page file is self-contained.
+    page_file_bases: bool = True
     # Context checkpoints
     ctx_checkpoints: int = 16  # safety cap: a slot or page holds at most 1 + this many
     ctx_checkpoints_bytes: int = 256 << 20  # one budget across all slots

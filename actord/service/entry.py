@@ -14,6 +14,8 @@ import functools
 import inspect
 from typing import Any, Awaitable, Callable, TypeVar
 
+from actord.service import tenancy
+
 V = TypeVar("V", bound=Callable[..., Awaitable[Any]])
 
 
@@ -37,7 +39,7 @@ def entry(method: str, *, check_open: bool = True, check: Callable[..., None] | 
             bound = sig.bind(self, *args, **kwargs)
             bound.apply_defaults()
             params = {rpc_name.get(k, k): v for k, v in list(bound.arguments.items())[1:]}
-            await self.dispatcher.input(method, params)
+            await self.dispatcher.input(method, params, tenancy.current())
             return await fn(self, *args, **kwargs)
 
         return verb  # type: ignore[return-value]

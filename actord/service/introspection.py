@@ -104,9 +104,13 @@ async def memory(system: "ActorSystem", after: str = "", limit: int = 0) -> "Mem
     from actord.serving.page_store import ListPages, StoreStats
     from actord.service.protocol import BudgetView, MemoryView, MindView
 
+    from actord.policy.kv_identity import client_name
+    from actord.service import tenancy
+
     a = system.built
-    slots = [await s.ask(Info()) for s in system.slots]
-    pages = await a.pages.ask(ListPages(after=after, limit=limit))
+    scope = tenancy.scope()  # a front's client sees her own scope's minds, by her names
+    slots = [tenancy.own_slot(await s.ask(Info()), scope) for s in system.slots]
+    pages = await a.pages.ask(ListPages(after=after, limit=limit, scope=scope))
     store = await a.pages.ask(StoreStats())
     ckpt = await a.ckpt_budget.ask(BudgetStats())
     genes = await a.residency.ask(ListGenes())
@@ -118,7 +122,13 @@ async def memory(system: "ActorSystem", after: str = "", limit: int = 0) -> "Mem
              for s in slots if s.mind is not None and s.mind > after]
     minds += [MindView(name=p.page, tier="page", n_bytes=p.n_bytes, n_tokens=p.n_tokens,
                        base=p.base if p.base >= 0 else None, n_base=p.n_base, base_bytes=p.base_bytes) for p in pages]
-    minds += [MindView(name=n, tier="file", n_bytes=b) for n, b in system.files.index.minds(after, limit)]
+    if scope is None:
+        files = system.files.index.minds(after, limit)
+    else:  # O(files): the folder's index is kept by the names as kept
+        files = sorted((c, b) for n, b in system.files.index.minds() if (c := client_name(n, scope)) is not None
+                       and c > after)
+        files = files[:limit] if limit else files
+    minds += [MindView(name=n, tier="file", n_bytes=b) for n, b in files]
     minds.sort(key=lambda m: m.name)
     nxt = None
     if limit:

@@ -129,7 +129,13 @@ class Persister:
     async def _slots(self, now: float) -> int:
         n = 0
         for slot in self.slots:
-            info = await slot.ask(Info(), timeout=self.bound_s)
+            try:
+                info = await slot.ask(Info(), timeout=self.bound_s)
+            except ShuttingDown:
+                raise  # the daemon is going down: the stop's own pass writes what is left
+            except ActordError as e:  # a failed slot: the others are still written
+                log.warning("write_behind.slot_unreadable", slot=slot.name, error=e.to_dict())
+                continue
             if info.mind is None or not info.n_tokens:
                 self.slot_seen.pop(info.id, None)
                 continue
@@ -188,9 +194,17 @@ class Persister:
         left: dict[str, str] = {}  # mind -> why not written (yet)
         written = {"slots": 0, "pages": 0}
         queue: deque[str] = deque()
+        unreadable: list[str] = []  # slots a stop could not ask (crashed, stopped)
 
         async def one_slot(slot: Actor[Any]) -> None:
-            info = await slot.ask(Info(), timeout=self.bound_s)
+            try:
+                info = await slot.ask(Info(), timeout=self.bound_s)
+            except ActordError as e:
+                # A slot that crashed or stopped holds nothing a save could reach: the stop
+                # goes on with the others, and says which slot it could not ask.
+                log.warning("persist.slot_unreadable", slot=slot.name, error=e.to_dict())
+                unreadable.append(slot.name)
+                return
             if info.mind is None or not info.n_tokens:
                 return
             left[info.mind] = "in a slot"
@@ -225,7 +239,12 @@ class Persister:
                 async with anyio.create_task_group() as tg:
                     for slot in self.slots:
                         tg.start_soon(one_slot, slot)
-                for name, _ in await self.pages.ask(Unpersisted(), timeout=self.bound_s):
+                try:
+                    dirty = await self.pages.ask(Unpersisted(), timeout=self.bound_s)
+                except ActordError as e:  # the page store crashed or stopped: its pages are lost
+                    log.warning("persist.pages_unreadable", error=e.to_dict())
+                    break
+                for name, _ in dirty:
                     why = check_mind(name)
                     if why is not None:
                         left[name] = f"its name cannot be a page file's: {why}"
@@ -243,6 +262,6 @@ class Persister:
             log.warning("mind.not_persisted", mind=mind, why=why if not scope.cancelled_caught else
                         f"{why} (the stop's bound of {bound_s} s ran out)")
         log.info("daemon.persisted", slots=written["slots"], pages=written["pages"], not_persisted=len(left),
-                 t_ms=round(t_ms, 1))
+                 slots_unreadable=sorted(set(unreadable)), t_ms=round(t_ms, 1))
         return {"persisted_slots": written["slots"], "persisted_pages": written["pages"],
                 "not_persisted": len(left)}

@@ -42,7 +42,7 @@ from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
 from actord.serving.gene_residency import GeneResidency, ListGenes, PageInGene, PageOutGene, UnloadGene
 from actord.serving.kernel import Actor, Dispatcher
 from actord.serving.messages import CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
-from actord.serving.page_store import DropPage, ListPages, PageStore, StoreStats
+from actord.serving.page_store import DropPage, ListPages, PageStore, PageTokens, StoreStats
 from actord.serving.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.serving.scheduler import Scheduler
 from actord.serving.slot import Slot
@@ -406,7 +406,8 @@ class ActorSystem:
 
     @entry("slot.list", check_open=False)
     async def slot_list(self) -> list[SlotInfo]:
-        return [await s.ask(Info()) for s in self.slots]
+        scope = tenancy.scope()  # a front's client sees her own minds' names only
+        return [tenancy.own_slot(await s.ask(Info()), scope) for s in self.slots]
 
     @entry("slot.erase")
     async def slot_erase(self, slot: int) -> dict[str, Any]:
@@ -418,19 +419,24 @@ class ActorSystem:
     async def page_out(self, slot: int, page: str) -> dict[str, Any]:
         if not page:
             raise InvalidParams("page name is empty")
-        return await self._slot(slot).ask(PageOutSlot(page=page))
+        # Page names are the caller's scope's (service/tenancy.py), here and in every page verb.
+        return tenancy.client_answer(await self._slot(slot).ask(PageOutSlot(page=tenancy.own_name(page, "page"),
+                                                                             scope=tenancy.scope())))
 
     @entry("page.in")
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
         target = self._slot(slot)
-        held = {p.page: p.n_tokens for p in await self.pages.ask(ListPages())}
-        if page not in held:
-            return await target.ask(PageInSlot(page=page))  # refused by the slot, typed
-        return await placement.with_room(self, slot, held[page], PageInSlot(page=page), page=page)
+        own = tenancy.own_name(page, "page")
+        with tenancy.as_client(page):
+            n = await self.pages.ask(PageTokens(name=own))  # one page's size, not a listing of all
+            if n is None:
+                return await target.ask(PageInSlot(page=own))  # refused by the slot, typed
+            return tenancy.client_answer(await placement.with_room(self, slot, n, PageInSlot(page=own), page=own))
 
     @entry("page.drop")
     async def page_drop(self, page: str) -> Any:
-        return await self.pages.ask(DropPage(name=page))
+        with tenancy.as_client(page):
+            return tenancy.client_answer(await self.pages.ask(DropPage(name=tenancy.own_name(page, "page"))))
 
     async def forget_mind(self, mind: str) -> int:
         """Drop mind `mind`'s RAM page and remove its page file, whichever it has (the HTTP
@@ -444,14 +450,15 @@ class ActorSystem:
             n += (await self.page_drop(mind)).n_bytes
         except PageNotFound:
             pass
-        return n + await self.files.remove(mind + MIND_FILE_SUFFIX)
+        return n + await self.files.remove(tenancy.own_name(mind + MIND_FILE_SUFFIX, "mind", file=True))
 
     @entry("page.list", check_open=False)
     async def page_list(self, after: str = "", limit: int = 0) -> Any:
         """The pages by name: those after `after`, at most `limit` (0: all)."""
         if limit < 0:
             raise InvalidParams("limit is >= 0 (0: all)", limit=limit)
-        return await self.pages.ask(ListPages(after=after, limit=limit))
+        # A front's client lists her own scope's pages, by the names she gave them.
+        return await self.pages.ask(ListPages(after=after, limit=limit, scope=tenancy.scope()))
 
     @entry("checkpoint.stats", check_open=False)
     async def checkpoint_stats(self) -> Any:
@@ -464,22 +471,26 @@ class ActorSystem:
         The store holds the page for the spill's whole duration, so its charge keeps counting
         even if the page is paged in, dropped or replaced meanwhile.
         """
-        return await self._spill_page(page, file, drop)
+        own = tenancy.own_name(page, "page")
+        with tenancy.as_client(page):
+            return tenancy.client_answer(await self._spill_page(own, tenancy.own_name(file, "file", file=True), drop))
 
     def _spill_page(self, page: str, file: str, drop: bool) -> Awaitable[dict[str, Any]]:  # the placer spills too
         return spill_page(self.pages, self.files, self.props, self.metrics, page, file, drop)
 
     @entry("slot.save")
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
-        return await self._slot(slot).ask(SaveSlot(file=file))
+        return tenancy.client_answer(await self._slot(slot).ask(SaveSlot(file=tenancy.own_name(file, "file", file=True),
+                                                                          scope=tenancy.scope())))
 
     @entry("slot.restore")
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:
         target = self._slot(slot)
+        file = tenancy.own_name(file, "file", file=True)  # the caller's scope's file
         n = await self.files.n_tokens(file)  # the file's cells, as its header says
-        if not n:
-            return await target.ask(RestoreSlot(file=file))  # nothing to hold, or refused by the slot, typed
-        return await placement.with_room(self, slot, n, RestoreSlot(file=file), file=file)
+        if not n:  # nothing to hold, or refused by the slot, typed
+            return tenancy.client_answer(await target.ask(RestoreSlot(file=file)))
+        return tenancy.client_answer(await placement.with_room(self, slot, n, RestoreSlot(file=file), file=file))
 
     @entry("page.stats", check_open=False)
     async def page_stats(self) -> Any:

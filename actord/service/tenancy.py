@@ -11,9 +11,10 @@ the one default tenant). Reuse of cells never crosses tenants (policy/kv_identit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, Iterator, TypeVar
 
 import msgspec
 
@@ -52,3 +53,72 @@ def of_key(key: bytes, n_keys: int) -> str:
     if n_keys <= 1:
         return ""
     return "key:" + hashlib.blake2b(key, digest_size=8, person=b"actord-tenant").hexdigest()
+
+
+def scope() -> str | None:
+    """The scope (policy/kv_identity.py) of the tenant the front vouches for, without a
+    salt: what the page and slot verbs of a socket or HTTP client see and touch. None where
+    no front set a tenant (an embedded host, a replay): every page, as kept."""
+    from actord.policy.kv_identity import scope_of
+
+    tenant = _TENANT.get()
+    return None if tenant is None else scope_of(tenant, None)
+
+
+def own_slot(info: R, scope: str | None) -> R:
+    """A slot's report as a client of `scope` sees it: a mind of another scope unnamed."""
+    from actord.policy.kv_identity import client_name
+
+    mind = getattr(info, "mind", None)
+    if scope is None or mind is None:
+        return info
+    return msgspec.structs.replace(info, mind=client_name(mind, scope))  # type: ignore[arg-type]
+
+
+def own_name(name: str, param: str, *, file: bool = False) -> str:
+    """A page (or page file, `file`) a front's client names, as the daemon keeps it in her
+    scope (policy/kv_identity.py): another tenant's page of that name is not hers to see or
+    touch, so it answers as a page that does not exist. A name holding the daemon's scope
+    mark is refused (no client names a mind so). As given where no front set a tenant."""
+    from actord.policy.kv_identity import SCOPE_MARK, scoped_file, scoped_mind
+    from actord.service.errors import InvalidParams
+
+    where = scope()
+    if where is None:
+        return name
+    if isinstance(name, str) and SCOPE_MARK in name:
+        raise InvalidParams(f"{param} may not hold {SCOPE_MARK!r} (kept for the daemon's scoped names)", param=param)
+    return scoped_file(name, where) if file else scoped_mind(name, where)
+
+
+def client_answer(out: Any) -> Any:
+    """A page verb's answer with the names in it as the front's client knows them."""
+    from actord.policy.kv_identity import client_file, client_name
+
+    where = scope()
+    if where is None:
+        return out
+    if isinstance(out, dict):
+        out = dict(out)
+        if isinstance(out.get("page"), str):
+            out["page"] = client_name(out["page"], where) or out["page"]
+        if isinstance(out.get("file"), str):
+            out["file"] = client_file(out["file"], where)
+        return out
+    page = getattr(out, "page", None)
+    if isinstance(page, str):
+        return msgspec.structs.replace(out, page=client_name(page, where) or page)
+    return out
+
+
+@contextlib.contextmanager
+def as_client(page: str) -> Iterator[None]:
+    """A PageNotFound about the scoped name `page` names the client's own name instead."""
+    from actord.service.errors import PageNotFound
+
+    try:
+        yield
+    except PageNotFound as e:
+        if scope() is None:
+            raise
+        raise PageNotFound(f"no page named {page!r}", page=page) from None

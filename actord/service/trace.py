@@ -107,6 +107,9 @@ class Header(Event):
 class Input(Event):
     method: str
     params: Any
+    # The tenant the front vouched for (service/tenancy.py), where one did: a page verb acts
+    # in that tenant's scope, so a replay must ask as the same tenant.
+    tenant: str | None = None
 
 
 class Deliver(Event):
@@ -149,7 +152,7 @@ def to_event(kind: str, f: dict[str, Any]) -> Event:
     if kind == "worker":
         return WorkerDone(op=f["op"], result=digest(f["error"] if f["error"] is not None else f["value"]))
     if kind == "input":
-        return Input(method=f["method"], params=canonical(msgspec.to_builtins(f["params"])))
+        return Input(method=f["method"], params=canonical(msgspec.to_builtins(f["params"])), tenant=f.get("tenant"))
     raise ValueError(kind)
 
 

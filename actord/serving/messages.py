@@ -25,6 +25,10 @@ class Complete(Msg):
     # `req.mind` when it starts (evicted or moved meanwhile; the slot's tell of it crossed
     # the forward), it hands the request back to the placer (`Misplaced`) to place again.
     resident: bool = False
+    # Forwarded by the placer as a new mind's fresh start on a slot its table says holds no
+    # mind: the slot makes way itself first (whatever it holds goes as an eviction would
+    # take it: a mind to her page, an unnamed sequence dropped), in this same message.
+    fresh: bool = False
 
 
 class CancelRequest(Msg):
@@ -61,6 +65,9 @@ class Info(Msg):
 
 class PageOutSlot(Msg):
     page: str
+    # The caller's scope, where a front's client asks (service/tenancy.py): cells of another
+    # scope are not hers to copy, and the slot answers as an empty one (SlotEmpty).
+    scope: str | None = None
 
 
 class PageInSlot(Msg):
@@ -87,6 +94,7 @@ class SaveSlot(Msg):
     # this mind, and only if its sequence changed since it was last written to or read from
     # her file (else the answer says "skipped" and nothing is written).
     mind: str | None = None
+    scope: str | None = None  # as PageOutSlot's
 
 
 class RestoreSlot(Msg):
@@ -136,7 +144,8 @@ class Fork(Msg):
 class FromBase(Msg):
     """From the placer, for a new mind about to start in this (erased) slot: take the
     longest base in page RAM (the state of a prefix minds share, serving/page_bases.py)
-    that begins `req`'s prompt, unless another slot's sequence holds more of it (the request
+    that begins `req`'s prompt, else the longest base file of her identity (storage/bases.py),
+    unless another slot's sequence holds more of it (the request
     then shares those cells when it starts). `room` is a KV room token held for it, handed
     back with the slot's cell count, as for a page-in. Answers the tokens taken (0: none)."""
 

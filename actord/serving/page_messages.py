@@ -115,13 +115,26 @@ class ListPages(Msg):
 
     after: str = ""
     limit: int = 0
+    # A tenant's listing (policy/kv_identity.py): only the pages of this scope, each under the
+    # name its client knows it by, `after` one such name. None: every page, as kept.
+    scope: str | None = None
 
 
 class PageTokens(Msg):
     """How many tokens page `name` holds (None: no such page): one page's size, where
-    ListPages would list them all."""
+    ListPages would list them all. With `prompt` (a new mind's first prompt, as tokens) and
+    its `scope`, a `MindStart` instead: the page's size and the longest base in that scope
+    the prompt begins with (a hint for the placer: whether a start from a base is worth its
+    asks; the slot finds the base under the request's whole lineage)."""
 
     name: str
+    prompt: list[int] | None = None
+    scope: str = ""
+
+
+class MindStart(msgspec.Struct, frozen=True):
+    n_page: int | None  # the page's tokens (None: no page of that name)
+    n_base: int = 0  # tokens of the longest base the prompt begins with (0: none)
 
 
 class SpillVictim(Msg):

@@ -42,9 +42,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import msgspec
+
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.buffer_pool import BufferPool, buffer_of, capacity_for
-from actord.serving.page_messages import (
+from actord.serving.page_messages import (  # noqa: I001
+    MindStart,
     Admit, AdmitBase, AdmitState, BaseFound, CancelReservation, Commit, DropPage, FindBase, ListPages, Page,
     PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, PageTokens, Release, Return, SpillBegin, SpillEnd,
     SpillVictim, StoreStats, Take, Unpersisted,
@@ -52,6 +55,7 @@ from actord.serving.page_messages import (
 from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
 from actord.service.log import get
 from actord.service.metrics import Metrics
+from actord.policy.kv_identity import client_name
 from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
@@ -111,11 +115,15 @@ class PageStore(Actor[PageStoreInbox]):
                 out = self.release(gen)
             case DropPage(name=name):
                 out = self.drop(name)
-            case ListPages(after=after, limit=limit):
+            case ListPages(after=after, limit=limit, scope=None):
                 out = [self.info(n) for n in self.page_names(after, limit)]
-            case PageTokens(name=name):
+            case ListPages(after=after, limit=limit, scope=str(scope)):
+                out = [msgspec.structs.replace(self.info(n), page=c) for c, n in self.scoped_names(scope, after, limit)]
+            case PageTokens(name=name, prompt=prompt, scope=scope):
                 gen = self.names.get(name)
-                out = None if gen is None else len(self.gens[gen].page.tokens)  # type: ignore[union-attr]
+                n_page = None if gen is None else len(self.gens[gen].page.tokens)  # type: ignore[union-attr]
+                out = n_page if prompt is None else MindStart(
+                    n_page=n_page, n_base=self.base_hint(prompt, scope) if n_page is None else 0)
             case SpillVictim(candidates=candidates):
                 out = self.spill_victim(candidates)
             case Unpersisted():
@@ -223,6 +231,20 @@ class PageStore(Actor[PageStoreInbox]):
         if old is not None:
             self._unhold(old)
         return self.info(name)
+
+    def base_hint(self, prompt: list[int], scope: str) -> int:
+        """The longest base of `scope` whose whole tokens `prompt` (all but its last token)
+        begins with, whatever its genes: O(bases), and bases are few (one per prefix
+        minds share)."""
+        best = 0
+        for gen in self.on_base:
+            g = self.gens.get(gen)
+            base = g.page if g is not None else None
+            if base is None or base.scope != scope or len(base.tokens) <= best or len(base.tokens) >= len(prompt):
+                continue
+            if prompt[:len(base.tokens)] == base.tokens:
+                best = len(base.tokens)
+        return best
 
     def find_base(self, name: str, tokens: list[int], genes: tuple[tuple[int, float], ...],
                   scope: str = "") -> BaseFound:
@@ -362,6 +384,11 @@ class PageStore(Actor[PageStoreInbox]):
 
             names = names[bisect_right(names, after):]
         return names[:limit] if limit else names
+
+    def scoped_names(self, scope: str, after: str = "", limit: int = 0) -> list[tuple[str, str]]:
+        """(client name, name) of the pages of `scope`, by client name: those after `after`."""
+        mine = sorted((c, n) for n in self.names if (c := client_name(n, scope)) is not None and c > after)
+        return mine[:limit] if limit else mine
 
     def info(self, name: str) -> PageInfo:
         gen = self.names.get(name)

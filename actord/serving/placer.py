@@ -22,7 +22,7 @@ from actord.serving.messages import (
 )
 from actord.serving.prefix_share import MIN_SHARE
 from actord.serving.room import holding_room, no_room
-from actord.serving.page_store import PageTokens, SpillVictim
+from actord.serving.page_store import MindStart, PageTokens, SpillVictim
 from actord.service.errors import (
     ActordError, Cancelled, ContextFull, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded,
 )
@@ -67,10 +67,13 @@ class SlotState(Msg):
 
 class Misplaced(Msg):
     """From a slot: a request forwarded as its mind's resident slot found the mind gone
-    (the slot's tell of the move crossed the forward); place it again."""
+    (the slot's tell of the move crossed the forward), or a fresh start found the slot busy
+    with a request the placer did not place (`busy`: a slot-addressed one that arrived
+    together with it); place it again."""
 
     slot: int
     complete: Complete
+    busy: bool = False
 
 
 PlacerInbox = PlaceMind | CancelPlaced | SlotState | Misplaced
@@ -117,6 +120,12 @@ class MindPlacer(Actor[PlacerInbox]):
         self.taken: dict[int, int] = {i: 0 for i in range(n)}
         self.page_tokens: dict[str, int] = {}
         self.share_bases = share_bases  # a new mind may start from a shared prefix's base (FromBase)
+        # The mind being brought in: the page store's word on a base for her prompt, and
+        # whether her slot already made way (emptied) on the way to a fresh start.
+        self._base_hint = 0
+        self._made_way = False
+        self._no_mind = False  # the slot's table entry held no mind
+        self.fresh_start = False  # the slot makes way itself as it takes the request
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -134,8 +143,10 @@ class MindPlacer(Actor[PlacerInbox]):
                     self.slot_mind[s] = mind
                 if self.parked and not self._busy(s):
                     await self._serve_parked()
-            case Misplaced(slot=s, complete=c):
+            case Misplaced(slot=s, complete=c, busy=busy):
                 self.forwarded[s] -= 1
+                if busy:  # until its state says otherwise: the placement goes elsewhere
+                    self.busy[s] = True
                 if self.slot_mind[s] == c.req.mind:
                     self.slot_mind[s] = None
                 self.parked.insert(0, _Parked(c, env))
@@ -180,7 +191,7 @@ class MindPlacer(Actor[PlacerInbox]):
             slot, resident = placed
             self.forwarded[slot] += 1
             self.busy[slot] = True
-            c = msgspec.structs.replace(p.complete, resident=resident)
+            c = msgspec.structs.replace(p.complete, resident=resident, fresh=not resident and self.fresh_start)
             await self.slots[slot].forward(Envelope(c, p.env.reply, p.env.stream))
 
     def on_crash(self, error: BaseException) -> None:
@@ -212,6 +223,7 @@ class MindPlacer(Actor[PlacerInbox]):
         slot = min(idle, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
         self.slot_mind[slot] = None
+        self._no_mind = old is None
         try:
             how = await self._bring_in(slot, mind, req)
         except BaseException:
@@ -272,10 +284,16 @@ class MindPlacer(Actor[PlacerInbox]):
         self.paged.append(mind)
 
     async def _bring_in(self, slot: int, mind: str, req: CompletionRequest | None = None) -> str:
-        how = await self._bring_in_how(slot, mind)
-        if how == "fresh":  # a fresh start begins from an erased sequence
-            await self.slots[slot].ask(Erase())
-            if req is not None and await self._from_base(slot, req):
+        self._base_hint, self._made_way, self.fresh_start = 0, False, False
+        how = await self._bring_in_how(slot, mind, req)
+        if how == "fresh" and self.fresh_start:  # the slot makes way as it starts (Complete.fresh)
+            return how
+        if how == "fresh":  # a fresh start begins from an empty sequence
+            if not self._made_way:
+                await self.slots[slot].ask(Erase())
+            # Only where the page store said a base begins her prompt: the start from it
+            # costs four deliveries (the room, the slot's move, its find, the cells).
+            if req is not None and self._base_hint >= MIN_SHARE and await self._from_base(slot, req):
                 how = "base"
         return how
 
@@ -299,17 +317,39 @@ class MindPlacer(Actor[PlacerInbox]):
             log.info("placer.from_base_failed", slot=slot, error=e.to_dict())
             return 0
 
-    async def _page_in(self, slot: int, mind: str) -> bool:
+    async def _page_in(self, slot: int, mind: str, req: CompletionRequest | None = None) -> bool:
         """Page `mind` in, the slot's own mind (if any) paged out first in the same message;
         False when she has no page. The cells are held by `holding_room` and handed back by
         the slot's one Cells tell at the end of the move."""
         fresh_size = False
         while True:
             if mind not in self.page_tokens or fresh_size:
-                # One page's size, not a listing of them all (10,000 minds: issue 34).
-                n_page = await self.pages.ask(PageTokens(name=mind))
+                # One page's size, not a listing of them all (10,000 minds: issue 34); for a
+                # mind with no page, in the same ask, whether a base begins her prompt.
+                prompt = req.prompt if req is not None and isinstance(req.prompt, list) and self.share_bases else None
+                start = await self.pages.ask(PageTokens(name=mind, prompt=prompt, scope=req.kv_scope() if prompt else ""))
+                n_page = start.n_page if isinstance(start, MindStart) else start
+                self._base_hint = start.n_base if isinstance(start, MindStart) else 0
+                if prompt is not None and n_page is None and self._base_hint < MIN_SHARE and req is not None:
+                    # No base in page RAM: a base file may begin her prompt (page_file_bases),
+                    # which the files' index in RAM says without a read.
+                    on_file = self.files.find_base(prompt, req.kv_scope())
+                    self._base_hint = on_file[1] if on_file is not None else 0
                 if n_page is None:
+                    # No page to take: the slot only makes way (its mind to her page, an
+                    # unnamed sequence dropped), which leaves it as empty as an erase would;
+                    # on a slot the table says holds no mind, and with no file or base to
+                    # start from, it does so as it takes the request (`fresh_start`).
                     self.page_tokens.pop(mind, None)
+                    if (self._no_mind and self._base_hint < MIN_SHARE
+                            and await self.files.signature(mind_file(mind)) is None):
+                        self.fresh_start = True
+                        return False
+                    ev = await self._make_way(slot)
+                    self._made_way = True
+                    if prompt is not None:  # the page-out may have made a base: worth a look
+                        self._base_hint = max(self._base_hint, int((ev or {}).get("n_base", 0)))
+                    return False
                 else:
                     self.page_tokens[mind] = n_page
                 fresh_size = True
@@ -321,6 +361,7 @@ class MindPlacer(Actor[PlacerInbox]):
                     # counted against. The slot still makes way.
                     log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=n)
                     await self._make_way(slot)
+                    self._made_way = True
                     return False
                 try:
                     out = await self.slots[slot].ask(PageInSlot(
@@ -346,25 +387,29 @@ class MindPlacer(Actor[PlacerInbox]):
                         raise
                     fresh_size = True  # sized by an older page of hers: size it again
 
-    async def _make_way(self, slot: int) -> None:
-        """The slot's mind goes to her page (its sequence, with no mind, is dropped)."""
+    async def _make_way(self, slot: int) -> dict[str, Any] | None:
+        """The slot's mind goes to her page (its sequence, with no mind, is dropped); what
+        was evicted (None: no mind)."""
         while True:
             try:
                 out = await self.slots[slot].ask(PageInSlot(page="", evict_first=True))
             except PageRamExceeded as e:
                 await self._page_room(slot, e.data.get("mind"))
                 continue
-            self._evicted(out.get("evicted"))
-            return
+            ev = out.get("evicted")
+            self._evicted(ev)
+            return ev
 
     def _evicted(self, ev: dict[str, Any] | None) -> None:
         if ev:
             self._note_paged(ev["mind"])
             self.page_tokens[ev["mind"]] = ev["n_tokens"]
 
-    async def _bring_in_how(self, slot: int, mind: str) -> str:
-        if await self._page_in(slot, mind):
+    async def _bring_in_how(self, slot: int, mind: str, req: CompletionRequest | None = None) -> str:
+        if await self._page_in(slot, mind, req):
             return "page_in"
+        if self.fresh_start:  # no page, no file (just looked): the slot makes way as it starts
+            return "fresh"
         sig = await self.files.signature(mind_file(mind))
         if sig is not None and self.unreadable.get(mind) != sig:
             try:

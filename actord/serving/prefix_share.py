@@ -226,7 +226,7 @@ class PrefixShare:
             found = await self.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=lineage[0], scope=lineage[1]))
         base = found.base
         if base is None:
-            return 0
+            return await self._take_file_base(prompt, lineage)
         try:
             n = len(base.tokens)
             if n < MIN_SHARE:
@@ -239,4 +239,34 @@ class PrefixShare:
                 await self.pages.tell(Release(gen=base.gen))
         self.metrics.prefix_hit_tokens_total.labels(source="page_base").inc(n)
         log.info("slot.prefix_shared", slot=self.id, n_tokens=n, n_prompt=len(prompt), by="base")
+        return n
+
+    async def _take_file_base(self, prompt: list[int], lineage: Any) -> int:
+        """No base in page RAM begins the prompt: a base file of the same identity may
+        (storage/bases.py, `page_file_bases`), found in the files' index, read on a worker
+        and set into this sequence."""
+        from actord.serving.slot_pages import model_fingerprint, state_layout
+        from actord.storage import bases as B
+
+        files = self.files  # type: ignore[attr-defined]
+        genes, scope = lineage
+        if files.find_base(prompt, scope) is None:  # none of this scope at all: no gene list asked
+            return 0
+        by_id = {g.id: g.digest for g in await self.engine.run(J.GeneList())} if genes else {}
+        digests = [[by_id.get(gid, ""), float(sc)] for gid, sc in genes]
+        if any(not d for d, _ in digests):
+            return 0  # a gene this daemon cannot name by content: no base file may stand for it
+        fp = B.fingerprint({**model_fingerprint(self.props), **state_layout(self.props)})
+        hit = files.find_base(prompt, scope, fp, sorted(digests))
+        if hit is None:
+            return 0
+        image = await files.read_base(hit[0])
+        n = len(image.tokens)
+        if n < MIN_SHARE or list(image.tokens) != prompt[:n]:
+            return 0
+        await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+        self.kv_tokens = list(image.tokens)
+        self.genes, self.scope = lineage
+        self.metrics.prefix_hit_tokens_total.labels(source="file_base").inc(n)
+        log.info("slot.prefix_shared", slot=self.id, n_tokens=n, n_prompt=len(prompt), by="file_base")
         return n

@@ -145,6 +145,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self._tickets = 0
         self.handling = 0  # handlers at work (nested: deferred messages run inside one)
         self.cells_batched = False  # inside a page move that tells its cells once, at its end
+        self.paged_out_base = 0  # tokens of the base the last page-out stood on (the placer's hint)
         self.cells_dirty = False
         self.owe_cells = False  # an eviction was refused as busy: tell the cells when the request ends
         # What the placer knows of this slot (busy, mind): told when it changes, except where
@@ -234,6 +235,11 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
                     await self._drain_deferred()
             case Evict(reason=reason):
                 await self._on_evict(reason, env)
+            case Complete(fresh=True) if self.busy:
+                # A fresh start moved nothing here: it need not wait behind a request the
+                # placer did not place (a slot-addressed one that came together with it).
+                self._placed -= 1  # not taken: the placer takes its forward back
+                self.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg, busy=True), env.reply, env.stream))
             case _ if self.busy:
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()
@@ -311,6 +317,8 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
     async def _start(self, msg: Complete, env: Envelope[SlotInbox]) -> None:
         req = msg.req
         t_start = time.perf_counter()
+        if msg.fresh and self.kv_tokens:
+            await self.evict("placer")  # a new mind's fresh start: the slot makes way first
         prompt = await self._tokens_of(req)
         n_vocab = self.props.n_vocab
         for param, toks in (("logit_bias", [t for t, _ in req.bias_pairs()]),

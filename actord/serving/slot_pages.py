@@ -81,6 +81,9 @@ class SlotPages(SlotPageBases):
             out = await self._placer_page_in(msg)
         else:
             try:
+                scope = getattr(msg, "scope", None)
+                if scope is not None and self.kv_tokens and self.scope != scope:  # type: ignore[attr-defined]
+                    raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)  # none of the caller's
                 match msg:
                     case PageOutSlot(page=name):
                         out = await self.page_out(name)
@@ -112,9 +115,12 @@ class SlotPages(SlotPageBases):
         try:
             if msg.evict_first and self.kv_tokens:
                 mind, n = self.mind, len(self.kv_tokens)
+                self.paged_out_base = 0
                 await self.evict("placer", ram_only=True)  # type: ignore[attr-defined]
                 if mind is not None:
-                    evicted = {"evicted": {"mind": mind, "n_tokens": n}}
+                    # n_base: her page stands on a base (maybe just made): a new mind placed
+                    # here may start from it, which the page store could not say before.
+                    evicted = {"evicted": {"mind": mind, "n_tokens": n, "n_base": self.paged_out_base}}
             out = await self.page_in(msg.page, room_cells=msg.room_cells) if msg.page else {"slot": self.id}
             # The placer knows what the slot holds now from this answer: no state to tell.
             self._told = (self.busy or bool(self.deferred), self.mind)  # type: ignore[attr-defined]
@@ -181,7 +187,7 @@ class SlotPages(SlotPageBases):
         self.metrics.page_out_total.inc()
         await self.footprint_changed()
         await self._tell_cells()
-        n_base = info.n_base
+        n_base = self.paged_out_base = info.n_base
         log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
                  copy_ms=round(st.t_ms, 3), draft_bytes=n_draft, n_base=n_base)
         return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 import msgspec
 
-from actord.service.errors import ActordError, CorruptPageFile, PageDiskExceeded
+from actord.service.errors import ActordError, CorruptPageFile, FileNotFound, PageDiskExceeded
 from actord.service.log import get
 from actord.storage import bases as B
 from actord.storage.disk_index import DiskIndex, scan
@@ -68,6 +68,7 @@ class PageFiles:
         # Base files (storage/bases.py): a page on a base spills as its part + a reference.
         self.share_bases = share_bases
         self.refs = B.BaseRefs()
+        self.base_index = B.BaseIndex()  # the base files by their tokens and identity: a new mind's start
         self.pinned: set[str] = set()  # bases a publication that failed may name: kept until the next start
         self._drops: set[str] = set()  # bases whose last user went while locks were held: removed after
 
@@ -128,6 +129,8 @@ class PageFiles:
             async with self.holding(v):
                 if self.versions.get(v, 0) != seen or v not in idx.files:
                     continue  # published (or removed) while this waited: used just now, not a victim
+                if B.is_base(v):
+                    self.base_index.drop(B.key_of(v))
                 freed = await self._run(f"remove:{v}", remove_generation, self.root, v, self.fs)
                 idx.remove(v)
                 self._changed(v)
@@ -143,6 +146,8 @@ class PageFiles:
         """Remove page file `name`'s generation (crash-safe); the bytes it held."""
         key = self._key(name)
         async with self.holding(name):
+            if B.is_base(key):
+                self.base_index.drop(B.key_of(key))
             freed = await self._run(f"remove:{name}", remove_generation, self.root, name, self.fs)
         self.index.remove(key)
         self._changed(key)
@@ -197,11 +202,17 @@ class PageFiles:
         if not (self.share_bases and image.base is not None and image.n_base > 0):
             stats = await self._published(key, None, self._publish(name, image))
             return stats
-        base_key, base_image, image = B.split(image)
+        parts = B.split(image)
+        if parts is None:  # genes not all named by content: no base file may stand for them
+            return await self._published(key, None, self._publish(name, image))
+        base_key, base_image, image = parts
         bname = B.base_name(base_key)
         async with self.holding(bname):
             if bname not in self.index.files:
                 await self._publish(bname, base_image)
+            entry = B.entry_of(base_image.meta, base_image.tokens)
+            if entry is not None:
+                self.base_index.add(base_key, entry)
             return await self._published(key, base_key, self._publish(name, image))
 
     async def _published(self, key: str, base_key: str | None, publication: Awaitable[PublishStats]) -> PublishStats:
@@ -225,6 +236,7 @@ class PageFiles:
                 if not self.refs.known or key in self.pinned or self.refs.users.get(key) \
                         or bname not in self.index.files:
                     continue
+                self.base_index.drop(key)  # no start finds it from here on
                 freed = await self._run(f"remove:{bname}", remove_generation, self.root, bname, self.fs)
                 self.index.remove(bname)
                 self._changed(bname)
@@ -239,7 +251,25 @@ class PageFiles:
             return 0
         self.refs.live.clear()
         names = [n for n in self.index.files if not B.is_base(n)]
+        bases = [n for n in self.index.files if B.is_base(n)]
         root = self.root
+
+        def base_heads() -> dict[str, B.BaseEntry]:
+            from actord.storage.pagefile import main_head
+
+            out: dict[str, B.BaseEntry] = {}
+            for n in bases:
+                try:
+                    head = self.fs.read_file(root / n, limit=64 << 10)
+                    got = None if head is None else main_head(head, n)
+                    if got is None and head is not None:
+                        got = main_head(self.fs.read_file(root / n) or b"", n)
+                except ActordError:
+                    continue  # unreadable: no start will find it
+                entry = None if got is None else B.entry_of(*got)
+                if entry is not None:
+                    out[B.key_of(n)] = entry
+            return out
 
         def heads() -> dict[str, str | None]:
             from actord.storage.pagefile import main_meta
@@ -261,13 +291,40 @@ class PageFiles:
             if n not in self.refs.live and key is not None:
                 self.refs.set(n, key, live=False)
         self.refs.known = True
-        orphans = {n[len(B.BASE_DIR) + 1: -len(B.BASE_SUFFIX)] for n in self.index.files if B.is_base(n)}
+        orphans = {B.key_of(n) for n in self.index.files if B.is_base(n)}
         orphans -= set(self.refs.users)
+        for k, entry in (await self._run("sweep:base_heads", base_heads)).items():
+            if k not in orphans and B.base_name(k) in self.index.files and not self.base_index.add(k, entry):
+                log.warning("page_file.base_mislabelled", base=k)  # its identity is not its key: never a start
         self._drops |= orphans
         await self._drop_bases()
         if orphans:
             log.info("page_file.bases_swept", orphans=len(orphans))
         return len(orphans)
+
+    def find_base(self, tokens: list[int], scope: str, fp: dict[str, Any] | None = None,
+                  genes: list[list[Any]] | None = None) -> tuple[str, int] | None:
+        """(key, its tokens) of the longest base file of this identity whose tokens begin
+        `tokens` (storage/bases.py BaseIndex; fp and genes None: any, a hint). In RAM only."""
+        if not self.share_bases:
+            return None
+        return self.base_index.longest(tokens, fp, genes, scope)
+
+    async def read_base(self, key: str) -> PageImage:
+        """Base file `key`'s generation (tokens, state, identity), read under its hold, so
+        that its removal waits; CorruptPageFile when it is not what the index says."""
+        bname = B.base_name(key)
+        entry = self.base_index.entries.get(key)
+        async with self.holding(bname):
+            if entry is None or bname not in self.index.files:
+                raise FileNotFound(f"no base file {key}", file=bname)
+            image = await self._run(f"read:{bname}", read_generation, self.root, bname, self.fs)
+        self.index.touch(bname)
+        got = B.entry_of(image.meta, image.tokens)
+        if got != entry:
+            self.base_index.drop(key)
+            raise CorruptPageFile(f"base file {bname} does not hold what its key says", file=bname)
+        return image
 
     async def _publish(self, name: str, image: PageImage) -> PublishStats:
         key = self._key(name)

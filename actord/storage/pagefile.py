@@ -257,6 +257,29 @@ def main_meta(head: Buffer, file: Path | str = "<main>") -> dict[str, Any] | Non
         raise _corrupt(file, f"meta does not decode: {e}") from None
 
 
+def main_head(head: Buffer, file: Path | str = "<main>") -> tuple[dict[str, Any], list[int]] | None:
+    """A main file's meta and tokens (its first two sections, checksummed), from the file's
+    first bytes; None when they do not hold both whole (read more). A base file's index
+    entry (storage/bases.py) is read so, without its state."""
+    meta = main_meta(head, file)
+    if meta is None:
+        return None
+    mv = _bytes_view(head)
+    nsec = _FIXED.unpack_from(mv, 0)[4]
+    hlen = _FIXED.size + nsec * _SECTION.size + _CRC.size
+    meta_len = _SECTION.unpack_from(mv, _FIXED.size)[0]
+    length, crc = _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)
+    start = hlen + meta_len
+    if start + length > mv.nbytes:
+        return None
+    tok_v = mv[start: start + length]
+    if zlib.crc32(tok_v) != crc:
+        raise _corrupt(file, "checksum mismatch in section 1 (tokens)")
+    if length % 4:
+        raise _corrupt(file, f"token section of {length} bytes is not whole int32s")
+    return meta, _from_le(tok_v, "i")
+
+
 def _open(buf: Buffer, kind: str, file: Path | str, names: Sequence[str]) -> _Container:
     mv = _bytes_view(buf)
     flags, gen_id, nsec, hlen = _fixed_header(mv, kind, file)

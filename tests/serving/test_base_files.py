@@ -111,3 +111,32 @@ async def test_a_crash_in_the_middle_of_a_base_removal_leaves_no_dangling_refere
     async with ActorSystem(cfg(tiny_model, tmp_path / "b", page_file_bases=True)) as s:
         await s.files.sweep_bases()  # as the start's own, in the background
         assert base_files(tmp_path / "b") == []
+
+
+async def test_a_new_mind_starts_from_a_base_file_when_no_slot_nor_page_holds_the_prefix(tiny_model, tmp_path):
+    """Issue 32: a base in a page file is a start too, under the whole identity. Its greedy
+    output is a fresh prefill's, token for token, and `n_cached` counts the base."""
+    folder = tmp_path / "pages"
+    new = PREFIX + own(7)
+    async with ActorSystem(cfg(tiny_model, tmp_path / "fresh")) as s:
+        fresh = await s.complete(prompt=new, n_predict=8, mind="newbie", ignore_eos=True, temperature=0.0)
+    assert fresh.n_cached == 0
+
+    async with ActorSystem(cfg(tiny_model, folder, page_file_bases=True)) as s:
+        await paged_minds(s, 3)
+        for m in ("m0", "m1", "m2"):
+            await s.page_spill(m, f"{m}.page", drop=True)
+        assert len(base_files(folder)) == 1
+        assert (await s.page_stats()).bases == 0  # its last page went: no base in RAM
+        assert all(i.n_tokens == 0 for i in await s.slot_list())  # nor a slot's cells
+        r = await s.complete(prompt=new, n_predict=8, mind="newbie", ignore_eos=True, temperature=0.0)
+        assert r.n_cached == len(PREFIX) and r.tokens == fresh.tokens
+        assert f'prefix_hit_tokens_total{{source="file_base"}} {float(len(PREFIX))}' in s.metrics_text()
+        salted = await s.complete(prompt=new, n_predict=1, mind="other", ignore_eos=True, cache_salt="mine")
+        assert salted.n_cached == 0  # another scope: not hers to start from
+
+    # After a restart the base files are known from their headers (the start's sweep).
+    async with ActorSystem(cfg(tiny_model, folder, page_file_bases=True)) as s:
+        await s.files.sweep_bases()
+        r = await s.complete(prompt=new, n_predict=8, mind="second", ignore_eos=True, temperature=0.0)
+        assert r.n_cached == len(PREFIX) and r.tokens == fresh.tokens

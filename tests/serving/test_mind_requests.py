@@ -188,3 +188,23 @@ async def test_an_unnamed_request_takes_a_free_slot_rather_than_write_over_a_min
         assert "ada" in infos and infos["ada"].n_tokens >= len(held) - 1
         turn2 = await s.complete(prompt=held + [9], n_predict=1, mind="ada", ignore_eos=True)
         assert turn2.n_cached >= len(held) - 1
+
+
+async def test_a_new_mind_placed_together_with_a_slot_addressed_request_starts_on_the_idle_slot(tiny_model, tmp_path):
+    """Both arrive at once: the placer has not heard yet that slot 0 is taken and starts the
+    new mind there (Complete.fresh); the busy slot hands her back, and she runs on slot 1
+    while the long request goes on, rather than waiting behind it."""
+    cfg = Config(model=tiny_model, slots=2, ctx=16384, batch=64, page_dir=str(tmp_path))
+    async with ActorSystem(cfg) as s:
+        order: list[str] = []
+        out: dict[str, object] = {}
+
+        async def run(key: str, **kw: object) -> None:
+            out[key] = await s.complete(ignore_eos=True, **kw)
+            order.append(key)
+
+        with anyio.fail_after(120):  # a hang guard, not a measure
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: run("long", prompt=_prompt(3, 8), n_predict=1000, slot=0))
+                tg.start_soon(lambda: run("ada", prompt=_prompt(4, 8), n_predict=2, mind="ada"))
+    assert out["ada"].slot == 1 and order == ["ada", "long"]  # type: ignore[attr-defined]

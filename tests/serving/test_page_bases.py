@@ -204,3 +204,24 @@ async def test_under_the_ceiling_a_whole_page_spills_before_pages_on_a_shared_ba
     pages, _ = await run(charged - 40_000)
     assert pages == ["a", "b", "c", "d", "w"]  # z, whole and newer than a-d, went to its file
     assert (tmp_path / str(charged - 40_000) / "z.page").exists()
+
+
+async def test_four_new_minds_on_one_prefix_over_two_slots_prefill_it_once(tiny_model, tmp_path):
+    """The third mind displaces the first, whose page-out makes the base just then (the
+    page store knew of none when the placer asked), while the fourth displaces the second,
+    whose cells the third could have shared: she starts from that base all the same."""
+    import anyio
+
+    prefix = [1] + [3 + (i * 37) % 500 for i in range(299)]
+    out: dict[int, object] = {}
+    async with ActorSystem(Config(model=tiny_model, slots=2, ctx=2048, batch=256, page_dir=str(tmp_path),
+                                  seed=1)) as s:
+        async def one(k: int) -> None:
+            own = [5 + (k * 131 + i * 17) % 490 for i in range(20)]
+            out[k] = await s.complete(prompt=prefix + own, n_predict=8, mind=f"s{k}", ignore_eos=True)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(4):
+                tg.start_soon(one, k)
+    processed = sorted(r.n_prompt_processed for r in out.values())  # type: ignore[attr-defined]
+    assert processed == [20, 20, 20, 320], processed

@@ -142,3 +142,26 @@ async def test_under_a_disk_budget_the_least_recently_used_minds_files_go_and_a_
             await s.page_spill("ada", "ada.page", drop=True)
         assert [p.page for p in await s.page_list()] == ["ada"]  # nothing moved
         assert s.metrics.snapshot()["page_disk_refused_total"] == 1
+
+
+async def test_a_crashed_slot_is_logged_and_skipped_and_the_other_minds_are_still_written(tiny_model, tmp_path):
+    """Write-behind and a graceful stop ask every slot what it holds: a slot that crashed
+    answers ActorFailed, which neither turns into a crash of the stop nor keeps the other
+    slot's mind and the RAM pages from their files."""
+    history = _history()
+    async with ActorSystem(_cfg(tiny_model, tmp_path, write_behind_s=2.0)) as s:
+        await _turns(s, history)
+        held = {m.name: m.slot for m in (await s.memory()).minds if m.tier == "slot"}
+        assert sorted(held.values()) == [0, 1]
+
+        async def boom(msg, env):
+            raise RuntimeError("planted")
+
+        s.slots[1].handle = boom  # type: ignore[method-assign]
+        await s.write_behind_tick(100.0)
+        assert await s.write_behind_tick(102.5) >= 1  # slot 0's mind and the pages, slot 1 skipped
+        assert s.slots[1].failed
+        counts = await s.shutdown(0)
+    assert counts["persisted_slots"] == 0  # slot 0's mind was written behind, unchanged since
+    lost = next(m for m, slot in held.items() if slot == 1)
+    assert {m for m in history if (tmp_path / f"{m}.page").exists()} == set(history) - {lost}

@@ -33,17 +33,27 @@ async def counted_turns(tiny_model: str, tmp_path, heads: dict[str, list[int]]):
         yield s, turn
 
 
-async def test_a_resident_turn_takes_five_deliveries_and_a_switch_twelve(tiny_model, tmp_path):
+async def test_a_new_mind_takes_six_deliveries_a_resident_turn_five_and_a_switch_twelve(tiny_model, tmp_path):
+    """Issue 32's acceptance, from a recorded trace (before its work: 14 for a new mind)."""
     prompt = list(range(10, 60))
     # Minds that share no prefix (sharing one adds the page store's base asks: below).
     async with counted_turns(tiny_model, tmp_path, {"ada": prompt, "bob": [t + 100 for t in prompt]}) as (_, turn):
-        await turn("ada", [1])
+        new, first = await turn("ada", [1])
         r, resident = await turn("ada", [2, 3])
-        await turn("bob", [4])
+        _, displacing = await turn("bob", [4])
         back, switch = await turn("ada", [5])
+    assert new.n_cached == 0
     assert r.n_cached > 0 and back.n_cached > 0  # both turns really reused her state
+    # No page, no file, no base: the page store says so in the one ask that sizes her page,
+    # and the slot makes way as it takes the request (Complete.fresh).
+    assert collections.Counter(first) == collections.Counter(
+        ["placer:PlaceMind", "pagestore:PageTokens", "slot0:Complete", "scheduler:Enroll", "slot0:Ended",
+         "placer:SlotState"]), first
     assert collections.Counter(resident) == collections.Counter(
         ["placer:PlaceMind", "slot0:Complete", "scheduler:Enroll", "slot0:Ended", "placer:SlotState"])
+    # A new mind whose slot holds another: the six, plus that mind's page-out (the move,
+    # its base's find, the commit, the cells handed back); 18 before issue 32's work.
+    assert len(displacing) <= 10, displacing
     assert len(switch) <= 12, switch
     assert "slot0:Info" not in switch and "scheduler:ReleaseRoom" not in switch
 
@@ -61,3 +71,4 @@ async def test_a_switch_between_minds_that_share_a_prefix_costs_three_asks_more_
     assert r1.n_cached > 0 and r2.n_cached > 0
     assert first.count("pagestore:AdmitBase") == 1 and len(first) <= 15, first
     assert "pagestore:AdmitBase" not in again and len(again) <= 13, again
+

@@ -127,10 +127,11 @@ class Dispatcher:
             self.event("worker", op=op, value=result, error=None)
         return result
 
-    async def input(self, method: str, params: Any) -> None:
-        """An external input (RPC request or host call) is about to enter the system."""
+    async def input(self, method: str, params: Any, tenant: str | None = None) -> None:
+        """An external input (RPC request or host call) is about to enter the system, asked by
+        `tenant` (the one a front vouched for; None: an embedded host's call)."""
         if self.event_hooks:
-            self.event("input", method=method, params=params)
+            self.event("input", method=method, params=params, tenant=tenant)
 
 
 def _run_hooks(hooks: list[Any], *args: Any) -> None:
