@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any
 
 from actord.cluster.directory import Directory
+from actord.cluster.locks import MindLocks
 from actord.cluster.nodelink import NODE_GONE, NodeLink
 from actord.service.config import ClusterConfig
 from actord.service.errors import ActordError, NodeUnavailable
@@ -23,16 +24,17 @@ log = get("actord.cluster.loss")
 
 
 class NodeLoss:
-    """MindRouter's node-loss handling, mixed into it: router.py owns the state and the
-    calls named below (annotations only: nothing here shadows them)."""
+    """The router's node-loss handling: it owns the loss events; the directory, the node
+    links and the minds' locks are the router's, shared with its other parts."""
 
-    cfg: ClusterConfig
-    dir: Directory
-    nodes: NodeLink
-    lost_log: list[dict[str, Any]]
-    _lock: Callable[[str], asyncio.Lock]
+    def __init__(self, cfg: ClusterConfig, directory: Directory, nodes: NodeLink, locks: MindLocks) -> None:
+        self.cfg = cfg
+        self.dir = directory
+        self.nodes = nodes
+        self.locks = locks
+        self.lost_log: list[dict[str, Any]] = []
 
-    async def _watch(self) -> None:
+    async def watch(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
             try:
@@ -41,7 +43,7 @@ class NodeLoss:
                     rid = self.nodes.ray_ids.get(name)
                     dead = name in self.dir.state.lost or (rid is not None and rid not in alive)
                     if dead and self.dir.minds_on(name):
-                        await self._node_lost(name)
+                        await self.lost(name)
                     elif dead and name not in self.dir.state.lost:
                         self._lost_event(name)
                         self.dir.mark_lost(name)
@@ -57,7 +59,7 @@ class NodeLoss:
         log.warning("cluster.node_lost", node=name, minds=len(self.dir.minds_on(name)))
         return ev
 
-    async def _node_lost(self, name: str, only: str | None = None) -> None:
+    async def lost(self, name: str, only: str | None = None) -> None:
         """Re-home the minds of lost node `name`. `only`: the caller holds that mind's lock
         and re-homes just it; the rest are left to a task that takes one lock at a time."""
         event = self._lost_event(name)
@@ -65,10 +67,10 @@ class NodeLoss:
         self.nodes.forget(name)
         if only is not None:
             await self._rehome(only, name, event)
-            asyncio.get_running_loop().create_task(self._node_lost(name))
+            asyncio.get_running_loop().create_task(self.lost(name))
             return
         for mind in self.dir.minds_on(name):
-            async with self._lock(mind):
+            async with self.locks.of(mind):
                 await self._rehome(mind, name, event)
         if not self.dir.minds_on(name):
             event["done"] = time.time()

@@ -11,11 +11,12 @@ the mind runs while it moves.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from actord.cluster.directory import Directory
+from actord.cluster.locks import MindLocks
+from actord.cluster.loss import NodeLoss
 from actord.cluster.nodelink import NODE_GONE, NodeLink
 from actord.service.errors import ActordError, InvalidParams, MigrationFailed, PageNotFound
 from actord.service.log import get
@@ -24,19 +25,18 @@ log = get("actord.cluster.migration")
 
 
 class Migrations:
-    """MindRouter's migration verbs, mixed into it: router.py owns the state and the calls
-    named below (annotations only: nothing here shadows them)."""
+    """The router's moves of minds between nodes: it owns the record of the moves made;
+    the directory, the node links, the minds' locks and the loss handling are shared."""
 
-    dir: Directory
-    nodes: NodeLink
-    migrations: list[dict[str, Any]]
-    _ensure: Callable[[], Awaitable[None]]
-    _lock: Callable[[str], asyncio.Lock]
-    _node_lost: Callable[..., Awaitable[None]]
+    def __init__(self, directory: Directory, nodes: NodeLink, locks: MindLocks, loss: NodeLoss) -> None:
+        self.dir = directory
+        self.nodes = nodes
+        self.locks = locks
+        self.loss = loss
+        self.migrations: list[dict[str, Any]] = []
 
     async def migrate(self, mind: str, dest: str) -> dict[str, Any]:
-        await self._ensure()
-        async with self._lock(mind):
+        async with self.locks.of(mind):
             return await self._migrate(mind, dest)
 
     async def _migrate(self, mind: str, dest: str) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class Migrations:
             await self.nodes.call(src, "thaw", mind, src_epoch, timeout=30.0)
         except NODE_GONE:  # the source died: its restart comes back unfrozen, from its spill
             if not await self.nodes.back(src):
-                await self._node_lost(src, only=mind)
+                await self.loss.lost(src, only=mind)
         except ActordError:
             pass
 
@@ -98,5 +98,5 @@ class Migrations:
             if counts[hi] - counts[lo] <= 1:
                 return moved
             mind = self.dir.minds_on(hi)[-1]
-            async with self._lock(mind):
+            async with self.locks.of(mind):
                 moved.append(await self._migrate(mind, lo))

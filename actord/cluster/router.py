@@ -6,7 +6,7 @@ owner; at its first call it reconciles every node's holdings against the directo
 at another epoch or on another node is dropped).
 
 This module holds the actor's state, its start, its nodes' registration and its
-introspection; the rest of its verbs live in modules named for their jobs, mixed in:
+introspection; the rest of its verbs are parts it holds, in modules named for their jobs:
 
 - turns.py: a mind's turn on its node (placing a new mind on the live node with the fewest
   turns in flight, then the fewest minds, then the most free page RAM), retried once on a
@@ -28,16 +28,17 @@ import asyncio
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
 from actord.cluster.directory import Directory, Entry
+from actord.cluster.locks import MindLocks
 from actord.cluster.loss import NodeLoss
 from actord.cluster.messages import Holding
 from actord.cluster.migration import Migrations
 from actord.cluster.nodelink import NODE_GONE, NodeLink
-from actord.cluster.turns import Turns
+from actord.cluster.turns import TurnOut, Turns
 from actord.service.config import ClusterConfig
 from actord.service.errors import ActordError, InvalidParams, NodeUnavailable, PageNotFound
 from actord.service.log import get
@@ -54,7 +55,7 @@ def _served(task: "asyncio.Task[None]") -> None:
         log.error("cluster.http_failed", error=repr(task.exception()))
 
 
-class MindRouter(Turns, Migrations, NodeLoss):
+class MindRouter:
     def __init__(self, config_json: bytes) -> None:
         from actord.service import log as actord_log
 
@@ -63,10 +64,11 @@ class MindRouter(Turns, Migrations, NodeLoss):
         self.root = Path(self.cfg.root)
         self.dir = Directory(self.root / "router" / "directory.json")
         self.nodes = NodeLink(self.cfg, self.dir)
-        self.locks: dict[str, asyncio.Lock] = {}
-        self.place_lock = asyncio.Lock()
-        self.lost_log: list[dict[str, Any]] = []
-        self.migrations: list[dict[str, Any]] = []
+        self.locks = MindLocks()
+        self.limits = self.cfg.node.request_limits()
+        self.loss = NodeLoss(self.cfg, self.dir, self.nodes, self.locks)
+        self.moves = Migrations(self.dir, self.nodes, self.locks, self.loss)
+        self.turns = Turns(self.dir, self.nodes, self.limits, self.locks, self.loss, self._reconcile)
         self.incarnation = uuid.uuid4().hex[:12]
         self._started: asyncio.Task[None] | None = None
         self._monitor: asyncio.Task[None] | None = None
@@ -75,7 +77,6 @@ class MindRouter(Turns, Migrations, NodeLoss):
         self._http_lock = asyncio.Lock()
         self._http_task: asyncio.Task[None] | None = None
         self._info: dict[str, Any] | None = None  # the model's props and chat info (model_info)
-        self.limits = self.cfg.node.request_limits()
         log.info("cluster.router_init", incarnation=self.incarnation, minds=len(self.dir.state.minds),
                  nodes=self.dir.state.nodes)
 
@@ -92,7 +93,7 @@ class MindRouter(Turns, Migrations, NodeLoss):
                 await self._connect(name)
             except NODE_GONE as e:
                 log.warning("cluster.node_unreachable_at_start", node=name, error=repr(e))
-        self._monitor = asyncio.get_running_loop().create_task(self._watch())
+        self._monitor = asyncio.get_running_loop().create_task(self.loss.watch())
         path = self.cfg.socket or str(self.root / "router" / "actord.sock")
         try:
             from actord.cluster.rpc import RouterRpc
@@ -116,7 +117,7 @@ class MindRouter(Turns, Migrations, NodeLoss):
     async def _reconcile(self, name: str, holdings: list[Holding]) -> None:
         """Drop every copy `name` holds that the directory does not name."""
         for h in holdings:
-            async with self._lock(h.mind):
+            async with self.locks.of(h.mind):
                 entry = self.dir.get(h.mind)
                 if entry is not None and entry.node == name and entry.epoch == h.epoch:
                     if h.frozen:  # a migration cut short (this router restarted): it stays here
@@ -134,21 +135,35 @@ class MindRouter(Turns, Migrations, NodeLoss):
         self.nodes.forget(name)
         holdings = await self._connect(name)
         self.dir.add_node(name)
-        moved = await self.rebalance() if rebalance else []
+        moved = await self.moves.rebalance() if rebalance else []
         return {"node": name, "holdings": len(holdings), "moved": moved}
 
-    def _lock(self, mind: str) -> asyncio.Lock:
-        lock = self.locks.get(mind)
-        if lock is None:
-            lock = self.locks[mind] = asyncio.Lock()
-        return lock
+    # -- turns and moves (turns.py, migration.py) ----------------------------------------
+
+    async def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None,
+                   sink: Callable[[Any], None] | None = None, kind: str = "completion") -> TurnOut:
+        await self._ensure()
+        return await self.turns.turn(mind, request, turn_id, sink, kind)
+
+    async def free_turn(self, request: dict[str, Any], sink: Callable[[Any], None] | None = None,
+                        kind: str = "completion") -> TurnOut:
+        await self._ensure()
+        return await self.turns.free_turn(request, sink, kind)
+
+    async def migrate(self, mind: str, dest: str) -> dict[str, Any]:
+        await self._ensure()
+        return await self.moves.migrate(mind, dest)
+
+    async def rebalance(self) -> list[dict[str, Any]]:
+        await self._ensure()
+        return await self.moves.rebalance()
 
     # -- introspection and upkeep --------------------------------------------------------
 
     async def persist(self, mind: str) -> dict[str, Any]:
         """Make a mind's state durable in its node's page file now."""
         await self._ensure()
-        async with self._lock(mind):
+        async with self.locks.of(mind):
             entry = self.dir.get(mind)
             if entry is None:
                 raise PageNotFound(f"no mind {mind!r} in the directory", mind=mind)
@@ -208,12 +223,12 @@ class MindRouter(Turns, Migrations, NodeLoss):
             "nodes": {n: {"live": n not in self.dir.state.lost, "minds": len(self.dir.minds_on(n)),
                           "load": loads.get(n)} for n in self.dir.state.nodes},
             "minds": {m: msgspec.to_builtins(e) for m, e in sorted(self.dir.state.minds.items())},
-            "lost": self.lost_log,
-            "migrations": len(self.migrations),
+            "lost": self.loss.lost_log,
+            "migrations": len(self.moves.migrations),
         }
 
     async def lost_events(self) -> list[dict[str, Any]]:
-        return self.lost_log
+        return self.loss.lost_log
 
     async def ping(self) -> str:
         """Its incarnation, once started: a router Ray restarted after a crash serves its

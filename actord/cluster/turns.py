@@ -23,6 +23,8 @@ import msgspec
 from actord.chat.messages import ChatRequest
 from actord.chat.turn import precheck
 from actord.cluster.directory import Directory, Entry
+from actord.cluster.locks import MindLocks
+from actord.cluster.loss import NodeLoss
 from actord.cluster.messages import KINDS, Holding, Turn
 from actord.cluster.nodelink import NODE_GONE, NodeLink
 from actord.service.errors import DuplicateTurn, InvalidParams, NodeUnavailable
@@ -75,29 +77,30 @@ class _Chunks:
 
 
 class Turns:
-    """MindRouter's turn verbs, mixed into it: router.py owns the state and the calls named
-    below (annotations only: nothing here shadows them)."""
+    """The router's turns: it owns the placing of new minds (one at a time); the directory,
+    the node links, the minds' locks and the loss handling are shared. `reconcile` drops
+    the copies a restarted node reports that the directory does not name (the router's)."""
 
-    dir: Directory
-    nodes: NodeLink
-    limits: RequestLimits
-    place_lock: asyncio.Lock
-    _ensure: Callable[[], Awaitable[None]]
-    _lock: Callable[[str], asyncio.Lock]
-    _reconcile: Callable[[str, list[Holding]], Awaitable[None]]
-    _node_lost: Callable[..., Awaitable[None]]
+    def __init__(self, directory: Directory, nodes: NodeLink, limits: RequestLimits, locks: MindLocks,
+                 loss: NodeLoss, reconcile: Callable[[str, list[Holding]], Awaitable[None]]) -> None:
+        self.dir = directory
+        self.nodes = nodes
+        self.limits = limits
+        self.locks = locks
+        self.loss = loss
+        self.reconcile = reconcile
+        self.place_lock = asyncio.Lock()
 
     async def turn(self, mind: str, request: dict[str, Any], turn_id: str | None = None,
                    sink: Callable[[Any], None] | None = None, kind: str = "completion") -> TurnOut:
         """Run one turn of `mind` on its node (placing it first if it is new): a completion
         (CompletionRequest's fields) or a chat (ChatRequest's: the node renders it). `sink`
         (in this process only: the socket's and the HTTP front's streams) gets each chunk once."""
-        await self._ensure()
         if not isinstance(mind, str) or check_part(mind) is not None:
             raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}")
         check_turn(kind, mind, request, self.limits)
         turn = turn_id or uuid.uuid4().hex
-        async with self._lock(mind):
+        async with self.locks.of(mind):
             placed = False
             entry = self.dir.get(mind)
             if entry is None:
@@ -129,11 +132,11 @@ class Turns:
                             # the background (it takes each mind's lock in turn; this one's is held).
                             try:
                                 holdings = await self.nodes.call(node, "holdings")
-                                asyncio.get_running_loop().create_task(self._reconcile(node, holdings))
+                                asyncio.get_running_loop().create_task(self.reconcile(node, holdings))
                             except NODE_GONE:  # gone again: the retry below finds out
                                 pass
                         else:
-                            await self._node_lost(node, only=mind)
+                            await self.loss.lost(node, only=mind)
                         entry = self.dir.get(mind) or await self._place(mind)
                 delivered += chunks.n
         raise AssertionError("unreachable")
@@ -145,7 +148,6 @@ class Turns:
         places it, and not remembered in the directory (a fresh mind per request would be
         a mind no later request names, held until evicted). It changes no mind, so a node
         that fails before it sent a chunk is replaced by another, once."""
-        await self._ensure()
         check_turn(kind, None, request, self.limits)
         tried: set[str] = set()
         for attempt in (1, 2):

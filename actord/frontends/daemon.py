@@ -119,8 +119,8 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
         elif config.memory_report_s > 0:
             from actord.service.memory import housekeeping
 
-            tg.start_soon(lambda: housekeeping(system, config.memory_report_s, trim=config.malloc_trim,
-                                               trace_malloc_s=config.trace_malloc_s))
+            tg.start_soon(lambda: housekeeping(system.metrics, system.memory_report, config.memory_report_s,
+                                               trim=config.malloc_trim, trace_malloc_s=config.trace_malloc_s))
         if config.sleep_idle_s > 0 and config.trace:
             log.info("sleep.off", why="a trace is being recorded", trace=config.trace)  # as the report above
         elif config.sleep_idle_s > 0:

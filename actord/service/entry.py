@@ -22,7 +22,7 @@ V = TypeVar("V", bound=Callable[..., Awaitable[Any]])
 def entry(method: str, *, check_open: bool = True, check: Callable[..., None] | None = None,
           **names: str) -> Callable[[V], V]:
     """A verb's entry at the façade: refused once the system is closing (`check_open`) or
-    when `check(system, *args)` refuses its arguments (a bound on their size: what is refused
+    when `check(limits, *args)` refuses its arguments (a bound on their size: what is refused
     is not recorded), then recorded as the external input `method` with its arguments (under
     the RPC's parameter names: `names` maps an RPC name to the argument's), so a replay
     re-executes it. One hook here instead of the same lines in every verb."""
@@ -35,7 +35,7 @@ def entry(method: str, *, check_open: bool = True, check: Callable[..., None] | 
             if check_open:
                 self.check_open()
             if check is not None:
-                check(self, *args, **kwargs)
+                check(self.request_limits(), *args, **kwargs)
             bound = sig.bind(self, *args, **kwargs)
             bound.apply_defaults()
             params = {rpc_name.get(k, k): v for k, v in list(bound.arguments.items())[1:]}

@@ -40,15 +40,19 @@ import ctypes.util
 import os
 import sys
 import tracemalloc
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Awaitable, Callable
 
 import anyio
 import msgspec
 
+from actord.chat.turn import ChatState
+from actord.engine import jobs as J
+from actord.engine.jobs import ModelProps
+from actord.service.builder import Actors
+from actord.service.config import Config
 from actord.service.log import get
-
-if TYPE_CHECKING:
-    from actord.service.system import ActorSystem
+from actord.serving.checkpoint_budget import BudgetStats
+from actord.serving.page_store import StoreStats
 
 log = get("actord.service.memory")
 
@@ -195,37 +199,34 @@ def _ring_bytes(records: list[Any]) -> int:
     return each * len(records) // len(sample)
 
 
-def _model_paths(system: "ActorSystem") -> set[str]:
+def _model_paths(config: Config) -> set[str]:
     out = set()
-    for p in (system.config.model, system.config.spec_draft_model):
+    for p in (config.model, config.spec_draft_model):
         if p:
             out.add(os.path.realpath(p))
     return out
 
 
-async def report(system: "ActorSystem") -> MemoryReport:
-    """The report, each actor asked through its own stats message (bounded by ask_timeout_s)."""
-    from actord.engine import jobs as J
-    from actord.serving.checkpoint_budget import BudgetStats
-    from actord.serving.page_store import StoreStats
-
-    pages = await system.pages.ask(StoreStats())
-    ckpt = await system.ckpt_budget.ask(BudgetStats())
-    records = await system.engine.run(J.StepRecords())
-    prompter = system.chat_state.prompter
-    props = system.props
+async def report(a: Actors, engine: Any, config: Config, props: ModelProps, chat_state: ChatState,
+                 sources: MemorySources) -> MemoryReport:
+    """The report, each actor asked through its own stats message (bounded by ask_timeout_s);
+    `engine` is the engine thread's door (its step records)."""
+    pages = await a.pages.ask(StoreStats())
+    ckpt = await a.ckpt_budget.ask(BudgetStats())
+    records = await engine.run(J.StepRecords())
+    prompter = chat_state.prompter
     kv = props.n_ctx * props.kv_bytes_per_token + props.n_seq_max * props.recurrent_state_bytes
     on_host = props.device.backend.upper() == "CPU" or not props.device.gpu_offload
     named = {
         "page_store": pages.live_bytes + pages.pooled,
         "checkpoints": ckpt.used,
         "chat_turn_memory": prompter.memory.held * 4 if prompter is not None else 0,
-        "stored_responses": system.memory_sources.read("stored_responses"),
-        "connection_buffers": system.memory_sources.read("connection_buffers"),
+        "stored_responses": sources.read("stored_responses"),
+        "connection_buffers": sources.read("connection_buffers"),
         "trace_ring": _ring_bytes(records),
         "libllama_kv": kv if on_host else 0,
     }
-    smaps = await anyio.to_thread.run_sync(read_smaps, _model_paths(system))
+    smaps = await anyio.to_thread.run_sync(read_smaps, _model_paths(config))
     heap = mallinfo()
     in_use = heap.get("in_use", 0)
     if tracemalloc.is_tracing():
@@ -278,7 +279,8 @@ class MallocTracer:
                 f"{s.traceback[0].lineno}" for s in stats[: self.top]]
 
 
-async def housekeeping(system: Any, every_s: float, *, trim: bool = True, trace_malloc_s: float = 0.0) -> None:
+async def housekeeping(metrics: Any, report: Callable[[], Awaitable[MemoryReport]], every_s: float, *,
+                       trim: bool = True, trace_malloc_s: float = 0.0) -> None:
     """Forever: every `every_s`, trim malloc (worker thread) and refresh the gauges; every
     `trace_malloc_s` (0: never), log tracemalloc's top growth since the first snapshot."""
     tracer = MallocTracer() if trace_malloc_s > 0 else None
@@ -287,7 +289,7 @@ async def housekeeping(system: Any, every_s: float, *, trim: bool = True, trace_
         if trim:
             await anyio.to_thread.run_sync(malloc_trim)
         try:
-            publish(system.metrics, await system.memory_report())
+            publish(metrics, await report())
         except Exception as e:  # noqa: BLE001  (a report that cannot be made now is tried again)
             log.warning("memory.report_failed", error=repr(e))
         now = anyio.current_time()

@@ -24,7 +24,7 @@ import msgspec
 from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
-from actord.service import introspection, memory, placement, slot_ctx, tenancy, text
+from actord.service import introspection, memory, slot_ctx, tenancy, text
 from actord.service.builder import Actors, build_actors, engine_thread, failure_handler
 from actord.service.config import Config
 from actord.service.entry import entry
@@ -36,6 +36,7 @@ from actord.service.log import get
 from actord.service.metrics import Metrics
 from actord.service.protocol import Embedded, MemoryView, OnToken, TemplateSource, Tokenized
 from actord.service.persist import Persister
+from actord.service.placement import Placement
 from actord.service.spill import spill_page
 from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
@@ -107,7 +108,9 @@ class ActorSystem:
         self.closing = False
         self.inflight = InFlight()
         self.memory_sources = memory.MemorySources()  # bytes the fronts hold, read by memory_report
+        self.text_verbs = text.TextVerbs(self, self.engine)
         self._persister: Persister | None = None
+        self._placement: Placement | None = None
         self._persisted = False
 
     # -- what start built (typed; reading one before the start is a bug) ---------------
@@ -139,6 +142,12 @@ class ActorSystem:
         return self._actors
 
     @property
+    def placement(self) -> Placement:
+        if self._placement is None:
+            raise ShuttingDown("the system is not running")
+        return self._placement
+
+    @property
     def slots(self) -> list[Slot]:
         return self._actors.slots if self._actors is not None else []
 
@@ -166,6 +175,8 @@ class ActorSystem:
             self._actors = build_actors(self.config, self._props, self.dispatcher, self.engine, self.metrics,
                                         self.files, self._spill_page, self.default_genes, self.placer_class)
             c = self.config
+            self._placement = Placement(self._actors.slots, self._actors.scheduler, self.inflight,
+                                        self._props, c.ask_timeout_s)
             self._persister = Persister(self._actors.slots, self._actors.pages, self._spill_page, self.metrics,
                                         window_s=c.write_behind_s, threads=c.disk_threads,
                                         ask_timeout_s=c.ask_timeout_s)
@@ -191,7 +202,7 @@ class ActorSystem:
             # current one when it exits; the engine's stop is shielded in __aexit__.)
             await self.__aexit__(None, None, None)
             raise
-        introspection.log_started(self)
+        introspection.log_started(self.props, self.config)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -301,14 +312,14 @@ class ActorSystem:
         slot: Slot | None = None
         try:
             if request.mind is not None:
-                return introspection.answered(self, await self.placer.ask(
+                return introspection.answered(self.metrics, await self.placer.ask(
                     PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token, timeout=bound))
             if request.slot is not None:
                 slot = self._slot(request.slot)
             else:
-                slot = await placement.place(self, request)
+                slot = await self.placement.place(request)
             self.inflight.slots[rid] = slot.id
-            return introspection.answered(self, await slot.ask(Complete(rid=rid, req=request), stream=on_token,
+            return introspection.answered(self.metrics, await slot.ask(Complete(rid=rid, req=request), stream=on_token,
                                                                timeout=bound))
         except (anyio.get_cancelled_exc_class(), AskTimeout):
             # The caller is gone (or out of time): the request ends at its next step.
@@ -329,7 +340,7 @@ class ActorSystem:
 
     async def fork_prefix(self, source: int, prefix: list[int], want: int) -> list[int]:
         """Up to `want` idle slots made to hold slot `source`'s `prefix` (n choices: actord/chat/choices.py)."""
-        return await placement.fork_prefix(self, source, prefix, want)
+        return await self.placement.fork_prefix(source, prefix, want)
 
     async def _cancel(self, rid: int, slot: int | None) -> None:
         """Tell whoever holds request `rid` to end it; bounded, and never raises."""
@@ -378,29 +389,29 @@ class ActorSystem:
     @entry("tokenize", check_open=False, check=text.check_content)
     async def tokenize(self, content: str, add_special: bool = False, parse_special: bool = True,
                        with_pieces: bool = False) -> Tokenized:
-        return await text.tokenize(self, content, add_special, parse_special, with_pieces)
+        return await self.text_verbs.tokenize(content, add_special, parse_special, with_pieces)
 
     @entry("detokenize", check_open=False)
     async def detokenize(self, tokens: list[int]) -> str:
-        return await text.detokenize(self, tokens)
+        return await self.text_verbs.detokenize(tokens)
 
     @entry("chat.template", check_open=False)
     async def chat_template(self) -> TemplateSource:
-        return await text.template_source(self)
+        return await self.text_verbs.template_source()
 
     @entry("apply_template", check_open=False, check=text.check_apply)
     async def apply_template(self, messages: list[Any], template: str | None = None,
                              add_generation_prompt: bool = True, tools: list[Any] | None = None,
                              template_kwargs: dict[str, Any] | None = None) -> str:
-        return await text.apply_template(self, messages, template, add_generation_prompt, tools, template_kwargs)
+        return await self.text_verbs.apply_template(messages, template, add_generation_prompt, tools, template_kwargs)
 
     async def count_prompt(self, messages: list[Any], template: str | None = None, add_generation_prompt: bool = True,
                            tools: list[Any] | None = None, template_kwargs: dict[str, Any] | None = None) -> int:
-        return await text.count_prompt(self, messages, template, add_generation_prompt, tools, template_kwargs)
+        return await self.text_verbs.count_prompt(messages, template, add_generation_prompt, tools, template_kwargs)
 
     async def embed(self, inputs: list[str | list[int]]) -> Embedded:
         """One pooled vector per input (not recorded: a trace holds no embeddings)."""
-        return await text.embed(self, inputs)
+        return await self.text_verbs.embed(inputs)
 
     # -- slots -------------------------------------------------------------------------
 
@@ -431,7 +442,7 @@ class ActorSystem:
             n = await self.pages.ask(PageTokens(name=own))  # one page's size, not a listing of all
             if n is None:
                 return await target.ask(PageInSlot(page=own))  # refused by the slot, typed
-            return tenancy.client_answer(await placement.with_room(self, slot, n, PageInSlot(page=own), page=own))
+            return tenancy.client_answer(await self.placement.with_room(slot, n, PageInSlot(page=own), page=own))
 
     @entry("page.drop")
     async def page_drop(self, page: str) -> Any:
@@ -490,7 +501,7 @@ class ActorSystem:
         n = await self.files.n_tokens(file)  # the file's cells, as its header says
         if not n:  # nothing to hold, or refused by the slot, typed
             return tenancy.client_answer(await target.ask(RestoreSlot(file=file)))
-        return tenancy.client_answer(await placement.with_room(self, slot, n, RestoreSlot(file=file), file=file))
+        return tenancy.client_answer(await self.placement.with_room(slot, n, RestoreSlot(file=file), file=file))
 
     @entry("page.stats", check_open=False)
     async def page_stats(self) -> Any:
@@ -527,22 +538,23 @@ class ActorSystem:
     # -- introspection (actord/service/introspection.py) ---------------------------------
 
     async def props_dict(self) -> dict[str, Any]:
-        return introspection.props_dict(self)
+        return introspection.props_dict(self.config.model, len(self.slots), self.http_address, self.props)
 
     async def health(self) -> dict[str, Any]:
-        return introspection.health(self, self._started)
+        return introspection.health(self.actors(), self._started, self.engine.queued)
 
     async def memory(self, after: str = "", limit: int = 0) -> MemoryView:
         if limit < 0:
             raise InvalidParams("limit is >= 0 (0: all)", limit=limit)
-        return await introspection.memory(self, after, limit)
+        return await introspection.memory(self.built, self.files.index, self.props, self.metrics, after, limit)
 
     def metrics_text(self) -> str:
         return self.metrics.exposition()
 
     async def memory_report(self) -> memory.MemoryReport:
         """`stats memory`: bytes by what holds them, RSS and the rest (actord/service/memory.py)."""
-        return await memory.report(self)
+        return await memory.report(self.built, self.engine, self.config, self.props, self.chat_state,
+                                   self.memory_sources)
 
     def n_deferred(self) -> int:
         """Requests waiting for a slot (llama-server's `requests_deferred`)."""
@@ -553,7 +565,7 @@ class ActorSystem:
 
     def final_state(self) -> dict[str, Any]:
         """What a replay must reproduce: each actor's state that outlives a request."""
-        return introspection.final_state(self)
+        return introspection.final_state(self._actors, self.metrics)
 
     def statistics(self) -> list[Any]:
         return [a.statistics() for a in self.actors()]

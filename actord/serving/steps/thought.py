@@ -24,12 +24,20 @@ past it (the core's `feed_until`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from actord.service.types import ThoughtBudget, TokenLogprob
+from actord.serving.steps.text import TextState
 
-if TYPE_CHECKING:
-    from actord.serving.steps.records import Request
+
+class Fed(Protocol):
+    """What a forcing writes into: a request's tokens and output (records.py `Request`)."""
+
+    tokens: list[int]
+    out: list[int]
+    logprobs: list[TokenLogprob] | None
+    text: TextState | None
+
 
 _WAIT, _COUNT, _FINISH = 0, 1, 2  # before a thought, inside one, a counted-out character finishing
 
@@ -94,7 +102,7 @@ class Thought:
         self.state, self.end_at = _WAIT, 0  # forced now; a new start marker opens a new budget
         return True
 
-    def force(self, r: "Request", room: int) -> tuple[str, bool]:
+    def force(self, r: Fed, room: int) -> tuple[str, bool]:
         """Put the first `room` forced tokens into `r`'s output as if generated (the next
         entry feeds them); (their text streamable now, whether a stop string hit in it)."""
         out, text, deltas = r.out, r.text, []
