@@ -62,7 +62,11 @@ async def daemon(tiny_model: str, tmp_path: Any, monkeypatch: Any) -> AsyncItera
             @asynccontextmanager
             async def connect() -> AsyncIterator[Peer_]:
                 async with await anyio.connect_unix(cfg.socket) as stream:
-                    yield Peer_(stream)
+                    peer = Peer_(stream)
+                    # Answered: the server has read this connection's peer (in the order the
+                    # connections were made: the uids above are handed out in that order).
+                    await peer.call("health", {})
+                    yield peer
 
             yield system, connect
             tg.cancel_scope.cancel()
