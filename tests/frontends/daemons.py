@@ -8,9 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from actord.frontends.client import Client
 from actord.testing.daemon import wait_until_serving
@@ -94,18 +93,6 @@ class Daemon:
         text = self.log()
         for bad in ("Traceback", "internal_error", "actor.crashed", "connection_failed", "InvalidStateError"):
             assert bad not in text, f"{bad} in the daemon log:\n{text[-3000:]}"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60, every: float = 0.05) -> Any:
-    """Poll until `check()` is truthy; its value, or AssertionError with the last value."""
-    t0 = time.monotonic()
-    last: Any = None
-    while time.monotonic() - t0 < timeout:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"not reached in {timeout} s (last: {last!r})")
 
 
 def request(rid: Any, method: str, params: Any = None) -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ from actord.frontends.client import Client
 from actord.frontends.http.openai import wire as O
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 from actord.testing.daemon import wait_until_serving
+from tests.waits import wait_until
 
 PY = sys.executable
 KEY = "test-key"
@@ -235,13 +235,8 @@ def test_bad_http_input_gets_openai_errors_and_the_daemon_keeps_serving(front, c
 
 
 def _wait_metric(url: str, name: str, above: float, timeout: float = 20) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = _metric(url, name)
-        if v > above:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"{name} stayed at {above}")
+    """`name`'s value once it has passed `above` (counters start at 0: a value past it is truthy)."""
+    return wait_until(lambda: (v := _metric(url, name)) > above and v, f"{name} above {above}", timeout=timeout)
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import anyio
 import pytest
 
 from actord.serving.page_store import PageStore
 from actord.frontends.client import Client
+from actord.testing.daemon import wait_until_serving
 from actord.replay.replay import replay_file
 from actord.replay.sim import InvariantViolated, simulate
 
@@ -90,10 +90,7 @@ def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model,
          "--batch", "32", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--trace", str(trace),
          "--log-level", "warning"], stderr=subprocess.PIPE)
     try:
-        for _ in range(300):
-            if sock.exists():
-                break
-            time.sleep(0.05)
+        wait_until_serving(proc, sock, timeout_s=60)
 
         def client(slot):
             with Client(str(sock)) as c:
@@ -189,10 +186,7 @@ def test_a_trace_with_shared_prefixes_replays(tiny_model, tmp_path):
          "--log-level", "warning"], stderr=subprocess.PIPE)
     system_prompt = [1] + [3 + (i * 37) % 500 for i in range(99)]
     try:
-        for _ in range(300):
-            if sock.exists():
-                break
-            time.sleep(0.05)
+        wait_until_serving(proc, sock, timeout_s=60)
         with Client(str(sock)) as c:
             for turn in range(2):
                 for m in range(4):
