@@ -101,10 +101,10 @@ def test_ready_after_the_socket_serves_watchdog_pings_and_stopping_at_shutdown(t
         assert ready["MAINPID"] == str(proc.pid) and str(sock) in ready["STATUS"]
         with Client(str(sock), timeout=5) as c:  # serving already: no wait, no retry
             assert c.call("health")["status"] == "ok"
-        t0 = time.monotonic()
+        # The pings repeat (their interval is pinned by the test above; the socket's timeout
+        # is the hang guard, not a measure).
         _next(notify_socket, "WATCHDOG=1")
         _next(notify_socket, "WATCHDOG=1")
-        assert time.monotonic() - t0 < 5
         proc.send_signal(signal.SIGTERM)
         _next(notify_socket, "STOPPING=1")
         assert proc.wait(30) == 0

@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes: chat and text completions, and the model list.
 
 Why a module of its own: these routes turn OpenAI's requests (shapes and checks in
-`openai.py`) into actord's chats and completions and answer in OpenAI's shapes
+`wire.py`) into actord's chats and completions and answer in OpenAI's shapes
 (`OpenAIAnswer`, run inside the response by `streaming.Generation`, as the native
 /completion's answer is); the front that serves them (`app.py`) is the same for both APIs.
 
@@ -16,13 +16,13 @@ embeddings have modules of their own (`responses_api.py`: POST /v1/responses, GE
 read their bodies and minds as these routes do (`decode_body`, `request_mind`).
 
 Tools (actord.chat.tools): a chat's `tools`, `tool_choice`, `parallel_tool_calls` and the legacy
-`functions` / `function_call` become the ChatRequest's tool fields (`openai.chat_tools`);
+`functions` / `function_call` become the ChatRequest's tool fields (`wire.chat_tools`);
 the answer carries the reply's `tool_calls` (streamed: as `tool_calls` deltas, each call
 whole), or, for a legacy request, `function_call`.
 
 The mind is named by the `X-Actord-Mind` header (used as given: it must be a valid mind
 name), else by `prompt_cache_key`, else by `user`, both free-form and mapped to a mind name
-through a digest (`openai.mind_for`). The header wins, because it is an explicit
+through a digest (`wire.mind_for`). The header wins, because it is an explicit
 instruction to actord; `prompt_cache_key` beats `user` because it is OpenAI's field for
 exactly this (cache routing), while `user` is an end-user id a client may set for other
 reasons. With none, a request is placed like llama-server's: the idle slot sharing the
