@@ -470,6 +470,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     def api_keys(self) -> list[str]:
         """Every API key the HTTP front accepts: --api-key's, comma-separated, then
         --api-key-file's, one per line (read here, once, at the front's start)."""
+        from actord.service.errors import InvalidParams
+
         keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
         if self.api_key_file:
             try:
