@@ -22,7 +22,7 @@ from actord.cluster.client import ClusterClient, get  # noqa: E402
 from actord.frontends.http.openai import wire as O  # noqa: E402
 from actord.testing.models import write_tiny_chat  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 KEY = "cluster-key"
 NODES = ("n1", "n2")

@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray", reason=NO_RAY)
 
 from actord.cluster.local import FAST_HEALTH  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MINDS = [f"r{i}" for i in range(6)]
 

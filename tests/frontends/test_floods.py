@@ -14,6 +14,8 @@ import pytest
 
 from tests.frontends.daemons import Daemon, request
 
+pytestmark = pytest.mark.slow  # daemons flooded by many clients
+
 
 class Flood:
     """`connections` raw connections, each keeping `in_flight` calls of `method` in flight."""

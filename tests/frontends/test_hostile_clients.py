@@ -23,6 +23,8 @@ from actord.service.errors import FileTooLarge, InvalidParams, NotARegularFile, 
 from tests.frontends.daemons import PY, Daemon, read_lines, read_to_eof, request
 from tests.waits import eventually, wait_until
 
+pytestmark = pytest.mark.slow  # daemons in their own processes under floods and hostile clients
+
 CANCELLED = 'requests_total{outcome="cancelled"}'
 
 

@@ -217,6 +217,7 @@ def _cold(server: Server) -> None:
         server.ok("POST", f"/slots/{s['id']}?action=erase")
 
 
+@pytest.mark.slow
 def test_n_cmpl_answers_n_completions_from_one_prefill_by_index(server):
     body = {"prompt": "once upon a time there was a", "n_predict": 6, "temperature": 1.0, "seed": 42}
     _cold(server)
@@ -617,6 +618,7 @@ def test_health_is_public_and_answers_as_llama_server(server):
     assert httpx.get(server.url + "/v1/health").json()["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_metrics_carry_llama_servers_series_and_the_seeds_names(server):
     assert_error(httpx.get(server.url + "/metrics"), 401, kind="authentication_error")
     text = server.get("/metrics").text

@@ -279,6 +279,7 @@ def _mind_workload(turn: callable) -> None:  # type: ignore[valid-type]
             msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
 
 
+@pytest.mark.slow
 def test_many_minds_page_the_same_through_http_as_through_the_socket(chat_model, tmp_path):
     counts = []
     for via in ("socket", "http"):
@@ -379,6 +380,7 @@ def test_developer_role_is_rendered_as_system_for_a_template_without_it(client):
     assert dev.choices[0].message.content == sys_.choices[0].message.content
 
 
+@pytest.mark.slow
 def test_developer_role_reaches_gemma_template_as_system(chat_model, tmp_path):
     from actord.testing.models import GEMMA3_CHAT_TEMPLATE
 
@@ -453,6 +455,7 @@ def test_chat_default_max_tokens_is_bounded_not_the_context(chat_model, tmp_path
         _stop(proc)
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_4096_tokens_fits_a_larger_context(chat_model, tmp_path):
     """The edge checks a request under this daemon's limits, not the defaults' (4096)."""
     proc, _, url = _start(chat_model, tmp_path / "d", "--ctx", "8192")
@@ -494,6 +497,7 @@ def test_the_localhost_keyword_allows_local_origins_only(origin, allowed):
     assert origin_allowed(origin, frozenset()) and origin_allowed(origin, frozenset({"*"}))
 
 
+@pytest.mark.slow
 def test_cors_preflight_for_an_allowed_origin_and_refusal_for_others(chat_model, tmp_path):
     ui = "http://ui.example"
     proc, _, url = _start(chat_model, tmp_path / "d", "--cors-origin", ui, "--cors-origin", "localhost")

@@ -172,6 +172,7 @@ def test_body_bytes_in_flight_are_bounded_in_all_and_per_address():
     assert b.held == 51 and b.by_peer == {"b": 40, "c": 11}
 
 
+@pytest.mark.slow
 def test_a_body_past_the_bytes_in_flight_gets_503_as_it_arrives(tmp_path):
     model = str(write_tiny_llama(tmp_path / "tiny.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
     proc, _, url = _start(model, tmp_path / "d", "--http-max-body-bytes", str(16 << 20),

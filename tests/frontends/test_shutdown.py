@@ -15,6 +15,8 @@ from actord.frontends.client import Client
 from actord.testing.daemon import wait_until_serving
 from tests.waits import wait_until
 
+pytestmark = pytest.mark.slow  # daemons stopped by SIGTERM mid-request, each its own process
+
 PY = sys.executable
 
 

@@ -89,6 +89,7 @@ def test_sockets_for_another_process_are_left_alone():
     assert got.rpc is None and got.http is None and env["LISTEN_FDS"] == "2"
 
 
+@pytest.mark.slow
 def test_ready_after_the_socket_serves_watchdog_pings_and_stopping_at_shutdown(tiny_model, tmp_path, notify_socket):
     sock = tmp_path / "d.sock"
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "200000"}
@@ -114,6 +115,7 @@ def test_ready_after_the_socket_serves_watchdog_pings_and_stopping_at_shutdown(t
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_socket_activation_serves_the_sockets_systemd_bound(tiny_model, tmp_path, notify_socket):
     path = tmp_path / "activated.sock"
     rpc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -100,6 +100,7 @@ def test_the_stand_in_engine_refuses_to_sleep_over_held_cells_as_the_real_one_do
     assert fake.handle(J.Sleep()) is True
 
 
+@pytest.mark.slow
 def test_the_daemon_sleeps_when_idle_and_props_says_so_until_a_request_wakes_it(tiny_model, tmp_path):
     import httpx
 
