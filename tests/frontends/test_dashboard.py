@@ -124,10 +124,10 @@ def test_the_page_shows_a_mind_moving_from_a_slot_to_a_page_and_back(daemon, exp
         expect(page.locator('#minds tr[data-mind="bob"]')).to_have_attribute("data-tier", "file", timeout=20000)
         for m in ("cy", "ada", "cy", "ada"):  # a little more traffic, polled, for the plots
             turn(c, m, 8)
-            page.wait_for_timeout(700)
+            page.wait_for_timeout(700)  # a time window on purpose: the page polls, the plots need points apart
         shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
         if shot:
-            page.wait_for_timeout(1200)
+            page.wait_for_timeout(1200)  # one more poll drawn before the picture (only when one is asked for)
             page.screenshot(path=shot, full_page=True)
 
         refused = browser.new_page()  # a tab of its own: no key in its session
