@@ -30,6 +30,7 @@ def _figures(out: Path) -> None:
     (out / "soak.json").write_text(json.dumps({"rows": [], "samples": []}))  # a run that sampled nothing
 
 
+@pytest.mark.slow
 def test_the_report_embeds_a_plot_per_benchmark_run_and_says_not_run_for_the_rest(tmp_path):
     out = tmp_path / "out"
     _figures(out)

@@ -75,6 +75,7 @@ def test_every_docs_page_is_in_the_nav():
     assert {"reference/configuration.md", "reference/rpc.md", "reference/http-routes.md"} <= nav
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict_with_no_warning(tmp_path):
     """What `make docs` runs, so CI (which runs the suite) checks the docs: a broken link or
     anchor, or a page out of the nav, fails here. Skipped where mkdocs is not installed."""

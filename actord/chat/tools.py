@@ -248,7 +248,7 @@ class Turn:
 
 def plan_turn(fmt: str, messages: list[Any], tools: list[Tool], mode: str, name: str = "",
               parallel: bool = True) -> Turn:
-    """A turn's rendering and constraints. `messages` are actord.chat.messages.ChatMessages (with
+    """A turn's rendering and constraints. `messages` are actord.chat.messages.ChatMessage (with
     `tool_calls`, `tool_call_id`, `name`); `mode`/`name` as `check_tools` returns them."""
     if fmt not in FORMATS:
         raise _bad("tool_format", f"{fmt!r} is not one of {', '.join(FORMATS)}")

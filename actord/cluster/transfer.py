@@ -91,8 +91,3 @@ def unpack(blob: PageBlob) -> PageImage:
         divergences=[tuple(d) for d in blob.divergences], prompt_end=blob.prompt_end,
         base=None if blob.base is None else memoryview(blob.base), n_base=blob.n_base,
     )
-
-
-def image_crc(image: PageImage) -> int:
-    """The CRC-32 `pack` would send for `image` (a test compares both ends)."""
-    return pack("", 0, image, []).crc32

@@ -148,9 +148,6 @@ class GeneCatalog:
             raise EngineError("llama_set_adapters_lora failed", rc=rc)
         self._applied = genes
 
-    def resident_bytes(self) -> int:
-        return sum(len(g.image) for g in self.genes.values() if g.adapter is not None)
-
     def host_bytes(self) -> int:
         return sum(len(g.image) for g in self.genes.values() if g.adapter is None)
 

@@ -264,7 +264,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     aip_predict_route: str = msgspec.field(default_factory=lambda: _env("AIP_PREDICT_ROUTE") or "/predict")
     aip_health_route: str = msgspec.field(default_factory=lambda: _env("AIP_HEALTH_ROUTE"))
     # Exact prompt+reply tokens kept for chat turns, in 4-byte units: each turn kept is also
-    # charged ~256 B (64 units) for its key and bookkeeping (chat.py TurnMemory).
+    # charged ~256 B (64 units) for its key and bookkeeping (chat/prompter.py TurnMemory).
     chat_memory_tokens: int = 1 << 22
     chat_template_file: str | None = None  # a Jinja2 chat template used instead of the GGUF's
     # A built-in chat template by name (chatml, llama3, llama2, gemma, phi3, mistral-v7,
@@ -500,6 +500,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     def api_keys(self) -> list[str]:
         """Every API key the HTTP front accepts: --api-key's, comma-separated, then
         --api-key-file's, one per line (read here, once, at the front's start)."""
+        from actord.service.errors import InvalidParams
+
         keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
         if self.api_key_file:
             try:

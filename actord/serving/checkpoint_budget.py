@@ -3,7 +3,7 @@
 It keeps a mirror of each slot's checkpoint list (positions and sizes, never the bytes),
 each slot's last raw lcp and its mind's divergence history, which the slots keep current
 by message. Before a slot stores a new checkpoint it asks for admission. Under the default
-"placement" policy the budget plans with the pure `placement.plan_admission`: the
+"placement" policy the budget plans with the pure `checkpoint_placement.plan_admission`: the
 checkpoint whose loss raises its slot's expected re-prefill least per byte freed goes,
 across slots, until the new one fits (and a slot holds at most the count cap); a trade
 that would not lower the total expected re-prefill is refused, so more checkpoints never

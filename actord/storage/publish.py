@@ -44,7 +44,7 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import msgspec
 
@@ -55,6 +55,7 @@ from actord.storage.pagefile import SUFFIXES, PageImage, encode_generation, load
 from actord.storage.paths import LOCK_NAME, RESERVED_PREFIX, confine
 
 log = get("actord.storage")
+T = TypeVar("T")
 
 STAGE_PREFIX = RESERVED_PREFIX + "stage-"
 RECORD_PREFIX = RESERVED_PREFIX + "commit-"
@@ -168,44 +169,22 @@ def _publish_generation(root: Path, name: str, image: PageImage, fs: OsFs) -> Pu
         away=[str(dests[sfx].relative_to(base)) for sfx in SUFFIXES if sfx not in bodies],
     )
     fs.mkdir(base, exist_ok=True)
-    stage_lock = _open_stage(base, stage, fs)
-    committed = False
-    try:
+
+    def staging() -> int:
         total = 0
         for sfx, parts in bodies.items():
             total += fs.write_file(stage / f"file{sfx}", parts)
         fs.dirsync(stage)
         fs.write_file(stage / STAGED_RECORD, [_REC_ENC.encode(record)])
         fs.step("staged")
-        with _locked(base, fs) as hold:
-            recover(base, fs, hold)
-            _make_parents(base, dests[""].parent, fs)
-            _refuse_folders(dests, fs)
-            rec_path = base / f"{RECORD_PREFIX}{stage_id}{RECORD_SUFFIX}"
-            fs.rename(stage / STAGED_RECORD, rec_path)
-            try:
-                fs.dirsync(base)
-            except StorageError:
-                # The record's durability is unknown: take it back, so the caller's error
-                # means "not published". If even that fails, the record stays and the next
-                # reader rolls it forward, so report it as committed.
-                committed = not _take_back(rec_path, fs)
-                raise
-            committed = True
-            fs.step("record_placed")
-            _apply(base, rec_path, record, fs)
-    except Exception as e:
-        if committed:
-            msg = e.message if isinstance(e, ActordError) else str(e)
-            data = e.data if isinstance(e, ActordError) else {}
-            raise StorageError(
-                f"page file {name} committed but not finished ({msg}); the next read completes it",
-                **{**data, "committed": True},
-            ) from e
-        _discard(stage, fs, e)
-        raise
-    finally:
-        stage_lock.release()
+        return total
+
+    def preparing() -> None:
+        _make_parents(base, dests[""].parent, fs)
+        _refuse_folders(dests, fs)
+
+    total = _commit(base, stage_id, record, fs, what=f"page file {name}", name=name, placed="record_placed",
+                    staging=staging, preparing=preparing)
     files = [m[1] for m in record.moves]
     t_ms = (time.perf_counter() - t0) * 1e3
     log.debug("page_file.published", file=name, n_bytes=total, files=files, t_ms=round(t_ms, 3))
@@ -233,34 +212,57 @@ def _remove_generation(root: Path, name: str, fs: OsFs) -> int:
     stage = base / f"{STAGE_PREFIX}{stage_id}"
     record = CommitRecord(version=RECORD_VERSION, stage=stage.name, gen_id=uuid.uuid4().hex, moves=[],
                           away=[str(d.relative_to(base)) for d in dests.values()])
+
+    def staging() -> None:
+        fs.write_file(stage / STAGED_RECORD, [_REC_ENC.encode(record)])
+        fs.dirsync(stage)
+
+    _commit(base, stage_id, record, fs, what=f"removal of page file {name}", name=name, placed="removal_placed",
+            staging=staging)
+    log.debug("page_file.removed", file=name, n_bytes=held)
+    return held
+
+
+def _commit(base: Path, stage_id: str, record: CommitRecord, fs: OsFs, *, what: str, name: str, placed: str,
+            staging: Callable[[], T], preparing: Callable[[], None] = lambda: None) -> T:
+    """The commit a publication and a removal share: `staging()` fills the stage (the staged
+    record last) and its value is returned; then, under the folder's lock, what an earlier
+    crash left is recovered, `preparing()` readies the destination, and the record is
+    placed (the commit point: durable once the folder is synced; the step `placed`) and
+    applied. A failure before the commit point discards the stage and changes nothing; one
+    after it is a StorageError saying `what` committed, which the next read completes."""
+    stage = base / record.stage
     stage_lock = _open_stage(base, stage, fs)
     committed = False
     try:
-        fs.write_file(stage / STAGED_RECORD, [_REC_ENC.encode(record)])
-        fs.dirsync(stage)
+        out = staging()
         with _locked(base, fs) as hold:
             recover(base, fs, hold)
+            preparing()
             rec_path = base / f"{RECORD_PREFIX}{stage_id}{RECORD_SUFFIX}"
             fs.rename(stage / STAGED_RECORD, rec_path)
             try:
                 fs.dirsync(base)
             except StorageError:
+                # The record's durability is unknown: take it back, so the caller's error
+                # means "not published". If even that fails, the record stays and the next
+                # reader rolls it forward, so report it as committed.
                 committed = not _take_back(rec_path, fs)
                 raise
             committed = True
-            fs.step("removal_placed")
+            fs.step(placed)
             _apply(base, rec_path, record, fs)
     except Exception as e:
         if committed:
             msg = e.message if isinstance(e, ActordError) else str(e)
-            raise StorageError(f"removal of page file {name} committed but not finished ({msg}); the next read "
-                               "completes it", file=name, committed=True) from e
+            data = e.data if isinstance(e, ActordError) else {}
+            raise StorageError(f"{what} committed but not finished ({msg}); the next read completes it",
+                               **{**data, "file": name, "committed": True}) from e
         _discard(stage, fs, e)
         raise
     finally:
         stage_lock.release()
-    log.debug("page_file.removed", file=name, n_bytes=held)
-    return held
+    return out
 
 
 def _open_stage(base: Path, stage: Path, fs: OsFs) -> FileLock:

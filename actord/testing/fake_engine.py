@@ -150,7 +150,3 @@ class FakeEngine:
         self.step_no += 1
         return J.StepOut(step=self.step_no, entries=out, n_tokens=n, t_decode_ms=0.0, t_sample_ms=0.0,
                          epoch=self.epoch)
-
-
-def fake_engine_factory(config: Config) -> FakeEngine:
-    return FakeEngine(config)

@@ -238,9 +238,6 @@ class Fuzzer:
 # ---- checking answers ------------------------------------------------------------------
 
 
-KNOWN_STD = {"ParseError", "InvalidRequest", "MethodNotFound", "InvalidParams"}
-
-
 def problems_in(line: bytes, kinds: Any = None) -> tuple[list[str], list[Any]]:
     """What is wrong with one line the daemon sent (empty if nothing), and the ids it answers.
 

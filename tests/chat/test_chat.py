@@ -84,6 +84,7 @@ async def test_a_model_without_a_template_chats_in_chatml_said_once_and_a_named_
         assert (await s.slot_list())[0].state == "idle"  # a refusal changed nothing
 
 
+@pytest.mark.slow
 def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_path):
     sock, proc = daemon
     msgs = json.dumps([{"role": "user", "content": "hello"}])
@@ -106,6 +107,7 @@ def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_
     assert len(warned) == 1 and "template=chatml" in warned[0]  # said once, at start, for every chat after
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 @pytest.mark.anyio
 async def test_gemma3_prompt_is_the_templates_own_output_and_the_next_turn_reuses_it(real_model, anyio_backend):

@@ -47,6 +47,7 @@ def conversations(draw):
     return msgs, draw(_text), draw(_text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["tiny", "gemma3"])
 @settings(max_examples=150, deadline=None)
 @given(convo=conversations())

@@ -12,6 +12,7 @@ from actord.service.types import CompletionRequest
 from actord.service.config import Config
 from actord.service.errors import InvalidParams
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -37,12 +38,11 @@ async def _solo(model: str, seeds: list[int]) -> list[list[int]]:
 
 
 async def _idle(s: ActorSystem) -> list:
-    with anyio.fail_after(30):
-        while True:
-            infos = await s.slot_list()
-            if all(i.state == "idle" and not i.deferred for i in infos):
-                return infos
-            await anyio.sleep(0.01)
+    async def idle() -> list | None:
+        infos = await s.slot_list()
+        return infos if all(i.state == "idle" and not i.deferred for i in infos) else None
+
+    return await eventually(idle, "every slot idle, nothing deferred", every=0.01)
 
 
 @pytest.mark.parametrize("kind", ["tiny_model", "tiny_recurrent_model", "tiny_swa_model", "tiny_hybrid_model"])

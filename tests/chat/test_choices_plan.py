@@ -8,6 +8,7 @@ import pytest
 from actord.service.types import CompletionResult, Timings
 from actord.chat.choices import check_n, choice_seed, merge_usage, plan, with_index
 from actord.service.errors import InvalidParams
+from tests.waits import eventually
 
 
 def result(n_out: int, slot: int = 0, n_prompt: int = 40, cached: int = 0, stop: str = "length") -> CompletionResult:
@@ -90,7 +91,7 @@ class _System:
         i = req.seed - 7
         self.placed[i] = req.slot
         try:
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()  # the choices run side by side, as on real slots
             if i == self.fail:
                 from actord.service.errors import ContextFull
 
@@ -147,7 +148,6 @@ async def test_a_cancelled_caller_cancels_every_choice():
                 await complete_choices(s, _req(), 4)
 
             tg.start_soon(caller)
-            while len(s.placed) < 4:
-                await anyio.sleep(0)
+            await eventually(lambda: len(s.placed) == 4, "all four choices placed")
             scope.cancel()
     assert sorted(s.cancelled) == [0, 1, 2, 3]

@@ -14,7 +14,7 @@ from tests.cluster.clusters import NO_RAY
 
 pytest.importorskip("ray", reason=NO_RAY)
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def actord(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

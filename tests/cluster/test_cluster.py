@@ -22,7 +22,7 @@ from actord.cluster.transfer import PageBlob  # noqa: E402
 from actord.service.errors import DuplicateTurn, InvalidParams, MigrationFailed, StaleEpoch  # noqa: E402
 from actord.storage.pagefile import PageImage  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 OBJECT_STORE = 96 << 20
 NODES = ("n1", "n2", "n3")

@@ -6,7 +6,6 @@ chat model: one cluster for the module, its front on 127.0.0.1:0 behind an API k
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from tests.cluster.clusters import NO_RAY, local_cluster, node_config
+from tests.waits import wait_until
 
 ray = pytest.importorskip("ray", reason=NO_RAY)
 openai = pytest.importorskip("openai")
@@ -22,7 +22,7 @@ from actord.cluster.client import ClusterClient, get  # noqa: E402
 from actord.frontends.http.openai import wire as O  # noqa: E402
 from actord.testing.models import write_tiny_chat  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 KEY = "cluster-key"
 NODES = ("n1", "n2")
@@ -192,10 +192,7 @@ def test_a_client_that_hangs_up_mid_stream_cancels_the_turn_on_its_node(cluster,
                 break  # the first generated text: hang up (900 tokens take about a second here)
     mind = O.mind_for("u", "hangs-up")
     node = ray_client.where(mind).node
-    for _ in range(200):
-        if get(cluster.node(node).load.remote()).unwrap().queue == 0:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: get(cluster.node(node).load.remote()).unwrap().queue == 0, "the node's queue empties")
     # The node's turn was cancelled (ray.cancel), not run to its end: never recorded as applied.
     held = [h for h in get(cluster.node(node).holdings.remote()).unwrap() if h.mind == mind]
     assert [h.last_turn for h in held] == [None]

@@ -11,6 +11,8 @@ import pytest
 from actord.service.config import Config
 from actord.service.system import ActorSystem
 
+pytestmark = pytest.mark.slow  # the Gemma-sized stand-in model, built and decoded
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -42,7 +42,7 @@ class Device:
             self.hold.wait(10)
             if job.epoch in self.blocked:
                 self.blocked[job.epoch].wait(10)
-            time.sleep(self.decode_s)
+            time.sleep(self.decode_s)  # the decode's own duration: a "slow" step outlasts defer_s
             if job.epoch == self.fail_epoch:
                 raise EngineError("decode failed", epoch=job.epoch)
             return job.epoch

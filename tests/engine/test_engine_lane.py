@@ -4,14 +4,13 @@ at the next step boundary, ahead of steps already queued, and everything else in
 from __future__ import annotations
 
 import threading
-import time
 
 import anyio
 import pytest
 
 from actord.engine import jobs as J
 from actord.engine.thread import EngineThread
-from tests.waits import eventually
+from tests.waits import eventually, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -64,9 +63,8 @@ async def test_jobs_finished_while_the_loop_is_busy_all_reach_their_waiters() ->
     await t.start()
     try:
         pend = [t.submit(J.Tokenize(text=str(i))) for i in range(50)]
-        deadline = time.monotonic() + 10
-        while t.jobs_done < 50 and time.monotonic() < deadline:
-            time.sleep(0.001)  # the loop is blocked: the engine finishes them all meanwhile
+        # The loop is blocked (a wait that does not yield): the engine finishes them all meanwhile.
+        wait_until(lambda: t.jobs_done == 50, "the engine finishes the 50 jobs", timeout=10, every=0.001)
         assert [await t.wait(p) for p in pend] == [str(i) for i in range(50)]
         for i in range(20):  # one at a time: each finishes after the previous drain
             assert await t.run(J.Tokenize(text=f"again {i}")) == f"again {i}"

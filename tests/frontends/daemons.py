@@ -1,16 +1,17 @@
-"""A daemon under test: `actord serve` in its own process, with its log, metrics, fds and RSS at hand."""
+"""A daemon under test: `actord serve` in its own process, with its log, metrics, fds and RSS at hand;
+or one serving HTTP for a module's tests (`serving_http`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterator
 
 from actord.frontends.client import Client
 from actord.testing.daemon import wait_until_serving
@@ -96,16 +97,28 @@ class Daemon:
             assert bad not in text, f"{bad} in the daemon log:\n{text[-3000:]}"
 
 
-def eventually(check: Callable[[], Any], timeout: float = 60, every: float = 0.05) -> Any:
-    """Poll until `check()` is truthy; its value, or AssertionError with the last value."""
-    t0 = time.monotonic()
-    last: Any = None
-    while time.monotonic() - t0 < timeout:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"not reached in {timeout} s (last: {last!r})")
+@contextlib.contextmanager
+def serving_http(model: str | Path, folder: Path, *extra: str, slots: int = 2, ctx: int = 2048, batch: int = 64,
+                 timeout: float = 30) -> Iterator[tuple[str, Client]]:
+    """`actord serve --http 127.0.0.1:0` on `model`, its socket and pages in `folder`: its HTTP
+    address and a client on its socket. At the end it is killed, and its log must hold no
+    traceback, internal error or crashed actor."""
+    sock = folder / "actord.sock"
+    proc = subprocess.Popen(
+        [PY, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", str(slots), "--ctx", str(ctx),
+         "--batch", str(batch), "--threads", "1", "--socket", str(sock), "--page-dir", str(folder / "pages"),
+         "--log-level", "warning", "--http", "127.0.0.1:0", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
+        with Client(str(sock), timeout=timeout) as c:
+            yield "http://" + c.call("props")["http"], c
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+    log = err.decode(errors="replace")
+    for bad in ("Traceback", "internal_error", "actor.crashed"):
+        assert bad not in log, log[-3000:]
 
 
 def request(rid: Any, method: str, params: Any = None) -> bytes:

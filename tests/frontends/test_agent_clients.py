@@ -39,6 +39,8 @@ import pytest
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, write_tiny_swa
 from tests.frontends.test_openai_http import KEY, _start, _stop
 
+pytestmark = pytest.mark.slow  # real agent CLIs and their recorded requests against daemons
+
 RECORDED = Path(__file__).parent / "recorded"
 CLAUDE = RECORDED / "claude_code_2.1.197_first.json"
 CODEX = RECORDED / "codex_0.171.0_first.json"

@@ -141,6 +141,7 @@ def test_sigterm_shuts_down_cleanly_and_removes_the_socket(daemon):
     assert not sock.exists()
 
 
+@pytest.mark.slow
 def test_cli_verbs_reach_the_daemon(daemon):
     sock, _ = daemon
 

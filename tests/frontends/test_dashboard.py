@@ -10,17 +10,17 @@ checked without a browser. ACTORD_DASHBOARD_SCREENSHOT=PATH saves the page as a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import subprocess
-import sys
+from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from actord.frontends.client import Client
-from actord.testing.daemon import wait_until_serving
 from actord.testing.models import write_tiny_llama
+from tests.frontends.daemons import serving_http
 
 KEY = "dash-key"
 CHROMIUMS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -48,26 +48,40 @@ def browser_missing() -> str | None:
     return "no browser for the dashboard test: missing " + " and ".join(missing) + "; scripts/bootstrap.sh installs them"
 
 
+@pytest.fixture
+def expect() -> Any:
+    """Playwright's `expect`, or the test skipped where this machine has no browser."""
+    why = browser_missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import expect
+
+    return expect
+
+
+@contextlib.contextmanager
+def live_page(url: str) -> Iterator[tuple[Any, Any]]:
+    """Headless Chromium on the dashboard at 1280 x 860, with the key, once the page is live:
+    the browser and the page."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium())
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(url + f"/dashboard#key={KEY}")
+            expect(page.locator("body")).to_have_attribute("data-state", "live", timeout=20000)
+            yield browser, page
+        finally:
+            browser.close()
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     d = tmp_path_factory.mktemp("dash")
     model = write_tiny_llama(d / "tiny.gguf", seed=1)
-    sock = d / "actord.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", "2", "--ctx", "2048",
-         "--batch", "64", "--threads", "1", "--socket", str(sock), "--page-dir", str(d / "pages"),
-         "--log-level", "warning", "--http", "127.0.0.1:0", "--api-key", KEY],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
-        with Client(str(sock), timeout=30) as c:
-            yield "http://" + c.call("props")["http"], c
-    finally:
-        proc.kill()
-        _, err = proc.communicate(timeout=10)
-    log = err.decode(errors="replace")
-    for bad in ("Traceback", "internal_error", "actor.crashed"):
-        assert bad not in log, log[-3000:]
+    with serving_http(model, d, "--api-key", KEY) as served:
+        yield served
 
 
 def turn(c: Client, mind: str, n: int = 4) -> None:
@@ -87,51 +101,40 @@ def test_the_state_route_needs_the_key_and_the_page_holds_no_data(daemon):
     assert "http://" not in page.text and "https://" not in page.text  # nothing loaded from elsewhere
 
 
-def test_the_page_shows_a_mind_moving_from_a_slot_to_a_page_and_back(daemon):
-    why = browser_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import expect, sync_playwright
-
+@pytest.mark.slow
+def test_the_page_shows_a_mind_moving_from_a_slot_to_a_page_and_back(daemon, expect):
     url, c = daemon
     turn(c, "ada")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium())
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(url + f"/dashboard#key={KEY}")
-            expect(page.locator("body")).to_have_attribute("data-state", "live", timeout=20000)
-            assert "key=" not in page.url  # the key left the address bar
-            ada = page.locator('#minds tr[data-mind="ada"]')
-            expect(ada).to_have_attribute("data-tier", "slot", timeout=20000)
-            expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(1)
+    with live_page(url) as (browser, page):
+        assert "key=" not in page.url  # the key left the address bar
+        ada = page.locator('#minds tr[data-mind="ada"]')
+        expect(ada).to_have_attribute("data-tier", "slot", timeout=20000)
+        expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(1)
 
-            turn(c, "bob")
-            turn(c, "cy")  # two slots, three minds: the least recently used, ada, is paged out
-            expect(ada).to_have_attribute("data-tier", "page", timeout=20000)
-            expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(0)
-            expect(page.locator('#budgets [data-budget="page_ram"]')).to_contain_text("KiB")
+        turn(c, "bob")
+        turn(c, "cy")  # two slots, three minds: the least recently used, ada, is paged out
+        expect(ada).to_have_attribute("data-tier", "page", timeout=20000)
+        expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(0)
+        expect(page.locator('#budgets [data-budget="page_ram"]')).to_contain_text("KiB")
 
-            turn(c, "ada")  # and back into a slot, from her page
-            expect(ada).to_have_attribute("data-tier", "slot", timeout=20000)
-            expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(1)
-            c.call("page.spill", {"page": "bob", "file": "bob.page", "drop": True})  # ada took bob's slot
-            expect(page.locator('#minds tr[data-mind="bob"]')).to_have_attribute("data-tier", "file", timeout=20000)
-            for m in ("cy", "ada", "cy", "ada"):  # a little more traffic, polled, for the plots
-                turn(c, m, 8)
-                page.wait_for_timeout(700)
-            shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
-            if shot:
-                page.wait_for_timeout(1200)
-                page.screenshot(path=shot, full_page=True)
+        turn(c, "ada")  # and back into a slot, from her page
+        expect(ada).to_have_attribute("data-tier", "slot", timeout=20000)
+        expect(page.locator('#slots tr[data-mind="ada"]')).to_have_count(1)
+        c.call("page.spill", {"page": "bob", "file": "bob.page", "drop": True})  # ada took bob's slot
+        expect(page.locator('#minds tr[data-mind="bob"]')).to_have_attribute("data-tier", "file", timeout=20000)
+        for m in ("cy", "ada", "cy", "ada"):  # a little more traffic, polled, for the plots
+            turn(c, m, 8)
+            page.wait_for_timeout(700)  # a time window on purpose: the page polls, the plots need points apart
+        shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
+        if shot:
+            page.wait_for_timeout(1200)  # one more poll drawn before the picture (only when one is asked for)
+            page.screenshot(path=shot, full_page=True)
 
-            refused = browser.new_page()  # a tab of its own: no key in its session
-            refused.goto(url + "/dashboard")
-            expect(refused.locator("body")).to_have_attribute("data-state", "refused", timeout=20000)
-            expect(refused.locator("#status")).to_contain_text("API key")
-            expect(refused.locator('#minds tr[data-mind="ada"]')).to_have_count(0)
-        finally:
-            browser.close()
+        refused = browser.new_page()  # a tab of its own: no key in its session
+        refused.goto(url + "/dashboard")
+        expect(refused.locator("body")).to_have_attribute("data-state", "refused", timeout=20000)
+        expect(refused.locator("#status")).to_contain_text("API key")
+        expect(refused.locator('#minds tr[data-mind="ada"]')).to_have_count(0)
 
 
 PREFIX = [1] + [3 + (i * 37) % 500 for i in range(599)]  # two prompts share it: a base (serving/page_bases.py)
@@ -148,12 +151,8 @@ def fits(page, width: int) -> list[str]:
         return out; }""", width)
 
 
-def test_the_page_shows_a_minds_label_its_shared_base_and_fits_1280_px(daemon):
-    why = browser_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import expect, sync_playwright
-
+@pytest.mark.slow
+def test_the_page_shows_a_minds_label_its_shared_base_and_fits_1280_px(daemon, expect):
     url, c = daemon
     for slot in (0, 1):
         c.call("slot.erase", {"slot": slot})
@@ -164,27 +163,20 @@ def test_the_page_shows_a_minds_label_its_shared_base_and_fits_1280_px(daemon):
     r = httpx.post(url + "/v1/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=60,
                    json={"prompt": "a mind a client named", "max_tokens": 2, "user": LONG})
     assert r.status_code == 200, r.text
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium())
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(url + f"/dashboard#key={KEY}")
-            expect(page.locator("body")).to_have_attribute("data-state", "live", timeout=20000)
-            labelled = page.locator(f'#minds tr[data-label="{LONG}"]')
-            expect(labelled).to_have_count(1, timeout=20000)
-            expect(labelled).to_contain_text("Ada Lovelace")
-            assert labelled.get_attribute("data-mind").startswith("u-")  # the digest, shown beneath
-            base = page.locator("#bases tr[data-base]")
-            expect(base).to_have_count(1, timeout=20000)
-            assert base.get_attribute("data-pages") == "pa,pb"
-            expect(base).to_contain_text("600")  # the tokens the two pages share, held once
-            expect(page.locator('#minds tr[data-mind="pb"] .based')).to_have_count(1)
-            assert fits(page, 1280) == []
-            shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
-            if shot:
-                page.screenshot(path=shot.replace(".png", "-bases.png"), full_page=True)
-        finally:
-            browser.close()
+    with live_page(url) as (browser, page):
+        labelled = page.locator(f'#minds tr[data-label="{LONG}"]')
+        expect(labelled).to_have_count(1, timeout=20000)
+        expect(labelled).to_contain_text("Ada Lovelace")
+        assert labelled.get_attribute("data-mind").startswith("u-")  # the digest, shown beneath
+        base = page.locator("#bases tr[data-base]")
+        expect(base).to_have_count(1, timeout=20000)
+        assert base.get_attribute("data-pages") == "pa,pb"
+        expect(base).to_contain_text("600")  # the tokens the two pages share, held once
+        expect(page.locator('#minds tr[data-mind="pb"] .based')).to_have_count(1)
+        assert fits(page, 1280) == []
+        shot = os.environ.get("ACTORD_DASHBOARD_SCREENSHOT")
+        if shot:
+            page.screenshot(path=shot.replace(".png", "-bases.png"), full_page=True)
 
 
 def test_rates_come_from_the_counters_between_polls():

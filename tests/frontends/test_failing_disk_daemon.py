@@ -16,6 +16,8 @@ import pytest
 from actord.service.errors import StorageError
 from tests.frontends.daemons import Daemon
 
+pytestmark = pytest.mark.slow  # daemons on full and read-only page folders
+
 
 def _mount_tmpfs(where: Path, size: str = "2m") -> str | None:
     """Mount a tmpfs at `where`; why not, or None when mounted."""

@@ -14,6 +14,8 @@ import pytest
 
 from tests.frontends.daemons import Daemon, request
 
+pytestmark = pytest.mark.slow  # daemons flooded by many clients
+
 
 class Flood:
     """`connections` raw connections, each keeping `in_flight` calls of `method` in flight."""
@@ -79,9 +81,9 @@ def daemons(tmp_path):
 
 
 def _wait_answers(flood: Flood, n: int) -> None:
-    from tests.frontends.daemons import eventually
+    from tests.waits import wait_until
 
-    eventually(lambda: flood.answered() >= n, timeout=300)
+    wait_until(lambda: flood.answered() >= n, f"{n} answers to the flood", timeout=300)
 
 
 def test_a_gene_list_flood_leaves_the_residency_alive_and_every_kind_of_completion_served(

@@ -23,6 +23,8 @@ from actord.testing.fuzz import STOPS
 from actord.testing.fuzz import Conn, Fuzzer, Report, problems_in, run_round
 from tests.frontends.daemons import Daemon
 
+pytestmark = pytest.mark.slow  # thousands of fuzzed requests against a daemon
+
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 json_values = st.recursive(

@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 from actord.service.errors import FileTooLarge, InvalidParams, NotARegularFile, PathRefused, PromptTooLong, RequestTooLarge
-from tests.frontends.daemons import PY, Daemon, eventually, read_lines, read_to_eof, request
+from tests.frontends.daemons import PY, Daemon, read_lines, read_to_eof, request
+from tests.waits import eventually, wait_until
+
+pytestmark = pytest.mark.slow  # daemons in their own processes under floods and hostile clients
 
 CANCELLED = 'requests_total{outcome="cancelled"}'
 
@@ -169,14 +172,14 @@ def test_clients_that_hang_up_cancel_their_work_and_free_the_slots(daemons, tiny
         s.sendall(request(1, "completion", {"prompt": [1, 2 + i], "n_predict": 4000, "ignore_eos": True,
                                             "stream": stream, "slot": i % 2}))
         socks.append(s)
-    eventually(lambda: [x["state"] for x in d.call("slot.list")] == ["processing"] * 2)
+    wait_until(lambda: [x["state"] for x in d.call("slot.list")] == ["processing"] * 2, "both slots processing")
     if stream:  # hang up mid-stream: a chunk has arrived on some connection
         assert any(_has_data(s) for s in socks)
     for s in socks:
         s.close()
     # A new client is served meanwhile: its 8 tokens do not wait for 80,000 tokens for nobody.
     assert _peer_completes(d) == 8
-    eventually(lambda: d.metric("requests_in_flight") == 0)
+    wait_until(lambda: d.metric("requests_in_flight") == 0, "no request left in flight")
     m = d.metrics()
     assert [x["state"] for x in d.call("slot.list")] == ["idle", "idle"]
     assert m.get(CANCELLED, 0) - base.get(CANCELLED, 0) >= 2  # both running requests ended "cancelled"
@@ -201,10 +204,10 @@ def test_a_client_that_streams_and_never_reads_is_disconnected_and_its_work_canc
     s.sendall(b"".join(request(i, "completion", {"prompt": [1, 2 + i], "n_predict": 2000, "ignore_eos": True,
                                                  "stream": True}) for i in range(8)))
     assert _peer_completes(d) == 8  # served while the non-reader's output piles up
-    eventually(lambda: d.metric('rpc_disconnects_total{reason="outbox_overflow"}') == 1)
+    wait_until(lambda: d.metric('rpc_disconnects_total{reason="outbox_overflow"}') == 1, "one outbox overflow")
     read_to_eof(s)  # the connection really is closed: the client is not left waiting forever
     s.close()
-    eventually(lambda: d.metric("requests_in_flight") == 0)
+    wait_until(lambda: d.metric("requests_in_flight") == 0, "no request left in flight")
     m = d.metrics()
     assert m.get(CANCELLED, 0) - base.get(CANCELLED, 0) >= 1
     assert m["predicted_tokens_total"] - base["predicted_tokens_total"] < 8 * 2000
@@ -227,7 +230,7 @@ def test_a_pipelining_client_that_never_reads_is_bounded_and_disconnected(daemon
     except OSError:
         pass  # the daemon hung up on us: expected
     s.close()
-    eventually(lambda: d.metric('rpc_disconnects_total{reason="outbox_overflow"}') == 1)
+    wait_until(lambda: d.metric('rpc_disconnects_total{reason="outbox_overflow"}') == 1, "one outbox overflow")
     assert sent < 300_000  # cut off long before the end
     assert _peer_completes(d) == 8
     assert d.rss_mb() < rss0 + 40  # was 65 MB -> 2.7 GB
@@ -373,7 +376,7 @@ def test_connections_over_the_limit_are_answered_overloaded(daemons, tiny_model)
         text = json.loads(wf.readline())["result"]["text"]
         return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("rpc_connections "))
 
-    eventually(lambda: open_connections() == 1)  # the watcher itself
+    wait_until(lambda: open_connections() == 1, "only the watcher still connected")
     wf.close()
     watcher.close()
 
@@ -428,9 +431,8 @@ def test_hundreds_of_connections_then_fds_and_rss_return_to_baseline(daemons, ti
             for i in range(4):
                 await stream.send(request(i, "completion", {"prompt": [9, i], "n_predict": 1500, "ignore_eos": True,
                                                             "stream": True}))
-            with anyio.fail_after(120):
-                while d.metric('rpc_disconnects_total{reason="outbox_overflow"}') < 1:
-                    await anyio.sleep(0.1)
+            await eventually(lambda: d.metric('rpc_disconnects_total{reason="outbox_overflow"}') >= 1,
+                             "the non-reader is cut off", timeout=120, every=0.1)
 
     results: list[str] = []
 
@@ -445,8 +447,10 @@ def test_hundreds_of_connections_then_fds_and_rss_return_to_baseline(daemons, ti
 
     anyio.run(run_all)
     assert results.count("done") == 200 and results.count("hung up") == 100
-    eventually(lambda: d.metric("requests_in_flight") == 0 and d.metric("rpc_connections") <= 1, timeout=120)
-    eventually(lambda: d.nfds() <= fds0 + 1)  # +1: the metrics connection polling may still be open
+    wait_until(lambda: d.metric("requests_in_flight") == 0 and d.metric("rpc_connections") <= 1,
+               "no request in flight and no client connected", timeout=120)
+    # +1: the metrics connection polling may still be open
+    wait_until(lambda: d.nfds() <= fds0 + 1, "the daemon's descriptors back to their count before")
     m = d.metrics()
     assert m.get(CANCELLED, 0) - base.get(CANCELLED, 0) >= 1
     assert m['rpc_disconnects_total{reason="outbox_overflow"}'] == 1

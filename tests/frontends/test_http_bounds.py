@@ -23,6 +23,8 @@ import pytest
 from actord.frontends.client import Client
 from tests.frontends.test_openai_http import _metric, _start, _stop
 
+pytestmark = pytest.mark.slow  # daemons held to their HTTP bounds' deadlines, one more started per refusal
+
 PY = sys.executable
 
 

@@ -140,7 +140,7 @@ def test_a_stream_sends_its_chunks_and_ends_as_its_api_does(kind):
 
     async def run(on_token: Any) -> CompletionResult:
         _tokens(on_token, [("a", 5)])
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()  # the writer sends "a" before "b" is made
         _tokens(on_token, [("b", 6)])
         return _result()
 
@@ -195,7 +195,7 @@ def test_an_error_after_the_first_chunk_is_an_sse_error_event(kind):
 
     async def run(on_token: Any) -> CompletionResult:
         _tokens(on_token, [("a", 5)])
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()  # the first chunk goes out (the status with it) before the error
         raise InvalidParams("the grammar left no token", param="grammar")
 
     anyio.run(wire.drive, _answer(kind, front, run, stream=True))

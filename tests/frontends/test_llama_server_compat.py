@@ -142,6 +142,7 @@ def per_slot(tmp_path_factory):
         _stop(proc)
 
 
+@pytest.mark.slow
 def test_per_slot_context_is_reported_and_held_as_llama_servers(per_slot):
     props = httpx.get(per_slot + "/props", headers=H, timeout=60).json()
     assert props["default_generation_settings"]["n_ctx"] == 256

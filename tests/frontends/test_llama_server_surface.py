@@ -26,6 +26,7 @@ from actord.frontends.http.app import HttpFront
 from actord.frontends.http.bounds import answer, canonical_head
 from actord.service.config import Config
 from actord.service.errors import InvalidParams
+from tests.waits import eventually
 
 KEY = "surface-key"
 pytestmark = pytest.mark.anyio
@@ -229,10 +230,8 @@ async def test_several_addresses_are_served_by_one_front_and_share_its_connectio
                 assert (await c.get(f"http://{host}:{port}/health")).status_code == 503  # served: no system yet
         a = await anyio.connect_tcp("127.0.0.1", port)
         b = await anyio.connect_tcp("::1", port)
-        await anyio.sleep(0.05)
-        while f.gate.open < 2:  # the two accepted by the loop (each its own listener)
-            await anyio.sleep(0.01)
-        assert f.gate.open == 2  # one count for all the listeners
+        # The two accepted by the loop (each its own listener), counted once for all of them.
+        await eventually(lambda: f.gate.open == 2, "both connections counted by the one gate")
         await a.aclose()
         await b.aclose()
         tg.cancel_scope.cancel()

@@ -11,17 +11,13 @@ decoded in several pieces. No network, no GPU.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import httpx
 import pytest
 
-from actord.frontends.client import Client
-from actord.testing.daemon import wait_until_serving
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
+from tests.frontends.daemons import serving_http
 
-PY = sys.executable
 PROMPT = "the model and the cache and the slots and the pages " * 3
 
 
@@ -29,22 +25,8 @@ PROMPT = "the model and the cache and the slots and the pages " * 3
 def url(tmp_path_factory):
     d = tmp_path_factory.mktemp("fields")
     model = write_tiny_llama(d / "tiny-chat.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE)
-    sock = d / "actord.sock"
-    proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", "1", "--ctx", "1024",
-         "--batch", "8", "--threads", "1", "--socket", str(sock), "--page-dir", str(d / "pages"),
-         "--log-level", "warning", "--http", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_until_serving(proc, sock, timeout_s=60, poll_s=0.1)
-        with Client(str(sock), timeout=10) as c:
-            yield "http://" + c.call("props")["http"]
-    finally:
-        proc.kill()
-        _, err = proc.communicate(timeout=10)
-    log = err.decode(errors="replace")
-    for bad in ("Traceback", "internal_error", "actor.crashed"):
-        assert bad not in log, log[-3000:]
+    with serving_http(model, d, slots=1, ctx=1024, batch=8, timeout=10) as (address, _):
+        yield address
 
 
 def stream(url: str, path: str, body: dict) -> list[dict]:

@@ -23,7 +23,7 @@ import pytest
 
 from actord.frontends.client import Client
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama, write_tiny_lora
-from tests.frontends.daemons import eventually
+from tests.waits import wait_until
 from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
@@ -217,6 +217,7 @@ def _cold(server: Server) -> None:
         server.ok("POST", f"/slots/{s['id']}?action=erase")
 
 
+@pytest.mark.slow
 def test_n_cmpl_answers_n_completions_from_one_prefill_by_index(server):
     body = {"prompt": "once upon a time there was a", "n_predict": 6, "temperature": 1.0, "seed": 42}
     _cold(server)
@@ -617,6 +618,7 @@ def test_health_is_public_and_answers_as_llama_server(server):
     assert httpx.get(server.url + "/v1/health").json()["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_metrics_carry_llama_servers_series_and_the_seeds_names(server):
     assert_error(httpx.get(server.url + "/metrics"), 401, kind="authentication_error")
     text = server.get("/metrics").text
@@ -713,9 +715,9 @@ def test_a_client_that_hangs_up_cancels_its_generation_and_is_counted_once(serve
             s.sendall(b"POST /completion HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + KEY.encode()
                       + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(payload)).encode()
                       + b"\r\n\r\n" + payload)
-            eventually(lambda: server.metric("requests_in_flight") >= 1)
-    eventually(lambda: server.metric(cancelled) > before)
-    eventually(lambda: server.metric("requests_in_flight") == 0)
+            wait_until(lambda: server.metric("requests_in_flight") >= 1, "the request is in flight")
+    wait_until(lambda: server.metric(cancelled) > before, "the abandoned request counts as cancelled")
+    wait_until(lambda: server.metric("requests_in_flight") == 0, "no request left in flight")
     assert server.metric(gone) == gone_before + 1
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ from actord.frontends.client import Client
 from actord.frontends.http.openai import wire as O
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 from actord.testing.daemon import wait_until_serving
+from tests.waits import wait_until
 
 PY = sys.executable
 KEY = "test-key"
@@ -235,13 +235,8 @@ def test_bad_http_input_gets_openai_errors_and_the_daemon_keeps_serving(front, c
 
 
 def _wait_metric(url: str, name: str, above: float, timeout: float = 20) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = _metric(url, name)
-        if v > above:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"{name} stayed at {above}")
+    """`name`'s value once it has passed `above` (counters start at 0: a value past it is truthy)."""
+    return wait_until(lambda: (v := _metric(url, name)) > above and v, f"{name} above {above}", timeout=timeout)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -284,6 +279,7 @@ def _mind_workload(turn: callable) -> None:  # type: ignore[valid-type]
             msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
 
 
+@pytest.mark.slow
 def test_many_minds_page_the_same_through_http_as_through_the_socket(chat_model, tmp_path):
     counts = []
     for via in ("socket", "http"):
@@ -384,6 +380,7 @@ def test_developer_role_is_rendered_as_system_for_a_template_without_it(client):
     assert dev.choices[0].message.content == sys_.choices[0].message.content
 
 
+@pytest.mark.slow
 def test_developer_role_reaches_gemma_template_as_system(chat_model, tmp_path):
     from actord.testing.models import GEMMA3_CHAT_TEMPLATE
 
@@ -458,6 +455,7 @@ def test_chat_default_max_tokens_is_bounded_not_the_context(chat_model, tmp_path
         _stop(proc)
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_4096_tokens_fits_a_larger_context(chat_model, tmp_path):
     """The edge checks a request under this daemon's limits, not the defaults' (4096)."""
     proc, _, url = _start(chat_model, tmp_path / "d", "--ctx", "8192")
@@ -499,6 +497,7 @@ def test_the_localhost_keyword_allows_local_origins_only(origin, allowed):
     assert origin_allowed(origin, frozenset()) and origin_allowed(origin, frozenset({"*"}))
 
 
+@pytest.mark.slow
 def test_cors_preflight_for_an_allowed_origin_and_refusal_for_others(chat_model, tmp_path):
     ui = "http://ui.example"
     proc, _, url = _start(chat_model, tmp_path / "d", "--cors-origin", ui, "--cors-origin", "localhost")

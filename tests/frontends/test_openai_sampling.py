@@ -164,6 +164,7 @@ def test_socket_completion_takes_the_sampling_fields(front):
         assert g["message"]["content"] in ("yes", "no")
 
 
+@pytest.mark.slow
 def test_gemma_parse_returns_a_valid_object_and_logprobs_stay_a_distribution(real_model, tmp_path):
     from actord.testing.models import GEMMA3_CHAT_TEMPLATE
 

@@ -236,6 +236,7 @@ def gemma(real_model, tmp_path_factory):
         _stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_gemma_generic_format_round_trip_required_then_auto(gemma, stream):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -251,6 +252,7 @@ def test_gemma_generic_format_round_trip_required_then_auto(gemma, stream):
     assert reason == "tool_calls" and _calls(again) == [("get_weather", {"city": "Paris"})]
 
 
+@pytest.mark.slow
 def test_gemma_generic_auto_on_a_fresh_conversation_may_answer_in_text(gemma):
     r = gemma.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi! How are you?"}],
                                       tools=[GEMMA_WEATHER], max_tokens=12, temperature=0)
@@ -280,6 +282,7 @@ def test_llama3_auto_starts_its_grammar_at_an_opening_brace(client, front):
     assert reason == "tool_calls" and name == "get_weather" and _weather_ok(args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_each_of_n_choices_parses_its_own_tool_calls(client, stream):
     kw = dict(model="m", messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,

@@ -16,6 +16,8 @@ import pytest
 from tests.frontends.test_http_bounds import _addr, _kept_alive, _read_all
 from tests.frontends.test_openai_http import _metric, _start, _stop
 
+pytestmark = pytest.mark.slow  # daemons held past their per-peer bounds and write deadlines
+
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):

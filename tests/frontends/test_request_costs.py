@@ -6,9 +6,8 @@ shape, before any work; and the daemon serves on."""
 
 from __future__ import annotations
 
-import time
+import threading
 
-import anyio
 import httpx
 import pytest
 
@@ -17,6 +16,7 @@ from actord.frontends.http.cors import host_allowed
 from actord.frontends.http.responses import HttpError
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 from tests.frontends.test_openai_http import _start, _stop
+from tests.waits import eventually
 
 
 @pytest.fixture(scope="module")
@@ -144,14 +144,18 @@ def test_host_names_allowed_are_addresses_localhost_and_configured_names():
 
 @pytest.mark.anyio
 async def test_parse_work_past_its_budget_is_a_413_naming_the_field():
+    release, ended = threading.Event(), threading.Event()
+
     def slow() -> int:
-        time.sleep(0.5)
+        release.wait(30)  # the parse runs on past its budget until the test has its answer
+        ended.set()
         return 1
 
     with pytest.raises(HttpError) as e:
         await costs.offload(slow, size=costs.OFFLOAD_BYTES + 1, budget_s=0.01, field="body")
     assert e.value.status == 413 and e.value.param == "body"
-    await anyio.sleep(0.6)  # the abandoned thread ends before the test does
+    release.set()
+    await eventually(ended.is_set, "the abandoned parse thread ends before the test does")
 
 
 def test_body_bytes_in_flight_are_bounded_in_all_and_per_address():
@@ -168,6 +172,7 @@ def test_body_bytes_in_flight_are_bounded_in_all_and_per_address():
     assert b.held == 51 and b.by_peer == {"b": 40, "c": 11}
 
 
+@pytest.mark.slow
 def test_a_body_past_the_bytes_in_flight_gets_503_as_it_arrives(tmp_path):
     model = str(write_tiny_llama(tmp_path / "tiny.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
     proc, _, url = _start(model, tmp_path / "d", "--http-max-body-bytes", str(16 << 20),

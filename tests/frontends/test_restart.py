@@ -7,13 +7,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from actord.frontends.client import Client
 from actord.testing.daemon import wait_until_serving
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.slow  # daemons stopped, killed and started again
 
 PY = sys.executable
 N_MINDS = 6
@@ -96,12 +98,10 @@ def test_kill_9_after_the_write_behind_window_loses_no_mind(tiny_model, tmp_path
         _turns(sock, history, rounds=2)
         with Client(str(sock), timeout=30) as c:
             before = _metric(c, "page_write_behind_total")
-            # The window passes: wait (by a deadline, not a count) until a pass has written
-            # the last turn's mind and found nothing else unwritten.
-            deadline = time.monotonic() + 60
-            while not (_metric(c, "page_write_behind_total") > before and _metric(c, "minds_unpersisted") == 0):
-                assert time.monotonic() < deadline, "write-behind never caught up"
-                time.sleep(0.1)
+            # The window passes: wait until a pass has written the last turn's mind and
+            # found nothing else unwritten.
+            wait_until(lambda: _metric(c, "page_write_behind_total") > before and _metric(c, "minds_unpersisted") == 0,
+                       "write-behind catches up", every=0.1)
         proc.kill()  # SIGKILL: no stop, nothing flushed
         proc.wait(timeout=30)
     finally:

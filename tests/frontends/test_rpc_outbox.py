@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 from actord.frontends.rpc.outbox import Outbox
+from tests.waits import eventually
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -34,8 +35,7 @@ def test_chunks_are_encoded_by_the_writer_in_order_with_the_answers():
                 box.put((3, chunk))
             assert len(box.queue) == 100 and not box.out  # queued as they are: nothing encoded yet
             box.put(b'{"jsonrpc":"2.0","id":3,"result":{}}\n')
-            while box.busy:
-                await anyio.sleep(0.01)
+            await eventually(lambda: not box.busy, "the writer sends all it was given")
             tg.cancel_scope.cancel()
 
     anyio.run(main)

@@ -7,13 +7,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from actord.frontends.client import Client
 from actord.testing.daemon import wait_until_serving
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.slow  # daemons stopped by SIGTERM mid-request, each its own process
 
 PY = sys.executable
 
@@ -50,31 +52,28 @@ def _in_flight(sock: Path, n: int) -> tuple[list[threading.Thread], list[object]
 
 
 def _wait_processing(sock: Path, which=all, within: float = 30.0) -> None:  # noqa: ANN001 - all or any
-    """A deadline, not a count of polls: CI machines are shared, and start-up can be slow."""
-    deadline = time.monotonic() + within
+    """Until all (or any) slots process: a deadline, not a count of polls (CI machines are
+    shared, and start-up can be slow)."""
     with Client(str(sock), timeout=10) as c:
-        while time.monotonic() < deadline:
-            if which(s["state"] == "processing" for s in c.call("slot.list")):
-                return
-            time.sleep(0.01)
-    raise AssertionError("requests never started")
+        wait_until(lambda: which(s["state"] == "processing" for s in c.call("slot.list")), "requests start",
+                   timeout=within, every=0.01)
 
 
 def _wait_refusing(sock: Path, within: float = 30.0) -> None:
     """Until a new completion is refused with ShuttingDown (the daemon got its SIGTERM)."""
     from actord.service.errors import ShuttingDown
 
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    def refusing() -> bool:
         try:
             with Client(str(sock), timeout=10) as c:
                 c.call("page.drop", {"page": "nobody"})  # PageNotFound at once until then
         except ShuttingDown:
-            return
+            return True
         except Exception:  # noqa: BLE001 - busy or not yet refusing: look again
             pass
-        time.sleep(0.02)
-    raise AssertionError("the daemon never refused new work")
+        return False
+
+    wait_until(refusing, "the daemon refuses new work", timeout=within)
 
 
 def test_sigterm_with_minds_in_flight_cancels_them_at_the_end_of_the_grace_and_answers_each(tiny_model, tmp_path):

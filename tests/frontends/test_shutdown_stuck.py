@@ -11,10 +11,13 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
+
+import pytest
 
 from actord.frontends.client import Client
 from actord.testing.daemon import wait_until_serving
+
+pytestmark = pytest.mark.slow  # a daemon that must outlast a stuck worker thread
 
 STUCK = '''
 import os

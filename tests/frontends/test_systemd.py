@@ -89,6 +89,7 @@ def test_sockets_for_another_process_are_left_alone():
     assert got.rpc is None and got.http is None and env["LISTEN_FDS"] == "2"
 
 
+@pytest.mark.slow
 def test_ready_after_the_socket_serves_watchdog_pings_and_stopping_at_shutdown(tiny_model, tmp_path, notify_socket):
     sock = tmp_path / "d.sock"
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "200000"}
@@ -101,10 +102,10 @@ def test_ready_after_the_socket_serves_watchdog_pings_and_stopping_at_shutdown(t
         assert ready["MAINPID"] == str(proc.pid) and str(sock) in ready["STATUS"]
         with Client(str(sock), timeout=5) as c:  # serving already: no wait, no retry
             assert c.call("health")["status"] == "ok"
-        t0 = time.monotonic()
+        # The pings repeat (their interval is pinned by the test above; the socket's timeout
+        # is the hang guard, not a measure).
         _next(notify_socket, "WATCHDOG=1")
         _next(notify_socket, "WATCHDOG=1")
-        assert time.monotonic() - t0 < 5
         proc.send_signal(signal.SIGTERM)
         _next(notify_socket, "STOPPING=1")
         assert proc.wait(30) == 0
@@ -114,6 +115,7 @@ def test_ready_after_the_socket_serves_watchdog_pings_and_stopping_at_shutdown(t
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_socket_activation_serves_the_sockets_systemd_bound(tiny_model, tmp_path, notify_socket):
     path = tmp_path / "activated.sock"
     rpc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -9,6 +9,7 @@ that selection gives up first; with no divergence known nothing changes from bef
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from actord.policy.checkpoint_records import CheckpointSize
@@ -48,6 +49,7 @@ def newest_under(cps, keep, raw_lcp):
     return set(below[len(below) - min(2, keep // 2):]) if keep // 2 else set()
 
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(cases())
 def test_never_more_than_one_plus_keep_and_an_ordered_subset(case):
@@ -59,6 +61,7 @@ def test_never_more_than_one_plus_keep_and_an_ordered_subset(case):
     assert select(cps, keep, raw_lcp) == [cps[i] for i in idx]
 
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(cases(min_size=1))
 def test_head_and_newest_always_kept(case):
@@ -69,6 +72,7 @@ def test_head_and_newest_always_kept(case):
         assert len(cps) - 1 in idx
 
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(cases())
 def test_newest_under_the_break_are_kept(case):
@@ -101,6 +105,7 @@ def test_early_divergence_keeps_the_two_under_it():
     assert [c.pos for c in select(cps, 8, None)][:2] == [2048, 24576]
 
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(cases())
 def test_victim_is_what_select_all_but_one_leaves_out(case):

@@ -233,6 +233,7 @@ def test_the_count_cap_only_competes_within_the_holder():
     assert not p.skipped and all(k == 0 for k, _ in p.evictions)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_admission_never_raises_the_total_expected_re_prefill(data):

@@ -11,6 +11,9 @@ import pytest
 from actord.serving.messages import Evict, PageOutSlot
 from actord.serving.slot import Slot
 from actord.replay.sim import InvariantViolated, simulate
+from tests.replay.hunting import first_finding
+
+pytestmark = pytest.mark.slow  # the simulation's deeper tier and planted-bug hunts: minutes of seeds
 
 
 @pytest.fixture(scope="session")
@@ -112,18 +115,10 @@ def test_the_simulation_finds_a_planted_upward_ask(tiny_model, sim_loras, monkey
         await real_tell(self, msg, stream)
 
     monkeypatch.setattr(Slot, "tell", tell)
-    found = None
-    for seed in range(200):
-        try:
-            anyio.run(simulate, seed, 10, tiny_model, sim_loras)
-        except InvariantViolated as e:
-            found = (seed, str(e))
-            break
-    assert found is not None, "200 seeds did not find the planted upward ask"
-    assert "AskOrderViolated" in found[1]
+    seed, found = first_finding(tiny_model, sim_loras, range(200), 10, "AskOrderViolated")
     with pytest.raises(InvariantViolated) as again:
-        anyio.run(simulate, found[0], 10, tiny_model, sim_loras)
-    assert str(again.value) == found[1]
+        anyio.run(simulate, seed, 10, tiny_model, sim_loras)
+    assert str(again.value) == found
 
 
 @pytest.mark.parametrize("seed", [518, 1612])
@@ -136,19 +131,6 @@ def test_seeds_that_found_bugs_stay_fixed(tiny_model, sim_loras, seed):
 
 
 # ---- planted regressions: the simulation finds issue 19's points 2 and 3 -------------------
-
-
-def _finds(model: str, loras: list[str], seeds: range, steps: int, what: str) -> int:
-    """The first seed whose run reports `what` (a finding), or fail."""
-    for seed in seeds:
-        try:
-            anyio.run(simulate, seed, steps, model, loras)
-        except InvariantViolated as e:
-            if what in str(e):
-                print(f"found at seed {seed}: {e}")
-                return seed
-            raise
-    raise AssertionError(f"no seed in {seeds} found {what!r}")
 
 
 def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(tiny_model, sim_loras, monkeypatch):
@@ -175,7 +157,7 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
                 "t_ms": time.perf_counter() - t0}
 
     monkeypatch.setattr(system, "spill_page", old_spill)
-    _finds(tiny_model, sim_loras, range(0, 400), 30, "dropped by a spill without a durable copy")
+    first_finding(tiny_model, sim_loras, range(400), 30, "dropped by a spill without a durable copy")
 
 
 def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(tiny_model, sim_loras, monkeypatch):
@@ -203,7 +185,7 @@ def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(t
         return n
 
     monkeypatch.setattr(SlotMemory, "evict", old_evict)
-    _finds(tiny_model, sim_loras, range(0, 400), 30, "without a durable copy")
+    first_finding(tiny_model, sim_loras, range(400), 30, "without a durable copy")
 
 
 def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go_first(
@@ -213,4 +195,4 @@ def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go
     from actord.serving.kernel import actor
 
     monkeypatch.setattr(actor, "OVERTAKE", 0)
-    _finds(tiny_model, sim_loras, range(0, 400), 30, "generation starved")
+    first_finding(tiny_model, sim_loras, range(400), 30, "generation starved")

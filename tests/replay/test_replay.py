@@ -7,15 +7,16 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import anyio
 import pytest
 
 from actord.serving.page_store import PageStore
 from actord.frontends.client import Client
+from actord.testing.daemon import wait_until_serving
 from actord.replay.replay import replay_file
 from actord.replay.sim import InvariantViolated, simulate
+from tests.replay.hunting import first_finding
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,7 @@ def sim_lora(tiny_model, models_dir):
     return str(write_tiny_lora(models_dir / "sim-lora.gguf", tiny_model, seed=3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_same_seed_gives_a_bit_identical_trace_ten_times_out_of_ten(tiny_model, sim_lora, backend):
     hashes = {anyio.run(simulate, 7, 6, tiny_model, sim_lora, backend=backend).trace_hash for _ in range(10)}
@@ -51,6 +53,7 @@ def test_quiet_detection_needs_no_sleep_polling(tiny_model, sim_lora, backend, m
     assert slept == []
 
 
+@pytest.mark.slow
 def test_a_few_hundred_seeds_keep_every_invariant(tiny_model, sim_lora):
     async def run():
         for seed in range(200):
@@ -70,19 +73,13 @@ def test_a_planted_charge_bug_is_found_and_its_seed_reproduces(tiny_model, sim_l
         return info
 
     monkeypatch.setattr(PageStore, "commit", leaky_commit)
-    found = None
-    for seed in range(60):
-        try:
-            anyio.run(simulate, seed, 8, tiny_model, sim_lora)
-        except InvariantViolated as e:
-            found = (seed, str(e))
-            break
-    assert found is not None, "the simulation did not find the planted bug in 60 seeds"
+    seed, found = first_finding(tiny_model, sim_lora, range(60), 8)
     with pytest.raises(InvariantViolated) as again:
-        anyio.run(simulate, found[0], 8, tiny_model, sim_lora)
-    assert str(again.value) == found[1]
+        anyio.run(simulate, seed, 8, tiny_model, sim_lora)
+    assert str(again.value) == found
 
 
+@pytest.mark.slow
 def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model, tmp_path):
     sock, trace = tmp_path / "s.sock", tmp_path / "trace.jsonl"
     proc = subprocess.Popen(
@@ -90,10 +87,7 @@ def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model,
          "--batch", "32", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--trace", str(trace),
          "--log-level", "warning"], stderr=subprocess.PIPE)
     try:
-        for _ in range(300):
-            if sock.exists():
-                break
-            time.sleep(0.05)
+        wait_until_serving(proc, sock, timeout_s=60)
 
         def client(slot):
             with Client(str(sock)) as c:
@@ -179,6 +173,7 @@ def test_a_trace_whose_thread_work_leaves_no_event_replays(tiny_model, sim_lora,
         assert r.ok, r
 
 
+@pytest.mark.slow
 def test_a_trace_with_shared_prefixes_replays(tiny_model, tmp_path):
     """Minds that open alike share cells, stand their pages on a base and come back onto it:
     the recorded run replays with no divergence."""
@@ -189,10 +184,7 @@ def test_a_trace_with_shared_prefixes_replays(tiny_model, tmp_path):
          "--log-level", "warning"], stderr=subprocess.PIPE)
     system_prompt = [1] + [3 + (i * 37) % 500 for i in range(99)]
     try:
-        for _ in range(300):
-            if sock.exists():
-                break
-            time.sleep(0.05)
+        wait_until_serving(proc, sock, timeout_s=60)
         with Client(str(sock)) as c:
             for turn in range(2):
                 for m in range(4):

@@ -12,7 +12,7 @@ import pytest
 from actord.service.config import Config
 from actord.service.system import ActorSystem
 
-pytestmark = [pytest.mark.anyio, pytest.mark.real_model]
+pytestmark = [pytest.mark.anyio, pytest.mark.real_model, pytest.mark.slow]
 
 TEXT = (
     "The harbour town of Veln sits between two cliffs. Its lighthouse has burned for three hundred years, "

@@ -61,3 +61,16 @@ def test_the_room_left_for_sidecars_is_the_longest_sidecar():
 
     assert LONGEST_SIDECAR == max(len(s) for s in SUFFIXES)
     assert MAX_MIND + len(".page") + LONGEST_SIDECAR == MAX_PART
+
+
+def test_api_keys_are_the_flags_then_the_files_and_an_unreadable_or_empty_file_is_a_typed_error(tmp_path):
+    from actord.service.errors import InvalidParams
+
+    f = tmp_path / "keys"
+    f.write_text("# one a line\nb\n\n  a \n")
+    assert Config(model="m", api_key="a, c", api_key_file=str(f)).api_keys() == ["a", "c", "b"]
+    with pytest.raises(InvalidParams, match="api_key_file .*absent"):
+        Config(model="m", api_key_file=str(tmp_path / "absent")).api_keys()
+    (tmp_path / "empty").write_text("# nothing but this\n")
+    with pytest.raises(InvalidParams, match="name no key"):
+        Config(model="m", api_key_file=str(tmp_path / "empty")).api_keys()

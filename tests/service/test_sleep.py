@@ -12,6 +12,7 @@ from actord.service.sleep import IdleClock
 from actord.service.system import ActorSystem
 from actord.testing.fake_engine import FakeEngine
 from actord.service.errors import SlotBusy
+from tests.waits import eventually, wait_until
 
 
 def prompt(n: int, salt: int = 0) -> list[int]:
@@ -80,12 +81,10 @@ async def test_the_idle_clock_sleeps_after_the_quiet_time_and_a_request_wakes_it
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(clock.run)
-                while not s.asleep:
-                    await anyio.sleep(0.02)
+                await eventually(lambda: s.asleep, "the idle daemon sleeps", every=0.02)
                 r = await s.complete(prompt=prompt(30), n_predict=2, slot=0, ignore_eos=True)
                 assert r.stop_reason == "length" and not s.asleep
-                while clock.sleeps < 2:
-                    await anyio.sleep(0.02)
+                await eventually(lambda: clock.sleeps == 2, "it sleeps again after the request", every=0.02)
                 tg.cancel_scope.cancel()
         assert s.metrics.snapshot()["sleeps_total"] == 2
 
@@ -101,9 +100,8 @@ def test_the_stand_in_engine_refuses_to_sleep_over_held_cells_as_the_real_one_do
     assert fake.handle(J.Sleep()) is True
 
 
+@pytest.mark.slow
 def test_the_daemon_sleeps_when_idle_and_props_says_so_until_a_request_wakes_it(tiny_model, tmp_path):
-    import time
-
     import httpx
 
     from tests.frontends.test_openai_http import _start, _stop
@@ -113,10 +111,7 @@ def test_the_daemon_sleeps_when_idle_and_props_says_so_until_a_request_wakes_it(
         def sleeping() -> bool:
             return httpx.get(url + "/props", timeout=10).json()["is_sleeping"]
 
-        deadline = time.monotonic() + 30
-        while not sleeping():
-            assert time.monotonic() < deadline, "the idle daemon never slept"
-            time.sleep(0.05)
+        wait_until(sleeping, "the idle daemon sleeps", timeout=30)
         assert httpx.get(url + "/health", timeout=10).status_code == 200 and sleeping()
         r = httpx.post(url + "/completion", json={"prompt": "Hello", "n_predict": 2}, timeout=60)
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 2

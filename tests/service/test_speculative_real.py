@@ -14,7 +14,7 @@ import pytest
 from actord.service.config import Config
 from actord.service.system import ActorSystem
 
-pytestmark = [pytest.mark.anyio, pytest.mark.real_model]
+pytestmark = [pytest.mark.anyio, pytest.mark.real_model, pytest.mark.slow]
 
 TEXT = (
     "The history of the Roman Empire spans more than a thousand years. It began when Augustus became the "

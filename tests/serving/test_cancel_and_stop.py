@@ -13,6 +13,7 @@ import pytest
 
 from actord.service.config import Config
 from actord.service.system import ActorSystem
+from tests.waits import eventually, slot_in
 
 pytestmark = pytest.mark.anyio
 
@@ -21,6 +22,14 @@ CANCELLED = 'requests_total{outcome=cancelled}'
 
 def cfg(model: str) -> Config:
     return Config(model=model, slots=2, ctx=4096, batch=64, threads=1)
+
+
+async def _deferred(s: ActorSystem, slot: int) -> int:
+    return (await s.slot_list())[slot].deferred
+
+
+async def _none_deferred(s: ActorSystem, slot: int) -> bool:
+    return await _deferred(s, slot) == 0
 
 
 async def test_a_cancelled_caller_scope_cancels_the_request_at_the_next_step(tiny_model):
@@ -35,9 +44,7 @@ async def test_a_cancelled_caller_scope_cancels_the_request_at_the_next_step(tin
                 await s.complete(prompt=[1, 2, 3], n_predict=4000, ignore_eos=True, slot=0, stream=True,
                                  on_token=on_token)
         assert started.is_set() and scope.cancelled_caught
-        with anyio.fail_after(30):
-            while (await s.slot_list())[0].state != "idle":
-                await anyio.sleep(0.01)
+        await eventually(lambda: slot_in(s, 0, "idle"), "slot 0 idle again", every=0.01)
         m = s.metrics.snapshot()
         assert m[CANCELLED] == 1 and m["predicted_tokens_total"] < 100
         r = await s.complete(prompt=[1, 2, 3], n_predict=8, ignore_eos=True, slot=0)
@@ -48,22 +55,16 @@ async def test_a_cancelled_request_waiting_behind_another_never_runs(tiny_model)
     async with ActorSystem(cfg(tiny_model)) as s:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: s.complete(prompt=[1, 2], n_predict=1000, ignore_eos=True, slot=1))
-            with anyio.fail_after(30):
-                while (await s.slot_list())[1].state != "processing":
-                    await anyio.sleep(0.001)
+            await eventually(lambda: slot_in(s, 1, "processing"), "slot 1 runs the first request", every=0.001)
             with anyio.CancelScope() as waiting:  # deferred behind the first, then abandoned
                 async def abandon_once_deferred() -> None:
-                    with anyio.fail_after(30):
-                        while (await s.slot_list())[1].deferred == 0:
-                            await anyio.sleep(0.001)
+                    await eventually(lambda: _deferred(s, 1), "the second request deferred", every=0.001)
                     waiting.cancel()
 
                 tg.start_soon(abandon_once_deferred)
                 await s.complete(prompt=[5, 6], n_predict=4000, ignore_eos=True, slot=1)
             assert waiting.cancelled_caught
-            with anyio.fail_after(30):
-                while (await s.slot_list())[1].deferred:
-                    await anyio.sleep(0.001)
+            await eventually(lambda: _none_deferred(s, 1), "nothing deferred on slot 1", every=0.001)
         m = s.metrics.snapshot()
         assert m["requests_deferred_total"] == 1 and m["predicted_tokens_total"] == 1000
 

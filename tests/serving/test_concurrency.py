@@ -15,7 +15,8 @@ import pytest
 from actord.serving.kernel import Actor, Dispatcher
 from actord.service.config import Config
 from actord.service.errors import (
-    ActordError, AskCycle, AskOrderViolated, AskTimeout, ContextFull, DeviceBudgetExceeded, InternalError, ShuttingDown,
+    ActordError, AskCycle, AskOrderViolated, AskTimeout, ContextFull, DeviceBudgetExceeded, FileNotFound, InternalError,
+    ShuttingDown,
 )
 from actord.service.system import ActorSystem
 from tests.waits import eventually
@@ -100,10 +101,10 @@ async def test_six_clients_with_mixed_gene_sets_under_a_tight_device_budget_all_
         # the page-outs its handler may still be awaiting (no queue shows those): a budget that
         # never comes back fails the deadline.
         res = s.residency
-        with anyio.fail_after(30):
-            while (res.statistics().queued or res.running or res.pending or res.evicting
-                   or any(x.statistics().queued for x in s.slots) or res.device_bytes() > cfg.device_bytes):
-                await anyio.sleep(0.005)
+        await eventually(lambda: not (res.statistics().queued or res.running or res.pending or res.evicting
+                                      or any(x.statistics().queued for x in s.slots)
+                                      or res.device_bytes() > cfg.device_bytes),
+                         "nothing queued or moving, and the device budget holds", every=0.005)
         assert s.dispatcher.cycles == [] and not any(a.failed for a in s.actors())
 
 
@@ -177,9 +178,8 @@ async def test_a_prompt_that_cannot_get_cells_from_a_running_request_fails_with_
 
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(go, 0, 30, 600)
-                while s.scheduler.held(0) < 40:  # the live count is the scheduler core's
-                    await anyio.sleep(0.001)
+                tg.start_soon(go, 0, 30, 600)  # the live count is the scheduler core's
+                await eventually(lambda: s.scheduler.held(0) >= 40, "slot 0 holds 40 cells", every=0.001)
                 tg.start_soon(go, 1, 1000, 2)
         assert isinstance(res[1], ContextFull), res
         assert res[0].stop_reason == "length" and len(res[0].tokens) == 600  # type: ignore[attr-defined]
@@ -293,7 +293,7 @@ async def test_an_unanswered_ask_is_a_typed_timeout_naming_the_wait_chain():
 @pytest.mark.anyio
 async def test_a_failed_default_gene_at_start_leaves_no_engine_thread_running(tiny_model, tmp_path):
     before = {t.name for t in threading.enumerate()}
-    with pytest.raises(Exception):
+    with pytest.raises(FileNotFound, match="missing.gguf"):
         async with ActorSystem(Config(model=tiny_model, slots=1, gene=[str(tmp_path / "missing.gguf")],
                                       page_dir=str(tmp_path))):
             pass

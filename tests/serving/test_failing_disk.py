@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import errno
 
-import anyio
 import pytest
 
 from actord.service.config import Config
 from actord.service.errors import ContextFull, StorageError
 from actord.storage.osfs import Fault, FaultyFs
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -173,9 +173,8 @@ async def test_a_slot_that_refuses_its_eviction_does_not_leave_the_device_over_b
         await s.complete(prompt=_prompt(2, 60), n_predict=4, slot=1 - ada, ignore_eos=True,
                          genes=[{"id": gid, "scale": 1.0}])
         res = s.residency
-        with anyio.fail_after(30):  # a hang guard: the budget must come back by itself
-            while res.statistics().queued or res.evicting or res.device_bytes() > cfg.device_bytes:
-                await anyio.sleep(0.005)
+        await eventually(lambda: not (res.statistics().queued or res.evicting or res.device_bytes() > cfg.device_bytes),
+                         "the device budget comes back by itself", every=0.005)
         infos = {i.id: i for i in await s.slot_list()}
         assert infos[ada].mind == "ada" and infos[ada].n_tokens >= 60  # the mind kept her state
         assert infos[1 - ada].n_tokens == 0

@@ -8,6 +8,7 @@ import pytest
 from actord.service.config import Config
 from actord.service.errors import GeneInUse, GeneIsDefault, GeneNotFound
 from actord.service.system import ActorSystem
+from tests.waits import eventually, slot_in
 
 pytestmark = pytest.mark.anyio
 
@@ -74,9 +75,7 @@ async def test_refusals_change_nothing_and_repeats_are_idempotent(tiny_model, lo
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_turn)
-            with anyio.fail_after(30):
-                while (await s.slot_list())[0].state != "processing":
-                    await anyio.sleep(0.001)
+            await eventually(lambda: slot_in(s, 0, "processing"), "slot 0 runs the long turn", every=0.001)
             with pytest.raises(GeneInUse):
                 await s.gene_page_out(g)
             with pytest.raises(GeneInUse):

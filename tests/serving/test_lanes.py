@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -56,8 +57,8 @@ async def test_an_actors_own_work_alternates_with_a_flood_of_client_calls_not_be
         await anyio.wait_all_tasks_blocked()
         a.put_nowait(Envelope(Tick(n=0)))  # as an actor would tell it: the control lane
         disp.spawn(a)
-        while len(answers) < 200 or a.log.count("tick") < 50:
-            await anyio.sleep(0.001)
+        await eventually(lambda: len(answers) >= 200 and a.log.count("tick") >= 50, "every call answered, every tick run",
+                         every=0.001)
         a.close()
     first_tick = a.log.index("tick")
     assert first_tick <= 1, "the actor's own message waited behind the flood"

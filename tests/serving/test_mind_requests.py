@@ -9,6 +9,7 @@ import pytest
 from actord.service.config import Config
 from actord.service.errors import SlotBusy
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -42,14 +43,12 @@ async def test_a_placement_waiting_for_a_busy_slot_does_not_hold_up_a_mind_alrea
                 await started["bo1"].wait()
                 n0 = s.placer.delivered
                 tg.start_soon(lambda: run("cy", prompt=_prompt(3, 8), n_predict=4, mind="cy"))
-                while s.placer.delivered < n0 + 1:
-                    await anyio.sleep(0.01)
+                await eventually(lambda: s.placer.delivered >= n0 + 1, "the placer has cy's turn", every=0.01)
                 tg.start_soon(lambda: run("bo2", prompt=_prompt(1, 8) + [3, 4], n_predict=4, mind="bo"))
-                while s.placer.delivered < n0 + 2:
-                    await anyio.sleep(0.01)
+                await eventually(lambda: s.placer.delivered >= n0 + 2, "the placer has bo's second turn", every=0.01)
                 bo1.cancel()  # bo's slot is free for her next turn (and then for cy)
-                while not {"bo2", "cy"} <= set(done):
-                    await anyio.sleep(0.01)
+                await eventually(lambda: {"bo2", "cy"} <= set(done), "bo's and cy's turns answered", timeout=120,
+                                 every=0.01)
                 assert "long" not in done, "a mind's turn waited for an unrelated long request"
                 tg.cancel_scope.cancel()
 

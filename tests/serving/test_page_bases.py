@@ -8,7 +8,7 @@ import pytest
 
 from actord.engine import jobs as J
 from actord.service.config import Config
-from actord.service.errors import CorruptPageFile, PageRamExceeded
+from actord.service.errors import CorruptPageFile, EngineError, PageRamExceeded
 from actord.service.system import ActorSystem
 from actord.storage.pagefile import MAIN, PageImage, decode_main, encode_generation
 
@@ -155,7 +155,7 @@ async def test_a_failed_page_out_on_a_base_leaves_the_slot_intact(tiny_model, fa
             return await real_run(job)
 
         s.slots[0].engine.run = failing_run
-        with pytest.raises(Exception):
+        with pytest.raises(EngineError, match="injected engine failure"):
             await s.page_out(0, "a")
         s.slots[0].engine.run = real_run
         st = await s.page_stats()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -100,7 +101,7 @@ class PageCharges(RuleBasedStateMachine):
         assert self.store.charged <= CEILING
 
 
-TestPageCharges = PageCharges.TestCase
+TestPageCharges = pytest.mark.slow(PageCharges.TestCase)  # 200 runs of 40 steps: seconds
 TestPageCharges.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from actord.service.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import PageDoesNotFit, PageNotFound, PageRamExceeded, SlotBusy, SlotEmpty
+from actord.service.errors import EngineError, PageDoesNotFit, PageNotFound, PageRamExceeded, SlotBusy, SlotEmpty
 from actord.service.system import ActorSystem
+from tests.waits import eventually, slot_in
 
 pytestmark = pytest.mark.anyio
 
@@ -67,7 +68,7 @@ async def test_failed_page_out_copy_cancels_its_reservation(tiny_model):
         s.engine.run = failing_run  # the slot's view of the engine
         for sl in s.slots:
             sl.engine = s.engine
-        with pytest.raises(Exception):
+        with pytest.raises(EngineError, match="injected engine failure"):
             await s.page_out(0, "m")
         s.engine.run = real_run
         assert (await s.page_stats()).charged == 0 and await s.page_list() == []
@@ -157,8 +158,7 @@ async def test_page_out_of_a_processing_slot_waits_until_it_is_idle(tiny_model):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(gen)
-            while (await s.slot_list())[0].state != "processing":
-                await anyio.sleep(0)
+            await eventually(lambda: slot_in(s, 0, "processing"), "slot 0 runs the generation", every=0)
             results["page"] = await s.page_out(0, "m")
         assert results["page"]["n_tokens"] == len(PROMPT) + 39
         assert s.metrics.snapshot()["requests_deferred_total"] >= 1

@@ -12,6 +12,7 @@ import pytest
 
 from actord.service.config import Config
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -77,9 +78,7 @@ async def test_a_running_slot_shares_the_prefix_it_started_from(tiny_model):
                 long["r"] = await s.complete(prompt=SYSTEM + own(1) + own(9, 3), n_predict=60, slot=0, ignore_eos=True)
 
             tg.start_soon(run_long)
-            await anyio.sleep(0)
-            while not s.slots[0].busy:
-                await anyio.sleep(0.001)
+            await eventually(lambda: s.slots[0].busy, "slot 0 runs the long request", every=0.001)
             r = await s.complete(prompt=SYSTEM + own(2), n_predict=8, slot=1, ignore_eos=True)
         assert r.n_cached == len(SYSTEM)
     off = await turns(tiny_model, False, [(None, 1, SYSTEM + own(2))])
@@ -96,10 +95,7 @@ async def test_shared_cells_are_charged_once_until_either_sequence_lets_go(tiny_
         assert core.free_cells == s.scheduler.n_ctx - held + len(SYSTEM)
         assert core.shared_of(0) == core.shared_of(1) == len(SYSTEM) and core.shared_of(2) == 0
         await s.slot_erase(0)
-        for _ in range(50):  # the erase's tell reaches the scheduler
-            if core.shared_cells() == 0:
-                break
-            await anyio.sleep(0.01)
+        await eventually(lambda: core.shared_cells() == 0, "the erase's tell reaches the scheduler", every=0.01)
         assert core.shared_cells() == 0 and core.free_cells == s.scheduler.n_ctx - core.held(1)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import anyio
 import hypothesis.strategies as st
 import pytest
 from anyio.from_thread import start_blocking_portal
@@ -12,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from actord.service.config import Config
 from actord.service.errors import DeviceBudgetExceeded, GeneInUse
 from actord.service.system import ActorSystem
+from tests.waits import eventually
 
 PROMPT = [1, 30, 41, 52, 63, 74, 85, 96]
 
@@ -83,9 +83,10 @@ async def test_after_a_turn_pinned_host_genes_are_back_on_device(tiny_model, lor
         await s.gene_page_out(a)
         assert _resident(await s.gene_list()) == set()
         await _gen(s, 1, [])  # any turn ends with a coalesced reconcile
-        with anyio.fail_after(30):  # a coalesced reconcile: it comes after the answer
-            while _resident(await s.gene_list()) != {a}:
-                await anyio.sleep(0.005)
+        async def back() -> bool:  # a coalesced reconcile: it comes after the answer
+            return _resident(await s.gene_list()) == {a}
+
+        await eventually(back, "the pinned gene is back on the device", every=0.005)
         assert s.metrics.snapshot()["lora_page_in_on_demand_total"] == 0
 
 

@@ -13,6 +13,7 @@ exactly the ones slot.py's code streamed.
 from __future__ import annotations
 
 import codecs
+from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -138,9 +139,14 @@ class SlotPyReference:
 # -- properties ---------------------------------------------------------------------------
 
 CASES = st.one_of(valid_cases(), any_cases())
-PROPS = settings(max_examples=400, deadline=None)
 
-@PROPS
+
+def props(test: Any) -> Any:
+    """A property over 400 cases: seconds each, so slow (the examples below stay in the fast tier)."""
+    return pytest.mark.slow(settings(max_examples=400, deadline=None)(test))
+
+
+@props
 @given(CASES)
 def test_streamed_deltas_plus_finish_equal_the_text(case):
     data, stop, pieces = case
@@ -149,7 +155,7 @@ def test_streamed_deltas_plus_finish_equal_the_text(case):
     assert ts.finish() == ""
 
 
-@PROPS
+@props
 @given(CASES)
 def test_text_is_cut_at_the_first_byte_match_of_any_stop(case):
     data, stop, pieces = case
@@ -160,7 +166,7 @@ def test_text_is_cut_at_the_first_byte_match_of_any_stop(case):
         assert any(flags) == any(s and s.encode() in data for s in stop)
 
 
-@PROPS
+@props
 @given(valid_cases())
 def test_cut_is_the_character_offset_of_the_match_in_the_decoded_text(case):
     data, stop, pieces = case
@@ -169,7 +175,7 @@ def test_cut_is_the_character_offset_of_the_match_in_the_decoded_text(case):
     assert run(pieces, stop, stream=True)[3].text == full[:min(hits, default=len(full))]
 
 
-@PROPS
+@props
 @given(CASES)
 def test_streaming_and_non_streaming_agree(case):
     data, stop, pieces = case
@@ -181,7 +187,7 @@ def test_streaming_and_non_streaming_agree(case):
     assert on.n_bytes == off.n_bytes == sum(map(len, pieces[:len(f_on)]))
 
 
-@PROPS
+@props
 @given(CASES)
 def test_streamed_text_is_a_prefix_of_the_final_text_at_every_push(case):
     data, stop, pieces = case
@@ -197,7 +203,7 @@ def test_streamed_text_is_a_prefix_of_the_final_text_at_every_push(case):
     assert streamed + ts.finish() == want
 
 
-@PROPS
+@props
 @given(CASES)
 def test_stop_is_reported_on_the_first_push_after_which_a_stop_string_occurs(case):
     data, stop, pieces = case
@@ -211,7 +217,7 @@ def test_stop_is_reported_on_the_first_push_after_which_a_stop_string_occurs(cas
     assert flags == [False] * len(pieces)
 
 
-@PROPS
+@props
 @given(valid_cases())
 def test_no_delta_contains_a_replacement_char_for_valid_utf8(case):
     data, stop, pieces = case
@@ -219,7 +225,7 @@ def test_no_delta_contains_a_replacement_char_for_valid_utf8(case):
     assert all("\ufffd" not in d for d in [*deltas, final])
 
 
-@PROPS
+@props
 @given(CASES)
 def test_deltas_are_exactly_what_slot_py_streamed(case):
     data, stop, pieces = case

@@ -14,6 +14,7 @@ from actord.service.errors import (
     FileNotFound, FileReadTimeout, FileTooLarge, InvalidParams, NotARegularFile, Overloaded, PathRefused,
 )
 from actord.storage.clientfiles import ByteBudget, ClientFiles, read_fd_bounded
+from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -216,9 +217,7 @@ async def test_a_read_that_hangs_times_out_and_stuck_threads_are_bounded(tmp_pat
     with pytest.raises(Overloaded):
         await cf.read(str(f))  # refused at once instead of queueing behind them
     release.set()
-    with anyio.fail_after(10):
-        while cf.stuck:
-            await anyio.sleep(0.01)
+    await eventually(lambda: cf.stuck == 0, "the released threads are no longer counted as stuck", timeout=10)
 
 
 async def _expect_timeout(cf: ClientFiles, name: str) -> None:
@@ -287,7 +286,8 @@ async def test_reads_hold_the_shared_budget_until_their_caller_is_done_and_wait_
             peak[0] = max(peak[0], budget.held)
             order.append(name)
             assert len(data) == 600
-            await anyio.sleep(0.01)  # the caller is still using the bytes
+            # The caller still holds the bytes while every read after it waits its turn.
+            await eventually(lambda: len(budget._waiting) == len(files) - len(order), "the later reads queue up")
         assert budget.held <= 600
 
     async with anyio.create_task_group() as tg:

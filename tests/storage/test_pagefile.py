@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import errno
-import logging
 import struct
 import tracemalloc
 import zlib
 from pathlib import Path
 
 import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,21 +18,10 @@ from actord.storage.osfs import Fault, FaultyFs, OsFs
 from actord.policy.checkpoint_records import StoredCheckpoint
 from actord.storage.pagefile import PageImage, StoredGene
 from actord.storage.publish import publish_generation, read_generation
+from tests.storage.images import image_fields
 
 GEN = bytes(range(16))
 OTHER_GEN = bytes(range(16, 32))
-
-@pytest.fixture
-def logs():
-    """Every structlog event, whatever level the suite's logging is configured at."""
-    cap = structlog.testing.LogCapture()
-    old = structlog.get_config()
-    structlog.configure(processors=[cap], wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    try:
-        yield cap.entries
-    finally:
-        structlog.configure(**old)
-
 
 _settings = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 
@@ -65,17 +52,7 @@ def decode(sfx: str, buf: bytes | bytearray, gen: bytes = GEN):
 
 
 def same_image(a: PageImage, b: PageImage) -> bool:
-    def norm(i: PageImage):
-        return (
-            list(i.tokens),
-            bytes(i.state),
-            [(c.pos, bytes(c.data)) for c in i.checkpoints],
-            [(g.path, g.scale, g.id) for g in i.genes],
-            None if i.draft is None else bytes(i.draft),
-            dict(i.meta),
-        )
-
-    return norm(a) == norm(b)
+    return image_fields(a) == image_fields(b)
 
 
 def header_len(buf: bytes) -> int:

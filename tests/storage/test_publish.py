@@ -10,7 +10,6 @@ stage or record left behind.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import re
 import subprocess
@@ -19,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +34,7 @@ from actord.storage.publish import (
     publish_generation,
     read_generation,
 )
+from tests.storage.images import image_fields
 
 NAME = "mind.page"
 
@@ -75,17 +74,6 @@ SCENARIOS = {
     "add_sidecars": (image_lean, image_a),
     "first": (None, image_a),
 }
-
-
-def norm(i: PageImage):
-    return (
-        list(i.tokens),
-        bytes(i.state),
-        [(c.pos, bytes(c.data)) for c in i.checkpoints],
-        [(g.path, g.scale, g.id) for g in i.genes],
-        None if i.draft is None else bytes(i.draft),
-        dict(i.meta),
-    )
 
 
 def setup_root(base: Path, scenario: str) -> Path:
@@ -138,17 +126,6 @@ def cases(trace: list[tuple[str, str]], scenario: str, actions=("fail", "crash",
 PUBLISH_CASES = [c for s in SCENARIOS for c in cases(dry_trace(s), s)]
 
 
-@pytest.fixture
-def logs():
-    cap = structlog.testing.LogCapture()
-    old = structlog.get_config()
-    structlog.configure(processors=[cap], wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    try:
-        yield cap.entries
-    finally:
-        structlog.configure(**old)
-
-
 # ---- the matrix ---------------------------------------------------------------------------
 
 
@@ -158,7 +135,7 @@ def test_any_failed_or_abandoned_step_leaves_the_old_or_the_new_generation_whole
     tmp_path, scenario, op, nth, action
 ):
     root = setup_root(tmp_path, scenario)
-    old, new = (None if f is None else norm(f()) for f in SCENARIOS[scenario])
+    old, new = (None if f is None else image_fields(f()) for f in SCENARIOS[scenario])
     fs = FaultyFs([Fault(op, nth, action)])
     committed = None
     try:
@@ -173,7 +150,7 @@ def test_any_failed_or_abandoned_step_leaves_the_old_or_the_new_generation_whole
     # A crashed publisher's process is gone; a failed one lives on (its pid stays alive).
     reader = FaultyFs(dead_pids=[os.getpid()]) if outcome == "crash" else OsFs()
     got = read_or_none(root, reader)
-    got_n = None if got is None else norm(got)
+    got_n = None if got is None else image_fields(got)
     assert got_n in (old, new), "reader found neither generation whole"
     if outcome == "ok" or committed:
         assert got_n == new
@@ -182,7 +159,7 @@ def test_any_failed_or_abandoned_step_leaves_the_old_or_the_new_generation_whole
     assert leftovers(root) == []
     # and the state is stable: a second read agrees
     again = read_or_none(root)
-    assert (None if again is None else norm(again)) == got_n
+    assert (None if again is None else image_fields(again)) == got_n
 
 
 SYNC_CASES = [
@@ -201,7 +178,7 @@ def test_a_failed_fsync_is_never_reported_as_success(tmp_path, logs, scenario, o
         # The one tolerated failure: the generation is in place and synced already.
         publish_generation(root, NAME, image_b(), fs)
         assert any(e["event"] == "page_file.record_removal_unsynced" for e in logs)
-        assert norm(read_generation(root, NAME, OsFs())) == norm(image_b())
+        assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_b())
     else:
         with pytest.raises(StorageError):
             publish_generation(root, NAME, image_b(), fs)
@@ -236,12 +213,12 @@ def test_a_fault_during_roll_forward_still_ends_with_the_new_generation(tmp_path
     fs = FaultyFs([Fault(op, nth, action)])
     try:
         got = read_generation(root, NAME, fs)
-        assert norm(got) == norm(image_b())
+        assert image_fields(got) == image_fields(image_b())
         assert not (action == "fail" and op in ("fsync", "dirsync") and not tolerated), "failed sync read as success"
     except (StorageError, SimulatedCrash):
         pass
     assert fs.fired
-    assert norm(read_generation(root, NAME, OsFs())) == norm(image_b())
+    assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_b())
     assert leftovers(root) == []
 
 
@@ -266,7 +243,7 @@ def test_a_cleanup_failure_does_not_mask_the_original_error(tmp_path, logs):
     assert e.value.data["errno"] == errno.ENOSPC and e.value.data["op"] == "write_file"
     assert any(e["event"] == "page_file.stage_not_removed" for e in logs)
     assert len(leftovers(root)) == 1  # the stage the failed cleanup left
-    assert norm(read_generation(root, NAME, OsFs())) == norm(image_a())
+    assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_a())
     assert leftovers(root) == []
 
 
@@ -275,14 +252,14 @@ def test_a_failure_after_the_commit_point_says_committed_and_the_next_read_compl
     with pytest.raises(StorageError) as e:
         publish_generation(root, NAME, image_b(), FaultyFs([Fault("rename", 2)]))
     assert e.value.data["committed"] is True
-    assert norm(read_generation(root, NAME, OsFs())) == norm(image_b())
+    assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_b())
 
 
 def test_a_record_left_behind_is_completed_before_the_next_publication_commits(tmp_path):
     root = crashed_after_record(tmp_path)
     lean = image_lean()
     publish_generation(root, NAME, lean, OsFs())
-    assert norm(read_generation(root, NAME, OsFs())) == norm(lean)
+    assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(lean)
     assert leftovers(root) == []
 
 
@@ -303,12 +280,12 @@ def test_a_live_publications_stage_survives_a_concurrent_read(tmp_path):
     class ReadWhileStaged(OsFs):
         def step(self, name: str) -> None:
             if name == "staged":
-                assert norm(read_generation(root, NAME, OsFs())) == norm(image_a())
+                assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_a())
                 seen.append(leftovers(root))
 
     publish_generation(root, NAME, image_b(), ReadWhileStaged())
     assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].startswith(STAGE_PREFIX)
-    assert norm(read_generation(root, NAME, OsFs())) == norm(image_b())
+    assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_b())
 
 
 def test_a_reader_holds_the_folder_lock_while_it_reads(tmp_path):
@@ -348,26 +325,16 @@ def dead_pid() -> int:
     return p.pid
 
 
-def test_a_stage_whose_publisher_died_is_removed_even_if_its_lock_looks_held(tmp_path):
+@pytest.mark.parametrize("publisher, kept", [(dead_pid, False), (os.getpid, True)], ids=["dead", "live"])
+def test_a_stage_with_a_held_lock_is_kept_while_its_publisher_lives_and_removed_once_it_died(tmp_path, publisher,
+                                                                                              kept):
     root = setup_root(tmp_path, "drop_ckpt")
-    stage = root / f"{STAGE_PREFIX}{dead_pid()}-deadbeef"
+    stage = root / f"{STAGE_PREFIX}{publisher()}-cafe"
     stage.mkdir()
     held = OsFs().lock(stage / STAGE_LOCK, blocking=False)
     try:
         read_generation(root, NAME, OsFs())
-    finally:
-        held.release()
-    assert not stage.exists()
-
-
-def test_a_stage_with_a_live_pid_and_a_held_lock_is_kept(tmp_path):
-    root = setup_root(tmp_path, "drop_ckpt")
-    stage = root / f"{STAGE_PREFIX}{os.getpid()}-cafe"
-    stage.mkdir()
-    held = OsFs().lock(stage / STAGE_LOCK, blocking=False)
-    try:
-        read_generation(root, NAME, OsFs())
-        assert stage.exists()
+        assert stage.exists() == kept
     finally:
         held.release()
     read_generation(root, NAME, OsFs())
@@ -385,7 +352,7 @@ def test_a_stage_without_a_readable_pid_and_unlocked_is_removed(tmp_path):
 
 def test_publish_into_a_sub_folder_creates_it(tmp_path):
     publish_generation(tmp_path, "minds/alice/a.page", image_a(), OsFs())
-    assert norm(read_generation(tmp_path, "minds/alice/a.page", OsFs())) == norm(image_a())
+    assert image_fields(read_generation(tmp_path, "minds/alice/a.page", OsFs())) == image_fields(image_a())
     assert leftovers(tmp_path) == []
 
 
@@ -410,7 +377,7 @@ def test_the_last_published_generation_is_what_a_reader_gets(gens):
                 draft=b"d" if dr else None,
             )
             publish_generation(Path(d), NAME, img, OsFs())
-            assert norm(read_generation(Path(d), NAME, OsFs())) == norm(img)
+            assert image_fields(read_generation(Path(d), NAME, OsFs())) == image_fields(img)
             present = {s for s in pf.SUFFIXES if (Path(d) / f"{NAME}{s}").exists()}
             assert present == {pf.MAIN} | {s for s, on in ((pf.CKPT, ck), (pf.LORA, lo), (pf.DRAFT, dr)) if on}
 
@@ -435,7 +402,7 @@ def test_roll_forward_does_not_read_an_unstattable_staged_file_as_already_moved(
     fs = FaultyFs([Fault("stat", errno=errno.EACCES, match="/file")])
     with pytest.raises(StorageError):
         read_generation(root, NAME, fs)
-    assert norm(read_generation(root, NAME, OsFs())) == norm(image_b())
+    assert image_fields(read_generation(root, NAME, OsFs())) == image_fields(image_b())
 
 
 def test_pid_liveness(tmp_path):

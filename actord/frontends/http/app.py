@@ -6,7 +6,7 @@ app's assembly, who may use it (the key, the peer policy, the origin gate), the 
 bounds, the fallback error answers, and the server's lifecycle (bind before the model
 loads, serve until cancelled, shut down gracefully). The routes are elsewhere:
 `openai/routes.py` (OpenAI's; its Responses API in `openai/responses_api.py`, embeddings in
-`embeddings.py`), `anthropic/routes.py` (Anthropic's Messages API), `native.py` (llama-server's native API and the seed's
+`embeddings.py`), `anthropic/routes.py` (Anthropic's Messages API), `native/` (llama-server's native API and the seed's
 page and gene verbs) and `dashboard.py` (the memory page); a generation runs inside its
 response (`streaming.py`).
 
@@ -180,7 +180,7 @@ class HttpFront:
             *Responses(self).routes(),  # POST /v1/responses, GET/DELETE /v1/responses/{id} (openai/responses_api.py)
             *Embeddings(self).routes(),  # POST /v1/embeddings (embeddings.py)
             *AnthropicRoutes(self).routes(),  # POST /v1/messages, /v1/messages/count_tokens (anthropic/)
-            # llama-server's native API and the seed's verbs (native.py), /health and
+            # llama-server's native API and the seed's verbs (native/), /health and
             # /metrics included: llama-server answers those the same on both APIs.
             *Native(self).routes(),
             *Dashboard(self).routes(),  # GET /dashboard and /dashboard/state (dashboard.py)

@@ -17,7 +17,7 @@ disconnect with a logged reason:
   semaphore: connections take turns). A waiting call costs a parked task, no actor's
   mailbox and no loop time, so 8 connections x 60 `page.in` calls leave generation its
   share of the event loop and of the scheduler (whose own turns are kept by the actor
-  kernel's control lane, serving/kernel.py).
+  kernel's control lane, serving/kernel/).
 - output: everything a connection is sent (answers, streamed chunks) goes through one
   queue, encoded and written in order by one writer task (`outbox.py`: streamed chunks
   are encoded there, not in the slot's turn); when more than `max_outbox_bytes` wait

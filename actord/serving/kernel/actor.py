@@ -238,6 +238,14 @@ class Actor(Generic[M]):
         """The loop ended without a crash of ours: close the mailbox, fail every ask still
         queued and whatever the actor holds, so askers hear at once instead of at their bound."""
         self._send.close()
+        self._fail_queued(error)
+        try:
+            self.on_crash(error)
+        except Exception as e:  # noqa: BLE001 - stopping must not raise over the cancellation
+            log.error("actor.stop_failed", actor=self.name, error=repr(e))
+
+    def _fail_queued(self, error: ActordError) -> None:
+        """Fail every ask still in the mailbox with `error`; clients waiting for room see it too."""
         self.drain()
         while self._arrived:
             env = self._arrived.popleft()
@@ -245,10 +253,6 @@ class Actor(Generic[M]):
             if env.reply is not None:
                 env.reply.fail(error)
         self._mailbox_room.set()
-        try:
-            self.on_crash(error)
-        except Exception as e:  # noqa: BLE001 - stopping must not raise over the cancellation
-            log.error("actor.stop_failed", actor=self.name, error=repr(e))
 
     async def deliver(self, env: Envelope[M]) -> None:
         """Deliver one envelope now. The real loop calls it; so can a deterministic one."""
@@ -284,13 +288,7 @@ class Actor(Generic[M]):
         failed = ActorFailed(f"actor {self.name} crashed: {error!r}", actor=self.name)
         if env is not None and env.reply is not None:
             env.reply.fail(failed)
-        self.drain()
-        while self._arrived:
-            queued = self._arrived.popleft()
-            self._left_lane(queued)
-            if queued.reply is not None:
-                queued.reply.fail(failed)
-        self._mailbox_room.set()  # clients waiting for room see the failure
+        self._fail_queued(failed)
         try:
             self.on_crash(failed)
         finally:

@@ -1,8 +1,8 @@
 """What every route of llama-server's native API shares: its error object and a base
 class for the route groups (`NativeRoutes`).
 
-Why a module of its own: the route groups (`native_completion`, `native_slots`,
-`native_genes`, and `native.py`'s text, props, health and metrics routes) each need the
+Why a module of its own: the route groups (`completion.py`, `slots.py`, `genes.py`, and
+`routes.py`'s text, props, health and metrics routes) each need the
 same guard (the key, llama-server's error object for a typed error), JSON bodies (an empty
 body is `{}`), the JSON-RPC verbs the routes call with those verbs' own parameter checks,
 and llama-server's mixed prompts (token ids with strings); none should import another for

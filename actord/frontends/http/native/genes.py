@@ -1,6 +1,6 @@
 """llama-server's /lora-adapters on actord's genes, with the seed's gene verbs.
 
-Why a module of its own: adapters are actord's genes (actord.serving.residency), whose
+Why a module of its own: adapters are actord's genes (actord.serving.gene_residency), whose
 residency the seed's verbs move; these routes are their native face, and nothing else of
 the native API needs them.
 

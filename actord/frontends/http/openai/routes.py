@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes: chat and text completions, and the model list.
 
 Why a module of its own: these routes turn OpenAI's requests (shapes and checks in
-`openai.py`) into actord's chats and completions and answer in OpenAI's shapes
+`wire.py`) into actord's chats and completions and answer in OpenAI's shapes
 (`OpenAIAnswer`, run inside the response by `streaming.Generation`, as the native
 /completion's answer is); the front that serves them (`app.py`) is the same for both APIs.
 
@@ -16,7 +16,7 @@ embeddings have modules of their own (`responses_api.py`: POST /v1/responses, GE
 read their bodies as these routes do (`decode_body`; the Responses API its mind too: turns.py `mind_of`).
 
 Tools (actord.chat.tools): a chat's `tools`, `tool_choice`, `parallel_tool_calls` and the legacy
-`functions` / `function_call` become the ChatRequest's tool fields (`openai.chat_tools`);
+`functions` / `function_call` become the ChatRequest's tool fields (`wire.chat_tools`);
 the answer carries the reply's `tool_calls` (streamed: as `tool_calls` deltas, each call
 whole), or, for a legacy request, `function_call`.
 
@@ -27,7 +27,8 @@ the `X-Actord-Mind` header, else a session header the operator named, else
 `prompt_cache_key`, else `user` (turns.py `mind_of`). The header wins, because it is an
 explicit instruction to actord; `prompt_cache_key` beats `user` because it is OpenAI's
 field for exactly this (cache routing), while `user` is an end-user id a client may set for
-other reasons.
+other reasons. With none, a request is placed like llama-server's: the idle slot sharing the
+longest prefix.
 """
 
 from __future__ import annotations
