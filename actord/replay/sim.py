@@ -40,6 +40,7 @@ import errno
 import random
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from actord.serving.page_store import SpillEnd
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
+from actord.engine.step import Stepper
 from actord.service.errors import ActordError, EngineError
 from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
 from actord.replay.sim_persist import held_by, persisted_problem, restart_problem
@@ -74,10 +76,12 @@ class SimResult:
     trace: list[Any] = field(default_factory=list, repr=False)
 
 
-class _FlakyEngine(Engine):
-    """An engine whose Step fails on a seeded schedule (a fault, not a bug)."""
+class _FlakyStepper(Stepper):
+    """A stepper whose steps numbered in `fail_steps` fail (a fault on a seeded schedule, not a bug)."""
 
-    fail_steps: set[int] = set()
+    def __init__(self, *args: Any, fail_steps: set[int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.fail_steps = fail_steps
 
     def _step(self, job: J.Step) -> Any:
         if (self.step_no + 1) in self.fail_steps:
@@ -123,7 +127,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                           errno=rng.choice([errno.ENOSPC, errno.EROFS, errno.EIO]), times=rng.choice([1, 3, 0])))
     if plan:
         fs = FaultyFs(faults=plan)
-    _FlakyEngine.fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
+    fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
     n_slots = rng.choice([2, 2, 3])
     # Device budgets in units of the genes' size (35 kB for the tiny llama's), so they are as
     # tight for a model whose adapters are larger.
@@ -154,7 +158,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
     disp.reseed = reseed
-    system = ActorSystem(cfg, dispatcher=disp, engine_factory=_FlakyEngine, trace=events)
+    system = ActorSystem(cfg, dispatcher=disp, engine_factory=lambda c: Engine(c, stepper=partial(_FlakyStepper, fail_steps=fail_steps)),
+                         trace=events)
     published: dict[str, str] = {}
     errors: dict[str, int] = {}
     pending = {"n": 0}
@@ -470,7 +475,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                                 break
                     raise
             check_end()
-            persisted = stopping["on"] and not getattr(fs, "fired", ()) and not _FlakyEngine.fail_steps
+            persisted = stopping["on"] and not getattr(fs, "fired", ()) and not fail_steps
             if persisted:
                 check_persisted()
             disp.close_actors()
