@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import sniffio
 
 from actord.serving.messages import RunStep
 from actord.serving.page_store import SpillEnd
@@ -105,17 +104,9 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     "mtp" with the model's own MTP head."""
     rng = random.Random(seed)
     loras = [] if lora is None else [lora] if isinstance(lora, str) else list(lora)
-    reseed: Any = None
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        def _reseed(position: int) -> None:  # trio shuffles its run batches: fix each step's shuffle
-            trio._core._run._r.seed(seed * 1_000_003 + position)
-
-        reseed = _reseed
     tmp = tempfile.TemporaryDirectory(prefix="actord-sim-") if work is None else None
     root = Path(work or tmp.name)  # type: ignore[union-attr]
-    fs: OsFs = FaultyFs()
+    fs = FaultyFs()
     plan: list[Fault] = []
     if faults and rng.random() < 0.5:
         plan.append(Fault(op=rng.choice(["fsync", "dirsync", "rename", "step"]), nth=rng.randint(1, 6),
@@ -157,9 +148,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     stop_at = rng.randint(30 * steps, 90 * steps) if rng.random() < 0.25 else None  # late: the work runs first
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
-    disp.reseed = reseed
-    system = ActorSystem(cfg, dispatcher=disp, engine_factory=lambda c: Engine(c, stepper=partial(_FlakyStepper, fail_steps=fail_steps)),
-                         trace=events)
+    flaky = partial(_FlakyStepper, fail_steps=fail_steps)
+    system = ActorSystem(cfg, dispatcher=disp, engine_factory=lambda c: Engine(c, stepper=flaky), trace=events)
     published: dict[str, str] = {}
     errors: dict[str, int] = {}
     pending = {"n": 0}
@@ -228,7 +218,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 g = r.choice(gene_ids)
                 await (system.gene_page_out(g) if r.random() < 0.5 else system.gene_page_in(g))
         except ActordError as e:
-            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+            if any(f.action != "fail" for f in fs.fired):
                 # The process "died" mid-publication (possibly in an actor's own save): what
                 # its clients hear afterwards is moot; the run ends as a crash.
                 raise SimulatedCrash(f"after a simulated crash, {kind} got {e.type}") from e
@@ -258,7 +248,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             else:
                 await system.gene_list()
         except ActordError as e:
-            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+            if any(f.action != "fail" for f in fs.fired):
                 raise SimulatedCrash(f"after a simulated crash, a flood call got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: flood {flood_method} failed with {e.type}: {e.message}") from e
@@ -273,7 +263,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             await system.write_behind_tick(now)
             wb["passes"] += 1
         except ActordError as e:
-            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+            if any(f.action != "fail" for f in fs.fired):
                 raise SimulatedCrash(f"after a simulated crash, write-behind got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: write-behind failed with {e.type}: {e.message}") from e
@@ -475,7 +465,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                                 break
                     raise
             check_end()
-            persisted = stopping["on"] and not getattr(fs, "fired", ()) and not fail_steps
+            persisted = stopping["on"] and not fs.fired and not fail_steps
             if persisted:
                 check_persisted()
             disp.close_actors()
