@@ -89,13 +89,12 @@ class Engine:
         copier = StateCopier(c, drafter)
         if kept is None:
             stepper = self._make_stepper(c, vocab, samplers, copier, drafter, genes)
-            props = model_props(config, c, drafter)
-            props = msgspec.structs.replace(
-                props, device=msgspec.structs.replace(props.device, backend_sampling=on_backend))
         else:
-            stepper = self._make_stepper(c, vocab, samplers, copier, drafter, genes, epoch=kept.epoch, step_no=kept.step_no,
-                              records=kept.records, before_decode=kept.before_decode)
-            props = kept.props
+            stepper = self._make_stepper(c, vocab, samplers, copier, drafter, genes, epoch=kept.epoch,
+                                         step_no=kept.step_no, records=kept.records, before_decode=kept.before_decode)
+        props = model_props(config, c, drafter)
+        device = msgspec.structs.replace(props.device, backend_sampling=on_backend)
+        props = msgspec.structs.replace(props, device=device)
         self.context, self.vocab, self.genes, self.drafter = c, vocab, genes, drafter
         self.samplers, self.copier, self.stepper = samplers, copier, stepper
         self.embedder = Embedder(c.model, c.ctx, c.n_ctx)

@@ -29,7 +29,7 @@ class Asleep:
     records: collections.deque[J.StepRecord]
     before_decode: Any  # the engine thread's hook (engine/thread.py `_announce`)
     genes: DetachedGenes
-    props: J.ModelProps  # answered while asleep (ModelInfo, ChatInfo), unchanged by a wake
+    props: J.ModelProps  # what quiet jobs are answered from while asleep (ModelInfo, ChatInfo)
     chat: J.ChatTemplateInfo
 
     def answer(self, job: J.Job) -> Any:
