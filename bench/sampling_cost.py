@@ -75,17 +75,17 @@ def configs(n_vocab: int) -> list[tuple[str, J.SamplingParams]]:
 
 def run(engine: Engine, prompt: list[int], params: J.SamplingParams, n: int) -> tuple[float, float, int]:
     engine.handle(J.SeqRm(seq=0))
-    engine.grammar_samples = engine.grammar_masked = 0
-    engine.set_sampler(0, params)
-    out = engine.step(J.Step(entries=[J.StepEntry(seq=0, tokens=prompt, pos0=0, sample=True)], epoch=engine.epoch))
+    engine.samplers.grammar_samples = engine.samplers.grammar_masked = 0
+    engine.samplers.set_sampler(0, params)
+    out = engine.stepper.step(J.Step(entries=[J.StepEntry(seq=0, tokens=prompt, pos0=0, sample=True)], epoch=engine.stepper.epoch))
     pos, tok = len(prompt), out.entries[0].token
     dec, smp, restarts = [], [], 0
     for _ in range(n):
         if out.entries[0].eog:  # the document is closed: a fresh grammar, same sequence
-            engine.set_sampler(0, params)
+            engine.samplers.set_sampler(0, params)
             restarts += 1
-        out = engine.step(J.Step(entries=[J.StepEntry(seq=0, tokens=[tok], pos0=pos, sample=True)],
-                                 epoch=engine.epoch))
+        out = engine.stepper.step(J.Step(entries=[J.StepEntry(seq=0, tokens=[tok], pos0=pos, sample=True)],
+                                 epoch=engine.stepper.epoch))
         pos, tok = pos + 1, out.entries[0].token
         dec.append(out.t_decode_ms)
         smp.append(out.t_sample_ms)
@@ -105,15 +105,15 @@ def run_tokens(engine: Engine, prompt: list[int], params: J.SamplingParams, n: i
     """As `run`, also returning every step's timings, the prompt step's decode ms, the tokens
     and whether the chain was attached to the backend."""
     engine.handle(J.SeqRm(seq=0))
-    engine.set_sampler(0, params)
-    attached = 0 in engine.backend_seqs
-    out = engine.step(J.Step(entries=[J.StepEntry(seq=0, tokens=prompt, pos0=0, sample=True)], epoch=engine.epoch))
+    engine.samplers.set_sampler(0, params)
+    attached = 0 in engine.samplers.backend_seqs
+    out = engine.stepper.step(J.Step(entries=[J.StepEntry(seq=0, tokens=prompt, pos0=0, sample=True)], epoch=engine.stepper.epoch))
     first = out.t_decode_ms
     pos, tok = len(prompt), out.entries[0].token
     toks, dec, smp = [tok], [], []
     for _ in range(n):
-        out = engine.step(J.Step(entries=[J.StepEntry(seq=0, tokens=[tok], pos0=pos, sample=True)],
-                                 epoch=engine.epoch))
+        out = engine.stepper.step(J.Step(entries=[J.StepEntry(seq=0, tokens=[tok], pos0=pos, sample=True)],
+                                 epoch=engine.stepper.epoch))
         pos, tok = pos + 1, out.entries[0].token
         toks.append(tok)
         dec.append(out.t_decode_ms)
@@ -130,7 +130,7 @@ def backend_table(engine: Engine, prompt: list[int], n: int, reps: int) -> None:
         got: dict[bool, dict[str, list]] = {w: {"dec": [], "smp": [], "first": [], "toks": []} for w in (False, True)}
         for _ in range(reps):
             for way in (False, True):
-                engine.backend_sampling = way
+                engine.samplers.backend_sampling = way
                 dec, smp, first, toks, attached = run_tokens(engine, prompt, params, n)
                 if attached != way:
                     raise SystemExit(f"{name}: the chain was {'not ' if way else ''}attached to the backend")
@@ -146,7 +146,7 @@ def backend_table(engine: Engine, prompt: list[int], n: int, reps: int) -> None:
             tail = f"{tps[True] / tps[False]:>18.3f} {('yes' if same else 'NO'):>12}" if way else ""
             print(f"{name if not way else '':22} {('backend' if way else 'cpu'):8} {med(g['dec']):10.3f} "
                   f"{med(g['smp']):10.3f} {tps[way]:8.1f} {med(g['first']):10.2f} {tail}")
-    engine.backend_sampling = False
+    engine.samplers.backend_sampling = False
 
 
 def main() -> int:
@@ -172,7 +172,7 @@ def main() -> int:
     claim_current_thread()
     engine = Engine(Config(model=model, ctx=ns.tokens + 512, batch=256, slots=1, threads=ns.threads))
     try:
-        prompt = engine.tokenize("Describe a pet as JSON with its name, age and tags:\n", True, False)
+        prompt = engine.vocab.tokenize("Describe a pet as JSON with its name, age and tags:\n", True, False)
         n_vocab = engine.props.n_vocab
         print(f"model {Path(model).name}: n_vocab {n_vocab}, {ns.tokens} tokens per configuration, "
               f"{ns.threads} threads")
@@ -183,11 +183,11 @@ def main() -> int:
               f"{'step/greedy':>12} {'restarts':>9} {'masked':>7}")
         base: tuple[float, float] | None = None
         for name, params in configs(n_vocab):
-            engine.grammar_first = name.endswith("first")
+            engine.samplers.grammar_first = name.endswith("first")
             d, s, restarts = run(engine, prompt, params, ns.tokens)
             if base is None:
                 base = (d, s)
-            masked = f"{engine.grammar_masked / engine.grammar_samples:7.0%}" if engine.grammar_samples else " " * 7
+            masked = f"{engine.samplers.grammar_masked / engine.samplers.grammar_samples:7.0%}" if engine.samplers.grammar_samples else " " * 7
             print(f"{name:22} {d:10.3f} {s:10.3f} {s / base[1]:14.2f} {(d + s) / (base[0] + base[1]):12.2f} "
                   f"{restarts:9d} {masked}")
     finally:

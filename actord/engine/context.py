@@ -1,6 +1,6 @@
 """Opening the model and its context, and what that start measures: where it runs.
 
-Everything here runs once, in `Engine.__init__` (engine/engine.py), on the engine thread:
+Everything here runs once per start or wake of the engine (engine/engine.py), on the engine thread:
 load the model, choose --swa-full (policy/swa.py) from an estimate of the KV's bytes, create
 the one context (n_seq_max = slots, unified KV) while libllama's log is kept
 (engine/log_capture.py: how "auto" flash attention resolved is said there only), then
@@ -94,7 +94,8 @@ def _host_bytes() -> int:
 
 
 class Context:
-    """A mixin of Engine: the start (see the module docstring)."""
+    """The model, its one context, the reusable batch, and what the start measured of them
+    (see the module docstring). The engine's collaborators read these; only `close` frees them."""
 
     model: Any
     ctx: Any
@@ -106,9 +107,9 @@ class Context:
     swa: SwaChoice
     kv_bytes_per_token: int
 
-    def _open(self, config: Config, n_rs_seq: int) -> bool:
-        """Load the model, create the context and the batch, measure them; True when the
-        model runs on a GPU. A context that cannot be made or measured is freed with the model."""
+    def __init__(self, config: Config, n_rs_seq: int) -> None:
+        """Load the model, create the context and the batch, measure them (`on_gpu`: the
+        model runs on a GPU). A context that cannot be made or measured is freed with the model."""
         if not os.path.exists(config.model):
             raise InvalidParams(f"model file not found: {config.model}", path=config.model)
         if n_rs_seq < 0:
@@ -169,12 +170,11 @@ class Context:
         self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
         b = self.batch
         # The batch's arrays never move: bind them once, not per token per step.
-        self._batch_views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
-        self._decode = lib.raw("llama_decode")
-        self._sample = lib.raw("llama_sampler_sample")
-        self._get_logits = lib.raw("llama_get_logits")
-        self._get_logits_ith = lib.raw("llama_get_logits_ith")
-        self._token_text: dict[int, tuple[bytes, bool]] = {}  # a vocab's pieces never change
+        self.batch_views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
+        self.decode = lib.raw("llama_decode")
+        self.sample = lib.raw("llama_sampler_sample")
+        self.get_logits = lib.raw("llama_get_logits")
+        self.get_logits_ith = lib.raw("llama_get_logits_ith")
         self.n_rs_seq = int(lib.llama_n_rs_seq(self.ctx))
         # How a verify takes back rejected drafts: "cut" (seq_rm: attention memory), "rs"
         # (seq_rm within n_rs_seq, inside the verify batch: recurrent memory with rollback
@@ -182,7 +182,6 @@ class Context:
         # decode the accepted tokens again: recurrent memory without them, e.g. mamba2).
         self.rollback = "cut" if not (self.recurrent or self.hybrid) else (
             "rs" if self.n_rs_seq >= config.spec_n_max else "replay")
-        self.replays = 0  # steps that restored and re-decoded rejected verifies (rollback "replay")
         try:
             self.memory = self._measure_memory()  # (writes the batch: the marks below start after it)
             self.weights_digest = self._weights_digest(config.model)
@@ -191,7 +190,20 @@ class Context:
             lib.llama_free(self.ctx)
             lib.llama_model_free(self.model)
             raise
-        return on_gpu
+        self.on_gpu = on_gpu
+
+    def close(self) -> None:
+        """Free the batch, the context and the model, once."""
+        if self.ctx is None:
+            return
+        lib.llama_batch_free(self.batch)
+        lib.llama_free(self.ctx)
+        lib.llama_model_free(self.model)
+        self.ctx = self.model = self.batch = None
+
+    def check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise InvalidParams(f"sequence {seq} out of range", seq=seq)
 
     def _device_report(self, config: Config, offload: bool, after_model: tuple[str, int, int] | None,
                        ctx_log: list[str]) -> J.DeviceReport:
@@ -215,7 +227,7 @@ class Context:
             budget_bytes=budget.bytes, budget_reason=budget.reason, devices=devs,
         )
 
-    def _meta_str(self, key: str) -> str | None:
+    def meta_str(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(64)
         if lib.llama_model_meta_val_str(self.model, key.encode(), buf, 64) < 0:
             return None
@@ -223,7 +235,7 @@ class Context:
 
     def _meta_int(self, key: str) -> int | None:
         try:
-            return int(self._meta_str(key) or "")
+            return int(self.meta_str(key) or "")
         except ValueError:
             return None
 
@@ -232,7 +244,7 @@ class Context:
         and V in the cache's types (--cache-type-k / -v). Right for attention-only models, the only ones with a
         sliding window here; it counts a hybrid's recurrent layers as attention (4x too much on
         Qwen3.5) and is 0 on Mamba (no KV heads). Props report `_measure_memory`'s figures."""
-        arch = self._meta_str("general.architecture") or ""
+        arch = self.meta_str("general.architecture") or ""
         n_layer = int(lib.llama_model_n_layer(self.model))
         n_head_kv = int(lib.llama_model_n_head_kv(self.model))
         head = int(lib.llama_model_n_embd(self.model)) // max(1, int(lib.llama_model_n_head(self.model)))

@@ -23,20 +23,22 @@ from actord.service.errors import EngineError, InvalidParams, PromptTooLong
 POOLING = {1: "mean", 2: "cls", 3: "last"}  # libllama's pooling types that give one vector per input
 
 
-class Embedding:
-    """A mixin of Engine: the embeddings context and its job."""
+def pooling_type(ctx: Any) -> int:
+    """The pooling type libllama reads from the model (llama_pooling_type of a context on it)."""
+    return int(lib.llama_pooling_type(ctx))
 
-    model: Any
-    ctx: Any
-    n_ctx: int
-    _embed: Any = None  # (context, batch, n_ctx), made on first use
 
-    def pooling(self) -> int:
-        return int(lib.llama_pooling_type(self.ctx))
+class Embedder:
+    """The embeddings context on the engine's model, made on the first request, and its job."""
+
+    def __init__(self, model: Any, ctx: Any, n_ctx: int) -> None:
+        """`ctx`: the engine's own context (its pooling is the model's), `n_ctx` its size."""
+        self.model, self.ctx, self.n_ctx = model, ctx, n_ctx
+        self._embed: tuple[Any, Any, int] | None = None  # (context, batch, n_ctx), made on first use
 
     def embed(self, inputs: list[list[int]], threads: int) -> list[list[float]]:
         """One L2-normalized vector per input (token lists), pooled as the model says."""
-        pooling = self.pooling()
+        pooling = pooling_type(self.ctx)
         if pooling not in POOLING:
             raise InvalidParams("this model does not pool (it names no pooling type: a generative model): "
                                 "embeddings need an embedding model, and actord runs one model", param="model",
@@ -79,7 +81,7 @@ class Embedding:
             out.append([v / norm for v in vec])
         return out
 
-    def close_embed(self) -> None:
+    def close(self) -> None:
         if self._embed is not None:
             ctx, batch, _ = self._embed
             lib.llama_batch_free(batch)

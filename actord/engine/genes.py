@@ -19,7 +19,7 @@ import hashlib
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from actord.engine import jobs as J
 from actord.engine.llama import lib
@@ -43,6 +43,16 @@ class _Gene:
     adapter: Any  # libllama adapter pointer while resident, else None
     moved: int = 0
     digest: str = ""  # of `image`: the gene by content (page files name genes by it)
+
+
+@dataclass
+class DetachedGenes:
+    """The catalog across a sleep (`detach` to `attach`): its genes with their host images,
+    which of them were resident, and the id counter, so ids are never reused."""
+
+    genes: dict[int, _Gene]
+    resident: set[int]
+    ids: Iterator[int]
 
 
 class GeneCatalog:
@@ -151,22 +161,22 @@ class GeneCatalog:
     def host_bytes(self) -> int:
         return sum(len(g.image) for g in self.genes.values() if g.adapter is None)
 
-    def detach(self) -> tuple[dict[int, _Gene], set[int], Any]:
+    def detach(self) -> DetachedGenes:
         """For a sleep: free every device copy (the context and model go next) and hand over
         the genes with their host images, the ids, and which were resident."""
         resident = {gid for gid, g in self.genes.items() if g.adapter is not None}
         for gid in resident:
             self._free_device(self.genes[gid])
-        kept = (dict(self.genes), resident, self._ids)
+        kept = DetachedGenes(genes=dict(self.genes), resident=resident, ids=self._ids)
         self.genes.clear()
         return kept
 
-    def attach(self, kept: tuple[dict[int, _Gene], set[int], Any]) -> None:
+    def attach(self, kept: DetachedGenes) -> None:
         """After a wake, on the new model: the same genes under the same ids, those that were
         resident built again from their images (GeneResidency's view never changed)."""
-        genes, resident, self._ids = kept
-        self.genes.update(genes)
-        for gid in sorted(resident):
+        self._ids = kept.ids
+        self.genes.update(kept.genes)
+        for gid in sorted(kept.resident):
             g = self.genes[gid]
             g.adapter = self._build(g.image)
 

@@ -17,7 +17,7 @@ class Job(msgspec.Struct, tag=True, frozen=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
-    """One sequence's samplers: a grammar (beside the chain: Engine._sample_constrained),
+    """One sequence's samplers: a grammar (beside the chain: Samplers.sample_constrained),
     then the chain in this order: logit biases, penalties, then greedy or
     top_k/top_p/min_p/temperature/dist."""
 
@@ -37,10 +37,10 @@ class SamplingParams(msgspec.Struct, frozen=True):
     top_logprobs: int = -1
     # The logprobs are of the candidates the chain left, after its samplers (llama-server's
     # post_sampling_probs): the sequence samples through the engine's candidate array
-    # (Sampling._sample_constrained) so that array can be read.
+    # (Samplers.sample_constrained) so that array can be read.
     post_sampling: bool = False
     # A lazy grammar: free sampling until one of these (text, at_start) appears in the output,
-    # then the grammar, fed from the trigger's start (Engine._watch). () = from the first token.
+    # then the grammar, fed from the trigger's start (Samplers.watch). () = from the first token.
     grammar_triggers: tuple[tuple[str, bool], ...] = ()
     # Control tokens (by their text) whose text the output's pieces keep.
     preserve: tuple[str, ...] = ()
@@ -368,7 +368,7 @@ class ModelProps(msgspec.Struct, frozen=True):
     desc: str
     swa_full: bool = False  # the cache keeps every position of every layer (no checkpoints needed)
     swa_full_reason: str = ""  # why (actord.policy.swa)
-    # Measured on the context (Engine._measure_memory): a sequence of n tokens holds
+    # Measured on the context (Context._measure_memory): a sequence of n tokens holds
     # recurrent_state_bytes + n * kv_bytes_per_token bytes of state (what a page copies).
     kv_bytes_per_token: int = 0  # attention layers only (SWA layers included, as a full cache)
     kv_swa_bytes_per_token: int = 0  # the SWA layers' part of it (bounded by the window unless swa_full)

@@ -1,5 +1,5 @@
 """The engine's sampling: one libllama sampler chain per sequence, the grammar check,
-logprobs. A mixin of `Engine` (engine/engine.py), on the engine thread only.
+logprobs. Owned by the engine (engine/engine.py), on the engine thread only.
 
 Kept apart from the step because it is its own policy-free mechanism with its own costs:
 grammar is checked on the token the chain picked and the whole vocabulary is masked only
@@ -19,7 +19,9 @@ import numpy as np
 
 from actord.engine import backend_sampling as BS
 from actord.engine import jobs as J
+from actord.engine.context import Context
 from actord.engine.llama import lib
+from actord.engine.vocab import Vocab
 from actord.service.errors import InvalidParams
 from actord.service.log import get
 
@@ -43,30 +45,51 @@ class Watch:
         self.preserve = preserve
 
 
-class Sampling:
-    """Sampler chains and what they need (see the module docstring)."""
+class Samplers:
+    """Every sequence's sampler chain and what sampling under it needs (see the module
+    docstring): the chains, their grammars, lazy grammars and logprobs, which sequences end
+    at which tokens, and the one candidate buffer."""
 
-    # Provided by Engine.
-    ctx: Any
-    model: Any
-    vocab: Any
-    samplers: dict[int, Any]
-    watches: dict[int, Watch]
-    backend_sampling: bool  # attach eligible chains to the backend (engine/backend_sampling.py)
-    backend_seqs: set[int]  # the sequences whose chain is attached
-    post_probs: set[int]  # the sequences whose logprobs are the chain's candidates' (post_sampling)
-    config: Any
-    grammar_cut: int  # grammars cut for their cost per token (`_cut_grammar`)
-    seq_grammar: dict[int, bytes]  # seq -> its grammar's digest
-    cut_grammars: dict[bytes, None]  # digests of grammars cut, oldest first
+    def __init__(self, config: Any, context: Context, vocab: Vocab, *, backend_sampling: bool) -> None:
+        self.config = config
+        self.context = context
+        self.vocab = vocab
+        self.n_vocab = vocab.n_tokens
+        self.chains: dict[int, Any] = {}  # seq -> its sampler chain
+        self.backend_sampling = backend_sampling  # attach eligible chains to the backend (engine/backend_sampling.py)
+        self.backend_seqs: set[int] = set()  # the sequences whose chain is attached
+        self.greedy: set[int] = set()  # seqs whose chain is greedy alone (`greedy_rows`)
+        self.post_probs: set[int] = set()  # seqs whose logprobs are read after the chain (post_sampling)
+        # Seqs whose request ends at an end-of-generation token (SamplingParams.end_on_eog) or
+        # at one of its stop tokens (end_tokens), and those fed such a token by a feed_last
+        # entry: their later feed_last entries are skipped (planned blind at depth >= 3), so
+        # the KV ends there as at depth 2.
+        self.ends_on_eog: set[int] = set()
+        self.end_tokens: dict[int, frozenset[int]] = {}
+        self.fed_end: set[int] = set()
+        self.logprobs: dict[int, int] = {}  # seq -> top_logprobs asked (absent: none)
+        self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, beside its chain
+        self.watches: dict[int, Watch] = {}  # seq -> its lazy grammar / preserved tokens
+        self.grammar_first = False  # bench seam: apply the grammar to every candidate, every token
+        self.grammar_samples = 0  # constrained samples, and those that masked the whole vocabulary
+        self.grammar_masked = 0
+        self.grammar_cut = 0  # grammars cut for their cost per token (`_cut_grammar`)
+        self.seq_grammar: dict[int, bytes] = {}  # seq -> its grammar's digest
+        self.cut_grammars: dict[bytes, None] = {}  # digests of grammars cut, oldest first
+        self._cand: Any = None
+        self._ids: Any = None
+
+    def close(self) -> None:
+        for seq in list(self.chains):
+            self.free_sampler(seq)
 
     def set_sampler(self, seq: int, p: J.SamplingParams) -> None:
         """Build sequence `seq`'s sampler chain (see J.SamplingParams for the order).
 
         Built whole before the old chain is freed: a grammar that does not parse or a bias
         on a token the vocab lacks is an InvalidParams and leaves the sequence as it was."""
-        self._check_seq(seq)
-        n_vocab = self.props.n_vocab
+        self.context.check_seq(seq)
+        n_vocab = self.n_vocab
         for tok, _ in p.logit_bias:
             if not 0 <= tok < n_vocab:
                 raise InvalidParams(f"logit_bias names token {tok}, outside the vocab [0, {n_vocab})",
@@ -80,8 +103,8 @@ class Sampling:
                 if digest in self.cut_grammars:
                     raise InvalidParams("grammar: this grammar was cut for its sampling cost before "
                                         "(grammar_token_budget_ms)", param="grammar")
-                # Kept beside the chain, not in it: see `_sample_constrained`.
-                grammar = lib.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+                # Kept beside the chain, not in it: see `sample_constrained`.
+                grammar = lib.llama_sampler_init_grammar(self.vocab.vocab, p.grammar.encode(), b"root")
                 if not grammar:
                     raise InvalidParams("the grammar does not parse (GBNF with a 'root' rule expected)",
                                         param="grammar")
@@ -105,7 +128,7 @@ class Sampling:
                     add(chain, lib.llama_sampler_init_min_p(p.min_p, 1))
                 add(chain, lib.llama_sampler_init_temp(p.temperature))
                 add(chain, lib.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
-            # Greedy alone (no biases, no penalties): the step takes the row's argmax (`_greedy_rows`).
+            # Greedy alone (no biases, no penalties): the step takes the row's argmax (`greedy_rows`).
             greedy = p.temperature <= 0 and lib.llama_sampler_chain_n(chain) == 1
             post = p.post_sampling and p.top_logprobs >= 0
         except BaseException:
@@ -113,13 +136,13 @@ class Sampling:
             if grammar:
                 lib.llama_sampler_free(grammar)
             raise
-        self._free_sampler(seq)
-        self.samplers[seq] = chain
+        self.free_sampler(seq)
+        self.chains[seq] = chain
         if p.end_on_eog:
             self.ends_on_eog.add(seq)
         if p.end_tokens:
             self.end_tokens[seq] = frozenset(p.end_tokens)
-        if self.backend_sampling and BS.eligible(p) and BS.attach(self.ctx, seq, chain):
+        if self.backend_sampling and BS.eligible(p) and BS.attach(self.context.ctx, seq, chain):
             self.backend_seqs.add(seq)
         elif greedy and not post:
             self.greedy.add(seq)
@@ -141,7 +164,7 @@ class Sampling:
         else:
             self.logprobs.pop(seq, None)
 
-    def _free_sampler(self, seq: int) -> None:
+    def free_sampler(self, seq: int) -> None:
         self.greedy.discard(seq)
         self.post_probs.discard(seq)
         self.ends_on_eog.discard(seq)
@@ -149,9 +172,9 @@ class Sampling:
         self.fed_end.discard(seq)
         if seq in self.backend_seqs:
             self.backend_seqs.discard(seq)
-            BS.detach(self.ctx, seq)
+            BS.detach(self.context.ctx, seq)
         self.seq_grammar.pop(seq, None)
-        for table in (self.samplers, self.grammars):
+        for table in (self.chains, self.grammars):
             smpl = table.pop(seq, None)
             if smpl:
                 lib.llama_sampler_free(smpl)
@@ -162,12 +185,12 @@ class Sampling:
 
     def _special_token(self, text: str) -> int:
         """The control token whose text is `text`, or -1 (none, or its text shows anyway)."""
-        toks = self.tokenize(text, False, True)
-        if len(toks) != 1 or self.piece(toks[0], False) == self.piece(toks[0], True):
+        toks = self.vocab.tokenize(text, False, True)
+        if len(toks) != 1 or self.vocab.piece(toks[0], False) == self.vocab.piece(toks[0], True):
             return -1
         return toks[0]
 
-    def _watch(self, seq: int, w: Watch, tok: int, piece: bytes) -> bytes:
+    def watch(self, seq: int, w: Watch, tok: int, piece: bytes) -> bytes:
         """After sequence `seq` sampled `tok` (unconstrained or under its grammar): its piece
         as the output shows it, and its lazy grammar started when a trigger just showed.
 
@@ -177,7 +200,7 @@ class Sampling:
         parser then keeps that text as text). Cost while waiting: one append and a find in
         a window of the longest trigger's length, per token."""
         if tok in w.preserve:
-            piece = self.piece(tok, True)
+            piece = self.vocab.piece(tok, True)
         if w.pending is None:
             return piece
         win = w.window
@@ -204,7 +227,7 @@ class Sampling:
                 del win[:len(win) - w.keep]
             return piece
         grammar, w.pending = w.pending, None
-        fed = self.tokenize(bytes(win[hit:]).decode("utf-8", "ignore"), False, True)
+        fed = self.vocab.tokenize(bytes(win[hit:]).decode("utf-8", "ignore"), False, True)
         for t in fed:
             if not self._allows(grammar, t):
                 lib.llama_sampler_free(grammar)
@@ -216,29 +239,29 @@ class Sampling:
             del self.watches[seq]
         return piece
 
-    def _greedy_rows(self, n_out: int) -> list[int] | None:
+    def greedy_rows(self, n_out: int) -> list[int] | None:
         """The argmax of each of the last decode's `n_out` logit rows (llama.h: the rows of
         the tokens with logits on, in batch order), what a greedy-only chain samples: its
         llama_sampler_greedy picks the first largest logit, as argmax does, and its accept
         keeps no state. One vectorized pass instead of a llama_sampler_sample call (and its
         n_vocab candidates) per row."""
-        addr = ctypes.cast(self._get_logits(self.ctx), ctypes.c_void_p).value
-        n_vocab = self.props.n_vocab
-        end = ctypes.cast(self._get_logits_ith(self.ctx, -1), ctypes.c_void_p).value  # the last row
+        addr = ctypes.cast(self.context.get_logits(self.context.ctx), ctypes.c_void_p).value
+        n_vocab = self.n_vocab
+        end = ctypes.cast(self.context.get_logits_ith(self.context.ctx, -1), ctypes.c_void_p).value  # the last row
         if not addr or end != addr + (n_out - 1) * n_vocab * 4:
             return None  # not the rows counted: each entry samples through its chain
         rows = np.frombuffer((ctypes.c_float * (n_out * n_vocab)).from_address(addr), dtype=np.float32)
         return rows.reshape(n_out, n_vocab).argmax(axis=1).tolist()
 
-    def _row(self, idx: int) -> Any:
+    def row(self, idx: int) -> Any:
         """Batch row `idx`'s logits as a numpy view (no copy)."""
-        return np.ctypeslib.as_array(lib.llama_get_logits_ith(self.ctx, idx), shape=(self.props.n_vocab,))
+        return np.ctypeslib.as_array(lib.llama_get_logits_ith(self.context.ctx, idx), shape=(self.n_vocab,))
 
     def _candidates(self) -> tuple[Any, Any, Any, Any, Any, Any]:
         """The engine's one candidate buffer (n_vocab llama_token_data, with a numpy view) and
         a one-token array for grammar checks; made on the first constrained sample."""
         if self._cand is None:
-            n_vocab = self.props.n_vocab
+            n_vocab = self.n_vocab
             data = (lib.llama_token_data * n_vocab)()
             assert ctypes.sizeof(lib.llama_token_data) == 12
             view = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
@@ -258,7 +281,7 @@ class Sampling:
         lib.llama_sampler_apply(grammar, ctypes.byref(one))
         return bool(one_data[0].logit != -math.inf)
 
-    def _sample_constrained(self, seq: int, idx: int, row: Any) -> tuple[int, str]:
+    def sample_constrained(self, seq: int, idx: int, row: Any) -> tuple[int, str]:
         """Sample under sequence `seq`'s grammar, as llama-server's common_sampler does.
 
         Applying a grammar to the whole vocabulary costs far more than a decode on a large
@@ -272,7 +295,7 @@ class Sampling:
         A token the grammar refuses is never accepted into it (libllama aborts the process
         on that): when nothing the grammar allows survives the chain (a logit_bias banning
         every token the grammar allows), the request ends with an error instead."""
-        chain, grammar = self.samplers[seq], self.grammars[seq]
+        chain, grammar = self.chains[seq], self.grammars[seq]
         _, view, cur, _, _, ptr = self._candidates()
 
         def run(first: Any = None) -> int:
@@ -300,7 +323,7 @@ class Sampling:
             self.grammar_masked += 1
             # A mask tests every candidate against every parse stack: its budget scales
             # with the vocabulary (a 262k-token one masks in ~140 ms under a plain grammar).
-            budget *= max(1.0, self.props.n_vocab / MASK_BUDGET_VOCAB)
+            budget *= max(1.0, self.n_vocab / MASK_BUDGET_VOCAB)
             tok = run(grammar)
             if tok < 0 or not self._allows(grammar, tok):
                 return max(tok, 0), "the grammar allows no token that the other samplers (logit_bias) leave"
@@ -330,8 +353,8 @@ class Sampling:
         return (f"grammar: sampling one token under it took {ms:.0f} ms, over its budget of {budget:.0f} ms "
                 "(grammar_token_budget_ms); an ambiguous grammar's cost doubles with each token")
 
-    def _post_probs(self, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
-        """After `_sample_constrained`: the log of `tok`'s probability among the candidates
+    def post_probs_of(self, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
+        """After `sample_constrained`: the log of `tok`'s probability among the candidates
         the chain left, and the `k` likeliest of them (none with probability 0), as
         llama-server's post_sampling_probs reads its sampler's candidates. A chain that picks
         without computing probabilities (greedy) gives its pick probability 1."""
@@ -342,26 +365,26 @@ class Sampling:
                              dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         p = view["p"]
         if not p.any():
-            return 0.0, [(tok, 0.0, self.piece(tok))][:k]
+            return 0.0, [(tok, 0.0, self.vocab.piece(tok))][:k]
         hit = np.flatnonzero(view["id"] == tok)
         lp = math.log(float(p[hit[0]])) if hit.size and p[hit[0]] > 0 else -math.inf
         k = min(k, n)
         best = np.argpartition(-p, k - 1)[:k] if 0 < k < n else np.arange(n if k else 0)
         best = best[np.argsort(-p[best], kind="stable")]
-        return lp, [(int(view["id"][i]), math.log(float(p[i])), self.piece(int(view["id"][i])))
+        return lp, [(int(view["id"][i]), math.log(float(p[i])), self.vocab.piece(int(view["id"][i])))
                     for i in best if p[i] > 0]
 
-    def _logprobs(self, idx: int, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
+    def logprobs_of(self, idx: int, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
         """Log-softmax of batch row `idx`'s raw logits: `tok`'s value and the top `k`'s.
 
         numpy over the row in place (no copy): one max, one exp-sum, one argpartition."""
-        n_vocab = self.props.n_vocab
-        row = self._row(idx)
+        n_vocab = self.n_vocab
+        row = self.row(idx)
         m = float(row.max())
         lse = m + float(np.log(np.exp(row - m, dtype=np.float32).sum(dtype=np.float64)))
         top: list[tuple[int, float, bytes]] = []
         if k > 0:
             best = np.argpartition(row, n_vocab - k)[n_vocab - k:] if k < n_vocab else np.arange(n_vocab)
             best = best[np.argsort(-row[best], kind="stable")]
-            top = [(int(t), float(row[t]) - lse, self.piece(int(t))) for t in best]
+            top = [(int(t), float(row[t]) - lse, self.vocab.piece(int(t))) for t in best]
         return float(row[tok]) - lse, top

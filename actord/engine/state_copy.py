@@ -1,6 +1,6 @@
 """A sequence's memory outside the step: copies of its state to and from host memory, cuts.
 
-A mixin of Engine (engine/engine.py), on the engine thread only. Page-outs, page-ins,
+Owned by the engine (engine/engine.py), on the engine thread only. Page-outs, page-ins,
 context checkpoints and the draft context's state all come through `state_get` /
 `state_set`; they copy once, straight between libllama and a host buffer (a pooled one, a
 mapped page file), because a Gemma 3 state at 4k tokens is tens of MB and every extra pass
@@ -16,19 +16,20 @@ from typing import Any
 import numpy as np
 
 from actord.engine import jobs as J
+from actord.engine.context import Context
+from actord.engine.draft import Drafter
 from actord.engine.llama import lib
 from actord.engine.mtp import MtpDrafter
 from actord.service.errors import EngineError, InvalidParams, PageDoesNotFit
 
 
-class StateCopy:
-    """A mixin of Engine: state copies, cuts, the draft's state jobs (see the module docstring)."""
+class StateCopier:
+    """State copies, cuts and shares of the target's sequences, and the draft's state jobs
+    (see the module docstring). It holds no state of its own: the context's memory is it."""
 
-    ctx: Any
-    mem: Any
-    drafter: Any
-    recurrent: bool
-    hybrid: bool
+    def __init__(self, context: Context, drafter: Drafter | MtpDrafter | None) -> None:
+        self.context = context
+        self.drafter = drafter
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         """llama_memory_seq_rm, refusing what recurrent memory only pretends to do.
@@ -45,17 +46,17 @@ class StateCopy:
         flight), never inside the batch just decoded: on recurrent or hybrid memory it does
         only the whole erase and the cut at the end; any other cut is refused (False) here.
         """
-        self._check_seq(seq)
-        if (self.recurrent or self.hybrid) and not (p0 <= 0 and p1 < 0):
-            end = int(lib.llama_memory_seq_pos_max(self.mem, seq)) + 1  # 0 when empty
+        self.context.check_seq(seq)
+        if (self.context.recurrent or self.context.hybrid) and not (p0 <= 0 and p1 < 0):
+            end = int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1  # 0 when empty
             if not (p0 >= end and (p1 < 0 or p1 >= p0)):
                 return False
-        return bool(lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
+        return bool(lib.llama_memory_seq_rm(self.context.mem, seq, p0, p1))
 
-    def _draft_job(self, job: Any) -> Any:
+    def draft_job(self, job: Any) -> Any:
         """A state job on the draft context's sequence. Without a draft context there is no
         draft state: size 0, nothing to copy, a set that changes nothing."""
-        self._check_seq(job.seq)
+        self.context.check_seq(job.seq)
         d = self.drafter
         # The MTP head's state is its carried hidden row (a header) and then its KV.
         head = d.header_size() if isinstance(d, MtpDrafter) else 0
@@ -91,7 +92,7 @@ class StateCopy:
         raise InvalidParams(f"not a draft job: {type(job).__name__}")
 
     @staticmethod
-    def _flags(partial: bool) -> int:
+    def flags(partial: bool) -> int:
         return lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
 
     def state_get(self, seq: int, partial: bool, into: J.HostBuffer | None = None, capacity: int = 0,
@@ -108,10 +109,10 @@ class StateCopy:
         what it wrote, 0 when the state did not fit (then the size is asked and a fresh
         buffer taken). `scratch`: the engine's own sequence (a part-copy), not a client's."""
         if not scratch:
-            self._check_seq(seq)
-        ctx = ctx or self.ctx
+            self.context.check_seq(seq)
+        ctx = ctx or self.context.ctx
         t0 = time.perf_counter()
-        flags = self._flags(partial)
+        flags = self.flags(partial)
         n = 0
         if into is not None:
             arr = into.array
@@ -141,8 +142,8 @@ class StateCopy:
         """Set a sequence's state from host memory, read in place: libllama is handed the
         buffer's own address (a read-only buffer too, a mapped page file say), no copy."""
         if not scratch:
-            self._check_seq(seq)
-        ctx, mem = ctx or self.ctx, mem or self.mem
+            self.context.check_seq(seq)
+        ctx, mem = ctx or self.context.ctx, mem or self.context.mem
         t0 = time.perf_counter()
         view = memoryview(data).cast("B")
         size = view.nbytes
@@ -150,7 +151,7 @@ class StateCopy:
         src_arr = np.frombuffer(view, dtype=np.uint8) if size else np.empty(1, dtype=np.uint8)
         src = ctypes.cast(src_arr.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
         tl = time.perf_counter()
-        n = int(lib.llama_state_seq_set_data_ext(ctx, src, size, seq, self._flags(partial)))
+        n = int(lib.llama_state_seq_set_data_ext(ctx, src, size, seq, self.flags(partial)))
         lib_s = time.perf_counter() - tl
         del src, src_arr
         if n == 0:
@@ -169,25 +170,25 @@ class StateCopy:
         """Does `seq` hold positions [0, n) whole, as cells another sequence can share? Not
         on recurrent memory (one state, at the end); on sliding-window layers only while the
         window of position n is still there (libllama prunes cells it has moved past)."""
-        if self.recurrent or self.hybrid or n <= 0:
+        if self.context.recurrent or self.context.hybrid or n <= 0:
             return False
-        if int(lib.llama_memory_seq_pos_max(self.mem, seq)) + 1 < n:
+        if int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1 < n:
             return False
-        window = getattr(self, "n_swa", 0)  # the positions n attends to, back from n
+        window = self.context.n_swa  # the positions n attends to, back from n
         need = max(0, n - window) if window else 0
-        return int(lib.llama_memory_seq_pos_min(self.mem, seq)) <= need
+        return int(lib.llama_memory_seq_pos_min(self.context.mem, seq)) <= need
 
     def seq_share(self, src: int, dst: int, n: int) -> bool:
-        self._check_seq(src)
-        self._check_seq(dst)
+        self.context.check_seq(src)
+        self.context.check_seq(dst)
         if src == dst:
             raise InvalidParams("a sequence cannot share its own cells", seq=src)
         if not self.seq_holds_prefix(src, n):
             return False
         if self.drafter is not None:
             self.drafter.seq_rm(dst, -1, -1)
-        lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
-        lib.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+        lib.llama_memory_seq_rm(self.context.mem, dst, -1, -1)
+        lib.llama_memory_seq_cp(self.context.mem, src, dst, 0, n)
         return True
 
     def seq_share_from_checkpoint(self, src: int, dst: int, n: int, data: Any) -> bool:
@@ -196,22 +197,22 @@ class StateCopy:
         libllama reads a partial state into dst's recurrent (or SWA) memory only, after
         clearing just that part, so the attention cells stay. False, dst empty, when src no
         longer holds n positions or libllama refuses the checkpoint."""
-        self._check_seq(src)
-        self._check_seq(dst)
+        self.context.check_seq(src)
+        self.context.check_seq(dst)
         if src == dst:
             raise InvalidParams("a sequence cannot share its own cells", seq=src)
-        if n <= 0 or int(lib.llama_memory_seq_pos_max(self.mem, src)) + 1 < n:
+        if n <= 0 or int(lib.llama_memory_seq_pos_max(self.context.mem, src)) + 1 < n:
             return False
         if self.drafter is not None:
             self.drafter.seq_rm(dst, -1, -1)
-        lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
-        lib.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+        lib.llama_memory_seq_rm(self.context.mem, dst, -1, -1)
+        lib.llama_memory_seq_cp(self.context.mem, src, dst, 0, n)
         try:
             self.state_set(dst, data, True)
         except PageDoesNotFit:
             return False  # (state_set cleared dst)
-        if int(lib.llama_memory_seq_pos_max(self.mem, dst)) + 1 != n:
-            lib.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        if int(lib.llama_memory_seq_pos_max(self.context.mem, dst)) + 1 != n:
+            lib.llama_memory_seq_rm(self.context.mem, dst, -1, -1)
             return False
         return True
 
@@ -219,23 +220,23 @@ class StateCopy:
                         capacity: int) -> J.StateData:
         """The state of positions [p0, p1) of `seq` only: the scratch sequence shares those
         cells, its state is written out, and it lets them go (the cells are not copied)."""
-        self._check_seq(seq)
-        scratch = self.scratch
-        lib.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+        self.context.check_seq(seq)
+        scratch = self.context.scratch
+        lib.llama_memory_seq_rm(self.context.mem, scratch, -1, -1)
         try:
-            lib.llama_memory_seq_cp(self.mem, seq, scratch, p0, p1)
-            if int(lib.llama_memory_seq_pos_max(self.mem, scratch)) < 0:
+            lib.llama_memory_seq_cp(self.context.mem, seq, scratch, p0, p1)
+            if int(lib.llama_memory_seq_pos_max(self.context.mem, scratch)) < 0:
                 raise InvalidParams(f"sequence {seq} holds nothing in [{p0}, {p1})", seq=seq, p0=p0, p1=p1)
             return self.state_get(scratch, partial, into, capacity, scratch=True)
         finally:
-            lib.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+            lib.llama_memory_seq_rm(self.context.mem, scratch, -1, -1)
 
     def state_set_on_base(self, job: J.StateSet) -> J.StateData:
         """A sequence from a base (another sequence's first cells, or a prefix's state) and
         the state of what follows it, set through the scratch sequence (libllama's state
         read clears its destination first, so the two parts cannot go into one sequence)."""
-        seq, scratch, t0 = job.seq, self.scratch, time.perf_counter()
-        self._check_seq(seq)
+        seq, scratch, t0 = job.seq, self.context.scratch, time.perf_counter()
+        self.context.check_seq(seq)
         n_bytes = 0
         try:
             if job.base_seq >= 0:
@@ -246,16 +247,16 @@ class StateCopy:
                 n_bytes += self.state_set(seq, job.base, job.partial).n_bytes
             if memoryview(job.data).nbytes:
                 n_bytes += self.state_set(scratch, job.data, job.partial, scratch=True).n_bytes
-                lib.llama_memory_seq_cp(self.mem, scratch, seq, job.n_base, -1)
-            held = int(lib.llama_memory_seq_pos_max(self.mem, seq)) + 1
+                lib.llama_memory_seq_cp(self.context.mem, scratch, seq, job.n_base, -1)
+            held = int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1
             if job.n_tokens >= 0 and held != job.n_tokens:
                 raise PageDoesNotFit(f"a base and its rest made {held} positions, not {job.n_tokens}",
                                      seq=seq, n_tokens=job.n_tokens, held=held)
         except BaseException:
-            lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            lib.llama_memory_seq_rm(self.context.mem, seq, -1, -1)
             if self.drafter is not None:
                 self.drafter.seq_rm(seq, -1, -1)
             raise
         finally:
-            lib.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+            lib.llama_memory_seq_rm(self.context.mem, scratch, -1, -1)
         return J.StateData(data=bytearray(), n_bytes=n_bytes, t_ms=(time.perf_counter() - t0) * 1e3)

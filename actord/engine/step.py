@@ -1,10 +1,10 @@
 """The step: one llama_decode over every slot's entry, then each sampling entry's token.
 
-A mixin of Engine (engine/engine.py), on the engine thread only, and the hot path: what it
+Owned by the engine (engine/engine.py), on the engine thread only, and the hot path: what it
 costs per step is what actord adds to each decode (bench/hot_path.py). So the batch's
 arrays are bound once and only what changed is written (`_batch_seq`, `_batch_one`), a
 token's piece and eog flag are cached per token, greedy chains take one argmax over all
-rows (sampling.py `_greedy_rows`), and the rare paths (grammar, logprobs, a watch, drafts)
+rows (sampling.py `greedy_rows`), and the rare paths (grammar, logprobs, a watch, drafts)
 are tested once per entry. It decides nothing: which tokens go in is the step's plan
 (serving/steps/core.py); what every engine promises about a step is engine/step_contract.py.
 
@@ -21,33 +21,49 @@ from typing import Any
 import msgspec
 
 from actord.engine import jobs as J
+from actord.engine.context import Context
+from actord.engine.draft import Drafter
+from actord.engine.genes import GeneCatalog
 from actord.engine.llama import lib
+from actord.engine.mtp import MtpDrafter
+from actord.engine.sampling import Samplers
+from actord.engine.state_copy import StateCopier
 from actord.engine.step_contract import check_step, run_in_epoch
+from actord.engine.vocab import Vocab
 from actord.policy import speculation as S
 from actord.service.errors import EngineError, KvCacheFull
 
 _NO_REPLAY: list = []  # never appended to: a step without rollback "replay" shares it
 
 
-class Stepping:
-    """A mixin of Engine: `step` (see the module docstring)."""
+class Stepper:
+    """`step` (see the module docstring), and what steps leave behind: the step count and
+    epoch, each sequence's last sampled token, the batch as last written, the records."""
 
-    ctx: Any
-    mem: Any
-    vocab: Any
-    batch: Any
-    drafter: Any
-    samplers: dict[int, Any]
-    last_sampled: dict[int, int]
-    records: collections.deque[J.StepRecord]
+    def __init__(self, context: Context, vocab: Vocab, samplers: Samplers, copier: StateCopier,
+                 drafter: Drafter | MtpDrafter | None, genes: GeneCatalog, *, epoch: int = 0, step_no: int = 0,
+                 records: collections.deque[J.StepRecord] | None = None, before_decode: Any = None) -> None:
+        """`epoch`, `step_no`, `records`, `before_decode`: what a wake carries over (engine/sleep.py)."""
+        self.context, self.vocab, self.samplers, self.copier = context, vocab, samplers, copier
+        self.drafter, self.genes = drafter, genes
+        self.epoch = epoch  # bumped by a failed step: steps planned before it are skipped
+        self.step_no = step_no
+        self.before_decode = before_decode  # set by the engine thread: called right before llama_decode
+        self.records = records if records is not None else collections.deque(maxlen=4096)
+        self.last_sampled: dict[int, int] = {}  # seq -> its token sampled in the last step
+        self._batch_seq = [-1] * context.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
+        self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
+        self._replay: list[tuple[int, Any, list[int], int]] = _NO_REPLAY
+        self.replays = 0  # steps that restored and re-decoded rejected verifies (rollback "replay")
 
     def step(self, job: J.Step) -> J.StepOut:
         return run_in_epoch(self, job, self._step)
 
     def _step(self, job: J.Step) -> J.StepOut:
         last = self.last_sampled
-        fed_end, ends, end_tokens, text = self.fed_end, self.ends_on_eog, self.end_tokens, self._token_text
-        check_step(job, self.n_batch, self.n_seq_max, self.samplers, last, fed_end)
+        c, smp, vocab = self.context, self.samplers, self.vocab
+        fed_end, ends, end_tokens, text = smp.fed_end, smp.ends_on_eog, smp.end_tokens, vocab.known
+        check_step(job, c.n_batch, c.n_seq_max, smp.chains, last, fed_end)
         self.genes.apply(job.genes)
         lib.check_owner()  # once per step: the hot loop below calls libllama unguarded
         # Speculation (engine/draft.py): the draft context catches up and proposes first.
@@ -59,9 +75,9 @@ class Stepping:
                 self.before_decode()
             drafts, extent = d.draft(job.entries)
         # Rollback "replay": the recurrent state of each drafting sequence before the verify.
-        saved = {i: self.state_get(job.entries[i].seq, True).data for i in drafts} if (
-            drafts and self.rollback == "replay") else {}
-        token, position, n_seq_id, seq_id, logits = self._batch_views
+        saved = {i: self.copier.state_get(job.entries[i].seq, True).data for i in drafts} if (
+            drafts and c.rollback == "replay") else {}
+        token, position, n_seq_id, seq_id, logits = c.batch_views
         # What the batch already holds is not written again: every n_seq_id below the mark is
         # 1, and seq_id[k][0] is `held[k]` (libllama reads the batch, never writes it; a
         # steady decode puts each sequence at the same index step after step).
@@ -124,11 +140,11 @@ class Stepping:
             for j in range(self._batch_one, k):
                 n_seq_id[j] = 1
             self._batch_one = k
-        self.batch.n_tokens = k
+        c.batch.n_tokens = k
         if self.before_decode is not None:
             self.before_decode()
         t0 = time.perf_counter()
-        rc = self._decode(self.ctx, self.batch) if k else 0  # (every entry skipped: nothing to decode)
+        rc = c.decode(c.ctx, c.batch) if k else 0  # (every entry skipped: nothing to decode)
         t1 = time.perf_counter()
         if rc != 0 and extent:
             self.drafter.undo(job.entries, extent)  # type: ignore[union-attr]
@@ -138,11 +154,11 @@ class Stepping:
             raise EngineError("llama_decode failed", rc=rc, n_tokens=k)
         if follow:
             d.decoded(job.entries, spans, token)  # type: ignore[union-attr]
-        self._replay: list[tuple[int, Any, list[int], int]] = [] if saved else _NO_REPLAY
+        self._replay = [] if saved else _NO_REPLAY
         out: list[J.EntryOut] = []
         last.clear()
-        sample, ctx, samplers, text = self._sample, self.ctx, self.samplers, self._token_text
-        grammars, logprobs, watches, greedy = self.grammars, self.logprobs, self.watches, self.greedy
+        sample, ctx, chains = c.sample, c.ctx, smp.chains
+        grammars, logprobs, watches, greedy = smp.grammars, smp.logprobs, smp.watches, smp.greedy
         EntryOut = J.EntryOut
         # Without drafts the logit rows are the sampling entries' in order: greedy-only chains
         # take their tokens from one argmax over those rows.
@@ -158,7 +174,7 @@ class Stepping:
                     n_out += 1
                     use = use or e.seq in greedy
             if use:
-                argmax = self._greedy_rows(n_out)
+                argmax = smp.greedy_rows(n_out)
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
             if idx < 0:
                 out.append(EntryOut(seq=e.seq, skipped=True))
@@ -167,7 +183,7 @@ class Stepping:
                 out.append(self._verify(e, idx, drafts[i], extent[i], saved.get(i)))
                 continue
             if e.checkpoint:
-                ckpt, ckpt_pos = self.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
+                ckpt, ckpt_pos = self.copier.state_get(e.seq, True).data, e.pos0 + len(e.tokens) + e.feed_last
             else:
                 ckpt, ckpt_pos = None, 0
             if e.sample:
@@ -175,28 +191,28 @@ class Stepping:
                 grammar, n_top = seq in grammars, logprobs.get(seq)
                 refused = ""
                 if grammar:
-                    tok, refused = self._sample_constrained(seq, idx, self._row(idx))
+                    tok, refused = smp.sample_constrained(seq, idx, smp.row(idx))
                 elif argmax is not None and seq in greedy:
                     tok = argmax[row]
                 else:
-                    tok = sample(samplers[seq], ctx, idx)
+                    tok = sample(chains[seq], ctx, idx)
                 row += 1
                 last[seq] = tok
                 known = text.get(tok)
                 if known is None:
-                    known = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
+                    known = vocab.learn(tok)
                 piece = known[0]
                 if watches and seq in watches:  # a lazy grammar or preserved tokens (tool calls)
-                    piece = self._watch(seq, watches[seq], tok, piece)
+                    piece = smp.watch(seq, watches[seq], tok, piece)
                 if n_top is None and not refused:  # the common case: no extras to build
                     out.append(EntryOut(seq, tok, piece, known[1], ckpt, ckpt_pos))
                 else:
                     if n_top is None:
                         lp, top = None, []
-                    elif seq in self.post_probs:  # post_sampling: the chain's candidates
-                        lp, top = self._post_probs(tok, n_top)
+                    elif seq in smp.post_probs:  # post_sampling: the chain's candidates
+                        lp, top = smp.post_probs_of(tok, n_top)
                     else:
-                        lp, top = self._logprobs(idx, tok, n_top)
+                        lp, top = smp.logprobs_of(idx, tok, n_top)
                     out.append(EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt,
                                         checkpoint_pos=ckpt_pos, logprob=lp, top=top, refused=refused))
             else:
@@ -226,7 +242,7 @@ class Stepping:
         while it picks the draft (policy/speculation.py `accept`); the rejected positions leave the
         target's and the draft's memory in this same job.
 
-        How the target takes them back (`self.rollback`): attention memory cuts them
+        How the target takes them back (`Context.rollback`): attention memory cuts them
         (seq_rm). Recurrent or hybrid memory with n_rs_seq >= k (qwen35) cuts them too: the
         state rolled back to is the one after the entry's own token or an accepted draft,
         all of them in the batch just decoded, whose last k + 1 tokens libllama keeps in one
@@ -236,20 +252,18 @@ class Stepping:
         restores the recurrent state copied before the verify and decodes the entry's tokens
         and the accepted drafts again, after every entry of the step has sampled
         (`_replay_accepted`)."""
-        seq, text = e.seq, self._token_text
-        chain, constrained, n_top = self.samplers[seq], seq in self.grammars, self.logprobs.get(seq)
+        seq, text, smp, c = e.seq, self.vocab.known, self.samplers, self.context
+        chain, constrained, n_top = smp.chains[seq], seq in smp.grammars, smp.logprobs.get(seq)
         refused: dict[int, str] = {}
 
         def known(tok: int) -> tuple[bytes, bool]:
             k = text.get(tok)
-            if k is None:
-                k = text[tok] = (self.piece(tok), bool(lib.llama_vocab_is_eog(self.vocab, tok)))
-            return k
+            return k if k is not None else self.vocab.learn(tok)
 
         def sample(j: int) -> int:
             if not constrained:
-                return int(self._sample(chain, self.ctx, idx + j))
-            tok, why = self._sample_constrained(seq, idx + j, self._row(idx + j))
+                return int(c.sample(chain, c.ctx, idx + j))
+            tok, why = smp.sample_constrained(seq, idx + j, smp.row(idx + j))
             if why:
                 refused[j] = why
             return tok
@@ -259,14 +273,14 @@ class Stepping:
         if len(toks) - 1 < len(draft):
             if saved is not None:
                 self._replay.append((seq, saved, list(e.tokens) + draft[:len(toks) - 1], e.pos0))
-            elif not lib.llama_memory_seq_rm(self.mem, seq, keep, -1):
+            elif not lib.llama_memory_seq_rm(c.mem, seq, keep, -1):
                 raise EngineError("the target refused to cut back a rejected draft", seq=seq, pos=keep)
         n = self.drafter.keep(seq, keep, extent)  # type: ignore[union-attr]
         self.last_sampled[seq] = toks[-1]
         rows = []
         for j, t in enumerate(toks):
             piece, eog = known(t)
-            lp, top = self._logprobs(idx + j, t, n_top) if n_top is not None else (None, [])
+            lp, top = smp.logprobs_of(idx + j, t, n_top) if n_top is not None else (None, [])
             rows.append(J.Sampled(token=t, piece=piece, eog=eog, logprob=lp, top=top, refused=refused.get(j, "")))
         f = rows[0]
         return J.EntryOut(seq=seq, token=f.token, piece=f.piece, eog=f.eog, logprob=f.logprob, top=f.top,
@@ -277,11 +291,12 @@ class Stepping:
         state it had before the verify, is cut there (its attention part, on hybrid memory),
         and decodes the entry's tokens and its accepted drafts again, all in one decode
         without outputs. Runs after every entry sampled: the decode replaces the logits."""
-        token, position, n_seq_id, seq_id, logits = self._batch_views
+        c = self.context
+        token, position, n_seq_id, seq_id, logits = c.batch_views
         k = 0
         for seq, state, toks, pos0 in self._replay:
-            self.state_set(seq, state, True)
-            if not lib.llama_memory_seq_rm(self.mem, seq, pos0, -1):
+            self.copier.state_set(seq, state, True)
+            if not lib.llama_memory_seq_rm(c.mem, seq, pos0, -1):
                 raise EngineError("the target refused to cut back to its state before a verify", seq=seq, pos=pos0)
             for j, t in enumerate(toks):
                 token[k], position[k], n_seq_id[k], logits[k] = t, pos0 + j, 1, 0
@@ -289,7 +304,7 @@ class Stepping:
                 k += 1
         self._replay = []
         self.replays += 1
-        self.batch.n_tokens = k
-        rc = self._decode(self.ctx, self.batch)
+        c.batch.n_tokens = k
+        rc = c.decode(c.ctx, c.batch)
         if rc != 0:
             raise EngineError("decoding the accepted drafts again failed", rc=rc, n_tokens=k)

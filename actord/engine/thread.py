@@ -354,7 +354,7 @@ class EngineThread:
                 if not isinstance(job, QUIET):
                     self.busy_jobs += 1
                     if self.asleep or isinstance(job, Sleep):
-                        self.asleep = getattr(engine, "_asleep", None) is not None
+                        self.asleep = engine.asleep
                 self._release_held()
                 if overlaps and p.error is None and self._more_waiting():
                     self._held = p

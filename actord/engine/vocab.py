@@ -1,8 +1,9 @@
 """Tokens and text: tokenize, a token's piece, a token's vocab text.
 
-A mixin of Engine (engine/engine.py), on the engine thread only. `piece` is on the step's
-hot path (each new token's bytes, cached per token in `_token_text` by the step): it
-writes into one reused buffer and allocates only for a piece over 256 bytes.
+Owned by the engine (engine/engine.py), on the engine thread only. `piece` is on the step's
+hot path: it writes into one reused buffer and allocates only for a piece over 256 bytes,
+and the step reads each sampled token's piece and eog flag from `known`, filled once per
+token (a vocabulary's pieces never change).
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from actord.service.errors import EngineError
 
 
 class Vocab:
-    """A mixin of Engine: text in and out (see the module docstring)."""
+    """Text in and out of one model's vocabulary (see the module docstring)."""
 
-    vocab: Any
-    _piece_buf: Any
+    def __init__(self, vocab: Any) -> None:
+        self.vocab = vocab  # libllama's llama_vocab of the loaded model
+        self.n_tokens = int(lib.llama_vocab_n_tokens(vocab))
+        self.known: dict[int, tuple[bytes, bool]] = {}  # token -> (piece, is eog), as `learn` made it
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def learn(self, token: int) -> tuple[bytes, bool]:
+        """A token's piece and whether it ends generation, kept in `known` (the step's cache)."""
+        k = self.known[token] = (self.piece(token), bool(lib.llama_vocab_is_eog(self.vocab, token)))
+        return k
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         raw = text.encode()

@@ -9,15 +9,24 @@ random pick among the ready events (exploration, the way trio shuffles its run q
 purpose so no code relies on an accidental order). Everything between two events runs
 single-threaded on the loop, so a seed fixes the whole run.
 
+Nor does trio's own shuffle of each batch of runnable tasks change it, and nothing here
+seeds trio's generator (no public API does, python-trio/trio#2022): what one event sets
+off is ordered at the next quiet point by what it is (held events sort by content, a
+mailbox by the kernel's own pick). Measured: seeds 0-47, each run 3 to 10 times in one
+process with trio's generator in a fresh random state, gave one trace per seed, except
+seeds 1, 13 and 47, which vary as much on asyncio (a worker result that digests a page
+file's inode and mtime: storage/files.py `signature`).
+
 Quiet is detected exactly, in two halves.
 
 - The loop: no task can run. On trio, `wait_all_tasks_blocked` is exact (trio wakes it only
   when its run queue is empty after an I/O poll). On asyncio anyio's version polls with
-  0.1 s sleeps, so we yield one loop pass at a time and look at the loop's ready queue: a
-  task that can run always has a handle there (its next step or its wakeup), and so does a
-  callback that is about to wake one (a finished task's done callbacks, anyio's cancellation
-  delivery), so an empty queue while we run means nothing else can. (uvloop hides its
-  queue: this dispatcher runs on asyncio's own loop or on trio.)
+  0.1 s sleeps, so we yield one loop pass at a time and count what the loop has ready
+  (`_ReadyCount`): a task that can run always has a callback queued through the loop's
+  `call_soon` (its next step or its wakeup), and so does a callback that is about to wake
+  one (a finished task's done callbacks, anyio's cancellation delivery), so none queued
+  while we run means nothing else can. The count wraps the running loop's public
+  `call_soon` when the system starts; it reads nothing private of the loop's.
 - The threads: a task blocked on a thread looks exactly like an idle one, so every thread
   job the system awaits is counted from submit until its waiting task has resumed: engine
   jobs (`EngineThread.inflight`), disk work (`offload`) and untraced thread work such as a
@@ -37,8 +46,10 @@ half its wall time asleep in it, and its longer look hid the thread jobs nobody 
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import random
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -46,7 +57,8 @@ import anyio
 import sniffio
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
-from actord.service.trace import Deliver, EngineDone, Event, Input, WorkerDone, canonical, deliver_event, digest
+from actord.service.trace import (Deliver, EngineDone, Event, Header, Input, Loop, WorkerDone, canonical,
+                                  deliver_event, digest)
 
 
 # Who is asking: a simulated client sets it, so two identical inputs stay distinguishable.
@@ -76,6 +88,10 @@ class SeededPolicy:
     def choose(self, ready: list[Ready], position: int) -> Ready:
         return ready[self.rng.randrange(len(ready))]
 
+    def mail(self, actor: str, queued: bool) -> bool:
+        """Does mail wait for `actor` (Dispatcher.go_on)? Here what is queued for it says."""
+        return queued
+
 
 class RecordedPolicy:
     """Follow a recorded trace; the first event that cannot be matched is a divergence."""
@@ -83,6 +99,21 @@ class RecordedPolicy:
     def __init__(self, events: list[Event]) -> None:
         self.events = [e for e in events if isinstance(e, (Deliver, EngineDone, WorkerDone, Input))]
         self.i = 0
+        # Each actor's recorded answers to go_on, in the order it asked: the asks are its
+        # own program order, the same in a faithful replay whatever ran beside them.
+        self.loops: dict[str, collections.deque[bool]] = {}
+        for e in events:
+            if isinstance(e, Loop):
+                self.loops.setdefault(e.actor, collections.deque()).append(e.mail)
+        header = events[0] if events else None
+        # A version 2 trace was recorded with the in-handler loop off: mail always "waited".
+        self.loop_off = isinstance(header, Header) and header.version < 3
+
+    def mail(self, actor: str, queued: bool) -> bool:
+        if self.loop_off:
+            return True
+        answers = self.loops.get(actor)
+        return answers.popleft() if answers else queued
 
     @property
     def done(self) -> bool:
@@ -166,15 +197,55 @@ class EngineOrder:
         return out
 
 
+class _ReadyCount:
+    """The callbacks an asyncio loop holds ready, counted through its public `call_soon`
+    (every task step and wakeup, every future's done callback is queued through it). Timers
+    and thread-safe callbacks are not counted: nothing waits on a short timer here, and
+    thread jobs are counted from their submit (see the module docstring). One per loop
+    (`of`): every dispatcher on it shares it, or a loop running many simulations would
+    pass each callback through one wrapper per simulation."""
+
+    _by_loop: "weakref.WeakKeyDictionary[Any, _ReadyCount]" = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, loop: Any) -> "_ReadyCount":
+        count = cls._by_loop.get(loop)
+        if count is None:
+            count = cls._by_loop[loop] = cls(loop)
+        return count
+
+    def __init__(self, loop: Any) -> None:
+        self.pending: set[Any] = set()  # handles queued and not yet run
+        plain = loop.call_soon
+
+        def call_soon(callback: Any, *args: Any, context: Any = None) -> Any:
+            box: list[Any] = []
+            handle = plain(self._run, box, callback, *args, context=context)
+            box.append(handle)
+            self.pending.add(handle)
+            return handle
+
+        loop.call_soon = call_soon
+
+    def _run(self, box: list[Any], callback: Any, *args: Any) -> None:
+        self.pending.discard(box[0])
+        callback(*args)
+
+    def busy(self) -> bool:
+        """Is a callback other than the running one queued? (A cancelled one never runs.)"""
+        if any(h.cancelled() for h in self.pending):
+            self.pending = {h for h in self.pending if not h.cancelled()}
+        return bool(self.pending)
+
+
 class DeterministicDispatcher(Dispatcher):
     def __init__(self, policy: Any) -> None:
         super().__init__()
-        self.loop_in_handler = False  # every step is a delivery this dispatcher orders
         self.policy = policy
-        self.engine = None  # EngineThread: its in-flight count (see the property)
+        self.engine: Any = None  # EngineThread: its in-flight count (`attach_engine`)
         self.workers_inflight = 0  # thread jobs through offload and run_sync
         self._settled: anyio.Event | None = None  # set when a thread job's waiter resumes
-        self._loop_ready: Any = None  # asyncio's ready queue, once looked up
+        self._loop_callbacks: _ReadyCount | None = None  # asyncio's ready callbacks (None on trio)
         self._gates: dict[str, tuple[Actor[Any], anyio.Event]] = {}
         self._handoff: dict[str, Envelope[Any] | None] = {}
         self.any_queued = isinstance(policy, RecordedPolicy)
@@ -182,24 +253,32 @@ class DeterministicDispatcher(Dispatcher):
         self.position = 0
         self.stopped = False
         self.live = False  # until the driver starts stepping, engine/worker/input events pass
-        self.reseed: Callable[[int], None] | None = None  # per-step reseed of a backend's shuffle
         self.choices: list[str] = []
         self._shut = 0  # actors released because their mailbox closed (not a choice)
         self.order: EngineOrder | None = None  # a replay's engine execution order (set before the engine)
 
-    @property
-    def engine(self) -> Any:
-        return self._engine
-
-    @engine.setter
-    def engine(self, engine: Any) -> None:
+    def attach_engine(self, engine: Any) -> None:
         # The system hands us its engine thread; its waiters tell us when they resume.
-        self._engine = engine
-        if engine is not None:
-            engine.on_settled = self._settle
-            if self.order is not None:
-                self.order.engine = engine
-                engine.gate = self.order
+        self.engine = engine
+        engine.on_settled = self._settle
+        if self.order is not None:
+            self.order.engine = engine
+            engine.gate = self.order
+
+    def bind(self, tg: Any) -> None:
+        super().bind(tg)
+        if self._loop_callbacks is None and sniffio.current_async_library() == "asyncio":
+            import asyncio
+
+            self._loop_callbacks = _ReadyCount.of(asyncio.get_running_loop())
+
+    def go_on(self, actor: Actor[Any]) -> bool:
+        # Mail waiting here is what is queued for the actor, drained or not (ready() moves
+        # a mailbox's contents aside at every quiet point); a replay's is the recorded answer.
+        mail = self.policy.mail(actor.name, actor.statistics().queued > 0)
+        if self.event_hooks:
+            self.event("loop", actor=actor.name, mail=mail)
+        return not mail
 
     # -- seams -------------------------------------------------------------------------
 
@@ -292,25 +371,14 @@ class DeterministicDispatcher(Dispatcher):
 
     async def _loop_blocked(self) -> None:
         """Return when every other task on the loop is blocked (see the module docstring)."""
-        if self._loop_ready is None:
-            if sniffio.current_async_library() == "trio":
-                self._loop_ready = False
-            else:
-                import asyncio
-
-                ready = getattr(asyncio.get_running_loop(), "_ready", None)
-                if ready is None:
-                    raise RuntimeError("the deterministic dispatcher needs asyncio's own event loop or trio: "
-                                       "this loop does not show its ready queue")
-                self._loop_ready = ready
-        if self._loop_ready is False:
+        ready = self._loop_callbacks
+        if ready is None:  # trio
             await anyio.wait_all_tasks_blocked()
             return
-        ready = self._loop_ready
         await anyio.lowlevel.checkpoint()
-        # The loop took our own handle off the queue to run us: whatever is left is another
+        # The loop took our own callback off the queue to run us: whatever is left is another
         # task's step or wakeup, or a callback that leads to one.
-        while ready:
+        while ready.busy():
             await anyio.lowlevel.checkpoint()
 
     def ready(self) -> list[Ready]:
@@ -347,8 +415,6 @@ class DeterministicDispatcher(Dispatcher):
     async def step(self) -> bool:
         """Let one event go. False when the system is quiet and nothing is ready: then
         nothing ever will be."""
-        if self.reseed is not None:
-            self.reseed(self.position)
         while True:
             await self.quiesce()
             shut = self._shut

@@ -40,17 +40,18 @@ import errno
 import random
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
-import sniffio
 
 from actord.serving.messages import RunStep
 from actord.serving.page_store import SpillEnd
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
+from actord.engine.step import Stepper
 from actord.service.errors import ActordError, EngineError
 from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
 from actord.replay.sim_persist import held_by, persisted_problem, restart_problem
@@ -74,10 +75,12 @@ class SimResult:
     trace: list[Any] = field(default_factory=list, repr=False)
 
 
-class _FlakyEngine(Engine):
-    """An engine whose Step fails on a seeded schedule (a fault, not a bug)."""
+class _FlakyStepper(Stepper):
+    """A stepper whose steps numbered in `fail_steps` fail (a fault on a seeded schedule, not a bug)."""
 
-    fail_steps: set[int] = set()
+    def __init__(self, *args: Any, fail_steps: set[int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.fail_steps = fail_steps
 
     def _step(self, job: J.Step) -> Any:
         if (self.step_no + 1) in self.fail_steps:
@@ -101,17 +104,9 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     "mtp" with the model's own MTP head."""
     rng = random.Random(seed)
     loras = [] if lora is None else [lora] if isinstance(lora, str) else list(lora)
-    reseed: Any = None
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        def _reseed(position: int) -> None:  # trio shuffles its run batches: fix each step's shuffle
-            trio._core._run._r.seed(seed * 1_000_003 + position)
-
-        reseed = _reseed
     tmp = tempfile.TemporaryDirectory(prefix="actord-sim-") if work is None else None
     root = Path(work or tmp.name)  # type: ignore[union-attr]
-    fs: OsFs = FaultyFs()
+    fs = FaultyFs()
     plan: list[Fault] = []
     if faults and rng.random() < 0.5:
         plan.append(Fault(op=rng.choice(["fsync", "dirsync", "rename", "step"]), nth=rng.randint(1, 6),
@@ -123,7 +118,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                           errno=rng.choice([errno.ENOSPC, errno.EROFS, errno.EIO]), times=rng.choice([1, 3, 0])))
     if plan:
         fs = FaultyFs(faults=plan)
-    _FlakyEngine.fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
+    fail_steps = {rng.randint(5, 5 + 4 * steps)} if faults and rng.random() < 0.3 else set()
     n_slots = rng.choice([2, 2, 3])
     # Device budgets in units of the genes' size (35 kB for the tiny llama's), so they are as
     # tight for a model whose adapters are larger.
@@ -153,8 +148,8 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     stop_at = rng.randint(30 * steps, 90 * steps) if rng.random() < 0.25 else None  # late: the work runs first
     events: list[Any] = []
     disp = DeterministicDispatcher(SeededPolicy(seed))
-    disp.reseed = reseed
-    system = ActorSystem(cfg, dispatcher=disp, engine_factory=_FlakyEngine, trace=events)
+    flaky = partial(_FlakyStepper, fail_steps=fail_steps)
+    system = ActorSystem(cfg, dispatcher=disp, engine_factory=lambda c: Engine(c, stepper=flaky), trace=events)
     published: dict[str, str] = {}
     errors: dict[str, int] = {}
     pending = {"n": 0}
@@ -223,7 +218,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 g = r.choice(gene_ids)
                 await (system.gene_page_out(g) if r.random() < 0.5 else system.gene_page_in(g))
         except ActordError as e:
-            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+            if any(f.action != "fail" for f in fs.fired):
                 # The process "died" mid-publication (possibly in an actor's own save): what
                 # its clients hear afterwards is moot; the run ends as a crash.
                 raise SimulatedCrash(f"after a simulated crash, {kind} got {e.type}") from e
@@ -253,7 +248,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             else:
                 await system.gene_list()
         except ActordError as e:
-            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+            if any(f.action != "fail" for f in fs.fired):
                 raise SimulatedCrash(f"after a simulated crash, a flood call got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: flood {flood_method} failed with {e.type}: {e.message}") from e
@@ -268,7 +263,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             await system.write_behind_tick(now)
             wb["passes"] += 1
         except ActordError as e:
-            if any(f.action != "fail" for f in getattr(fs, "fired", ())):
+            if any(f.action != "fail" for f in fs.fired):
                 raise SimulatedCrash(f"after a simulated crash, write-behind got {e.type}") from e
             if e.type in FINDINGS:
                 raise InvariantViolated(f"seed {seed}: write-behind failed with {e.type}: {e.message}") from e
@@ -470,7 +465,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                                 break
                     raise
             check_end()
-            persisted = stopping["on"] and not getattr(fs, "fired", ()) and not _FlakyEngine.fail_steps
+            persisted = stopping["on"] and not fs.fired and not fail_steps
             if persisted:
                 check_persisted()
             disp.close_actors()

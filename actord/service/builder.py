@@ -96,8 +96,7 @@ def engine_thread(config: Config, factory: Callable[[Config], Any], dispatcher: 
     engine = EngineThread(lambda: factory(config), run_job, lambda e: e.close(),
                           defer_s=config.announce_within_ms / 1e3, cpus=choice.cpus)
     engine.on_done = dispatcher.engine_done
-    if hasattr(dispatcher, "engine"):
-        dispatcher.engine = engine  # a deterministic dispatcher waits for its jobs
+    dispatcher.attach_engine(engine)  # a deterministic dispatcher waits for its jobs
     return engine
 
 

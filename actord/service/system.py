@@ -96,9 +96,9 @@ class ActorSystem:
         self._limits = self.config.request_limits()
         c = self.config
         # Thread work that is no event of its own (a gene file read, a client's chat template)
-        # goes through a deterministic dispatcher's run_sync: it must know the work is in
-        # flight to tell when the system is quiet. The plain dispatcher has no such seam.
-        self.run_sync: Callable[..., Any] = getattr(self.dispatcher, "run_sync", anyio.to_thread.run_sync)
+        # goes through the dispatcher: a deterministic one must know the work is in flight
+        # to tell when the system is quiet.
+        self.run_sync: Callable[..., Any] = self.dispatcher.run_sync
         self.files = PageFiles(c.page_dir, threads=c.disk_threads, offload=self.dispatcher.offload,
                                disk_bytes=c.page_disk_bytes, metrics=self.metrics, share_bases=c.page_file_bases)
         self.gene_files = GeneFiles(c, self.run_sync)
@@ -209,9 +209,7 @@ class ActorSystem:
         self.closing = True
         for actor in self.actors():
             actor.close()
-        close_gates = getattr(self.dispatcher, "close_actors", None)
-        if close_gates is not None:
-            close_gates()
+        self.dispatcher.close_actors()
         # Closed mailboxes drain and end their loops; whatever is still stuck past the bound
         # (a handler awaiting something that will not come) is cancelled.
         self._tg.cancel_scope.deadline = anyio.current_time() + self.config.shutdown_grace_s + 5.0

@@ -21,7 +21,8 @@ from typing import Any, IO
 
 import msgspec
 
-VERSION = 2
+# 3: `Loop` events (the in-handler loop's input); a version 2 trace ran without that loop.
+VERSION = 3
 
 # Folders whose paths are not behaviour (the model's folder, the page folder): a path under
 # one is written relative to it, so two runs in two temp folders, or on two machines, hash
@@ -134,13 +135,21 @@ class WorkerDone(Event):
     result: str
 
 
+class Loop(Event):
+    """Inside its handler, `actor` asked whether mail waited for it (Dispatcher.go_on):
+    `mail` is the answer the run's timing gave, the one a replay gives back."""
+
+    actor: str
+    mail: bool
+
+
 class Footer(Event):
     state: str
     events: int
     hash: str
 
 
-AnyEvent = Header | Input | Deliver | EngineDone | WorkerDone | Footer
+AnyEvent = Header | Input | Deliver | EngineDone | WorkerDone | Loop | Footer
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(AnyEvent)
 
@@ -153,6 +162,8 @@ def to_event(kind: str, f: dict[str, Any]) -> Event:
         return WorkerDone(op=f["op"], result=digest(f["error"] if f["error"] is not None else f["value"]))
     if kind == "input":
         return Input(method=f["method"], params=canonical(msgspec.to_builtins(f["params"])), tenant=f.get("tenant"))
+    if kind == "loop":
+        return Loop(actor=f["actor"], mail=f["mail"])
     raise ValueError(kind)
 
 
@@ -226,7 +237,5 @@ def attach_recorder(trace: Any, config: Any, dispatcher: Any) -> TraceRecorder |
     if trace is None or trace == "":
         return None
     recorder = TraceRecorder(trace, config)
-    # A replay delivers every step as a message: record the run the same way.
-    dispatcher.loop_in_handler = False
     recorder.attach(dispatcher)
     return recorder

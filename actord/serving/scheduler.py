@@ -187,7 +187,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 try:
                     await self._advance()
                     # While nothing else waits in the mailbox, go on stepping here (no hop).
-                    while self._pending and self.dispatcher.loop_in_handler and not self.mail_waiting():
+                    while self._pending and self.dispatcher.go_on(self):
                         await self._advance()
                 finally:
                     self._kick()

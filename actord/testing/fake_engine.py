@@ -48,6 +48,10 @@ class FakeEngine:
 
     _asleep: Any = None  # as the real engine's (engine/sleep.py): the next non-quiet job wakes it
 
+    @property
+    def asleep(self) -> bool:
+        return self._asleep is not None
+
     def handle(self, job: J.Job) -> Any:
         if self._asleep is not None and not isinstance(job, (J.Sleep, *J.QUIET)):
             self._asleep = None

@@ -80,8 +80,8 @@ async def test_the_backend_picks_the_token_the_step_reports(tiny_model):
 
         def probe(engine, job):
             out = real(engine, job)
-            if isinstance(job, J.Step) and 0 in engine.backend_seqs:
-                seen.append((int(lib.llama_get_sampled_token_ith(engine.ctx, out.n_tokens - 1)), out.entries[0].token))
+            if isinstance(job, J.Step) and 0 in engine.samplers.backend_seqs:
+                seen.append((int(lib.llama_get_sampled_token_ith(engine.context.ctx, out.n_tokens - 1)), out.entries[0].token))
             return out
 
         real = s.engine._runner

@@ -1,5 +1,5 @@
 """A greedy-only chain's token is the argmax of its logit row, taken for every such entry at
-once after the decode (Engine._greedy_rows); a chain with anything more samples through
+once after the decode (Samplers.greedy_rows); a chain with anything more samples through
 libllama. Both must pick the same tokens: here two sequences fed alike in one batch, one
 greedy alone, one greedy behind a zero logit bias (a chain of two: the libllama path)."""
 
@@ -35,7 +35,7 @@ async def test_greedy_rows_pick_what_the_chain_picks(tiny_model, tmp_path):
         await s.engine.run(J.SetSampler(seq=0, params=J.SamplingParams()))
         await s.engine.run(J.SetSampler(seq=1, params=J.SamplingParams(logit_bias=((5, 0.0),))))
         await s.engine.run(J.SetSampler(seq=2, params=J.SamplingParams(temperature=0.8, seed=3)))
-        assert engines[0].greedy == {0}
+        assert engines[0].samplers.greedy == {0}
         prompt = [1, 17, 29, 33]
         # seq 2 (a sampled chain) sits between them: its row is skipped, not shifted
         out = await s.engine.run(J.Step(entries=[J.StepEntry(seq=q, tokens=prompt, pos0=0, sample=True)
@@ -59,8 +59,8 @@ async def test_the_rows_are_found_after_a_mixed_batch(tiny_model, tmp_path):
         await s.engine.run(J.SetSampler(seq=0, params=J.SamplingParams()))
         e = engines[0]
         seen: list[object] = []
-        rows = e._greedy_rows
-        e._greedy_rows = lambda n: seen.append(rows(n)) or seen[-1]  # type: ignore[method-assign]
+        rows = e.samplers.greedy_rows
+        e.samplers.greedy_rows = lambda n: seen.append(rows(n)) or seen[-1]  # type: ignore[method-assign]
         # a prompt that does not sample, then one that does: one logit row
         await s.engine.run(J.Step(entries=[J.StepEntry(seq=1, tokens=[1, 2, 3], pos0=0, sample=False),
                                            J.StepEntry(seq=0, tokens=[1, 17, 29], pos0=0, sample=True)]))

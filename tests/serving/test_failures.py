@@ -17,6 +17,7 @@ from actord.serving.gene_residency import Finish as GeneFinish
 from actord.service.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
+from actord.engine.step import Stepper
 from actord.service.errors import ActordError, EngineError, InternalError
 from actord.service.system import ActorSystem
 from tests.waits import eventually
@@ -53,8 +54,8 @@ async def assert_idle_and_usable(s: ActorSystem, slot: int) -> None:
     assert r.stop_reason == "length" and len(r.tokens) == 4
 
 
-class _FailsOnSeq0Once(Engine):
-    """A real engine whose first decode step holding sequence 0 after a few steps fails."""
+class _FailsOnSeq0Once(Stepper):
+    """A real engine's stepper whose first decode step holding sequence 0 after a few steps fails."""
 
     armed = True
 
@@ -69,7 +70,7 @@ class _FailsOnSeq0Once(Engine):
 async def test_a_failing_step_ends_its_requests_typed_and_the_slot_serves_the_next(tiny_model, tmp_path):
     _FailsOnSeq0Once.armed = True
     async with ActorSystem(Config(model=tiny_model, slots=2, ctx=1024, page_dir=str(tmp_path)),
-                           engine_factory=_FailsOnSeq0Once) as s:
+                           engine_factory=lambda c: Engine(c, stepper=_FailsOnSeq0Once)) as s:
         got = await both(
             s, lambda: s.complete(prompt=prompt(10), n_predict=60, slot=0, ignore_eos=True),
             lambda: s.complete(prompt=prompt(12, 1), n_predict=60, slot=1, ignore_eos=True))

@@ -211,9 +211,10 @@ class _FailsAfterDecode:
     @classmethod
     def make(cls, config: Config):
         from actord.engine.engine import Engine
+        from actord.engine.step import Stepper
         from actord.service.errors import EngineError
 
-        class E(Engine):
+        class S(Stepper):
             def _step(self, job):
                 out = super()._step(job)
                 if cls.armed and any(e.pos0 > 0 and len(e.tokens) > 1 for e in job.entries):
@@ -221,7 +222,7 @@ class _FailsAfterDecode:
                     raise EngineError("injected: failed after the decode")
                 return out
 
-        return E(config)
+        return Engine(config, stepper=S)
 
 
 async def test_after_a_step_failed_past_what_the_slot_knows_the_slot_serves_right(kind, model, tmp_path):

@@ -41,7 +41,7 @@ class RawSeqRm(J.Job):
 class RawEngine(Engine):
     def handle(self, job):
         if isinstance(job, RawSeqRm):
-            return bool(lib.llama_memory_seq_rm(self.mem, job.seq, job.p0, -1))
+            return bool(lib.llama_memory_seq_rm(self.context.mem, job.seq, job.p0, -1))
         return super().handle(job)
 
 

@@ -303,7 +303,7 @@ async def test_the_mtp_heads_state_does_not_depend_on_what_was_accepted(loud_mtp
     def factory(wrong, firsts):
         def make(config: Config) -> Engine:
             eng = Engine(config)
-            d, real, step = eng.drafter, eng.drafter._pick, eng._step
+            d, real, step = eng.drafter, eng.drafter._pick, eng.stepper._step
             seen: set[int] = set()
 
             def one_step(job):
@@ -318,7 +318,7 @@ async def test_the_mtp_heads_state_does_not_depend_on_what_was_accepted(loud_mtp
                 t = truth[seq]
                 return 0 if pos >= len(t) else (t[pos] + 1) % 512 if wrong(pos) else t[pos]
 
-            eng._step, d._pick = one_step, pick
+            eng.stepper._step, d._pick = one_step, pick
             return eng
         return make
 

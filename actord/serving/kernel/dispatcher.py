@@ -3,6 +3,12 @@
 A deterministic, recording dispatcher (actord/replay/dispatcher.py) subclasses it to take over
 the order of deliveries, engine completions, worker results and inputs. The wait-for graph
 (who awaits whom) lets it refuse the wait that would close a cycle (`AskCycle`).
+
+Every seam it overrides is a real member here, doing the plain thing (`attach_engine`,
+`run_sync`, `go_on`, `close_actors`): the system calls them alike under either dispatcher,
+never asking which one it holds. Tracing changes no path: a recorder is a hook, and the
+one decision the timing of a run makes inside a handler (`go_on`: does mail wait?) is
+recorded as the loop's input, so a replay answers it the same way.
 """
 
 from __future__ import annotations
@@ -42,10 +48,6 @@ class Dispatcher:
         self.event_hooks: list[EventHook] = []
         self.deliveries = 0
         self.ask_bound_s = ASK_BOUND_S
-        # May an actor go on with its own loop while its mailbox is empty, rather than tell
-        # itself to continue? (The scheduler's step loop does: one mailbox hop less per
-        # step.) A deterministic dispatcher says no: every step is then a delivery it orders.
-        self.loop_in_handler = True
         # Wait-for graph: actor name -> (the actor it awaits, what for). An actor runs one
         # handler at a time, so it waits on at most one other actor.
         self.waits: dict[str, tuple[str, str]] = {}
@@ -97,6 +99,29 @@ class Dispatcher:
         _run_hooks(self.event_hooks, kind, fields)
 
     # -- seams a deterministic dispatcher overrides ------------------------------------
+
+    def attach_engine(self, engine: Any) -> None:
+        """The system's engine thread, once made. A dispatcher that orders engine results
+        counts its jobs in flight (replay/dispatcher.py); this one needs nothing of it."""
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any, limiter: Any = None,
+                       abandon_on_cancel: bool = False) -> Any:
+        """Thread work that is no event of its own (a gene file read, a client's chat
+        template): anyio.to_thread.run_sync here; a deterministic dispatcher counts it."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)
+
+    def go_on(self, actor: "Actor[Any]") -> bool:
+        """May `actor`, inside its handler, go on with its own loop (the scheduler's next
+        step: one mailbox hop less per step) rather than tell itself to continue? Yes while
+        no mail waits for it. Whether mail waits is the run's timing: a recorder writes the
+        answer down (a `Loop` event), the input a replay gives back at the same turn."""
+        waiting = actor.mail_waiting()
+        if self.event_hooks:
+            self.event("loop", actor=actor.name, mail=waiting)
+        return not waiting
+
+    def close_actors(self) -> None:
+        """Shutdown: actor loops this dispatcher holds parked are let go (it parks none)."""
 
     async def actor_loop(self, actor: "Actor[Any]") -> None:
         async with actor._recv:
