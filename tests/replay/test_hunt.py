@@ -96,9 +96,13 @@ def test_the_trace_hash_depends_on_the_model_bytes_not_on_where_the_files_live(t
 def test_a_stop_mid_run_answers_every_client(tiny_model, sim_loras):
     """Seeds whose schedule includes a shutdown: every op still gets exactly one answer."""
     stopped = 0
-    for seed in range(0, 100):  # (a stop falls mid-run in ~5% of seeds: 5 of these 100)
+    # A stop falls mid-run in ~5% of seeds; which seeds depends on every draw the workload
+    # makes, so the seeds are run until three stops were exercised (bounded).
+    for seed in range(0, 300):
         r = anyio.run(simulate, seed, 12, tiny_model, sim_loras)
         stopped += r.errors.get("ShuttingDown", 0) > 0
+        if stopped >= 3:
+            break
     assert stopped >= 3, "the workload never exercised a stop"
 
 
