@@ -1,8 +1,8 @@
-"""`python -m actord`: the `actord` program (actord/frontends/cli.py), for an environment
+"""`python -m actord`: the `actord` program (actord/cli.py), for an environment
 without its console script on PATH."""
 
 import sys
 
-from actord.frontends.cli import main
+from actord.cli import main
 
 sys.exit(main())

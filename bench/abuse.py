@@ -50,7 +50,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 def start(model: str, folder: Path, *extra: str) -> tuple[subprocess.Popen, Path, str]:
     sock = folder / "abuse.sock"
     log = open(folder / "abuse.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2",
                              "--ctx", "4096", "--batch", "64", "--socket", str(sock), "--page-dir",
                              str(folder / "pages"), "--log-level", "warning", "--http", "127.0.0.1:0", *extra],
                             stdout=log, stderr=log, cwd=str(ROOT))

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from actord.service import log  # noqa: E402
-from actord.service.config import ClusterConfig, Config  # noqa: E402
+from actord.vocabulary import log  # noqa: E402
+from actord.vocabulary.config import ClusterConfig, Config  # noqa: E402
 from actord.testing.models import write_tiny_llama  # noqa: E402
 
 log.configure(level="error")

@@ -38,7 +38,7 @@ from actord.testing.daemon import wait_until_serving  # noqa: E402
 def start_daemon(model: str, folder: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     sock = folder / "flood.sock"
     log = open(folder / "flood.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2",
                              "--ctx", "4096", "--batch", "64", "--threads", "1", "--socket", str(sock),
                              "--page-dir", str(folder / "pages"), "--log-level", "warning", *extra],
                             stdout=log, stderr=log, cwd=str(ROOT))

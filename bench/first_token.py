@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
 
-from actord.service import log  # noqa: E402
-from actord.service.config import Config, engine_threads  # noqa: E402
+from actord.vocabulary import log  # noqa: E402
+from actord.vocabulary.config import Config, engine_threads  # noqa: E402
 from actord.engine import jobs as J  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
 from actord.testing.models import gemma3_270m_path  # noqa: E402

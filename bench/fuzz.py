@@ -61,7 +61,7 @@ def main() -> int:
         model = str(write_tiny_llama(tmp / "tiny.gguf", seed=1))
     sock = tmp / "actord.sock"
     log_path = tmp / "daemon.log"
-    cmd = [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", "512",
+    cmd = [sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", "512",
            "--batch", "64", "--threads", "1", "--socket", str(sock), "--page-dir", str(tmp / "pages"),
            "--max-line-bytes", str(args.max_line), "--log-level", "warning", "--log-json"]
     if args.gene_dir:

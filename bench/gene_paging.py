@@ -71,8 +71,8 @@ async def run(args: argparse.Namespace) -> None:
     import anyio
     import numpy as np
 
-    from actord.service import log as logcfg
-    from actord.service.config import Config
+    from actord.vocabulary import log as logcfg
+    from actord.vocabulary.config import Config
     from actord.service.system import ActorSystem
     from actord.testing.models import write_tiny_lora
 
@@ -230,7 +230,7 @@ def main() -> int:
                          "small shared machine ggml's spinning thread barriers collapse (10-50x slower "
                          "steps) as soon as another process wants a core, which would swamp the comparison")
     args = ap.parse_args()
-    from actord.service.config import engine_threads
+    from actord.vocabulary.config import engine_threads
 
     args.threads = engine_threads(args.threads)
     if args.model is None:

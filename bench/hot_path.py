@@ -136,8 +136,8 @@ def actord_worker(config: str) -> int:
 
     import anyio
 
-    from actord.service import log
-    from actord.service.config import Config
+    from actord.vocabulary import log
+    from actord.vocabulary.config import Config
     from actord.service.system import ActorSystem
 
     log.configure(level="error")
@@ -283,9 +283,9 @@ def main() -> int:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from actord.service import log
+    from actord.vocabulary import log
     from actord.service.system import ActorSystem
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.testing.fake_engine import FakeEngine
     from actord.testing.models import gemma3_270m_path, write_tiny_llama
 

@@ -43,7 +43,7 @@ from actord.frontends.client import AsyncClient, Client  # noqa: E402
 def start(model: str, slots: int, threads: int, tmp: Path) -> tuple[subprocess.Popen, str, str]:
     sock = tmp / "actord.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", str(slots), "--ctx", "4096",
+        [sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", str(slots), "--ctx", "4096",
          "--batch", "256", "--threads", str(threads), "--socket", str(sock), "--page-dir", str(tmp / "pages"),
          "--http", "127.0.0.1:0", "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
@@ -144,7 +144,7 @@ def main() -> None:
 
             model = str(write_tiny_llama(Path(tmp) / "tiny.gguf", seed=1, n_embd=256, n_layer=4, n_ff=512))
         else:
-            from actord.service.models import default_model
+            from actord.vocabulary.models import default_model
 
             model = args.model or str(default_model())
         proc, sock, url = start(model, args.slots, args.threads, Path(tmp))

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _out  # noqa: E402
 
-from actord.service import log  # noqa: E402
-from actord.service.config import Config  # noqa: E402
+from actord.vocabulary import log  # noqa: E402
+from actord.vocabulary.config import Config  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
 from actord.storage.pagefile import SUFFIXES  # noqa: E402
 from actord.testing import models  # noqa: E402
@@ -157,7 +157,7 @@ def daemon_start_s(model: str, folder: Path) -> float:
 
     sock = folder.parent / f"{folder.name}.sock"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2",
                              "--ctx", "2048", "--threads", "1", "--socket", str(sock), "--page-dir", str(folder),
                              "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actord.frontends.client import Client  # noqa: E402
-from actord.service.models import gemma3_270m_path  # noqa: E402
+from actord.vocabulary.models import gemma3_270m_path  # noqa: E402
 from actord.testing.daemon import wait_until_serving  # noqa: E402
 
 CONFIGS: dict[str, list[str]] = {
@@ -116,7 +116,7 @@ class Run:
 def start_daemon(model: str, folder: Path, ctx: int, slots: int, extra: list[str]) -> tuple[subprocess.Popen, Path]:
     sock = folder / "actord.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", str(slots), "--ctx", str(ctx),
+        [sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", str(slots), "--ctx", str(ctx),
          "--socket", str(sock), "--page-dir", str(folder / "pages"), "--log-level", "warning", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},

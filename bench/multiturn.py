@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _out  # noqa: E402
 
-from actord.service import log  # noqa: E402
-from actord.service.config import Config  # noqa: E402
+from actord.vocabulary import log  # noqa: E402
+from actord.vocabulary.config import Config  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
 from actord.testing import models  # noqa: E402
 

@@ -76,8 +76,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from actord.service import log  # noqa: E402
-from actord.service.config import Config, engine_threads  # noqa: E402
+from actord.vocabulary import log  # noqa: E402
+from actord.vocabulary.config import Config, engine_threads  # noqa: E402
 from actord.engine import jobs as J  # noqa: E402
 from actord.storage.pagefile import SUFFIXES  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
@@ -409,7 +409,7 @@ async def cache_types(a: argparse.Namespace, page_dir: Path, tmp: Path) -> None:
     """Bytes per token of a page under each KV cache type (--cache-type-k / -v, the same for K
     and V): the synthetic llama, `--big-tokens` tokens paged out of a slot. What the types buy:
     a page store of one size holds ~1.9x (q8_0) or ~3.6x (q4_0) the minds of f16."""
-    from actord.service.config import CACHE_TYPES
+    from actord.vocabulary.config import CACHE_TYPES
 
     path = write_tiny_llama(tmp / "types-llama.gguf", seed=3, n_embd=a.big_embd, n_layer=a.big_layers,
                             n_head=a.big_heads, n_head_kv=a.big_heads, n_ff=128, n_ctx_train=4096)

@@ -19,8 +19,8 @@ import time
 
 import anyio
 
-from actord.service import log
-from actord.service.config import Config
+from actord.vocabulary import log
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 from actord.testing.models import gemma3_270m_path
 

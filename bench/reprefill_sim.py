@@ -54,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actord.service.config import Config  # noqa: E402
+from actord.vocabulary.config import Config  # noqa: E402
 from actord.policy.checkpoint_records import CheckpointSize  # noqa: E402
 from actord.policy.checkpoint_select import (  # noqa: E402
     apply_evictions, plan_budget_admission, select,

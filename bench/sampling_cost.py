@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.engine.grammar import JSON_OBJECT_GBNF, schema_grammar

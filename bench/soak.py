@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from actord.frontends.client import Client  # noqa: E402
-from actord.service.errors import ActordError  # noqa: E402
+from actord.vocabulary.errors import ActordError  # noqa: E402
 
 
 class Soak:
@@ -91,7 +91,7 @@ class Soak:
         self.log_path = self.folder / "soak.log"
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096",
+            [sys.executable, "-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096",
              "--batch", "64", "--threads", "1", "--socket", str(self.sock), "--page-dir", str(self.folder / "pages"),
              "--page-ram-bytes", "600000", "--http", "127.0.0.1:0", "--log-level", "info",
              # The bounded caches small enough to fill within the warm-up: past it, growth is a leak.

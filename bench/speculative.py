@@ -51,8 +51,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actord.service import log  # noqa: E402
-from actord.service.config import Config  # noqa: E402
+from actord.vocabulary import log  # noqa: E402
+from actord.vocabulary.config import Config  # noqa: E402
 from actord.service.system import ActorSystem  # noqa: E402
 
 TEXTS = [

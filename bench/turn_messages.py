@@ -15,9 +15,9 @@ from pathlib import Path
 
 import anyio
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
-from actord.service.trace import Deliver, EngineDone
+from actord.vocabulary.trace import Deliver, EngineDone
 
 STEP_JOBS = {"Step", "StepJob", "RunStep"}
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import anyio
 
-from actord.service import log
-from actord.service.config import Config
+from actord.vocabulary import log
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 from actord.testing.models import gemma3_270m_path, write_tiny_lora
 

@@ -7,7 +7,7 @@ written by hand would fall behind the first time one is added. `make docs` runs 
 `mkdocs build --strict`, and tests/test_docs_reference.py fails when a field or a method has
 no entry (the generator is tested, not a built site, so the suite needs no mkdocs).
 
-The configuration's "why" is the comment the field carries in actord/service/config.py:
+The configuration's "why" is the comment the field carries in actord/vocabulary/config.py:
 its trailing comment, else the comment block above it (a block above several fields, as
 the accelerator's, explains each of them), read with `tokenize` so the code stays the one
 place it is written.
@@ -30,8 +30,8 @@ if str(ROOT) not in sys.path:
 from actord.frontends.config_flags import LLAMA_SERVER_ALIASES  # noqa: E402
 from actord.frontends.config_help import field_comments, show_default, unit  # noqa: E402
 from actord.frontends.rpc.methods import METHODS  # noqa: E402
-from actord.service import config as config_module  # noqa: E402
-from actord.service.config import Config  # noqa: E402
+from actord.vocabulary import config as config_module  # noqa: E402
+from actord.vocabulary.config import Config  # noqa: E402
 
 def flags(name: str) -> list[str]:
     return ["--" + name.replace("_", "-"), *LLAMA_SERVER_ALIASES.get(name, [])]
@@ -48,7 +48,7 @@ def _cell(s: str) -> str:
 def config_reference() -> str:
     why, section = field_comments()
     out = ["# Configuration reference", "",
-           "Generated from `Config` (actord/service/config.py) by `scripts/docs_reference.py`: every field, "
+           "Generated from `Config` (actord/vocabulary/config.py) by `scripts/docs_reference.py`: every field, "
            "its `actord serve` flag, default, unit and why. The same names are the keys of the `--config` "
            "TOML file ([Operations](../operations.md#a-configuration-file)); a flag given overrides the file.",
            "Sizes are bytes, counts are tokens, times are seconds unless the name says `_ms`.", ""]
@@ -84,7 +84,7 @@ def _params(typ: type) -> list[tuple[str, str, str]]:
 
 
 def rpc_reference() -> str:
-    from actord.frontends.cli import verbs
+    from actord.cli import verbs
 
     by_method: dict[str, list[str]] = {}
     for verb, method in verbs().items():

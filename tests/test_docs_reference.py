@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from actord.frontends.rpc.methods import METHODS, Method, NoParams
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import anyio
 import msgspec
 
-from actord.service.types import CompletionRequest, CompletionResult
-from actord.service.errors import ActordError, InvalidParams, PromptTooLong
-from actord.service.log import get
+from actord.vocabulary.types import CompletionRequest, CompletionResult
+from actord.vocabulary.errors import ActordError, InvalidParams, PromptTooLong
+from actord.vocabulary.log import get
 
 if TYPE_CHECKING:
     from actord.chat.host import ChatHost

@@ -17,15 +17,12 @@ which are its wire; llama-server's /completion keeps llama-server's sampling def
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from actord.chat.messages import ChatRequest
-
-if TYPE_CHECKING:
-    from actord.service.config import Config
-
+from actord.vocabulary.config import Config
 
 class TurnDefaults(msgspec.Struct, frozen=True):
     """The fallbacks of one daemon and model (see the module docstring)."""

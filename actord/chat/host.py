@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypedDict
 
 from actord.engine.jobs import ChatTemplateInfo, ModelProps
-from actord.service.types import CompletionRequest, CompletionResult, RequestLimits
+from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits
+from actord.vocabulary.config import Config
 
 if TYPE_CHECKING:
     from actord.chat.tool_output import CallMade
     from actord.chat.turn import ChatState
-    from actord.service.config import Config
 
 
 class TokenChunk(TypedDict, total=False):

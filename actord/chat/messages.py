@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from actord.service.types import CompletionResult, GeneRef, SamplingFields
-from actord.service.errors import InvalidParams
+from actord.vocabulary.types import CompletionResult, GeneRef, SamplingFields
+from actord.vocabulary.errors import InvalidParams
 
 
 class Tool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

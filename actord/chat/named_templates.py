@@ -14,7 +14,7 @@ prompter adds the model's where it wants one, as llama.cpp's tokenizer does afte
 
 from __future__ import annotations
 
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 _ROLE_TURNS = """{%- for m in messages %}{{ OPEN + m['role'] + MID + m['content'] + CLOSE }}{%- endfor %}
 {%- if add_generation_prompt %}{{ OPEN + 'assistant' + MID }}{%- endif %}"""

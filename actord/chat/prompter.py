@@ -38,8 +38,8 @@ import msgspec
 from actord.chat.messages import ChatMessage, as_dicts
 from actord.chat.template import REQUEST_TEMPLATE_BUDGET, ChatTemplate
 from actord.engine.jobs import ChatTemplateInfo as TemplateInfo
-from actord.service.errors import ChatTemplateError, NoChatTemplate
-from actord.service.types import CompletionResult
+from actord.vocabulary.errors import ChatTemplateError, NoChatTemplate
+from actord.vocabulary.types import CompletionResult
 
 class Prompt(msgspec.Struct):
     tokens: list[int]

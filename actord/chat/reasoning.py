@@ -43,8 +43,8 @@ from typing import Any
 import msgspec
 
 from actord.chat.host import carry
-from actord.service.errors import InvalidParams
-from actord.service.types import ThoughtBudget
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.types import ThoughtBudget
 
 MODES = ("on", "off", "auto")
 FORMATS = ("none", "deepseek", "auto")

@@ -30,7 +30,7 @@ import re
 import sys
 from typing import Any, Awaitable, Callable
 
-from actord.service.errors import ChatTemplateError, PromptTooLong
+from actord.vocabulary.errors import ChatTemplateError, PromptTooLong
 
 # -- templates -------------------------------------------------------------------------
 

@@ -51,8 +51,8 @@ import msgspec
 
 from actord.chat.messages import Tool, ToolCall
 from actord.chat.tool_output import AT_START, OPENERS, Scanner
-from actord.service.errors import InvalidParams
-from actord.service.types import Trigger
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.types import Trigger
 
 FORMATS = ("hermes", "mistral", "llama3", "generic")
 MAX_TOOLS = 128

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SamplingFields, check_generation
-from actord.service.errors import FileNotFound, InvalidParams, PromptTooLong
-from actord.service.log import get
+from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits, SamplingFields, check_generation
+from actord.vocabulary.errors import FileNotFound, InvalidParams, PromptTooLong
+from actord.vocabulary.log import get
 
 if TYPE_CHECKING:
     from actord.engine.jobs import ChatTemplateInfo

@@ -31,7 +31,9 @@ from typing import Any
 import msgspec
 
 from actord.frontends.config_flags import add_config_flags, config_from_args
-from actord.service.config import ClusterConfig
+from actord.vocabulary.config import ClusterConfig
+from actord.vocabulary import log as actord_log
+from actord.vocabulary.errors import ActordError
 
 STATE = "cluster.json"
 
@@ -90,8 +92,6 @@ def _state(root: Path) -> dict[str, Any] | None:
 
 
 def _up(ns: argparse.Namespace) -> int:
-    from actord.service.errors import ActordError
-
     from actord.cluster import require_ray
 
     try:
@@ -115,7 +115,7 @@ def _up(ns: argparse.Namespace) -> int:
         return 2
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "keeper.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "actord.frontends.cli", "cluster", "keep", msgspec.json.encode(cfg).decode()],
+    proc = subprocess.Popen([sys.executable, "-m", "actord.cli", "cluster", "keep", msgspec.json.encode(cfg).decode()],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + ns.timeout_s
     while time.monotonic() < deadline:
@@ -133,7 +133,6 @@ def _up(ns: argparse.Namespace) -> int:
 
 
 def _keep(config_json: str) -> int:
-    from actord.service import log as actord_log
     from actord.cluster.durable import write_json
 
     cfg = msgspec.json.decode(config_json.encode(), type=ClusterConfig)

@@ -21,7 +21,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from actord.cluster.router import ROUTER_NAME
 from actord.cluster.turns import TurnOut
-from actord.service.errors import ActordError, DuplicateTurn, NodeUnavailable
+from actord.vocabulary.errors import ActordError, DuplicateTurn, NodeUnavailable
 
 
 def get(refs: Any) -> Any:

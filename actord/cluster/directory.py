@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from actord.cluster.durable import read_json, write_json
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 VERSION = 1
 

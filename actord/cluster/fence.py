@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from actord.cluster.durable import read_json, remove, write_json
-from actord.service.errors import DuplicateTurn, StaleEpoch
+from actord.vocabulary.errors import DuplicateTurn, StaleEpoch
 from actord.storage.osfs import OsFs
 
 

@@ -46,10 +46,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.types import CompletionRequest, CompletionResult
+from actord.vocabulary.types import CompletionRequest, CompletionResult
 from actord.chat.messages import ChatRequest, ChatResult
-from actord.service.errors import InvalidParams, NotServed
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import InvalidParams, NotServed
+from actord.vocabulary.metrics import Metrics
 from actord.frontends.http.native import base as native_base
 from actord.frontends.http.app import HttpFront
 from actord.service import tenancy

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from actord.service.config import ClusterConfig
-from actord.service.log import get
+from actord.vocabulary.config import ClusterConfig
+from actord.vocabulary.log import get
 
 log = get("actord.cluster.local")
 

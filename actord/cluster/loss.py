@@ -16,9 +16,9 @@ from typing import Any
 from actord.cluster.directory import Directory
 from actord.cluster.locks import MindLocks
 from actord.cluster.nodelink import NODE_GONE, NodeLink
-from actord.service.config import ClusterConfig
-from actord.service.errors import ActordError, NodeUnavailable
-from actord.service.log import get
+from actord.vocabulary.config import ClusterConfig
+from actord.vocabulary.errors import ActordError, NodeUnavailable
+from actord.vocabulary.log import get
 
 log = get("actord.cluster.loss")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from actord.service.errors import ActordError, from_dict
+from actord.vocabulary.errors import ActordError, from_dict
 
 
 class Turn(msgspec.Struct, frozen=True):

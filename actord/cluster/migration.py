@@ -18,8 +18,8 @@ from actord.cluster.directory import Directory
 from actord.cluster.locks import MindLocks
 from actord.cluster.loss import NodeLoss
 from actord.cluster.nodelink import NODE_GONE, NodeLink
-from actord.service.errors import ActordError, InvalidParams, MigrationFailed, PageNotFound
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, InvalidParams, MigrationFailed, PageNotFound
+from actord.vocabulary.log import get
 
 log = get("actord.cluster.migration")
 

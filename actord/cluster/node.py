@@ -39,20 +39,21 @@ import msgspec
 import ray
 
 from actord.serving.placer import mind_file
-from actord.service.types import CompletionRequest
+from actord.vocabulary.types import CompletionRequest
 from actord.cluster.fence import FenceBook, MindFence
 from actord.chat.messages import ChatRequest
 from actord.cluster.messages import KINDS, Answer, Holding, NodeLoad, Turn
 from actord.cluster.placer import ClusterPlacer, ForgetMind, PersistMind
 from actord.cluster.transfer import PageBlob, pack, unpack
-from actord.service.config import ClusterConfig
-from actord.service.errors import ActordError, DuplicateTurn, InvalidParams, NodeUnavailable, StaleEpoch
-from actord.service.log import get
+from actord.vocabulary.config import ClusterConfig
+from actord.vocabulary.errors import ActordError, DuplicateTurn, InvalidParams, NodeUnavailable, StaleEpoch
+from actord.vocabulary.log import get
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import sidecar_paths
-from actord.storage.paths import check_part
+from actord.vocabulary.names import check_part
 from actord.storage.publish import read_generation
 from actord.service.system import ActorSystem
+from actord.vocabulary import log as actord_log
 
 log = get("actord.cluster.node")
 
@@ -128,8 +129,6 @@ async def _pump(run: Callable[[Callable[[Any], None]], Awaitable[Answer]]) -> An
 
 class NodeDaemon:
     def __init__(self, name: str, config_json: bytes) -> None:
-        from actord.service import log as actord_log
-
         self.cfg = msgspec.json.decode(config_json, type=ClusterConfig)
         actord_log.configure(level=self.cfg.log_level)
         self.name = name

@@ -21,9 +21,9 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostErr
 
 from actord.cluster.directory import Directory
 from actord.cluster.messages import Answer, NodeLoad
-from actord.service.config import ClusterConfig
-from actord.service.errors import ActordError, InternalError, NodeUnavailable
-from actord.service.log import get
+from actord.vocabulary.config import ClusterConfig
+from actord.vocabulary.errors import ActordError, InternalError, NodeUnavailable
+from actord.vocabulary.log import get
 
 log = get("actord.cluster.router")
 

@@ -18,8 +18,8 @@ from actord.serving.kernel import Envelope
 from actord.serving.messages import Erase, Info, Msg, SaveSlot
 from actord.serving.page_store import DropPage, ListPages
 from actord.serving.placer import MindPlacer, PlacerInbox, mind_file
-from actord.service.errors import PageNotFound
-from actord.service.log import get
+from actord.vocabulary.errors import PageNotFound
+from actord.vocabulary.log import get
 
 log = get("actord.cluster.placer")
 

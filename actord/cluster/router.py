@@ -39,10 +39,11 @@ from actord.cluster.messages import Holding
 from actord.cluster.migration import Migrations
 from actord.cluster.nodelink import NODE_GONE, NodeLink
 from actord.cluster.turns import TurnOut, Turns
-from actord.service.config import ClusterConfig
-from actord.service.errors import ActordError, InvalidParams, NodeUnavailable, PageNotFound
-from actord.service.log import get
-from actord.storage.paths import check_part
+from actord.vocabulary.config import ClusterConfig
+from actord.vocabulary.errors import ActordError, InvalidParams, NodeUnavailable, PageNotFound
+from actord.vocabulary.log import get
+from actord.vocabulary.names import check_part
+from actord.vocabulary import log as actord_log
 
 log = get("actord.cluster.router")
 
@@ -57,8 +58,6 @@ def _served(task: "asyncio.Task[None]") -> None:
 
 class MindRouter:
     def __init__(self, config_json: bytes) -> None:
-        from actord.service import log as actord_log
-
         self.cfg = msgspec.json.decode(config_json, type=ClusterConfig)
         actord_log.configure(level=self.cfg.log_level)
         self.root = Path(self.cfg.root)

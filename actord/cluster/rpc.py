@@ -28,8 +28,8 @@ from typing import Any
 
 import msgspec
 
-from actord.service.errors import InvalidParams, METHOD_NOT_FOUND
-from actord.service.log import get
+from actord.vocabulary.errors import InvalidParams, METHOD_NOT_FOUND
+from actord.vocabulary.log import get
 from actord.frontends.rpc.methods import socket_chunk
 from actord.frontends.rpc.protocol import ProtocolError, decode_request, error_response, notification, result_response
 

@@ -31,8 +31,8 @@ import msgspec
 from actord.frontends.http.anthropic.wire import error_body as anthropic_error
 from actord.frontends.http.bounds import answer as http_answer
 from actord.frontends.rpc.protocol import ProtocolError, decode_request, error_response
-from actord.service.errors import NodeUnavailable
-from actord.service.log import get
+from actord.vocabulary.errors import NodeUnavailable
+from actord.vocabulary.log import get
 
 log = get("actord.cluster.standin")
 

@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from actord.cluster.fence import TurnRecord
-from actord.service.errors import CorruptPageFile
+from actord.vocabulary.errors import CorruptPageFile
 from actord.policy.checkpoint_records import StoredCheckpoint
 from actord.storage.pagefile import PageImage, StoredGene
 

@@ -27,10 +27,11 @@ from actord.cluster.locks import MindLocks
 from actord.cluster.loss import NodeLoss
 from actord.cluster.messages import KINDS, Holding, Turn
 from actord.cluster.nodelink import NODE_GONE, NodeLink
-from actord.service.errors import DuplicateTurn, InvalidParams, NodeUnavailable
-from actord.service.log import get
-from actord.service.types import CompletionRequest, RequestLimits
-from actord.storage.paths import check_part
+from actord.engine.grammar import compiled
+from actord.vocabulary.errors import DuplicateTurn, InvalidParams, NodeUnavailable
+from actord.vocabulary.log import get
+from actord.vocabulary.names import check_part
+from actord.vocabulary.types import CompletionRequest, RequestLimits
 
 log = get("actord.cluster.turns")
 
@@ -53,7 +54,7 @@ def check_turn(kind: str, mind: str | None, request: Any, limits: RequestLimits)
         raise InvalidParams(f"a turn's kind is one of {', '.join(KINDS)}", kind=str(kind)[:32])
     try:
         if kind == "completion":
-            msgspec.convert({**request, "mind": mind}, CompletionRequest).check(limits)
+            compiled(msgspec.convert({**request, "mind": mind}, CompletionRequest).check(limits))
             return
         chat = msgspec.convert({**request, "mind": mind}, ChatRequest)
     except msgspec.ValidationError as e:

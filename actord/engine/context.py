@@ -20,8 +20,8 @@ from actord.engine import jobs as J
 from actord.engine.llama import lib
 from actord.policy import device as device_policy
 from actord.policy.swa import SwaChoice, choose_swa_full
-from actord.service.config import Config, engine_threads
-from actord.service.errors import EngineError, InvalidParams
+from actord.vocabulary.config import Config, engine_threads
+from actord.vocabulary.errors import EngineError, InvalidParams
 
 
 def _flash_attn_resolved(asked: str, log_lines: list[str]) -> str:

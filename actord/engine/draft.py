@@ -39,7 +39,7 @@ from actord.engine import jobs as J
 from actord.engine.context import context_params, model_desc
 from actord.engine.llama import lib
 from actord.engine.side import SideContext
-from actord.service.errors import DraftVocabMismatch, EngineError, InvalidParams, SpecUnsupported
+from actord.vocabulary.errors import DraftVocabMismatch, EngineError, InvalidParams, SpecUnsupported
 
 
 def vocab_mismatch(tgt: Any, dft: Any) -> str:

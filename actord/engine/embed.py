@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from actord.engine.llama import lib
-from actord.service.errors import EngineError, InvalidParams, PromptTooLong
+from actord.vocabulary.errors import EngineError, InvalidParams, PromptTooLong
 
 POOLING = {1: "mean", 2: "cls", 3: "last"}  # libllama's pooling types that give one vector per input
 

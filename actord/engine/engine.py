@@ -36,9 +36,9 @@ from actord.engine.sleep import Asleep
 from actord.engine.state_copy import StateCopier
 from actord.engine.step import Stepper
 from actord.engine.vocab import Vocab
-from actord.service.config import Config
-from actord.service.errors import ActordError, EngineError, InvalidParams, SlotBusy
-from actord.service.log import get
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ActordError, EngineError, InvalidParams, SlotBusy
+from actord.vocabulary.log import get
 
 log = get("actord.engine")
 

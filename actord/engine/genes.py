@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from actord.engine import jobs as J
 from actord.engine.llama import lib
-from actord.service.errors import EngineError, GeneNotFound, InvalidParams
+from actord.vocabulary.errors import EngineError, GeneNotFound, InvalidParams
 
 _libc = ctypes.CDLL(None)
 _libc.fmemopen.restype = ctypes.c_void_p

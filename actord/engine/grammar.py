@@ -23,8 +23,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from actord.engine.llama import grammar_lib
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.types import CompletionRequest
 
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_GRAMMAR_BYTES = 1024 * 1024
@@ -160,3 +163,16 @@ def pattern_cost(p: str) -> int:
             stack[-1] += 1
             i += 1
     return sum(stack)
+
+
+def compiled(request: CompletionRequest) -> CompletionRequest:
+    """`request` under one GBNF: its json_schema converted once (the slot builds its sampler
+    from `grammar`), or its grammar checked; a bad one is an InvalidParams naming the field.
+    Where a checked request enters (the façade's `complete`, and a front that must refuse
+    before its answer starts), after `CompletionRequest.check`."""
+    if request.json_schema is not None:
+        return msgspec.structs.replace(request, grammar=schema_grammar(request.json_schema, "json_schema"),
+                                       json_schema=None)
+    if request.grammar:
+        check_grammar(request.grammar)
+    return request

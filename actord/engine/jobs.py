@@ -471,7 +471,7 @@ class GeneInfo(msgspec.Struct, frozen=True):
     n_moved: int = 0
     t_ms: float = 0.0
     # The adapter file's content digest: what names the gene outside this process (a page
-    # file's genes), where ids are load order (policy/kv_identity.py).
+    # file's genes), where ids are load order (vocabulary/kv_identity.py).
     digest: str = ""
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import llama_cpp as _llama_cpp
 
-from actord.service.errors import WrongThread
+from actord.vocabulary.errors import WrongThread
 
 _owner: int | None = None
 _observer: Callable[[str, int], None] | None = None

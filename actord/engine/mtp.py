@@ -45,7 +45,7 @@ from actord.engine import jobs as J
 from actord.engine.context import context_params, model_desc
 from actord.engine.llama import ext, lib
 from actord.engine.side import SideContext
-from actord.service.errors import EngineError, SpecUnsupported
+from actord.vocabulary.errors import EngineError, SpecUnsupported
 
 _MAGIC = b"MTPh"
 _HEADER = struct.Struct("<4sii")  # magic, h_pos, n_embd

@@ -16,7 +16,7 @@ from actord.engine.embed import pooling_type
 from actord.engine.llama import lib
 from actord.engine.mtp import MtpDrafter
 from actord.engine.vocab import Vocab
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 
 
 def model_props(config: Config, c: Context, drafter: Drafter | MtpDrafter | None) -> J.ModelProps:

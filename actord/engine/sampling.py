@@ -22,8 +22,8 @@ from actord.engine import jobs as J
 from actord.engine.context import Context
 from actord.engine.llama import lib
 from actord.engine.vocab import Vocab
-from actord.service.errors import InvalidParams
-from actord.service.log import get
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.log import get
 
 log = get("actord.engine")
 

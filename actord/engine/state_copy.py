@@ -20,7 +20,7 @@ from actord.engine.context import Context
 from actord.engine.draft import Drafter
 from actord.engine.llama import lib
 from actord.engine.mtp import MtpDrafter
-from actord.service.errors import EngineError, InvalidParams, PageDoesNotFit
+from actord.vocabulary.errors import EngineError, InvalidParams, PageDoesNotFit
 
 
 class StateCopier:

@@ -31,7 +31,7 @@ from actord.engine.state_copy import StateCopier
 from actord.engine.step_contract import check_step, run_in_epoch
 from actord.engine.vocab import Vocab
 from actord.policy import speculation as S
-from actord.service.errors import EngineError, KvCacheFull
+from actord.vocabulary.errors import EngineError, KvCacheFull
 
 _NO_REPLAY: list = []  # never appended to: a step without rollback "replay" shares it
 

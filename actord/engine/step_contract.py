@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from actord.engine import jobs as J
-from actord.service.errors import ActordError, InvalidParams, StepSkipped
+from actord.vocabulary.errors import ActordError, InvalidParams, StepSkipped
 
 
 def run_in_epoch(engine: Any, job: J.Step, body: Callable[[J.Step], J.StepOut]) -> J.StepOut:

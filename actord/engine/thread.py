@@ -39,8 +39,8 @@ import sniffio
 
 from actord.engine.doorbell import Doorbell
 from actord.engine.jobs import QUIET, Sleep, Step
-from actord.service.errors import ActordError, EngineError, ShuttingDown
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, EngineError, ShuttingDown
+from actord.vocabulary.log import get
 
 log = get("actord.engine")
 

@@ -12,7 +12,7 @@ import ctypes
 from typing import Any
 
 from actord.engine.llama import lib
-from actord.service.errors import EngineError
+from actord.vocabulary.errors import EngineError
 
 
 class Vocab:

@@ -1,7 +1,7 @@
 """Clients for the daemon's socket: `Client` (blocking) and `AsyncClient` (anyio).
 
 Both speak the same line-delimited JSON-RPC; domain errors come back as the same typed
-exceptions the embedded API raises (`actord.service.errors`), so calling code does not care
+exceptions the embedded API raises (`actord.vocabulary.errors`), so calling code does not care
 whether it talks to a daemon or embeds one.
 """
 
@@ -15,7 +15,7 @@ import anyio
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from actord.service.errors import ActordError, from_dict
+from actord.vocabulary.errors import ActordError, from_dict
 from actord.frontends.rpc.protocol import MAX_LINE
 
 _enc = msgspec.json.Encoder()

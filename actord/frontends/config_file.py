@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 
 _FIELDS = {f.name: f for f in msgspec.structs.fields(Config)}
 

@@ -3,7 +3,7 @@
 `actord serve` and `actord cluster up` (a cluster's node flags) take the same flags, so
 they live here, below both CLIs: configuration has one typed home and a new setting is a
 flag the moment it exists. Nothing here imports a CLI, so `actord.cluster.cli` reaches these
-without reaching back into `actord.frontends.cli` (which reaches the cluster lazily).
+without reaching back into `actord.cli` (which reaches the cluster lazily).
 `--config FILE` names a TOML file of the same fields (config_file.py); a flag given
 overrides the file's value.
 """
@@ -16,8 +16,8 @@ import difflib
 import msgspec
 
 from actord.frontends.config_file import read_config_file
-from actord.policy.swa import MODES as SWA_FULL_MODES
-from actord.service.config import BACKEND_SAMPLING_MODES, FLASH_ATTN_MODES, Config
+from actord.vocabulary.config import BACKEND_SAMPLING_MODES, FLASH_ATTN_MODES, SWA_FULL_MODES, Config
+from actord.vocabulary.models import default_model
 
 # llama-server's names for the same settings, accepted as aliases so a habit does not start
 # a daemon that is not what was asked. Only exact equivalents: `--lora` loads an adapter
@@ -103,8 +103,6 @@ def config_from_args(ns: argparse.Namespace) -> Config:
     values.update({f.name: getattr(ns, f.name) for f in msgspec.structs.fields(Config)
                    if getattr(ns, f.name, None) is not None})
     if "model" not in values:
-        from actord.service.models import default_model
-
         values["model"] = str(default_model())
     return msgspec.convert(values, Config).validate()
 

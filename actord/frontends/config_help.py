@@ -1,4 +1,4 @@
-"""Config's own words about each field: why it exists (its comment in actord/service/config.py),
+"""Config's own words about each field: why it exists (its comment in actord/vocabulary/config.py),
 its unit and its default as a person reads them.
 
 Why a module: `actord serve --help` and the generated configuration reference
@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 
 UNITS = (("_bytes", "bytes"), ("_s", "seconds"), ("_ms", "milliseconds"), ("_tokens", "tokens"))
 TOKEN_FIELDS = {"ctx": "tokens (KV cells)", "batch": "tokens", "piece_tile": "positions", "checkpoint_every": "tokens",

@@ -34,10 +34,10 @@ from typing import Any
 
 import anyio
 
-from actord.service import log as logcfg
-from actord.service.config import Config
-from actord.service.errors import ActordError
-from actord.service.log import get
+from actord.vocabulary import log as logcfg
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ActordError
+from actord.vocabulary.log import get
 from actord.frontends import systemd
 from actord.frontends.rpc.peers import raise_fd_limit
 from actord.frontends.rpc.server import MAX_LINGERING as RPC_LINGERING, RpcServer

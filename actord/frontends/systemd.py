@@ -29,8 +29,8 @@ from typing import Mapping, MutableMapping
 
 import anyio
 
-from actord.service.errors import InvalidParams
-from actord.service.log import get
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.log import get
 
 log = get("actord.frontends.systemd")
 

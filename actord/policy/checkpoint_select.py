@@ -31,13 +31,13 @@ import msgspec
 from actord.policy.checkpoint_records import CheckpointLike
 
 __all__ = [
-    "POLICIES", "Admission", "apply_evictions", "plan_budget_admission",
+    "Admission", "apply_evictions", "plan_budget_admission",
     "select", "select_indices", "under_break_indices", "victim",
 ]
 
-# The names `--checkpoint-policy` takes: "placement" (actord.policy.checkpoint_placement) and
-# the original C++ server's two rules here, kept as baselines.
-POLICIES = ("placement", "divergence", "oldest")
+# The names `--checkpoint-policy` takes (vocabulary/config.py CHECKPOINT_POLICIES): "placement"
+# (actord.policy.checkpoint_placement) and the original C++ server's two rules here, kept as
+# baselines.
 
 
 T = TypeVar("T", bound=CheckpointLike)

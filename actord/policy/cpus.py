@@ -20,35 +20,13 @@ from __future__ import annotations
 
 import msgspec
 
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import parse_cpu_list
+from actord.vocabulary.errors import InvalidParams
 
 
 class CpuChoice(msgspec.Struct, frozen=True):
     cpus: frozenset[int] | None  # None: the engine thread keeps the mask it inherited
     reason: str
-
-
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """ "1-3,6" -> {1, 2, 3, 6}; a clear error for anything else."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise InvalidParams(f"engine_cpus is auto, off or a CPU list like 1-3,6 (got {text!r})",
-                                engine_cpus=text) from None
-        if a < 0 or b < a:
-            raise InvalidParams(f"engine_cpus: bad range {part!r}", engine_cpus=text)
-        cpus.update(range(a, b + 1))
-    return frozenset(cpus)
-
-
-def check_mode(mode: str) -> None:
-    if mode not in ("auto", "off"):
-        parse_cpu_list(mode)
 
 
 def choose_engine_cpus(mode: str, allowed: set[int] | frozenset[int], threads: int) -> CpuChoice:

@@ -9,7 +9,7 @@ nobody holds: O(blocks of the query), whatever the number of holders. A trailing
 block is never keyed: a match is found by blocks, and a holder's tokens past its last full
 block are compared by whoever asked (`wholes`): a base may end where minds part, mid-block.
 
-The lineage (policy/kv_identity.py: the gene set and the tenant scope) seeds the chain: a
+The lineage (vocabulary/kv_identity.py: the gene set and the tenant scope) seeds the chain: a
 prefix computed under other genes, or held for another tenant, is another state, so it never
 matches. The gene set is sorted first, since the adapters' sum does not depend on the order
 they were listed in.

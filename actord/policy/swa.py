@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-MODES = ("auto", "on", "off")
-SHARE = 0.25  # of the device budget a full SWA cache may take under "auto"
+from actord.vocabulary.config import SWA_FULL_MODES, SWA_FULL_SHARE
 
 
 class SwaChoice(msgspec.Struct, frozen=True):
@@ -36,11 +35,11 @@ def _mb(n: float) -> str:
 
 
 def choose_swa_full(mode: str, *, n_swa: int, bytes_per_token: int, n_ctx: int, device_bytes: int,
-                    host_bytes: int, share: float = SHARE, device_name: str = "--device-bytes") -> SwaChoice:
+                    host_bytes: int, share: float = SWA_FULL_SHARE, device_name: str = "--device-bytes") -> SwaChoice:
     """Decide; `device_bytes` 0 means no budget was given (the host's memory stands in).
     `device_name` says what `device_bytes` is (a GPU's free memory when none was given)."""
-    if mode not in MODES:
-        raise ValueError(f"swa_full is one of {MODES}, got {mode!r}")
+    if mode not in SWA_FULL_MODES:
+        raise ValueError(f"swa_full is one of {SWA_FULL_MODES}, got {mode!r}")
     need = bytes_per_token * n_ctx
     if n_swa <= 0:
         return SwaChoice(full=False, reason="the model has no sliding window: its cache is full anyway",

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from actord.service import log
+from actord.vocabulary import log
 
 
 def main(cmd: str, argv: list[str]) -> int:

@@ -57,8 +57,9 @@ import anyio
 import sniffio
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
-from actord.service.trace import (Deliver, EngineDone, Event, Header, Input, Loop, WorkerDone, canonical,
-                                  deliver_event, digest)
+from actord.vocabulary.errors import ShuttingDown
+from actord.vocabulary.trace import (Deliver, EngineDone, Event, Header, Input, Loop, WorkerDone, canonical,
+                                     deliver_event, digest)
 
 
 # Who is asking: a simulated client sets it, so two identical inputs stay distinguishable.
@@ -298,8 +299,6 @@ class DeterministicDispatcher(Dispatcher):
             self._gates.pop(actor.name, None)
             env = self._handoff.pop(actor.name, None)
             if env is not None and env.reply is not None:
-                from actord.service.errors import ShuttingDown
-
                 env.reply.fail(ShuttingDown(f"actor {actor.name} stopped", actor=actor.name))
             raise
 

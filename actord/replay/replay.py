@@ -18,10 +18,10 @@ import anyio
 import msgspec
 
 from actord.service import tenancy
-from actord.service.config import Config
-from actord.service.errors import ActordError
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ActordError
 from actord.replay.dispatcher import DeterministicDispatcher, EngineOrder, RecordedPolicy, ReplayDiverged, SeededPolicy
-from actord.service.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
+from actord.vocabulary.trace import EngineDone, Event, Footer, Header, Input, digest, read_trace, rebase
 from actord.frontends.rpc.methods import METHODS
 from actord.service.system import ActorSystem
 

@@ -48,14 +48,14 @@ import anyio
 
 from actord.serving.messages import RunStep
 from actord.serving.page_store import SpillEnd
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.engine.step import Stepper
-from actord.service.errors import ActordError, EngineError
+from actord.vocabulary.errors import ActordError, EngineError
 from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
 from actord.replay.sim_persist import held_by, persisted_problem, restart_problem
-from actord.service.trace import digest
+from actord.vocabulary.trace import digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.storage.publish import read_generation
 from actord.service.system import ActorSystem
@@ -177,7 +177,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 think = {"thought_budget": {"budget": 1 + prompt[-1] % 7, "start": [5, 6], "end": [7, 8],
                                             "forced": [9, 7, 8], "pieces": [b"x", b"y", b"z"],
                                             "opened": prompt[-1] % 2 == 0}} if prompt[-1] % 3 == 0 else {}
-                # Scopes (policy/kv_identity.py), drawn off the prompt too: a salt or another tenant.
+                # Scopes (vocabulary/kv_identity.py), drawn off the prompt too: a salt or another tenant.
                 scope = ({"cache_salt": "s1"} if prompt[-1] % 5 == 0 else
                          {"tenant": "uid:7"} if prompt[-1] % 7 == 0 else {})
                 await system.complete(prompt=prompt, n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True,

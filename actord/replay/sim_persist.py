@@ -13,8 +13,8 @@ from typing import Any, Awaitable, Callable
 
 import msgspec
 
-from actord.service.config import Config
-from actord.service.errors import ActordError
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ActordError
 from actord.storage.osfs import OsFs
 from actord.storage.publish import read_generation
 

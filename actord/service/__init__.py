@@ -18,6 +18,6 @@
     models.py   where the default model comes from
     trace.py    the trace recorder (every input and delivery; the replay package reads them)
 
-Nothing is imported here, so `actord.service.errors` can be imported from any floor
+Nothing is imported here, so `actord.vocabulary.errors` can be imported from any floor
 without pulling the façade in.
 """

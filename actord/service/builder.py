@@ -20,13 +20,13 @@ from actord.engine.engine import run_job
 from actord.engine.thread import EngineThread
 from actord.policy.cpus import choose_engine_cpus
 from actord.policy.pipeline import pipeline_depth
-from actord.service.config import Config, engine_threads
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.config import Config, engine_threads
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 from actord.serving.checkpoint_budget import CheckpointBudget
 from actord.serving.checkpoint_plan import CheckpointPlan
 from actord.serving.gene_residency import GeneResidency
-from actord.service.errors import ActordError
+from actord.vocabulary.errors import ActordError
 from actord.serving.kernel import Actor, Dispatcher
 from actord.serving.messages import SlotLost
 from actord.serving.page_store import PageStore

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from actord.service.config import Config
-from actord.service.errors import ActordError
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ActordError
 from actord.serving.gene_residency import GeneResidency, LoadGene
 from actord.storage.clientfiles import ByteBudget, ClientFiles
 

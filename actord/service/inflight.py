@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 
 import anyio
 
-from actord.service.log import get
+from actord.vocabulary.log import get
 
 log = get("actord.service.system")
 

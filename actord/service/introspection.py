@@ -14,13 +14,13 @@ import msgspec
 
 from actord.engine.jobs import ModelProps
 from actord.service.builder import Actors
-from actord.service.config import Config
-from actord.service.log import get
-from actord.service.metrics import Metrics
-from actord.policy.kv_identity import client_name
+from actord.vocabulary.config import Config
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
+from actord.vocabulary.kv_identity import client_name
 from actord.service import tenancy
 from actord.service.protocol import BudgetView, MemoryView, MindView
-from actord.service.trace import digest
+from actord.vocabulary.trace import digest
 from actord.serving.checkpoint_budget import BudgetStats
 from actord.serving.gene_residency import ListGenes
 from actord.serving.kernel import Actor

@@ -49,8 +49,8 @@ from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.jobs import ModelProps
 from actord.service.builder import Actors
-from actord.service.config import Config
-from actord.service.log import get
+from actord.vocabulary.config import Config
+from actord.vocabulary.log import get
 from actord.serving.checkpoint_budget import BudgetStats
 from actord.serving.page_store import StoreStats
 

@@ -22,6 +22,7 @@ import msgspec
 from actord.chat.messages import ChatMessage, Tool
 from actord.storage.clientfiles import MAX_PATH
 from actord.storage.paths import MAX_NAME, check_page_name
+from actord.vocabulary.errors import InvalidParams
 
 PageName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
 FileName = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
@@ -108,8 +109,6 @@ class ApplyTemplateParams(msgspec.Struct, forbid_unknown_fields=True):
 def decode(obj: Any, typ: type) -> Any:
     """`obj` (JSON-shaped: a dict of a body's fields) as the arguments `typ`; a value of the
     wrong shape is an InvalidParams naming its path (a refused page name, a PathRefused)."""
-    from actord.service.errors import InvalidParams
-
     try:
         return msgspec.convert(obj, typ)
     except msgspec.ValidationError as e:

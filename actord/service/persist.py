@@ -33,10 +33,10 @@ import anyio
 from actord.serving.kernel import Actor
 from actord.serving.messages import Info, SaveSlot
 from actord.serving.page_store import Unpersisted
-from actord.service.errors import ActordError, PageNotFound, ShuttingDown
-from actord.service.log import get
-from actord.service.metrics import Metrics
-from actord.storage.paths import MIND_FILE_SUFFIX, check_mind
+from actord.vocabulary.errors import ActordError, PageNotFound, ShuttingDown
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
+from actord.vocabulary.names import MIND_FILE_SUFFIX, check_mind
 
 log = get("actord.service.persist")
 

@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 
 from actord.engine.jobs import ModelProps
-from actord.service.errors import ActordError, ContextFull, NoFreeSlot
+from actord.vocabulary.errors import ActordError, ContextFull, NoFreeSlot
 from actord.service.inflight import InFlight
-from actord.service.log import get
-from actord.service.types import CompletionRequest, SlotInfo
+from actord.vocabulary.log import get
+from actord.vocabulary.types import CompletionRequest, SlotInfo
 from actord.serving.messages import Fork, Info, MakeRoom, ReleaseRoom
 from actord.serving.room import holding_room
 from actord.serving.scheduler import Scheduler
@@ -41,7 +41,7 @@ class Placement:
 
     async def place(self, request: CompletionRequest) -> Slot:
         """The idle slot whose tokens share the longest prefix with the request's prompt under its
-        lineage (policy/kv_identity.py: another gene set's or scope's cells are no prefix of it),
+        lineage (vocabulary/kv_identity.py: another gene set's or scope's cells are no prefix of it),
         else least deferred."""
         prompt = request.prompt
         slots = self.slots

@@ -25,13 +25,13 @@ import msgspec
 
 from actord.chat.host import ChatHost, OnToken, TokenChunk  # noqa: F401  (the stream fronts feed)
 from actord.engine.jobs import ChatTemplateInfo, ModelProps
-from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
+from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
+from actord.vocabulary.config import Config
+from actord.vocabulary.metrics import Metrics
 
 if TYPE_CHECKING:
     from actord.chat.messages import ChatMessage, ChatRequest, ChatResult
-    from actord.service.config import Config
     from actord.service.memory import MemoryReport, MemorySources
-    from actord.service.metrics import Metrics
 
 
 class Tokenized(msgspec.Struct, frozen=True):

@@ -25,8 +25,8 @@ import anyio
 
 from actord.engine import jobs as J
 from actord.serving.messages import Evict
-from actord.service.errors import ActordError
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError
+from actord.vocabulary.log import get
 
 log = get("actord.service.sleep")
 

@@ -16,16 +16,13 @@ as its tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from actord.service.errors import PromptTooLong
-from actord.service.types import CompletionRequest
-
-if TYPE_CHECKING:
-    from actord.service.config import Config
-
+from actord.vocabulary.errors import PromptTooLong
+from actord.vocabulary.types import CompletionRequest
+from actord.vocabulary.config import Config
 
 def slot_n_ctx(config: "Config", n_ctx: int) -> int:
     """A slot's context as /props and /slots report it: n_ctx / slots with --ctx-per-slot,

@@ -16,14 +16,14 @@ from typing import Any
 import anyio
 
 from actord.engine import jobs as J
-from actord.service.errors import ActordError
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import ActordError
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 from actord.serving.kernel import Actor
 from actord.serving.page_store import PageStoreInbox, SpillBegin, SpillEnd
 from actord.serving.slot import page_image
 from actord.storage.files import PageFiles
-from actord.storage.paths import MIND_FILE_SUFFIX
+from actord.vocabulary.names import MIND_FILE_SUFFIX
 
 log = get("actord.service.spill")
 

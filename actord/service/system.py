@@ -24,21 +24,22 @@ import msgspec
 from actord.chat.turn import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
+from actord.engine.grammar import compiled
 from actord.service import introspection, memory, slot_ctx, tenancy, text
 from actord.service.builder import Actors, build_actors, engine_thread, failure_handler
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.entry import entry
-from actord.service.errors import ActordError, AskTimeout, InvalidParams, ShuttingDown, SlotNotFound
+from actord.vocabulary.errors import ActordError, AskTimeout, InvalidParams, PageNotFound, ShuttingDown, SlotNotFound
 from actord.service.genes import GeneFiles
-from actord.service.trace import attach_recorder
+from actord.vocabulary.trace import attach_recorder
 from actord.service.inflight import InFlight
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 from actord.service.protocol import Embedded, MemoryView, OnToken, TemplateSource, Tokenized
 from actord.service.persist import Persister
 from actord.service.placement import Placement
 from actord.service.spill import spill_page
-from actord.service.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
+from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
 from actord.serving.gene_residency import GeneResidency, ListGenes, PageInGene, PageOutGene, UnloadGene
 from actord.serving.kernel import Actor, Dispatcher
@@ -48,6 +49,7 @@ from actord.serving.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.serving.scheduler import Scheduler
 from actord.serving.slot import Slot
 from actord.storage.files import PageFiles
+from actord.vocabulary.names import MIND_FILE_SUFFIX
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -298,7 +300,7 @@ class ActorSystem:
         trace already holds; a replay re-executes that verb, not this completion.)"""
         if request is None:
             request = _decode(params, CompletionRequest)
-        request = tenancy.stamp(request).check(self._limits)  # a json_schema comes back as its grammar
+        request = compiled(tenancy.stamp(request).check(self._limits))  # a json_schema comes back as its grammar
         self.check_open()
         if _input:
             await self.dispatcher.input("completion", request)
@@ -451,9 +453,6 @@ class ActorSystem:
         """Drop mind `mind`'s RAM page and remove its page file, whichever it has (the HTTP
         front's rule for the minds it made for anonymous conversations); the bytes freed. A
         mind resident in a slot stays there (0): its next page-out is forgotten next time."""
-        from actord.service.errors import PageNotFound
-        from actord.storage.paths import MIND_FILE_SUFFIX
-
         n = 0
         try:
             n += (await self.page_drop(mind)).n_bytes

@@ -6,7 +6,7 @@ once for the task that serves the request (the socket: per connection; HTTP: per
 after the key is checked); the façade stamps it onto every completion and chat it receives
 (`stamp`), overwriting whatever the body said, before the request is recorded. Requests
 from an embedded host, where no front set one, keep the tenant the host named (default:
-the one default tenant). Reuse of cells never crosses tenants (policy/kv_identity.py).
+the one default tenant). Reuse of cells never crosses tenants (vocabulary/kv_identity.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from contextvars import ContextVar
 from typing import Any, Iterator, TypeVar
 
 import msgspec
+
+from actord.vocabulary.errors import InvalidParams, PageNotFound
+from actord.vocabulary.kv_identity import SCOPE_MARK, client_file, client_name, scope_of, scoped_file, scoped_mind
 
 _TENANT: ContextVar[str | None] = ContextVar("actord_tenant", default=None)
 
@@ -56,19 +59,15 @@ def of_key(key: bytes, n_keys: int) -> str:
 
 
 def scope() -> str | None:
-    """The scope (policy/kv_identity.py) of the tenant the front vouches for, without a
+    """The scope (vocabulary/kv_identity.py) of the tenant the front vouches for, without a
     salt: what the page and slot verbs of a socket or HTTP client see and touch. None where
     no front set a tenant (an embedded host, a replay): every page, as kept."""
-    from actord.policy.kv_identity import scope_of
-
     tenant = _TENANT.get()
     return None if tenant is None else scope_of(tenant, None)
 
 
 def own_slot(info: R, scope: str | None) -> R:
     """A slot's report as a client of `scope` sees it: a mind of another scope unnamed."""
-    from actord.policy.kv_identity import client_name
-
     mind = getattr(info, "mind", None)
     if scope is None or mind is None:
         return info
@@ -77,12 +76,9 @@ def own_slot(info: R, scope: str | None) -> R:
 
 def own_name(name: str, param: str, *, file: bool = False) -> str:
     """A page (or page file, `file`) a front's client names, as the daemon keeps it in her
-    scope (policy/kv_identity.py): another tenant's page of that name is not hers to see or
+    scope (vocabulary/kv_identity.py): another tenant's page of that name is not hers to see or
     touch, so it answers as a page that does not exist. A name holding the daemon's scope
     mark is refused (no client names a mind so). As given where no front set a tenant."""
-    from actord.policy.kv_identity import SCOPE_MARK, scoped_file, scoped_mind
-    from actord.service.errors import InvalidParams
-
     where = scope()
     if where is None:
         return name
@@ -93,8 +89,6 @@ def own_name(name: str, param: str, *, file: bool = False) -> str:
 
 def client_answer(out: Any) -> Any:
     """A page verb's answer with the names in it as the front's client knows them."""
-    from actord.policy.kv_identity import client_file, client_name
-
     where = scope()
     if where is None:
         return out
@@ -114,8 +108,6 @@ def client_answer(out: Any) -> Any:
 @contextlib.contextmanager
 def as_client(page: str) -> Iterator[None]:
     """A PageNotFound about the scoped name `page` names the client's own name instead."""
-    from actord.service.errors import PageNotFound
-
     try:
         yield
     except PageNotFound as e:

@@ -15,9 +15,9 @@ from actord.chat.host import ChatHost
 from actord.chat.messages import ChatRequest
 from actord.chat.turn import render_text, template_info
 from actord.engine import jobs as J
-from actord.service.errors import InvalidParams, PromptTooLong
+from actord.vocabulary.errors import InvalidParams, PromptTooLong
 from actord.service.protocol import Embedded, TemplateSource, Tokenized
-from actord.service.types import RequestLimits, _utf8_len
+from actord.vocabulary.types import RequestLimits, _utf8_len
 
 if TYPE_CHECKING:
     from actord.chat.messages import ChatMessage

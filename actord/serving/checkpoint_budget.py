@@ -23,9 +23,9 @@ import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import DropCheckpoint, Msg
-from actord.service.errors import InvalidParams
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 from actord.policy.checkpoint_records import CheckpointSize
 from actord.policy.checkpoint_select import plan_budget_admission
 from actord.policy.checkpoint_placement import Divergence, Forecast, expected_cost, forecast, plan_admission

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from actord.policy.checkpoint_records import CheckpointLike
-from actord.policy.checkpoint_select import POLICIES, select_indices
+from actord.policy.checkpoint_select import select_indices
+from actord.vocabulary.config import CHECKPOINT_POLICIES as POLICIES
 from actord.policy.checkpoint_placement import (
     HISTORY, Divergence, Forecast, forecast, keep_best, plan, remember, slot_count,
 )

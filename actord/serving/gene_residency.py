@@ -28,9 +28,9 @@ import msgspec
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import Evict, GenesGranted, GenesRefused, Msg
 from actord.engine import jobs as J
-from actord.service.errors import ActordError, DeviceBudgetExceeded, GeneInUse, GeneIsDefault, GeneNotFound, InvalidParams
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import ActordError, DeviceBudgetExceeded, GeneInUse, GeneIsDefault, GeneNotFound, InvalidParams
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 from actord.policy.residency import GeneView, SlotView, plan_room, record_use
 
 log = get("actord.genes")

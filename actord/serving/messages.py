@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actord.service.types import CompletionRequest, ThoughtBudget
+from actord.vocabulary.types import CompletionRequest, ThoughtBudget
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True):
@@ -188,7 +188,7 @@ class Enroll(Msg):
     progress: bool = False  # stream a chunk per decoded piece of the prompt (return_progress)
     timings: bool = False  # every streamed chunk carries the timings so far (timings_per_token)
     thought_budget: ThoughtBudget | None = None  # the request's reasoning budget (serving/steps/thought.py)
-    # The sequence's scope (policy/kv_identity.py), and whether it may take a running twin's
+    # The sequence's scope (vocabulary/kv_identity.py), and whether it may take a running twin's
     # prompt cells (a full attention cache, nothing of its own held, no draft context).
     scope: str = ""
     twin: bool = False

@@ -32,16 +32,16 @@ from actord.serving.page_store import (
     Admit, AdmitBase, AdmitState, BaseFound, CancelReservation, Commit, FindBase, Page, PageAdmission, Release,
 )
 from actord.engine import jobs as J
-from actord.service.errors import PageDoesNotFit, PageRamExceeded
-from actord.service.log import get
+from actord.vocabulary.errors import PageDoesNotFit, PageRamExceeded
+from actord.vocabulary.log import get
 from actord.policy.checkpoint_records import SlotCheckpoint
 from actord.policy.prefix_index import BLOCK, common_prefix
+from actord.vocabulary.metrics import Metrics
 
 if TYPE_CHECKING:
     from actord.serving.kernel import Actor
     from actord.serving.checkpoint_plan import CheckpointPlan
     from actord.serving.page_store import PageStoreInbox
-    from actord.service.metrics import Metrics
 
 log = get("actord.slot")
 

@@ -29,7 +29,7 @@ class Page(msgspec.Struct, frozen=True):
     tokens: list[int]
     checkpoints: list[SlotCheckpoint] = []  # the slot's, as they were
     genes: tuple[tuple[int, float], ...] = ()
-    scope: str = ""  # with genes, the lineage of its cells (policy/kv_identity.py)
+    scope: str = ""  # with genes, the lineage of its cells (vocabulary/kv_identity.py)
     gene_digests: tuple[str, ...] = ()  # `genes` by content, in order: what its page file records
     draft: bytearray | None = None  # the draft context's sequence state (speculation), if any
     draft_n: int = 0  # how many of `tokens` that state holds
@@ -115,7 +115,7 @@ class ListPages(Msg):
 
     after: str = ""
     limit: int = 0
-    # A tenant's listing (policy/kv_identity.py): only the pages of this scope, each under the
+    # A tenant's listing (vocabulary/kv_identity.py): only the pages of this scope, each under the
     # name its client knows it by, `after` one such name. None: every page, as kept.
     scope: str | None = None
 

@@ -52,10 +52,10 @@ from actord.serving.page_messages import (  # noqa: I001
     PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, PageTokens, Release, Return, SpillBegin, SpillEnd,
     SpillVictim, StoreStats, Take, Unpersisted,
 )
-from actord.service.errors import InvalidParams, PageNotFound, PageRamExceeded
-from actord.service.log import get
-from actord.service.metrics import Metrics
-from actord.policy.kv_identity import client_name
+from actord.vocabulary.errors import InvalidParams, PageNotFound, PageRamExceeded
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
+from actord.vocabulary.kv_identity import client_name
 from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here

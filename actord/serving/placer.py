@@ -23,14 +23,14 @@ from actord.serving.messages import (
 from actord.serving.prefix_share import MIN_SHARE
 from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import MindStart, PageTokens, SpillVictim
-from actord.service.errors import (
+from actord.vocabulary.errors import (
     ActordError, Cancelled, ContextFull, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded,
 )
-from actord.service.log import get
-from actord.service.metrics import Metrics
-from actord.service.types import CompletionRequest
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
+from actord.vocabulary.types import CompletionRequest
 from actord.storage.files import PageFiles
-from actord.storage.paths import MIND_FILE_SUFFIX
+from actord.vocabulary.names import MIND_FILE_SUFFIX
 
 log = get("actord.placer")
 

@@ -32,18 +32,16 @@ applies, nothing changes: the request prefills as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import anyio
 
 from actord.engine import jobs as J
 from actord.serving.page_messages import FindBase, Release
-from actord.service.errors import ActordError
+from actord.vocabulary.errors import ActordError
 from actord.policy.prefix_index import common_prefix
-from actord.service.log import get
-
-if TYPE_CHECKING:
-    from actord.service.metrics import Metrics
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 
 log = get("actord.slot")
 
@@ -71,7 +69,7 @@ class PrefixShare:
 
     @property
     def lineage(self) -> tuple[tuple[tuple[int, float], ...], str]:
-        """The non-token part of its cells' key (policy/kv_identity.py): what a reuse compares."""
+        """The non-token part of its cells' key (vocabulary/kv_identity.py): what a reuse compares."""
         return self.genes, self.scope
 
     @property

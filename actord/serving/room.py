@@ -17,7 +17,7 @@ from typing import AsyncIterator
 
 import anyio
 
-from actord.service.errors import ActordError
+from actord.vocabulary.errors import ActordError
 from actord.serving.kernel import Actor
 from actord.serving.messages import MakeRoom, ReleaseRoom, Room, SchedulerInbox
 

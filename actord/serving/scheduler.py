@@ -38,19 +38,19 @@ from actord.serving.messages import (
     Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
     SlotInbox, SlotLost,
 )
-from actord.service.types import CompletionResult, Timings
+from actord.vocabulary.types import CompletionResult, Timings
 from actord.serving.steps.core import SchedulerCore
 from actord.serving.steps.thought import Thought
 from actord.serving.steps.records import Delta, Event, Finished, Plan, Progress, Request, StepCheckpoint
 from actord.serving.stream_extras import LiveTimings, progress, timed
 from actord.serving.steps.text import TextState
 from actord.engine import jobs as J
-from actord.service.errors import (
+from actord.vocabulary.errors import (
     ActordError, ActorFailed, ContextFull, EngineTimeExceeded, InternalError, KvCacheFull, SlotBusy, StepSkipped,
 )
 from actord.policy.engine_time import past_budget, step_shares
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 
 log = get("actord.scheduler")
 

@@ -47,11 +47,11 @@ from actord.serving.prefix_share import MIN_SHARE, PrefixShare, common_prefix
 from actord.policy.checkpoint_records import SlotCheckpoint
 from actord.serving.slot_memory import SlotMemory
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
-from actord.service.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
+from actord.vocabulary.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
-from actord.service.errors import ActordError, Cancelled, InvalidParams, PageRamExceeded, PromptTooLong, from_dict
-from actord.service.log import get
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import ActordError, Cancelled, InvalidParams, PageRamExceeded, PromptTooLong, from_dict
+from actord.vocabulary.log import get
+from actord.vocabulary.metrics import Metrics
 from actord.storage.files import PageFiles
 
 log = get("actord.slot")
@@ -137,7 +137,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self.resume_raw_lcp: int | None = None
         self.checkpoints: list[SlotCheckpoint] = []
         self.genes: tuple[tuple[int, float], ...] = ()
-        self.scope = ""  # with genes, the lineage of the cells it holds (policy/kv_identity.py)
+        self.scope = ""  # with genes, the lineage of the cells it holds (vocabulary/kv_identity.py)
         self.mind: str | None = None
         self.draft_n = 0  # kv_tokens[:draft_n] are in the draft context's sequence (speculation)
         self.active: _Active | None = None
@@ -408,7 +408,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             # but only within its scope: another tenant's say never reaches her state.)
             await self._keep_mind()
         # Its own cells count only under the request's whole lineage: cells computed under
-        # other genes, or held for another scope, are another state (policy/kv_identity.py).
+        # other genes, or held for another scope, are another state (vocabulary/kv_identity.py).
         lineage = (genes, scope)
         raw = common_prefix(self.kv_tokens, prompt) if self.lineage == lineage else 0
         if raw == 0 and self.kv_tokens and self.lineage != lineage:

@@ -18,9 +18,10 @@ from actord.serving.checkpoint_budget import AdmitCheckpoint, Decision, SlotChec
 from actord.serving.gene_residency import EvictDone, Finish as GeneFinish, SlotFootprint
 from actord.serving.messages import Cells, SlotInbox
 from actord.engine import jobs as J
-from actord.service.errors import ActordError, PageRamExceeded, SlotBusy
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, PageRamExceeded, SlotBusy
+from actord.vocabulary.log import get
 from actord.policy.checkpoint_records import CheckpointSize, SlotCheckpoint
+from actord.vocabulary.metrics import Metrics
 
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from actord.serving.kernel import Actor
     from actord.serving.messages import SchedulerInbox
     from actord.serving.page_store import PageStoreInbox
-    from actord.service.metrics import Metrics
     from actord.storage.files import PageFiles
 
 log = get("actord.slot")

@@ -30,14 +30,15 @@ from actord.serving.page_store import (
     AdmitState, CancelReservation, Commit, Page, PageAdmission, Release, Return, Take,
 )
 from actord.engine import jobs as J
-from actord.service.errors import (
+from actord.vocabulary.errors import (
     ActordError, ContextFull, EngineError, ForeignPage, GenesMissing, InvalidParams, PageDoesNotFit, SlotBusy,
     SlotEmpty,
 )
-from actord.service.log import get
+from actord.vocabulary.log import get
 from actord.policy.checkpoint_placement import Divergence
 from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
 from actord.storage.pagefile import PageImage, StoredGene
+from actord.vocabulary.metrics import Metrics
 
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from actord.serving.checkpoint_plan import CheckpointPlan
     from actord.serving.kernel import Actor
     from actord.serving.page_store import PageStoreInbox
-    from actord.service.metrics import Metrics
     from actord.storage.files import PageFiles
 
 log = get("actord.slot")

@@ -2,7 +2,7 @@
 spills as its own part plus a reference to a content-addressed base file, so minds that open
 alike hold their common prefix on disk once.
 
-Key: the one identity of a KV state (policy/kv_identity.py), hashed: the model fingerprint
+Key: the one identity of a KV state (vocabulary/kv_identity.py), hashed: the model fingerprint
 a page file records (weights digest, shapes) and the state's layout (V transposition, cache
 types), the gene set by content (each gene's file digest and scale, sorted; never a
 load-order id), the scope, and the base's tokens. Equal keys mean equal state. A page whose

@@ -47,11 +47,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from actord.service.errors import (
+from actord.vocabulary.errors import (
     FileNotFound, FileReadTimeout, FileTooLarge, InvalidParams, NotARegularFile, Overloaded, PathRefused,
 )
-from actord.service.log import get
-from actord.storage.paths import check_part
+from actord.vocabulary.log import get
+from actord.vocabulary.names import check_part
 
 log = get("actord.clientfiles")
 

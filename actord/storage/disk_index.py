@@ -27,7 +27,8 @@ from typing import Callable, Iterator
 
 from actord.storage.osfs import OsFs
 from actord.storage.pagefile import SUFFIXES
-from actord.storage.paths import LOCK_NAME, MAX_DEPTH, MIND_FILE_SUFFIX, RESERVED_PREFIX
+from actord.storage.paths import LOCK_NAME, MAX_DEPTH, RESERVED_PREFIX
+from actord.vocabulary.names import MIND_FILE_SUFFIX
 
 _SIDECARS = tuple(s for s in SUFFIXES if s)
 

@@ -21,8 +21,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 import msgspec
 
-from actord.service.errors import ActordError, CorruptPageFile, FileNotFound, PageDiskExceeded
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, CorruptPageFile, FileNotFound, PageDiskExceeded
+from actord.vocabulary.log import get
 from actord.storage import bases as B
 from actord.storage.disk_index import DiskIndex, scan
 from actord.storage.osfs import OsFs
@@ -64,7 +64,7 @@ class PageFiles:
         # notes it learns, with no disk access (and nothing a trace would see differ from
         # run to run, as a stat's times would), whether the file changed since.
         self.versions: dict[str, int] = {}
-        self.metrics = metrics  # actord.service.metrics.Metrics, or None (a bare PageFiles)
+        self.metrics = metrics  # actord.vocabulary.metrics.Metrics, or None (a bare PageFiles)
         # Base files (storage/bases.py): a page on a base spills as its part + a reference.
         self.share_bases = share_bases
         self.refs = B.BaseRefs()

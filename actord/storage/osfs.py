@@ -43,7 +43,7 @@ from typing import Callable, Literal, TypeVar
 
 T = TypeVar("T")
 
-from actord.service.errors import StorageError
+from actord.vocabulary.errors import StorageError
 
 Buffer = bytes | bytearray | memoryview
 

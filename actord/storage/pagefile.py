@@ -50,8 +50,8 @@ from typing import Any, NamedTuple
 import msgspec
 
 from actord.policy.checkpoint_records import StoredCheckpoint
-from actord.service.errors import CorruptPageFile, FileNotFound
-from actord.service.log import get
+from actord.vocabulary.errors import CorruptPageFile, FileNotFound
+from actord.vocabulary.log import get
 from actord.storage.osfs import Buffer, OsFs
 
 log = get("actord.storage")

@@ -22,10 +22,10 @@ folder is out of scope (that user can already rewrite the page files).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path, PurePosixPath
 
-from actord.service.errors import PathRefused
+from actord.vocabulary.errors import PathRefused
+from actord.vocabulary.names import LONGEST_SIDECAR, MAX_FILE_PART, check_part
 
 # Names the publisher keeps for itself inside the page folder.
 RESERVED_PREFIX = ".actord-"
@@ -33,43 +33,7 @@ LOCK_NAME = ".actord.lock"
 
 
 MAX_DEPTH = 4
-MAX_PART = 128
 MAX_NAME = 512
-_PART = re.compile(r"[A-Za-z0-9_@+][A-Za-z0-9_@+.\-]*")
-CHARSET = "ASCII letters, digits and _ @ + . - (not first: . or -)"
-
-
-def check_part(part: str) -> str | None:
-    """Why `part` is not one name component, or None when it is."""
-    if not isinstance(part, str) or not part:
-        return "empty name"
-    if len(part) > MAX_PART:
-        return f"a component is over {MAX_PART} characters"
-    if not _PART.fullmatch(part):
-        return f"characters outside the set: {CHARSET}"
-    return None
-
-
-# A mind's state spills to the page file `<mind>.page` (serving/placer.py): so a mind name
-# is what a page file's last component may be, less that suffix, refused up front rather
-# than once its first spill fails.
-MIND_FILE_SUFFIX = ".page"
-# A page file is a generation of files: the name itself and sidecars `name + ".ckpt"` etc.
-# (pagefile.SUFFIXES); each must be a valid component, so a file name leaves room for them.
-LONGEST_SIDECAR = len(".ckpt")
-MAX_FILE_PART = MAX_PART - LONGEST_SIDECAR
-MAX_MIND = MAX_FILE_PART - len(MIND_FILE_SUFFIX)
-
-
-def check_mind(name: str) -> str | None:
-    """Why `name` is not a mind name, or None when it is."""
-    why = check_part(name)
-    if why is None and len(name) > MAX_MIND:
-        why = (f"a mind name is at most {MAX_MIND} characters (its page file adds {MIND_FILE_SUFFIX!r} "
-               "and its sidecars up to {LONGEST_SIDECAR} more)")
-    return why
-
-
 def check_page_name(name: str) -> str:
     """An in-RAM page name (one component), or PathRefused."""
     why = check_part(name)

@@ -48,8 +48,8 @@ from typing import Callable, Iterator, TypeVar
 
 import msgspec
 
-from actord.service.errors import ActordError, CorruptPageFile, FileNotFound, PathRefused, StorageError
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, CorruptPageFile, FileNotFound, PathRefused, StorageError
+from actord.vocabulary.log import get
 from actord.storage.osfs import FileLock, OsFs
 from actord.storage.pagefile import SUFFIXES, PageImage, encode_generation, load_generation, peek_gen_id
 from actord.storage.paths import LOCK_NAME, RESERVED_PREFIX, confine

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.step_contract import check_step, run_in_epoch
-from actord.service.errors import InvalidParams, PageDoesNotFit, SlotBusy
+from actord.vocabulary.errors import InvalidParams, PageDoesNotFit, SlotBusy
 
 
 class FakeEngine:

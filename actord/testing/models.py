@@ -23,7 +23,7 @@ tiny_lora.py, and chat_templates.py.
 
 from __future__ import annotations
 
-from actord.service.models import gemma3_270m_path
+from actord.vocabulary.models import gemma3_270m_path
 from actord.testing.chat_templates import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, TINY_CHAT_TEMPLATE
 from actord.testing.gguf_common import BOS_ID, EOS_ID, TINY_VOCAB_SIZE, UNK_ID
 from actord.testing.gguf_common import _spm_vocab  # noqa: F401  (tests read the vocab's pieces)

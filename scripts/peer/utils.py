@@ -78,7 +78,7 @@ class ServerProcess:
         self._dir = tempfile.mkdtemp(prefix="peer-", dir=TMP_DIR)
         hosts = [h.strip() for h in self.server_host.split(",")]
         http = ",".join(f"[{h}]:{self.server_port}" if ":" in h else f"{h}:{self.server_port}" for h in hosts)
-        args = [PY, "-m", "actord.frontends.cli", "serve", "--model", _gemma(), "--http", http,
+        args = [PY, "-m", "actord.cli", "serve", "--model", _gemma(), "--http", http,
                 "--socket", f"{self._dir}/a.sock",
                 "--page-dir", self.slot_save_path or f"{self._dir}/pages", "--log-level", "warning",
                 "--seed", str(self.seed)]

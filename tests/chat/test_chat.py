@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from actord.chat.messages import ChatMessage
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import ChatTemplateError
+from actord.vocabulary.errors import ChatTemplateError
 from actord.service.system import ActorSystem
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, write_tiny_llama
 from tests.frontends.test_daemon import daemon  # noqa: F401  (the fixture: `actord serve` in its own process)
@@ -88,7 +88,7 @@ async def test_a_model_without_a_template_chats_in_chatml_said_once_and_a_named_
 def test_cli_chat_reads_messages_from_stdin_and_prints_typed_errors(daemon, tmp_path):
     sock, proc = daemon
     msgs = json.dumps([{"role": "user", "content": "hello"}])
-    base = [PY, "-m", "actord.frontends.cli", "--socket", str(sock), "chat", "-n", "4"]
+    base = [PY, "-m", "actord.cli", "--socket", str(sock), "chat", "-n", "4"]
     plain = subprocess.run(base, input=msgs, capture_output=True, text=True, timeout=60)  # chatml: no template of its own
     assert plain.returncode == 0 and json.loads(plain.stdout)["message"]["role"] == "assistant"
     tpl = tmp_path / "t.jinja"
@@ -141,7 +141,7 @@ async def test_gemma3_prompt_is_the_templates_own_output_and_the_next_turn_reuse
 
 @pytest.mark.anyio
 async def test_a_chat_over_the_prompt_byte_limit_is_refused_before_rendering(chat_model, tmp_path):
-    from actord.service.errors import PromptTooLong
+    from actord.vocabulary.errors import PromptTooLong
 
     async with ActorSystem(Config(model=chat_model, slots=1, ctx=512, max_prompt_bytes=1000,
                                   page_dir=str(tmp_path))) as s:

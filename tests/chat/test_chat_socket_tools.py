@@ -9,7 +9,7 @@ import json
 import msgspec
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 from actord.testing.models import HERMES_TOOL_TEMPLATE, write_tiny_llama
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from actord.chat.template import ChatTemplate
-from actord.service.errors import ChatTemplateError
+from actord.vocabulary.errors import ChatTemplateError
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, write_tiny_llama
 
 
@@ -145,7 +145,7 @@ BOUND = 131_072
 def test_a_template_that_would_build_a_value_past_the_prompt_limit_is_refused_before_building_it(src):
     import tracemalloc
 
-    from actord.service.errors import PromptTooLong
+    from actord.vocabulary.errors import PromptTooLong
 
     tpl = ChatTemplate(src, budget=REQUEST_TEMPLATE_BUDGET_FOR_TESTS, max_bytes=BOUND)
     tracemalloc.start()
@@ -159,7 +159,7 @@ def test_a_template_that_would_build_a_value_past_the_prompt_limit_is_refused_be
 
 
 def test_a_template_that_writes_a_little_many_times_is_stopped_as_its_output_passes_the_limit():
-    from actord.service.errors import PromptTooLong
+    from actord.vocabulary.errors import PromptTooLong
 
     tpl = ChatTemplate("{% for i in range(100000) %}{{ messages[0]['content'] }}{% endfor %}",
                        budget=REQUEST_TEMPLATE_BUDGET_FOR_TESTS, max_bytes=BOUND)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.types import CompletionRequest
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.types import CompletionRequest
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from actord.service.system import ActorSystem
 from tests.waits import eventually
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.types import CompletionResult, Timings
+from actord.vocabulary.types import CompletionResult, Timings
 from actord.chat.choices import check_n, choice_seed, merge_usage, plan, with_index
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from tests.waits import eventually
 
 
@@ -60,8 +60,8 @@ class _System:
     def __init__(self, fail: int = -1, hang: bool = False) -> None:
         from types import SimpleNamespace
 
-        from actord.service.types import RequestLimits
-        from actord.service.config import Config
+        from actord.vocabulary.types import RequestLimits
+        from actord.vocabulary.config import Config
 
         self._limits, self.config = RequestLimits(), Config(model="m", max_n=8, seed=0)
         self.props = SimpleNamespace(kv_cells=1024, spec_rollback="")
@@ -93,7 +93,7 @@ class _System:
         try:
             await anyio.lowlevel.checkpoint()  # the choices run side by side, as on real slots
             if i == self.fail:
-                from actord.service.errors import ContextFull
+                from actord.vocabulary.errors import ContextFull
 
                 raise ContextFull("no cells for this choice")
             if self.hang:
@@ -107,7 +107,7 @@ class _System:
 
 
 def _req(**kw):
-    from actord.service.types import CompletionRequest
+    from actord.vocabulary.types import CompletionRequest
 
     return CompletionRequest(prompt=[1, 2, 3, 4], n_predict=5, seed=7, temperature=1.0, **kw)
 
@@ -127,7 +127,7 @@ async def test_the_fan_out_answers_by_index_with_the_prefill_on_choice_0():
 @pytest.mark.anyio
 async def test_one_failing_choice_fails_the_request_once_and_cancels_the_others():
     from actord.chat.choices import complete_choices
-    from actord.service.errors import ContextFull
+    from actord.vocabulary.errors import ContextFull
 
     s = _System(fail=1, hang=True)
     with pytest.raises(ContextFull):

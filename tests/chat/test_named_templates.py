@@ -9,7 +9,7 @@ import pytest
 
 from actord.chat.named_templates import NAMED, named
 from actord.chat.template import ChatTemplate
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 MSGS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
         {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}]

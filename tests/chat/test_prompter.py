@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 from actord.chat.messages import ChatMessage, ToolCall
 from actord.chat.prompter import ChatPrompter, ConversationKeys, TurnMemory
 from actord.engine.jobs import ChatTemplateInfo
-from actord.service.errors import NoChatTemplate
-from actord.service.types import CompletionResult, Timings
+from actord.vocabulary.errors import NoChatTemplate
+from actord.vocabulary.types import CompletionResult, Timings
 from actord.testing.models import TINY_CHAT_TEMPLATE
 
 

@@ -107,7 +107,7 @@ def test_the_families_markers_are_read_off_the_template():
     ({"fmt": "deepseek-legacy"}, "reasoning_format"), ({"mode": "maybe"}, "reasoning"),
     ({"budget": -2}, "reasoning_budget"), ({"budget": True}, "reasoning_budget")])
 def test_a_reasoning_field_out_of_range_is_refused_naming_it(fields, param):
-    from actord.service.errors import InvalidParams
+    from actord.vocabulary.errors import InvalidParams
 
     with pytest.raises(InvalidParams) as e:
         R.check(**fields)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from actord.chat.messages import ChatMessage, ChatRequest
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from actord.service.system import ActorSystem
 from tests.chat.test_reasoning import R1, TEMPLATES
 

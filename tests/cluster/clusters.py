@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import anyio
 
-from actord.service.config import ClusterConfig, Config
+from actord.vocabulary.config import ClusterConfig, Config
 
 NO_RAY = "ray is not installed: the cluster is the optional extra actord[ray] (CI installs it via the dev extra)"
 

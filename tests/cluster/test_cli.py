@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def actord(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "actord.frontends.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "actord.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

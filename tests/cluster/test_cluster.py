@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason=NO_RAY)
 from actord.cluster.client import get  # noqa: E402
 from actord.cluster.messages import Turn  # noqa: E402
 from actord.cluster.transfer import PageBlob  # noqa: E402
-from actord.service.errors import DuplicateTurn, InvalidParams, MigrationFailed, StaleEpoch  # noqa: E402
+from actord.vocabulary.errors import DuplicateTurn, InvalidParams, MigrationFailed, StaleEpoch  # noqa: E402
 from actord.storage.pagefile import PageImage  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -239,7 +239,7 @@ def test_the_router_killed_9_serves_its_socket_again_with_no_client_calling_it(c
     import socket as _socket
 
     from actord.frontends.client import Client
-    from actord.service.errors import NodeUnavailable
+    from actord.vocabulary.errors import NodeUnavailable
 
     before = client.status()["router"]
     os.kill(before["pid"], signal.SIGKILL)
@@ -261,7 +261,7 @@ def test_while_the_router_is_down_its_socket_answers_a_typed_unavailable_until_i
     surely seen; then it is started again as Ray would, and takes its socket back."""
     from actord.cluster.local import start_router
     from actord.frontends.client import Client
-    from actord.service.errors import NodeUnavailable
+    from actord.vocabulary.errors import NodeUnavailable
 
     o1 = client.turn("standin-mind", turn_req([1, 5, 9]))
     before = client.status()["router"]

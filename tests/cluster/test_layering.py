@@ -30,7 +30,7 @@ def test_nothing_outside_the_cluster_imports_it_at_module_level():
 
 
 def test_the_cluster_cli_does_not_reach_back_into_the_daemon_cli():
-    """frontends/cli.py reaches the cluster's CLI by name; what both need (Config's flags)
+    """cli.py reaches the cluster's CLI by name; what both need (Config's flags)
     lives below both, in frontends/config_flags.py: no import circle."""
     for p in (PKG / "cluster").rglob("*.py"):
-        assert not _reaches(p, "actord.frontends.cli"), p
+        assert not _reaches(p, "actord.cli"), p

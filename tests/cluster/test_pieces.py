@@ -8,7 +8,7 @@ import pytest
 from actord.cluster.directory import Directory
 from actord.cluster.fence import FenceBook
 from actord.cluster.transfer import pack, unpack
-from actord.service.errors import CorruptPageFile, DuplicateTurn, InvalidParams, StaleEpoch
+from actord.vocabulary.errors import CorruptPageFile, DuplicateTurn, InvalidParams, StaleEpoch
 from actord.policy.checkpoint_records import StoredCheckpoint
 from actord.storage.pagefile import PageImage
 
@@ -84,7 +84,7 @@ def test_a_router_restart_outlasting_the_wait_is_a_typed_unavailable():
     from ray.exceptions import ActorUnavailableError
 
     from actord.cluster.client import ClusterClient
-    from actord.service.errors import NodeUnavailable
+    from actord.vocabulary.errors import NodeUnavailable
 
     class Away:  # a router handle whose every call finds the actor restarting
         def __getattr__(self, name: str) -> "Away":

@@ -15,7 +15,7 @@ import pytest
 
 from actord.cluster.standin import StandIn, router_process_gone
 from actord.frontends.client import Client
-from actord.service.errors import NodeUnavailable
+from actord.vocabulary.errors import NodeUnavailable
 
 
 def _free_port() -> int:

@@ -10,11 +10,11 @@ import ctypes
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import backend_sampling as BS
 from actord.engine import jobs as J
 from actord.engine.llama import lib
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

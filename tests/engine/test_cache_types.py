@@ -8,7 +8,7 @@ import pytest
 
 from actord import ActorSystem, Config
 from actord.frontends.config_flags import serve_config
-from actord.service.errors import InvalidParams, PageDoesNotFit
+from actord.vocabulary.errors import InvalidParams, PageDoesNotFit
 from actord.testing.models import write_tiny_llama
 
 pytestmark = pytest.mark.anyio

@@ -9,9 +9,9 @@ import argparse
 import pytest
 
 from actord.frontends.config_flags import add_config_flags, config_from_args
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.policy.device import MARGIN_MIN, device_budget, margin, swa_budget
 
 GIB = 1 << 30

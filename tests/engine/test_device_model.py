@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.slow  # the Gemma-sized stand-in model, built and decoded

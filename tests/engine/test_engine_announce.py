@@ -19,7 +19,7 @@ import pytest
 
 from actord.engine import jobs as J
 from actord.engine.thread import EngineThread
-from actord.service.errors import EngineError
+from actord.vocabulary.errors import EngineError
 
 pytestmark = pytest.mark.anyio
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.types import CompletionRequest
+from actord.vocabulary.types import CompletionRequest
 from actord.engine import grammar as G
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 
 def test_a_pydantic_schema_with_defs_and_refs_converts():
@@ -66,15 +66,15 @@ def test_pattern_cost_multiplies_nested_quantifiers():
     assert G.pattern_cost("^[a-z]{3,8}$") <= 12
 
 
-def test_a_completion_request_turns_its_json_schema_into_its_grammar_at_check():
+def test_a_checked_completion_request_compiles_its_json_schema_into_its_grammar():
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    req = CompletionRequest(prompt=[1], json_schema=schema).check()
+    req = G.compiled(CompletionRequest(prompt=[1], json_schema=schema).check())
     assert req.json_schema is None and req.grammar == G.schema_grammar(schema)
     with pytest.raises(InvalidParams) as e:
         CompletionRequest(prompt=[1], json_schema=schema, grammar='root ::= "a"').check()
     assert e.value.data["param"] == "json_schema"
     with pytest.raises(InvalidParams) as e:
-        CompletionRequest(prompt=[1], grammar="x" * (G.MAX_GRAMMAR_BYTES + 1)).check()
+        G.compiled(CompletionRequest(prompt=[1], grammar="x" * (G.MAX_GRAMMAR_BYTES + 1)).check())
     assert e.value.data["param"] == "grammar"
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

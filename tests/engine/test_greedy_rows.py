@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.service.system import ActorSystem

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from actord.engine import jobs as J
-from actord.service.config import Config
-from actord.service.errors import PageDoesNotFit
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import PageDoesNotFit
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

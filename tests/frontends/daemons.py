@@ -25,7 +25,7 @@ class Daemon:
         self.folder = folder
         self.sock = folder / f"{name}.sock"
         self.log_path = folder / f"{name}.log"
-        self.args = [PY, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", str(ctx),
+        self.args = [PY, "-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", str(ctx),
                      "--batch", "64", "--threads", "1", "--socket", str(self.sock),
                      "--page-dir", str(folder / f"{name}-pages"), "--log-level", "info", *extra]
         with open(self.log_path, "ab") as log:
@@ -105,7 +105,7 @@ def serving_http(model: str | Path, folder: Path, *extra: str, slots: int = 2, c
     traceback, internal error or crashed actor."""
     sock = folder / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", str(slots), "--ctx", str(ctx),
+        [PY, "-m", "actord.cli", "serve", "--model", str(model), "--slots", str(slots), "--ctx", str(ctx),
          "--batch", str(batch), "--threads", "1", "--socket", str(sock), "--page-dir", str(folder / "pages"),
          "--log-level", "warning", "--http", "127.0.0.1:0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)

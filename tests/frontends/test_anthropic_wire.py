@@ -18,7 +18,7 @@ from actord.chat.tool_output import CallMade
 from actord.frontends.http.anthropic import wire as W
 from actord.frontends.http.anthropic.stream import AnthropicAnswer, error_object
 from actord.frontends.http.responses import HttpError
-from actord.service.errors import InvalidParams, PromptTooLong
+from actord.vocabulary.errors import InvalidParams, PromptTooLong
 
 
 def _req(**body) -> W.MessagesRequest:

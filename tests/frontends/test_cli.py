@@ -11,7 +11,7 @@ import json
 import msgspec
 import pytest
 
-from actord.frontends import cli
+from actord import cli
 from actord.frontends.rpc.methods import METHODS, Method
 
 

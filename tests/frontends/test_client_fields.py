@@ -20,8 +20,8 @@ from actord.chat import tools as T
 from actord.chat.messages import Tool
 from actord.frontends.http.app import HttpFront
 from actord.frontends.http.openai import wire as O
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from tests.frontends.test_openai_http import KEY, front_on_tiny, openai_client
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ from actord.engine.grammar import schema_grammar
 from actord.frontends.http.degraded import Degraded, Folds, fold
 from actord.frontends.http.openai import responses_extras as X
 from actord.frontends.http.openai.responses_api import input_messages
-from actord.service.errors import ChatTemplateError, InvalidParams
+from actord.vocabulary.errors import ChatTemplateError, InvalidParams
 from actord.testing.chat_templates import GEMMA3_CHAT_TEMPLATE
 
 RECORDED = Path(__file__).parent / "recorded"

@@ -11,11 +11,11 @@ import tomllib
 import msgspec
 import pytest
 
-from actord.frontends.cli import main
+from actord.cli import main
 from actord.frontends.config_file import read_config_file, render
 from actord.frontends.config_flags import serve_config
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 
 
 @pytest.fixture
@@ -92,10 +92,10 @@ def test_config_show_as_json(toml, capsys):
 
 def test_the_real_command_refuses_a_bad_file_before_loading_anything(toml):
     path = toml('model = "m.gguf"\nslotz = 4\n')
-    r = subprocess.run([sys.executable, "-m", "actord.frontends.cli", "serve", "--config", path],
+    r = subprocess.run([sys.executable, "-m", "actord.cli", "serve", "--config", path],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "slotz" in r.stderr and "Traceback" not in r.stderr
     missing = path + ".missing"
-    r = subprocess.run([sys.executable, "-m", "actord.frontends.cli", "serve", "--config", missing],
+    r = subprocess.run([sys.executable, "-m", "actord.cli", "serve", "--config", missing],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cannot read the config file" in r.stderr and "Traceback" not in r.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from actord.frontends.client import Client, RpcError
-from actord.service.errors import InvalidParams, PromptTooLong, SlotNotFound
+from actord.vocabulary.errors import InvalidParams, PromptTooLong, SlotNotFound
 from actord.testing.daemon import wait_until_serving
 
 PY = sys.executable
@@ -25,7 +25,7 @@ PY = sys.executable
 def daemon(tiny_model, tmp_path):
     sock = tmp_path / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "256",
+        [PY, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "256",
          "--batch", "64", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -146,7 +146,7 @@ def test_cli_verbs_reach_the_daemon(daemon):
     sock, _ = daemon
 
     def cli(*args):
-        out = subprocess.run([PY, "-m", "actord.frontends.cli", "--socket", str(sock), *args],
+        out = subprocess.run([PY, "-m", "actord.cli", "--socket", str(sock), *args],
                              capture_output=True, text=True, timeout=60)
         return out.returncode, out.stdout, out.stderr
 

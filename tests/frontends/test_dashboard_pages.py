@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from actord.frontends.http.app import HttpFront
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 KEY = "pages-key"

@@ -20,9 +20,9 @@ from actord.frontends.http.app import HttpFront
 from actord.frontends.http.native.base import error_object as native_error
 from actord.frontends.http.openai.responses_api import ResponsesAnswer
 from actord.frontends.http.responses import HttpError, error_object as openai_error, status_of
-from actord.service import errors as E
-from actord.service.config import Config
-from actord.service.metrics import Metrics
+from actord.vocabulary import errors as E
+from actord.vocabulary.config import Config
+from actord.vocabulary.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actord.service.errors import StorageError
+from actord.vocabulary.errors import StorageError
 from tests.frontends.daemons import Daemon
 
 pytestmark = pytest.mark.slow  # daemons on full and read-only page folders

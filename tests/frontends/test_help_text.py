@@ -11,10 +11,10 @@ import sys
 
 import msgspec
 
-from actord.frontends.cli import build_parser
+from actord.cli import build_parser
 from actord.frontends.config_flags import flag_help
 from actord.frontends.config_help import field_comments
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 
 
 def _help(*argv: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from actord.service.errors import FileTooLarge, InvalidParams, NotARegularFile, PathRefused, PromptTooLong, RequestTooLarge
+from actord.vocabulary.errors import FileTooLarge, InvalidParams, NotARegularFile, PathRefused, PromptTooLong, RequestTooLarge
 from tests.frontends.daemons import PY, Daemon, read_lines, read_to_eof, request
 from tests.waits import eventually, wait_until
 
@@ -461,7 +461,7 @@ def test_hundreds_of_connections_then_fds_and_rss_return_to_baseline(daemons, ti
 
 def test_cli_verbs_still_work_with_the_peer_check(daemons, tiny_model):
     d = daemons(tiny_model)
-    out = subprocess.run([PY, "-m", "actord.frontends.cli", "--socket", str(d.sock), "health"], capture_output=True,
+    out = subprocess.run([PY, "-m", "actord.cli", "--socket", str(d.sock), "health"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "ok"
 
@@ -471,7 +471,7 @@ def test_cli_verbs_still_work_with_the_peer_check(daemons, tiny_model):
 
 def test_a_chat_template_that_multiplies_a_message_past_the_prompt_limit_is_refused_before_tokenizing(
         daemons, tiny_model):
-    from actord.service.errors import PromptTooLong
+    from actord.vocabulary.errors import PromptTooLong
 
     d = daemons(tiny_model)  # ctx 4096: --max-prompt-bytes defaults to 128 KiB
     _peer_completes(d)

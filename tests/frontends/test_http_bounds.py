@@ -280,7 +280,7 @@ def test_a_refused_start_is_one_line_not_a_traceback(chat_model, tmp_path):
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     with busy:
-        out = subprocess.run([PY, "-m", "actord.frontends.cli", "serve", "--model", chat_model, "--socket", str(tmp_path / "s"),
+        out = subprocess.run([PY, "-m", "actord.cli", "serve", "--model", chat_model, "--socket", str(tmp_path / "s"),
                               "--page-dir", str(tmp_path / "p"), "--http", f"127.0.0.1:{busy.getsockname()[1]}"],
                              capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "cannot listen" in out.stderr and "Traceback" not in out.stderr, out.stderr

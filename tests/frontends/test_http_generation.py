@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from actord.service.types import CompletionResult, Timings
-from actord.service.errors import InvalidParams, PromptTooLong
+from actord.vocabulary.types import CompletionResult, Timings
+from actord.vocabulary.errors import InvalidParams, PromptTooLong
 
 KINDS = ["chat", "text", "native"]
 

@@ -9,10 +9,10 @@ import socket
 import msgspec
 import pytest
 
-from actord.service.errors import InvalidParams, PromptTooLong
+from actord.vocabulary.errors import InvalidParams, PromptTooLong
 from actord.frontends.http.openai import wire as O
 from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers, tcp_peer
-from actord.storage.paths import check_part
+from actord.vocabulary.names import check_part
 
 
 def _chat(**body) -> O.ChatCompletionRequest:
@@ -97,7 +97,7 @@ def test_a_sampling_field_out_of_range_is_a_400_naming_it(body, param):
 
 
 def test_sampling_fields_map_onto_the_completion_request():
-    from actord.service.types import CompletionRequest
+    from actord.vocabulary.types import CompletionRequest
     from actord.engine.grammar import JSON_OBJECT_GBNF
 
     f = O.sampling(_chat(logprobs=True, top_logprobs=3, logit_bias={"42": -100, "7": 2.5}, presence_penalty=0.5,
@@ -120,7 +120,7 @@ def test_sampling_fields_map_onto_the_completion_request():
 
 
 def test_logprobs_take_openai_shapes_in_answers_and_chunks():
-    from actord.service.types import CompletionResult, Timings, TokenLogprob, TopLogprob
+    from actord.vocabulary.types import CompletionResult, Timings, TokenLogprob, TopLogprob
 
     lps = [TokenLogprob(token=5, text="he", bytes=[104, 101], logprob=-0.5,
                         top=[TopLogprob(token=5, text="he", bytes=[104, 101], logprob=-0.5),
@@ -157,7 +157,7 @@ def test_a_list_of_prompts_is_several_and_a_flat_list_of_ints_is_one():
 
 
 def test_several_prompts_usage_sums_each_prompts_own():
-    from actord.service.types import CompletionResult, Timings
+    from actord.vocabulary.types import CompletionResult, Timings
 
     def r(n_prompt: int, n_out: int, cached: int = 0) -> CompletionResult:
         return CompletionResult(content="x", tokens=[1] * n_out, n_prompt_tokens=n_prompt, n_prompt_processed=n_prompt,
@@ -308,7 +308,7 @@ def test_another_uids_tcp_socket_is_that_uid():
 
 
 def test_a_front_without_key_refuses_to_start_where_peers_cannot_be_told(monkeypatch, tmp_path):
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.frontends.http import app
 
     monkeypatch.setattr(app, "check_tcp_peers", lambda host: "this platform cannot tell (test)")
@@ -323,7 +323,7 @@ def test_a_front_without_key_refuses_to_start_where_peers_cannot_be_told(monkeyp
 
 
 def test_completion_probabilities_cut_a_partial_utf8_character_as_llama_server_does():
-    from actord.service.types import TokenLogprob, TopLogprob
+    from actord.vocabulary.types import TokenLogprob, TopLogprob
     from actord.frontends.http.native.sampling import probabilities
 
     a_acute = list("á".encode())
@@ -371,7 +371,7 @@ def test_n_is_one_to_the_bound_else_a_400_naming_it(n, ok):
 
 
 def _result(text: str, stop: str, n_out: int, cached: int = 0):
-    from actord.service.types import CompletionResult, Timings
+    from actord.vocabulary.types import CompletionResult, Timings
 
     return CompletionResult(content=text, tokens=list(range(n_out)), n_prompt_tokens=10, n_prompt_processed=1,
                             n_cached=cached, slot=0, stop_reason=stop,
@@ -393,7 +393,7 @@ def test_n_results_make_one_answer_by_index_with_the_prompt_counted_once():
 
 
 def test_n_streamed_chunks_carry_their_choice_index_and_keep_offsets_apart():
-    from actord.service.types import TokenLogprob
+    from actord.vocabulary.types import TokenLogprob
 
     c = O.Chunks(True, "m", n=3)
     assert [f["choices"][0]["index"] for f in c.firsts()] == [0, 1, 2]

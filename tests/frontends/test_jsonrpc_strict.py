@@ -15,9 +15,9 @@ import msgspec
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from actord.service.types import CompletionRequest, RequestLimits
-from actord.service.config import Config
-from actord.service.errors import InvalidParams, PathRefused, PromptTooLong
+from actord.vocabulary.types import CompletionRequest, RequestLimits
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams, PathRefused, PromptTooLong
 from actord.frontends.rpc import protocol as P
 from actord.frontends.rpc.server import RpcServer
 from actord.storage.paths import check_page_name, confine
@@ -252,7 +252,7 @@ def test_page_names_have_a_stated_charset_and_depth(tmp_path):
 def test_protocol_encodes_odd_error_data_instead_of_crashing():
     from pathlib import Path
 
-    from actord.service.errors import FileNotFound
+    from actord.vocabulary.errors import FileNotFound
 
     out = json.loads(P.error_response(1, FileNotFound("x", path=Path("/a"))))
     assert out["error"]["data"] == {"type": "FileNotFound", "message": "x", "path": "/a"}

@@ -24,8 +24,8 @@ from starlette.routing import Route
 from actord.frontends.config_flags import serve_config
 from actord.frontends.http.app import HttpFront
 from actord.frontends.http.bounds import answer, canonical_head
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from tests.waits import eventually
 
 KEY = "surface-key"
@@ -248,7 +248,7 @@ def test_port_zero_with_several_addresses_is_refused():
 
 async def test_verbose_answers_carry_llama_servers_debug_object_whole_and_streamed():
     from actord.frontends.http.openai.routes import OpenAIAnswer
-    from actord.service.types import CompletionResult, Timings
+    from actord.vocabulary.types import CompletionResult, Timings
 
     class F:
         fingerprint = "b0-x"
@@ -277,7 +277,7 @@ async def test_verbose_answers_carry_llama_servers_debug_object_whole_and_stream
 
 def test_the_generation_rate_is_over_the_tokens_after_the_first():
     from actord.frontends.http.openai.answers import llama_timings
-    from actord.service.types import CompletionResult, Timings
+    from actord.vocabulary.types import CompletionResult, Timings
 
     def t(n: int) -> dict[str, Any]:
         return llama_timings(CompletionResult(content="", tokens=list(range(n)), n_prompt_tokens=2,
@@ -293,7 +293,7 @@ def test_the_generation_rate_is_over_the_tokens_after_the_first():
 
 class _System:
     def __init__(self) -> None:
-        from actord.service.metrics import Metrics
+        from actord.vocabulary.metrics import Metrics
 
         self.metrics = Metrics()
 

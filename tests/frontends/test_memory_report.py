@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from actord.frontends import cli
+from actord import cli
 from actord.frontends.client import Client
 from actord.service.memory import COMPONENTS, mallinfo, read_smaps
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
@@ -73,7 +73,7 @@ def test_stats_page_and_checkpoint_are_those_actors_counters(served):
 
 
 def test_an_unknown_stats_part_is_a_typed_refusal(served):
-    from actord.service.errors import ActordError
+    from actord.vocabulary.errors import ActordError
 
     _, c = served
     with pytest.raises(ActordError) as e:

@@ -41,7 +41,7 @@ def server(tmp_path_factory):
     write_tiny_lora(genes / "extra.gguf", str(model), seed=6)
     sock = d / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", str(model), "--slots", "2", "--ctx", "4096", "--batch", "64",
+        [PY, "-m", "actord.cli", "serve", "--model", str(model), "--slots", "2", "--ctx", "4096", "--batch", "64",
          "--threads", "1", "--socket", str(sock), "--page-dir", str(d / "pages"), "--log-level", "warning",
          "--http", "127.0.0.1:0", "--api-key", KEY, "--page-ram-bytes", str(PAGE_RAM),
          "--gene", str(genes / "default.gguf"), "--gene-dir", str(genes)],
@@ -728,7 +728,7 @@ def test_the_text_verbs_record_their_inputs_so_a_trace_replays(tmp_path):
     import anyio
     import msgspec
 
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.replay.replay import replay
     from actord.frontends.rpc.methods import METHODS
     from actord.service.system import ActorSystem

@@ -19,9 +19,9 @@ from actord.frontends.http.app import HttpFront
 from actord.frontends.http.openai import responses_api as R
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.turns import TurnContext
-from actord.service import errors as E
-from actord.service.config import Config
-from actord.service.types import DEFAULT_LIMITS
+from actord.vocabulary import errors as E
+from actord.vocabulary.config import Config
+from actord.vocabulary.types import DEFAULT_LIMITS
 from tests.frontends.test_error_statuses import KEY, FailingService
 
 CONTEXT = TurnContext(defaults=TurnDefaults(max_tokens=77), limits=DEFAULT_LIMITS, n_vocab=512, max_n=4)

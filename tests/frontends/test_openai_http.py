@@ -31,7 +31,7 @@ def _start(model: str, tmp: Path, *extra: str) -> tuple[subprocess.Popen, Path, 
     tmp.mkdir(parents=True, exist_ok=True)
     sock = tmp / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096", "--batch", "64",
+        [PY, "-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", "4096", "--batch", "64",
          "--socket", str(sock), "--page-dir", str(tmp / "pages"), "--log-level", "warning",
          "--http", "127.0.0.1:0", "--http-max-body-bytes", str(BODY_LIMIT), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -264,7 +264,7 @@ def test_a_client_that_disconnects_cancels_its_generation(front, stream):
 
 
 def test_non_loopback_address_without_a_key_is_refused_at_start(chat_model, tmp_path):
-    out = subprocess.run([PY, "-m", "actord.frontends.cli", "serve", "--model", chat_model, "--socket", str(tmp_path / "s"),
+    out = subprocess.run([PY, "-m", "actord.cli", "serve", "--model", chat_model, "--socket", str(tmp_path / "s"),
                           "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "needs --api-key" in out.stderr
 

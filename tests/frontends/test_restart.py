@@ -24,7 +24,7 @@ N_MINDS = 6
 def _start(tiny_model: str, tmp_path: Path, *flags: str) -> tuple[Path, subprocess.Popen]:
     sock = tmp_path / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "1024",
+        [PY, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "1024",
          "--batch", "64", "--threads", "1", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"),
          "--page-ram-bytes", "12000", "--log-level", "warning", *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -23,7 +23,7 @@ PY = sys.executable
 def _start(tiny_model: str, tmp_path: Path, grace: float) -> tuple[Path, subprocess.Popen]:
     sock = tmp_path / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "8192",
+        [PY, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "8192",
          "--batch", "64", "--threads", "1", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"),
          "--shutdown-grace-s", str(grace), "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -61,7 +61,7 @@ def _wait_processing(sock: Path, which=all, within: float = 30.0) -> None:  # no
 
 def _wait_refusing(sock: Path, within: float = 30.0) -> None:
     """Until a new completion is refused with ShuttingDown (the daemon got its SIGTERM)."""
-    from actord.service.errors import ShuttingDown
+    from actord.vocabulary.errors import ShuttingDown
 
     def refusing() -> bool:
         try:
@@ -163,7 +163,7 @@ def test_the_issue_9_deadlock_over_the_socket_answers_both_requests(tiny_model, 
     genes = [str(write_tiny_lora(models_dir / f"dl-lora{i}.gguf", tiny_model, seed=60 + i)) for i in range(3)]
     sock = tmp_path / "actord.sock"
     proc = subprocess.Popen(
-        [PY, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "2048", "--threads", "1",
+        [PY, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "2048", "--threads", "1",
          "--device-bytes", "330000", "--gene", genes[0], "--gene", genes[1], "--socket", str(sock),
          "--page-dir", str(tmp_path / "pages"), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

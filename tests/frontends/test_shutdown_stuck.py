@@ -49,7 +49,7 @@ def test_sigterm_ends_the_daemon_while_a_worker_is_stuck_in_a_read(tiny_model, t
     env = {**os.environ, "PYTHONPATH": f"{patch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "STUCK_MARK": str(mark)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "1",
+        [sys.executable, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "1",
          "--ctx", "512", "--batch", "64", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"),
          "--shutdown-grace-s", "0.5", "--shutdown-exit-margin-s", "2", "--log-level", "info"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

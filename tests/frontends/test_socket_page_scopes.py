@@ -22,8 +22,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from actord.frontends.rpc import server as rpc_server
 from actord.frontends.rpc.peers import Peer
 from actord.frontends.rpc.server import RpcServer
-from actord.policy.kv_identity import SCOPE_MARK, scope_of, scoped_mind
-from actord.service.config import Config
+from actord.vocabulary.kv_identity import SCOPE_MARK, scope_of, scoped_mind
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio
@@ -125,7 +125,7 @@ def test_a_trace_of_a_tenants_page_verbs_replays_as_that_tenant(tiny_model, tmp_
     tenant, so her page verbs name the same scoped pages (else the first one diverges)."""
     from actord.replay.replay import replay_file
     from actord.service import tenancy
-    from actord.service.trace import Input, read_trace
+    from actord.vocabulary.trace import Input, read_trace
 
     trace = tmp_path / "trace.jsonl"
     cfg = Config(model=tiny_model, slots=2, ctx=256, batch=64, threads=1, page_dir=str(tmp_path / "pages"))

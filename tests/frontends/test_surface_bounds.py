@@ -16,7 +16,7 @@ from actord.chat.tools import MAX_TOOLS
 from actord.engine.grammar import MAX_SCHEMA_BYTES
 from actord.frontends.client import Client
 from actord.frontends.http.openai.response_store import ResponseStore, Stored
-from actord.service.types import RequestLimits
+from actord.vocabulary.types import RequestLimits
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 from tests.frontends.daemons import Daemon
 

@@ -37,7 +37,7 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 
 
 def _serve_args(model: str, tmp_path, *extra: str) -> list[str]:
-    return ["-m", "actord.frontends.cli", "serve", "--model", model, "--slots", "2", "--ctx", "256",
+    return ["-m", "actord.cli", "serve", "--model", model, "--slots", "2", "--ctx", "256",
             "--batch", "64", "--threads", "1", "--page-dir", str(tmp_path / "pages"), "--log-level", "info",
             *extra]
 

@@ -1,5 +1,5 @@
 """Reuse of cells never crosses a tenant over HTTP: several API keys, each its own scope,
-and vLLM's `cache_salt` narrowing a scope further (policy/kv_identity.py,
+and vLLM's `cache_salt` narrowing a scope further (vocabulary/kv_identity.py,
 service/tenancy.py). The daemon runs as users run it, with `--api-key K1,K2` and an
 `--api-key-file`; `n_cached` (usage.prompt_tokens_details.cached_tokens) tells only what a
 request's own scope held."""

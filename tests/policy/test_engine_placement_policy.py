@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from actord.policy.cpus import choose_engine_cpus, parse_cpu_list
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from actord.frontends.config_flags import add_config_flags, config_from_args
-from actord.service.config import Config
-from actord.service.errors import InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from actord.policy.swa import choose_swa_full
 
 MB = 2**20

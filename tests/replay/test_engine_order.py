@@ -13,12 +13,12 @@ import asyncio
 import anyio
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import ShuttingDown
+from actord.vocabulary.errors import ShuttingDown
 from actord.replay.replay import replay
 from actord.replay.dispatcher import EngineOrder
-from actord.service.trace import EngineDone, digest
+from actord.vocabulary.trace import EngineDone, digest
 from actord.service.system import ActorSystem
 
 

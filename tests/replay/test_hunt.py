@@ -167,7 +167,7 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
 def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(tiny_model, sim_loras, monkeypatch):
     """Revert the eviction half of 19.2 (a failed save still erased the slot)."""
     from actord.serving.slot_memory import SlotMemory
-    from actord.service.errors import ActordError, PageRamExceeded
+    from actord.vocabulary.errors import ActordError, PageRamExceeded
 
     async def old_evict(self, reason, **kw):
         n = len(self.kv_tokens)

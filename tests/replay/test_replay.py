@@ -83,7 +83,7 @@ def test_a_planted_charge_bug_is_found_and_its_seed_reproduces(tiny_model, sim_l
 def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model, tmp_path):
     sock, trace = tmp_path / "s.sock", tmp_path / "trace.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "512",
+        [sys.executable, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "512",
          "--batch", "32", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--trace", str(trace),
          "--log-level", "warning"], stderr=subprocess.PIPE)
     try:
@@ -126,7 +126,7 @@ def test_a_daemon_trace_replays_and_an_edited_message_diverges_there(tiny_model,
 def test_a_trace_with_chat_turns_replays(models_dir, tmp_path):
     """chat records its own input (its completion is not a second input): a replay
     re-executes the chat, templates, tokenization and all."""
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.replay.replay import replay
     from actord.service.system import ActorSystem
     from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
@@ -152,7 +152,7 @@ def test_a_trace_whose_thread_work_leaves_no_event_replays(tiny_model, sim_lora,
     """A gene file read and a client's chat template run on worker threads but are no events
     of their own: the replay must wait for them (they count as in flight), not find the
     system quiet with nothing ready and report a divergence."""
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.replay.replay import replay
     from actord.service.system import ActorSystem
 
@@ -179,7 +179,7 @@ def test_a_trace_with_shared_prefixes_replays(tiny_model, tmp_path):
     the recorded run replays with no divergence."""
     sock, trace = tmp_path / "s.sock", tmp_path / "trace.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "1024",
+        [sys.executable, "-m", "actord.cli", "serve", "--model", tiny_model, "--slots", "2", "--ctx", "1024",
          "--batch", "64", "--socket", str(sock), "--page-dir", str(tmp_path / "pages"), "--trace", str(trace),
          "--log-level", "warning"], stderr=subprocess.PIPE)
     system_prompt = [1] + [3 + (i * 37) % 500 for i in range(99)]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import anyio
 
 from actord.replay.replay import replay
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
-from actord.service.trace import Deliver, EngineDone, Loop
+from actord.vocabulary.trace import Deliver, EngineDone, Loop
 
 
 def test_a_traced_run_steps_on_in_the_handler_and_its_trace_replays(tiny_model, tmp_path):

@@ -9,9 +9,9 @@ import sys
 import msgspec
 import pytest
 
-from actord.frontends.cli import main
+from actord.cli import main
 from actord.frontends.config_flags import LLAMA_SERVER_ALIASES, serve_config
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 
 
 @pytest.mark.parametrize("argv, named, suggested", [
@@ -32,7 +32,7 @@ def test_an_unknown_serve_flag_exits_non_zero_naming_it_and_the_closest_known_on
 
 
 def test_the_real_command_refuses_a_typo_before_loading_anything():
-    r = subprocess.run([sys.executable, "-m", "actord.frontends.cli", "serve", "--slotz", "4"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "actord.cli", "serve", "--slotz", "4"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "--slotz" in r.stderr and "--slots" in r.stderr and "Traceback" not in r.stderr
 
@@ -46,7 +46,7 @@ def test_llama_server_names_are_aliases_of_the_same_config_fields():
 
 
 def test_a_missing_gene_file_at_start_is_one_clear_error_without_a_traceback(tiny_model, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "actord.frontends.cli", "serve", "--model", tiny_model, "--ctx", "256",
+    r = subprocess.run([sys.executable, "-m", "actord.cli", "serve", "--model", tiny_model, "--ctx", "256",
                         "--slots", "1", "--socket", str(tmp_path / "s.sock"), "--page-dir", str(tmp_path / "p"),
                         "--gene", str(tmp_path / "missing.gguf")], capture_output=True, text=True, timeout=120)
     out = r.stdout + r.stderr
@@ -57,14 +57,14 @@ def test_a_missing_gene_file_at_start_is_one_clear_error_without_a_traceback(tin
 
 def test_the_room_left_for_sidecars_is_the_longest_sidecar():
     from actord.storage.pagefile import SUFFIXES
-    from actord.storage.paths import LONGEST_SIDECAR, MAX_MIND, MAX_PART
+    from actord.vocabulary.names import LONGEST_SIDECAR, MAX_MIND, MAX_PART
 
     assert LONGEST_SIDECAR == max(len(s) for s in SUFFIXES)
     assert MAX_MIND + len(".page") + LONGEST_SIDECAR == MAX_PART
 
 
 def test_api_keys_are_the_flags_then_the_files_and_an_unreadable_or_empty_file_is_a_typed_error(tmp_path):
-    from actord.service.errors import InvalidParams
+    from actord.vocabulary.errors import InvalidParams
 
     f = tmp_path / "keys"
     f.write_text("# one a line\nb\n\n  a \n")

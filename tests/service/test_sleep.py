@@ -7,11 +7,11 @@ import anyio
 import pytest
 
 from actord.engine import jobs as J
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.sleep import IdleClock
 from actord.service.system import ActorSystem
 from actord.testing.fake_engine import FakeEngine
-from actord.service.errors import SlotBusy
+from actord.vocabulary.errors import SlotBusy
 from tests.waits import eventually, wait_until
 
 

@@ -13,8 +13,8 @@ def test_text_verbs_record_the_socket_inputs_and_replay(models_dir, tmp_path):
     from actord.chat.messages import ChatMessage
     from actord.frontends.rpc.methods import ApplyTemplateParams, DetokenizeParams, NoParams, TokenizeParams
     from actord.replay.replay import replay
-    from actord.service.config import Config
-    from actord.service.errors import PromptTooLong
+    from actord.vocabulary.config import Config
+    from actord.vocabulary.errors import PromptTooLong
     from actord.service.system import ActorSystem
     from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 

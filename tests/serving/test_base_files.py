@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 from actord.storage import bases as B
 from actord.storage.osfs import Fault, FaultyFs, SimulatedCrash

@@ -12,8 +12,8 @@ from actord.serving.kernel import Dispatcher
 from actord.serving.buffer_pool import PAGE, BufferPool, buffer_of, capacity_for, fits
 from actord.serving.page_store import Page, PageStore
 from actord.engine.jobs import HostBuffer
-from actord.service.errors import PageNotFound, PageRamExceeded
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import PageNotFound, PageRamExceeded
+from actord.vocabulary.metrics import Metrics
 
 
 def buf(n: int) -> HostBuffer:
@@ -171,7 +171,7 @@ def test_the_pool_stays_within_the_ceiling_under_any_sequence_of_moves() -> None
 @pytest.mark.anyio
 async def test_page_moves_through_the_actors_reuse_the_buffer(tiny_model: str, tmp_path) -> None:
     """page_out, page_in, page_out again: the second page's state is in the first's buffer."""
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.service.system import ActorSystem
 
     async with ActorSystem(Config(model=tiny_model, slots=2, ctx=512, batch=64, page_dir=str(tmp_path))) as s:

@@ -19,8 +19,8 @@ import pytest
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import Cells, Ended, Enroll, Evict
 from actord.serving.scheduler import Scheduler
-from actord.service.errors import ContextFull, PageRamExceeded, SlotBusy
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import ContextFull, PageRamExceeded, SlotBusy
+from actord.vocabulary.metrics import Metrics
 from actord.testing.fake_engine import FakeEngine
 
 N_CTX = 256

@@ -11,7 +11,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 from tests.waits import eventually, slot_in
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

@@ -11,9 +11,9 @@ import anyio
 import pytest
 
 from actord.serving.messages import Info
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import ActorFailed, EngineError, InvalidParams, PromptTooLong, SlotNotFound, WrongThread
+from actord.vocabulary.errors import ActorFailed, EngineError, InvalidParams, PromptTooLong, SlotNotFound, WrongThread
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from actord.serving.kernel import Actor, Dispatcher
-from actord.service.config import Config
-from actord.service.errors import (
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import (
     ActordError, AskCycle, AskOrderViolated, AskTimeout, ContextFull, DeviceBudgetExceeded, FileNotFound, InternalError,
     ShuttingDown,
 )

@@ -13,8 +13,8 @@ import pytest
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import Ended, Enroll
 from actord.serving.scheduler import Scheduler
-from actord.service.errors import EngineTimeExceeded
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import EngineTimeExceeded
+from actord.vocabulary.metrics import Metrics
 from tests.serving.test_busy_victim import InlineEngine
 
 STEP_MS = 1000.0

@@ -13,8 +13,8 @@ import errno
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import ContextFull, StorageError
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ContextFull, StorageError
 from actord.storage.osfs import Fault, FaultyFs
 from actord.service.system import ActorSystem
 from tests.waits import eventually
@@ -128,7 +128,7 @@ async def test_device_pressure_does_not_evict_a_mind_that_has_nowhere_durable_to
     """A gene load needs device room that only an idle mind's slot can give; its state has no
     durable place to go: the slot refuses once, is not asked again and again, and the load is
     refused (DeviceBudgetExceeded) with the mind whole."""
-    from actord.service.errors import DeviceBudgetExceeded
+    from actord.vocabulary.errors import DeviceBudgetExceeded
     from actord.testing.models import write_tiny_lora
 
     lora = str(write_tiny_lora(models_dir / "disk-lora.gguf", tiny_model, seed=41))

@@ -14,11 +14,11 @@ import pytest
 
 from actord.serving.checkpoint_budget import AdmitCheckpoint
 from actord.serving.gene_residency import Finish as GeneFinish
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.engine.step import Stepper
-from actord.service.errors import ActordError, EngineError, InternalError
+from actord.vocabulary.errors import ActordError, EngineError, InternalError
 from actord.service.system import ActorSystem
 from tests.waits import eventually
 

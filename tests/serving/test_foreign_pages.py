@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import ForeignPage
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ForeignPage
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import GeneInUse, GeneIsDefault, GeneNotFound
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import GeneInUse, GeneIsDefault, GeneNotFound
 from actord.service.system import ActorSystem
 from tests.waits import eventually, slot_in
 

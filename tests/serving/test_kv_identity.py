@@ -1,4 +1,4 @@
-"""One identity for every KV state (policy/kv_identity.py): cells are reused only under the
+"""One identity for every KV state (vocabulary/kv_identity.py): cells are reused only under the
 whole key (the gene set by content, the tenant scope, the tokens), so sharing never changes
 output and never crosses a tenant.
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import GenesMissing, InvalidParams
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import GenesMissing, InvalidParams
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

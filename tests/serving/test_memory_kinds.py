@@ -15,7 +15,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio
@@ -212,7 +212,7 @@ class _FailsAfterDecode:
     def make(cls, config: Config):
         from actord.engine.engine import Engine
         from actord.engine.step import Stepper
-        from actord.service.errors import EngineError
+        from actord.vocabulary.errors import EngineError
 
         class S(Stepper):
             def _step(self, job):
@@ -228,7 +228,7 @@ class _FailsAfterDecode:
 async def test_after_a_step_failed_past_what_the_slot_knows_the_slot_serves_right(kind, model, tmp_path):
     """Attention memory is cut back to the tokens the slot knows; recurrent and hybrid memory
     refuse that cut, so the sequence is erased (never a token list that is not its state)."""
-    from actord.service.errors import EngineError
+    from actord.vocabulary.errors import EngineError
 
     async with ActorSystem(cfg(model, tmp_path), engine_factory=_FailsAfterDecode.make) as s:
         first = await turn(s, 0, LONG[:200], n=4)

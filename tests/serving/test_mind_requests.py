@@ -6,8 +6,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import SlotBusy
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import SlotBusy
 from actord.service.system import ActorSystem
 from tests.waits import eventually
 
@@ -88,7 +88,7 @@ async def test_a_mind_whose_page_file_is_corrupt_is_refused_once_and_starts_fres
 
 @pytest.mark.parametrize("n", [118, 119, 124, 128])
 async def test_a_mind_name_too_long_for_its_page_file_is_refused_up_front(tiny_model, tmp_path, n):
-    from actord.service.errors import InvalidParams
+    from actord.vocabulary.errors import InvalidParams
 
     cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path), page_ram_bytes=0)
     async with ActorSystem(cfg) as s:
@@ -140,7 +140,7 @@ async def test_an_unnamed_request_is_refused_rather_than_write_over_a_mind_with_
     her slot is refused, typed, and she keeps her slot and every token."""
     import errno
 
-    from actord.service.errors import StorageError
+    from actord.vocabulary.errors import StorageError
     from actord.storage.osfs import Fault, FaultyFs
 
     cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path), page_ram_bytes=0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from actord.engine import jobs as J
-from actord.service.config import Config
-from actord.service.errors import CorruptPageFile, EngineError, PageRamExceeded
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import CorruptPageFile, EngineError, PageRamExceeded
 from actord.service.system import ActorSystem
 from actord.storage.pagefile import MAIN, PageImage, decode_main, encode_generation
 

@@ -9,8 +9,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from actord.serving.kernel import Dispatcher
 from actord.serving.page_store import Page, PageStore
-from actord.service.errors import PageNotFound, PageRamExceeded
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import PageNotFound, PageRamExceeded
+from actord.vocabulary.metrics import Metrics
 
 NAMES = st.sampled_from(["a", "b", "c"])
 CEILING = 1000

@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine.llama import lib
 from actord.service.system import ActorSystem
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import CorruptPageFile, FileNotFound, PageNotFound, PathRefused
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import CorruptPageFile, FileNotFound, PageNotFound, PathRefused
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +90,7 @@ async def test_corrupt_or_missing_files_are_typed_and_the_system_serves_on(tiny_
 
 
 async def test_restoring_a_file_saved_from_another_model_is_refused(tiny_model, tiny_swa_model, tmp_path):
-    from actord.service.errors import ForeignPage
+    from actord.vocabulary.errors import ForeignPage
 
     async with ActorSystem(cfg(tiny_swa_model, tmp_path)) as s:
         await _turn(s, 0, PROMPT)
@@ -104,7 +104,7 @@ async def test_restoring_a_file_saved_from_another_model_is_refused(tiny_model, 
 async def test_a_restore_holds_its_cells_first_as_a_page_in_does(tiny_model, tmp_path):
     """The file's header says how many cells it needs; they are made free (an idle slot's
     cache goes) and held for the move, so the scheduler never counts more than the cache."""
-    from actord.service.config import Config
+    from actord.vocabulary.config import Config
     from actord.service.system import ActorSystem
 
     cfg = Config(model=tiny_model, slots=2, ctx=256, batch=64, page_dir=str(tmp_path))

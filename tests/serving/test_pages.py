@@ -5,9 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import EngineError, PageDoesNotFit, PageNotFound, PageRamExceeded, SlotBusy, SlotEmpty
+from actord.vocabulary.errors import EngineError, PageDoesNotFit, PageNotFound, PageRamExceeded, SlotBusy, SlotEmpty
 from actord.service.system import ActorSystem
 from tests.waits import eventually, slot_in
 
@@ -79,7 +79,7 @@ async def test_a_page_out_whose_commit_fails_puts_the_taken_state_back(tiny_mode
     """page_out's copy also removes the sequence (one engine round trip): should the store
     then refuse the page, the state goes back into the slot from the copy, bit for bit."""
     from actord.serving.page_store import Commit
-    from actord.service.errors import InvalidParams
+    from actord.vocabulary.errors import InvalidParams
 
     async with ActorSystem(cfg(tiny_model)) as s:
         first = await _turn(s, 0, PROMPT)

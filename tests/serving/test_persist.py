@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio
@@ -125,7 +125,7 @@ async def test_page_list_and_memory_answer_a_page_of_minds_at_a_time(tiny_model,
 
 async def test_under_a_disk_budget_the_least_recently_used_minds_files_go_and_a_spill_too_large_is_refused(
         tiny_model, tmp_path):
-    from actord.service.errors import PageDiskExceeded
+    from actord.vocabulary.errors import PageDiskExceeded
 
     history = _history()
     async with ActorSystem(_cfg(tiny_model, tmp_path / "a", page_disk_bytes=20_000, write_behind_s=0)) as s:

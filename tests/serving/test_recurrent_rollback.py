@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.engine.llama import lib

@@ -8,8 +8,8 @@ from anyio.from_thread import start_blocking_portal
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from actord.service.config import Config
-from actord.service.errors import DeviceBudgetExceeded, GeneInUse
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import DeviceBudgetExceeded, GeneInUse
 from actord.service.system import ActorSystem
 from tests.waits import eventually
 

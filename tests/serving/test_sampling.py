@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

@@ -21,10 +21,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
-from actord.service.errors import SpecUnsupported
+from actord.vocabulary.errors import SpecUnsupported
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

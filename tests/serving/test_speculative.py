@@ -21,9 +21,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.service.errors import DraftVocabMismatch, PageRamExceeded, SpecUnsupported
+from actord.vocabulary.errors import DraftVocabMismatch, PageRamExceeded, SpecUnsupported
 from actord.service.system import ActorSystem
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from actord.engine import jobs as J
-from actord.service.types import ThoughtBudget
+from actord.vocabulary.types import ThoughtBudget
 from actord.serving.steps.core import SchedulerCore
 from actord.serving.steps.records import Delta, Finished
 from actord.serving.steps.thought import Thought, _advance, _char_complete

@@ -8,9 +8,9 @@ import contextlib
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.service.system import ActorSystem
-from actord.service.trace import Deliver
+from actord.vocabulary.trace import Deliver
 from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio

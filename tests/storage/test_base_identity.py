@@ -1,4 +1,4 @@
-"""A base file's key is the one identity of a KV state (storage/bases.py, policy/kv_identity.py):
+"""A base file's key is the one identity of a KV state (storage/bases.py, vocabulary/kv_identity.py):
 the model and its state's layout, the gene set by content (digest and scale, sorted, never a
 load-order id), the scope and the tokens; and a new mind finds a base file only under all of it."""
 

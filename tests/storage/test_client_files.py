@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actord.service.errors import (
+from actord.vocabulary.errors import (
     FileNotFound, FileReadTimeout, FileTooLarge, InvalidParams, NotARegularFile, Overloaded, PathRefused,
 )
 from actord.storage.clientfiles import ByteBudget, ClientFiles, read_fd_bounded

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from actord.service.errors import FileNotFound, PageDiskExceeded, StorageError
-from actord.service.metrics import Metrics
+from actord.vocabulary.errors import FileNotFound, PageDiskExceeded, StorageError
+from actord.vocabulary.metrics import Metrics
 from actord.storage.disk_index import scan
 from actord.storage.files import PageFiles
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash

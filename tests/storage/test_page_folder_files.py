@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from actord.service.config import Config
-from actord.service.errors import StorageError
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import StorageError
 from actord.service.system import ActorSystem
 from actord.storage.osfs import OsFs
 

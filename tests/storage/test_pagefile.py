@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actord.service.errors import CorruptPageFile, FileNotFound, StorageError
+from actord.vocabulary.errors import CorruptPageFile, FileNotFound, StorageError
 from actord.storage import pagefile as pf
 from actord.storage.osfs import Fault, FaultyFs, OsFs
 from actord.policy.checkpoint_records import StoredCheckpoint

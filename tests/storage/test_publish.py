@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actord.service.errors import CorruptPageFile, FileNotFound, PathRefused, StorageError
+from actord.vocabulary.errors import CorruptPageFile, FileNotFound, PathRefused, StorageError
 from actord.storage import pagefile as pf
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
 from actord.policy.checkpoint_records import StoredCheckpoint

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from actord.service.config import Config
+from actord.vocabulary.config import Config
 from actord.engine import jobs as J
 from actord.engine.engine import Engine, run_job
 from actord.engine.thread import EngineThread
-from actord.service.errors import ActordError
+from actord.vocabulary.errors import ActordError
 from actord.testing.fake_engine import FakeEngine
 
 JOBS = [

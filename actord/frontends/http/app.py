@@ -58,8 +58,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service import tenancy
-from actord.service.config import Config, http_addresses, is_loopback, split_names
-from actord.service.errors import ActordError, InvalidParams
+from actord.vocabulary.config import Config, http_addresses, is_loopback, split_names
+from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
 from actord.frontends.http.shares import Shares
@@ -73,7 +73,7 @@ from actord.frontends.http.openai.routes import OpenAIRoutes
 from actord.frontends.http.openai.responses_api import Responses
 from actord.frontends.http.vertex import Vertex
 from actord.frontends.http.responses import ClientGone, HttpError, Silent, error_response, json_response
-from actord.service.log import get
+from actord.vocabulary.log import get
 from actord.service.protocol import Service
 from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers
 

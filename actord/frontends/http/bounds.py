@@ -68,7 +68,7 @@ from typing import Any, Callable
 import msgspec
 
 from actord.frontends.http.openai import wire as O
-from actord.service.log import get
+from actord.vocabulary.log import get
 from actord.frontends.rpc.peers import PeerPolicy, tcp_peer
 
 log = get("actord.frontends.http")

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from actord.frontends.http.degraded import HEADER as DEGRADED
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.responses import json_response
-from actord.service.config import split_names
-from actord.service.log import get
+from actord.vocabulary.config import split_names
+from actord.vocabulary.log import get
 
 if TYPE_CHECKING:
     from actord.frontends.http.app import HttpFront

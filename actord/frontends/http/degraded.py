@@ -30,8 +30,8 @@ import msgspec
 from actord.chat.folding import merge_runs, merge_systems, runs, stray_systems
 from actord.chat.messages import ChatMessage, Tool
 from actord.chat.schema_relax import relaxed
-from actord.service.errors import ActordError
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, ChatTemplateError
+from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
 
@@ -139,8 +139,6 @@ async def probe_folds(service: Any) -> Folds:
     A template that cannot render at all (none, or broken) folds nothing: the turn itself
     reports that; nor does a service that renders no templates here (the cluster's router,
     whose nodes render)."""
-    from actord.service.errors import ChatTemplateError
-
     if not hasattr(service, "apply_template"):
         return Folds()
 

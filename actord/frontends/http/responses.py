@@ -11,7 +11,7 @@ which stop string ended a completion (llama-server's `stopping_word`, Anthropic'
 `stop_sequence`).
 
 `status_of` is the one HTTP status of an error, whichever API answers it: the error's own
-`http_status` (actord/service/errors.py), except that a refused file or page name is 400, as
+`http_status` (actord/vocabulary/errors.py), except that a refused file or page name is 400, as
 llama-server answers "Invalid filename". An API shapes only its body around that status
 (OpenAI's here, Anthropic's in anthropic/stream.py, llama-server's in native/base.py), so a
 client that branches on the status (retry on 503, shorten on 400) branches alike on each.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from starlette.responses import Response
 
-from actord.service.errors import ActordError, PathRefused
+from actord.vocabulary.errors import ActordError, PathRefused
 
 if TYPE_CHECKING:
     from actord.service.protocol import Service

@@ -54,10 +54,10 @@ import anyio
 import msgspec
 from starlette.responses import Response
 
-from actord.service.errors import ActordError
+from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
 from actord.frontends.http.responses import HttpError, json_response
-from actord.service.log import get
+from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
 

@@ -30,8 +30,8 @@ from actord.chat.defaults import TurnDefaults, turn_defaults
 from actord.chat.messages import ChatMessage, ChatRequest
 from actord.chat.turn import precheck
 from actord.frontends.http.degraded import Degraded, fold_for
-from actord.service.config import split_names
-from actord.service.types import RequestLimits
+from actord.vocabulary.config import split_names
+from actord.vocabulary.types import RequestLimits
 
 
 class TurnContext(msgspec.Struct, frozen=True):

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from actord.frontends.http.native.base import NativeRoutes, error_body
 from actord.frontends.http.responses import HttpError, json_response
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 MAX_INSTANCES = 128  # llama-server's bound on one prediction request
 

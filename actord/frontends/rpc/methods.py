@@ -23,7 +23,7 @@ from actord.service.params import (  # noqa: F401  (ListParams, ... : every meth
     SlotFileParams, SlotPageParams, SlotParams, SpillParams, StatsParams, TokenizeParams,
 )
 from actord.service.protocol import Service, TokenChunk
-from actord.service.types import CompletionRequest
+from actord.vocabulary.types import CompletionRequest
 
 Handler = Callable[[Service, Any, Callable[[Any], None] | None], Awaitable[Any]]
 

@@ -48,8 +48,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actord.service.errors import InvalidParams, SocketInUse
-from actord.service.log import get
+from actord.vocabulary.errors import InvalidParams, SocketInUse
+from actord.vocabulary.log import get
 
 log = get("actord.frontends.rpc")
 

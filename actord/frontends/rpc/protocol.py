@@ -16,7 +16,7 @@ What the specification asks, and where it is done here:
   bug in the daemon). JSON that is not a request is an Invalid Request (-32600) with the id
   recovered when it is a valid one, else null.
 - Every error object's `data.type` names its type (ParseError, InvalidRequest,
-  MethodNotFound, InvalidParams or an `actord.service.errors` class).
+  MethodNotFound, InvalidParams or an `actord.vocabulary.errors` class).
 
 `params` stays `msgspec.Raw` until the method is known, then decodes straight into that
 method's typed params Struct.
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from actord.service.errors import ActordError, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from actord.vocabulary.errors import ActordError, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 
 MAX_LINE = 64 << 20  # what a *client* accepts as one response line (the daemon's own bound is Config)
 

@@ -53,11 +53,11 @@ import anyio
 import msgspec
 
 from actord.service import tenancy
-from actord.service.config import Config
-from actord.service.errors import (
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import (
     ActordError, InvalidParams, METHOD_NOT_FOUND, Overloaded, PeerRefused, RequestTooLarge, TooManyRequests,
 )
-from actord.service.log import get
+from actord.vocabulary.log import get
 from actord.service.protocol import Service
 from actord.frontends.rpc import protocol as P
 from actord.frontends.rpc.methods import METHODS

@@ -37,8 +37,8 @@ from typing import Any, Callable, Generic
 import anyio
 import msgspec
 
-from actord.service.errors import ActordError, ActorFailed, AskOrderViolated, AskTimeout, ShuttingDown
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError, ActorFailed, AskOrderViolated, AskTimeout, ShuttingDown
+from actord.vocabulary.log import get
 from actord.serving.kernel.dispatcher import Dispatcher
 from actord.serving.kernel.mailbox import Envelope, M, Reply, StreamSink
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from actord.service.errors import AskCycle
-from actord.service.log import get
+from actord.vocabulary.errors import AskCycle
+from actord.vocabulary.log import get
 from actord.serving.kernel.mailbox import Envelope
 
 if TYPE_CHECKING:

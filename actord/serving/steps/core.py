@@ -50,8 +50,8 @@ from typing import Any
 from actord.engine import jobs as J
 from actord.policy import speculation as S
 from actord.policy.prefix_index import common_prefix
-from actord.service.errors import InternalError, InvalidParams
-from actord.service.types import TokenLogprob, TopLogprob
+from actord.vocabulary.errors import InternalError, InvalidParams
+from actord.vocabulary.types import TokenLogprob, TopLogprob
 from actord.serving.steps.records import Delta, Event, Finished, GeneKey, Plan, Progress, Request, StepCheckpoint
 
 

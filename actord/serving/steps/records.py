@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actord.engine import jobs as J
-from actord.service.types import TokenLogprob
+from actord.vocabulary.types import TokenLogprob
 from actord.serving.steps.text import TextState
 from actord.serving.steps.thought import Thought
 

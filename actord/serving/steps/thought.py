@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from actord.service.types import ThoughtBudget, TokenLogprob
+from actord.vocabulary.types import ThoughtBudget, TokenLogprob
 from actord.serving.steps.text import TextState
 
 

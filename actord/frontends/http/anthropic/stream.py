@@ -23,7 +23,7 @@ import msgspec
 
 from actord.frontends.http.anthropic import wire as W
 from actord.frontends.http.responses import HttpError, json_response, status_of
-from actord.service.errors import ActordError
+from actord.vocabulary.errors import ActordError
 
 _enc = msgspec.json.Encoder()
 

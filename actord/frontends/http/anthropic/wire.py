@@ -59,7 +59,7 @@ from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage, Tool, ToolCall
 from actord.frontends.http.degraded import Degraded
 from actord.frontends.http.turns import Turn, TurnContext, mind_of
-from actord.service.errors import ActordError, InvalidParams, PromptTooLong
+from actord.vocabulary.errors import ActordError, InvalidParams, PromptTooLong
 
 
 class Text(msgspec.Struct, tag="text", tag_field="type", frozen=True):

@@ -23,7 +23,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actord.service.errors import ActordError, InvalidParams, PromptTooLong
+from actord.vocabulary.errors import ActordError, InvalidParams, PromptTooLong
 from actord.frontends.http.responses import HttpError, RouteGroup, json_response, status_of
 from actord.service.params import decode
 

@@ -50,11 +50,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.types import CompletionRequest, CompletionResult
+from actord.vocabulary.types import CompletionRequest, CompletionResult
 from actord.chat.choices import check_n
 from actord.chat.defaults import max_tokens
+from actord.engine.grammar import compiled
 from actord.service.slot_ctx import slot_n_ctx
-from actord.service.errors import ActordError, InvalidParams
+from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.native import sampling as S
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.answers import llama_timings as timings
@@ -319,11 +320,11 @@ class CompletionRoutes(NativeRoutes):
         for p in prompts:
             prompt: str | list[int] = p if isinstance(p, str) else await self._mixed(p)
             try:
-                reqs.append(msgspec.convert(dict(
+                reqs.append(compiled(msgspec.convert(dict(
                     prompt=prompt, n_predict=n, slot=slot, mind=mind, stop=stops, ignore_eos=body.ignore_eos,
                     stream=body.stream, genes=genes, return_progress=body.return_progress,
                     timings_per_token=body.timings_per_token, cache_salt=body.cache_salt, **fields),
-                    CompletionRequest).check(self.config.request_limits()))
+                    CompletionRequest).check(self.config.request_limits())))
             except msgspec.ValidationError as e:
                 raise InvalidParams(f"invalid request: {e}") from None
         settings = {

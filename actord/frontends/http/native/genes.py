@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.service.params import GeneIdParams, GenePathParams
 from actord.frontends.http.native.base import LoraRef, NativeRoutes
 from actord.frontends.http.responses import HttpError, json_response

@@ -37,7 +37,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.slot_ctx import slot_n_ctx
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.native.base import NativeRoutes, error_body
 from actord.frontends.http.native.completion import CompletionRoutes, generation_defaults

@@ -1,5 +1,5 @@
 """llama-server's sampling fields on /completion, mapped onto actord's samplers
-(actord.service.types.SamplingFields), and its token probabilities (`completion_probabilities`).
+(actord.vocabulary.types.SamplingFields), and its token probabilities (`completion_probabilities`).
 
 Why a module of its own: llama-server's fields have their own shapes and defaults
 (`logit_bias` as pairs, texts or an object, `false` for a ban; `json_schema: {}` for any
@@ -54,8 +54,8 @@ import math
 import secrets
 from typing import Any, Awaitable, Callable
 
-from actord.service.types import BAN, TokenLogprob
-from actord.service.errors import InvalidParams
+from actord.vocabulary.types import BAN, TokenLogprob
+from actord.vocabulary.errors import InvalidParams
 from actord.frontends.http.native.base import is_token
 
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P = 0.8, 40, 0.95, 0.05

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.service.slot_ctx import slot_n_ctx
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.service.params import PageParams, SlotFileParams, SlotPageParams, SlotParams, SpillParams
 from actord.frontends.http.native.base import NativeRoutes
 from actord.frontends.http.responses import HttpError, json_response

@@ -25,8 +25,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from actord.service.errors import ActordError
-from actord.service.log import get
+from actord.vocabulary.errors import ActordError
+from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
 

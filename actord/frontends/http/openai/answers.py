@@ -17,7 +17,7 @@ import secrets
 import time
 from typing import Any
 
-from actord.service.types import CompletionResult, TokenLogprob
+from actord.vocabulary.types import CompletionResult, TokenLogprob
 
 
 def finish_reason(stop_reason: str, calls: bool = False, functions: bool = False) -> str:

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 from actord.frontends.http.openai.routes import decode_body
 from actord.frontends.http.responses import RouteGroup, json_response
 

@@ -71,7 +71,7 @@ from starlette.routing import Route
 
 from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage, Tool, ToolCall
-from actord.service.errors import ActordError, InvalidParams
+from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.anonymous import AnonymousMinds, forget_past_bound
 from actord.frontends.http.openai.answers import llama_timings
@@ -83,7 +83,7 @@ from actord.frontends.http.openai.tools_wire import tools_from_openai
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import Generation
 from actord.frontends.http.turns import Turn, TurnContext, fit, fitted, mind_of
-from actord.service.types import GeneRef
+from actord.vocabulary.types import GeneRef
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
     model: str | None = None

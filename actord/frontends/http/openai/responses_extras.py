@@ -28,7 +28,7 @@ import binascii
 from typing import Any
 
 from actord.frontends.http.degraded import unrunnable
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 PREFIX = "actord-r1:"
 ENCRYPTED = "reasoning.encrypted_content"

@@ -42,8 +42,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.chat.defaults import TurnDefaults
-from actord.service.types import CompletionRequest
-from actord.service.errors import ActordError, InvalidParams, ModelNotFound
+from actord.vocabulary.types import CompletionRequest
+from actord.vocabulary.errors import ActordError, InvalidParams, ModelNotFound
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.answers import verbose_object

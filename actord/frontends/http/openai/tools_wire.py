@@ -13,7 +13,7 @@ import json
 from typing import Any, Iterable
 
 from actord.chat.messages import Tool, ToolCall
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 
 def _bad(param: str, why: str) -> InvalidParams:

@@ -66,10 +66,10 @@ from typing import Any, Mapping
 
 import msgspec
 
-from actord.service.types import GeneRef
+from actord.vocabulary.types import GeneRef
 from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage
-from actord.service.errors import ActordError, InvalidParams, PromptTooLong
+from actord.vocabulary.errors import ActordError, InvalidParams, PromptTooLong
 from actord.frontends.http.degraded import Degraded
 from actord.frontends.http.openai.tools_wire import calls_from_openai, functions_from_openai, tools_from_openai
 from actord.frontends.http.turns import Turn, TurnContext, mind_for, mind_of  # noqa: F401  (mind_for: the digest)
@@ -278,7 +278,7 @@ def response_grammar(req: _Common) -> str:
 
 
 def sampling(req: _Common, n_vocab: int) -> dict[str, Any]:
-    """The request's SamplingFields (actord.service.types) as keyword arguments: what the OpenAI
+    """The request's SamplingFields (actord.vocabulary.types) as keyword arguments: what the OpenAI
     fields ask for, checked with OpenAI's ranges (400 naming the field)."""
     if isinstance(req, ChatCompletionRequest):
         if req.logprobs not in (None, True, False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from actord.service.errors import InvalidParams
+from actord.vocabulary.errors import InvalidParams
 
 
 @functools.lru_cache(maxsize=1)  # assemble() re-hashes 250 MB on every call

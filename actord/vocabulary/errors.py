@@ -108,7 +108,7 @@ class GenesMissing(ForeignPage):
     """A page file's state was computed under genes this daemon has not loaded (named by
     content: a gene of the same load-order id is another adapter here), or under genes it
     cannot name (saved before genes were named by content): refused before anything changes,
-    never served (policy/kv_identity.py)."""
+    never served (vocabulary/kv_identity.py)."""
 
 
 class FileNotFound(ActordError):

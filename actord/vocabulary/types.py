@@ -11,6 +11,10 @@ from typing import Any
 
 import msgspec
 
+from actord.vocabulary.errors import InvalidParams, PromptTooLong
+from actord.vocabulary.kv_identity import MAX_TENANT, SCOPE_MARK, check_salt, scope_of, scoped_mind
+from actord.vocabulary.names import check_mind
+
 
 class GeneRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: int
@@ -72,8 +76,6 @@ class ThoughtBudget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return [*self.start, *self.end, *self.forced]
 
     def check(self, limits: "RequestLimits") -> None:
-        from actord.service.errors import InvalidParams
-
         toks = self.tokens
         if isinstance(self.budget, bool) or self.budget < 1:
             raise InvalidParams("thought_budget.budget is a number of tokens, >= 1", param="thought_budget")
@@ -120,7 +122,7 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     post_sampling_probs: bool = False
     grammar_triggers: list[Trigger] = []
     preserve: list[str] = []
-    # Whose cells this request may reuse (policy/kv_identity.py). `cache_salt` is the
+    # Whose cells this request may reuse (vocabulary/kv_identity.py). `cache_salt` is the
     # client's (vLLM's field): it narrows reuse to requests with the same salt. `tenant` is
     # the front's, never the client's: the socket and the HTTP front overwrite it with the
     # peer's uid or the API key's index; an embedded host may name tenants itself.
@@ -128,15 +130,10 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
     tenant: str = ""
 
     def kv_scope(self) -> str:
-        """The scope this request's cells belong to (policy/kv_identity.py `scope_of`)."""
-        from actord.policy.kv_identity import scope_of
-
+        """The scope this request's cells belong to (vocabulary/kv_identity.py `scope_of`)."""
         return scope_of(self.tenant, self.cache_salt)
 
     def check_scope(self) -> None:
-        from actord.policy.kv_identity import MAX_TENANT, check_salt
-        from actord.service.errors import InvalidParams
-
         if self.cache_salt is not None:
             why = check_salt(self.cache_salt)
             if why is not None:
@@ -153,8 +150,6 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
         return tuple(sorted(out.items()))
 
     def check_sampling(self, limits: "RequestLimits") -> None:
-        from actord.service.errors import InvalidParams
-
         self.check_scope()
         n = len(self.logit_bias)
         if n > limits.max_logit_bias:
@@ -193,15 +188,6 @@ class SamplingFields(msgspec.Struct, kw_only=True, frozen=True):
                 raise InvalidParams(f"{name}: at most {MAX_TRIGGERS} non-empty texts of at most "
                                     f"{MAX_TRIGGER_BYTES} bytes", param=name)
 
-    def with_grammar(self) -> str:
-        """The GBNF this request samples under ("" for none): its grammar, or its
-        json_schema converted (a bad schema is an InvalidParams naming json_schema)."""
-        from actord.engine.grammar import check_grammar, schema_grammar
-
-        if self.json_schema is not None:
-            return schema_grammar(self.json_schema, "json_schema")
-        return check_grammar(self.grammar) if self.grammar else ""
-
 
 class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fields=True):
     prompt: str | list[int]
@@ -226,18 +212,14 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
 
     def with_scoped_mind(self) -> "CompletionRequest":
         """This request with its mind named as the daemon keeps it under its scope
-        (policy/kv_identity.py `scoped_mind`); applied once, after the request is recorded,
+        (vocabulary/kv_identity.py `scoped_mind`); applied once, after the request is recorded,
         so a replay applies it to the same recorded request again."""
         if self.mind is None:
             return self
-        from actord.policy.kv_identity import scoped_mind
-
         scope = self.kv_scope()
         return self if not scope else msgspec.structs.replace(self, mind=scoped_mind(self.mind, scope))
 
     def check(self, limits: RequestLimits = DEFAULT_LIMITS) -> "CompletionRequest":
-        from actord.service.errors import InvalidParams, PromptTooLong
-
         if isinstance(self.prompt, str) and not self.prompt:
             raise InvalidParams("prompt is empty")
         if isinstance(self.prompt, list) and not self.prompt:
@@ -258,12 +240,7 @@ class CompletionRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknow
         check_generation(self, limits)
         if self.thought_budget is not None:
             self.thought_budget.check(limits)
-        if self.json_schema is not None:
-            # Converted once, here: the slot builds its sampler from `grammar`.
-            return msgspec.structs.replace(self, grammar=self.with_grammar(), json_schema=None)
-        if self.grammar:
-            self.with_grammar()
-        return self
+        return self  # its grammar or json_schema: engine/grammar.py `compiled`
 
 
 
@@ -272,9 +249,6 @@ def check_generation(r: Any, limits: RequestLimits) -> None:
     budget, sampling, the slot or mind), shared by `CompletionRequest.check` and a chat turn's
     precheck (actord/chat/turn.py), which runs them on the ChatRequest's own same-named
     fields before anything renders."""
-    from actord.service.errors import InvalidParams
-    from actord.storage.paths import check_mind
-
     if len(r.stop) > limits.max_stop:
         raise InvalidParams(f"{len(r.stop)} stop strings, at most {limits.max_stop}",
                             field="stop", max=limits.max_stop)
@@ -297,8 +271,6 @@ def check_generation(r: Any, limits: RequestLimits) -> None:
     if r.slot is not None and r.mind is not None:
         raise InvalidParams("name a slot or a mind, not both")
     if r.mind is not None:
-        from actord.policy.kv_identity import SCOPE_MARK, scoped_mind
-
         why = check_mind(r.mind)
         if why is None and SCOPE_MARK in r.mind:
             why = f"{SCOPE_MARK!r} is kept for the daemon's scoped names"
@@ -313,8 +285,6 @@ def check_generation(r: Any, limits: RequestLimits) -> None:
 
 def _utf8_len(s: str, field: str) -> int:
     """Bytes of `s` in UTF-8; text JSON can carry but UTF-8 cannot (a lone surrogate) is refused."""
-    from actord.service.errors import InvalidParams
-
     if s.isascii():
         return len(s)
     try:

@@ -27,7 +27,8 @@ from actord.frontends.config_flags import (
     add_config_file_flag, add_config_flags, add_serve_flags, config_from_args, unknown_flag_message,
 )
 from actord.frontends.rpc.methods import METHODS
-from actord.service.config import Config
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import ActordError
 
 # Names the verbs had before they were generated, kept so every command line still works.
 _ALIASES: dict[str, list[str]] = {
@@ -267,8 +268,6 @@ def request_of(ns: argparse.Namespace) -> tuple[str, Any]:
 def _config_of(what: str, ns: argparse.Namespace, rest: list[str], unknown: Any) -> Config | None:
     """The Config `serve` builds from the file and flags, or None with the refusal printed
     (naming the key or flag; the caller exits 2)."""
-    from actord.service.errors import ActordError
-
     if rest:  # parse_known_args (for replay/simulate) lets them through: refuse them here
         print(f"actord {what}: {unknown(rest)}", file=sys.stderr)
         return None
@@ -313,7 +312,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from actord.frontends.client import Client
-    from actord.service.errors import ActordError
 
     try:
         method, params = request_of(ns)

@@ -6,35 +6,55 @@ the environment or argv (the `aip_*` fields take their defaults from Vertex AI's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ipaddress
+import os
 
 import msgspec
 
-from actord.policy.checkpoint_select import POLICIES as CHECKPOINT_POLICIES
-from actord.policy.swa import MODES as SWA_FULL_MODES, SHARE as SWA_FULL_SHARE
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.types import RequestLimits
+
+# The names of the policies options choose (the policies themselves live in actord/policy/):
+# the names are configuration's, so a config is checked without loading any policy.
+CHECKPOINT_POLICIES = ("placement", "divergence", "oldest")  # policy/checkpoint_select.py
+SWA_FULL_MODES = ("auto", "on", "off")  # policy/swa.py
+SWA_FULL_SHARE = 0.25  # of the device budget a full SWA cache may take under "auto"
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """ "1-3,6" -> {1, 2, 3, 6} (`engine_cpus`; policy/cpus.py chooses from it); a clear
+    error for anything else."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise InvalidParams(f"engine_cpus is auto, off or a CPU list like 1-3,6 (got {text!r})",
+                                engine_cpus=text) from None
+        if a < 0 or b < a:
+            raise InvalidParams(f"engine_cpus: bad range {part!r}", engine_cpus=text)
+        cpus.update(range(a, b + 1))
+    return frozenset(cpus)
+
 
 FLASH_ATTN_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 SPEC_MODES = ("", "off", "draft", "mtp")
 CACHE_TYPES = ("f16", "q8_0", "q4_0")  # the KV cache's element types (llama-server's -ctk / -ctv)
 
-if TYPE_CHECKING:
-    from actord.service.types import RequestLimits
-
 
 def _env(name: str) -> str:
     """A Config default read from the environment: only Google Vertex AI's container
     variables (`aip_*`), which Vertex sets and no flag can."""
-    import os
-
     return os.environ.get(name, "")
 
 
 def engine_threads(threads: int) -> int:
     """What `threads` means: 0 = all CPUs this process may use but one (llama.cpp's threads
     spin, and the event loop needs a core)."""
-    import os
-
     return threads or max(1, len(os.sched_getaffinity(0)) - 1)
 
 
@@ -356,8 +376,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     allow_gid: list[int] = []  # peers whose primary gid is one of these are allowed too
 
     def validate(self) -> "Config":
-        from actord.service.errors import InvalidParams
-
         if self.slots < 1:
             raise InvalidParams("slots must be >= 1")
         if self.ctx < 16:
@@ -366,9 +384,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("piece_tile must be >= 1")
         if not 0 <= self.pipeline_depth <= 8:
             raise InvalidParams("pipeline_depth is between 1 and 8, or 0 (auto)", pipeline_depth=self.pipeline_depth)
-        from actord.policy.cpus import check_mode
-
-        check_mode(self.engine_cpus)
+        if self.engine_cpus not in ("auto", "off"):
+            parse_cpu_list(self.engine_cpus)
         if not 0 <= self.announce_within_ms <= 1000:
             raise InvalidParams("announce_within_ms is between 0 and 1000",
                                 announce_within_ms=self.announce_within_ms)
@@ -500,8 +517,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     def api_keys(self) -> list[str]:
         """Every API key the HTTP front accepts: --api-key's, comma-separated, then
         --api-key-file's, one per line (read here, once, at the front's start)."""
-        from actord.service.errors import InvalidParams
-
         keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
         if self.api_key_file:
             try:
@@ -517,8 +532,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
 
     def request_limits(self) -> "RequestLimits":
         """The bounds `CompletionRequest.check` applies, from this configuration."""
-        from actord.service.types import RequestLimits
-
         return RequestLimits(
             max_prompt_bytes=self.max_prompt_bytes or 32 * self.ctx,
             max_prompt_tokens=self.ctx // self.slots if self.ctx_per_slot else self.ctx,
@@ -539,8 +552,6 @@ def http_addresses(spec: str) -> list[tuple[str, int]]:
 
 def http_address(spec: str) -> tuple[str, int]:
     """HOST:PORT (IPv6 as [::1]:8080) -> (host, port)."""
-    from actord.service.errors import InvalidParams
-
     host, sep, port = spec.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -549,8 +560,6 @@ def http_address(spec: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host == "localhost":
         return True
     try:
@@ -595,8 +604,6 @@ class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
     log_level: str = "warning"
 
     def validate(self) -> "ClusterConfig":
-        from actord.service.errors import InvalidParams
-
         self.node.validate()
         if self.nodes < 1 or self.turns_kept < 1:
             raise InvalidParams("cluster nodes and turns_kept must be >= 1")
