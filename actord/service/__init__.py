@@ -1,4 +1,4 @@
-"""The service a host holds: the `ActorSystem` façade and the vocabulary every part speaks.
+"""The service a host holds: the `ActorSystem` façade and what it is built from (floor 5).
 
     system.py   the façade: `async with ActorSystem(config) as system`, lifecycle and typed verbs
     protocol.py the `Service` the fronts speak to (chat/host.py: `ChatHost`, what chat is given)
@@ -10,14 +10,13 @@
     text.py     the text verbs: tokenizer, chat template, embeddings
     genes.py    gene files read for `gene.load`
     introspection.py  props, health, the start-up lines, a replay's final state
-    types.py    request and result shapes (decoded and validated at the edge)
-    config.py   all configuration, one typed place
-    errors.py   one typed error per failure a caller can act on
-    log.py      structlog set-up
-    metrics.py  one Prometheus registry per system
-    models.py   where the default model comes from
-    trace.py    the trace recorder (every input and delivery; the replay package reads them)
+    memory.py   where the daemon's bytes are (`stats memory`) and its periodic care
+    persist.py  a graceful stop's persistence and the write-behind of RAM pages
+    sleep.py    an idle daemon frees its model and wakes on the next request
+    spill.py    a RAM page spilled to its page file
+    slot_ctx.py a slot's share of the context
+    tenancy.py  the tenant the front that received a request vouches for
 
-Nothing is imported here, so `actord.vocabulary.errors` can be imported from any floor
-without pulling the façade in.
+The words every floor speaks (errors, types, config, log, metrics, models, the trace
+format) are actord/vocabulary/, at the bottom. Nothing is imported here.
 """
