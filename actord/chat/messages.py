@@ -18,6 +18,23 @@ from actord.vocabulary.types import CompletionResult, GeneRef, SamplingFields
 from actord.vocabulary.errors import InvalidParams
 
 
+
+# Reasoning (actord.chat.reasoning): the modes and formats a request may name.
+REASONING_MODES = ("on", "off", "auto")
+REASONING_FORMATS = ("none", "deepseek", "auto")
+
+
+def check_reasoning(mode: str = "auto", fmt: str = "auto", budget: int | None = None) -> None:
+    """A 400 naming the first field out of its range."""
+    if mode not in REASONING_MODES:
+        raise InvalidParams(f"reasoning is one of {', '.join(REASONING_MODES)}", param="reasoning")
+    if fmt not in REASONING_FORMATS:
+        raise InvalidParams(f"reasoning_format is one of {', '.join(REASONING_FORMATS)}", param="reasoning_format")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not -1 <= budget < 2**31):
+        raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens",
+                            param="reasoning_budget")
+
+
 class Tool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One function the model may call (OpenAI's `tools[].function`)."""
 
@@ -97,9 +114,7 @@ class ChatRequest(SamplingFields, kw_only=True, frozen=True, forbid_unknown_fiel
         if self.template is not None and not self.template.strip():
             raise InvalidParams("template is empty")
         self.check_scope()
-        from actord.chat.reasoning import check
-
-        check(fmt=self.reasoning_format or "auto", budget=self.reasoning_budget)
+        check_reasoning(fmt=self.reasoning_format or "auto", budget=self.reasoning_budget)
         last = self.messages[-2:]
         if (len(last) == 2 and last[0].role == last[1].role == "assistant" and not last[1].tool_calls
                 and (self.add_generation_prompt or self.continue_final_message)):

@@ -42,12 +42,11 @@ from typing import Any
 
 import msgspec
 
-from actord.chat.host import carry
+from actord.chat.messages import check_reasoning
+from actord.chat.stream import carry
 from actord.vocabulary.errors import InvalidParams
 from actord.vocabulary.types import ThoughtBudget
 
-MODES = ("on", "off", "auto")
-FORMATS = ("none", "deepseek", "auto")
 
 
 class Markers(msgspec.Struct, frozen=True):
@@ -73,17 +72,6 @@ def markers_of(template: str | None) -> Markers | None:
     if THINK.open in template or THINK.close in template:
         return THINK
     return None
-
-
-def check(mode: str = "auto", fmt: str = "auto", budget: int | None = None) -> None:
-    """A 400 naming the first field out of its range."""
-    if mode not in MODES:
-        raise InvalidParams(f"reasoning is one of {', '.join(MODES)}", param="reasoning")
-    if fmt not in FORMATS:
-        raise InvalidParams(f"reasoning_format is one of {', '.join(FORMATS)}", param="reasoning_format")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not -1 <= budget < 2**31):
-        raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens",
-                            param="reasoning_budget")
 
 
 def thinking_enabled(mode: str, kwargs: dict[str, Any], budget: int | None) -> bool:
@@ -213,7 +201,7 @@ class ReasoningSink:
 
     def __init__(self, parser: ReasoningParser, sink: Any) -> None:
         self.parser, self.sink = parser, sink
-        self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.host.carry)
+        self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.stream.carry)
 
     def __call__(self, chunk: dict[str, Any]) -> None:
         if "progress" in chunk:  # the prompt's progress: no text to parse
@@ -292,6 +280,6 @@ def for_turn(template: str | None, mode: str, fmt: str, kwargs: dict[str, Any], 
     """A turn's reasoning from its template's source, the daemon's --reasoning and the
     request's fields (its format, budget and budget message already resolved against the
     daemon's)."""
-    check(mode, fmt, budget)
+    check_reasoning(mode, fmt, budget)
     return TurnReasoning(markers_of(template), thinking_enabled(mode, kwargs, budget), fmt, kwargs,
                          -1 if budget is None else budget, message)

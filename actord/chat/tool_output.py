@@ -23,9 +23,7 @@ import secrets
 import string
 from typing import Any
 
-import msgspec
-
-from actord.chat.host import carry
+from actord.chat.stream import CallMade, carry
 from actord.chat.messages import ToolCall
 
 # What opens a call section (free text may come before it), what closes one, and what
@@ -40,15 +38,6 @@ def new_call_id(fmt: str) -> str:
         alphabet = string.ascii_letters + string.digits
         return "".join(secrets.choice(alphabet) for _ in range(9))
     return "call_" + secrets.token_hex(12)
-
-
-class CallMade(msgspec.Struct, frozen=True):
-    """A tool call a streamed chunk completed, whole: the `index`-th call of its choice
-    (a call is sent once its JSON is complete, so a streamed answer never holds a call the
-    final parse would refuse)."""
-
-    index: int
-    call: ToolCall
 
 
 _WS = " \t\r\n"
@@ -288,7 +277,7 @@ class StreamAdapter:
 
     def __init__(self, scanner: Scanner, sink: Any) -> None:
         self.scanner, self.sink, self.n_calls = scanner, sink, 0
-        self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.host.carry)
+        self.held: dict[str, Any] = {}  # a held-back chunk's PLACED fields (actord.chat.stream.carry)
 
     def __call__(self, chunk: dict[str, Any]) -> None:
         if "progress" in chunk:  # the prompt's progress: no text to parse

@@ -15,7 +15,6 @@ renders and samples in the format the request, `--tool-format` or the template n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,20 +29,10 @@ if TYPE_CHECKING:
     from actord.engine.jobs import ChatTemplateInfo
     from actord.chat.messages import ChatRequest
     from actord.chat.prompter import ChatPrompter
-    from actord.chat.host import ChatHost, OnToken
+    from actord.chat.host import ChatHost
+    from actord.chat.stream import OnToken
 
 log = get("actord.service.system")
-
-
-@dataclass
-class ChatState:
-    """What chats keep between turns on one system, each made on first use: the prompter
-    (its turn memory), the template render threads, the tool format last logged."""
-
-    prompter: "ChatPrompter | None" = None
-    render_limiter: anyio.CapacityLimiter | None = None
-    tool_format_logged: tuple[str, str | None] | None = None
-    builtin_warned: bool = False  # the model ships no template: said once (template_info)
 
 
 def precheck(request: "ChatRequest", limits: RequestLimits) -> "ChatRequest":

@@ -385,7 +385,7 @@ class DeterministicDispatcher(Dispatcher):
         for name in sorted(self._gates):
             actor, gate = self._gates[name]
             closed = actor.drain()  # everything already queued for this actor, in arrival order
-            queue = actor._arrived
+            queue = actor.mail_queued()
             if not queue:
                 if closed:
                     self._release_actor(name, None)  # shutdown is not a choice
@@ -408,7 +408,7 @@ class DeterministicDispatcher(Dispatcher):
         gate.set()
 
     def _deliver(self, name: str, env: Envelope[Any]) -> None:
-        self._gates[name][0]._arrived.remove(env)
+        self._gates[name][0].mail_taken(env)
         self._release_actor(name, env)
 
     async def step(self) -> bool:

@@ -45,7 +45,7 @@ from typing import Any, Awaitable, Callable
 import anyio
 import msgspec
 
-from actord.chat.turn import ChatState
+from actord.chat.state import ChatState
 from actord.engine import jobs as J
 from actord.engine.jobs import ModelProps
 from actord.service.builder import Actors

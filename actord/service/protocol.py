@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from actord.chat.host import ChatHost, OnToken, TokenChunk  # noqa: F401  (the stream fronts feed)
+from actord.chat.host import ChatHost
+from actord.chat.stream import OnToken, TokenChunk  # noqa: F401  (the stream fronts feed)
 from actord.engine.jobs import ChatTemplateInfo, ModelProps
 from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 from actord.vocabulary.config import Config

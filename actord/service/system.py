@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Generic, TypeVar
 import anyio
 import msgspec
 
-from actord.chat.turn import ChatState
+from actord.chat.state import ChatState
 from actord.engine import jobs as J
 from actord.engine.engine import Engine
 from actord.engine.grammar import compiled

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from actord.chat import reasoning as R
+from actord.chat.messages import check_reasoning
 from actord.chat.template import ChatTemplate
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -110,5 +111,5 @@ def test_a_reasoning_field_out_of_range_is_refused_naming_it(fields, param):
     from actord.vocabulary.errors import InvalidParams
 
     with pytest.raises(InvalidParams) as e:
-        R.check(**fields)
+        check_reasoning(**fields)
     assert e.value.data["param"] == param

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 
 from actord.chat import tools as T
 from actord.chat.messages import ChatMessage, Tool, ToolCall
-from actord.chat.tool_output import CallMade, Scanner, StreamAdapter, new_call_id
+from actord.chat.stream import CallMade
+from actord.chat.tool_output import Scanner, StreamAdapter, new_call_id
 from actord.vocabulary.errors import InvalidParams
 from actord.vocabulary.types import Trigger
 from actord.testing.models import GEMMA3_CHAT_TEMPLATE, HERMES_TOOL_TEMPLATE, TINY_CHAT_TEMPLATE

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from actord.chat.messages import ChatMessage, ToolCall
-from actord.chat.tool_output import CallMade
+from actord.chat.stream import CallMade
 from actord.frontends.http.anthropic import wire as W
 from actord.frontends.http.anthropic.stream import AnthropicAnswer, error_object
 from actord.frontends.http.responses import HttpError

@@ -18,18 +18,24 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from actord.frontends.http.degraded import HEADER as DEGRADED
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.responses import json_response
-from actord.vocabulary.config import split_names
+from actord.vocabulary.config import Config, split_names
 from actord.vocabulary.log import get
 
-if TYPE_CHECKING:
-    from actord.frontends.http.app import HttpFront
-
 log = get("actord.frontends.http")
+
+
+class GateHost(Protocol):
+    """What a gate is given of the front (app.py `HttpFront`): its configuration, and where a
+    refusal is counted."""
+
+    config: Config
+
+    def refused(self, reason: str) -> None: ...
 
 
 # A browser's script reads only the headers an answer exposes (besides the CORS-safelisted ones).
@@ -74,7 +80,7 @@ class HostGate:
     same-origin with the daemon, so no origin check can stop it; its Host header still
     names it, as llama-server's and Jupyter's checks read it. With a key the key decides."""
 
-    def __init__(self, app: Any, front: "HttpFront") -> None:
+    def __init__(self, app: Any, front: GateHost) -> None:
         self.app, self.front = app, front
         self.allowed = frozenset(n.strip().lower().rstrip(".") for n in split_names(front.config.http_host))
         self.on = not front.config.api_key
@@ -97,7 +103,7 @@ class OriginGate:
     """Refuses browser requests from origins `--cors-origin` does not allow (see the module
     docstring); non-browser clients send no Origin header and pass."""
 
-    def __init__(self, app: Any, front: "HttpFront") -> None:
+    def __init__(self, app: Any, front: GateHost) -> None:
         self.app, self.front = app, front
         self.allowed = frozenset(front.config.cors_origin)
 
@@ -118,7 +124,7 @@ class Cors:
     """llama-server's CORS answers (the module docstring); the origin was checked by
     `OriginGate` before."""
 
-    def __init__(self, app: Any, front: "HttpFront") -> None:
+    def __init__(self, app: Any, front: GateHost) -> None:
         self.app = app
         self.preflight = [(b"access-control-allow-credentials", b"true"),
                           (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),

@@ -45,7 +45,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import msgspec
 from starlette.requests import Request
@@ -53,10 +53,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.frontends.http.responses import json_response
+from actord.vocabulary.config import Config
 
 if TYPE_CHECKING:
-    from actord.frontends.http.app import HttpFront
-    from actord.service.protocol import MemoryView
+    from actord.service.protocol import MemoryView, Service
 
 HISTORY_S = 600.0  # the plots' span: ten minutes
 MIN_INTERVAL_S = 0.5  # polls closer than this (two tabs) share one read of the system
@@ -94,8 +94,21 @@ def page_html() -> bytes:
     return files("actord.frontends.http").joinpath("dashboard.html").read_bytes()
 
 
+class DashboardHost(Protocol):
+    """What the dashboard is given of the front (app.py `HttpFront`)."""
+
+    config: Config
+    version: str
+    model_id: str
+    service: "Service"
+    mind_labels: MindLabels
+
+    def guard(self, endpoint: Callable[[Request], Awaitable[Response]], *, public: bool = False
+              ) -> Callable[[Request], Awaitable[Response]]: ...
+
+
 class Dashboard:
-    def __init__(self, front: "HttpFront") -> None:
+    def __init__(self, front: DashboardHost) -> None:
         self.front = front
         self.samples: deque[tuple[float, dict[str, float]]] = deque()
         self.seen: dict[tuple[str, str], tuple[Any, float]] = {}  # (name, tier) -> (what it was, since)

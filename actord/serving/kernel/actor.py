@@ -198,6 +198,29 @@ class Actor(Generic[M]):
         queued[first_client].overtakes = False
         return first_client
 
+    def mail_queued(self) -> "collections.abc.Sequence[Envelope[M]]":
+        """What arrived and is not delivered yet, in arrival order (after `drain`): a
+        deterministic dispatcher chooses among it (`pick`, `mail_taken`)."""
+        return self._arrived
+
+    def mail_taken(self, env: Envelope[M]) -> None:
+        """`env`, one of `mail_queued()`, is being delivered: out of the queue."""
+        self._arrived.remove(env)
+
+    async def serve_mail(self) -> None:
+        """The plain loop (kernel dispatcher's `actor_loop`): deliver in `pick` order, waiting
+        for the next arrival when none is queued, until the mailbox is closed and drained."""
+        async with self._recv:
+            while True:
+                env = self.take_next()
+                if env is None:
+                    try:
+                        self._arrived.append(await self._recv.receive())
+                    except anyio.EndOfStream:
+                        return
+                    continue
+                await self.deliver(env)
+
     def take_next(self) -> Envelope[M] | None:
         """The next envelope to deliver (taken out), or None when nothing is queued."""
         self.drain()
@@ -221,7 +244,8 @@ class Actor(Generic[M]):
         """The mailbox is closed and drained: fail what is still held with ShuttingDown."""
         self.on_crash(ShuttingDown(f"actor {self.name} stopped", actor=self.name))
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """The actor's life, started by its dispatcher (`spawn`): its start, its loop, its end."""
         try:
             await self.on_start()
             await self.dispatcher.actor_loop(self)

@@ -13,7 +13,7 @@ recorded as the loop's input, so a replay answers it the same way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -22,8 +22,17 @@ from actord.vocabulary.errors import AskCycle
 from actord.vocabulary.log import get
 from actord.serving.kernel.mailbox import Envelope
 
-if TYPE_CHECKING:
-    from actord.serving.kernel.actor import Actor
+
+class Mailed(Protocol):
+    """What a dispatcher is given of an actor (actor.py `Actor`): its name, its life to
+    start, its plain mail loop, and whether mail waits for it."""
+
+    name: str
+
+    async def run(self) -> None: ...
+    async def serve_mail(self) -> None: ...
+    def mail_waiting(self) -> bool: ...
+
 
 log = get("actord.serving")
 
@@ -31,7 +40,7 @@ log = get("actord.serving")
 # system through the dispatcher).
 ASK_BOUND_S = 600.0
 
-DeliveryHook = Callable[["Actor[Any]", Envelope[Any]], None]
+DeliveryHook = Callable[[Mailed, Envelope[Any]], None]
 EventHook = Callable[[str, dict[str, Any]], None]
 
 
@@ -84,11 +93,11 @@ class Dispatcher:
     def bind(self, tg: TaskGroup) -> None:
         self._tg = tg
 
-    def spawn(self, actor: "Actor[Any]") -> None:
+    def spawn(self, actor: Mailed) -> None:
         assert self._tg is not None, "dispatcher not bound to a task group"
-        self._tg.start_soon(actor._run, name=f"actor:{actor.name}")
+        self._tg.start_soon(actor.run, name=f"actor:{actor.name}")
 
-    def delivered(self, actor: "Actor[Any]", env: Envelope[Any]) -> None:
+    def delivered(self, actor: Mailed, env: Envelope[Any]) -> None:
         self.deliveries += 1
         env.seq = self.deliveries
         if self.hooks:
@@ -110,7 +119,7 @@ class Dispatcher:
         template): anyio.to_thread.run_sync here; a deterministic dispatcher counts it."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)
 
-    def go_on(self, actor: "Actor[Any]") -> bool:
+    def go_on(self, actor: Mailed) -> bool:
         """May `actor`, inside its handler, go on with its own loop (the scheduler's next
         step: one mailbox hop less per step) rather than tell itself to continue? Yes while
         no mail waits for it. Whether mail waits is the run's timing: a recorder writes the
@@ -123,17 +132,8 @@ class Dispatcher:
     def close_actors(self) -> None:
         """Shutdown: actor loops this dispatcher holds parked are let go (it parks none)."""
 
-    async def actor_loop(self, actor: "Actor[Any]") -> None:
-        async with actor._recv:
-            while True:
-                env = actor.take_next()
-                if env is None:
-                    try:
-                        actor._arrived.append(await actor._recv.receive())
-                    except anyio.EndOfStream:
-                        return
-                    continue
-                await actor.deliver(env)
+    async def actor_loop(self, actor: Mailed) -> None:
+        await actor.serve_mail()
 
     async def engine_done(self, job: Any, value: Any, error: BaseException | None, n: int = -1) -> None:
         """Called in the waiting task once the engine thread finished `job`, the `n`th it ran."""

@@ -136,7 +136,7 @@ class AnthropicAnswer:
             out += ev.thinking(chunk["reasoning"])
         if chunk.get("content"):
             out += ev.text(chunk["content"])
-        for made in chunk.get("calls") or []:  # actord.chat.tool_output.CallMade: the call, whole
+        for made in chunk.get("calls") or []:  # actord.chat.stream.CallMade: the call, whole
             out += ev.call(made.call)
         return out  # b"": nothing to send (message_start went, and the chunk held no text)
 

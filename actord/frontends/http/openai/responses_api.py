@@ -349,7 +349,7 @@ class ResponsesAnswer:
             data += self.events.thought(chunk["reasoning"])
         if chunk.get("content"):
             data += self.events.text(chunk["content"], t)
-        for made in chunk.get("calls") or []:  # actord.chat.tool_output.CallMade: the call, whole
+        for made in chunk.get("calls") or []:  # actord.chat.stream.CallMade: the call, whole
             data += self.events.call(made.call)
         return data  # b"": nothing to send (no text, no call)
 

@@ -78,7 +78,7 @@ def call_to_openai(c: ToolCall) -> dict[str, Any]:
 
 
 def call_deltas(calls: Iterable[Any] | None) -> list[dict[str, Any]]:
-    """A streamed chunk's CallMade events (actord.chat.tool_output) as OpenAI's `tool_calls`
+    """A streamed chunk's CallMade events (actord.chat.stream) as OpenAI's `tool_calls`
     deltas: each call whole, its header and its arguments in one delta, by its index within
     the choice."""
     return [{"index": m.index, **call_to_openai(m.call)} for m in calls or ()]
