@@ -30,5 +30,6 @@ async def test_an_ambiguous_grammar_is_cut_with_a_typed_error_and_the_slot_serve
         assert e.value.data.get("param") == "grammar"
         after = await s.complete(prompt=PROMPT, n_predict=4, slot=0)
         assert len(after.tokens) == 4
-        plain = await s.complete(prompt=PROMPT, n_predict=6, slot=1, grammar='root ::= "[" "]"')
-        assert plain.content == "[]"  # a cheap grammar is never cut
+        # (A cheap grammar under this 5 ms budget is left out: whether its mask takes 5 ms is
+        # the machine's load, and no assertion here is on time. The grammar tests run
+        # grammars under the default budget.)
