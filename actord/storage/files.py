@@ -26,7 +26,7 @@ from actord.vocabulary.log import get
 from actord.storage import bases as B
 from actord.storage.disk_index import DiskIndex, scan
 from actord.storage.osfs import OsFs
-from actord.storage.pagefile import PageImage
+from actord.storage.pagefile import PageImage, main_head, main_meta, main_n_tokens
 from actord.storage.paths import confine_file
 from actord.storage.publish import PublishStats, publish_generation, read_generation, recover_folder, remove_generation
 
@@ -243,6 +243,19 @@ class PageFiles:
             log.info("page_file.base_removed", base=key, n_bytes=freed)
         self._gauges()
 
+    def _head_of(self, name: str, parse: Callable[[bytes, str], Any]) -> Any:
+        """(On a worker.) What `parse` reads of page file `name`'s header: from its first 64
+        KiB, else the whole file (a long header); None where it says nothing, or the file is
+        gone or unreadable."""
+        try:
+            head = self.fs.read_file(self.root / name, limit=64 << 10)
+            got = None if head is None else parse(head, name)
+            if got is None and head is not None:
+                got = parse(self.fs.read_file(self.root / name) or b"", name)
+            return got
+        except ActordError:
+            return None
+
     async def sweep_bases(self) -> int:
         """After start, in the background: read every page file's header for the base it
         names, then remove the base files nobody names (a crash between a referrer's removal
@@ -252,37 +265,20 @@ class PageFiles:
         self.refs.live.clear()
         names = [n for n in self.index.files if not B.is_base(n)]
         bases = [n for n in self.index.files if B.is_base(n)]
-        root = self.root
 
         def base_heads() -> dict[str, B.BaseEntry]:
-            from actord.storage.pagefile import main_head
-
             out: dict[str, B.BaseEntry] = {}
-            for n in bases:
-                try:
-                    head = self.fs.read_file(root / n, limit=64 << 10)
-                    got = None if head is None else main_head(head, n)
-                    if got is None and head is not None:
-                        got = main_head(self.fs.read_file(root / n) or b"", n)
-                except ActordError:
-                    continue  # unreadable: no start will find it
+            for n in bases:  # unreadable: no start will find it
+                got = self._head_of(n, main_head)
                 entry = None if got is None else B.entry_of(*got)
                 if entry is not None:
                     out[B.key_of(n)] = entry
             return out
 
         def heads() -> dict[str, str | None]:
-            from actord.storage.pagefile import main_meta
-
             out: dict[str, str | None] = {}
-            for n in names:
-                try:
-                    head = self.fs.read_file(root / n, limit=64 << 10)
-                    meta = None if head is None else main_meta(head, n)
-                    if meta is None and head is not None:
-                        meta = main_meta(self.fs.read_file(root / n) or b"", n)
-                except ActordError:
-                    continue  # unreadable: no restore will ever need its base
+            for n in names:  # unreadable: no restore will ever need its base
+                meta = self._head_of(n, main_meta)
                 if meta is not None:
                     out[n] = B.referred(meta)
             return out
@@ -359,8 +355,6 @@ class PageFiles:
         """The tokens page file `name` holds, from its header alone (a restore's cells are
         held before it reads the whole file); None when there is no such file or it is too
         short to say (the restore's own read refuses it, typed)."""
-        from actord.storage.pagefile import main_n_tokens
-
         path = self.check(name)
 
         def peek() -> int | None:

@@ -255,19 +255,16 @@ class OsFs:
 
     def mkdir(self, path: Path, *, exist_ok: bool = False) -> bool:
         """Create one folder. Returns True if it was created, False if it already existed."""
-        try:
-            self._enter("mkdir", path)
+        def make() -> bool:
             try:
                 os.mkdir(path, 0o755)
-                made = True
+                return True
             except FileExistsError:
                 if not exist_ok or not os.path.isdir(path):
                     raise
-                made = False
-            self._exit("mkdir", path)
-            return made
-        except OSError as e:
-            raise _error("mkdir", path, e) from e
+                return False
+
+        return self._op("mkdir", path, make)
 
     def makedirs(self, path: Path) -> None:
         """The folder and its missing parents; one that exists is left alone (nothing is
