@@ -29,7 +29,14 @@ TOKEN_FIELDS = {"ctx": "tokens (KV cells)", "batch": "tokens", "piece_tile": "po
 def field_comments() -> tuple[dict[str, str], dict[str, str]]:
     """Config field -> its comment (trailing, else the block above it), and field -> the
     section it stands in (a one-line heading comment such as `# Pages`)."""
-    source = inspect.getsource(Config)
+    try:
+        source = inspect.getsource(Config)
+    except SystemError:
+        # CPython 3.11 keeps the AST converter's recursion count in state another thread's
+        # AST work (a template compiling on a render thread) can disturb (gh-106905, fixed in
+        # 3.12): "AST constructor recursion depth mismatch" is the interpreter's race, not
+        # the file's, so the source is read once more.
+        source = inspect.getsource(Config)
     lines = source.splitlines()
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
