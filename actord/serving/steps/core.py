@@ -119,6 +119,10 @@ class SchedulerCore:
         self.reqs[r.rid] = r
         self.by_slot[r.slot] = r.rid
         self.cells.pop(r.slot, None)
+        # A page move's room held for this slot is over once it takes a request (every move
+        # ends before the slot's next request begins); a release still on its way must not
+        # count again when the request ends (the record is the count meanwhile).
+        self.reserved.pop(r.slot, None)
 
     # -- twins: requests that arrive together with one prefix prefill it once ----------
 
