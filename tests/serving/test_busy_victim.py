@@ -76,8 +76,9 @@ class Holder(Actor[Any]):
             env.reply.send((freed, 2))
 
 
-class Slot1(Actor[Any]):
-    """Slot 1: hands the scheduler's answer on, as a slot does after its end of request."""
+class Relay(Actor[Any]):
+    """A slot as the scheduler sees it at a request's end: the answer handed on (slot 1
+    here; test_engine_time_budget.py's slots)."""
 
     async def handle(self, msg: Any, env: Envelope[Any]) -> None:
         if isinstance(msg, Ended) and env.reply is not None:
@@ -91,7 +92,7 @@ async def _run(refusal: Exception, tell_after: bool) -> tuple[Any, Holder]:
     disp = Dispatcher()
     eng = InlineEngine()
     holder = Holder(disp, N_CTX, refusal, tell_after)  # every cell: nothing runs until it gives
-    slot1 = Slot1(disp, "slot-1", 64)
+    slot1 = Relay(disp, "slot-1", 64)
     sched = Scheduler(disp, eng, [holder, slot1], n_batch=64, metrics=Metrics(), n_ctx=N_CTX, depth=1)
     holder.scheduler = sched
     result: Any = None

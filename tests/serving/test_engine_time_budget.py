@@ -10,12 +10,12 @@ import anyio
 import msgspec
 import pytest
 
-from actord.serving.kernel import Actor, Dispatcher, Envelope
-from actord.serving.messages import Ended, Enroll
+from actord.serving.kernel import Dispatcher
+from actord.serving.messages import Enroll
 from actord.serving.scheduler import Scheduler
 from actord.vocabulary.errors import EngineTimeExceeded
 from actord.vocabulary.metrics import Metrics
-from tests.serving.test_busy_victim import InlineEngine
+from tests.serving.test_busy_victim import InlineEngine, Relay
 
 STEP_MS = 1000.0
 
@@ -28,17 +28,6 @@ class SlowSteps(InlineEngine):
         if ok and hasattr(out, "t_decode_ms"):
             out = msgspec.structs.replace(out, t_decode_ms=STEP_MS)
         return ok, out
-
-
-class Relay(Actor[Any]):
-    """A slot as the scheduler sees it at a request's end: the answer handed on."""
-
-    async def handle(self, msg: Any, env: Envelope[Any]) -> None:
-        if isinstance(msg, Ended) and env.reply is not None:
-            if isinstance(env.answer, BaseException):
-                env.reply.fail(env.answer)
-            else:
-                env.reply.send(env.answer)
 
 
 async def _two_requests(budget_s: float) -> dict[str, Any]:
