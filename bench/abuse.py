@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from actord.frontends.client import Client  # noqa: E402
-from actord.testing.daemon import wait_until_serving  # noqa: E402
+from actord.testing.daemon import stop_daemon, wait_until_serving  # noqa: E402
 import _out  # noqa: E402  (bench/ is on the path: this script's folder)
 
 AMBIGUOUS = 'root ::= e\ne ::= "[" e b | "[" e c\nb ::= "]"\nc ::= "]"\n'
@@ -304,11 +304,7 @@ def main() -> None:
             _out.write("abuse", quiet_p90_ms=round(quiet * 1e3, 1), bound_ms=round(bound * 1e3, 1), rows=rows,
                        model=Path(model).name, quick=args.quick)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_daemon(proc)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import anyio  # noqa: E402
 
 from actord.frontends.client import Client  # noqa: E402
-from actord.testing.daemon import wait_until_serving  # noqa: E402
+from actord.testing.daemon import stop_daemon, wait_until_serving  # noqa: E402
 
 
 def start_daemon(model: str, folder: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
@@ -149,11 +149,7 @@ def main() -> None:
                 "control_answers": dict(counts), "control_per_s": round(sum(counts.values()) / wall, 1),
             }, indent=1))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_daemon(proc)
 
 
 if __name__ == "__main__":

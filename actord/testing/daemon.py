@@ -1,4 +1,5 @@
-"""Waiting for a daemon started in a subprocess (benchmarks and tests start `actord serve`)."""
+"""Waiting for a daemon started in a subprocess, and stopping it (benchmarks and tests start
+`actord serve`)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,12 @@ def wait_until_serving(proc: subprocess.Popen, sock: Path, exited: Callable[[], 
         time.sleep(poll_s)
     proc.kill()
     raise TimeoutError("daemon did not come up")
+
+
+def stop_daemon(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
