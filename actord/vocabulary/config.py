@@ -156,7 +156,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
     # auto: on where the model runs on a GPU backend; on/off decide outright.
     backend_sampling: str = "auto"
-    # A request's grammar whose sampling costs more than this for one token (a token that
+    # A request's grammar whose sampling costs more than this much of the engine thread's CPU
+    # time for one token (a token that
     # masks the vocabulary: this per 65,536 candidates) is cut: the request ends with a 400
     # naming the grammar, and the same grammar sent again is refused before it runs
     # (engine/sampling.py `_cut_grammar`), so an ambiguous grammar, whose cost doubles
