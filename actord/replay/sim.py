@@ -317,7 +317,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         for sl in system.slots:
             # An eviction may erase a mind's sequence only once a copy is durable (or whole
             # in the page store): checked at the erase itself, inside the eviction.
-            def wrap(sl: Any = sl, evict: Any = sl.evict, erase: Any = sl.erase) -> tuple[Any, Any]:
+            def wrap(sl: Any = sl, evict: Any = sl.evict, erase: Any = sl.memory.erase) -> tuple[Any, Any]:
                 evicting: list[tuple[str | None, tuple[int, ...]]] = []
 
                 async def watched_evict(reason: str, **kw: Any) -> int:
@@ -336,7 +336,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                     await erase()
 
                 return watched_evict, watched_erase
-            sl.evict, sl.erase = wrap()
+            sl.evict, sl.memory.erase = wrap()
 
     def check() -> None:
         ps = system.pages

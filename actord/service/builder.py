@@ -33,6 +33,7 @@ from actord.serving.page_store import PageStore
 from actord.serving.placer import MindPlacer, Spill
 from actord.serving.scheduler import Scheduler
 from actord.serving.slot import Slot, SlotPeers
+from actord.serving.sequence_index import SequenceIndex
 from actord.storage.files import PageFiles
 
 log = get("actord.service.builder")
@@ -48,6 +49,7 @@ class Actors:
     residency: GeneResidency
     ckpt_budget: CheckpointBudget
     placer: MindPlacer
+    index: SequenceIndex  # what each slot's sequence holds, as the slot published it
 
     def all(self) -> list[Actor[Any]]:
         return [*self.slots, self.scheduler, self.pages, self.residency, self.ckpt_budget, self.placer]
@@ -75,7 +77,7 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
     placer = placer_class(dispatcher, slots, pages, files, spill, metrics, scheduler, kv_cells=scheduler.n_ctx,
                           n_slots=n, capacity=cap, share_bases=config.prefix_sharing)
     peers = SlotPeers(scheduler=scheduler, placer=placer, pages=pages, ckpt_budget=ckpt_budget,
-                      residency=residency, files=files, slots=slots)
+                      residency=residency, files=files, index=SequenceIndex(n))
     for i in range(n):
         ckpt = CheckpointPlan(
             policy=config.checkpoint_policy, keep=config.ctx_checkpoints, every=config.checkpoint_every,
@@ -85,7 +87,7 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
                           capacity=config.mailbox_capacity, track_footprint=device_budget > 0,
                           default_genes=default_genes, share_prefixes=config.prefix_sharing))
     return Actors(slots=slots, scheduler=scheduler, pages=pages, residency=residency, ckpt_budget=ckpt_budget,
-                  placer=placer)
+                  placer=placer, index=peers.index)
 
 
 def engine_thread(config: Config, factory: Callable[[Config], Any], dispatcher: Dispatcher) -> EngineThread:

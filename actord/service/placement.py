@@ -22,19 +22,23 @@ from actord.vocabulary.types import CompletionRequest, SlotInfo
 from actord.serving.messages import Fork, Info, MakeRoom, ReleaseRoom
 from actord.serving.room import holding_room
 from actord.serving.scheduler import Scheduler
-from actord.serving.slot import Slot, common_prefix
+from actord.serving.sequence_index import SequenceIndex
+from actord.serving.slot import Slot, gene_set
 
 log = get("actord.service.placement")
 
 
 class Placement:
     """The façade's slot moves outside the placer: it is given the slots and the scheduler
-    the system built, the requests in flight (InFlight) and the model's props."""
+    the system built, the index their sequences are published in, the requests in flight
+    (InFlight), the model's props and the system's default genes."""
 
-    def __init__(self, slots: list[Slot], scheduler: Scheduler, inflight: InFlight, props: ModelProps,
-                 ask_timeout_s: float) -> None:
+    def __init__(self, slots: list[Slot], scheduler: Scheduler, index: SequenceIndex, inflight: InFlight,
+                 props: ModelProps, ask_timeout_s: float, default_genes: list[int]) -> None:
         self.slots = slots
         self.scheduler = scheduler
+        self.index = index
+        self.default_genes = default_genes  # the system's (a shared list, filled at start)
         self.inflight = inflight
         self.props = props
         self.ask_timeout_s = ask_timeout_s
@@ -52,9 +56,10 @@ class Placement:
         # unnamed request would cost the mind its cache (its next turn would prefill again).
         idle = [i for i in idle if i.mind is None] or idle
         if isinstance(prompt, list) and idle:
+            lineage = (gene_set(self.default_genes, request), request.kv_scope())
+
             def held(i: SlotInfo) -> int:
-                s = slots[i.id]
-                return common_prefix(s.kv_tokens, prompt) if s.lineage == (s.gene_set(request), request.kv_scope()) else 0
+                return self.index.prefix_held(i.id, prompt, lineage)
 
             best = max(idle, key=lambda i: (held(i), -i.n_tokens))
             return slots[best.id]

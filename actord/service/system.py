@@ -177,8 +177,8 @@ class ActorSystem:
             self._actors = build_actors(self.config, self._props, self.dispatcher, self.engine, self.metrics,
                                         self.files, self._spill_page, self.default_genes, self.placer_class)
             c = self.config
-            self._placement = Placement(self._actors.slots, self._actors.scheduler, self.inflight,
-                                        self._props, c.ask_timeout_s)
+            self._placement = Placement(self._actors.slots, self._actors.scheduler, self._actors.index, self.inflight,
+                                        self._props, c.ask_timeout_s, self.default_genes)
             self._persister = Persister(self._actors.slots, self._actors.pages, self._spill_page, self.metrics,
                                         window_s=c.write_behind_s, threads=c.disk_threads,
                                         ask_timeout_s=c.ask_timeout_s)

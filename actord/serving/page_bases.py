@@ -24,7 +24,7 @@ keeps whole pages, as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -35,65 +35,45 @@ from actord.engine import jobs as J
 from actord.vocabulary.errors import PageDoesNotFit, PageRamExceeded
 from actord.vocabulary.log import get
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.policy.prefix_index import BLOCK, common_prefix
-from actord.vocabulary.metrics import Metrics
+from actord.policy.prefix_index import BLOCK
+from actord.serving.sequence_index import Held, SequenceIndex
+from actord.serving.slot_memory import SlotMemory
 
 if TYPE_CHECKING:
     from actord.serving.kernel import Actor
-    from actord.serving.checkpoint_plan import CheckpointPlan
     from actord.serving.page_store import PageStoreInbox
 
 log = get("actord.slot")
 
 
-class SlotPageBases:
-    """Page moves on a base (see the module docstring); a mixin of Slot, beside SlotPages."""
+class PageBases:
+    """Page moves on a base (see the module docstring): a part of a slot's page moves, given
+    the slot's memory, the sequence index and the page store."""
 
-    # Provided by Slot.
-    id: int
-    seq: int
-    engine: Any
-    props: J.ModelProps
-    pages: Actor[PageStoreInbox]
-    metrics: Metrics
-    peers: Any
-    kv_tokens: list[int]
-    genes: tuple[tuple[int, float], ...]
-    scope: str
-    lineage: tuple[tuple[tuple[int, float], ...], str]
-    base_peer_epoch: int = 0  # the peer's sequence epoch when a page-in shared its cells
-    shares_cells: Callable[[], bool]  # serving/prefix_share.py
-    ckpt: CheckpointPlan
-
-    def stands_on_bases(self) -> bool:
-        """Pages of this model can be split into a base and a rest: where the KV share's
-        rule holds (serving/prefix_share.py: sharing on, a full attention cache, so no
-        window whose old cells are gone and no recurrent state), and no draft sequence,
-        which is not split."""
-        return self.shares_cells() and not self.props.spec
+    def __init__(self, memory: SlotMemory, index: SequenceIndex, pages: Actor[PageStoreInbox]) -> None:
+        self.memory = memory
+        self.index = index
+        self.pages = pages
+        self.base_peer_epoch = 0  # the peer's sequence epoch when a page-in shared its cells
 
     def _peer_shared(self, tokens: list[int]) -> int:
-        """Tokens a peer slot's sequence shares with `tokens` (read now), or the prompt of
-        the request it runs (its sequence holds it, or will: a twin that started together
-        with this one holds nothing yet by its token list): a base ends where the two part,
-        mid-block or not, so a page on it holds only its own."""
-        def held(p: Any) -> list[int]:
-            a = p.active
-            return a.prompt if a is not None and a.enrolled and len(a.prompt) > len(p.kv_tokens) else p.kv_tokens
-
-        return max((common_prefix(held(p), tokens) for p in self.peers
-                    if p is not self and p.lineage == self.lineage), default=0)
+        """Tokens a peer slot's sequence shares with `tokens` (or the prompt of the request it
+        runs: serving/sequence_index.py): a base ends where the two part, mid-block or not, so
+        a page on it holds only its own."""
+        m = self.memory
+        return self.index.peer_shared(m.id, tokens, m.lineage)
 
     async def _base_for_page_out(self, name: str, whole: AdmitState | None) -> Page | PageAdmission | None:
         """The base this slot's page can stand on, held for it (Commit or Release it); else,
         when nothing is shared and `whole` was given, the whole page's admission (made by the
         same ask); None when there is no base worth having or the ceiling refused one."""
-        tokens = self.kv_tokens[:-1]  # a base must leave a rest
+        m = self.memory
+        tokens = m.kv_tokens[:-1]  # a base must leave a rest
         peer = self._peer_shared(tokens)
         # The asks that hand this slot a hold are shielded: a hold whose answer a cancel lost
         # would keep a base (and its bytes) forever.
         with anyio.CancelScope(shield=True):
-            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=self.genes, scope=self.scope,
+            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=m.genes, scope=m.scope,
                                                              whole=whole if peer < BLOCK else None))
         if found.base is not None:
             return found.base
@@ -102,15 +82,15 @@ class SlotPageBases:
         n = max(found.shared, peer)
         if n < BLOCK:
             return None
-        st = await self.engine.run(J.StateGet(seq=self.seq, p1=n))
+        st = await m.engine.run(J.StateGet(seq=m.seq, p1=n))
         n_bytes = st.n_bytes + 4 * n
         try:
             adm: PageAdmission = await self.pages.ask(AdmitBase(n_bytes=n_bytes, n_state=st.n_bytes))
         except PageRamExceeded:
-            log.info("page.base_refused", slot=self.id, n_base=n, n_bytes=n_bytes)
+            log.info("page.base_refused", slot=m.id, n_base=n, n_bytes=n_bytes)
             return None
         base = Page(gen=adm.reservation, name="", n_bytes=adm.n_bytes, state=st.data,
-                    tokens=list(self.kv_tokens[:n]), genes=self.genes, scope=self.scope)
+                    tokens=list(m.kv_tokens[:n]), genes=m.genes, scope=m.scope)
         with anyio.CancelScope(shield=True):
             try:
                 return await self.pages.ask(Commit(reservation=adm.reservation, page=base))
@@ -124,7 +104,8 @@ class SlotPageBases:
         caller frees it): (the store's PageInfo, the page's charge, the rest's copy). When no
         base applies: `whole`'s admission if the store made it, else None (the caller stores
         the page whole)."""
-        if not self.stands_on_bases() or len(self.kv_tokens) <= BLOCK:
+        m = self.memory
+        if not m.stands_on_bases() or len(m.kv_tokens) <= BLOCK:
             return None
         base = await self._base_for_page_out(name, whole)
         if base is None or isinstance(base, PageAdmission):
@@ -132,20 +113,20 @@ class SlotPageBases:
         reservation = None
         try:
             n_base = len(base.tokens)
-            rest = await self.engine.run(J.StateGet(seq=self.seq, p0=n_base))
-            n_bytes = rest.n_bytes + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts)
+            rest = await m.engine.run(J.StateGet(seq=m.seq, p0=n_base))
+            n_bytes = rest.n_bytes + 4 * len(m.kv_tokens) + sum(c.n_bytes for c in ckpts)
             reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
             page = Page(
-                gen=reservation, name=name, n_bytes=n_bytes, state=rest.data, tokens=list(self.kv_tokens),
-                checkpoints=list(ckpts), genes=self.genes, scope=self.scope, gene_digests=digests,
-                divergences=list(self.ckpt.history),
-                prompt_end=self.ckpt.prompt_end, base=base, n_base=n_base,
+                gen=reservation, name=name, n_bytes=n_bytes, state=rest.data, tokens=list(m.kv_tokens),
+                checkpoints=list(ckpts), genes=m.genes, scope=m.scope, gene_digests=digests,
+                divergences=list(m.ckpt.history),
+                prompt_end=m.ckpt.prompt_end, base=base, n_base=n_base,
             )
             with anyio.CancelScope(shield=True):  # once committed, the hold is the page's
                 info = await self.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException as e:
             if not isinstance(e, PageRamExceeded):
-                self.metrics.page_failed_total.inc()
+                m.metrics.page_failed_total.inc()
             with anyio.CancelScope(shield=True):
                 if reservation is not None:
                     await self.pages.tell(CancelReservation(reservation=reservation))
@@ -153,59 +134,51 @@ class SlotPageBases:
             raise
         return info, n_bytes, rest
 
-    def _peer_holding(self, page: Page) -> Any:
-        """A peer slot whose sequence begins with the page's base, under the same genes, and
+    def _peer_holding(self, page: Page) -> Held | None:
+        """A peer slot whose sequence begins with the page's base, under the same lineage, and
         whose cells below it do not change: quiet, or running an enrolled request."""
         assert page.base is not None
-        n = page.n_base
-        for p in self.peers:
-            if p is self or p.lineage != (page.genes, page.scope) or len(p.kv_tokens) < n:
-                continue
-            if not (p.quiet() or (p.active is not None and p.active.enrolled)):
-                continue
-            if p.kv_tokens[:n] == page.tokens[:n]:
-                return p
-        return None
+        return self.index.holding(self.memory.id, page.tokens, page.n_base, (page.genes, page.scope))
 
     def submit_page_state(self, page: Page) -> tuple[Any, Any]:
         """Submit the job that sets the page's state into this slot's sequence: the whole
         state, or its base (a peer's cells, else the base's bytes) and the rest. Returns the
         pending job and the peer whose cells it shares (None: no peer)."""
+        m = self.memory
         if page.base is None:
-            return self.engine.submit(J.StateSet(seq=self.seq, data=page.state)), None
+            return m.engine.submit(J.StateSet(seq=m.seq, data=page.state)), None
         peer = self._peer_holding(page)
         if peer is not None:
             # Its epoch as the job is submitted, in this tick: the share is of these cells.
-            self.base_peer_epoch = getattr(peer, "kv_epoch", 0)
-            job = J.StateSet(seq=self.seq, data=page.state, base_seq=peer.seq, n_base=page.n_base,
+            self.base_peer_epoch = peer.epoch
+            job = J.StateSet(seq=m.seq, data=page.state, base_seq=peer.seq, n_base=page.n_base,
                              n_tokens=len(page.tokens))
         else:
-            job = J.StateSet(seq=self.seq, data=page.state, base=page.base.state, n_base=page.n_base,
+            job = J.StateSet(seq=m.seq, data=page.state, base=page.base.state, n_base=page.n_base,
                              n_tokens=len(page.tokens))
-        return self.engine.submit(job), peer
+        return m.engine.submit(job), peer
 
     async def wait_page_state(self, page: Page, pending: Any, peer: Any) -> tuple[J.StateData, Any]:
         """The submitted job's result; a peer that no longer holds the base's cells (refused:
         PageDoesNotFit) falls back to the base's bytes. Returns the copy and the peer used."""
+        m = self.memory
         try:
-            return await self.engine.wait(pending), peer
+            return await m.engine.wait(pending), peer
         except PageDoesNotFit:
             if peer is None or page.base is None:
                 raise
-        log.info("page.peer_base_refused", slot=self.id, peer=peer.id, n_base=page.n_base)
-        st = await self.engine.run(J.StateSet(seq=self.seq, data=page.state, base=page.base.state,
+        log.info("page.peer_base_refused", slot=m.id, peer=peer.slot, n_base=page.n_base)
+        st = await m.engine.run(J.StateSet(seq=m.seq, data=page.state, base=page.base.state,
                                               n_base=page.n_base, n_tokens=len(page.tokens)))
         return st, None
 
-    async def after_shared_page_in(self, page: Page, peer: Any) -> dict[str, Any]:
-        """Tell who shares cells now (the scheduler's hook, when the slot has it); what a
+    def after_shared_page_in(self, page: Page, peer: Held | None) -> dict[str, Any]:
+        """Note who shares cells now (the next cells tell carries it to the scheduler); what a
         page-in on a base answers beyond a whole page's."""
         if page.base is None:
             return {}
         if peer is not None:
-            hook = getattr(self, "shared_cells_from", None)
-            if hook is not None:
-                await hook(peer, page.n_base, self.base_peer_epoch)
+            self.memory.note_share(peer.slot, self.base_peer_epoch, page.n_base, "page_on_cells")
         return {"n_base": page.n_base, "base_from": "cells" if peer is not None else "bytes",
-                **({"base_slot": peer.id} if peer is not None else {})}
+                **({"base_slot": peer.slot} if peer is not None else {})}
 

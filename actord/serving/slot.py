@@ -20,8 +20,12 @@ Its place in the ask order (serving/kernel/): below the placer and the scheduler
 page store, the checkpoint budget and the gene residency. A slot waiting for its genes is
 busy: it defers page moves and requests, refuses evictions and handles a cancel at once.
 
-The slot's other jobs live beside it: `slot_memory.py` (cut back, evict, checkpoints,
-cells) and `slot_pages.py` (page out/in, save/restore, the model fingerprint).
+The slot holds three parts, each an object with its own state: its memory
+(`slot_memory.py`: the sequence, its cut-backs, checkpoints and cells, published to the
+sequence index), its prefix share (`prefix_share.py`: a start from what other slots, bases
+and base files hold, asked of the index, never of another slot) and its page moves
+(`slot_pages.py` with `page_bases.py`: page out/in, save/restore). The slot keeps the
+request's lifecycle, evictions and forks, which use more than one part.
 """
 
 from __future__ import annotations
@@ -37,26 +41,30 @@ from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
 from actord.serving.checkpoint_plan import CheckpointPlan
 from actord.serving.checkpoint_budget import CheckpointInbox
 from actord.serving.gene_residency import Acquire as GeneAcquire, GeneInbox
+from actord.serving.gene_residency import EvictDone, Finish as GeneFinish
 from actord.serving.messages import (
     Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, FromBase,
     GenesGranted, GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SchedulerInbox, SlotInbox,
 )
 from actord.serving.page_store import PageStoreInbox
 from actord.serving.placer import Misplaced, PlacerInbox, SlotState
-from actord.serving.prefix_share import MIN_SHARE, PrefixShare, common_prefix
-from actord.policy.checkpoint_records import SlotCheckpoint
+from actord.serving.page_bases import PageBases
+from actord.serving.prefix_share import PrefixShare, common_prefix
+from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
 from actord.serving.slot_memory import SlotMemory
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.vocabulary.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
 from actord.engine import jobs as J
-from actord.vocabulary.errors import ActordError, Cancelled, InvalidParams, PageRamExceeded, PromptTooLong, from_dict
+from actord.vocabulary.errors import (
+    ActordError, Cancelled, InvalidParams, PageRamExceeded, PromptTooLong, SlotBusy, SlotEmpty, from_dict,
+)
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
 from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
-__all__ = ["Slot", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
+__all__ = ["Slot", "gene_set", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
 
 
 @dataclass
@@ -92,8 +100,9 @@ class SlotPeers:
     """Whom a slot speaks to, given at construction (the builder, service/builder.py, makes
     them in ask order, so each exists before the slots). Upward (tells only): the scheduler
     and the placer. Downward (asks): the page store, the checkpoint budget, the gene
-    residency, and the page files on worker threads. `slots` is every slot by id: a fork
-    reads its source's quiet sequence in the same tick as it submits the copy."""
+    residency, and the page files on worker threads. `index` is where every slot publishes
+    what its sequence holds and asks what the others hold (serving/sequence_index.py): no
+    slot reads another's fields."""
 
     scheduler: Actor[SchedulerInbox]
     placer: Actor[PlacerInbox]
@@ -101,10 +110,14 @@ class SlotPeers:
     ckpt_budget: Actor[CheckpointInbox]
     residency: Actor[GeneInbox]
     files: PageFiles
-    slots: Sequence["Slot"]
+    index: SequenceIndex
 
 
-class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
+class Slot(Actor[SlotInbox]):
+    """One slot: its requests' lifecycle and its page and file moves, over three parts it
+    holds: its memory (the sequence, the one owner of what it holds), its prefix share (a
+    start from what others hold) and its page moves (with their page-base part)."""
+
     rank = 30
 
     def __init__(
@@ -121,37 +134,84 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         self.default_seed = default_seed
         self.scheduler = peers.scheduler
         self.placer = peers.placer  # told SlotIdle when a request ends
-        self.pages = peers.pages
         self.residency = peers.residency
-        self.ckpt_budget = peers.ckpt_budget
-        self.files = peers.files
-        self.peers = peers.slots
-        self.ckpt = ckpt  # the mind's divergence history and the checkpoint policy
-        self.default_genes = default_genes  # the system's, loaded at start (a shared list)
         self.track_footprint = track_footprint
-        self._acquired = False
-        self._kv: list[int] = []  # kv_tokens (serving/prefix_share.py: its setter keeps kv_epoch)
-        self.kv_epoch = 0
-        self._share_note: tuple[int, int, int] | None = None
-        self.share_prefixes = share_prefixes  # Config.prefix_sharing
-        self.resume_raw_lcp: int | None = None
-        self.checkpoints: list[SlotCheckpoint] = []
-        self.genes: tuple[tuple[int, float], ...] = ()
-        self.scope = ""  # with genes, the lineage of the cells it holds (vocabulary/kv_identity.py)
-        self.mind: str | None = None
-        self.draft_n = 0  # kv_tokens[:draft_n] are in the draft context's sequence (speculation)
-        self.active: _Active | None = None
+        self.memory = SlotMemory(slot_id, engine, props, metrics, ckpt, scheduler=peers.scheduler,
+                                 residency=peers.residency, ckpt_budget=peers.ckpt_budget, index=peers.index,
+                                 track_footprint=track_footprint, share_prefixes=share_prefixes)
+        self.share = PrefixShare(self.memory, peers.index, peers.pages, peers.files)
+        self.moves = SlotPages(self.memory, PageBases(self.memory, peers.index, peers.pages), peers.pages,
+                               peers.files)
+        self.index = peers.index
+        self.default_genes = default_genes  # the system's, loaded at start (a shared list)
+        self._acquired = False  # a gene lease is held: `finish_genes` lets it go
+        self._active: _Active | None = None
         self.deferred: collections.deque[Envelope[SlotInbox]] = collections.deque()
         self._tickets = 0
-        self.handling = 0  # handlers at work (nested: deferred messages run inside one)
-        self.cells_batched = False  # inside a page move that tells its cells once, at its end
-        self.paged_out_base = 0  # tokens of the base the last page-out stood on (the placer's hint)
-        self.cells_dirty = False
-        self.owe_cells = False  # an eviction was refused as busy: tell the cells when the request ends
+        self._handling = 0  # handlers at work (nested: deferred messages run inside one)
         # What the placer knows of this slot (busy, mind): told when it changes, except where
         # the placer made the change itself (its forwards, its page-ins' answers).
         self._told: tuple[bool, str | None] = (False, None)
         self._placed = 0  # the placer's forwards this slot took (a SlotState says how many)
+
+    # -- what its memory holds, read by the system's introspection and the simulation ------
+
+    @property
+    def kv_tokens(self) -> list[int]:
+        return self.memory.kv_tokens
+
+    @property
+    def mind(self) -> str | None:
+        return self.memory.mind
+
+    @property
+    def checkpoints(self) -> list[Any]:
+        return self.memory.checkpoints
+
+    @property
+    def genes(self) -> tuple[tuple[int, float], ...]:
+        return self.memory.genes
+
+    @property
+    def lineage(self) -> tuple[tuple[tuple[int, float], ...], str]:
+        return self.memory.lineage
+
+    @property
+    def resume_raw_lcp(self) -> int | None:
+        return self.memory.resume_raw_lcp
+
+    @property
+    def kv_epoch(self) -> int:
+        return self.memory.kv_epoch
+
+    @property
+    def ckpt(self) -> CheckpointPlan:
+        return self.memory.ckpt
+
+    # -- its activity, which says whether its cells hold steady (serving/sequence_index.py) --
+
+    def _say_activity(self) -> None:
+        a = self._active
+        self.memory.activity(quiet=a is None and self._handling == 0,
+                             running=a.prompt if a is not None and a.enrolled else None)
+
+    @property
+    def active(self) -> _Active | None:
+        return self._active
+
+    @active.setter
+    def active(self, a: _Active | None) -> None:
+        self._active = a
+        self._say_activity()
+
+    @property
+    def handling(self) -> int:
+        return self._handling
+
+    @handling.setter
+    def handling(self, n: int) -> None:
+        self._handling = n
+        self._say_activity()
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -206,7 +266,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             case CheckpointTaken(rid=rid, pos=pos, data=data):
                 a = self.active
                 if a is not None and a.rid == rid:
-                    await self.on_checkpoint(pos, data)
+                    await self.memory.on_checkpoint(pos, data)
             case Info():
                 env.reply.send(self.info())  # type: ignore[union-attr]
             case CancelRequest(rid=rid):
@@ -220,9 +280,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
                         await self._drain_deferred()
                 self._drop_deferred(rid)
             case DropCheckpoint(pos=pos):
-                self.checkpoints = [c for c in self.checkpoints if c.pos != pos]
-                # Re-send the list: a mirror update of ours may have crossed this drop.
-                await self._sync_budget(self.checkpoints)
+                await self.memory.drop_checkpoint(pos)
             case GenesGranted(ticket=ticket):
                 await self._on_genes_granted(ticket)
                 if self.active is None:
@@ -252,16 +310,17 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             case Complete():
                 await self._start(msg, env)
             case Fork(src=src, tokens=tokens):
-                if not 0 <= src < len(self.peers):
+                if self.index.of(src) is None:
                     raise InvalidParams(f"no slot {src} to fork from", slot=src)
-                env.reply.send(await self.fork_from(self.peers[src], tokens))  # type: ignore[union-attr]
+                env.reply.send(await self.fork_from(src, tokens))  # type: ignore[union-attr]
             case Erase():
-                await self.erase()
+                await self.memory.erase()
                 env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]
             case PageOutSlot() | PageInSlot() | SaveSlot() | RestoreSlot():
-                await self.handle_page_op(msg, env)
+                await self._handle_page_op(msg, env)
             case FromBase():
-                env.reply.send(await self.from_base(msg.req, msg.room))  # type: ignore[union-attr]
+                lineage = (self.gene_set(msg.req), msg.req.kv_scope())
+                env.reply.send(await self.share.from_base(msg.req.prompt, lineage, msg.room))  # type: ignore[union-attr]
             case _:
                 raise InvalidParams(f"slot cannot handle {type(msg).__name__}")
 
@@ -387,7 +446,7 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         try:
             with anyio.CancelScope(shield=True):
                 await self.finish_genes()
-                await self._tell_cells()
+                await self.memory.tell_cells()
         except ActordError as e:  # a peer that is gone does not keep the slot busy
             log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
         finally:
@@ -395,13 +454,13 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
                 a.reply.fail(error)
 
     async def _begin(self, a: _Active) -> None:
-        req, prompt, genes = a.req, a.prompt, a.genes
+        req, prompt, genes, m = a.req, a.prompt, a.genes, self.memory
         # The sampler first: a grammar libllama cannot parse fails here, before the
         # sequence is cut back, so a refused request changes nothing.
         seed = req.seed if req.seed is not None else self.default_seed
         await self.engine.run(J.SetSampler(seq=self.seq, params=sampling_params(req, seed, self.props.n_ctx)))
         scope = req.kv_scope()
-        if self.mind is not None and req.mind is None and self.kv_tokens and (req.slot is None or scope != self.scope):
+        if m.mind is not None and req.mind is None and m.kv_tokens and (req.slot is None or scope != m.scope):
             # An unnamed request placed on her slot: not her turn, and nobody asked for her
             # state to go. (A request addressed to the slot is the client's own say over it,
             # as llama-server's slot verbs are: it continues or replaces what the slot holds;
@@ -410,20 +469,20 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         # Its own cells count only under the request's whole lineage: cells computed under
         # other genes, or held for another scope, are another state (vocabulary/kv_identity.py).
         lineage = (genes, scope)
-        raw = common_prefix(self.kv_tokens, prompt) if self.lineage == lineage else 0
-        if raw == 0 and self.kv_tokens and self.lineage != lineage:
-            log.info("slot.lineage_changed", slot=self.id, n_tokens=len(self.kv_tokens),
-                     genes_changed=self.genes != genes, scope_changed=self.scope != lineage[1])
+        raw = common_prefix(m.kv_tokens, prompt) if m.lineage == lineage else 0
+        if raw == 0 and m.kv_tokens and m.lineage != lineage:
+            log.info("slot.lineage_changed", slot=self.id, n_tokens=len(m.kv_tokens),
+                     genes_changed=m.genes != genes, scope_changed=m.scope != lineage[1])
         if raw < len(prompt) - MIN_SHARE:
-            raw = await self.share_prefix(prompt, lineage, raw) or raw
-        self.resume_raw_lcp = raw
-        usable, from_ckpt = await self.cut_to(min(raw, len(prompt) - 1))
-        self.draft_n = min(self.draft_n, usable)  # every cut of the sequence cuts the draft's too
+            raw = await self.share.share_prefix(prompt, lineage, raw) or raw
+        m.resume_raw_lcp = raw
+        usable, from_ckpt = await m.cut_to(min(raw, len(prompt) - 1))
+        m.draft_n = min(m.draft_n, usable)  # every cut of the sequence cuts the draft's too
         if usable == 0 and raw > 0:
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
-        self.genes, self.scope = lineage
-        self.mind = req.mind
+        m.lineage = lineage
+        m.mind = req.mind
         self.metrics.prompt_tokens_total.inc(len(prompt))
         nothing_to_decode = req.n_predict == 0 and usable == len(prompt)
         if nothing_to_decode or a.cancelled:
@@ -433,33 +492,34 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
             return
         enroll = Enroll(
             rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
-            genes=self.genes, stop=list(req.stop),
-            checkpoint_at=self.checkpoint_positions(
-                usable, len(prompt), self.shared_point(prompt, lineage) if self.props.needs_checkpoints else 0),
+            genes=m.genes, stop=list(req.stop),
+            checkpoint_at=m.checkpoint_positions(
+                usable, len(prompt), self.share.shared_point(prompt, lineage) if self.props.needs_checkpoints else 0),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
-            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=self.draft_n, epoch=self.kv_epoch,
+            spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=m.draft_n, epoch=m.kv_epoch,
             progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
-            scope=self.scope, twin=usable == 0 and self.shares_cells() and not self.drafting,
+            scope=m.scope, twin=usable == 0 and m.shares_cells() and not m.drafting,
         )
         self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on
+        self._say_activity()  # its cells hold steady now: peers may share them
 
     async def _keep_mind(self) -> None:
         """An unnamed request runs on her slot: her state goes to her page first, as a copy (the sequence stays, so the request
         still starts from what it shares with her), else to her page file. Where neither can
         hold it, the request is refused, typed, and she keeps her slot: nothing of a named
         mind is ever written over."""
-        mind = self.mind
+        mind = self.memory.mind
         assert mind is not None
         try:
-            await self.page_out(mind, keep=True)
+            await self.moves.page_out(mind, keep=True)
             how = "page"
         except PageRamExceeded:
             from actord.serving.placer import mind_file
 
-            await self.save(mind_file(mind))  # a failure here refuses the request: she stays
-            self.mind = None
+            await self.moves.save(mind_file(mind))  # a failure here refuses the request: she stays
+            self.memory.mind = None
             how = "file"
         self.metrics.minds_kept_total.labels(to=how).inc()
         log.info("slot.mind_kept", slot=self.id, mind=mind, to=how, n_tokens=len(self.kv_tokens))
@@ -468,15 +528,16 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         a = self.active
         if a is None or a.rid != msg.rid:
             return
-        self.kv_tokens = list(msg.kv_tokens)
-        self.draft_n = min(msg.draft_n, len(self.kv_tokens))
+        m = self.memory
+        m.kv_tokens = list(msg.kv_tokens)
+        m.draft_n = min(msg.draft_n, len(m.kv_tokens))
         self.active = None
         try:
             if msg.cut_back:
-                await self.cut_back_after_failure()
-                await self._tell_cells()
-            elif self.owe_cells:  # an eviction refused meanwhile: its asker waits to hear
-                await self._tell_cells()
+                await m.cut_back_after_failure()
+                await m.tell_cells()
+            elif m.owe_cells:  # an eviction refused meanwhile: its asker waits to hear
+                await m.tell_cells()
             # Otherwise the scheduler counted the cells as it ended the request (kv_tokens):
             # nothing new to tell it.
             await self.finish_genes()
@@ -498,15 +559,179 @@ class Slot(PrefixShare, SlotPages, SlotMemory, Actor[SlotInbox]):
         )
         try:
             await self.finish_genes()
-            await self._tell_cells()
+            await self.memory.tell_cells()
         except ActordError as e:
             log.warning("slot.end_failed", slot=self.id, rid=a.rid, error=e.to_dict())
         finally:
             if a.reply is not None:
                 a.reply.send(result)
 
+    # -- its genes' lease and footprint ------------------------------------------------
+
+    async def finish_genes(self) -> None:
+        if not (self._acquired or self.track_footprint):
+            return
+        self._acquired = False
+        n = await self.memory.device_bytes() if self.track_footprint else 0
+        await self.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
+
+    # -- page and file moves, evictions, forks --------------------------------------------
+
+    async def _handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
+        moves = self.moves
+        if isinstance(msg, PageInSlot) and (msg.evict_first or msg.room):
+            out = await self._placer_page_in(msg)
+        else:
+            try:
+                scope = getattr(msg, "scope", None)
+                if scope is not None and self.memory.kv_tokens and self.memory.scope != scope:
+                    raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)  # none of the caller's
+                match msg:
+                    case PageOutSlot(page=name):
+                        out = await moves.page_out(name)
+                    case PageInSlot(page=name):
+                        out = await moves.page_in(name)
+                    case SaveSlot(file=file, mind=mind) if mind is not None:
+                        out = await moves.save_mind(mind, file)
+                    case SaveSlot(file=file):
+                        out = await moves.save(file)
+                    case RestoreSlot(file=file):
+                        out = await moves.restore(file)
+                    case _:
+                        raise InvalidParams(f"not a page operation: {type(msg).__name__}")
+            except BaseException:
+                # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
+                # or restore): a refused or failed move tells what the sequence really holds, so
+                # no false count is left to evict other clients' caches.
+                with anyio.CancelScope(shield=True):
+                    await self.memory.tell_cells()
+                raise
+        if env.reply is not None:
+            env.reply.send(out)
+
+    async def _placer_page_in(self, msg: PageInSlot) -> dict[str, Any]:
+        """The placer's page-in: make way (evict_first), then take the page; one Cells tell
+        at the end, whatever happened, carrying the room token back (`msg.room`)."""
+        m = self.memory
+        m.cells_batched = True
+        evicted: dict[str, Any] = {}
+        try:
+            if msg.evict_first and m.kv_tokens:
+                mind, n = m.mind, len(m.kv_tokens)
+                self.moves.paged_out_base = 0
+                await self.evict("placer", ram_only=True)
+                if mind is not None:
+                    # n_base: her page stands on a base (maybe just made): a new mind placed
+                    # here may start from it, which the page store could not say before.
+                    evicted = {"evicted": {"mind": mind, "n_tokens": n, "n_base": self.moves.paged_out_base}}
+            out = await self.moves.page_in(msg.page, room_cells=msg.room_cells) if msg.page else {"slot": self.id}
+            # The placer knows what the slot holds now from this answer: no state to tell.
+            self._told = (self.busy or bool(self.deferred), m.mind)
+            return {**out, **evicted}
+        except ActordError as e:
+            if evicted:  # the placer learns where the mind it displaced went, even on a refusal
+                e.data.setdefault("evicted", evicted["evicted"])
+            raise
+        finally:
+            m.cells_batched = False
+            with anyio.CancelScope(shield=True):
+                if msg.room or m.cells_dirty:
+                    await m.tell_cells(release=msg.room)
+
+    async def _on_evict(self, reason: str, env: Envelope[SlotInbox]) -> None:
+        try:
+            freed = await self.evict(reason)
+        except ActordError as e:
+            if reason == "device":
+                await self.residency.tell(EvictDone(slot=self.id, freed=False, kept=not isinstance(e, SlotBusy)))
+            if env.reply is not None:
+                env.reply.fail(e)
+            return
+        if reason == "device":
+            await self.residency.tell(EvictDone(slot=self.id, freed=True))
+        if env.reply is not None:
+            env.reply.send((freed, self.memory.cells_seq))
+
+    async def evict(self, reason: str, *, ram_only: bool = False) -> int:
+        """Give up an idle sequence: to the mind's page, else its file; a sequence without a
+        mind (a slot-addressed cache) is dropped.
+
+        Returns the cells freed. A mind's state goes only once a copy of it is whole in the
+        page store or durable in its page file: when the page RAM refuses and the file cannot
+        be written (a full or read-only page folder, EIO), the eviction is refused with that
+        error and the sequence stays as it was. A slot with a running request refuses too:
+        eviction never touches work in flight. A request still waiting for its genes has a
+        quiet sequence, which may go too (the request then decodes its prompt from zero).
+        """
+        m = self.memory
+        a = self.active
+        if a is not None and a.running:
+            # Whoever asked may wait for this slot (the scheduler parks): it hears from us
+            # when the request ends, even where the end changes no count.
+            m.owe_cells = True
+            raise SlotBusy(f"slot {self.id} has work in flight", slot=self.id)
+        n = len(m.kv_tokens)
+        if n == 0:
+            await m.footprint_changed()  # whoever asked may hold a stale size: correct it
+            return 0
+        how = "dropped"
+        mind = m.mind
+        if mind is not None:
+            try:
+                await self.moves.page_out(mind)
+                how = "paged_out"
+            except PageRamExceeded as e:
+                if ram_only:  # the asker spills by its own order and asks again; nothing moved
+                    raise PageRamExceeded(e.message, **{**e.data, "mind": mind}) from None
+                from actord.serving.placer import mind_file
+
+                try:
+                    await self.moves.save(mind_file(mind))
+                except ActordError as e:
+                    self.metrics.slot_evictions_refused_total.labels(reason=reason).inc()
+                    log.warning("slot.evict_refused", slot=self.id, mind=mind, reason=reason, n_tokens=n,
+                                why="no room in page RAM and its page file cannot be written", error=e.to_dict())
+                    raise
+                how = "spilled"
+        if how != "paged_out":
+            await m.erase()
+        self.metrics.slot_evictions_total.labels(reason=reason, how=how).inc()
+        log.info("slot.evicted", slot=self.id, mind=mind, reason=reason, how=how, n_tokens=n)
+        return n
+
+    async def fork_from(self, src: int, tokens: list[int]) -> bool:
+        """Hold a copy of slot `src`'s sequence (messages.Fork), which must be quiet and hold
+        exactly `tokens` by its record in the index; False, and nothing changed (but a mind this
+        slot held paged out), when it does not. The check and the copy's submission happen in
+        one tick of the loop, so no job of src's can come between them (the engine runs
+        between-steps jobs in order)."""
+        def source() -> Held | None:
+            return self.index.quiet_with(src, tokens) if src != self.id else None
+
+        if source() is None:
+            return False
+        m = self.memory
+        if m.mind is not None and m.kv_tokens:
+            await self.evict("fork")  # the mind keeps its history: to its page, else its file
+        held = source()
+        if held is None:
+            return False
+        job = self.engine.submit(J.SeqCopy(src=held.seq, dst=self.seq))
+        try:
+            await self.engine.wait(job)
+        except ActordError:
+            await m.erase()  # what the sequence holds is unknown: nothing
+            raise
+        m.lineage = held.lineage
+        await m.hold_only(tokens)  # (the draft context's copy was cleared)
+        return True
+
     def gene_set(self, req: CompletionRequest) -> tuple[tuple[int, float], ...]:
-        """Default genes at scale 1 unless the request names them, plus the request's genes."""
-        scales = {gid: 1.0 for gid in self.default_genes}
-        scales.update({g.id: float(g.scale) for g in req.genes})
-        return tuple(sorted(scales.items()))
+        return gene_set(self.default_genes, req)
+
+
+def gene_set(default_genes: Sequence[int], req: CompletionRequest) -> tuple[tuple[int, float], ...]:
+    """Default genes at scale 1 unless the request names them, plus the request's genes."""
+    scales = {gid: 1.0 for gid in default_genes}
+    scales.update({g.id: float(g.scale) for g in req.genes})
+    return tuple(sorted(scales.items()))

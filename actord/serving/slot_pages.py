@@ -1,7 +1,7 @@
 """What a slot does with its whole sequence: page it out and in, save it to and restore it
 from a page file, and what a page or file records about the model it came from.
 
-A mixin of `Slot` (serving/slot.py), kept apart because it is the slot's second job: moving
+A part of `Slot` (serving/slot.py), kept apart because it is the slot's second job: moving
 memory between a sequence, the PageStore and page files. Nothing is ever half-moved: a
 refused or failed page_out leaves the sequence intact, a failed page_in leaves the page in
 the store, a failed restore leaves the slot empty and usable.
@@ -22,28 +22,21 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from actord.serving.kernel import Envelope
-from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision
-from actord.serving.page_bases import SlotPageBases
-from actord.serving.messages import PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox
+from actord.serving.page_bases import PageBases
 from actord.serving.page_store import (
     AdmitState, CancelReservation, Commit, Page, PageAdmission, Release, Return, Take,
 )
+from actord.serving.slot_memory import SlotMemory
 from actord.engine import jobs as J
 from actord.vocabulary.errors import (
-    ActordError, ContextFull, EngineError, ForeignPage, GenesMissing, InvalidParams, PageDoesNotFit, SlotBusy,
-    SlotEmpty,
+    ActordError, ContextFull, EngineError, ForeignPage, GenesMissing, PageDoesNotFit, SlotBusy, SlotEmpty,
 )
 from actord.vocabulary.log import get
 from actord.policy.checkpoint_placement import Divergence
 from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
 from actord.storage.pagefile import PageImage, StoredGene
-from actord.vocabulary.metrics import Metrics
-
 
 if TYPE_CHECKING:
-    from actord.serving.checkpoint_budget import CheckpointInbox
-    from actord.serving.checkpoint_plan import CheckpointPlan
     from actord.serving.kernel import Actor
     from actord.serving.page_store import PageStoreInbox
     from actord.storage.files import PageFiles
@@ -51,154 +44,76 @@ if TYPE_CHECKING:
 log = get("actord.slot")
 
 
-class SlotPages(SlotPageBases):
-    """Page and file moves of a slot's sequence (see the module docstring)."""
+class SlotPages:
+    """Page and file moves of a slot's sequence (see the module docstring): a part of a slot,
+    given its memory, its page-base part, the page store and the page files."""
 
-    # Provided by Slot.
-    id: int
-    seq: int
-    engine: Any
-    props: J.ModelProps
-    metrics: Metrics
-    pages: Actor[PageStoreInbox]
-    ckpt_budget: Actor[CheckpointInbox]
-    files: PageFiles
-    ckpt: CheckpointPlan
-    kv_tokens: list[int]
-    draft_n: int
-    resume_raw_lcp: int | None
-    checkpoints: list[SlotCheckpoint]
-    genes: tuple[tuple[int, float], ...]
-    scope: str
-    mind: str | None
-    # (file, its version then, mind, n, hash of the tokens) of the sequence last written to
-    # or read from a file: write-behind does not write an unchanged mind again while that
-    # file is still the generation it wrote or read (storage/files.py `version`).
-    _persisted_sig: tuple[Any, ...] | None = None
-
-    async def handle_page_op(self, msg: SlotInbox, env: Envelope[SlotInbox]) -> None:
-        if isinstance(msg, PageInSlot) and (msg.evict_first or msg.room):
-            out = await self._placer_page_in(msg)
-        else:
-            try:
-                scope = getattr(msg, "scope", None)
-                if scope is not None and self.kv_tokens and self.scope != scope:  # type: ignore[attr-defined]
-                    raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)  # none of the caller's
-                match msg:
-                    case PageOutSlot(page=name):
-                        out = await self.page_out(name)
-                    case PageInSlot(page=name):
-                        out = await self.page_in(name)
-                    case SaveSlot(file=file, mind=mind) if mind is not None:
-                        out = await self.save_mind(mind, file)
-                    case SaveSlot(file=file):
-                        out = await self.save(file)
-                    case RestoreSlot(file=file):
-                        out = await self.restore(file)
-                    case _:
-                        raise InvalidParams(f"not a page operation: {type(msg).__name__}")
-            except BaseException:
-                # Whoever asked may have had cells held for this slot (MakeRoom before a page-in
-                # or restore): a refused or failed move tells what the sequence really holds, so
-                # no false count is left to evict other clients' caches.
-                with anyio.CancelScope(shield=True):
-                    await self._tell_cells()  # type: ignore[attr-defined]
-                raise
-        if env.reply is not None:
-            env.reply.send(out)
-
-    async def _placer_page_in(self, msg: PageInSlot) -> dict[str, Any]:
-        """The placer's page-in: make way (evict_first), then take the page; one Cells tell
-        at the end, whatever happened, carrying the room token back (`msg.room`)."""
-        self.cells_batched = True
-        evicted: dict[str, Any] = {}
-        try:
-            if msg.evict_first and self.kv_tokens:
-                mind, n = self.mind, len(self.kv_tokens)
-                self.paged_out_base = 0
-                await self.evict("placer", ram_only=True)  # type: ignore[attr-defined]
-                if mind is not None:
-                    # n_base: her page stands on a base (maybe just made): a new mind placed
-                    # here may start from it, which the page store could not say before.
-                    evicted = {"evicted": {"mind": mind, "n_tokens": n, "n_base": self.paged_out_base}}
-            out = await self.page_in(msg.page, room_cells=msg.room_cells) if msg.page else {"slot": self.id}
-            # The placer knows what the slot holds now from this answer: no state to tell.
-            self._told = (self.busy or bool(self.deferred), self.mind)  # type: ignore[attr-defined]
-            return {**out, **evicted}
-        except ActordError as e:
-            if evicted:  # the placer learns where the mind it displaced went, even on a refusal
-                e.data.setdefault("evicted", evicted["evicted"])
-            raise
-        finally:
-            self.cells_batched = False
-            with anyio.CancelScope(shield=True):
-                if msg.room or self.cells_dirty:
-                    await self._tell_cells(release=msg.room)  # type: ignore[attr-defined]
-
-    def page_checkpoints(self) -> list[SlotCheckpoint]:
-        """What a page or file keeps: the policy's choice (placement: the best subset for
-        the mind's forecast; divergence/oldest: the original C++ server's count rule)."""
-        idx = self.ckpt.keep_indices(self.checkpoints, self.resume_raw_lcp, len(self.kv_tokens))
-        return [self.checkpoints[i] for i in idx]
-
-    def selection_lcp(self) -> int | None:
-        """The raw lcp the original C++ server's selection may use; 'oldest' ignores it on purpose."""
-        return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
+    def __init__(self, memory: SlotMemory, bases: PageBases, pages: Actor[PageStoreInbox], files: PageFiles) -> None:
+        self.memory = memory
+        self.bases = bases
+        self.pages = pages
+        self.files = files
+        self.paged_out_base = 0  # tokens of the base the last page-out stood on (the placer's hint)
+        # (file, its version then, mind, n, hash of the tokens) of the sequence last written to
+        # or read from a file: write-behind does not write an unchanged mind again while that
+        # file is still the generation it wrote or read (storage/files.py `version`).
+        self._persisted_sig: tuple[Any, ...] | None = None
 
     async def _capture(self) -> tuple[J.StateData, list[SlotCheckpoint]]:
-        if not self.kv_tokens:
-            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
-        return await self.engine.run(J.StateGet(seq=self.seq)), self.page_checkpoints()
+        m = self.memory
+        if not m.kv_tokens:
+            raise SlotEmpty(f"slot {m.id} holds no sequence", slot=m.id)
+        return await m.engine.run(J.StateGet(seq=m.seq)), m.page_checkpoints()
 
     async def page_out(self, name: str, *, keep: bool = False) -> dict[str, Any]:
         """The sequence into page `name`, the slot freed. `keep`: a copy only; the slot keeps
         its sequence without the mind's name (another request on this slot starts from what
         she shares with it, and her state is hers in the store)."""
-        name = name or self.mind or f"evicted-slot{self.id}"
-        if not self.kv_tokens:
-            raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)
+        m = self.memory
+        name = name or m.mind or f"evicted-slot{m.id}"
+        if not m.kv_tokens:
+            raise SlotEmpty(f"slot {m.id} holds no sequence", slot=m.id)
         t0 = time.perf_counter()
-        ckpts = self.page_checkpoints()
+        ckpts = m.page_checkpoints()
         n_draft, take = 0, False
         sizes = await self._whole_sizes(ckpts)
         digests = await self.gene_digests()
-        on_base = await self.page_out_on_base(name, ckpts, AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1]),
+        on_base = await self.bases.page_out_on_base(name, ckpts, AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1]),
                                               digests)
         if on_base is not None and not isinstance(on_base, PageAdmission):
             info, n_bytes, st = on_base
         else:
             info, n_bytes, st, take, n_draft = await self._page_out_whole(name, ckpts, keep, sizes, on_base, digests)
-        n_tokens = len(self.kv_tokens)
+        n_tokens = len(m.kv_tokens)
         if keep:
-            self.mind = None
-            self.metrics.page_out_total.inc()
-            log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, kept_in_slot=True,
+            m.mind = None
+            m.metrics.page_out_total.inc()
+            log.info("page.out", slot=m.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, kept_in_slot=True,
                      t_ms=round((time.perf_counter() - t0) * 1e3, 3), copy_ms=round(st.t_ms, 3))
-            return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens, "kept": True}
+            return {"slot": m.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens, "kept": True}
         # The page is whole in the store; only now is the slot freed.
         if not take:
-            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
-        self.kv_tokens, self.resume_raw_lcp, self.mind = [], None, None
-        self.draft_n = 0
-        self.ckpt.reset()
-        await self.release_checkpoints(self.checkpoints)
-        self.checkpoints = []
+            await m.engine.run(J.SeqRm(seq=m.seq, p0=-1, p1=-1))
+        m.forget()
+        m.ckpt.reset()
+        await m.release_checkpoints()
         t_ms = (time.perf_counter() - t0) * 1e3
-        self.metrics.page_out_total.inc()
-        await self.footprint_changed()
-        await self._tell_cells()
+        m.metrics.page_out_total.inc()
+        await m.footprint_changed()
+        await m.tell_cells()
         n_base = self.paged_out_base = info.n_base
-        log.info("page.out", slot=self.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
+        log.info("page.out", slot=m.id, page=name, n_bytes=n_bytes, n_tokens=n_tokens, t_ms=round(t_ms, 3),
                  copy_ms=round(st.t_ms, 3), draft_bytes=n_draft, n_base=n_base)
-        return {"slot": self.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
+        return {"slot": m.id, "page": name, "n_bytes": n_bytes, "n_tokens": n_tokens,
                 "n_checkpoints": info.n_checkpoints, "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
-                **({"draft_bytes": n_draft} if self.drafting else {}), **({"n_base": n_base} if n_base else {})}
+                **({"draft_bytes": n_draft} if m.drafting else {}), **({"n_base": n_base} if n_base else {})}
 
     async def _whole_sizes(self, ckpts: list[SlotCheckpoint]) -> tuple[int, int, int]:
         """A whole page's charge, its sequence state's bytes and its draft's bytes."""
-        n_state = await self.engine.run(J.StateSize(seq=self.seq))
-        n_draft = await self.engine.run(J.StateSize(seq=self.seq, draft=True)) if self.drafting and self.draft_n else 0
-        return n_state + n_draft + 4 * len(self.kv_tokens) + sum(c.n_bytes for c in ckpts), n_state, n_draft
+        m = self.memory
+        n_state = await m.engine.run(J.StateSize(seq=m.seq))
+        n_draft = await m.engine.run(J.StateSize(seq=m.seq, draft=True)) if m.drafting and m.draft_n else 0
+        return n_state + n_draft + 4 * len(m.kv_tokens) + sum(c.n_bytes for c in ckpts), n_state, n_draft
 
     async def _page_out_whole(self, name: str, ckpts: list[SlotCheckpoint], keep: bool,
                               sizes: tuple[int, int, int], adm: PageAdmission | None, digests: tuple[str, ...]
@@ -206,6 +121,7 @@ class SlotPages(SlotPageBases):
         """The sequence as one whole page: (PageInfo, charge, the copy, whether the copy took
         the sequence out, the draft's bytes). `adm`: its admission, if the store made it
         already (FindBase.whole)."""
+        m = self.memory
         n_bytes, n_state, n_draft = sizes
         # The store admits the page and hands out the buffer the state goes into (a warm one
         # from its pool when one fits); libllama writes the state there, the one copy.
@@ -215,23 +131,23 @@ class SlotPages(SlotPageBases):
         # Without a draft the copy also removes the sequence (one engine round trip less: a
         # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token
         # Gemma page_out); if the page cannot be kept, the state is set back from the copy.
-        take = n_draft == 0 and not self.drafting and not keep
+        take = n_draft == 0 and not m.drafting and not keep
         taken: J.StateData | None = None
         try:
             with anyio.CancelScope(shield=take):  # a taken state must not be lost to a cancel
-                st = await self.engine.run(J.StateGet(seq=self.seq, into=adm.into, capacity=adm.capacity,
+                st = await m.engine.run(J.StateGet(seq=m.seq, into=adm.into, capacity=adm.capacity,
                                                       then_erase=take))
             taken = st if take else None
             if st.n_bytes != n_state:
-                raise EngineError("sequence state changed size between admission and copy", slot=self.id)
-            draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if n_draft else None
+                raise EngineError("sequence state changed size between admission and copy", slot=m.id)
+            draft = await m.engine.run(J.StateGet(seq=m.seq, draft=True)) if n_draft else None
             if draft is not None and draft.n_bytes != n_draft:
-                raise EngineError("draft state changed size between admission and copy", slot=self.id)
+                raise EngineError("draft state changed size between admission and copy", slot=m.id)
             page = Page(
-                gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(self.kv_tokens),
-                checkpoints=list(ckpts), genes=self.genes, scope=self.scope, gene_digests=digests,
-                divergences=list(self.ckpt.history), prompt_end=self.ckpt.prompt_end,
-                draft=draft.data if draft is not None else None, draft_n=self.draft_n if draft is not None else 0,
+                gen=reservation, name=name, n_bytes=n_bytes, state=st.data, tokens=list(m.kv_tokens),
+                checkpoints=list(ckpts), genes=m.genes, scope=m.scope, gene_digests=digests,
+                divergences=list(m.ckpt.history), prompt_end=m.ckpt.prompt_end,
+                draft=draft.data if draft is not None else None, draft_n=m.draft_n if draft is not None else 0,
             )
             info = await self.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException:
@@ -239,7 +155,7 @@ class SlotPages(SlotPageBases):
                 if taken is not None:  # before the reservation (and the buffer) goes back
                     await self._put_back(taken.data)
                 await self.pages.tell(CancelReservation(reservation=reservation))
-            self.metrics.page_failed_total.inc()
+            m.metrics.page_failed_total.inc()
             raise
         return info, n_bytes, st, take, n_draft
 
@@ -247,15 +163,17 @@ class SlotPages(SlotPageBases):
         """A page_out that took the sequence failed: the state goes back from its copy. Should
         libllama refuse it (it has just written it), the slot is erased rather than claim a
         sequence it no longer holds."""
+        m = self.memory
         try:
-            await self.engine.run(J.StateSet(seq=self.seq, data=data))
+            await m.engine.run(J.StateSet(seq=m.seq, data=data))
         except ActordError as e:
-            log.error("page.put_back_failed", slot=self.id, error=str(e))
-            await self.erase()
+            log.error("page.put_back_failed", slot=m.id, error=str(e))
+            await m.erase()
 
     async def page_in(self, name: str, room_cells: int = -1) -> dict[str, Any]:
-        if self.kv_tokens:
-            raise SlotBusy(f"slot {self.id} holds a sequence: page it out or erase it first", slot=self.id)
+        m = self.memory
+        if m.kv_tokens:
+            raise SlotBusy(f"slot {m.id} holds a sequence: page it out or erase it first", slot=m.id)
         t0 = time.perf_counter()
         page: Page = await self.pages.ask(Take(name=name))
         if 0 <= room_cells < len(page.tokens):
@@ -263,11 +181,11 @@ class SlotPages(SlotPageBases):
             await self.pages.tell(Return(gen=page.gen))
             raise ContextFull(f"page {name!r} holds {len(page.tokens)} tokens, more than the {room_cells} cells "
                               "held for it", page=name, n_tokens=len(page.tokens), held=room_cells)
-        genes, scope = self.genes, self.scope
+        genes, scope = m.lineage
         try:
             # The copy runs on the engine thread while the page's checkpoints enter the
             # budget here (an ask of ~0.3 ms for 16 checkpoints, no longer after the copy).
-            pending, peer = self.submit_page_state(page)
+            pending, peer = self.bases.submit_page_state(page)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.pages.tell(Return(gen=page.gen))
@@ -275,98 +193,50 @@ class SlotPages(SlotPageBases):
         copied = False
         try:
             try:
-                self.kv_tokens = list(page.tokens)
-                self.genes, self.scope = page.genes, page.scope
-                self.resume_raw_lcp = None
-                self.mind = name
-                self.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
-                await self.adopt_checkpoints(list(page.checkpoints))
+                m.kv_tokens = list(page.tokens)
+                m.lineage = (page.genes, page.scope)
+                m.resume_raw_lcp = None
+                m.mind = name
+                m.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
+                await m.adopt_checkpoints(list(page.checkpoints))
             finally:
                 with anyio.CancelScope(shield=True):
-                    st, peer = await self.wait_page_state(page, pending, peer)
+                    st, peer = await self.bases.wait_page_state(page, pending, peer)
                     copied = True
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if copied:  # the state is in, the bookkeeping is not: the sequence goes
-                    await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
-                self.kv_tokens, self.genes, self.scope, self.mind = [], genes, scope, None
-                self.ckpt.reset()
-                self.checkpoints = []
-                await self.release_checkpoints([])
+                    await m.engine.run(J.SeqRm(seq=m.seq, p0=-1, p1=-1))
+                m.lineage = (genes, scope)
+                m.kv_tokens, m.mind = [], None
+                m.ckpt.reset()
+                await m.release_checkpoints()
                 await self.pages.tell(Return(gen=page.gen))
-                await self._tell_cells()
-            self.metrics.page_failed_total.inc()
-            log.warning("page.in_failed", slot=self.id, page=name)
+                await m.tell_cells()
+            m.metrics.page_failed_total.inc()
+            log.warning("page.in_failed", slot=m.id, page=name)
             raise
-        await self._adopt_draft(page.draft, page.draft_n, f"page {name}")
+        await m.adopt_draft(page.draft, page.draft_n, f"page {name}")
         await self.pages.tell(Release(gen=page.gen))
         t_ms = (time.perf_counter() - t0) * 1e3
-        self.metrics.page_in_total.inc()
-        await self.footprint_changed()
-        on_base = await self.after_shared_page_in(page, peer)
-        await self._tell_cells()
+        m.metrics.page_in_total.inc()
+        await m.footprint_changed()
+        on_base = self.bases.after_shared_page_in(page, peer)
+        await m.tell_cells()
         moved = st.n_bytes if page.base is not None else page.n_bytes  # a base's cells did not move
-        log.info("page.in", slot=self.id, page=name, n_bytes=moved, n_tokens=len(page.tokens),
+        log.info("page.in", slot=m.id, page=name, n_bytes=moved, n_tokens=len(page.tokens),
                  t_ms=round(t_ms, 3), copy_ms=round(st.t_ms, 3), **on_base)
-        return {"slot": self.id, "page": name, "n_bytes": moved, "n_tokens": len(page.tokens), **on_base,
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
-                **self._draft_info()}
-
-    @property
-    def drafting(self) -> bool:
-        """This system runs a draft context (speculative decoding)."""
-        return bool(self.props.spec)
-
-    def _draft_info(self) -> dict[str, Any]:
-        """What a page-in or restore answers about the draft: the tokens its state holds
-        ("warm") or none ("cold": it catches up at the next request)."""
-        if not self.drafting:
-            return {}
-        return {"draft": "warm" if self.draft_n else "cold", "draft_n_tokens": self.draft_n}
-
-    async def _adopt_draft(self, data: Any, n: int, source: str) -> None:
-        """The draft context's sequence takes a page's or file's draft state; without one (or
-        one libllama refuses) the draft starts cold, which is logged, never an error."""
-        self.draft_n = 0
-        if not self.drafting:
-            return
-        if data is not None and 0 < n <= len(self.kv_tokens):
-            st = await self.engine.run(J.StateSet(seq=self.seq, data=data, draft=True))
-            if st.n_bytes:
-                self.draft_n = n
-                return
-            why = "the draft context refused the state"
-        else:
-            why = "no draft state" if data is None else f"draft state of {n} tokens does not fit {len(self.kv_tokens)}"
-            await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1, draft=True))
-        log.info("slot.draft_cold", slot=self.id, source=source, reason=why, n_tokens=len(self.kv_tokens))
-
-    async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
-        """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
-        in one ask (a page_in's actor hops, not one per checkpoint)."""
-        self.checkpoints = []
-        await self._sync_budget([])
-        if not ckpts:
-            return
-        items = []
-        for ck in ckpts:
-            self.ckpt.ckpt_bytes = len(ck.data)
-            history, n, population = self.ckpt.view(len(self.kv_tokens))
-            items.append(AdmitCheckpoint(slot=self.id, pos=ck.pos, n_bytes=len(ck.data), raw_lcp=self.selection_lcp(),
-                                         history=history, n_tokens=n, population=population))
-        decisions: list[Decision] = await self.ckpt_budget.ask(AdmitCheckpoints(items=items))
-        for ck, d in zip(ckpts, decisions):
-            if d.drop_own:
-                self.checkpoints = [c for c in self.checkpoints if c.pos not in d.drop_own]
-            if d.admit:
-                self.checkpoints.append(ck)
+        return {"slot": m.id, "page": name, "n_bytes": moved, "n_tokens": len(page.tokens), **on_base,
+                "n_checkpoints": len(m.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, "lib_ms": st.lib_ms,
+                **m.draft_info()}
 
     async def gene_digests(self) -> tuple[str, ...]:
         """The slot's genes by content, in order (what a page or file records of them)."""
-        if not self.genes:
+        m = self.memory
+        if not m.genes:
             return ()
-        by_id = {g.id: g.digest for g in await self.engine.run(J.GeneList())}
-        return tuple(by_id.get(gid, "") for gid, _ in self.genes)
+        by_id = {g.id: g.digest for g in await m.engine.run(J.GeneList())}
+        return tuple(by_id.get(gid, "") for gid, _ in m.genes)
 
     async def genes_by_content(self, image: PageImage, file: str) -> tuple[tuple[int, float], ...]:
         """A file's genes as this daemon's ids, found by content; GenesMissing when one is
@@ -375,7 +245,7 @@ class SlotPages(SlotPageBases):
         if not image.genes:
             return ()
         by_digest: dict[str, int] = {}
-        for g in await self.engine.run(J.GeneList()):
+        for g in await self.memory.engine.run(J.GeneList()):
             by_digest.setdefault(g.digest, g.id)
         out = []
         for sg in image.genes:
@@ -388,73 +258,71 @@ class SlotPages(SlotPageBases):
             out.append((gid, float(sg.scale)))
         return tuple(sorted(out))
 
-    def _kv_sig(self) -> tuple[Any, ...]:
-        # The lineage too: the same tokens under other genes or another scope are another state.
-        return (self.mind, self.genes, self.scope, len(self.kv_tokens), hash(tuple(self.kv_tokens)))
-
     async def save_mind(self, mind: str, file: str) -> dict[str, Any]:
         """Save the slot's mind to her file, unless the slot holds another or the file
         already holds this very sequence (write-behind asks again and again)."""
-        if self.mind != mind or not self.kv_tokens:
-            return {"slot": self.id, "file": file, "skipped": "the slot holds another mind"}
+        m = self.memory
+        if m.mind != mind or not m.kv_tokens:
+            return {"slot": m.id, "file": file, "skipped": "the slot holds another mind"}
         sig = self._persisted_sig
-        if sig == (file, self.files.version(file), *self._kv_sig()):  # and nobody published the file since
-            return {"slot": self.id, "file": file, "skipped": "unchanged"}
+        if sig == (file, self.files.version(file), *m.kv_sig()):  # and nobody published the file since
+            return {"slot": m.id, "file": file, "skipped": "unchanged"}
         return await self.save(file)
 
     async def save(self, file: str) -> dict[str, Any]:
+        m = self.memory
         self.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
-        draft = await self.engine.run(J.StateGet(seq=self.seq, draft=True)) if self.drafting and self.draft_n else None
-        image = page_image(self.props, st.data, ckpts, self.kv_tokens, self.genes, self.ckpt.history,
-                           self.ckpt.prompt_end, draft=draft.data if draft else None, draft_n=self.draft_n,
-                           scope=self.scope, gene_digests=await self.gene_digests())
+        draft = await m.engine.run(J.StateGet(seq=m.seq, draft=True)) if m.drafting and m.draft_n else None
+        image = page_image(m.props, st.data, ckpts, m.kv_tokens, m.genes, m.ckpt.history,
+                           m.ckpt.prompt_end, draft=draft.data if draft else None, draft_n=m.draft_n,
+                           scope=m.scope, gene_digests=await self.gene_digests())
         stats = await self.files.publish(file, image)
-        self._persisted_sig = (file, self.files.version(file), *self._kv_sig())  # no await since: ours
+        self._persisted_sig = (file, self.files.version(file), *m.kv_sig())  # no await since: ours
         t_ms = (time.perf_counter() - t0) * 1e3
-        log.info("slot.saved", slot=self.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
-        return {"slot": self.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(self.kv_tokens),
+        log.info("slot.saved", slot=m.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
+        return {"slot": m.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(m.kv_tokens),
                 "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
 
     async def restore(self, file: str) -> dict[str, Any]:
+        m = self.memory
         t0 = time.perf_counter()
         image = await self.files.read(file)
         version = self.files.version(file)
-        check_fingerprint(image, self.props, file)
+        check_fingerprint(image, m.props, file)
         genes = await self.genes_by_content(image, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.
-        self.kv_tokens, self.resume_raw_lcp, self.mind, self.draft_n = [], None, None, 0
-        await self.release_checkpoints(self.checkpoints)
-        self.checkpoints = []
+        m.forget()
+        await m.release_checkpoints()
         try:
             if image.base is not None:  # a page spilled on a base: the file holds both parts
-                st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state, base=image.base,
+                st = await m.engine.run(J.StateSet(seq=m.seq, data=image.state, base=image.base,
                                                       n_base=image.n_base, n_tokens=len(image.tokens)))
             else:
-                st = await self.engine.run(J.StateSet(seq=self.seq, data=image.state))
+                st = await m.engine.run(J.StateSet(seq=m.seq, data=image.state))
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self.footprint_changed()
-                await self._tell_cells()
+                await m.footprint_changed()
+                await m.tell_cells()
             raise
-        self.kv_tokens = list(image.tokens)
+        m.kv_tokens = list(image.tokens)
         draft, draft_n = image.draft, int(image.meta.get("draft_n", 0) or 0)
-        if draft is not None and image.meta.get("draft_digest") != self.props.draft_digest:
+        if draft is not None and image.meta.get("draft_digest") != m.props.draft_digest:
             draft = None  # made by another draft model (or with speculation off here)
-        await self._adopt_draft(draft, draft_n, f"file {file}")
-        self.genes, self.scope = genes, str(image.meta.get("scope", "") or "")
-        self.mind = file[: -len(".page")] if file.endswith(".page") else file
-        self.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
-        await self.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
-        await self.footprint_changed()
-        await self._tell_cells()
-        self._persisted_sig = (file, version, *self._kv_sig())
+        await m.adopt_draft(draft, draft_n, f"file {file}")
+        m.lineage = (genes, str(image.meta.get("scope", "") or ""))
+        m.mind = file[: -len(".page")] if file.endswith(".page") else file
+        m.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
+        await m.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
+        await m.footprint_changed()
+        await m.tell_cells()
+        self._persisted_sig = (file, version, *m.kv_sig())
         t_ms = (time.perf_counter() - t0) * 1e3
-        log.info("slot.restored", slot=self.id, file=file, n_tokens=len(self.kv_tokens), t_ms=round(t_ms, 3),
-                 draft="warm" if self.draft_n else "cold")
-        return {"slot": self.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(self.kv_tokens),
-                "n_checkpoints": len(self.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **self._draft_info()}
+        log.info("slot.restored", slot=m.id, file=file, n_tokens=len(m.kv_tokens), t_ms=round(t_ms, 3),
+                 draft="warm" if m.draft_n else "cold")
+        return {"slot": m.id, "file": file, "n_bytes": st.n_bytes, "n_tokens": len(m.kv_tokens),
+                "n_checkpoints": len(m.checkpoints), "t_ms": t_ms, "copy_ms": st.t_ms, **m.draft_info()}
 
 
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],

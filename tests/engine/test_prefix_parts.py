@@ -42,7 +42,7 @@ async def test_shared_prefix_cells_decode_as_a_fresh_prefill(tiny_model):
         assert await s.engine.run(J.SeqShare(src=0, dst=1, n=len(PREFIX)))
         rng = await s.engine.run(J.MemoryRange(seq=1))
         assert (rng.pos_min, rng.pos_max) == (0, len(PREFIX) - 1)
-        s.slots[1].kv_tokens = list(PREFIX)  # what the slot's own share does (serving/prefix_share.py)
+        s.slots[1].memory.kv_tokens = list(PREFIX)  # what the slot's own share does (serving/prefix_share.py)
         r = await s.complete(prompt=B, n_predict=8, slot=1, ignore_eos=True)
         assert r.n_cached == len(PREFIX) and r.tokens == want
 
@@ -71,7 +71,7 @@ async def test_a_sequence_set_from_a_base_and_its_rest_decodes_as_the_whole(tiny
         async def from_parts(**base_kw) -> list[int]:
             await s.engine.run(J.SeqRm(seq=1, p0=-1, p1=-1))
             await s.engine.run(J.StateSet(seq=1, data=rest_b, n_base=len(PREFIX), n_tokens=len(held), **base_kw))
-            s.slots[1].kv_tokens = list(held)
+            s.slots[1].memory.kv_tokens = list(held)
             r = await s.complete(prompt=nxt, n_predict=8, slot=1, ignore_eos=True)
             assert r.n_cached == len(held)
             return r.tokens

@@ -166,29 +166,30 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
 
 def test_the_simulation_finds_an_eviction_that_erases_a_mind_it_could_not_save(tiny_model, sim_loras, monkeypatch):
     """Revert the eviction half of 19.2 (a failed save still erased the slot)."""
-    from actord.serving.slot_memory import SlotMemory
+    from actord.serving.slot import Slot
     from actord.vocabulary.errors import ActordError, PageRamExceeded
 
     async def old_evict(self, reason, **kw):
-        n = len(self.kv_tokens)
+        m = self.memory
+        n = len(m.kv_tokens)
         if n == 0:
             return 0
         how = "dropped"
-        if self.mind is not None:
+        if m.mind is not None:
             try:
-                await self.page_out(self.mind)
+                await self.moves.page_out(m.mind)
                 how = "paged_out"
             except PageRamExceeded:
                 try:
-                    await self.save(f"{self.mind}.page")
+                    await self.moves.save(f"{m.mind}.page")
                     how = "spilled"
                 except ActordError:
                     pass
         if how != "paged_out":
-            await self.erase()
+            await m.erase()
         return n
 
-    monkeypatch.setattr(SlotMemory, "evict", old_evict)
+    monkeypatch.setattr(Slot, "evict", old_evict)
     first_finding(tiny_model, sim_loras, range(400), 30, "without a durable copy")
 
 

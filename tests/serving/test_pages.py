@@ -67,7 +67,7 @@ async def test_failed_page_out_copy_cancels_its_reservation(tiny_model):
 
         s.engine.run = failing_run  # the slot's view of the engine
         for sl in s.slots:
-            sl.engine = s.engine
+            sl.memory.engine = s.engine
         with pytest.raises(EngineError, match="injected engine failure"):
             await s.page_out(0, "m")
         s.engine.run = real_run
@@ -83,7 +83,7 @@ async def test_a_page_out_whose_commit_fails_puts_the_taken_state_back(tiny_mode
 
     async with ActorSystem(cfg(tiny_model)) as s:
         first = await _turn(s, 0, PROMPT)
-        store = s.slots[0].pages
+        store = s.slots[0].moves.pages
         real_ask = store.ask
 
         async def failing_ask(msg):
@@ -120,12 +120,12 @@ async def test_failed_page_in_leaves_the_page_in_the_store(tiny_model):
 
         for sl in s.slots:
             # page_in submits the copy and waits for it after the checkpoints' bookkeeping
-            sl.engine = type("E", (), {"run": staticmethod(failing_run), "submit": staticmethod(lambda job: job),
+            sl.memory.engine = type("E", (), {"run": staticmethod(failing_run), "submit": staticmethod(lambda job: job),
                                        "wait": staticmethod(failing_run)})()
         with pytest.raises(PageDoesNotFit):
             await s.page_in(1, "m")
         for sl in s.slots:
-            sl.engine = s.engine
+            sl.memory.engine = s.engine
         assert [p.page for p in await s.page_list()] == ["m"]
         assert (await s.page_stats()).charged == out["n_bytes"]
         assert (await s.slot_list())[1].n_tokens == 0
