@@ -132,7 +132,6 @@ class EngineThread:
         self._running: Any = None  # the job the engine thread runs now
         self.deferred = 0  # results handed over without a ring of their own (a count)
         self.jobs_done = 0
-        self.jobs_failed = 0
         # Read by the loop (service/sleep.py), written only here: jobs that were not QUIET
         # (the idle clock's activity), and whether the engine sleeps after the last job.
         self.busy_jobs = 0
@@ -344,7 +343,6 @@ class EngineThread:
                     if overlaps:
                         self._last_step_s = time.perf_counter() - t0
                 except BaseException as e:
-                    self.jobs_failed += 1
                     # The loop side gets the typed error without this thread's frames: they
                     # hold the job (a gene load's whole image, a page's state) for as long as
                     # anyone keeps the error.
