@@ -12,7 +12,7 @@ each request anyway to find its mind); a front in the keeper process talking to 
 router over Ray (every streamed chunk would cross a second process).
 
 - Minds: a request's mind comes from where the single-node front takes it (the
-  `X-Actord-Mind` header, else `prompt_cache_key`, else `user`, through `openai.wire.mind_for`;
+  `X-Actord-Mind` header, else `prompt_cache_key`, else `user`, through `http/turns.py mind_for`;
   the Responses API adds its conversation's mind), and its turn is the router's
   (`MindRouter.turn`): placed on its first turn, on its directory node after, exactly once
   per turn id, moved with its pages. A request that names no mind is run on the least

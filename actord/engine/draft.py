@@ -107,7 +107,6 @@ class Drafter(SideContext):
         self._views = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
         self._decode = lib.raw("llama_decode")
         self._bind()
-        self.failures = 0  # draft decodes that failed (the step went on without drafts)
         self._snap: dict[int, tuple[int, bytes, list[int]]] = {}  # seq -> (extent, state, drafts)
         self._replays: list[tuple[int, int, bytes, list[int]]] = []
 
@@ -183,7 +182,6 @@ class Drafter(SideContext):
                 logits[k] = 1
             self.batch.n_tokens = len(live)
             if self._decode(self.ctx, self.batch) != 0:
-                self.failures += 1
                 for i in live:
                     self._seq_rm(self.mem, entries[i].seq, extent[i], -1)
                 break
@@ -199,7 +197,6 @@ class Drafter(SideContext):
 
     def _fail(self, entries: Sequence[J.StepEntry], extent: dict[int, int]) -> None:
         """The catch-up did not decode: back to where the plan started, no drafts."""
-        self.failures += 1
         for i in extent:
             e = entries[i]
             if self.extent(e.seq) >= e.draft_pos0:
@@ -263,7 +260,6 @@ class Drafter(SideContext):
             return
         self.batch.n_tokens = k
         if self._decode(self.ctx, self.batch) != 0:
-            self.failures += 1
             for seq in seqs:
                 self._seq_rm(self.mem, seq, -1, -1)
 

@@ -7,13 +7,17 @@ Being msgspec Structs, jobs and results can be digested into a trace and replaye
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
 
 class Job(msgspec.Struct, tag=True, frozen=True):
-    pass
+    # How the engine thread queues a job (engine/thread.py): `between_steps`, at the next
+    # step boundary, ahead of steps already queued; `overlaps`, its result may wait for the
+    # next step's decode to reach the loop. Class-level, so neither is in the job's data.
+    between_steps: ClassVar[bool] = False
+    overlaps: ClassVar[bool] = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True):

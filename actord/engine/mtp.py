@@ -99,7 +99,6 @@ class MtpDrafter(SideContext):
         self._step: list[tuple[J.StepEntry, int, list[int], Any]] = []  # (entry, n own rows, tokens, rows)
         self._drafted: dict[int, tuple[int, list[int]]] = {}  # seq -> (pos0, draft)
         self._kept: dict[int, int] = {}  # seq -> what the target kept after the verify
-        self.failures = 0
 
     def close(self) -> None:
         if self.bx is not None:  # made on the context: freed before it
@@ -163,7 +162,6 @@ class MtpDrafter(SideContext):
         step = 0
         while items:
             if not self._run(items):
-                self.failures += 1
                 for i in order:  # the head keeps what it had before this round
                     self._seq_rm(self.mem, entries[i].seq, entries[i].pos0 + step, -1)
                 break
@@ -230,7 +228,6 @@ class MtpDrafter(SideContext):
             self.h_pos[seq] = pos0 + last
         self._step, self._drafted, self._kept = [], {}, {}
         if items and not self._run(items):
-            self.failures += 1
             for seq, p in firsts.items():
                 self._seq_rm(self.mem, seq, p, -1)
                 self.h_pos[seq] = -1

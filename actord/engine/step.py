@@ -54,7 +54,6 @@ class Stepper:
         self._batch_seq = [-1] * context.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
         self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
         self._replay: list[tuple[int, Any, list[int], int]] = _NO_REPLAY
-        self.replays = 0  # steps that restored and re-decoded rejected verifies (rollback "replay")
 
     def step(self, job: J.Step) -> J.StepOut:
         return run_in_epoch(self, job, self._step)
@@ -303,7 +302,6 @@ class Stepper:
                 seq_id[k][0] = self._batch_seq[k] = seq  # `_step` trusts what it last wrote
                 k += 1
         self._replay = []
-        self.replays += 1
         c.batch.n_tokens = k
         rc = c.decode(c.ctx, c.batch)
         if rc != 0:

@@ -32,13 +32,13 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import anyio
 import sniffio
 
 from actord.engine.doorbell import Doorbell
-from actord.engine.jobs import QUIET, Sleep, Step
+from actord.engine.jobs import QUIET, Job, Sleep, Step
 from actord.vocabulary.errors import ActordError, EngineError, ShuttingDown
 from actord.vocabulary.log import get
 
@@ -56,6 +56,13 @@ def _one_token_each(step: Step) -> bool:
     return True
 
 
+class Announced(Protocol):
+    """What the engine thread asks of the engine its factory builds: a hook the thread sets
+    and the engine calls right before each llama_decode (`EngineThread._announce`)."""
+
+    before_decode: Callable[[], None] | None
+
+
 class _SubmittedJob:
     """One submitted job: the engine thread fills it, the loop side awaits it.
 
@@ -66,7 +73,7 @@ class _SubmittedJob:
 
     __slots__ = ("job", "value", "error", "owner", "settled", "waiter", "n")
 
-    def __init__(self, job: Any, owner: "EngineThread") -> None:
+    def __init__(self, job: Job, owner: "EngineThread") -> None:
         self.job = job
         self.value: Any = None
         self.error: BaseException | None = None
@@ -100,7 +107,7 @@ class EngineThread:
 
     def __init__(
         self,
-        factory: Callable[[], Any],
+        factory: Callable[[], Announced],
         runner: Callable[[Any, Any], Any],
         closer: Callable[[Any], None],
         name: str = "actord-engine",
@@ -132,7 +139,6 @@ class EngineThread:
         self._running: Any = None  # the job the engine thread runs now
         self.deferred = 0  # results handed over without a ring of their own (a count)
         self.jobs_done = 0
-        self.jobs_failed = 0
         # Read by the loop (service/sleep.py), written only here: jobs that were not QUIET
         # (the idle clock's activity), and whether the engine sleeps after the last job.
         self.busy_jobs = 0
@@ -148,6 +154,7 @@ class EngineThread:
         # or not anyone waits for it yet: a deterministic dispatcher waits on it for quiet.
         self.on_settled: Callable[[], None] | None = None
         self._loop: Any = None  # asyncio's running loop (its futures are the waiters), else None
+        self._bell: Doorbell | None = None  # made by `start`, on the loop it wakes
 
     # -- loop side ---------------------------------------------------------------------
 
@@ -173,10 +180,10 @@ class EngineThread:
         while done:
             done.popleft()._done()
 
-    async def run(self, job: Any) -> Any:
+    async def run(self, job: Job) -> Any:
         return await self.wait(self.submit(job))
 
-    def submit(self, job: Any) -> _SubmittedJob:
+    def submit(self, job: Job) -> _SubmittedJob:
         """Queue a job without waiting: the scheduler keeps the next step queued behind the
         running one, so the engine thread goes from one step to the next without a loop
         round trip in between. Await it with `wait`, exactly once."""
@@ -187,14 +194,14 @@ class EngineThread:
             self.enqueue(job, p)
         return p
 
-    def enqueue(self, job: Any, p: _SubmittedJob) -> None:
+    def enqueue(self, job: Job, p: _SubmittedJob) -> None:
         """On the loop: put a job in the engine thread's queue (`submit`, or a gate later)."""
         self.inflight += 1
         if self._stopping:  # a gate letting a job go as the engine stops: answered, never run
             p.error = ShuttingDown("engine is shutting down")
             p._done()
             return
-        if getattr(job, "between_steps", False):
+        if job.between_steps:
             self._urgent.append((job, p))
             self._q.put(_WAKE)
         else:
@@ -225,7 +232,7 @@ class EngineThread:
         if self._thread.is_alive():
             self._q.put(_STOP)
             await anyio.to_thread.run_sync(self._thread.join)
-        bell = getattr(self, "_bell", None)
+        bell = self._bell
         if bell is not None:
             self._drain()  # whatever the thread finished last (jobs failed at the stop marker)
             bell.close()
@@ -313,18 +320,17 @@ class EngineThread:
             return
         try:
             engine = self._factory()
+            # A finished step's completion is held back while the next step is already
+            # queued, and let go right before that step enters llama_decode (the engine calls
+            # `before_decode`): the loop then routes step k while step k+1 runs without the
+            # GIL, instead of both threads' Python contending for the GIL between two decodes.
+            engine.before_decode = self._announce
         except BaseException as e:  # reported to start(), never swallowed
             self._start_error = e if isinstance(e, ActordError) else EngineError(f"engine start failed: {e}")
             llama.release_current_thread()
             self._ready.set()
             return
         self._ready.set()
-        # A finished step's completion is held back while the next step is already queued,
-        # and let go right before that step enters llama_decode (the engine calls
-        # `before_decode`): the loop then routes step k while step k+1 runs without the GIL,
-        # instead of both threads' Python contending for the GIL between two decodes.
-        if hasattr(engine, "before_decode"):
-            engine.before_decode = self._announce
         try:
             while True:
                 item = self._next()
@@ -333,7 +339,7 @@ class EngineThread:
                 job, p = item
                 p.n = self.started
                 self.started += 1
-                overlaps = getattr(job, "overlaps", False)
+                overlaps = job.overlaps
                 if not overlaps:
                     self._release_held()  # (it rings for whatever waited with it)
                 self._running = job
@@ -344,7 +350,6 @@ class EngineThread:
                     if overlaps:
                         self._last_step_s = time.perf_counter() - t0
                 except BaseException as e:
-                    self.jobs_failed += 1
                     # The loop side gets the typed error without this thread's frames: they
                     # hold the job (a gene load's whole image, a page's state) for as long as
                     # anyone keeps the error.

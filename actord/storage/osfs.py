@@ -36,7 +36,8 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, TypeVar
@@ -52,12 +53,18 @@ class SimulatedCrash(BaseException):
     """The publisher stops dead here; whatever is on disk stays as it is."""
 
 
-def _error(op: str, target: Path | str, exc: OSError) -> StorageError:
-    code = exc.errno
-    name = _errno.errorcode.get(code, str(code)) if code is not None else "?"
-    return StorageError(
-        f"{op} {target}: {exc.strerror or exc} ({name})", op=op, path=str(target), errno=code
-    )
+@contextmanager
+def _typed(op: str, target: Path | str) -> Iterator[None]:
+    """The one place an OSError becomes a StorageError (the second rule above); a
+    SimulatedCrash, a BaseException, passes through untouched, as a dead process would."""
+    try:
+        yield
+    except OSError as e:
+        code = e.errno
+        name = _errno.errorcode.get(code, str(code)) if code is not None else "?"
+        raise StorageError(
+            f"{op} {target}: {e.strerror or e} ({name})", op=op, path=str(target), errno=code
+        ) from e
 
 
 class FileLock:
@@ -76,18 +83,14 @@ class FileLock:
         """The number the lock file holds (0: none yet): publishers count their holds of
         the page folder's lock in it (storage/publish.py `_locked`)."""
         assert self._fd is not None
-        try:
+        with _typed("read", self.path):
             raw = os.pread(self._fd, 8, 0)
-        except OSError as e:
-            raise _error("read", self.path, e) from e
         return int.from_bytes(raw, "little") if len(raw) == 8 else 0
 
     def set_count(self, n: int) -> None:
         assert self._fd is not None
-        try:
+        with _typed("write", self.path):
             os.pwrite(self._fd, n.to_bytes(8, "little"), 0)
-        except OSError as e:
-            raise _error("write", self.path, e) from e
 
     def __enter__(self) -> FileLock:
         return self
@@ -109,36 +112,31 @@ class OsFs:
 
     def step(self, name: str) -> None:
         """A named point in a publication; does nothing on the real OS."""
-        try:
+        with _typed("step", name):
             self._enter("step", name)
             self._exit("step", name)
-        except OSError as e:
-            raise _error("step", name, e) from e
 
     # ---- files ------------------------------------------------------------------------
 
     def write_file(self, path: Path, parts: Iterable[Buffer]) -> int:
         """Create/truncate `path`, write every part, fsync, close. Returns bytes written."""
-        fd = -1
-        try:
+        with _typed("write_file", path):
             self._enter("write", path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            total = 0
-            for part in parts:
-                view = memoryview(part).cast("B")
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                    total += n
-            self._exit("write", path)
-            self._enter("fsync", path)
-            os.fsync(fd)
-            self._exit("fsync", path)
-            return total
-        except OSError as e:
-            raise _error("write_file", path, e) from e
-        finally:
-            if fd >= 0:
+            try:
+                total = 0
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                        total += n
+                self._exit("write", path)
+                self._enter("fsync", path)
+                os.fsync(fd)
+                self._exit("fsync", path)
+                return total
+            finally:
                 os.close(fd)
 
     def read_file(self, path: Path, limit: int | None = None) -> bytearray | None:
@@ -149,7 +147,7 @@ class OsFs:
         anything is read: opened with O_NONBLOCK (a FIFO with no writer would block the open
         itself, a read on it for ever, holding a worker thread past shutdown) and fstat'ed.
         """
-        try:
+        with _typed("read_file", path):
             try:
                 self._enter("read", path)
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
@@ -178,22 +176,18 @@ class OsFs:
                 os.close(fd)
             self._exit("read", path)
             return buf
-        except OSError as e:
-            raise _error("read_file", path, e) from e
 
     def _op(self, op: str, path: Path, fn: Callable[[], T], shown: object = None) -> T:
         """One OS call behind the fault seam (`_enter`/`_exit`); an OSError comes out typed."""
-        try:
+        with _typed(op, path if shown is None else shown):
             self._enter(op, path)
             out = fn()
             self._exit(op, path)
             return out
-        except OSError as e:
-            raise _error(op, path if shown is None else shown, e) from e
 
     def stat(self, path: Path) -> os.stat_result | None:
         """lstat; None only for "not found". Every other error raises, never "absent"."""
-        try:
+        with _typed("stat", path):
             try:
                 self._enter("stat", path)  # an injected ENOENT is "not found" too
                 st = os.stat(path, follow_symlinks=False)
@@ -201,8 +195,6 @@ class OsFs:
                 st = None
             self._exit("stat", path)
             return st
-        except OSError as e:
-            raise _error("stat", path, e) from e
 
     def unlink(self, path: Path) -> None:
         self._op("unlink", path, lambda: os.unlink(path))
@@ -211,16 +203,13 @@ class OsFs:
 
     def dirsync(self, path: Path) -> None:
         """fsync a directory, so the names created, renamed or removed in it are durable."""
-        fd = -1
-        try:
+        with _typed("dirsync", path):
             self._enter("dirsync", path)
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            os.fsync(fd)
-            self._exit("dirsync", path)
-        except OSError as e:
-            raise _error("dirsync", path, e) from e
-        finally:
-            if fd >= 0:
+            try:
+                os.fsync(fd)
+                self._exit("dirsync", path)
+            finally:
                 os.close(fd)
 
     def rename(self, src: Path, dst: Path) -> None:
@@ -269,25 +258,21 @@ class OsFs:
     def makedirs(self, path: Path) -> None:
         """The folder and its missing parents; one that exists is left alone (nothing is
         written to a read-only file system that already holds it)."""
-        try:
+        with _typed("makedirs", path):
             self._enter("mkdir", path)
             if not os.path.isdir(path):
                 os.makedirs(path, 0o755, exist_ok=True)
             self._exit("mkdir", path)
-        except OSError as e:
-            raise _error("makedirs", path, e) from e
 
     def rmtree(self, path: Path) -> None:
         """Remove a staging folder and everything in it. A folder already gone is fine."""
-        try:
+        with _typed("rmtree", path):
             self._enter("rmtree", path)
             try:
                 shutil.rmtree(path)
             except FileNotFoundError:
                 pass
             self._exit("rmtree", path)
-        except OSError as e:
-            raise _error("rmtree", path, e) from e
 
     # ---- processes and locks ------------------------------------------------------------
 
@@ -296,7 +281,7 @@ class OsFs:
 
     def pid_alive(self, pid: int) -> bool:
         """True unless the OS says no such process. Unsure (EPERM) counts as alive."""
-        try:
+        with _typed("pid_alive", str(pid)):
             self._enter("pid_alive", str(pid))
             try:
                 os.kill(pid, 0)
@@ -307,35 +292,25 @@ class OsFs:
                 alive = True  # it exists, it is just not ours
             self._exit("pid_alive", str(pid))
             return alive
-        except OSError as e:
-            raise _error("pid_alive", str(pid), e) from e
 
     def lock(self, path: Path, *, blocking: bool = True) -> FileLock | None:
         """An exclusive flock on `path` (created if missing). Non-blocking: None if held."""
-        fd = -1
-        try:
+        with _typed("lock", path):
             self._enter("lock", path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            held = FileLock(fd, path)  # its release closes fd, on every way out below
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                os.close(fd)
-                fd = -1
-                self._exit("lock", path)
-                return None
-            held = FileLock(fd, path)
-            fd = -1
-            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    held.release()
+                    self._exit("lock", path)
+                    return None
                 self._exit("lock", path)
             except BaseException:
                 held.release()  # an abandoned caller never got the lock; a dead process drops it
                 raise
             return held
-        except OSError as e:
-            raise _error("lock", path, e) from e
-        finally:
-            if fd >= 0:
-                os.close(fd)
 
 
 # ---- fault injection ----------------------------------------------------------------------

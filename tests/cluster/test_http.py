@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason=NO_RAY)
 openai = pytest.importorskip("openai")
 
 from actord.cluster.client import ClusterClient, get  # noqa: E402
-from actord.frontends.http.openai import wire as O  # noqa: E402
+from actord.frontends.http.turns import mind_for  # noqa: E402
 from actord.testing.models import write_tiny_chat  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -66,7 +66,7 @@ def test_a_two_turn_chat_with_the_same_user_reuses_its_first_turn_on_the_directo
     r1 = client.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=6, temperature=0, user="ada")
     u1 = r1.usage
     assert r1.choices[0].message.role == "assistant" and u1.completion_tokens == 6
-    mind = O.mind_for("u", "ada")  # the single-node front's mind for `user`
+    mind = mind_for("u", "ada")  # the single-node front's mind for `user`
     entry = ray_client.where(mind)
     assert entry is not None and entry.epoch == 1
     msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "and then"}]
@@ -190,7 +190,7 @@ def test_a_client_that_hangs_up_mid_stream_cancels_the_turn_on_its_node(cluster,
         for line in s.iter_lines():
             if '"content":"' in line and '"content":""' not in line:
                 break  # the first generated text: hang up (900 tokens take about a second here)
-    mind = O.mind_for("u", "hangs-up")
+    mind = mind_for("u", "hangs-up")
     node = ray_client.where(mind).node
     wait_until(lambda: get(cluster.node(node).load.remote()).unwrap().queue == 0, "the node's queue empties")
     # The node's turn was cancelled (ray.cancel), not run to its end: never recorded as applied.

@@ -140,7 +140,7 @@ async def test_a_failed_step_reaches_its_waiter_at_once() -> None:
                     reason="needs two CPUs and Linux affinity")
 async def test_the_engine_thread_runs_on_the_cpus_it_is_given() -> None:
     cpu = max(os.sched_getaffinity(0))
-    t = EngineThread(lambda: None, lambda e, job: frozenset(os.sched_getaffinity(0)), lambda e: None,
+    t = EngineThread(Device, lambda e, job: frozenset(os.sched_getaffinity(0)), lambda e: None,
                      cpus=frozenset({cpu}))
     await t.start()
     try:

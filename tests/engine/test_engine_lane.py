@@ -20,6 +20,7 @@ class Recorder:
         self.order: list[str] = []
         self.gate = threading.Event()
         self.running = threading.Event()  # the first step is in `run`, held at the gate
+        self.before_decode = None  # the hook the engine thread sets (engine/thread.py Announced)
 
     def run(self, job: J.Job) -> str:
         if isinstance(job, J.Step) and not self.order:
@@ -33,8 +34,8 @@ class Recorder:
 def test_idle_sequence_work_is_between_steps_and_nothing_else_is() -> None:
     idle = (J.StateSize, J.StateGet, J.StateSet, J.SeqRm, J.SetSampler, J.MemoryRange, J.Tokenize,
             J.Detokenize, J.Pieces)
-    assert all(getattr(c, "between_steps", False) for c in idle)
-    assert not any(getattr(c, "between_steps", False) for c in (J.Step, J.GenePageIn, J.GenePageOut, J.GeneLoad,
+    assert all(c.between_steps for c in idle)
+    assert not any(c.between_steps for c in (J.Step, J.GenePageIn, J.GenePageOut, J.GeneLoad,
                                                                   J.FreeSampler, J.Fail, J.StepRecords))
 
 
@@ -59,7 +60,7 @@ async def test_a_page_in_jumps_the_steps_already_queued() -> None:
 async def test_jobs_finished_while_the_loop_is_busy_all_reach_their_waiters() -> None:
     """One ring of the doorbell serves every job finished before the loop drains; a job
     finished after a drain rings again (engine/doorbell.py `Doorbell`)."""
-    t = EngineThread(lambda: None, lambda e, job: job.text, lambda e: None)
+    t = EngineThread(Recorder, lambda e, job: job.text, lambda e: None)
     await t.start()
     try:
         pend = [t.submit(J.Tokenize(text=str(i))) for i in range(50)]
@@ -81,7 +82,7 @@ async def test_a_cancelled_waiter_leaves_the_job_to_finish_and_the_next_wait_wor
             gate.wait(10)
         return type(job).__name__
 
-    t = EngineThread(lambda: None, run, lambda e: None)
+    t = EngineThread(Recorder, run, lambda e: None)
     await t.start()
     try:
         p = t.submit(J.Step(entries=[]))

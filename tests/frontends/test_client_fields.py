@@ -19,7 +19,7 @@ import pytest
 from actord.chat import tools as T
 from actord.chat.messages import Tool
 from actord.frontends.http.app import HttpFront
-from actord.frontends.http.openai import wire as O
+from actord.frontends.http.turns import mind_for
 from actord.vocabulary.config import Config
 from actord.vocabulary.errors import InvalidParams
 from tests.frontends.test_openai_http import KEY, front_on_tiny, openai_client
@@ -78,9 +78,9 @@ async def test_ignore_eos_reaches_the_generation_on_every_route(route):
 async def test_a_session_header_names_a_mind_only_when_the_operator_names_the_header(route):
     session = {"X-Correlation-ID": "bench-7"}
     flagged = await _ask(route, {}, session, http_mind_headers=["X-Correlation-ID,X-Session-Id"])
-    assert flagged.mind == O.mind_for("h", "bench-7")
+    assert flagged.mind == mind_for("h", "bench-7")
     other = await _ask(route, {}, {"X-Session-Id": "s-1"}, http_mind_headers=["X-Correlation-ID,X-Session-Id"])
-    assert other.mind == O.mind_for("h", "s-1")
+    assert other.mind == mind_for("h", "s-1")
     unflagged = await _ask(route, {}, session)
     assert unflagged.mind != flagged.mind
     named = await _ask(route, {}, {**session, "X-Actord-Mind": "ada"}, http_mind_headers=["X-Correlation-ID"])

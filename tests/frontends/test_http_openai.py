@@ -10,7 +10,9 @@ import msgspec
 import pytest
 
 from actord.vocabulary.errors import InvalidParams, PromptTooLong
+from actord.frontends.http.openai import answers as A
 from actord.frontends.http.openai import wire as O
+from actord.frontends.http.turns import mind_for
 from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers, tcp_peer
 from actord.vocabulary.names import check_part
 
@@ -27,15 +29,15 @@ def _text(**body) -> O.TextCompletionRequest:
 
 @pytest.mark.parametrize("value", ["ada", "a b:c/d", "../../etc/passwd", "", "x" * 5000, "日本語", "\x00\n"])
 def test_user_with_spaces_maps_to_a_stable_mind(value):
-    name = O.mind_for("u", value)
-    assert name == O.mind_for("u", value)  # stable
+    name = mind_for("u", value)
+    assert name == mind_for("u", value)  # stable
     assert check_part(name) is None  # one confined page-name component, whatever the input
     assert name.startswith("u-") and len(name) == 34
-    assert O.mind_for("k", value) != name  # a cache key and an end-user id never share a mind
+    assert mind_for("k", value) != name  # a cache key and an end-user id never share a mind
 
 
 def test_distinct_users_get_distinct_minds():
-    names = {O.mind_for("u", f"user {i}") for i in range(1000)}
+    names = {mind_for("u", f"user {i}") for i in range(1000)}
     assert len(names) == 1000
 
 
@@ -128,20 +130,20 @@ def test_logprobs_take_openai_shapes_in_answers_and_chunks():
            TokenLogprob(token=6, text="llo", bytes=[108, 108, 111], logprob=-0.25)]
     r = CompletionResult(content="hello", tokens=[5, 6], n_prompt_tokens=3, n_prompt_processed=3, n_cached=0,
                          slot=0, stop_reason="length", timings=Timings(0, 0, 0, 0), logprobs=lps)
-    chat = O.chat_completion("id", "m", r, 0, "fp", logprobs=True)["choices"][0]["logprobs"]
+    chat = A.chat_completion("id", "m", r, 0, "fp", logprobs=True)["choices"][0]["logprobs"]
     assert chat["content"][0] == {"token": "he", "logprob": -0.5, "bytes": [104, 101], "top_logprobs": [
         {"token": "he", "logprob": -0.5, "bytes": [104, 101]}, {"token": "x", "logprob": -1.5, "bytes": [120]}]}
-    assert O.chat_completion("id", "m", r, 0, "fp")["choices"][0]["logprobs"] is None
-    text = O.text_completion("id", "m", r, 0, "fp", logprobs=True)["choices"][0]["logprobs"]
+    assert A.chat_completion("id", "m", r, 0, "fp")["choices"][0]["logprobs"] is None
+    text = A.text_completion("id", "m", r, 0, "fp", logprobs=True)["choices"][0]["logprobs"]
     assert text == {"tokens": ["he", "llo"], "token_logprobs": [-0.5, -0.25],
                     "top_logprobs": [{"he": -0.5, "x": -1.5}, {}], "text_offset": [0, 2]}
-    chunks = O.Chunks(False, "m", logprobs=True)
+    chunks = A.Chunks(False, "m", logprobs=True)
     first, second = chunks.delta("he", lps[:1]), chunks.delta("llo", lps[1:])
     assert second["choices"][0]["logprobs"]["text_offset"] == [2]  # offsets run on across chunks
     assert first["choices"][0]["logprobs"]["tokens"] == ["he"]
-    c = O.Chunks(True, "m", logprobs=True).delta("he", lps[:1])
+    c = A.Chunks(True, "m", logprobs=True).delta("he", lps[:1])
     assert c["choices"][0]["logprobs"]["content"][0]["token"] == "he"
-    assert "logprobs" not in O.Chunks(True, "m").delta("he")["choices"][0]
+    assert "logprobs" not in A.Chunks(True, "m").delta("he")["choices"][0]
 
 
 def test_a_list_of_prompts_is_several_and_a_flat_list_of_ints_is_one():
@@ -163,10 +165,10 @@ def test_several_prompts_usage_sums_each_prompts_own():
         return CompletionResult(content="x", tokens=[1] * n_out, n_prompt_tokens=n_prompt, n_prompt_processed=n_prompt,
                                 n_cached=cached, slot=0, stop_reason="length", timings=Timings(0.0, 0.0, 0.0, 0.0))
 
-    u = O.usage([[r(5, 2, 1), r(5, 3)], [r(7, 4, 2), r(7, 1)]])  # each prompt's n=2 choices
+    u = A.usage([[r(5, 2, 1), r(5, 3)], [r(7, 4, 2), r(7, 1)]])  # each prompt's n=2 choices
     assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (12, 10, 22)
     assert u["prompt_tokens_details"]["cached_tokens"] == 3
-    body = O.text_completion("id", "m", [[r(5, 2), r(5, 3)], [r(7, 4), r(7, 1)]], 0, "")
+    body = A.text_completion("id", "m", [[r(5, 2), r(5, 3)], [r(7, 4), r(7, 1)]], 0, "")
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
 
 
@@ -380,29 +382,29 @@ def _result(text: str, stop: str, n_out: int, cached: int = 0):
 
 def test_n_results_make_one_answer_by_index_with_the_prompt_counted_once():
     rs = [_result("a", "eos", 3, cached=9), _result("bb", "length", 5), _result("c", "stop", 1)]
-    chat = O.chat_completion("id", "m", rs, 0, "fp")
+    chat = A.chat_completion("id", "m", rs, 0, "fp")
     assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
     assert [c["message"]["content"] for c in chat["choices"]] == ["a", "bb", "c"]
     assert [c["finish_reason"] for c in chat["choices"]] == ["stop", "length", "stop"]
     assert chat["usage"] == {"prompt_tokens": 10, "completion_tokens": 9, "total_tokens": 19,
                              "prompt_tokens_details": {"cached_tokens": 9}}
-    text = O.text_completion("id", "m", rs, 0, "fp")
+    text = A.text_completion("id", "m", rs, 0, "fp")
     assert [(c["index"], c["text"]) for c in text["choices"]] == [(0, "a"), (1, "bb"), (2, "c")]
     assert text["usage"] == chat["usage"]
-    assert O.chat_completion("id", "m", rs[0], 0, "fp")["usage"]["completion_tokens"] == 3
+    assert A.chat_completion("id", "m", rs[0], 0, "fp")["usage"]["completion_tokens"] == 3
 
 
 def test_n_streamed_chunks_carry_their_choice_index_and_keep_offsets_apart():
     from actord.vocabulary.types import TokenLogprob
 
-    c = O.Chunks(True, "m", n=3)
+    c = A.Chunks(True, "m", n=3)
     assert [f["choices"][0]["index"] for f in c.firsts()] == [0, 1, 2]
     assert c.delta("x", index=2)["choices"][0]["index"] == 2
     rs = [_result("a", "eos", 1), _result("b", "length", 1), _result("c", "eos", 1)]
     assert [(x["choices"][0]["index"], x["choices"][0]["finish_reason"]) for x in c.lasts(rs)] == \
         [(0, "stop"), (1, "length"), (2, "stop")]
     assert c.usage(rs)["usage"]["completion_tokens"] == 3 and c.usage(rs)["choices"] == []
-    t = O.Chunks(False, "m", logprobs=True, n=2)
+    t = A.Chunks(False, "m", logprobs=True, n=2)
     lp = [TokenLogprob(token=5, text="ab", bytes=[97, 98], logprob=-1.0)]
     assert t.delta("ab", lp, index=1)["choices"][0]["logprobs"]["text_offset"] == [0]
     assert t.delta("ab", lp, index=1)["choices"][0]["logprobs"]["text_offset"] == [2]

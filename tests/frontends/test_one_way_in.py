@@ -18,7 +18,7 @@ from actord.frontends.http.anthropic import wire as W
 from actord.frontends.http.app import HttpFront
 from actord.frontends.http.openai import responses_api as R
 from actord.frontends.http.openai import wire as O
-from actord.frontends.http.turns import TurnContext
+from actord.frontends.http.turns import TurnContext, mind_for
 from actord.vocabulary import errors as E
 from actord.vocabulary.config import Config
 from actord.vocabulary.types import DEFAULT_LIMITS
@@ -61,7 +61,7 @@ def test_to_turn_is_pure_the_same_request_reads_the_same_turn():
     a, b = O.to_turn(req, headers, CONTEXT), O.to_turn(req, headers, CONTEXT)
     assert a.chat == b.chat and a.degraded.notes == b.degraded.notes and a.chat.mind == "ada"
     named = O.to_turn(req, {}, CONTEXT)  # no header: the user's digest, and its label for the dashboard
-    assert named.chat.mind == O.mind_for("u", "someone") and named.label == (named.chat.mind, "user", "someone")
+    assert named.chat.mind == mind_for("u", "someone") and named.label == (named.chat.mind, "user", "someone")
 
 
 def test_the_precheck_reads_the_turns_own_fields_with_no_stand_in_completion():

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from actord.frontends.client import Client
-from actord.frontends.http.openai import wire as O
+from actord.frontends.http.turns import mind_for
 from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 from actord.testing.daemon import wait_until_serving
 from tests.waits import wait_until
@@ -321,7 +321,7 @@ def test_user_with_spaces_maps_to_a_stable_mind(front, client):
     user = "Ada Lovelace: analyst/engine " + "x" * 200  # a space, ':', '/', over 128 characters
     msgs = [{"role": "user", "content": "a mind with a free-form name"}]
     r1 = client.chat.completions.create(model="m", messages=msgs, max_tokens=4, temperature=0, user=user)
-    assert O.mind_for("u", user) in _minds(sock)
+    assert mind_for("u", user) in _minds(sock)
     msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "again"}]
     r2 = client.chat.completions.create(model="m", messages=msgs, max_tokens=4, temperature=0, user=user)
     # The same mind served turn 2: everything of turn 1 but at most its last token was cached.
@@ -334,7 +334,7 @@ def test_prompt_cache_key_takes_precedence_over_user(front, client):
     client.chat.completions.create(model="m", messages=msgs, max_tokens=2, temperature=0, user="someone",
                                    prompt_cache_key="conversation 7")
     minds = _minds(sock)
-    assert O.mind_for("k", "conversation 7") in minds and O.mind_for("u", "someone") not in minds
+    assert mind_for("k", "conversation 7") in minds and mind_for("u", "someone") not in minds
 
 
 def test_unknown_route_is_json_404(front):

@@ -97,7 +97,7 @@ class _Overtaking:
             self.held.append((job, p))
             asyncio.get_running_loop().call_later(0.02, self.flush)
             return False
-        if self.held and getattr(job, "between_steps", False):
+        if self.held and job.between_steps:
             self.overtaken += 1
             self.engine.enqueue(job, p)
             self.flush()

@@ -22,46 +22,29 @@ client's cancel. A system without `forget_mind` (the cluster's router) keeps its
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
+from actord.frontends.http.openai.lru import BoundedLru
 from actord.vocabulary.errors import ActordError
 from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
 
 
-class AnonymousMinds:
+class AnonymousMinds(BoundedLru[int]):
     """The anonymous minds by last use, oldest first, with their charged bytes."""
 
     def __init__(self, max_minds: int, max_bytes: int) -> None:
-        self.max_minds, self.max_bytes = max_minds, max_bytes
-        self.held = 0
-        self._minds: collections.OrderedDict[str, int] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._minds)
-
-    def __contains__(self, mind: str) -> bool:
-        return mind in self._minds
+        super().__init__(max_minds, max_bytes, int)
 
     def touch(self, mind: str, n_bytes: int) -> list[str]:
         """`mind` was just used and now holds `n_bytes`: the minds to forget, oldest first
         (never `mind` itself), already taken off the list."""
-        self.held += n_bytes - self._minds.pop(mind, 0)
-        self._minds[mind] = n_bytes
-        out: list[str] = []
-        while len(self._minds) > 1 and (len(self._minds) > self.max_minds or self.held > self.max_bytes):
-            old, size = self._minds.popitem(last=False)
-            self.held -= size
-            out.append(old)
-        return out
+        return [old for old, _ in self._add(mind, n_bytes)]
 
     def keep(self, mind: str, n_bytes: int) -> None:
         """`mind` could not be forgotten yet (it sits in a slot): listed again, as the oldest."""
-        self._minds[mind] = n_bytes
-        self._minds.move_to_end(mind, last=False)
-        self.held += n_bytes
+        self._add_oldest(mind, n_bytes)
 
 
 async def forget_past_bound(minds: AnonymousMinds, system: Any, mind: str, c: Any) -> None:

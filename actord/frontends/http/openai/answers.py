@@ -1,7 +1,7 @@
 """OpenAI's answer shapes: a chat.completion or text_completion body and the streamed chunks,
 for one choice or n (OpenAI's `n`: actord/chat/choices.py).
 
-Pure functions, no I/O (`wire.py` re-exports them; its docstring draws the fields' lines).
+Pure functions, no I/O (`wire.py`'s docstring draws the fields' lines).
 With n choices: `choices[i]` has `index` i, its own finish_reason, logprobs and (chat) tool
 calls; `usage` counts the prompt once and sums the choices' completion tokens
 (`choices.merge_usage`). Several prompts (completions): choice p x n + i is prompt p's

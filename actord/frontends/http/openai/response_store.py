@@ -9,12 +9,12 @@ is in docs/http.md.
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import msgspec
 
 from actord.chat.messages import ChatMessage
+from actord.frontends.http.openai.lru import BoundedLru
 
 
 class Stored(msgspec.Struct):
@@ -24,34 +24,13 @@ class Stored(msgspec.Struct):
     n_bytes: int
 
 
-class ResponseStore:
+class ResponseStore(BoundedLru[Stored]):
     """Responses by id, oldest dropped first past `max_items` or `max_bytes`."""
 
     def __init__(self, max_items: int, max_bytes: int) -> None:
-        self.max_items, self.max_bytes = max_items, max_bytes
-        self.held = 0
-        self._items: collections.OrderedDict[str, Stored] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, rid: str) -> Stored | None:
-        s = self._items.get(rid)
-        if s is not None:
-            self._items.move_to_end(rid)
-        return s
+        super().__init__(max_items, max_bytes, lambda s: s.n_bytes)
 
     def put(self, rid: str, s: Stored) -> None:
         if s.n_bytes > self.max_bytes or self.max_items == 0:
-            return
-        self._items[rid] = s
-        self.held += s.n_bytes
-        while len(self._items) > self.max_items or self.held > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self.held -= old.n_bytes
-
-    def pop(self, rid: str) -> Stored | None:
-        s = self._items.pop(rid, None)
-        if s is not None:
-            self.held -= s.n_bytes
-        return s
+            return  # answered, not stored: the store is off, or the one response would pass the bound
+        self._add(rid, s)

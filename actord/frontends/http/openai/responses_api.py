@@ -74,7 +74,7 @@ from actord.chat.messages import ChatMessage, Tool, ToolCall
 from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.anonymous import AnonymousMinds, forget_past_bound
-from actord.frontends.http.openai.answers import llama_timings
+from actord.frontends.http.openai.answers import llama_timings, new_id
 from actord.frontends.http.openai import responses_extras as X
 from actord.frontends.http.openai.response_store import ResponseStore, Stored
 from actord.frontends.http.openai.responses_events import Events, _usage, output_items
@@ -411,7 +411,7 @@ class Responses(RouteGroup):
         chat = await fit(front, turn)
         mind, history, sealed = chat.mind, turn.history, turn.sealed
         openai_form = request.url.path.startswith("/v1/")
-        rid = O.new_id("resp", "_")
+        rid = new_id("resp", "_")
         base = {
             "id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "model": req.model or front.model_id, "output": [], "instructions": req.instructions,

@@ -13,7 +13,7 @@ import msgspec
 
 from actord.chat.messages import ChatMessage
 from actord.frontends.http.openai import responses_extras as X
-from actord.frontends.http.openai import wire as O
+from actord.frontends.http.openai.answers import new_id
 
 _enc = msgspec.json.Encoder()
 
@@ -61,7 +61,7 @@ class Events:
             return b""
         out = self._lead()
         if self._thought is None:
-            item = X.reasoning_item(O.new_id("rs", "_"), "", False)
+            item = X.reasoning_item(new_id("rs", "_"), "", False)
             self._thought = (item, [])
             self.output.append(item)
             out += self._ev("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))
@@ -78,7 +78,7 @@ class Events:
     def text(self, delta: str, timings: dict[str, Any] | None = None) -> bytes:
         out = self._lead() + self._close_thought()
         if self._msg is None:
-            self._msg = {"type": "message", "id": O.new_id("msg", "_"), "status": "in_progress", "role": "assistant",
+            self._msg = {"type": "message", "id": new_id("msg", "_"), "status": "in_progress", "role": "assistant",
                          "content": []}
             i = len(self.output)
             self.output.append(self._msg)
@@ -107,7 +107,7 @@ class Events:
 
     def call(self, c: Any) -> bytes:
         out = self._lead() + self._close_thought() + self._close_text("completed")
-        item = {"type": "function_call", "id": O.new_id("fc", "_"), "call_id": c.id, "name": c.name,
+        item = {"type": "function_call", "id": new_id("fc", "_"), "call_id": c.id, "name": c.name,
                 "arguments": "", "status": "in_progress"}
         i = len(self.output)
         self.output.append(item)
@@ -138,12 +138,12 @@ def output_items(msg: ChatMessage, incomplete: bool, sealed: bool = False) -> li
     asked for it), its text as a message item, then one item per call."""
     items: list[dict[str, Any]] = []
     if sealed and msg.reasoning_content:
-        items.append(X.reasoning_item(O.new_id("rs", "_"), msg.reasoning_content, True))
+        items.append(X.reasoning_item(new_id("rs", "_"), msg.reasoning_content, True))
     if msg.content or not msg.tool_calls:
-        items.append({"type": "message", "id": O.new_id("msg", "_"), "status": "incomplete" if incomplete else "completed",
+        items.append({"type": "message", "id": new_id("msg", "_"), "status": "incomplete" if incomplete else "completed",
                       "role": "assistant",
                       "content": [{"type": "output_text", "text": msg.content, "annotations": [], "logprobs": []}]})
     for c in msg.tool_calls or []:
-        items.append({"type": "function_call", "id": O.new_id("fc", "_"), "call_id": c.id, "name": c.name,
+        items.append({"type": "function_call", "id": new_id("fc", "_"), "call_id": c.id, "name": c.name,
                       "arguments": c.arguments, "status": "completed"})
     return items

@@ -46,7 +46,7 @@ from actord.vocabulary.types import CompletionRequest
 from actord.vocabulary.errors import ActordError, InvalidParams, ModelNotFound
 from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
-from actord.frontends.http.openai.answers import verbose_object
+from actord.frontends.http.openai.answers import Chunks, new_id, text_completion, verbose_object
 from actord.frontends.http.openai.tools_wire import call_deltas
 from actord.frontends.http.degraded import Degraded
 from actord.frontends.http.turns import TurnContext, fit, fitted, mind_of
@@ -69,7 +69,7 @@ class OpenAIAnswer:
         self.include_usage, self.logprobs = include_usage, logprobs
         self.functions = functions  # legacy function calling: the answer carries function_call
         self.llama = llama  # served on llama-server's unprefixed alias: its forms where OpenAI's differ
-        self.chunks = O.Chunks(chat, model, front.fingerprint, logprobs, functions, n, llama) if stream else None
+        self.chunks = Chunks(chat, model, front.fingerprint, logprobs, functions, n, llama) if stream else None
 
     def error_object(self, e: Any) -> tuple[int, dict[str, Any]]:
         return error_object(e, llama=self.llama)
@@ -90,7 +90,7 @@ class OpenAIAnswer:
             body = O.from_result(r, model=self.model, created=created, fingerprint=fp, logprobs=self.logprobs,
                                  functions=self.functions)
         else:
-            body = O.text_completion(O.new_id("cmpl"), self.model, r, created, fp, self.logprobs)
+            body = text_completion(new_id("cmpl"), self.model, r, created, fp, self.logprobs)
         if self.prompt_of is not None:
             body["__verbose"] = verbose_object(self.model, r, await self.prompt_of())
         return body

@@ -72,12 +72,8 @@ from actord.chat.messages import ChatMessage
 from actord.vocabulary.errors import ActordError, InvalidParams, PromptTooLong
 from actord.frontends.http.degraded import Degraded
 from actord.frontends.http.openai.tools_wire import calls_from_openai, functions_from_openai, tools_from_openai
-from actord.frontends.http.turns import Turn, TurnContext, mind_for, mind_of  # noqa: F401  (mind_for: the digest)
-# The answer's shapes (one choice or n) live in answers.py; re-exported here.
-from actord.frontends.http.openai.answers import (  # noqa: F401
-    Chunks, _split, chat_completion, chat_logprobs, chat_message, finish_reason, new_id, text_completion,
-    text_logprobs, usage,
-)
+from actord.frontends.http.openai.answers import chat_completion, new_id
+from actord.frontends.http.turns import Turn, TurnContext, mind_of
 
 
 class ContentPart(msgspec.Struct, frozen=True):
