@@ -32,7 +32,8 @@ from actord.serving.messages import SlotLost
 from actord.serving.page_store import PageStore
 from actord.serving.placer import MindPlacer, Spill
 from actord.serving.scheduler import Scheduler
-from actord.serving.slot import Slot, SlotPeers
+from actord.serving.slot import Slot
+from actord.serving.slot_peers import SlotPeers
 from actord.serving.sequence_index import SequenceIndex
 from actord.storage.files import PageFiles
 

@@ -36,24 +36,22 @@ from actord.vocabulary.errors import PageDoesNotFit, PageRamExceeded
 from actord.vocabulary.log import get
 from actord.policy.checkpoint_records import SlotCheckpoint
 from actord.policy.prefix_index import BLOCK
-from actord.serving.sequence_index import Held, SequenceIndex
+from actord.serving.sequence_index import Held
 from actord.serving.slot_memory import SlotMemory
 
 if TYPE_CHECKING:
-    from actord.serving.kernel import Actor
-    from actord.serving.page_store import PageStoreInbox
+    from actord.serving.slot_peers import SlotPeers
 
 log = get("actord.slot")
 
 
 class PageBases:
     """Page moves on a base (see the module docstring): a part of a slot's page moves, given
-    the slot's memory, the sequence index and the page store."""
+    the slot's memory and its peers (the sequence index and the page store are the ones it asks)."""
 
-    def __init__(self, memory: SlotMemory, index: SequenceIndex, pages: Actor[PageStoreInbox]) -> None:
+    def __init__(self, memory: SlotMemory, peers: SlotPeers) -> None:
         self.memory = memory
-        self.index = index
-        self.pages = pages
+        self.peers = peers
         self.base_peer_epoch = 0  # the peer's sequence epoch when a page-in shared its cells
 
     def _peer_shared(self, tokens: list[int]) -> int:
@@ -61,7 +59,7 @@ class PageBases:
         runs: serving/sequence_index.py): a base ends where the two part, mid-block or not, so
         a page on it holds only its own."""
         m = self.memory
-        return self.index.peer_shared(m.id, tokens, m.lineage)
+        return self.peers.index.peer_shared(m.id, tokens, m.lineage)
 
     async def _base_for_page_out(self, name: str, whole: AdmitState | None) -> Page | PageAdmission | None:
         """The base this slot's page can stand on, held for it (Commit or Release it); else,
@@ -73,7 +71,7 @@ class PageBases:
         # The asks that hand this slot a hold are shielded: a hold whose answer a cancel lost
         # would keep a base (and its bytes) forever.
         with anyio.CancelScope(shield=True):
-            found: BaseFound = await self.pages.ask(FindBase(name=name, tokens=tokens, genes=m.genes, scope=m.scope,
+            found: BaseFound = await self.peers.pages.ask(FindBase(name=name, tokens=tokens, genes=m.genes, scope=m.scope,
                                                              whole=whole if peer < BLOCK else None))
         if found.base is not None:
             return found.base
@@ -85,7 +83,7 @@ class PageBases:
         st = await m.engine.run(J.StateGet(seq=m.seq, p1=n))
         n_bytes = st.n_bytes + 4 * n
         try:
-            adm: PageAdmission = await self.pages.ask(AdmitBase(n_bytes=n_bytes, n_state=st.n_bytes))
+            adm: PageAdmission = await self.peers.pages.ask(AdmitBase(n_bytes=n_bytes, n_state=st.n_bytes))
         except PageRamExceeded:
             log.info("page.base_refused", slot=m.id, n_base=n, n_bytes=n_bytes)
             return None
@@ -93,9 +91,9 @@ class PageBases:
                     tokens=list(m.kv_tokens[:n]), genes=m.genes, scope=m.scope)
         with anyio.CancelScope(shield=True):
             try:
-                return await self.pages.ask(Commit(reservation=adm.reservation, page=base))
+                return await self.peers.pages.ask(Commit(reservation=adm.reservation, page=base))
             except BaseException:
-                await self.pages.tell(CancelReservation(reservation=adm.reservation))
+                await self.peers.pages.tell(CancelReservation(reservation=adm.reservation))
                 raise
 
     async def page_out_on_base(self, name: str, ckpts: list[SlotCheckpoint], whole: AdmitState | None = None,
@@ -115,7 +113,7 @@ class PageBases:
             n_base = len(base.tokens)
             rest = await m.engine.run(J.StateGet(seq=m.seq, p0=n_base))
             n_bytes = rest.n_bytes + 4 * len(m.kv_tokens) + sum(c.n_bytes for c in ckpts)
-            reservation = await self.pages.ask(Admit(name=name, n_bytes=n_bytes))
+            reservation = await self.peers.pages.ask(Admit(name=name, n_bytes=n_bytes))
             page = Page(
                 gen=reservation, name=name, n_bytes=n_bytes, state=rest.data, tokens=list(m.kv_tokens),
                 checkpoints=list(ckpts), genes=m.genes, scope=m.scope, gene_digests=digests,
@@ -123,14 +121,14 @@ class PageBases:
                 prompt_end=m.ckpt.prompt_end, base=base, n_base=n_base,
             )
             with anyio.CancelScope(shield=True):  # once committed, the hold is the page's
-                info = await self.pages.ask(Commit(reservation=reservation, page=page))
+                info = await self.peers.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException as e:
             if not isinstance(e, PageRamExceeded):
                 m.metrics.page_failed_total.inc()
             with anyio.CancelScope(shield=True):
                 if reservation is not None:
-                    await self.pages.tell(CancelReservation(reservation=reservation))
-                await self.pages.tell(Release(gen=base.gen))  # the page never took the hold over
+                    await self.peers.pages.tell(CancelReservation(reservation=reservation))
+                await self.peers.pages.tell(Release(gen=base.gen))  # the page never took the hold over
             raise
         return info, n_bytes, rest
 
@@ -138,7 +136,7 @@ class PageBases:
         """A peer slot whose sequence begins with the page's base, under the same lineage, and
         whose cells below it do not change: quiet, or running an enrolled request."""
         assert page.base is not None
-        return self.index.holding(self.memory.id, page.tokens, page.n_base, (page.genes, page.scope))
+        return self.peers.index.holding(self.memory.id, page.tokens, page.n_base, (page.genes, page.scope))
 
     def submit_page_state(self, page: Page) -> tuple[Any, Any]:
         """Submit the job that sets the page's state into this slot's sequence: the whole

@@ -20,7 +20,7 @@ from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import (
     CancelRequest, Complete, Erase, FromBase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
 )
-from actord.serving.prefix_share import MIN_SHARE
+from actord.serving.sequence_index import MIN_SHARE
 from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import MindStart, PageTokens, SpillVictim
 from actord.vocabulary.errors import (

@@ -40,15 +40,13 @@ from actord.engine import jobs as J
 from actord.serving.page_messages import FindBase, Release
 from actord.vocabulary.errors import ActordError
 from actord.policy.prefix_index import common_prefix
-from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
+from actord.serving.sequence_index import MIN_SHARE, Held
 from actord.vocabulary.kv_identity import Lineage
 from actord.serving.slot_memory import SlotMemory
 from actord.vocabulary.log import get
 
 if TYPE_CHECKING:
-    from actord.serving.kernel import Actor
-    from actord.serving.page_store import PageStoreInbox
-    from actord.storage.files import PageFiles
+    from actord.serving.slot_peers import SlotPeers
 
 log = get("actord.slot")
 
@@ -57,27 +55,25 @@ __all__ = ["MIN_SHARE", "PrefixShare", "common_prefix"]
 
 class PrefixShare:
     """A slot's part that starts its sequence from what others hold (see the module
-    docstring): given the slot's memory, the sequence index, the page store and the files."""
+    docstring): given the slot's memory and its peers (the sequence index, the page store
+    and the files are the ones it asks)."""
 
-    def __init__(self, memory: SlotMemory, index: SequenceIndex, pages: Actor[PageStoreInbox],
-                 files: PageFiles) -> None:
+    def __init__(self, memory: SlotMemory, peers: SlotPeers) -> None:
         self.memory = memory
-        self.index = index
-        self.pages = pages
-        self.files = files
+        self.peers = peers
 
     def best_source(self, prompt: list[int], lineage: Lineage, own: int) -> tuple[Held | None, int]:
         """The peer slot holding the longest prefix of `prompt` (at most all but its last
         token) under `lineage`, if it beats `own` by MIN_SHARE; else (None, 0)."""
         if not self.memory.shares_cells():
             return None, 0
-        return self.index.best_source(self.memory.id, prompt, lineage, own)
+        return self.peers.index.best_source(self.memory.id, prompt, lineage, own)
 
     def shared_point(self, prompt: list[int], lineage: Lineage) -> int:
         """Where `prompt` parts from the sequences other slots hold (the longest prefix it
         shares with one, under the same lineage): where minds that open alike diverge, so the
         checkpoint a mind that cannot share cells starts from belongs there."""
-        return self.index.shared_point(self.memory.id, prompt, lineage) if self.memory.share_prefixes else 0
+        return self.peers.index.shared_point(self.memory.id, prompt, lineage) if self.memory.share_prefixes else 0
 
     def best_checkpoint(self, prompt: list[int], lineage: Lineage, own: int) -> tuple[Held | None, Any]:
         """For memory that cannot share cells: the peer checkpoint (a peer slot's, at or
@@ -86,7 +82,7 @@ class PrefixShare:
         m = self.memory
         if not (m.share_prefixes and m.props.needs_checkpoints):
             return None, None
-        return self.index.best_checkpoint(m.id, prompt, lineage, own)
+        return self.peers.index.best_checkpoint(m.id, prompt, lineage, own)
 
     async def share_checkpoint(self, prompt: list[int], lineage: Lineage, own: int) -> int:
         """Start `prompt` from a peer's checkpoint (its cells below it shared, the rest of
@@ -155,7 +151,7 @@ class PrefixShare:
         # the peer's out next, or its request may end and be paged out: seen twice in
         # bench/multiturn.py, each a 1,000-token prefill), and a copy costs a memcpy.
         with anyio.CancelScope(shield=True):  # a base found is held for us: Released below
-            found = await self.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=lineage[0], scope=lineage[1]))
+            found = await self.peers.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=lineage[0], scope=lineage[1]))
         base = found.base
         if base is None:
             return await self._take_file_base(prompt, lineage)
@@ -168,7 +164,7 @@ class PrefixShare:
             m.lineage = lineage
         finally:
             with anyio.CancelScope(shield=True):
-                await self.pages.tell(Release(gen=base.gen))
+                await self.peers.pages.tell(Release(gen=base.gen))
         m.metrics.prefix_hit_tokens_total.labels(source="page_base").inc(n)
         log.info("slot.prefix_shared", slot=m.id, n_tokens=n, n_prompt=len(prompt), by="base")
         return n
@@ -180,7 +176,7 @@ class PrefixShare:
         from actord.serving.slot_pages import model_fingerprint, state_layout
         from actord.storage import bases as B
 
-        m, files = self.memory, self.files
+        m, files = self.memory, self.peers.files
         genes, scope = lineage
         if files.find_base(prompt, scope) is None:  # none of this scope at all: no gene list asked
             return 0

@@ -39,18 +39,16 @@ import anyio
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
 from actord.serving.checkpoint_plan import CheckpointPlan
-from actord.serving.checkpoint_budget import CheckpointInbox
-from actord.serving.gene_residency import Acquire as GeneAcquire, GeneInbox
-from actord.serving.gene_residency import EvictDone, Finish as GeneFinish
+from actord.serving.gene_residency import Acquire as GeneAcquire, EvictDone, Finish as GeneFinish
 from actord.serving.messages import (
     Abort, CancelRequest, CheckpointTaken, Complete, DropCheckpoint, Ended, Enroll, Erase, Evict, Fork, FromBase,
-    GenesGranted, GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SchedulerInbox, SlotInbox,
+    GenesGranted, GenesRefused, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot, SlotInbox,
 )
-from actord.serving.page_store import PageStoreInbox
-from actord.serving.placer import Misplaced, PlacerInbox, SlotState
+from actord.serving.placer import Misplaced, SlotState
 from actord.serving.page_bases import PageBases
 from actord.serving.prefix_share import PrefixShare, common_prefix
-from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
+from actord.serving.sequence_index import MIN_SHARE, Held
+from actord.serving.slot_peers import SlotPeers
 from actord.serving.slot_memory import SlotMemory
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
 from actord.vocabulary.types import CompletionRequest, CompletionResult, GeneRef, SlotInfo, Timings
@@ -60,7 +58,6 @@ from actord.vocabulary.errors import (
 )
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
-from actord.storage.files import PageFiles
 
 log = get("actord.slot")
 
@@ -95,24 +92,6 @@ def sampling_params(req: CompletionRequest, seed: int, n_ctx: int) -> J.Sampling
     )
 
 
-@dataclass(frozen=True)
-class SlotPeers:
-    """Whom a slot speaks to, given at construction (the builder, service/builder.py, makes
-    them in ask order, so each exists before the slots). Upward (tells only): the scheduler
-    and the placer. Downward (asks): the page store, the checkpoint budget, the gene
-    residency, and the page files on worker threads. `index` is where every slot publishes
-    what its sequence holds and asks what the others hold (serving/sequence_index.py): no
-    slot reads another's fields."""
-
-    scheduler: Actor[SchedulerInbox]
-    placer: Actor[PlacerInbox]
-    pages: Actor[PageStoreInbox]
-    ckpt_budget: Actor[CheckpointInbox]
-    residency: Actor[GeneInbox]
-    files: PageFiles
-    index: SequenceIndex
-
-
 class Slot(Actor[SlotInbox]):
     """One slot: its requests' lifecycle and its page and file moves, over three parts it
     holds: its memory (the sequence, the one owner of what it holds), its prefix share (a
@@ -132,17 +111,12 @@ class Slot(Actor[SlotInbox]):
         self.props = props
         self.metrics = metrics
         self.default_seed = default_seed
-        self.scheduler = peers.scheduler
-        self.placer = peers.placer  # told SlotIdle when a request ends
-        self.residency = peers.residency
+        self.peers = peers  # the placer is told SlotState when what it places by changes
         self.track_footprint = track_footprint
-        self.memory = SlotMemory(slot_id, engine, props, metrics, ckpt, scheduler=peers.scheduler,
-                                 residency=peers.residency, ckpt_budget=peers.ckpt_budget, index=peers.index,
-                                 track_footprint=track_footprint, share_prefixes=share_prefixes)
-        self.share = PrefixShare(self.memory, peers.index, peers.pages, peers.files)
-        self.moves = SlotPages(self.memory, PageBases(self.memory, peers.index, peers.pages), peers.pages,
-                               peers.files)
-        self.index = peers.index
+        self.memory = SlotMemory(slot_id, engine, props, metrics, ckpt, peers, track_footprint=track_footprint,
+                                 share_prefixes=share_prefixes)
+        self.share = PrefixShare(self.memory, peers)
+        self.moves = SlotPages(self.memory, PageBases(self.memory, peers), peers)
         self.default_genes = default_genes  # the system's, loaded at start (a shared list)
         self._acquired = False  # a gene lease is held: `finish_genes` lets it go
         self._active: _Active | None = None
@@ -239,7 +213,7 @@ class Slot(Actor[SlotInbox]):
             return
         self._told = now
         try:  # a placement may be parked for want of an idle slot (serving/placer.py)
-            self.placer.tell_nowait(SlotState(slot=self.id, busy=now[0], mind=now[1], placed=self._placed))
+            self.peers.placer.tell_nowait(SlotState(slot=self.id, busy=now[0], mind=now[1], placed=self._placed))
         except ActordError:
             pass  # the placer is stopping or failed
 
@@ -274,7 +248,7 @@ class Slot(Actor[SlotInbox]):
                 if a is not None and a.rid == rid:
                     a.cancelled = True
                     if a.enrolled:
-                        self.scheduler.tell_nowait(Abort(rid=rid))
+                        self.peers.scheduler.tell_nowait(Abort(rid=rid))
                     elif not a.running:  # still waiting for genes: end it now
                         await self._answer_here("cancelled")
                         await self._drain_deferred()
@@ -297,7 +271,7 @@ class Slot(Actor[SlotInbox]):
                 # A fresh start moved nothing here: it need not wait behind a request the
                 # placer did not place (a slot-addressed one that came together with it).
                 self._placed -= 1  # not taken: the placer takes its forward back
-                self.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg, busy=True), env.reply, env.stream))
+                self.peers.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg, busy=True), env.reply, env.stream))
             case _ if self.busy:
                 self.deferred.append(env)
                 self.metrics.requests_deferred_total.inc()
@@ -306,11 +280,11 @@ class Slot(Actor[SlotInbox]):
                 # Placed here as the mind's slot, but she left meanwhile (evicted, moved):
                 # the placer places her again (it has heard of the move by now).
                 self._placed -= 1  # not taken: the placer takes its forward back
-                self.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg), env.reply, env.stream))
+                self.peers.placer.put_nowait(Envelope(Misplaced(slot=self.id, complete=msg), env.reply, env.stream))
             case Complete():
                 await self._start(msg, env)
             case Fork(src=src, tokens=tokens):
-                if self.index.of(src) is None:
+                if self.peers.index.of(src) is None:
                     raise InvalidParams(f"no slot {src} to fork from", slot=src)
                 env.reply.send(await self.fork_from(src, tokens))  # type: ignore[union-attr]
             case Erase():
@@ -405,7 +379,7 @@ class Slot(Actor[SlotInbox]):
             self.active.ticket = self._tickets
             self._acquired = True
             try:
-                await self.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
+                await self.peers.residency.tell(GeneAcquire(slot=self.id, genes=genes, ticket=self._tickets))
             except ActordError as e:  # the residency is gone: this request ends, the slot stays usable
                 self._acquired = False
                 await self._abort(e)
@@ -501,15 +475,15 @@ class Slot(Actor[SlotInbox]):
             progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
             scope=m.scope, twin=usable == 0 and m.shares_cells() and not m.drafting,
         )
-        self.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
+        self.peers.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on
         self._say_activity()  # its cells hold steady now: peers may share them
 
     async def _keep_mind(self) -> None:
-        """An unnamed request runs on her slot: her state goes to her page first, as a copy (the sequence stays, so the request
-        still starts from what it shares with her), else to her page file. Where neither can
-        hold it, the request is refused, typed, and she keeps her slot: nothing of a named
-        mind is ever written over."""
+        """An unnamed request runs on her slot: her state goes to her page first, as a copy
+        (the sequence stays, so the request still starts from what it shares with her), else
+        to her page file. Where neither can hold it, the request is refused, typed, and she
+        keeps her slot: nothing of a named mind is ever written over."""
         mind = self.memory.mind
         assert mind is not None
         try:
@@ -573,7 +547,7 @@ class Slot(Actor[SlotInbox]):
             return
         self._acquired = False
         n = await self.memory.device_bytes() if self.track_footprint else 0
-        await self.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
+        await self.peers.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
 
     # -- page and file moves, evictions, forks --------------------------------------------
 
@@ -643,12 +617,12 @@ class Slot(Actor[SlotInbox]):
             freed = await self.evict(reason)
         except ActordError as e:
             if reason == "device":
-                await self.residency.tell(EvictDone(slot=self.id, freed=False, kept=not isinstance(e, SlotBusy)))
+                await self.peers.residency.tell(EvictDone(slot=self.id, freed=False, kept=not isinstance(e, SlotBusy)))
             if env.reply is not None:
                 env.reply.fail(e)
             return
         if reason == "device":
-            await self.residency.tell(EvictDone(slot=self.id, freed=True))
+            await self.peers.residency.tell(EvictDone(slot=self.id, freed=True))
         if env.reply is not None:
             env.reply.send((freed, self.memory.cells_seq))
 
@@ -706,7 +680,7 @@ class Slot(Actor[SlotInbox]):
         one tick of the loop, so no job of src's can come between them (the engine runs
         between-steps jobs in order)."""
         def source() -> Held | None:
-            return self.index.quiet_with(src, tokens) if src != self.id else None
+            return self.peers.index.quiet_with(src, tokens) if src != self.id else None
 
         if source() is None:
             return False

@@ -29,12 +29,8 @@ from actord.vocabulary.metrics import Metrics
 
 
 if TYPE_CHECKING:
-    from actord.serving.checkpoint_budget import CheckpointInbox
     from actord.serving.checkpoint_plan import CheckpointPlan
-    from actord.serving.gene_residency import GeneInbox
-    from actord.serving.kernel import Actor
-    from actord.serving.messages import SchedulerInbox
-    from actord.serving.sequence_index import SequenceIndex
+    from actord.serving.slot_peers import SlotPeers
 
 log = get("actord.slot")
 
@@ -44,19 +40,15 @@ class SlotMemory:
     sequence only), the scheduler and the residency (told), the checkpoint budget (asked and
     told) and the sequence index (published to)."""
 
-    def __init__(self, slot_id: int, engine: Any, props: J.ModelProps, metrics: Metrics, ckpt: CheckpointPlan, *,
-                 scheduler: Actor[SchedulerInbox], residency: Actor[GeneInbox], ckpt_budget: Actor[CheckpointInbox],
-                 index: SequenceIndex, track_footprint: bool, share_prefixes: bool) -> None:
+    def __init__(self, slot_id: int, engine: Any, props: J.ModelProps, metrics: Metrics, ckpt: CheckpointPlan,
+                 peers: SlotPeers, *, track_footprint: bool, share_prefixes: bool) -> None:
         self.id = slot_id
         self.seq = slot_id
         self.engine = engine
         self.props = props
         self.metrics = metrics
         self.ckpt = ckpt  # the mind's divergence history and the checkpoint policy
-        self.scheduler = scheduler
-        self.residency = residency
-        self.ckpt_budget = ckpt_budget
-        self.index = index
+        self.peers = peers
         self.track_footprint = track_footprint
         self.share_prefixes = share_prefixes  # Config.prefix_sharing
         self._kv: list[int] = []
@@ -80,7 +72,7 @@ class SlotMemory:
     # -- what it holds, published on every change ---------------------------------------
 
     def _publish(self) -> None:
-        self.index.publish(Held(slot=self.id, seq=self.seq, tokens=self._kv, lineage=(self._genes, self._scope),
+        self.peers.index.publish(Held(slot=self.id, seq=self.seq, tokens=self._kv, lineage=(self._genes, self._scope),
                                 epoch=self.kv_epoch, quiet=self._quiet, steady=self._quiet or self._running is not None,
                                 running=self._running, checkpoints=tuple(self._checkpoints)))
 
@@ -125,8 +117,8 @@ class SlotMemory:
     def checkpoints(self) -> list[SlotCheckpoint]:
         return self._checkpoints
 
-    @checkpoints.setter
-    def checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
+    def _keep(self, ckpts: list[SlotCheckpoint]) -> None:
+        """The checkpoint list is now `ckpts` (a new list: a published record holds the old)."""
         self._checkpoints = ckpts
         self._publish()
 
@@ -177,7 +169,7 @@ class SlotMemory:
         self.cells_dirty = False
         self.owe_cells = False
         self.cells_seq += 1
-        await self.scheduler.tell(Cells(slot=self.id, n=len(self._kv), seq=self.cells_seq, release=release,
+        await self.peers.scheduler.tell(Cells(slot=self.id, n=len(self._kv), seq=self.cells_seq, release=release,
                                         epoch=self.kv_epoch, **self._take_share_note()))
 
     async def erase(self) -> None:
@@ -193,7 +185,7 @@ class SlotMemory:
         self.mind = None
         self.ckpt.reset()
         await self.sync_budget([])
-        self.checkpoints = []
+        self._keep([])
         await self.footprint_changed()
         await self.tell_cells()
 
@@ -226,7 +218,7 @@ class SlotMemory:
 
     async def footprint_changed(self) -> None:
         if self.track_footprint:
-            await self.residency.tell(SlotFootprint(slot=self.id, n_bytes=await self.device_bytes()))
+            await self.peers.residency.tell(SlotFootprint(slot=self.id, n_bytes=await self.device_bytes()))
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -244,32 +236,32 @@ class SlotMemory:
         if not self.props.needs_checkpoints:
             return  # a model that never checkpoints: the budget holds nothing of ours to mirror
         history, n, population = self.ckpt.view(len(self._kv))
-        await self.ckpt_budget.tell(SlotCheckpoints(
+        await self.peers.ckpt_budget.tell(SlotCheckpoints(
             slot=self.id, metas=[CheckpointSize(pos=c.pos, n_bytes=c.n_bytes) for c in ckpts],
             raw_lcp=self.selection_lcp(), history=history, n_tokens=n, population=population,
         ))
 
     async def drop_checkpoint(self, pos: int) -> None:
-        self.checkpoints = [c for c in self._checkpoints if c.pos != pos]
+        self._keep([c for c in self._checkpoints if c.pos != pos])
         # Re-send the list: a mirror update of ours may have crossed this drop.
         await self.sync_budget(self._checkpoints)
 
     async def on_checkpoint(self, pos: int, data: bytearray) -> None:
         self.ckpt.ckpt_bytes = len(data)
         history, n, population = self.ckpt.view(len(self._kv))
-        d: Decision = await self.ckpt_budget.ask(AdmitCheckpoint(
+        d: Decision = await self.peers.ckpt_budget.ask(AdmitCheckpoint(
             slot=self.id, pos=pos, n_bytes=len(data), raw_lcp=self.selection_lcp(), history=history, n_tokens=n,
             population=population,
         ))
         if d.drop_own:
-            self.checkpoints = [c for c in self._checkpoints if c.pos not in d.drop_own]
+            self._keep([c for c in self._checkpoints if c.pos not in d.drop_own])
         if d.admit:
-            self.checkpoints = [*self._checkpoints, SlotCheckpoint(pos=pos, data=data)]
+            self._keep([*self._checkpoints, SlotCheckpoint(pos=pos, data=data)])
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
         """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
         in one ask (a page_in's actor hops, not one per checkpoint)."""
-        self.checkpoints = []
+        self._keep([])
         await self.sync_budget([])
         if not ckpts:
             return
@@ -279,19 +271,19 @@ class SlotMemory:
             history, n, population = self.ckpt.view(len(self._kv))
             items.append(AdmitCheckpoint(slot=self.id, pos=ck.pos, n_bytes=len(ck.data), raw_lcp=self.selection_lcp(),
                                          history=history, n_tokens=n, population=population))
-        decisions: list[Decision] = await self.ckpt_budget.ask(AdmitCheckpoints(items=items))
+        decisions: list[Decision] = await self.peers.ckpt_budget.ask(AdmitCheckpoints(items=items))
         kept = list(self._checkpoints)
         for ck, d in zip(ckpts, decisions):
             if d.drop_own:
                 kept = [c for c in kept if c.pos not in d.drop_own]
             if d.admit:
                 kept.append(ck)
-        self.checkpoints = kept
+        self._keep(kept)
 
     async def release_checkpoints(self) -> None:
         """The list empties (a page-out, a restore, a failed page-in): the budget hears first."""
         await self.sync_budget([])
-        self.checkpoints = []
+        self._keep([])
 
     def checkpoint_positions(self, pos0: int, n_prompt: int, shared_at: int = 0) -> list[int]:
         """Plan where to snapshot the prompt, decoded from pos0 (its divergence was noted
@@ -323,7 +315,7 @@ class SlotMemory:
         held = len(self._kv)
         m, from_ckpt = await self._cut(n)
         if any(c.pos > m for c in self._checkpoints):
-            self.checkpoints = [c for c in self._checkpoints if c.pos <= m]
+            self._keep([c for c in self._checkpoints if c.pos <= m])
         self.ckpt.observe(self.resume_raw_lcp or 0)
         await self.sync_budget(self._checkpoints)
         if (m < held and not from_ckpt and self.props.needs_checkpoints

@@ -37,22 +37,20 @@ from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
 from actord.storage.pagefile import PageImage, StoredGene
 
 if TYPE_CHECKING:
-    from actord.serving.kernel import Actor
-    from actord.serving.page_store import PageStoreInbox
-    from actord.storage.files import PageFiles
+    from actord.serving.slot_peers import SlotPeers
 
 log = get("actord.slot")
 
 
 class SlotPages:
     """Page and file moves of a slot's sequence (see the module docstring): a part of a slot,
-    given its memory, its page-base part, the page store and the page files."""
+    given its memory, its page-base part and its peers (the page store and the page files
+    are the ones it asks)."""
 
-    def __init__(self, memory: SlotMemory, bases: PageBases, pages: Actor[PageStoreInbox], files: PageFiles) -> None:
+    def __init__(self, memory: SlotMemory, bases: PageBases, peers: SlotPeers) -> None:
         self.memory = memory
         self.bases = bases
-        self.pages = pages
-        self.files = files
+        self.peers = peers
         self.paged_out_base = 0  # tokens of the base the last page-out stood on (the placer's hint)
         # (file, its version then, mind, n, hash of the tokens) of the sequence last written to
         # or read from a file: write-behind does not write an unchanged mind again while that
@@ -78,8 +76,8 @@ class SlotPages:
         n_draft, take = 0, False
         sizes = await self._whole_sizes(ckpts)
         digests = await self.gene_digests()
-        on_base = await self.bases.page_out_on_base(name, ckpts, AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1]),
-                                              digests)
+        whole = AdmitState(name=name, n_bytes=sizes[0], n_state=sizes[1])
+        on_base = await self.bases.page_out_on_base(name, ckpts, whole, digests)
         if on_base is not None and not isinstance(on_base, PageAdmission):
             info, n_bytes, st = on_base
         else:
@@ -126,7 +124,7 @@ class SlotPages:
         # The store admits the page and hands out the buffer the state goes into (a warm one
         # from its pool when one fits); libllama writes the state there, the one copy.
         if adm is None:
-            adm = await self.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
+            adm = await self.peers.pages.ask(AdmitState(name=name, n_bytes=n_bytes, n_state=n_state))
         reservation, n_bytes = adm.reservation, adm.n_bytes
         # Without a draft the copy also removes the sequence (one engine round trip less: a
         # round trip to a sleeping engine thread cost 0.2-0.5 ms here, a third of a 4k-token
@@ -149,12 +147,12 @@ class SlotPages:
                 divergences=list(m.ckpt.history), prompt_end=m.ckpt.prompt_end,
                 draft=draft.data if draft is not None else None, draft_n=m.draft_n if draft is not None else 0,
             )
-            info = await self.pages.ask(Commit(reservation=reservation, page=page))
+            info = await self.peers.pages.ask(Commit(reservation=reservation, page=page))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if taken is not None:  # before the reservation (and the buffer) goes back
                     await self._put_back(taken.data)
-                await self.pages.tell(CancelReservation(reservation=reservation))
+                await self.peers.pages.tell(CancelReservation(reservation=reservation))
             m.metrics.page_failed_total.inc()
             raise
         return info, n_bytes, st, take, n_draft
@@ -175,10 +173,10 @@ class SlotPages:
         if m.kv_tokens:
             raise SlotBusy(f"slot {m.id} holds a sequence: page it out or erase it first", slot=m.id)
         t0 = time.perf_counter()
-        page: Page = await self.pages.ask(Take(name=name))
+        page: Page = await self.peers.pages.ask(Take(name=name))
         if 0 <= room_cells < len(page.tokens):
             # Sized by an older page of this name: the cells held for it would not cover it.
-            await self.pages.tell(Return(gen=page.gen))
+            await self.peers.pages.tell(Return(gen=page.gen))
             raise ContextFull(f"page {name!r} holds {len(page.tokens)} tokens, more than the {room_cells} cells "
                               "held for it", page=name, n_tokens=len(page.tokens), held=room_cells)
         genes, scope = m.lineage
@@ -188,7 +186,7 @@ class SlotPages:
             pending, peer = self.bases.submit_page_state(page)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self.pages.tell(Return(gen=page.gen))
+                await self.peers.pages.tell(Return(gen=page.gen))
             raise
         copied = False
         try:
@@ -211,13 +209,13 @@ class SlotPages:
                 m.kv_tokens, m.mind = [], None
                 m.ckpt.reset()
                 await m.release_checkpoints()
-                await self.pages.tell(Return(gen=page.gen))
+                await self.peers.pages.tell(Return(gen=page.gen))
                 await m.tell_cells()
             m.metrics.page_failed_total.inc()
             log.warning("page.in_failed", slot=m.id, page=name)
             raise
         await m.adopt_draft(page.draft, page.draft_n, f"page {name}")
-        await self.pages.tell(Release(gen=page.gen))
+        await self.peers.pages.tell(Release(gen=page.gen))
         t_ms = (time.perf_counter() - t0) * 1e3
         m.metrics.page_in_total.inc()
         await m.footprint_changed()
@@ -265,21 +263,21 @@ class SlotPages:
         if m.mind != mind or not m.kv_tokens:
             return {"slot": m.id, "file": file, "skipped": "the slot holds another mind"}
         sig = self._persisted_sig
-        if sig == (file, self.files.version(file), *m.kv_sig()):  # and nobody published the file since
+        if sig == (file, self.peers.files.version(file), *m.kv_sig()):  # and nobody published the file since
             return {"slot": m.id, "file": file, "skipped": "unchanged"}
         return await self.save(file)
 
     async def save(self, file: str) -> dict[str, Any]:
         m = self.memory
-        self.files.check(file)
+        self.peers.files.check(file)
         t0 = time.perf_counter()
         st, ckpts = await self._capture()
         draft = await m.engine.run(J.StateGet(seq=m.seq, draft=True)) if m.drafting and m.draft_n else None
         image = page_image(m.props, st.data, ckpts, m.kv_tokens, m.genes, m.ckpt.history,
                            m.ckpt.prompt_end, draft=draft.data if draft else None, draft_n=m.draft_n,
                            scope=m.scope, gene_digests=await self.gene_digests())
-        stats = await self.files.publish(file, image)
-        self._persisted_sig = (file, self.files.version(file), *m.kv_sig())  # no await since: ours
+        stats = await self.peers.files.publish(file, image)
+        self._persisted_sig = (file, self.peers.files.version(file), *m.kv_sig())  # no await since: ours
         t_ms = (time.perf_counter() - t0) * 1e3
         log.info("slot.saved", slot=m.id, file=file, n_bytes=stats.n_bytes, t_ms=round(t_ms, 3))
         return {"slot": m.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(m.kv_tokens),
@@ -288,8 +286,8 @@ class SlotPages:
     async def restore(self, file: str) -> dict[str, Any]:
         m = self.memory
         t0 = time.perf_counter()
-        image = await self.files.read(file)
-        version = self.files.version(file)
+        image = await self.peers.files.read(file)
+        version = self.peers.files.version(file)
         check_fingerprint(image, m.props, file)
         genes = await self.genes_by_content(image, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.

@@ -83,7 +83,7 @@ async def test_a_page_out_whose_commit_fails_puts_the_taken_state_back(tiny_mode
 
     async with ActorSystem(cfg(tiny_model)) as s:
         first = await _turn(s, 0, PROMPT)
-        store = s.slots[0].moves.pages
+        store = s.slots[0].peers.pages
         real_ask = store.ask
 
         async def failing_ask(msg):
