@@ -213,6 +213,8 @@ def test_while_the_router_is_down_its_http_address_answers_a_typed_503(cluster, 
                 r = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {KEY}"}, timeout=30)
             except httpx.TransportError:
                 continue
+            if r.status_code == 200:
+                continue  # ray.kill returns before the process ends: the router answered once more
             break
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "NodeUnavailable"
