@@ -53,7 +53,7 @@ async def restart_problem(disp: Any, cfg: Config, histories: dict[str, list[int]
     where the memory can be cut back anywhere (SWA and recurrent memory resume from a
     checkpoint, which the seeded budget may not keep, exactly as without a restart)."""
     from actord.service.system import ActorSystem
-    from actord.serving.slot import common_prefix
+    from actord.policy.prefix_index import common_prefix
 
     system = ActorSystem(msgspec.structs.replace(cfg, device_bytes=0), dispatcher=disp)
     problem = None

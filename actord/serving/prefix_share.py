@@ -39,8 +39,7 @@ import anyio
 from actord.engine import jobs as J
 from actord.serving.page_messages import FindBase, Release
 from actord.vocabulary.errors import ActordError
-from actord.policy.prefix_index import common_prefix
-from actord.serving.sequence_index import MIN_SHARE, Held
+from actord.serving.sequence_index import MIN_SHARE, Start, plan_start
 from actord.vocabulary.kv_identity import Lineage
 from actord.serving.slot_memory import SlotMemory
 from actord.vocabulary.log import get
@@ -49,8 +48,6 @@ if TYPE_CHECKING:
     from actord.serving.slot_peers import SlotPeers
 
 log = get("actord.slot")
-
-__all__ = ["MIN_SHARE", "PrefixShare", "common_prefix"]
 
 
 class PrefixShare:
@@ -62,12 +59,13 @@ class PrefixShare:
         self.memory = memory
         self.peers = peers
 
-    def best_source(self, prompt: list[int], lineage: Lineage, own: int) -> tuple[Held | None, int]:
-        """The peer slot holding the longest prefix of `prompt` (at most all but its last
-        token) under `lineage`, if it beats `own` by MIN_SHARE; else (None, 0)."""
-        if not self.memory.shares_cells():
-            return None, 0
-        return self.peers.index.best_source(self.memory.id, prompt, lineage, own)
+    def plan(self, prompt: list[int], lineage: Lineage, own: int, *, cells: bool = True) -> Start:
+        """Where the request starts (sequence_index.plan_start), as this slot's memory allows:
+        cells only where they can be shared (`shares_cells`; `cells` False after a refused
+        share), checkpoints only where the memory keeps them."""
+        m = self.memory
+        return plan_start(self.peers.index, m.id, prompt, lineage, own, cells=cells and m.shares_cells(),
+                          checkpoints=m.share_prefixes and m.props.needs_checkpoints)
 
     def shared_point(self, prompt: list[int], lineage: Lineage) -> int:
         """Where `prompt` parts from the sequences other slots hold (the longest prefix it
@@ -75,30 +73,46 @@ class PrefixShare:
         checkpoint a mind that cannot share cells starts from belongs there."""
         return self.peers.index.shared_point(self.memory.id, prompt, lineage) if self.memory.share_prefixes else 0
 
-    def best_checkpoint(self, prompt: list[int], lineage: Lineage, own: int) -> tuple[Held | None, Any]:
-        """For memory that cannot share cells: the peer checkpoint (a peer slot's, at or
-        below where the prompt parts from that peer's sequence) that starts the prompt
-        furthest, if it beats `own` by MIN_SHARE; else (None, None)."""
-        m = self.memory
-        if not (m.share_prefixes and m.props.needs_checkpoints):
-            return None, None
-        return self.peers.index.best_checkpoint(m.id, prompt, lineage, own)
+    async def share_prefix(self, prompt: list[int], lineage: Lineage, own: int) -> int:
+        """Carry out the plan: hold the longest prefix of `prompt` a peer holds, by cells
+        (else, for memory that cannot share cells or where the engine refused the share, from
+        a peer's checkpoint); the tokens shared (0: none, and nothing changed)."""
+        plan = self.plan(prompt, lineage, own)
+        if plan.how == "cells":
+            if await self._share_cells(plan, prompt, lineage):
+                return plan.n
+            plan = self.plan(prompt, lineage, own, cells=False)  # read again: the wait let others run
+        if plan.how == "checkpoint":
+            return await self._share_checkpoint(plan, prompt, lineage)
+        return 0
 
-    async def share_checkpoint(self, prompt: list[int], lineage: Lineage, own: int) -> int:
+    async def _share_cells(self, plan: Start, prompt: list[int], lineage: Lineage) -> bool:
+        m, src, n = self.memory, plan.src, plan.n
+        assert src is not None
+        # Submitted in the tick that read src's record: no job of src's comes between.
+        job = m.engine.submit(J.SeqShare(src=src.seq, dst=m.seq, n=n))
+        if not await m.engine.wait(job):
+            log.info("slot.share_refused", slot=m.id, src=src.slot, n_tokens=n)
+            return False
+        m.note_share(src.slot, src.epoch, n, "slot")
+        await m.hold_only(prompt[:n])
+        m.lineage = lineage
+        log.info("slot.prefix_shared", slot=m.id, src=src.slot, n_tokens=n, n_prompt=len(prompt))
+        return True
+
+    async def _share_checkpoint(self, plan: Start, prompt: list[int], lineage: Lineage) -> int:
         """Start `prompt` from a peer's checkpoint (its cells below it shared, the rest of
         the state from the checkpoint); the tokens it covers (0: none, nothing changed)."""
-        src, ck = self.best_checkpoint(prompt, lineage, own)
-        if src is None:
-            return 0
-        m = self.memory
-        src_epoch, n = src.epoch, ck.pos
+        m, src, ck = self.memory, plan.src, plan.checkpoint
+        assert src is not None and ck is not None
+        n = ck.pos
         job = m.engine.submit(J.SeqShare(src=src.seq, dst=m.seq, n=n, checkpoint=ck.data))
         if not await m.engine.wait(job):
             log.info("slot.checkpoint_share_refused", slot=m.id, src=src.slot, n_tokens=n)
             await m.hold_only(())
             return 0
         if m.props.kv_cells:
-            m.note_share(src.slot, src_epoch, n, "checkpoint")
+            m.note_share(src.slot, src.epoch, n, "checkpoint")
         else:
             m.metrics.prefix_hit_tokens_total.labels(source="checkpoint").inc(n)
         await m.hold_only(prompt[:n])
@@ -106,25 +120,6 @@ class PrefixShare:
         # This sequence holds the shared point's checkpoint too: the next mind may start here.
         await m.on_checkpoint(n, ck.data)
         log.info("slot.prefix_shared", slot=m.id, src=src.slot, n_tokens=n, n_prompt=len(prompt), by="checkpoint")
-        return n
-
-    async def share_prefix(self, prompt: list[int], lineage: Lineage, own: int) -> int:
-        """Hold the longest prefix of `prompt` a peer holds, by cells (else, for memory
-        that cannot share cells, from a peer's checkpoint); the tokens shared (0: none, and
-        nothing changed)."""
-        src, n = self.best_source(prompt, lineage, own)
-        if src is None:
-            return await self.share_checkpoint(prompt, lineage, own)
-        m = self.memory
-        # Submitted in the tick that read src's record: no job of src's comes between.
-        job = m.engine.submit(J.SeqShare(src=src.seq, dst=m.seq, n=n))
-        if not await m.engine.wait(job):
-            log.info("slot.share_refused", slot=m.id, src=src.slot, n_tokens=n)
-            return await self.share_checkpoint(prompt, lineage, own)
-        m.note_share(src.slot, src.epoch, n, "slot")
-        await m.hold_only(prompt[:n])
-        m.lineage = lineage
-        log.info("slot.prefix_shared", slot=m.id, src=src.slot, n_tokens=n, n_prompt=len(prompt))
         return n
 
     async def from_base(self, prompt: Any, lineage: Lineage, room: int) -> int:

@@ -46,8 +46,9 @@ from actord.serving.messages import (
 )
 from actord.serving.placer import Misplaced, SlotState
 from actord.serving.page_bases import PageBases
-from actord.serving.prefix_share import PrefixShare, common_prefix
-from actord.serving.sequence_index import MIN_SHARE, Held
+from actord.policy.prefix_index import common_prefix
+from actord.serving.prefix_share import PrefixShare
+from actord.serving.sequence_index import Held
 from actord.serving.slot_peers import SlotPeers
 from actord.serving.slot_memory import SlotMemory
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
@@ -61,7 +62,7 @@ from actord.vocabulary.metrics import Metrics
 
 log = get("actord.slot")
 
-__all__ = ["Slot", "gene_set", "common_prefix", "page_image", "model_fingerprint", "check_fingerprint"]
+__all__ = ["Slot", "gene_set", "page_image", "model_fingerprint", "check_fingerprint"]
 
 
 @dataclass
@@ -447,8 +448,7 @@ class Slot(Actor[SlotInbox]):
         if raw == 0 and m.kv_tokens and m.lineage != lineage:
             log.info("slot.lineage_changed", slot=self.id, n_tokens=len(m.kv_tokens),
                      genes_changed=m.genes != genes, scope_changed=m.scope != lineage[1])
-        if raw < len(prompt) - MIN_SHARE:
-            raw = await self.share.share_prefix(prompt, lineage, raw) or raw
+        raw = await self.share.share_prefix(prompt, lineage, raw) or raw
         m.resume_raw_lcp = raw
         usable, from_ckpt = await m.cut_to(min(raw, len(prompt) - 1))
         m.draft_n = min(m.draft_n, usable)  # every cut of the sequence cuts the draft's too

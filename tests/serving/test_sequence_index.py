@@ -4,7 +4,7 @@ instead of reading another slot (serving/sequence_index.py). Pure: no engine, no
 from __future__ import annotations
 
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
+from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex, plan_start
 
 PLAIN = ((), "")
 GENE_A = (((1, 1.0),), "")
@@ -80,3 +80,24 @@ def test_placement_measures_only_a_slots_cells_under_the_requests_lineage():
     ix = index(held(0, PROMPT[:50]), held(1, PROMPT[:50], GENE_A))
     assert ix.prefix_held(0, PROMPT, PLAIN) == 50
     assert ix.prefix_held(1, PROMPT, PLAIN) == 0
+
+
+def test_the_start_plan_keeps_its_own_cells_when_they_leave_less_than_min_share_to_gain():
+    ix = index(held(1, PROMPT[:99]))
+    plan = plan_start(ix, 0, PROMPT, PLAIN, own=len(PROMPT) - MIN_SHARE, cells=True, checkpoints=True)
+    assert (plan.how, plan.n, plan.src) == ("own", len(PROMPT) - MIN_SHARE, None)
+
+
+def test_the_start_plan_shares_cells_first_and_falls_back_to_a_checkpoint_without_them():
+    cks = [SlotCheckpoint(pos=64, data=bytearray(b"x"))]
+    ix = index(held(1, PROMPT[:90], checkpoints=cks))
+    cells = plan_start(ix, 0, PROMPT, PLAIN, own=0, cells=True, checkpoints=True)
+    assert (cells.how, cells.n) == ("cells", 90)
+    ckpt = plan_start(ix, 0, PROMPT, PLAIN, own=0, cells=False, checkpoints=True)
+    assert (ckpt.how, ckpt.n, ckpt.checkpoint) == ("checkpoint", 64, cks[0])
+    assert plan_start(ix, 0, PROMPT, PLAIN, own=0, cells=False, checkpoints=False).how == "own"
+
+
+def test_the_start_plan_never_reaches_across_a_lineage():
+    ix = index(held(1, PROMPT[:90], TENANT_B, checkpoints=[SlotCheckpoint(pos=64, data=bytearray(b"x"))]))
+    assert plan_start(ix, 0, PROMPT, PLAIN, own=0, cells=True, checkpoints=True).how == "own"
