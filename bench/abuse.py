@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import socket
 import subprocess
@@ -115,7 +116,8 @@ class Watch:
             try:
                 self.call(i)
             except Exception as e:  # noqa: BLE001 (a refused or failed victim request is a bound missed)
-                self.failed.append((t0, getattr(e, "type", None) or type(e).__name__))
+                what = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else getattr(e, "type", None)
+                self.failed.append((t0, str(what or type(e).__name__)))
             dt = time.monotonic() - t0
             self.victim.append((t0, dt))
             i += 1
@@ -400,7 +402,7 @@ def missed(row: dict[str, Any]) -> list[str]:
         out.append(f"victim requests failed: {row['victim_failed']}")
     if row["health_missed_1s"]:
         out.append(f"{row['health_missed_1s']} /health answers missed 1 s")
-    if row["back_to_quiet_s"] != row["back_to_quiet_s"]:  # nan: not back within 30 s
+    if math.isnan(row["back_to_quiet_s"]):
         out.append("not back to quiet within 30 s")
     return out
 

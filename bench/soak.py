@@ -38,7 +38,7 @@ everything else; a transient raises some samples of a minute, not its lowest. Th
 still wanders by about 10 MB with the heap's state over one round of the attacks (about
 2 minutes), so at 12 minutes its slope's error is 1-3 MB/min too: a leak of 0.3 MB/min is
 told apart only by a longer run (the error falls as the minutes after warm-up to the
-power 1.5: some 40 of them bring it near 0.1). The samples
+power 1.5: a 40-minute run measured 0.38 +- 0.15 MB/min). The samples
 (each with the attack on as it was taken) and the summary go to bench/out/soak.json (or
 `--json`), the daemon's log beside it (soak.log).
 `--only socket|http|genes|pages` runs one part of the workload (with the probe), to
