@@ -16,7 +16,7 @@ One `actord serve --http 127.0.0.1:0` daemon (its own process) and, at once:
 
 Every request has a client-side bound (`--hang-s`): one that passes it counts as a hang.
 Every answer is an outcome: "ok" or its error type (untyped ones: "untyped:<...>"). Every
---sample-s (10) the daemon's RSS and open fds are sampled. The summary (JSON, at the end) has
+--sample-s (10; 2 with --attacks) the daemon's RSS and open fds are sampled. The summary (JSON, at the end) has
 requests, errors by type, hangs, the probe's latency percentiles quiet vs flood, RSS and
 fds over time, and whether the daemon's log holds a traceback or a crashed actor.
 
@@ -25,8 +25,22 @@ enough to fill within the warm-up, so that growth after it is a leak, not a cach
 The verdict: the RSS slope after warm-up (least squares over the samples after minute
 `--warmup-min`, MB/min) against `--max-slope`, plus hangs, untyped errors, tracebacks and
 crashed actors; any of them past its bound ends the run with exit status 1 and a FAILED
-line naming it. The samples and the summary go to bench/out/soak.json (or `--json`), the daemon's log
-beside it (soak.log).
+line naming it. Each slope is printed with its standard error (the samples' scatter about
+the line): a slope within a few of these of the bound says nothing either way.
+
+With `--attacks` the slope is the floor's: the least squares line through the lowest sample
+of each `--floor-s` (60 s) after warm-up, sampled every 2 s. Why: the attacks' bodies of up
+to 13 MB (/tokenize, logit_bias, tools) raise RSS by up to 190 MB, and it stays up until
+the next malloc_trim (every --memory-report-s, 15 s): the samples of two 12-minute runs
+swung 115-320 MB, and their slopes (-1.14 and +2.54 MB/min) had errors of 3.1 and 1.1,
+so the 0.3 bound passed or failed by where samples fell. A leak raises the floor with
+everything else; a transient raises some samples of a minute, not its lowest. The floor
+still wanders by about 10 MB with the heap's state over one round of the attacks (about
+2 minutes), so at 12 minutes its slope's error is 1-3 MB/min too: a leak of 0.3 MB/min is
+told apart only by a longer run (the error falls as the minutes after warm-up to the
+power 1.5: a 40-minute run measured 0.38 +- 0.15 MB/min). The samples
+(each with the attack on as it was taken) and the summary go to bench/out/soak.json (or
+`--json`), the daemon's log beside it (soak.log).
 `--only socket|http|genes|pages` runs one part of the workload (with the probe), to
 attribute growth to it. `--attacks` mixes in bench/abuse.py's attacks (issue 33), one at a
 time, `--attack-s` on and as long off; their answers are filed under attack_NAME.
@@ -71,7 +85,8 @@ class Soak:
         self.hangs: collections.Counter = collections.Counter()
         self.flooding = threading.Event()
         self.probe = {"quiet": [], "flood": []}
-        self.samples: list[dict[str, float]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.attack_now: str | None = None  # the attack on now (--attacks), filed with each RSS sample
         self.t0 = time.monotonic()
 
     # -- the daemon ----------------------------------------------------------------------
@@ -374,10 +389,12 @@ class Soak:
             end = threading.Event()
             run = abuse.ATTACKS[name](url=self.http, sock=self.sock, folder=self.folder, quick=True)
             th = threading.Thread(target=run, args=(end, counts), daemon=True)
+            self.attack_now = name
             th.start()
             self.stop.wait(self.args.attack_s)
             end.set()
             th.join(self.args.hang_s)
+            self.attack_now = None
             for outcome, n in counts.items():
                 key = "untyped:500" if outcome == "500" else ("hang" if outcome == "ReadTimeout" else outcome)
                 with self.lock:
@@ -394,15 +411,19 @@ class Soak:
         time.sleep(0.5)
 
     def sampler(self) -> None:
+        printed = -1e9
         while not self.stop.is_set():
             try:
                 status = Path(f"/proc/{self.proc.pid}/status").read_text()
                 rss = next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
                 fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-                self.samples.append({"t_s": round(time.monotonic() - self.t0, 1), "rss_mb": round(rss, 1), "fds": fds})
-                print(f"[{self.samples[-1]['t_s']:>7.1f} s] rss {rss:7.1f} MB  fds {fds:4d}  requests "
-                      f"{sum(sum(c.values()) for c in self.outcomes.values()):>8d}  hangs {sum(self.hangs.values())}",
-                      flush=True)
+                self.samples.append({"t_s": round(time.monotonic() - self.t0, 1), "rss_mb": round(rss, 1), "fds": fds,
+                                     **({"attack": self.attack_now} if self.args.attacks else {})})
+                if self.samples[-1]["t_s"] - printed >= 10:  # a line per 10 s, however often it samples
+                    printed = self.samples[-1]["t_s"]
+                    print(f"[{printed:>7.1f} s] rss {rss:7.1f} MB  fds {fds:4d}  requests "
+                          f"{sum(sum(c.values()) for c in self.outcomes.values()):>8d}  "
+                          f"hangs {sum(self.hangs.values())}", flush=True)
             except (OSError, StopIteration):
                 pass
             self.stop.wait(self.args.sample_s)
@@ -440,6 +461,7 @@ class Soak:
         def pct(xs: list[float], q: float) -> float | None:
             return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 1) if xs else None
 
+        floors = floor(self.samples, self.args.warmup_min, self.args.floor_s)
         total = collections.Counter()
         for c in self.outcomes.values():
             total.update(c)
@@ -464,6 +486,10 @@ class Soak:
                     "max": max((s["fds"] for s in self.samples), default=None)},
             "fds_min": min((s["fds"] for s in self.samples), default=None),
             "rss_slope_mb_per_min": slope(self.samples, self.args.warmup_min),
+            "rss_slope_error_mb_per_min": slope_error(self.samples, self.args.warmup_min),
+            "rss_floor_slope_mb_per_min": slope(floors, self.args.warmup_min),
+            "rss_floor_slope_error_mb_per_min": slope_error(floors, self.args.warmup_min),
+            "verdict_slope": "rss_floor_slope_mb_per_min" if self.args.attacks else "rss_slope_mb_per_min",
             "warmup_min": self.args.warmup_min,
             "only": self.args.only,
             "samples": self.samples,
@@ -476,26 +502,59 @@ class Soak:
         }
 
 
-def slope(samples: list[dict[str, float]], warmup_min: float) -> float | None:
+def floor(samples: list[dict[str, Any]], warmup_min: float, window_s: float) -> list[dict[str, Any]]:
+    """The lowest-RSS sample of each whole `window_s` after `warmup_min` (a window cut short
+    by the run's end is left out: fewer samples would make its lowest higher)."""
+    after = [s for s in samples if s["t_s"] / 60 >= warmup_min]
+    if not after:
+        return []
+    start, end = after[0]["t_s"], after[-1]["t_s"]
+    windows: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    for s in after:
+        i = int((s["t_s"] - start) // window_s)
+        if start + (i + 1) * window_s <= end:
+            windows[i].append(s)
+    return [min(ws, key=lambda s: s["rss_mb"]) for _, ws in sorted(windows.items())]
+
+
+def slope(samples: list[dict[str, Any]], warmup_min: float) -> float | None:
     """RSS growth after warm-up: the least-squares line through (minutes, MB) of the
     samples taken after `warmup_min`; None with fewer than 3 of them."""
+    fit = _fit(samples, warmup_min)
+    return round(fit[0], 4) if fit else None
+
+
+def slope_error(samples: list[dict[str, Any]], warmup_min: float) -> float | None:
+    """The standard error of `slope` (MB/min), from the samples' scatter about its line: a
+    slope within a few of these of the bound says nothing either way."""
+    fit = _fit(samples, warmup_min)
+    return round(fit[1], 4) if fit else None
+
+
+def _fit(samples: list[dict[str, Any]], warmup_min: float) -> tuple[float, float] | None:
     pts = [(s["t_s"] / 60, s["rss_mb"]) for s in samples if s["t_s"] / 60 >= warmup_min]
     if len(pts) < 3:
         return None
     mx = sum(x for x, _ in pts) / len(pts)
     my = sum(y for _, y in pts) / len(pts)
     sxx = sum((x - mx) ** 2 for x, _ in pts)
-    return round(sum((x - mx) * (y - my) for x, y in pts) / sxx, 4) if sxx else None
+    if not sxx:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    scatter = sum((y - my - b * (x - mx)) ** 2 for x, y in pts) / (len(pts) - 2)
+    return b, (scatter / sxx) ** 0.5
 
 
 def verdict(summary: dict[str, Any], max_slope: float) -> list[str]:
     """Each bound the run passed, in words (empty: the run is good)."""
     out = []
-    s = summary["rss_slope_mb_per_min"]
+    which = summary["verdict_slope"]
+    s = summary[which]
+    what = "RSS's floor" if which == "rss_floor_slope_mb_per_min" else "RSS"
     if s is None:
         out.append(f"too few RSS samples after minute {summary['warmup_min']} for a slope (run longer)")
     elif s > max_slope:
-        out.append(f"RSS grows {s:.3f} MB/min after minute {summary['warmup_min']} (bound {max_slope})")
+        out.append(f"{what} grows {s:.3f} MB/min after minute {summary['warmup_min']} (bound {max_slope})")
     if sum(summary["hangs"].values()):
         out.append(f"hangs: {summary['hangs']}")
     if summary["untyped_errors"]:
@@ -520,11 +579,15 @@ def main() -> None:
     ap.add_argument("--max-slope", type=float, default=0.3, help="MB/min of RSS growth after warm-up that fails the run")
     ap.add_argument("--only", choices=("socket", "http", "genes", "pages"),
                     help="run this part of the workload alone (and the probe)")
-    ap.add_argument("--sample-s", type=float, default=10.0, help="seconds between RSS and fd samples")
+    ap.add_argument("--sample-s", type=float, help="seconds between RSS and fd samples (default 10; 2 with --attacks)")
+    ap.add_argument("--floor-s", type=float, default=60.0,
+                    help="with --attacks, the slope is fitted to the lowest sample of each such window")
     ap.add_argument("--daemon-arg", action="append", default=[], help="one more `actord serve` argument")
     ap.add_argument("--attacks", action="store_true", help="mix in bench/abuse.py's attacks, one at a time")
     ap.add_argument("--attack-s", type=float, default=5.0, help="each attack's length (and the pause after it)")
     args = ap.parse_args()
+    if args.sample_s is None:
+        args.sample_s = 2.0 if args.attacks else 10.0
     with tempfile.TemporaryDirectory(prefix="actord-soak-") as tmp:
         soak = Soak(args, Path(tmp))
         soak.start()
@@ -540,8 +603,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1))
     fds = summary["fds"]
-    print(f"RSS slope after minute {args.warmup_min:g}: {summary['rss_slope_mb_per_min']} MB/min "
-          f"(bound {args.max_slope}); RSS {summary['rss_mb']['first']} -> {summary['rss_mb']['last']} MB; "
+    print(f"RSS slope after minute {args.warmup_min:g}: {summary['rss_slope_mb_per_min']} "
+          f"+- {summary['rss_slope_error_mb_per_min']} MB/min, its floor's ({args.floor_s:g} s windows) "
+          f"{summary['rss_floor_slope_mb_per_min']} +- {summary['rss_floor_slope_error_mb_per_min']} MB/min "
+          f"(the verdict's: "
+          f"{summary['verdict_slope']}, bound {args.max_slope}); "
+          f"RSS {summary['rss_mb']['first']} -> {summary['rss_mb']['last']} MB; "
           f"fds {summary['fds_min']}-{fds['max']}; samples in {out}")
     failed = verdict(summary, args.max_slope)
     for line in failed:

@@ -7,6 +7,7 @@ happen the test waits for what it must produce (a metric, an answer)."""
 from __future__ import annotations
 
 import socket
+import threading
 
 import httpx
 import pytest
@@ -37,14 +38,21 @@ def _auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
-def _keyed(url: str, key: str) -> socket.socket:
-    """A connection the daemon counts against `key`: one request answered on it already."""
-    s = socket.create_connection(_addr(url), timeout=60)
+def _models(s: socket.socket, key: str) -> bytes:
+    """GET /v1/models under `key` on the connection `s`: the whole answer."""
     s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
     got = b""
     while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
-        got += s.recv(65536)
-    assert got.startswith(b"HTTP/1.1 200")
+        part = s.recv(65536)
+        assert part, got
+        got += part
+    return got
+
+
+def _keyed(url: str, key: str) -> socket.socket:
+    """A connection the daemon counts against `key`: one request answered on it already."""
+    s = socket.create_connection(_addr(url), timeout=60)
+    assert _models(s, key).startswith(b"HTTP/1.1 200")
     return s
 
 
@@ -103,6 +111,63 @@ def test_a_key_past_its_generations_gets_429_while_another_key_is_served(url):
     finally:
         held.close()
     assert _metric(url, 'http_refused_total{reason="key_generations"}') >= 1
+
+
+def test_a_kept_alive_connection_counts_against_the_key_its_latest_request_presented(url):
+    held: list[socket.socket] = []
+    while len(held) < 2:  # the key's whole share (an earlier test's closed connections may still count)
+        s = socket.create_connection(_addr(url), timeout=60)
+        if _models(s, KEY).startswith(b"HTTP/1.1 200"):
+            held.append(s)
+        else:
+            s.close()
+    try:
+        full = socket.create_connection(_addr(url), timeout=60)
+        assert _models(full, KEY).startswith(b"HTTP/1.1 429")  # the share is taken
+        full.close()
+        assert _models(held[0], OTHER).startswith(b"HTTP/1.1 200")  # the connection moves to the other key
+        again = socket.create_connection(_addr(url), timeout=60)
+        assert _models(again, KEY).startswith(b"HTTP/1.1 200")  # so the key has room for one more
+        again.close()
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_keys_generations_are_one_share_from_every_address(url):
+    # One key's holder on many addresses (a NAT, a fleet: bench/abuse.py's per_key attack):
+    # each address is within its own share (8 here), and the key's (1) binds them all. The
+    # long one streams, read on its own thread: its first chunk says it is in flight.
+    started, done, first = threading.Event(), threading.Event(), {}
+
+    def long_one() -> None:
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"), timeout=300) as c, \
+                c.stream("POST", url + "/completion", headers=_auth(KEY),
+                         json={"prompt": "a", "n_predict": 4000, "ignore_eos": True, "stream": True}) as r:
+            first["status"] = r.status_code
+            for _ in r.iter_lines():
+                started.set()
+                if done.is_set():
+                    break  # closing the stream ends its generation
+            started.set()
+
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.7"), timeout=60) as c:
+        while c.post(url + "/completion", headers=_auth(KEY), json={"prompt": "b", "n_predict": 1}).status_code == 429:
+            pass  # an earlier test's generation under the key is still being cancelled
+    t = threading.Thread(target=long_one)
+    t.start()
+    try:
+        assert started.wait(120)
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.7"), timeout=60) as c:
+            r = c.post(url + "/completion", headers=_auth(KEY), json={"prompt": "b", "n_predict": 2})
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", (r.text, "long one alive", t.is_alive())
+            assert "API key" in r.text
+            r = c.post(url + "/completion", headers=_auth(OTHER), json={"prompt": "b", "n_predict": 2})
+            assert r.status_code == 200  # another key from the same address: served
+    finally:
+        done.set()
+        t.join(300)
+    assert first["status"] == 200
 
 
 def test_a_stream_whose_client_takes_nothing_ends_its_generation_and_frees_its_slot(url):
