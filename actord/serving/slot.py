@@ -113,7 +113,6 @@ class Slot(Actor[SlotInbox]):
         self.metrics = metrics
         self.default_seed = default_seed
         self.peers = peers  # the placer is told SlotState when what it places by changes
-        self.track_footprint = track_footprint
         self.memory = SlotMemory(slot_id, engine, props, metrics, ckpt, peers, track_footprint=track_footprint,
                                  share_prefixes=share_prefixes)
         self.share = PrefixShare(self.memory, peers)
@@ -373,7 +372,7 @@ class Slot(Actor[SlotInbox]):
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
                               t_start=t_start, genes=genes)
         self.metrics.requests_in_flight.inc()
-        if genes or self.genes or self.track_footprint:
+        if genes or self.genes or self.memory.track_footprint:
             # An empty set is announced too when it replaces a non-empty one (it unpins) and
             # under a device budget (the residency must know which slots run).
             self._tickets += 1
@@ -543,10 +542,11 @@ class Slot(Actor[SlotInbox]):
     # -- its genes' lease and footprint ------------------------------------------------
 
     async def finish_genes(self) -> None:
-        if not (self._acquired or self.track_footprint):
+        track = self.memory.track_footprint  # the device budget's: it counts slot states
+        if not (self._acquired or track):
             return
         self._acquired = False
-        n = await self.memory.device_bytes() if self.track_footprint else 0
+        n = await self.memory.device_bytes() if track else 0
         await self.peers.residency.tell(GeneFinish(slot=self.id, n_bytes=n))
 
     # -- page and file moves, evictions, forks --------------------------------------------

@@ -104,10 +104,10 @@ async def test_the_system_budgets_genes_and_slots_with_the_engine_resolved_bytes
         assert s.residency is not None
         if gpu:
             assert s.residency.budget == 7 * GIB and props["device"]["backend"] == "CUDA"
-            assert all(slot.track_footprint for slot in s.slots)
+            assert all(slot.memory.track_footprint for slot in s.slots)
         else:
             assert s.residency.budget == 0 and props["device"]["budget_bytes"] == 0
-            assert not any(slot.track_footprint for slot in s.slots)
+            assert not any(slot.memory.track_footprint for slot in s.slots)
 
 
 # ---- what the engine reads off libllama (pure helpers, fed what libllama reports) ------------
