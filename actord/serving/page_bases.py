@@ -52,7 +52,6 @@ class PageBases:
     def __init__(self, memory: SlotMemory, peers: SlotPeers) -> None:
         self.memory = memory
         self.peers = peers
-        self.base_peer_epoch = 0  # the peer's sequence epoch when a page-in shared its cells
 
     def _peer_shared(self, tokens: list[int]) -> int:
         """Tokens a peer slot's sequence shares with `tokens` (or the prompt of the request it
@@ -147,8 +146,7 @@ class PageBases:
             return m.engine.submit(J.StateSet(seq=m.seq, data=page.state)), None
         peer = self._peer_holding(page)
         if peer is not None:
-            # Its epoch as the job is submitted, in this tick: the share is of these cells.
-            self.base_peer_epoch = peer.epoch
+            # Its record as the job is submitted, in this tick: the share is of these cells (its epoch).
             job = J.StateSet(seq=m.seq, data=page.state, base_seq=peer.seq, n_base=page.n_base,
                              n_tokens=len(page.tokens))
         else:
@@ -176,7 +174,7 @@ class PageBases:
         if page.base is None:
             return {}
         if peer is not None:
-            self.memory.note_share(peer.slot, self.base_peer_epoch, page.n_base, "page_on_cells")
+            self.memory.note_share(peer.slot, peer.epoch, page.n_base, "page_on_cells")
         return {"n_base": page.n_base, "base_from": "cells" if peer is not None else "bytes",
                 **({"base_slot": peer.slot} if peer is not None else {})}
 
