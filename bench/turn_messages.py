@@ -36,12 +36,14 @@ async def measure(model: str, verbose: bool) -> dict[str, tuple[int, int]]:
         cfg = Config(model=model, slots=1, ctx=1024, page_dir=str(Path(d) / "pages"), seed=1)
         out: dict[str, tuple[int, int]] = {}
         async with ActorSystem(cfg, trace=events) as system:
-            prompt = list(range(10, 60))
+            prompts = {"ada": list(range(10, 60)), "bob": list(range(110, 160))}  # no prefix shared
 
             async def turn(mind: str, extra: list[int]) -> None:
-                await system.complete(prompt=prompt + extra, mind=mind, n_predict=4, temperature=0.0)
+                await system.complete(prompt=prompts[mind] + extra, mind=mind, n_predict=4, temperature=0.0)
 
-            await turn("ada", [1])        # ada placed fresh
+            i = len(events)
+            await turn("ada", [1])        # ada placed fresh, in an empty slot
+            out["new"] = _window(events, i)
             i = len(events)
             await turn("ada", [2, 3])     # resident turn
             out["resident"] = _window(events, i)
@@ -69,7 +71,7 @@ def main() -> None:
 
         model = str(write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny.gguf", seed=1))
     res = anyio.run(measure, model, a.verbose)
-    for k, bound in (("resident", 5), ("switch", 12)):
+    for k, bound in (("new", 6), ("resident", 5), ("switch", 12)):
         n, jobs = res[k]
         print(f"{k:9s} deliveries besides steps {n:3d} (bound {bound})  engine jobs besides steps {jobs}")
 

@@ -21,10 +21,12 @@ from actord.serving.messages import (
     CancelRequest, Complete, Erase, FromBase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
 )
 from actord.serving.sequence_index import MIN_SHARE
+from actord.serving.start_plan import MindFound, plan_mind_step
 from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import MindStart, PageTokens, SpillVictim
 from actord.vocabulary.errors import (
-    ActordError, Cancelled, ContextFull, CorruptPageFile, InvalidParams, PageDoesNotFit, PageNotFound, PageRamExceeded,
+    ActordError, Cancelled, ContextFull, CorruptPageFile, FileNotFound, InvalidParams, PageDoesNotFit, PageNotFound,
+    PageRamExceeded,
 )
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
@@ -120,12 +122,7 @@ class MindPlacer(Actor[PlacerInbox]):
         self.taken: dict[int, int] = {i: 0 for i in range(n)}
         self.page_tokens: dict[str, int] = {}
         self.share_bases = share_bases  # a new mind may start from a shared prefix's base (FromBase)
-        # The mind being brought in: the page store's word on a base for her prompt, and
-        # whether her slot already made way (emptied) on the way to a fresh start.
-        self._base_hint = 0
-        self._made_way = False
-        self._no_mind = False  # the slot's table entry held no mind
-        self.fresh_start = False  # the slot makes way itself as it takes the request
+        self.fresh_start = False  # the mind just placed starts fresh, and her slot makes way as it takes her request
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -223,9 +220,8 @@ class MindPlacer(Actor[PlacerInbox]):
         slot = min(idle, key=lambda s: (self.slot_mind[s] is not None, self.last_use[s], s))
         old = self.slot_mind[slot]
         self.slot_mind[slot] = None
-        self._no_mind = old is None
         try:
-            how = await self._bring_in(slot, mind, req)
+            how = await self._bring_in(slot, mind, req, slot_mind=old is not None)
         except BaseException:
             # What the slot holds now is its to say: a move that got under way tells it
             # (SlotState, after this handler); one refused before anything moved does not.
@@ -283,19 +279,68 @@ class MindPlacer(Actor[PlacerInbox]):
             self.paged.remove(mind)
         self.paged.append(mind)
 
-    async def _bring_in(self, slot: int, mind: str, req: CompletionRequest | None = None) -> str:
-        self._base_hint, self._made_way, self.fresh_start = 0, False, False
-        how = await self._bring_in_how(slot, mind, req)
-        if how == "fresh" and self.fresh_start:  # the slot makes way as it starts (Complete.fresh)
-            return how
-        if how == "fresh":  # a fresh start begins from an empty sequence
-            if not self._made_way:
-                await self.slots[slot].ask(Erase())
-            # Only where the page store said a base begins her prompt: the start from it
-            # costs four deliveries (the room, the slot's move, its find, the cells).
-            if req is not None and self._base_hint >= MIN_SHARE and await self._from_base(slot, req):
-                how = "base"
-        return how
+    async def _bring_in(self, slot: int, mind: str, req: CompletionRequest | None, *, slot_mind: bool) -> str:
+        """Bring `mind` into `slot` by the start plan (serving/start_plan.py `plan_mind_step`):
+        each step carried out, and what it taught (a page gone, no room for it, a file
+        refused, a base made by the slot's own page-out) planned over again. How she came."""
+        self.fresh_start = False
+        found = await self._find(mind, req, slot_mind=slot_mind)
+        while True:
+            step = plan_mind_step(found)
+            match step.how:
+                case "page_in":
+                    after = await self._page_in(slot, mind, found, req)
+                    if after is None:
+                        return "page_in"
+                    found = after
+                case "make_way":
+                    n_base = await self._make_way(slot)
+                    found = msgspec.structs.replace(found, made_way=True,
+                                                    base=max(found.base, n_base if self._bases_for(req) else 0))
+                case "restore":
+                    if await self._restore(slot, mind):
+                        return "restore"
+                    found = msgspec.structs.replace(found, file=False)
+                case "base":
+                    assert req is not None  # a base is found only for a prompt
+                    if await self._from_base(slot, req):
+                        return "base"
+                    found = msgspec.structs.replace(found, base=0)
+                case "fresh":
+                    self.fresh_start = step.slot_clears  # else the slot made way: it is empty
+                    return "fresh"
+
+    def _bases_for(self, req: CompletionRequest | None) -> list[int] | None:
+        """The prompt a base may begin (its tokens), or None: bases off, or no token prompt."""
+        ok = self.share_bases and req is not None and isinstance(req.prompt, list) and len(req.prompt) > MIN_SHARE
+        return req.prompt if ok else None  # type: ignore[union-attr, return-value]
+
+    async def _find(self, mind: str, req: CompletionRequest | None, *, slot_mind: bool = True,
+                    hint: bool = True, made_way: bool = False) -> MindFound:
+        """What the places that may hold her say: her page's size (from the table's hint
+        where it has one, else one ask of the page store, which, for a mind with no page,
+        says in the same ask whether a base in page RAM begins her prompt), a base file
+        beginning it (the files' index in RAM, no read), and whether her page file is there."""
+        prompt = self._bases_for(req)
+        n_page = self.page_tokens.get(mind) if hint else None
+        base = 0
+        if n_page is None:
+            start = await self.pages.ask(PageTokens(name=mind, prompt=prompt,
+                                                    scope=req.kv_scope() if prompt is not None and req else ""))
+            n_page = start.n_page if isinstance(start, MindStart) else start
+            base = start.n_base if isinstance(start, MindStart) else 0
+            if prompt is not None and req is not None and n_page is None and base < MIN_SHARE:
+                on_file = self.files.find_base(prompt, req.kv_scope())
+                base = on_file[1] if on_file is not None else 0
+            if n_page is None:
+                self.page_tokens.pop(mind, None)
+            else:
+                self.page_tokens[mind] = n_page
+        file = False
+        if n_page is None:
+            sig = await self.files.signature(mind_file(mind))
+            file = sig is not None and self.unreadable.get(mind) != sig
+        return MindFound(page=n_page, file=file, base=base, slot_mind=slot_mind, made_way=made_way)
 
     async def _from_base(self, slot: int, req: CompletionRequest) -> int:
         """A new mind whose prompt (tokens) begins with a shared prefix that page RAM holds
@@ -317,52 +362,20 @@ class MindPlacer(Actor[PlacerInbox]):
             log.info("placer.from_base_failed", slot=slot, error=e.to_dict())
             return 0
 
-    async def _page_in(self, slot: int, mind: str, req: CompletionRequest | None = None) -> bool:
-        """Page `mind` in, the slot's own mind (if any) paged out first in the same message;
-        False when she has no page. The cells are held by `holding_room` and handed back by
-        the slot's one Cells tell at the end of the move."""
-        fresh_size = False
+    async def _page_in(self, slot: int, mind: str, found: MindFound, req: CompletionRequest | None) -> MindFound | None:
+        """Page `mind` in (`found.page` tokens), the slot's own mind paged out first in the
+        same message: None once she is in, else what is known now. The cells are held by
+        `holding_room` and handed back by the slot's one Cells tell at the end of the move.
+        A refusal after the slot's page-out leaves the slot empty (`made_way`)."""
+        n, resized = found.page or 0, False
         while True:
-            if mind not in self.page_tokens or fresh_size:
-                # One page's size, not a listing of them all (10,000 minds: issue 34); for a
-                # mind with no page, in the same ask, whether a base begins her prompt.
-                prompt = req.prompt if req is not None and isinstance(req.prompt, list) and self.share_bases else None
-                start = await self.pages.ask(PageTokens(name=mind, prompt=prompt, scope=req.kv_scope() if prompt else ""))
-                n_page = start.n_page if isinstance(start, MindStart) else start
-                self._base_hint = start.n_base if isinstance(start, MindStart) else 0
-                if prompt is not None and n_page is None and self._base_hint < MIN_SHARE and req is not None:
-                    # No base in page RAM: a base file may begin her prompt (page_file_bases),
-                    # which the files' index in RAM says without a read.
-                    on_file = self.files.find_base(prompt, req.kv_scope())
-                    self._base_hint = on_file[1] if on_file is not None else 0
-                if n_page is None:
-                    # No page to take: the slot only makes way (its mind to her page, an
-                    # unnamed sequence dropped), which leaves it as empty as an erase would;
-                    # on a slot the table says holds no mind, and with no file or base to
-                    # start from, it does so as it takes the request (`fresh_start`).
-                    self.page_tokens.pop(mind, None)
-                    if (self._no_mind and self._base_hint < MIN_SHARE
-                            and await self.files.signature(mind_file(mind)) is None):
-                        self.fresh_start = True
-                        return False
-                    ev = await self._make_way(slot)
-                    self._made_way = True
-                    if prompt is not None:  # the page-out may have made a base: worth a look
-                        self._base_hint = max(self._base_hint, int((ev or {}).get("n_base", 0)))
-                    return False
-                else:
-                    self.page_tokens[mind] = n_page
-                fresh_size = True
-            n = self.page_tokens.get(mind, 0)
             async with holding_room(self.scheduler, slot, n) if n else no_room() as room:
                 if room.cells < n:
-                    # The page stays whole in the store for a later turn; this one starts
-                    # fresh rather than over-commit the cache the steps in flight are
-                    # counted against. The slot still makes way.
+                    # The page stays whole in the store for a later turn; this one does
+                    # without it rather than over-commit the cache the steps in flight are
+                    # counted against.
                     log.info("placer.no_room_for_page", slot=slot, mind=mind, n_tokens=n)
-                    await self._make_way(slot)
-                    self._made_way = True
-                    return False
+                    return msgspec.structs.replace(found, page=None)
                 try:
                     out = await self.slots[slot].ask(PageInSlot(
                         page=mind, evict_first=True, room=room.token, room_cells=n if n else -1))
@@ -371,76 +384,84 @@ class MindPlacer(Actor[PlacerInbox]):
                     self.page_tokens.pop(mind, None)
                     if mind in self.paged:
                         self.paged.remove(mind)
-                    return True
-                except PageNotFound as e:
+                    return None
+                except PageNotFound as e:  # paged in or dropped meanwhile: where else is she?
                     room.handed_over = True
-                    self._evicted(e.data.get("evicted"))
+                    n_base = self._evicted(e.data.get("evicted"))
                     self.page_tokens.pop(mind, None)
-                    return False
+                    after = await self._find(mind, req, slot_mind=found.slot_mind, hint=False, made_way=True)
+                    return msgspec.structs.replace(after, base=max(after.base, n_base if self._bases_for(req) else 0))
                 except PageRamExceeded as e:  # nothing moved: make page RAM and ask again
                     room.handed_over = True
                     await self._page_room(slot, e.data.get("mind"))
                 except ContextFull as e:
                     room.handed_over = True
                     self._evicted(e.data.get("evicted"))
-                    if "held" not in e.data or fresh_size:
+                    if "held" not in e.data or resized:
                         raise
-                    fresh_size = True  # sized by an older page of hers: size it again
+                    resized = True  # sized by an older page of hers: size it again
+                    found = await self._find(mind, req, slot_mind=found.slot_mind, hint=False, made_way=True)
+                    if found.page is None:
+                        return found
+                    n = found.page
 
-    async def _make_way(self, slot: int) -> dict[str, Any] | None:
-        """The slot's mind goes to her page (its sequence, with no mind, is dropped); what
-        was evicted (None: no mind)."""
+    async def _make_way(self, slot: int) -> int:
+        """The slot's mind goes to her page (its sequence, with no mind, is dropped): the
+        tokens of a base her page stands on (0: none, or no mind)."""
         while True:
             try:
                 out = await self.slots[slot].ask(PageInSlot(page="", evict_first=True))
             except PageRamExceeded as e:
                 await self._page_room(slot, e.data.get("mind"))
                 continue
-            ev = out.get("evicted")
-            self._evicted(ev)
-            return ev
+            return self._evicted(out.get("evicted"))
 
-    def _evicted(self, ev: dict[str, Any] | None) -> None:
-        if ev:
-            self._note_paged(ev["mind"])
-            self.page_tokens[ev["mind"]] = ev["n_tokens"]
+    def _evicted(self, ev: dict[str, Any] | None) -> int:
+        """Note the mind the slot paged out (if any); the tokens of the base her page stands on."""
+        if not ev:
+            return 0
+        self._note_paged(ev["mind"])
+        self.page_tokens[ev["mind"]] = ev["n_tokens"]
+        return int(ev.get("n_base", 0))
 
-    async def _bring_in_how(self, slot: int, mind: str, req: CompletionRequest | None = None) -> str:
-        if await self._page_in(slot, mind, req):
-            return "page_in"
-        if self.fresh_start:  # no page, no file (just looked): the slot makes way as it starts
-            return "fresh"
-        sig = await self.files.signature(mind_file(mind))
-        if sig is not None and self.unreadable.get(mind) != sig:
+    async def _restore(self, slot: int, mind: str) -> bool:
+        """Restore `mind` from her page file: False where the file can never be restored
+        (corrupt, another model's): refused once, so she starts another way."""
+        try:
+            # The file's cells held first (its header says how many), as for a page-in.
+            n = await self.files.n_tokens(mind_file(mind))
+            if n and self.kv_cells and n > self.kv_cells:
+                n = None  # larger than the whole cache: the restore refuses it, typed
             try:
-                try:
-                    # The file's cells held first (its header says how many), as for a page-in.
-                    n = await self.files.n_tokens(mind_file(mind))
-                    if n and self.kv_cells and n > self.kv_cells:
-                        n = None  # larger than the whole cache: the restore refuses it, typed
-                    if not n:
+                if not n:
+                    await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                else:
+                    async with holding_room(self.scheduler, slot, n) as room:
+                        if room.cells < n:
+                            log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
+                            return False
                         await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                    else:
-                        async with holding_room(self.scheduler, slot, n) as room:
-                            if room.cells < n:
-                                log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
-                                return "fresh"
-                            await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                except PageDoesNotFit as e:
-                    if "saved" in e.data:  # another model's file: no room makes it fit
-                        raise
-                    # Its size is known only once read: free the whole cache, once.
-                    async with holding_room(self.scheduler, slot, 1 << 30):
-                        await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-            except (CorruptPageFile, PageDoesNotFit) as e:
-                if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
-                    raise  # whole but larger than this context: the request is refused, the file kept
-                # A file that can never be restored is refused once: the mind starts fresh
-                # (its next spill or save writes a new generation over it, which is tried
-                # again) instead of failing every request from now on.
+            except PageDoesNotFit as e:
+                if "saved" in e.data:  # another model's file: no room makes it fit
+                    raise
+                # Its size is known only once read: free the whole cache, once.
+                async with holding_room(self.scheduler, slot, 1 << 30):
+                    await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+        except FileNotFound:
+            # Gone since it was looked at: the disk budget may evict it to make room for the
+            # very page-out that made way for her. She starts another way.
+            log.info("mind.file_gone", mind=mind, file=mind_file(mind))
+            return False
+        except (CorruptPageFile, PageDoesNotFit) as e:
+            if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
+                raise  # whole but larger than this context: the request is refused, the file kept
+            # A file that can never be restored is refused once: the mind starts another way
+            # (her next spill or save writes a new generation over it, which is tried again)
+            # instead of failing every request from now on.
+            sig = await self.files.signature(mind_file(mind))
+            if sig is not None:
                 self.unreadable[mind] = sig
-                self.metrics.mind_files_refused_total.inc()
-                log.warning("mind.file_refused", mind=mind, file=mind_file(mind), starts="fresh", error=e.to_dict())
-                return "fresh"
-            return "restore"
-        return "fresh"
+            self.metrics.mind_files_refused_total.inc()
+            log.warning("mind.file_refused", mind=mind, file=mind_file(mind), starts="another way", error=e.to_dict())
+            return False
+        return True

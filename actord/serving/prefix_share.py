@@ -39,7 +39,8 @@ import anyio
 from actord.engine import jobs as J
 from actord.serving.page_messages import FindBase, Release
 from actord.vocabulary.errors import ActordError
-from actord.serving.sequence_index import MIN_SHARE, Start, plan_start
+from actord.serving.sequence_index import MIN_SHARE
+from actord.serving.start_plan import Start, plan_start
 from actord.vocabulary.kv_identity import Lineage
 from actord.serving.slot_memory import SlotMemory
 from actord.vocabulary.log import get
@@ -60,7 +61,7 @@ class PrefixShare:
         self.peers = peers
 
     def plan(self, prompt: list[int], lineage: Lineage, own: int, *, cells: bool = True) -> Start:
-        """Where the request starts (sequence_index.plan_start), as this slot's memory allows:
+        """Where the request starts (start_plan.plan_start), as this slot's memory allows:
         cells only where they can be shared (`shares_cells`; `cells` False after a refused
         share), checkpoints only where the memory keeps them."""
         m = self.memory

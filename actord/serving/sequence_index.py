@@ -45,36 +45,6 @@ class Held(msgspec.Struct, frozen=True):
     checkpoints: tuple[SlotCheckpoint, ...] = ()
 
 
-class Start(msgspec.Struct, frozen=True):
-    """Where a request's sequence starts, beyond what its own slot holds: from its own cells
-    ("own", `n` = what it holds), a peer's first `n` cells ("cells"), or a peer's cells below
-    `checkpoint` with the checkpoint's state set over them ("checkpoint")."""
-
-    how: str
-    n: int
-    src: Held | None = None
-    checkpoint: SlotCheckpoint | None = None
-
-
-def plan_start(index: "SequenceIndex", slot: int, prompt: Sequence[int], lineage: Lineage, own: int, *,
-               cells: bool, checkpoints: bool) -> Start:
-    """The one decision of where slot `slot`'s request starts, from what it holds itself
-    (`own` tokens of `prompt`, under `lineage`) and what the index says the others hold:
-    a peer's cells where the memory can share them (`cells`), else a peer's checkpoint where
-    it keeps them (`checkpoints`), each only where it saves MIN_SHARE tokens over `own`."""
-    if own >= len(prompt) - MIN_SHARE:
-        return Start(how="own", n=own)
-    if cells:
-        src, n = index.best_source(slot, prompt, lineage, own)
-        if src is not None:
-            return Start(how="cells", n=n, src=src)
-    if checkpoints:
-        src, ck = index.best_checkpoint(slot, prompt, lineage, own)
-        if src is not None and ck is not None:
-            return Start(how="checkpoint", n=ck.pos, src=src, checkpoint=ck)
-    return Start(how="own", n=own)
-
-
 class SequenceIndex:
     """The slots' published sequences, by slot id, and the questions asked of them."""
 

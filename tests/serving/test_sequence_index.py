@@ -4,7 +4,8 @@ instead of reading another slot (serving/sequence_index.py). Pure: no engine, no
 from __future__ import annotations
 
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex, plan_start
+from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
+from actord.serving.start_plan import plan_start
 
 PLAIN = ((), "")
 GENE_A = (((1, 1.0),), "")
