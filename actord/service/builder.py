@@ -34,7 +34,7 @@ from actord.serving.placer import MindPlacer, Spill
 from actord.serving.scheduler import Scheduler
 from actord.serving.slot import Slot
 from actord.serving.slot_peers import SlotPeers
-from actord.serving.sequence_index import SequenceIndex
+from actord.serving.kv_index import KvIndex
 from actord.storage.files import PageFiles
 
 log = get("actord.service.builder")
@@ -50,7 +50,7 @@ class Actors:
     residency: GeneResidency
     ckpt_budget: CheckpointBudget
     placer: MindPlacer
-    index: SequenceIndex  # what each slot's sequence holds, as the slot published it
+    index: KvIndex  # where KV states live: each slot's sequence and the page store's pages, as each published
 
     def all(self) -> list[Actor[Any]]:
         return [*self.slots, self.scheduler, self.pages, self.residency, self.ckpt_budget, self.placer]
@@ -69,16 +69,17 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
         n_ctx=props.kv_cells,  # 0: cells not charged
         piece_tile=config.piece_tile, depth=depth, n_slots=n, engine_budget_s=config.request_engine_s,
     )
-    pages = PageStore(dispatcher, config.page_ram_bytes, metrics, capacity=cap)
+    index = KvIndex(n)  # where KV states live: the slots and the page store publish there
+    pages = PageStore(dispatcher, config.page_ram_bytes, metrics, capacity=cap, index=index)
     # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).
     device_budget = props.device.budget_bytes
     residency = GeneResidency(dispatcher, engine, slots, device_budget, metrics, capacity=cap)
     ckpt_budget = CheckpointBudget(dispatcher, config.ctx_checkpoints_bytes, slots, metrics, capacity=cap,
                                    policy=config.checkpoint_policy, cap=1 + config.ctx_checkpoints, n_slots=n)
-    placer = placer_class(dispatcher, slots, pages, files, spill, metrics, scheduler, kv_cells=scheduler.n_ctx,
+    placer = placer_class(dispatcher, slots, pages, files, spill, metrics, scheduler, index, kv_cells=scheduler.n_ctx,
                           n_slots=n, capacity=cap, share_bases=config.prefix_sharing)
     peers = SlotPeers(scheduler=scheduler, placer=placer, pages=pages, ckpt_budget=ckpt_budget,
-                      residency=residency, files=files, index=SequenceIndex(n))
+                      residency=residency, files=files, index=index)
     for i in range(n):
         ckpt = CheckpointPlan(
             policy=config.checkpoint_policy, keep=config.ctx_checkpoints, every=config.checkpoint_every,

@@ -22,7 +22,7 @@ from actord.vocabulary.types import CompletionRequest, SlotInfo
 from actord.serving.messages import Fork, Info, MakeRoom, ReleaseRoom
 from actord.serving.room import holding_room
 from actord.serving.scheduler import Scheduler
-from actord.serving.sequence_index import SequenceIndex
+from actord.serving.kv_index import KvIndex
 from actord.serving.slot import Slot, gene_set
 
 log = get("actord.service.placement")
@@ -33,7 +33,7 @@ class Placement:
     the system built, the index their sequences are published in, the requests in flight
     (InFlight), the model's props and the system's default genes."""
 
-    def __init__(self, slots: list[Slot], scheduler: Scheduler, index: SequenceIndex, inflight: InFlight,
+    def __init__(self, slots: list[Slot], scheduler: Scheduler, index: KvIndex, inflight: InFlight,
                  props: ModelProps, ask_timeout_s: float, default_genes: list[int]) -> None:
         self.slots = slots
         self.scheduler = scheduler

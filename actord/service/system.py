@@ -44,7 +44,7 @@ from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
 from actord.serving.gene_residency import GeneResidency, ListGenes, PageInGene, PageOutGene, UnloadGene
 from actord.serving.kernel import Actor, Dispatcher
 from actord.serving.messages import CancelRequest, Complete, Erase, Info, PageInSlot, PageOutSlot, RestoreSlot, SaveSlot
-from actord.serving.page_store import DropPage, ListPages, PageStore, PageTokens, StoreStats
+from actord.serving.page_store import DropPage, ListPages, PageStore, StoreStats
 from actord.serving.placer import CancelPlaced, MindPlacer, PlaceMind
 from actord.serving.scheduler import Scheduler
 from actord.serving.slot import Slot
@@ -439,7 +439,7 @@ class ActorSystem:
         target = self._slot(slot)
         own = tenancy.own_name(page, "page")
         with tenancy.as_client(page):
-            n = await self.pages.ask(PageTokens(name=own))  # one page's size, not a listing of all
+            n = self.built.index.page_tokens(own)  # one page's size, as the page store published it
             if n is None:
                 return await target.ask(PageInSlot(page=own))  # refused by the slot, typed
             return tenancy.client_answer(await self.placement.with_room(slot, n, PageInSlot(page=own), page=own))

@@ -36,7 +36,7 @@ from actord.vocabulary.errors import PageDoesNotFit, PageRamExceeded
 from actord.vocabulary.log import get
 from actord.policy.checkpoint_records import SlotCheckpoint
 from actord.policy.prefix_index import BLOCK
-from actord.serving.sequence_index import Held
+from actord.serving.kv_index import Held
 from actord.serving.slot_memory import SlotMemory
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class PageBases:
 
     def _peer_shared(self, tokens: list[int]) -> int:
         """Tokens a peer slot's sequence shares with `tokens` (or the prompt of the request it
-        runs: serving/sequence_index.py): a base ends where the two part, mid-block or not, so
+        runs: serving/kv_index.py): a base ends where the two part, mid-block or not, so
         a page on it holds only its own."""
         m = self.memory
         return self.peers.index.peer_shared(m.id, tokens, m.lineage)

@@ -120,23 +120,6 @@ class ListPages(Msg):
     scope: str | None = None
 
 
-class PageTokens(Msg):
-    """How many tokens page `name` holds (None: no such page): one page's size, where
-    ListPages would list them all. With `prompt` (a new mind's first prompt, as tokens) and
-    its `scope`, a `MindStart` instead: the page's size and the longest base in that scope
-    the prompt begins with (a hint for the placer: whether a start from a base is worth its
-    asks; the slot finds the base under the request's whole lineage)."""
-
-    name: str
-    prompt: list[int] | None = None
-    scope: str = ""
-
-
-class MindStart(msgspec.Struct, frozen=True):
-    n_page: int | None  # the page's tokens (None: no page of that name)
-    n_base: int = 0  # tokens of the longest base the prompt begins with (0: none)
-
-
 class SpillVictim(Msg):
     """Of `candidates` (page names, oldest first), the one to spill: the oldest that is a
     page and stands on no base other pages share, else the oldest that is a page; None
@@ -196,7 +179,7 @@ class AdmitBase(Msg):
 
 PageStoreInbox = (
     Admit | AdmitState | Commit | CancelReservation | Take | Return | Release | DropPage | ListPages
-    | SpillBegin | SpillEnd | StoreStats | FindBase | AdmitBase | PageTokens | SpillVictim | Unpersisted
+    | SpillBegin | SpillEnd | StoreStats | FindBase | AdmitBase | SpillVictim | Unpersisted
 )
 
 

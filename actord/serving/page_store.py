@@ -46,10 +46,10 @@ import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.buffer_pool import BufferPool, buffer_of, capacity_for
+from actord.serving.kv_index import KvIndex
 from actord.serving.page_messages import (  # noqa: I001
-    MindStart,
     Admit, AdmitBase, AdmitState, BaseFound, CancelReservation, Commit, DropPage, FindBase, ListPages, Page,
-    PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, PageTokens, Release, Return, SpillBegin, SpillEnd,
+    PageAdmission, PageInfo, PageStoreInbox, PageStoreStats, Release, Return, SpillBegin, SpillEnd,
     SpillVictim, StoreStats, Take, Unpersisted,
 )
 from actord.vocabulary.errors import InvalidParams, PageNotFound, PageRamExceeded
@@ -60,8 +60,8 @@ from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 __all__ = [  # the vocabulary lives in serving/page_messages.py; its users import it from here
     "Admit", "AdmitBase", "AdmitState", "BaseFound", "CancelReservation", "Commit", "DropPage", "FindBase",
-    "ListPages", "Page", "PageAdmission", "PageInfo", "PageStore", "PageStoreInbox", "PageStoreStats", "PageTokens",
-    "Release", "Return", "SpillBegin", "SpillEnd", "SpillVictim", "StoreStats", "Take", "Unpersisted",
+    "ListPages", "Page", "PageAdmission", "PageInfo", "PageStore", "PageStoreInbox", "PageStoreStats", "Release",
+    "Return", "SpillBegin", "SpillEnd", "SpillVictim", "StoreStats", "Take", "Unpersisted",
 ]
 
 log = get("actord.pages")
@@ -77,8 +77,12 @@ class _Gen:
 class PageStore(Actor[PageStoreInbox]):
     rank = 40
 
-    def __init__(self, dispatcher: Dispatcher, ceiling: int, metrics: Metrics, capacity: int = 256) -> None:
+    def __init__(self, dispatcher: Dispatcher, ceiling: int, metrics: Metrics, capacity: int = 256,
+                 index: KvIndex | None = None) -> None:
         super().__init__(dispatcher, "pagestore", capacity)
+        # Where every change of a page's name or of a base is published (serving/kv_index.py):
+        # a placement reads it there instead of asking.
+        self.index = index if index is not None else KvIndex(0)
         self.ceiling = ceiling
         self.metrics = metrics
         self.names: dict[str, int] = {}
@@ -119,11 +123,6 @@ class PageStore(Actor[PageStoreInbox]):
                 out = [self.info(n) for n in self.page_names(after, limit)]
             case ListPages(after=after, limit=limit, scope=str(scope)):
                 out = [msgspec.structs.replace(self.info(n), page=c) for c, n in self.scoped_names(scope, after, limit)]
-            case PageTokens(name=name, prompt=prompt, scope=scope):
-                gen = self.names.get(name)
-                n_page = None if gen is None else len(self.gens[gen].page.tokens)  # type: ignore[union-attr]
-                out = n_page if prompt is None else MindStart(
-                    n_page=n_page, n_base=self.base_hint(prompt, scope) if n_page is None else 0)
             case SpillVictim(candidates=candidates):
                 out = self.spill_victim(candidates)
             case Unpersisted():
@@ -216,6 +215,7 @@ class PageStore(Actor[PageStoreInbox]):
         if not name:  # a base: its one hold is its maker's, until a page takes it over
             self.bases.add(page.gen, page.tokens, page.genes, page.scope)
             self.on_base[page.gen] = 0
+            self.index.publish_base(page.gen, page.tokens, page.scope)
             log.info("page.base_created", gen=page.gen, n_tokens=len(page.tokens), n_bytes=n_bytes)
             return page
         if page.base is not None:  # the maker's hold on the base is now the page's
@@ -226,25 +226,12 @@ class PageStore(Actor[PageStoreInbox]):
         self.page_index.add(page.gen, page.tokens, page.genes, page.scope)
         old = self.names.get(name)
         self.names[name] = page.gen
+        self.index.publish_page(name, len(page.tokens))
         self.dirty.pop(name, None)
         self.dirty[name] = page.gen
         if old is not None:
             self._unhold(old)
         return self.info(name)
-
-    def base_hint(self, prompt: list[int], scope: str) -> int:
-        """The longest base of `scope` whose whole tokens `prompt` (all but its last token)
-        begins with, whatever its genes: O(bases), and bases are few (one per prefix
-        minds share)."""
-        best = 0
-        for gen in self.on_base:
-            g = self.gens.get(gen)
-            base = g.page if g is not None else None
-            if base is None or base.scope != scope or len(base.tokens) <= best or len(base.tokens) >= len(prompt):
-                continue
-            if prompt[:len(base.tokens)] == base.tokens:
-                best = len(base.tokens)
-        return best
 
     def find_base(self, name: str, tokens: list[int], genes: tuple[tuple[int, float], ...],
                   scope: str = "") -> BaseFound:
@@ -278,6 +265,7 @@ class PageStore(Actor[PageStoreInbox]):
         gen = self.names.pop(name, None)
         if gen is None:
             raise PageNotFound(f"no page named {name!r}", page=name)
+        self.index.publish_page(name, None)
         self.dirty.pop(name, None)  # the mind is in a slot now: the slot's own write-behind keeps it
         page = self.gens[gen].page
         assert page is not None
@@ -292,6 +280,7 @@ class PageStore(Actor[PageStoreInbox]):
             self._unhold(gen)
         else:
             self.names[name] = gen
+            self.index.publish_page(name, len(g.page.tokens))
             self.dirty[name] = gen  # whether its file still holds it is not known here
 
     def release(self, gen: int) -> None:
@@ -301,6 +290,7 @@ class PageStore(Actor[PageStoreInbox]):
     def drop(self, name: str) -> PageInfo:
         info = self.info(name)
         gen = self.names.pop(name)
+        self.index.publish_page(name, None)
         self.dirty.pop(name, None)
         self._unhold(gen)
         log.info("page.dropped", page=name, n_bytes=info.n_bytes, still_held=info.holders > 1)
@@ -335,6 +325,7 @@ class PageStore(Actor[PageStoreInbox]):
         dropped = False
         if drop and g.page is not None and self.names.get(g.page.name) == gen:
             del self.names[g.page.name]  # only this generation: a newer one stays
+            self.index.publish_page(g.page.name, None)
             self.dirty.pop(g.page.name, None)
             self._unhold(gen)
             dropped = True
@@ -351,6 +342,7 @@ class PageStore(Actor[PageStoreInbox]):
             self.page_index.remove(gen)
             if self.on_base.pop(gen, None) is not None:
                 self.bases.remove(gen)
+                self.index.publish_base(gen, None)
             base = g.page.base if g.page is not None else None
             if base is not None:
                 self.on_base[base.gen] -= 1

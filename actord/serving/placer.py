@@ -20,10 +20,10 @@ from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import (
     CancelRequest, Complete, Erase, FromBase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
 )
-from actord.serving.sequence_index import MIN_SHARE
+from actord.serving.kv_index import MIN_SHARE, KvIndex
 from actord.serving.start_plan import MindFound, plan_mind_step
 from actord.serving.room import holding_room, no_room
-from actord.serving.page_store import MindStart, PageTokens, SpillVictim
+from actord.serving.page_store import SpillVictim
 from actord.vocabulary.errors import (
     ActordError, Cancelled, ContextFull, CorruptPageFile, FileNotFound, InvalidParams, PageDoesNotFit, PageNotFound,
     PageRamExceeded,
@@ -95,12 +95,13 @@ class MindPlacer(Actor[PlacerInbox]):
     rank = 10
 
     def __init__(self, dispatcher: Dispatcher, slots: Sequence[Actor[Any]], pages: Actor[Any], files: PageFiles,
-                 spill: Spill, metrics: Metrics, scheduler: Actor[SchedulerInbox], *, kv_cells: int = 0,
-                 n_slots: int | None = None, capacity: int = 256, share_bases: bool = False) -> None:
+                 spill: Spill, metrics: Metrics, scheduler: Actor[SchedulerInbox], index: KvIndex, *,
+                 kv_cells: int = 0, n_slots: int | None = None, capacity: int = 256, share_bases: bool = False) -> None:
         super().__init__(dispatcher, "placer", capacity)
         self.slots = slots
         self.pages = pages
         self.files = files
+        self.index = index  # where minds' pages and bases are, as the page store published them
         self.spill = spill
         self.metrics = metrics
         n = len(slots) if n_slots is None else n_slots
@@ -115,12 +116,12 @@ class MindPlacer(Actor[PlacerInbox]):
         self.unreadable: dict[str, tuple[int, int, int]] = {}
         self.parked: list[_Parked] = []  # placements waiting for an idle slot, oldest first
         # The table placements read, kept by the slots' tells (SlotState) and our own moves:
-        # which slots are busy, how many forwards each has taken, the size of each page a
-        # mind of ours went to (a hint: a page-in sized by a stale one is refused, typed).
+        # which slots are busy, how many forwards each has taken. Where minds are (pages and
+        # bases) is the index's (serving/kv_index.py): a page-in sized by a record the page
+        # store replaced since is refused, typed, and sized again.
         self.busy: dict[int, bool] = {i: False for i in range(n)}
         self.forwarded: dict[int, int] = {i: 0 for i in range(n)}
         self.taken: dict[int, int] = {i: 0 for i in range(n)}
-        self.page_tokens: dict[str, int] = {}
         self.share_bases = share_bases  # a new mind may start from a shared prefix's base (FromBase)
         self.fresh_start = False  # the mind just placed starts fresh, and her slot makes way as it takes her request
 
@@ -270,7 +271,6 @@ class MindPlacer(Actor[PlacerInbox]):
             raise
         if victim in self.paged:
             self.paged.remove(victim)
-        self.page_tokens.pop(victim, None)
 
     def _note_paged(self, mind: str) -> None:
         """`mind` was paged out (or moved by someone else) just now: the newest victim. Once
@@ -316,26 +316,20 @@ class MindPlacer(Actor[PlacerInbox]):
         return req.prompt if ok else None  # type: ignore[union-attr, return-value]
 
     async def _find(self, mind: str, req: CompletionRequest | None, *, slot_mind: bool = True,
-                    hint: bool = True, made_way: bool = False) -> MindFound:
-        """What the places that may hold her say: her page's size (from the table's hint
-        where it has one, else one ask of the page store, which, for a mind with no page,
-        says in the same ask whether a base in page RAM begins her prompt), a base file
-        beginning it (the files' index in RAM, no read), and whether her page file is there."""
+                    made_way: bool = False) -> MindFound:
+        """What the places that may hold her say, from the index (serving/kv_index.py: her
+        page's size, a base in page RAM that begins her prompt) and the page files' index in
+        RAM (a base file that begins it), with no delivery; whether her page file is there,
+        from one look on a disk worker."""
         prompt = self._bases_for(req)
-        n_page = self.page_tokens.get(mind) if hint else None
+        n_page = self.index.page_tokens(mind)
         base = 0
-        if n_page is None:
-            start = await self.pages.ask(PageTokens(name=mind, prompt=prompt,
-                                                    scope=req.kv_scope() if prompt is not None and req else ""))
-            n_page = start.n_page if isinstance(start, MindStart) else start
-            base = start.n_base if isinstance(start, MindStart) else 0
-            if prompt is not None and req is not None and n_page is None and base < MIN_SHARE:
-                on_file = self.files.find_base(prompt, req.kv_scope())
+        if n_page is None and prompt is not None and req is not None:
+            scope = req.kv_scope()
+            base = self.index.base_for(prompt, scope)
+            if base < MIN_SHARE:
+                on_file = self.files.find_base(prompt, scope)
                 base = on_file[1] if on_file is not None else 0
-            if n_page is None:
-                self.page_tokens.pop(mind, None)
-            else:
-                self.page_tokens[mind] = n_page
         file = False
         if n_page is None:
             sig = await self.files.signature(mind_file(mind))
@@ -381,15 +375,13 @@ class MindPlacer(Actor[PlacerInbox]):
                         page=mind, evict_first=True, room=room.token, room_cells=n if n else -1))
                     room.handed_over = True
                     self._evicted(out.get("evicted"))
-                    self.page_tokens.pop(mind, None)
                     if mind in self.paged:
                         self.paged.remove(mind)
                     return None
                 except PageNotFound as e:  # paged in or dropped meanwhile: where else is she?
                     room.handed_over = True
                     n_base = self._evicted(e.data.get("evicted"))
-                    self.page_tokens.pop(mind, None)
-                    after = await self._find(mind, req, slot_mind=found.slot_mind, hint=False, made_way=True)
+                    after = await self._find(mind, req, slot_mind=found.slot_mind, made_way=True)
                     return msgspec.structs.replace(after, base=max(after.base, n_base if self._bases_for(req) else 0))
                 except PageRamExceeded as e:  # nothing moved: make page RAM and ask again
                     room.handed_over = True
@@ -400,7 +392,7 @@ class MindPlacer(Actor[PlacerInbox]):
                     if "held" not in e.data or resized:
                         raise
                     resized = True  # sized by an older page of hers: size it again
-                    found = await self._find(mind, req, slot_mind=found.slot_mind, hint=False, made_way=True)
+                    found = await self._find(mind, req, slot_mind=found.slot_mind, made_way=True)
                     if found.page is None:
                         return found
                     n = found.page
@@ -421,7 +413,6 @@ class MindPlacer(Actor[PlacerInbox]):
         if not ev:
             return 0
         self._note_paged(ev["mind"])
-        self.page_tokens[ev["mind"]] = ev["n_tokens"]
         return int(ev.get("n_base", 0))
 
     async def _restore(self, slot: int, mind: str) -> bool:

@@ -39,7 +39,7 @@ import anyio
 from actord.engine import jobs as J
 from actord.serving.page_messages import FindBase, Release
 from actord.vocabulary.errors import ActordError
-from actord.serving.sequence_index import MIN_SHARE
+from actord.serving.kv_index import MIN_SHARE
 from actord.serving.start_plan import Start, plan_start
 from actord.vocabulary.kv_identity import Lineage
 from actord.serving.slot_memory import SlotMemory

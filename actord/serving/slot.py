@@ -48,7 +48,7 @@ from actord.serving.placer import Misplaced, SlotState
 from actord.serving.page_bases import PageBases
 from actord.policy.prefix_index import common_prefix
 from actord.serving.prefix_share import PrefixShare
-from actord.serving.sequence_index import Held
+from actord.serving.kv_index import Held
 from actord.serving.slot_peers import SlotPeers
 from actord.serving.slot_memory import SlotMemory
 from actord.serving.slot_pages import SlotPages, check_fingerprint, model_fingerprint, page_image
@@ -162,7 +162,7 @@ class Slot(Actor[SlotInbox]):
     def ckpt(self) -> CheckpointPlan:
         return self.memory.ckpt
 
-    # -- its activity, which says whether its cells hold steady (serving/sequence_index.py) --
+    # -- its activity, which says whether its cells hold steady (serving/kv_index.py) --
 
     def _say_activity(self) -> None:
         a = self._active

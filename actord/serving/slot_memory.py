@@ -8,7 +8,7 @@ back where it can be cut, else resuming from the newest context checkpoint at or
 divergence, else from zero); the checkpoint list is kept in step with the CheckpointBudget's
 mirror; KV cells and the device footprint are told to the scheduler and the residency
 whenever the sequence changes outside a step; and every change is published to the
-sequence index (serving/sequence_index.py), which the other slots ask instead of reading
+sequence index (serving/kv_index.py), which the other slots ask instead of reading
 this object.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from actord.serving.checkpoint_budget import AdmitCheckpoint, AdmitCheckpoints, Decision, SlotCheckpoints
 from actord.serving.gene_residency import SlotFootprint
 from actord.serving.messages import Cells
-from actord.serving.sequence_index import Held
+from actord.serving.kv_index import Held
 from actord.vocabulary.kv_identity import Lineage
 from actord.engine import jobs as J
 from actord.vocabulary.errors import ActordError

@@ -10,7 +10,7 @@ from actord.serving.kernel import Actor
 from actord.serving.messages import SchedulerInbox
 from actord.serving.page_store import PageStoreInbox
 from actord.serving.placer import PlacerInbox
-from actord.serving.sequence_index import SequenceIndex
+from actord.serving.kv_index import KvIndex
 from actord.storage.files import PageFiles
 
 
@@ -20,7 +20,7 @@ class SlotPeers:
     them in ask order, so each exists before the slots). Upward (tells only): the scheduler
     and the placer. Downward (asks): the page store, the checkpoint budget, the gene
     residency, and the page files on worker threads. `index` is where every slot publishes
-    what its sequence holds and asks what the others hold (serving/sequence_index.py): no
+    what its sequence holds and asks what the others hold (serving/kv_index.py): no
     slot reads another's fields."""
 
     scheduler: Actor[SchedulerInbox]
@@ -29,4 +29,4 @@ class SlotPeers:
     ckpt_budget: Actor[CheckpointInbox]
     residency: Actor[GeneInbox]
     files: PageFiles
-    index: SequenceIndex
+    index: KvIndex

@@ -26,7 +26,7 @@ from typing import Literal
 import msgspec
 
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
+from actord.serving.kv_index import MIN_SHARE, Held, KvIndex
 from actord.vocabulary.kv_identity import Lineage
 
 
@@ -88,7 +88,7 @@ class Start(msgspec.Struct, frozen=True):
     checkpoint: SlotCheckpoint | None = None
 
 
-def plan_start(index: SequenceIndex, slot: int, prompt: Sequence[int], lineage: Lineage, own: int, *,
+def plan_start(index: KvIndex, slot: int, prompt: Sequence[int], lineage: Lineage, own: int, *,
                cells: bool, checkpoints: bool) -> Start:
     """The one decision of where slot `slot`'s request starts, from what it holds itself
     (`own` tokens of `prompt`, under `lineage`) and what the index says the others hold:

@@ -80,13 +80,18 @@ async def test_page_ins_from_a_base_and_from_a_peers_cells_decode_as_never_paged
 
 async def test_a_base_lives_until_its_last_page_goes(tiny_model):
     async with ActorSystem(cfg(tiny_model)) as s:
-        await two_minds_paged(s)
+        ka, _, _ = await two_minds_paged(s)
+        index = s.built.index  # placements read pages and bases there: it follows every change
+        assert index.base_for(ka + [1], "") == N_BASE and index.page_tokens("a") == len(ka)
+        assert index.base_for(ka + [1], "another scope") == 0  # a base is its scope's alone
         await s.page_drop("a")
         st = await s.page_stats()
         assert (st.bases, st.pages, st.shared_bytes) == (1, 1, 0) and st.charged > st.base_bytes
+        assert index.page_tokens("a") is None and index.base_for(ka + [1], "") == N_BASE
         await s.page_drop("b")
         st = await s.page_stats()
         assert (st.charged, st.bases, st.generations, st.reservations) == (0, 0, 0, 0)
+        assert index.page_tokens("b") is None and index.base_for(ka + [1], "") == 0
 
 
 async def test_a_base_the_ceiling_refuses_leaves_a_whole_page(tiny_model):

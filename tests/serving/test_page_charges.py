@@ -44,7 +44,7 @@ class PageCharges(RuleBasedStateMachine):
             assert before - (self.store.gens[old].n_bytes if sole else 0) + n > CEILING
             assert self.store.charged == before  # a refusal changes nothing
             return
-        self.store.commit(r, Page(gen=r, name=name, n_bytes=n, state=bytearray(), tokens=[]))
+        self.store.commit(r, Page(gen=r, name=name, n_bytes=n, state=bytearray(), tokens=[7] * (n % 5)))
 
     @rule(name=NAMES, n=st.integers(1, 600))
     def failed_copy(self, name, n):
@@ -95,6 +95,14 @@ class PageCharges(RuleBasedStateMachine):
         assert set(self.store.gens) == held
         assert self.store.charged == sum(g.n_bytes for g in self.store.gens.values())
         assert self.store.charged == self.store.live_bytes()
+
+    @invariant()
+    def the_index_says_what_the_store_names(self):
+        """Placements read pages' sizes from the index (serving/kv_index.py), not the store."""
+        for name in ("a", "b", "c"):
+            gen = self.store.names.get(name)
+            page = self.store.gens[gen].page if gen is not None else None
+            assert self.store.index.page_tokens(name) == (len(page.tokens) if page is not None else None)
 
     @invariant()
     def never_over_the_ceiling_by_admission(self):

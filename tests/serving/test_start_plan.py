@@ -3,7 +3,7 @@ the page store, the files' index and the moves tried so far said about a mind.""
 
 from hypothesis import given, strategies as st
 
-from actord.serving.sequence_index import MIN_SHARE
+from actord.serving.kv_index import MIN_SHARE
 from actord.serving.start_plan import MindFound, plan_mind_step
 
 

@@ -33,7 +33,7 @@ async def counted_turns(tiny_model: str, tmp_path, heads: dict[str, list[int]]):
         yield s, turn
 
 
-async def test_a_new_mind_takes_six_deliveries_a_resident_turn_five_and_a_switch_twelve(tiny_model, tmp_path):
+async def test_a_new_mind_takes_five_deliveries_a_resident_turn_five_and_a_switch_twelve(tiny_model, tmp_path):
     """Issue 32's acceptance, from a recorded trace (before its work: 14 for a new mind)."""
     prompt = list(range(10, 60))
     # Minds that share no prefix (sharing one adds the page store's base asks: below).
@@ -44,11 +44,10 @@ async def test_a_new_mind_takes_six_deliveries_a_resident_turn_five_and_a_switch
         back, switch = await turn("ada", [5])
     assert new.n_cached == 0
     assert r.n_cached > 0 and back.n_cached > 0  # both turns really reused her state
-    # No page, no file, no base: the page store says so in the one ask that sizes her page,
-    # and the slot makes way as it takes the request (Complete.fresh).
+    # No page, no file, no base: the index says so with no delivery (the page store published
+    # its pages there), and the slot makes way as it takes the request (Complete.fresh).
     assert collections.Counter(first) == collections.Counter(
-        ["placer:PlaceMind", "pagestore:PageTokens", "slot0:Complete", "scheduler:Enroll", "slot0:Ended",
-         "placer:SlotState"]), first
+        ["placer:PlaceMind", "slot0:Complete", "scheduler:Enroll", "slot0:Ended", "placer:SlotState"]), first
     assert collections.Counter(resident) == collections.Counter(
         ["placer:PlaceMind", "slot0:Complete", "scheduler:Enroll", "slot0:Ended", "placer:SlotState"])
     # A new mind whose slot holds another: the six, plus that mind's page-out (the move,

@@ -1,5 +1,7 @@
-"""What every slot's sequence holds, as each slot last said: one owner that slots ask instead
-of reading each other.
+"""Where KV states live, as each place last said: the slots' sequences (and their
+checkpoints) and the page store's pages and bases. One owner of the index that slots, the
+placer and the façade ask instead of reading each other's fields (or asking the page store
+for what it published already).
 
 Why: a request that starts on one slot may take cells another slot's sequence holds (a
 share of the prefix, a checkpoint at the shared point, a page-in onto a base a peer holds,
@@ -11,6 +13,13 @@ is only ever written by its own slot (`publish`), so a slot's state has one owne
 reader sees what the slot said at its last change, never a half-made update: the slots and
 this index share one event loop, and a slot publishes before each await that could let a
 reader in.
+
+The page store publishes each page's size by name (`publish_page`) and each base's tokens
+in its scope (`publish_base`) at every change of its names and bases, so a placement learns
+where a mind is, and whether a base begins her prompt, without a delivery; the page store
+answers the moves themselves (a page-in of a page gone since is refused, typed, and the
+placer plans again). Page and base files are indexed by the page files (storage/files.py),
+in RAM too.
 
 "Steady" is the promise a share rests on: the cells of `tokens` do not change until the
 slot publishes again (it is quiet, or running an enrolled request, which only adds cells
@@ -45,11 +54,47 @@ class Held(msgspec.Struct, frozen=True):
     checkpoints: tuple[SlotCheckpoint, ...] = ()
 
 
-class SequenceIndex:
-    """The slots' published sequences, by slot id, and the questions asked of them."""
+class KvIndex:
+    """The slots' published sequences, by slot id, the page store's pages and bases, and the
+    questions asked of them."""
 
     def __init__(self, n_slots: int) -> None:
         self._held: list[Held | None] = [None] * n_slots
+        self._pages: dict[str, int] = {}  # page name -> its tokens (the page store's)
+        self._bases: dict[int, tuple[list[int], str]] = {}  # base generation -> (its tokens, its scope)
+
+    # -- the page store's records: written by it alone ----------------------------------
+
+    def publish_page(self, name: str, n_tokens: int | None) -> None:
+        """Page `name` holds `n_tokens` tokens now (None: there is no page of that name)."""
+        if n_tokens is None:
+            self._pages.pop(name, None)
+        else:
+            self._pages[name] = n_tokens
+
+    def publish_base(self, gen: int, tokens: list[int] | None, scope: str = "") -> None:
+        """Base generation `gen` holds `tokens` in `scope` (None: it is gone). `tokens` is the
+        base's own list, which is never mutated."""
+        if tokens is None:
+            self._bases.pop(gen, None)
+        else:
+            self._bases[gen] = (tokens, scope)
+
+    def page_tokens(self, name: str) -> int | None:
+        return self._pages.get(name)
+
+    def base_for(self, prompt: Sequence[int], scope: str) -> int:
+        """The longest base of `scope` whose whole tokens `prompt` (all but its last token)
+        begins with, whatever its genes (a hint: the slot finds the base under the request's
+        whole lineage). O(bases), and bases are few (one per prefix minds share)."""
+        best = 0
+        for tokens, base_scope in self._bases.values():
+            n = len(tokens)
+            if base_scope == scope and best < n < len(prompt) and list(prompt[:n]) == tokens:
+                best = n
+        return best
+
+    # -- the slots' records: each written by its own slot --------------------------------
 
     def publish(self, held: Held) -> None:
         self._held[held.slot] = held

@@ -1,10 +1,10 @@
 """The sequence index: what each slot published, and the questions a slot asks of it
-instead of reading another slot (serving/sequence_index.py). Pure: no engine, no actors."""
+instead of reading another slot (serving/kv_index.py). Pure: no engine, no actors."""
 
 from __future__ import annotations
 
 from actord.policy.checkpoint_records import SlotCheckpoint
-from actord.serving.sequence_index import MIN_SHARE, Held, SequenceIndex
+from actord.serving.kv_index import MIN_SHARE, Held, KvIndex
 from actord.serving.start_plan import plan_start
 
 PLAIN = ((), "")
@@ -19,8 +19,8 @@ def held(slot: int, tokens: list[int], lineage=PLAIN, *, quiet: bool = True, run
                 steady=quiet or running is not None, running=running, checkpoints=tuple(checkpoints))
 
 
-def index(*records: Held, n: int = 4) -> SequenceIndex:
-    ix = SequenceIndex(n)
+def index(*records: Held, n: int = 4) -> KvIndex:
+    ix = KvIndex(n)
     for h in records:
         ix.publish(h)
     return ix
