@@ -167,7 +167,9 @@ class Scheduler(Actor[SchedulerInbox]):
                 # asker releases them: a caller that got fewer must not move a sequence in (it
                 # would over-commit the cache that the steps in flight are counted against).
                 room = Room(token=0, cells=n)
-                if self.n_ctx and slot not in self.core.by_slot:
+                # A slot with a request in flight is asked too: the move waits behind the
+                # request (the slot defers it), and its room is held meanwhile (core.held).
+                if self.n_ctx:
                     short = n - (self.free_cells + self.held(slot))
                     if short > 0 and evict:
                         await self._make_room(short, exclude=slot)

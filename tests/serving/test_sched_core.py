@@ -376,3 +376,18 @@ def test_no_twin_across_lineages_or_below_the_minimum_or_for_a_request_that_hold
     r.n_done = 10  # its own cells: a share would replace them under another request's links
     core.add(r)
     assert r.twin is None
+
+
+def test_a_page_move_waiting_behind_a_slots_request_holds_its_room_while_the_request_runs():
+    """A restore asked of a slot that runs a request waits behind it (the slot defers it);
+    its room counts from the ask, so no other request takes those cells meanwhile and the
+    move never over-commits the cache when it lands (simulation seed 181)."""
+    core = SchedulerCore(n_batch=32, n_ctx=100)
+    core.add(req(1, 0, prompt=20))
+    running = core.held(0)
+    t = core.reserve(0, 70)  # the move's room, held as the request runs
+    assert core.held(0) == 70 and core.free_cells == 30
+    core.reserve(1, 30)
+    assert core.free_cells == 0  # a second mover gets only what is left beside it
+    core.release(t)
+    assert core.held(0) == running

@@ -205,7 +205,8 @@ class SchedulerCore:
         return sum(self._shared(d, ln) for d, ln in self.links.items()) if self.links else 0
 
     def reserve(self, slot: int, n: int) -> int:
-        """Hold `n` cells for a page move into idle `slot`; the token to `release`."""
+        """Hold `n` cells for a page move into `slot` (idle, or after its request); the token
+        to `release`."""
         self._tokens += 1
         self.reserved.setdefault(slot, {})[self._tokens] = n
         return self._tokens
@@ -223,7 +224,22 @@ class SchedulerCore:
         if rid is None:
             return self._idle_held(slot)
         r = self.reqs[rid]
-        return r.n_done + r.n_sched
+        return max(r.n_done + r.n_sched, self._reserved_for(slot))
+
+    def _reserved_for(self, slot: int) -> int:
+        held = self.reserved.get(slot)
+        return max(held.values()) if held else 0
+
+    def _waiting_moves(self) -> int:
+        """Cells held for page moves into slots that run a request: a move waits behind the
+        request (the slot defers it), so its room counts beyond the request's own cells."""
+        out = 0
+        for slot in self.reserved:
+            rid = self.by_slot.get(slot)
+            if rid is not None:
+                r = self.reqs[rid]
+                out += max(0, self._reserved_for(slot) - (r.n_done + r.n_sched))
+        return out
 
     @property
     def free_cells(self) -> int:
@@ -231,7 +247,8 @@ class SchedulerCore:
             return 1 << 30
         idle = set(self.cells) | set(self.reserved)
         return (self.n_ctx - sum(self._idle_held(s) for s in idle if s not in self.by_slot)
-                - sum(r.n_done + r.n_sched for r in self.reqs.values()) + self.shared_cells())
+                - sum(r.n_done + r.n_sched for r in self.reqs.values())
+                - (self._waiting_moves() if self.reserved else 0) + self.shared_cells())
 
     def runnable(self) -> list[Request]:
         return [r for r in self.reqs.values() if not r.ended]
