@@ -17,6 +17,8 @@ fi
 tests="$work/tools/server/tests"
 rm -rf "$work/tools" && mkdir -p "$tests"
 cp -r "$src/vendor/llama.cpp/tools/server/tests/unit" "$tests/unit"
+# fixtures too: test_mcp_servers writes its stand-in MCP servers there before starting one
+cp -r "$src/vendor/llama.cpp/tools/server/tests/fixtures" "$tests/fixtures"
 cp "$root"/scripts/peer/{utils.py,conftest.py,pytest.ini} "$tests/"
 ln -sfn "$src/vendor/llama.cpp/models" "$work/models"  # the tests read ../../../models/templates
 cd "$tests"

@@ -249,6 +249,27 @@ def test_n_cmpl_answers_n_completions_from_one_prefill_by_index(server):
     assert two[0]["prompt"] == two[1]["prompt"] == "<s>a b c d" and two[2]["prompt"] == "<s>e f g h"  # as evaluated
 
 
+def test_cache_prompt_false_decodes_the_whole_prompt_and_leaves_nothing_to_reuse(server):
+    prompt = tokens_of(server, "Name three rivers of Europe.")
+    first = {"prompt": prompt, "id_slot": 1, "n_predict": 4, "temperature": 0, "return_tokens": True}
+    server.ok("POST", "/completion", first)  # the slot now holds the prompt
+    fresh = server.ok("POST", "/completion", {**first, "cache_prompt": False})
+    assert fresh["timings"]["cache_n"] == 0 and fresh["timings"]["prompt_n"] == len(prompt)
+    # what the fresh decode left in the slot is under a scope of its own: not reused either
+    after = server.ok("POST", "/completion", first)
+    assert after["timings"]["cache_n"] == 0 and after["timings"]["prompt_n"] == len(prompt)
+    # each prompt of one request is its own: the second does not share the first's cells
+    both = server.ok("POST", "/completion", {"prompt": [prompt, prompt], "n_predict": 2, "temperature": 0,
+                                             "cache_prompt": False})
+    assert [r["timings"]["cache_n"] for r in both] == [0, 0]
+
+
+def test_cache_prompt_false_with_a_mind_is_a_400_naming_it(server):
+    r = server.post("/completion", {"prompt": "hi", "n_predict": 1, "cache_prompt": False},
+                    headers={**AUTH, "x-actord-mind": "rhea"})
+    assert assert_error(r, 400, "InvalidParams")["actord"]["param"] == "cache_prompt"
+
+
 @pytest.mark.parametrize("field,value", [("n_cmpl", 9), ("n_cmpl", 0), ("n", 9), ("n_cmpl", "2")])
 def test_n_cmpl_outside_one_to_max_n_is_a_400_naming_it(server, field, value):
     err = assert_error(server.post("/completion", {"prompt": "hi", "n_predict": 2, field: value}), 400,

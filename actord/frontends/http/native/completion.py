@@ -32,8 +32,11 @@ Choices where llama-server and actord differ, stated:
   seed, as llama-server's default does.
 - `n_predict` absent: `--http-default-max-tokens` (the analogue of llama-server's `-n`);
   `-1`: until EOS, a stop, or the context is full.
-- `cache_prompt` is ignored by design: a slot always reuses its cached prefix (llama-server's
-  default); `false` would only re-decode the same tokens.
+- `cache_prompt` (default true) reuses a slot's cached prefix, as llama-server's default.
+  `false` reuses no cells: each prompt is decoded whole under a scope of its own (a one-off
+  `cache_salt`), so the same request gives the same logits bit for bit (a reused prefix
+  decodes the prompt's last token alone, which rounds differently on some kernels). With a
+  mind it is a 400: a mind's turn resumes her own cells.
 - The mind is the `X-Actord-Mind` header, as on the OpenAI routes; without one, like
   llama-server, the idle slot sharing the longest prefix serves the request.
 - A request's `lora` list is honoured; an adapter it does not list is off for it, as in
@@ -42,6 +45,7 @@ Choices where llama-server and actord differ, stated:
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -74,7 +78,7 @@ class CompletionBody(msgspec.Struct, kw_only=True, frozen=True):
     n_predict: int | None = None
     max_tokens: int | None = None  # llama-server reads it when n_predict is absent
     stream: bool = False
-    cache_prompt: bool = True  # ignored by design (see the module docstring)
+    cache_prompt: bool = True  # false: no reuse (`one_off_salts`)
     id_slot: int = -1
     seed: int | None = None
     temperature: float | None = None
@@ -139,6 +143,18 @@ def refuse_unsupported(body: CompletionBody) -> None:
     for name, neutral, why in _NEUTRAL:
         if not neutral(getattr(body, name)):
             raise unsupported(name, why)
+
+
+def one_off_salts(body: CompletionBody, mind: str | None, n: int) -> list[str | None]:
+    """Each of `n` prompts' cache_salt. `cache_prompt: false` gives each a fresh scope of its
+    own, so nothing cached is reused (not another prompt's of the same request either), and
+    what it leaves in a slot is reused by no later request."""
+    if body.cache_prompt:
+        return [body.cache_salt] * n
+    if mind is not None:
+        raise InvalidParams("cache_prompt false decodes the prompt afresh, and a mind's turn resumes her own "
+                            "cells: leave out one of the two", param="cache_prompt")
+    return [f"nocache.{secrets.token_hex(8)}" for _ in range(n)]
 
 
 def split_prompts(prompt: Any) -> list[str | list[int | str]]:
@@ -316,14 +332,15 @@ class CompletionRoutes(NativeRoutes):
         stops = O.stops(body.stop)
         slot = body.id_slot if body.id_slot >= 0 else None
         mind = self._mind(request)
+        salts = one_off_salts(body, mind, len(prompts))
         reqs = []
-        for p in prompts:
+        for p, salt in zip(prompts, salts):
             prompt: str | list[int] = p if isinstance(p, str) else await self._mixed(p)
             try:
                 reqs.append(compiled(msgspec.convert(dict(
                     prompt=prompt, n_predict=n, slot=slot, mind=mind, stop=stops, ignore_eos=body.ignore_eos,
                     stream=body.stream, genes=genes, return_progress=body.return_progress,
-                    timings_per_token=body.timings_per_token, cache_salt=body.cache_salt, **fields),
+                    timings_per_token=body.timings_per_token, cache_salt=salt, **fields),
                     CompletionRequest).check(self.config.request_limits())))
             except msgspec.ValidationError as e:
                 raise InvalidParams(f"invalid request: {e}") from None
