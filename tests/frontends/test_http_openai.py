@@ -42,8 +42,8 @@ def test_distinct_users_get_distinct_minds():
 
 
 REFUSED_CHAT = [
-    ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}), ("reasoning_effort", "low"), ("verbosity", "low"),
-    ("web_search_options", {}), ("n_probs", 2), ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
+    ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}), ("reasoning_effort", 3), ("verbosity", ["low"]),
+    ("web_search_options", "on"), ("n_probs", 2), ("max_tokens", 0), ("max_completion_tokens", 0), ("max_tokens", -3),
 ]
 
 

@@ -96,3 +96,16 @@ async def test_a_turn_refused_by_the_precheck_is_the_same_400_before_the_service
             assert r.status_code == 400 and "stop strings" in r.text, r.text
         r = await c.post(path, json={"model": "m", **body}, headers=auth)
         assert r.status_code == 500  # a well-formed turn reaches the service
+
+
+def test_a_hosted_models_options_are_answered_as_on_the_responses_api_ignored_and_named():
+    """reasoning_effort, verbosity and web_search_options on Chat Completions are what the
+    Responses API's reasoning.effort and hosted tools are: the turn goes on, and the
+    X-Actord-Degraded header names each (an agent's every turn is not refused)."""
+    req = msgspec.convert({"messages": HI, "reasoning_effort": "high", "verbosity": "low",
+                           "web_search_options": {"search_context_size": "low"}}, O.ChatCompletionRequest)
+    O.refuse_unsupported(req)
+    notes = O.to_turn(req, {}, CONTEXT).degraded.notes
+    assert [n.split(" ")[0] for n in notes] == ["reasoning_effort", "verbosity", "web_search_options"], notes
+    plain = msgspec.convert({"messages": HI, "reasoning_effort": "none"}, O.ChatCompletionRequest)
+    assert O.to_turn(plain, {}, CONTEXT).degraded.notes == []

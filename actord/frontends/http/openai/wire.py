@@ -18,11 +18,12 @@ and `top_logprobs`, and llama-server's `grammar`, `json_schema`, `repeat_penalty
 `return_progress` (chunks with `prompt_progress` while the prompt is decoded) and
 `timings_per_token` (each chunk with its `timings`), and `ignore_eos`, extra fields OpenAI's clients ignore); refused with a 400 whose `param` names
 the field, because ignoring it would change what the caller gets without saying so (`n`
-over `--max-n`, audio output, `reasoning_effort`, `verbosity`, `web_search_options`, `echo`, `suffix`,
+over `--max-n`, audio output, `echo`, `suffix`,
 `best_of` > 1, more prompts x `n` than `--max-n`, and llama-server's `n_probs`; bad tool
 fields, `chat_tools`); answered in a lesser form and named in the `X-Actord-Degraded` header
 (actord/frontends/http/degraded.py), as on the Responses API: hosted and custom tools
-(`web_search`, ...: dropped), tool schemas the grammar cannot hold (relaxed), system
+(`web_search`, ...: dropped), `web_search_options` (dropped), `reasoning_effort` and
+`verbosity` (ignored), tool schemas the grammar cannot hold (relaxed), system
 messages where the template refuses them (merged); and ignored by design, because they
 change nothing in the answer (`store`, `metadata`, `service_tier`, `safety_identifier`,
 `prediction`), plus unknown fields, as
@@ -179,9 +180,10 @@ def refuse_unsupported(req: _Common) -> None:
     if isinstance(req, ChatCompletionRequest):
         if req.modalities not in (None, ["text"]) or req.audio is not None:
             raise _refuse("audio" if req.audio is not None else "modalities", "only text output is supported")
-        for name in ("reasoning_effort", "verbosity", "web_search_options"):
-            if getattr(req, name) is not None:
-                raise _refuse(name, "not supported by this server")
+        for name, kind in (("reasoning_effort", str), ("verbosity", str), ("web_search_options", dict)):
+            v = getattr(req, name)
+            if v is not None and not isinstance(v, kind):
+                raise InvalidParams(f"{name} is {'a string' if kind is str else 'an object'}", param=name)
         for name in ("max_tokens", "max_completion_tokens"):
             _check_max(name, getattr(req, name))
     if isinstance(req, TextCompletionRequest):
@@ -392,6 +394,20 @@ def chat_fields(req: ChatCompletionRequest) -> dict[str, Any]:
     return out
 
 
+def hosted_options(req: ChatCompletionRequest, degraded: Degraded) -> None:
+    """Options a hosted model honours and a local one cannot, ignored and named, as the
+    Responses API ignores `reasoning.effort` and drops hosted tools: an agent's every turn
+    would otherwise be refused."""
+    if req.reasoning_effort not in (None, "none"):
+        degraded.add(f"reasoning_effort {str(req.reasoning_effort)[:20]!r} ignored: "
+                     "this model reasons as its template and chat_template_kwargs say")
+    if req.verbosity is not None:
+        degraded.add(f"verbosity {str(req.verbosity)[:20]!r} ignored: the answer's length follows the prompt "
+                     "and max_tokens")
+    if req.web_search_options is not None:
+        degraded.add("web_search_options dropped: this server runs no web search")
+
+
 def to_turn(req: ChatCompletionRequest, headers: Mapping[str, str], context: TurnContext) -> Turn:
     """A chat completion request as one chat turn (actord/frontends/http/turns.py): every
     field read and checked as the module docstring says, a 400 naming the first that is
@@ -400,6 +416,7 @@ def to_turn(req: ChatCompletionRequest, headers: Mapping[str, str], context: Tur
     n = choices(req, context.max_n)
     fields = sampling(req, context.n_vocab)
     degraded = Degraded()  # what is answered in a lesser form (degraded.py): its header
+    hosted_options(req, degraded)
     tool_fields = chat_tools(req, degraded)  # tools, tool_choice, parallel_tool_calls (actord.chat.tools)
     if not req.messages:
         raise InvalidParams("messages is empty", param="messages")
