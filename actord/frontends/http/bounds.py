@@ -41,6 +41,11 @@ the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
   cancelled, so a client that does not read holds neither its slot nor its connection (the
   kernel's send buffer is set to SNDBUF_BYTES: autotuned, it absorbed a whole stream of
   several MB, and the stall never reached the protocol);
+- refused generations: a request answered 429 for its client's share of generations
+  (shares.py; its scope marked PACED) leaves its connection unread for REFUSED_PAUSE_S, so
+  a client that asks again the moment its 429 arrives is read at that pace (one key's
+  flood on 16 connections, refused about 1,200 times a second, took a victim's p90 from 12
+  to 250 ms with the loop a third busy; paced, 14 ms);
 - peers: without an API key, the client socket's owner (`actord.frontends.rpc.peers.tcp_peer`) must
   pass the socket's `PeerPolicy`, else 403, decided once per connection when it opens
   (like SO_PEERCRED, which the kernel takes at connect).
@@ -49,7 +54,8 @@ Header names go out in their canonical case (`Content-Type`, `Access-Control-All
 as llama-server writes them: HTTP says names are case-insensitive, but clients built on it
 read them from a plain dict (its own test suite does). Starlette and uvicorn lowercase
 every name, so each request's answer head is rewritten as it is written (`canonical_head`),
-one pass over the head's lines; the body is never touched, streamed or not.
+one pass over the head's lines, and sent with the answer's first body bytes (one send, not
+two: `_CanonicalHead`); the body is never touched, streamed or not.
 
 A refusal writes one whole HTTP answer (OpenAI's error object, `connection: close`),
 half-closes, and discards input for a moment (at most LINGER_S and LINGER_BYTES, for at
@@ -60,6 +66,7 @@ rather than a reset; past those bounds the connection is closed at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http
 import socket
 from dataclasses import dataclass, field
@@ -120,10 +127,16 @@ CONTROL_HEAD_S = 1.0  # a control-room connection's head deadline (at most the f
 CONTROL_ONLY = "actord.control_only"  # the scope key of a request on a control-room connection
 KEY = "actord.key"  # the scope key holding the name of the API key a request presented (several keys)
 KEY_FULL = "actord.key_full"  # the scope key of a request whose key holds its share of connections
+# The scope key of a request refused for its client's share of generations (shares.py): its
+# connection's next request is read no sooner than REFUSED_PAUSE_S after the answer (a client
+# told Retry-After: 1 that asks again at once is read at this pace, not at its own).
+PACED = "actord.paced"
+REFUSED_PAUSE_S = 0.25
 
 _SPECIAL = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate", b"te": b"TE"}
 
 
+@functools.lru_cache(maxsize=256)  # the names are the app's own few: one dict lookup each, per answer
 def canonical_name(name: bytes) -> bytes:
     """`access-control-allow-origin` -> `Access-Control-Allow-Origin` (a few names by their
     registered spelling)."""
@@ -143,19 +156,45 @@ def canonical_head(head: bytes) -> bytes:
 
 class _CanonicalHead:
     """A request cycle's transport: its first answer head (an interim `100 Continue` aside)
-    goes out with canonical header names; every other write, and every other call, passes
-    through unchanged."""
+    goes out with canonical header names, held back until the answer's first body write so
+    that both leave in one send. Why: uvloop sends on every write, and uvicorn writes a head
+    and its body apart, so a short answer (a 429, an error, a small JSON) cost two system
+    calls, the larger part of what a refused request costs the event loop. The head is held
+    no longer than the loop's current turn (`call_soon`: a stream's head goes out even if
+    its first chunk is late) and is flushed before the transport closes. Every other write,
+    and every other call, passes through unchanged."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._t = transport
+        self._loop = loop
         self._head_sent = False
+        self._held: bytes | None = None
 
     def write(self, data: bytes) -> None:
         if not self._head_sent and data.startswith(b"HTTP/") and not data.startswith(b"HTTP/1.1 100 "):
             self._head_sent = True
             end = data.find(b"\r\n\r\n")
-            data = canonical_head(data) if end < 0 else canonical_head(data[:end]) + data[end:]
+            self._held = canonical_head(data) if end < 0 else canonical_head(data[:end]) + data[end:]
+            self._loop.call_soon(self._flush)
+            return
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._t.writelines((held, data))
+            return
         self._t.write(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._t.is_closing():
+            self._t.write(held)
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._t.write_eof()
+
+    def close(self) -> None:
+        self._flush()
+        self._t.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._t, name)
@@ -168,6 +207,7 @@ class _Bounds:
     transport: asyncio.Transport
     cycle: Any
     loop: asyncio.AbstractEventLoop
+    flow: Any
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -183,6 +223,7 @@ class _Bounds:
         self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
         self._b_control = False  # admitted into the control room: control routes only
         self._b_key: str | None = None  # the API key this connection counts against (its last request's)
+        self._b_pause: asyncio.TimerHandle | None = None  # reading paused after a share's 429 (PACED)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:  # the kernel's share of a reader's backlog bounded too (autotuned, it grows to 4 MB)
@@ -238,6 +279,9 @@ class _Bounds:
         if self._b_wtimer is not None:
             self._b_wtimer.cancel()
             self._b_wtimer = None
+        if self._b_pause is not None:
+            self._b_pause.cancel()
+            self._b_pause = None
         if self._b_linger is not None:
             self._b_linger.cancel()
             self._b_linger = None
@@ -277,6 +321,23 @@ class _Bounds:
             self._b_wtimer.cancel()
             self._b_wtimer = None
 
+    def on_response_complete(self) -> None:
+        c = self.cycle
+        paced = c is not None and c.scope.get(PACED)
+        super().on_response_complete()  # type: ignore[misc]
+        if paced and self._b_pause is None and not self.transport.is_closing():
+            # A flood of refused requests, each asked again the moment its 429 arrives, kept
+            # the loop answering refusals (one client's 16 connections: the victim's p90 from
+            # 12 to 250 ms) though each costs little: read at this pace, a connection's
+            # refusals cost at most 1 / REFUSED_PAUSE_S answers a second.
+            self.flow.pause_reading()
+            self._b_pause = self.loop.call_later(REFUSED_PAUSE_S, self._b_resume)
+
+    def _b_resume(self) -> None:
+        self._b_pause = None
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
+
     def _b_write_timeout(self) -> None:
         self._b_wtimer = None
         if self.transport.is_closing():
@@ -291,7 +352,7 @@ class _Bounds:
     def _b_head_done(self) -> None:
         c = self.cycle  # the request's cycle, made as its head was parsed, its task not yet run
         if c is not None and not isinstance(c.transport, _CanonicalHead):
-            c.transport = _CanonicalHead(c.transport)
+            c.transport = _CanonicalHead(c.transport, self.loop)
         if c is not None and self._b_control:
             c.scope[CONTROL_ONLY] = True  # answered by `control_room` in the app, before any route
         if c is not None and self.gate.key_of is not None:

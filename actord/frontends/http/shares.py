@@ -13,12 +13,33 @@ Two things are counted (the connections themselves are counted in bounds.py `Gat
 - chunks queued for streams, generated but not yet taken by their clients' transports:
   past the address's (or the key's) share, the stream whose chunk overflows ends, its
   generation cancelled, so clients that do not read hold neither memory nor engine time.
+
+A generation past its share is refused twice over: from the request head, before its body
+is read (`HttpFront.guard`, `generates=True`: the address, the key and the route are all
+known then, so a flood of refused requests costs no body read nor parse), and again as it
+starts (`streaming.Generation`), which is the count that holds: between the two, other
+generations of the same client may have started.
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Any
+
+
+def key_generations(configured: int, slots: int) -> int:
+    """A key's share of generations in flight, with several keys: `configured`, else (0)
+    all the slots but one. Why that default: a key holding every slot (the per-address
+    default, twice the slots, let it) leaves the other keys queueing behind its flood; at
+    one slot fewer, whatever one key floods, a slot stays free of its generations, while a
+    key alone still uses all but one. (One slot: the key may hold it, else none could run.)"""
+    return configured or max(1, slots - 1)
+
+
+def peer_of(scope: Any) -> str:
+    """The client address a request's generations count against."""
+    return str((scope.get("client") or ("?",))[0])
 
 
 @dataclass
