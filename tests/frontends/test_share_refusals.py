@@ -1,8 +1,8 @@
 """A generation past its client's share (issue 33, shares.py) is refused from its request
 head: 429 in its route's API shape, its body never read, counted under the same metric
 reasons as the refusal taken as it starts, which still holds when the share fills between
-the two; its connection is read again only after a pause; with several API keys a key's
-default share leaves a slot free of it. The route tests drive the front as an ASGI app
+the two; either 429 is sent after a pause; with several API keys a key's default share
+leaves a slot free of it. The route tests drive the front as an ASGI app
 (the body's reads are what is checked); the rest go through a daemon with two keys and
 the default shares. No assertion is on time."""
 
@@ -75,7 +75,8 @@ def _refused(rec: Recorder, reason: str) -> float:
     return rec.metrics.http_refused_total.labels(reason=reason)._value.get()
 
 
-async def _post(front: HttpFront, path: str, body: bytes | None, on_read: Any = None) -> tuple[int, dict, dict]:
+async def _post(front: HttpFront, path: str, body: bytes | None, on_read: Any = None,
+                done: list[str] | None = None) -> tuple[int, dict, dict]:
     """POST `path` to the app from PEER under KEY, its head declaring `body`'s length (or a
     large one, with `body` None: a body that never comes; reading it fails the test)."""
     declared = len(body) if body is not None else BODY_LIMIT - 1
@@ -100,6 +101,8 @@ async def _post(front: HttpFront, path: str, body: bytes | None, on_read: Any = 
 
     async def send(message: dict) -> None:
         sent.append(message)
+        if done is not None and message["type"] == "http.response.start":
+            done.append(f"sent {message['status']}")
 
     await front.app(scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
@@ -137,6 +140,26 @@ def test_a_share_taken_while_the_body_is_read_still_refuses_the_generation_as_it
                                               on_read=lambda: front.shares.start(PEER, None)))
     assert status == 429 and headers["retry-after"] == "1" and ROUTES[path][1](body), body
     assert _refused(rec, "peer_generations") == 1 and not rec.asked
+
+
+@pytest.mark.parametrize("taken", ["before the head", "while the body is read"])
+def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch, taken):
+    from actord.frontends.http import shares
+
+    done: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        done.append(f"paused {seconds}")
+
+    monkeypatch.setattr(shares, "anyio", SimpleNamespace(sleep=sleep))
+    front, rec = _front()
+    take = lambda: front.shares.start(PEER, None)  # noqa: E731
+    if taken == "before the head":
+        take()
+    body = json.dumps(ROUTES["/completion"][0]).encode()
+    status, _, _ = asyncio.run(_post(front, "/completion", body, on_read=take if taken != "before the head" else None,
+                                     done=done))
+    assert status == 429 and done == [f"paused {shares.REFUSED_PAUSE_S}", "sent 429"]
 
 
 def test_with_several_keys_a_keys_default_share_is_every_slot_but_one():
@@ -222,7 +245,7 @@ def test_a_head_with_a_huge_content_length_and_no_body_gets_429_past_the_share(u
     assert _metric(url, 'http_refused_total{reason="key_generations"}') >= before + 1
 
 
-def test_a_connection_refused_for_its_share_is_read_again_after_its_pause(url):
+def test_a_connection_answered_429_for_its_share_is_served_on_once_the_share_is_free(url):
     held = _held(url, KEY)
     try:
         s = socket.create_connection(_addr(url), timeout=60)
@@ -230,10 +253,9 @@ def test_a_connection_refused_for_its_share_is_read_again_after_its_pause(url):
         ask = (b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
                + b"\r\n\r\n" + body)
-        s.sendall(ask)
-        assert _answer(s).startswith(b"HTTP/1.1 429")
-        s.sendall(ask)  # at once, as a flood asks: read after the pause, answered once
-        assert _answer(s).startswith(b"HTTP/1.1 429")
+        for _ in range(2):  # as a flood asks, on one connection: each answered once, its body unread
+            s.sendall(ask)
+            assert _answer(s).startswith(b"HTTP/1.1 429")
     finally:
         held.close()
     s.sendall(ask)  # the share free again: the same connection is served
@@ -243,68 +265,3 @@ def test_a_connection_refused_for_its_share_is_read_again_after_its_pause(url):
         got = _answer(s)
     assert got.startswith(b"HTTP/1.1 200") and json.loads(got.partition(b"\r\n\r\n")[2])["tokens_predicted"] == 2
     s.close()
-
-
-class _Transport:
-    """What the protocol does to its connection, in order (reads paused and resumed, answers)."""
-
-    def __init__(self) -> None:
-        self.did: list[str] = []
-        self.closing = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.9", 40000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-    def write(self, data: bytes) -> None:
-        self.did.append("answer " + data[9:12].decode())
-
-    def writelines(self, parts: Any) -> None:
-        self.write(b"".join(parts))
-
-    def pause_reading(self) -> None:
-        self.did.append("paused")
-
-    def resume_reading(self) -> None:
-        self.did.append("read")
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def set_write_buffer_limits(self, *a: Any, **k: Any) -> None:
-        pass
-
-
-def test_a_connection_answered_429_for_its_share_is_not_read_until_its_pause_ends():
-    import uvicorn
-    from uvicorn.server import ServerState
-
-    from actord.frontends.http.bounds import PACED, Gate, bounded_protocol
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        refused = scope["path"] == "/refused"
-        if refused:
-            scope[PACED] = True  # what the guard and Generation mark on a share's 429
-        await send({"type": "http.response.start", "status": 429 if refused else 200,
-                    "headers": [(b"content-length", b"0")]})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def main() -> list[str]:
-        config = uvicorn.Config(app, lifespan="off", log_config=None)
-        config.load()
-        cls, _ = bounded_protocol(Gate(max_connections=8, max_header_bytes=8192, header_timeout_s=600, policy=None))
-        proto = cls(config=config, server_state=ServerState(), app_state={})
-        t = _Transport()
-        proto.connection_made(t)
-        proto.data_received(b"GET /served HTTP/1.1\r\nHost: x\r\n\r\n")
-        while "answer 200" not in t.did:
-            await asyncio.sleep(0)
-        proto.data_received(b"GET /refused HTTP/1.1\r\nHost: x\r\n\r\n")
-        while "read" not in t.did:
-            await asyncio.sleep(0.05)  # the pause ends: the connection is read again
-        proto.connection_lost(None)
-        return t.did
-
-    assert asyncio.run(main()) == ["answer 200", "answer 429", "paused", "read"]

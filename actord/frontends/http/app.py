@@ -62,8 +62,8 @@ from actord.vocabulary.config import Config, http_addresses, is_loopback, split_
 from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
-from actord.frontends.http.shares import Shares, key_generations, peer_of
-from actord.frontends.http.bounds import KEY, PACED, ControlRoom, Gate, bounded_protocol
+from actord.frontends.http.shares import Shares, key_generations, paced, peer_of
+from actord.frontends.http.bounds import KEY, ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard, MindLabels
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
@@ -252,7 +252,7 @@ class HttpFront:
                 if generates:
                     refused = self._share_refusal(request.scope)
                     if refused is not None:
-                        request.scope[PACED] = True  # its connection's next request is read later (bounds.py)
+                        await paced()  # a flood's answers at the daemon's pace (shares.py)
                         response = errors(refused)
                         response.headers["retry-after"] = "1"
                         return response

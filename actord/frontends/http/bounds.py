@@ -41,11 +41,6 @@ the front runs uvicorn's own protocol, subclassed (`bounded_protocol`):
   cancelled, so a client that does not read holds neither its slot nor its connection (the
   kernel's send buffer is set to SNDBUF_BYTES: autotuned, it absorbed a whole stream of
   several MB, and the stall never reached the protocol);
-- refused generations: a request answered 429 for its client's share of generations
-  (shares.py; its scope marked PACED) leaves its connection unread for REFUSED_PAUSE_S, so
-  a client that asks again the moment its 429 arrives is read at that pace (one key's
-  flood on 16 connections, refused about 1,200 times a second, took a victim's p90 from 12
-  to 250 ms with the loop a third busy; paced, 14 ms);
 - peers: without an API key, the client socket's owner (`actord.frontends.rpc.peers.tcp_peer`) must
   pass the socket's `PeerPolicy`, else 403, decided once per connection when it opens
   (like SO_PEERCRED, which the kernel takes at connect).
@@ -127,11 +122,6 @@ CONTROL_HEAD_S = 1.0  # a control-room connection's head deadline (at most the f
 CONTROL_ONLY = "actord.control_only"  # the scope key of a request on a control-room connection
 KEY = "actord.key"  # the scope key holding the name of the API key a request presented (several keys)
 KEY_FULL = "actord.key_full"  # the scope key of a request whose key holds its share of connections
-# The scope key of a request refused for its client's share of generations (shares.py): its
-# connection's next request is read no sooner than REFUSED_PAUSE_S after the answer (a client
-# told Retry-After: 1 that asks again at once is read at this pace, not at its own).
-PACED = "actord.paced"
-REFUSED_PAUSE_S = 0.25
 
 _SPECIAL = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate", b"te": b"TE"}
 
@@ -207,7 +197,6 @@ class _Bounds:
     transport: asyncio.Transport
     cycle: Any
     loop: asyncio.AbstractEventLoop
-    flow: Any
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -223,7 +212,6 @@ class _Bounds:
         self._b_drain = -1  # >= 0: refused, bytes still to discard before closing
         self._b_control = False  # admitted into the control room: control routes only
         self._b_key: str | None = None  # the API key this connection counts against (its last request's)
-        self._b_pause: asyncio.TimerHandle | None = None  # reading paused after a share's 429 (PACED)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:  # the kernel's share of a reader's backlog bounded too (autotuned, it grows to 4 MB)
@@ -279,9 +267,6 @@ class _Bounds:
         if self._b_wtimer is not None:
             self._b_wtimer.cancel()
             self._b_wtimer = None
-        if self._b_pause is not None:
-            self._b_pause.cancel()
-            self._b_pause = None
         if self._b_linger is not None:
             self._b_linger.cancel()
             self._b_linger = None
@@ -320,23 +305,6 @@ class _Bounds:
         if self._b_wtimer is not None:
             self._b_wtimer.cancel()
             self._b_wtimer = None
-
-    def on_response_complete(self) -> None:
-        c = self.cycle
-        paced = c is not None and c.scope.get(PACED)
-        super().on_response_complete()  # type: ignore[misc]
-        if paced and self._b_pause is None and not self.transport.is_closing():
-            # A flood of refused requests, each asked again the moment its 429 arrives, kept
-            # the loop answering refusals (one client's 16 connections: the victim's p90 from
-            # 12 to 250 ms) though each costs little: read at this pace, a connection's
-            # refusals cost at most 1 / REFUSED_PAUSE_S answers a second.
-            self.flow.pause_reading()
-            self._b_pause = self.loop.call_later(REFUSED_PAUSE_S, self._b_resume)
-
-    def _b_resume(self) -> None:
-        self._b_pause = None
-        if not self.transport.is_closing():
-            self.flow.resume_reading()
 
     def _b_write_timeout(self) -> None:
         self._b_wtimer = None

@@ -57,9 +57,9 @@ import msgspec
 from starlette.responses import Response
 
 from actord.vocabulary.errors import ActordError
-from actord.frontends.http.bounds import KEY, PACED
+from actord.frontends.http.bounds import KEY
 from actord.frontends.http.responses import HttpError, json_response
-from actord.frontends.http.shares import peer_of
+from actord.frontends.http.shares import paced, peer_of
 from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
@@ -147,7 +147,7 @@ class Generation(Response):
         refused = shares.refusal(peer, key)
         if refused is not None:  # one address's (or key's) share of the slots and their queues (`Config`)
             self.front.refused(refused[1])
-            scope[PACED] = True  # its connection's next request is read later (bounds.py)
+            await paced()  # a flood's answers at the daemon's pace (shares.py)
             response = self._error(HttpError(429, refused[0], "rate_limit_exceeded"))
             response.headers["retry-after"] = "1"
             await response(scope, receive, send)

@@ -169,7 +169,8 @@ class OpenAIRoutes(RouteGroup):
         # /v1 keeps OpenAI's.
         return [
             Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/chat/completions", g(self.chat_completions, errors=llama_error_response, generates=True), methods=["POST"]),
+            Route("/chat/completions", g(self.chat_completions, errors=llama_error_response, generates=True),
+                  methods=["POST"]),
             Route("/v1/chat/completions/input_tokens", g(self.input_tokens), methods=["POST"]),
             Route("/chat/completions/input_tokens", g(self.input_tokens, errors=llama_error_response),
                   methods=["POST"]),
