@@ -23,7 +23,8 @@ address's own share binds it: generations back to back and streams that read not
 `per_key` runs on a daemon of its own, started with two keys (VICTIM_KEY, ATTACKER_KEY)
 and `--http-max-generations-per-key 1` (below the slot count, as one address's share must
 be for the others to keep their pace: at 2 slots, a key holding 2 generations holds every
-slot), with its own quiet phase; its victim completes the same requests over HTTP, under
+slot; the default with several keys is now every slot but one, the same here, and the flag
+keeps the attack's setting whatever the default), with its own quiet phase; its victim completes the same requests over HTTP, under
 its own key and from its own address (127.0.0.2). The other attacks keep a daemon without
 a key: the Host check they try (rebinding) is the keyless daemon's, and a key would make
 them all a 401 before any work.

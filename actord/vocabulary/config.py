@@ -216,8 +216,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Per API key, with two keys or more (http/shares.py; one key is everyone's, and its
     # bound would be the front's own): one key holds at most http_max_connections_per_key
     # connections and http_max_generations_per_key generations in flight; one more gets 429
-    # in the API's shape. 0: as per address (http_max_connections_per_peer, the generations'
-    # per-address cap).
+    # in the API's shape. 0: connections as per address (http_max_connections_per_peer),
+    # generations every slot but one (at least 1), so one key's flood never holds every slot.
     http_max_connections_per_key: int = 0
     http_max_generations_per_key: int = 0
     # Chunks generated for streams but not yet taken by their clients, per client address and
@@ -442,7 +442,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         if min(self.http_max_connections_per_key, self.http_max_generations_per_key,
                self.http_max_queued_chunks_per_key) < 0:
             raise InvalidParams("http_max_connections_per_key, http_max_generations_per_key and "
-                                "http_max_queued_chunks_per_key must be >= 0 (0: as per address)")
+                                "http_max_queued_chunks_per_key must be >= 0 (0: the default)")
         if self.http_max_queued_chunks_per_peer < 1 or self.http_stream_ahead_chunks < 1:
             raise InvalidParams("http_max_queued_chunks_per_peer and http_stream_ahead_chunks must be >= 1")
         if self.http_max_connections_per_peer < 1 or self.http_control_connections < 0 or \

@@ -57,6 +57,50 @@ def test_an_answer_head_gets_canonical_names_and_its_values_untouched():
     assert b"Retry-After: 1" in answer(503, "busy", "Overloaded", retry_after=1)
 
 
+def test_an_answer_head_leaves_with_its_first_body_bytes_in_one_send_or_alone_at_the_turns_end():
+    import asyncio
+
+    from actord.frontends.http.bounds import _CanonicalHead
+
+    class Sends:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.sent.append(data)
+
+        def writelines(self, parts) -> None:  # one send of all the parts (uvloop: writev)
+            self.sent.append(b"".join(parts))
+
+        def is_closing(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            self.sent.append(b"<closed>")
+
+    head = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 2\r\n\r\n"
+
+    async def main() -> tuple[list[bytes], list[bytes], list[bytes]]:
+        loop = asyncio.get_running_loop()
+        whole, alone, closed = Sends(), Sends(), Sends()
+        t = _CanonicalHead(whole, loop)
+        t.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # an interim answer goes at once
+        t.write(head)
+        t.write(b"{}")
+        t.write(b"more")
+        _CanonicalHead(alone, loop).write(head)  # a stream's head whose first chunk is late
+        c = _CanonicalHead(closed, loop)
+        c.write(head)
+        c.close()  # a HEAD answer's: no body write, the connection closed
+        await asyncio.sleep(0)
+        return whole.sent, alone.sent, closed.sent
+
+    canonical = b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\n\r\n"
+    whole, alone, closed = asyncio.run(main())
+    assert whole == [b"HTTP/1.1 100 Continue\r\n\r\n", canonical + b"{}", b"more"]
+    assert alone == [canonical] and closed == [canonical, b"<closed>"]
+
+
 async def _raw(port: int, request: bytes) -> bytes:
     async with await anyio.connect_tcp("127.0.0.1", port) as s:
         await s.send(request)

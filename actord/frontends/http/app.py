@@ -62,8 +62,8 @@ from actord.vocabulary.config import Config, http_addresses, is_loopback, split_
 from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
-from actord.frontends.http.shares import Shares
-from actord.frontends.http.bounds import ControlRoom, Gate, bounded_protocol
+from actord.frontends.http.shares import Shares, key_generations, paced, peer_of
+from actord.frontends.http.bounds import KEY, ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard, MindLabels
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
@@ -145,7 +145,8 @@ class HttpFront:
         self.bodies = costs.BodyBytes(config.http_max_body_bytes_in_flight or 4 * config.http_max_body_bytes)
         per_peer = config.http_max_generations_per_peer or 2 * config.slots
         self.shares = Shares(  # generations in flight and chunks queued, per address and per key (shares.py)
-            generations_per_peer=per_peer, generations_per_key=config.http_max_generations_per_key or per_peer,
+            generations_per_peer=per_peer,
+            generations_per_key=key_generations(config.http_max_generations_per_key, config.slots),
             queued_per_peer=config.http_max_queued_chunks_per_peer,
             queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer)
         self.stream_ahead = config.http_stream_ahead_chunks
@@ -239,13 +240,22 @@ class HttpFront:
 
     def guard(self, endpoint: Callable[[Request], Awaitable[Response]], *,
               errors: Callable[[Any], Response] = error_response,
-              public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+              public: bool = False, generates: bool = False) -> Callable[[Request], Awaitable[Response]]:
         """`endpoint` behind the key (unless `public`), its typed errors answered with
-        `errors` (OpenAI's object by default), a client gone mid-body answered with nothing."""
+        `errors` (OpenAI's object by default), a client gone mid-body answered with nothing.
+        A route that `generates` answers 429 from the request head, its body unread, while
+        the client's address or key holds its share of generations (shares.py)."""
         async def guarded(request: Request) -> Response:
             try:
                 if not public:
                     tenancy.enter(self._authorize(request))
+                if generates:
+                    refused = self._share_refusal(request.scope)
+                    if refused is not None:
+                        await paced()  # a flood's answers at the daemon's pace (shares.py)
+                        response = errors(refused)
+                        response.headers["retry-after"] = "1"
+                        return response
                 return await endpoint(request)
             except ClientGone as e:
                 self.client_gone(e.phase)
@@ -253,6 +263,16 @@ class HttpFront:
             except (HttpError, ActordError) as e:
                 return errors(e)
         return guarded
+
+    def _share_refusal(self, scope: Any) -> HttpError | None:
+        """The 429 for a generation whose address (or key) holds its share, decided from the
+        head alone and counted as `streaming.Generation` counts its own (None: it may go on
+        to be read, and counted as it starts)."""
+        refused = self.shares.refusal(peer_of(scope), scope.get(KEY))
+        if refused is None:
+            return None
+        self.refused(refused[1])
+        return HttpError(429, refused[0], "rate_limit_exceeded")
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -37,7 +37,9 @@ the answer is the same, and subtle enough to be written once:
   (running or queued for a slot), and with several API keys one key at most
   `http_max_generations_per_key`; one more is answered 429 at once, in the API's shape,
   before it queues: 300 streams from one address held every connection and queued ahead
-  of every other client (issue 33).
+  of every other client (issue 33). Its route's guard refuses it from the head, its body
+  unread, when the share was taken already (app.py `HttpFront.guard`); the count here,
+  as the generation starts, is the one that holds.
 
 What differs between the APIs is an `Answer`: how the whole body, a chunk, the final
 events and an error are shaped, and what ends a stream. An event is a JSON object sent as
@@ -57,6 +59,7 @@ from starlette.responses import Response
 from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
 from actord.frontends.http.responses import HttpError, json_response
+from actord.frontends.http.shares import paced, peer_of
 from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
@@ -137,11 +140,14 @@ class Generation(Response):
         if shares is None:
             await self._run(scope, receive, send)
             return
-        peer = str((scope.get("client") or ("?",))[0])
+        peer = peer_of(scope)
         key = scope.get(KEY)  # the API key's name, with several keys (bounds.py)
+        # Its route's guard refused it from the head already if the share was taken then
+        # (app.py `HttpFront.guard`); this is the count that holds, as the generation starts.
         refused = shares.refusal(peer, key)
         if refused is not None:  # one address's (or key's) share of the slots and their queues (`Config`)
             self.front.refused(refused[1])
+            await paced()  # a flood's answers at the daemon's pace (shares.py)
             response = self._error(HttpError(429, refused[0], "rate_limit_exceeded"))
             response.headers["retry-after"] = "1"
             await response(scope, receive, send)
@@ -202,7 +208,7 @@ class Generation(Response):
         # that went away.
         finished = False
         shares = getattr(self.front, "shares", None)
-        peer = str((scope.get("client") or ("?",))[0])
+        peer = peer_of(scope)
         key = scope.get(KEY)
         ahead = getattr(self.front, "stream_ahead", OUTBOX)
         queued = 0  # chunks on_token queued that the sender has not taken yet

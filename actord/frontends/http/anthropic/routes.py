@@ -45,7 +45,7 @@ class AnthropicRoutes(RouteGroup):
     def routes(self) -> list[Route]:
         g = self.front.guard
         return [
-            Route("/v1/messages", g(self.messages, errors=error_response), methods=["POST"]),
+            Route("/v1/messages", g(self.messages, errors=error_response, generates=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", g(self.count_tokens, errors=error_response), methods=["POST"]),
         ]
 

@@ -79,8 +79,8 @@ class NativeRoutes(RouteGroup):
     """A group of native routes on one front (see the module docstring)."""
 
     def _guard(self, endpoint: Callable[[Request], Awaitable[Response]], *,
-               public: bool = False) -> Callable[[Request], Awaitable[Response]]:
-        return self.front.guard(endpoint, errors=error_response, public=public)
+               public: bool = False, generates: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        return self.front.guard(endpoint, errors=error_response, public=public, generates=generates)
 
     async def _json(self, request: Request) -> Any:
         """The body as JSON (an empty body is `{}`: llama-server's erase sends none)."""

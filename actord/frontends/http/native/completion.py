@@ -285,7 +285,7 @@ class NativeAnswer:
 
 class CompletionRoutes(NativeRoutes):
     def routes(self) -> list[Route]:
-        completion = self._guard(self.completion)
+        completion = self._guard(self.completion, generates=True)
         return [Route("/completion", completion, methods=["POST"]),
                 Route("/completions", completion, methods=["POST"])]
 

@@ -368,7 +368,7 @@ class Responses(RouteGroup):
 
     def routes(self) -> list[Route]:
         g = self.front.guard
-        create, one, count = g(self.create), g(self.one), g(self.input_tokens)
+        create, one, count = g(self.create, generates=True), g(self.one), g(self.input_tokens)
         return [Route(p, create, methods=["POST"]) for p in ("/v1/responses", "/responses")] + [
             Route(p, count, methods=["POST"]) for p in ("/v1/responses/input_tokens", "/responses/input_tokens")] + [
             Route(p, one, methods=["GET", "DELETE"]) for p in ("/v1/responses/{rid}", "/responses/{rid}")]

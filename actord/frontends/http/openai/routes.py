@@ -162,17 +162,19 @@ class OpenAIRoutes(RouteGroup):
 
     def routes(self) -> list[Route]:
         g = self.front.guard
-        chat, models, model = g(self.chat_completions), g(self.models), g(self.model)
+        # The generating routes answer 429 from the head while the client holds its share (app.py).
+        chat, models, model = g(self.chat_completions, generates=True), g(self.models), g(self.model)
         # llama-server's unprefixed aliases answer in its forms where they differ from
         # OpenAI's (a first stream delta's content null, exceed_context_size_error);
         # /v1 keeps OpenAI's.
         return [
             Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/chat/completions", g(self.chat_completions, errors=llama_error_response), methods=["POST"]),
+            Route("/chat/completions", g(self.chat_completions, errors=llama_error_response, generates=True),
+                  methods=["POST"]),
             Route("/v1/chat/completions/input_tokens", g(self.input_tokens), methods=["POST"]),
             Route("/chat/completions/input_tokens", g(self.input_tokens, errors=llama_error_response),
                   methods=["POST"]),
-            Route("/v1/completions", g(self.completions), methods=["POST"]),
+            Route("/v1/completions", g(self.completions, generates=True), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/models", models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", model, methods=["GET"]),

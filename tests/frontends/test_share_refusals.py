@@ -1,0 +1,267 @@
+"""A generation past its client's share (issue 33, shares.py) is refused from its request
+head: 429 in its route's API shape, its body never read, counted under the same metric
+reasons as the refusal taken as it starts, which still holds when the share fills between
+the two; either 429 is sent after a pause; with several API keys a key's default share
+leaves a slot free of it. The route tests drive the front as an ASGI app
+(the body's reads are what is checked); the rest go through a daemon with two keys and
+the default shares. No assertion is on time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from actord.frontends.http.app import HttpFront
+from actord.frontends.http.shares import key_generations
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
+from actord.vocabulary.metrics import Metrics
+from tests.frontends.test_http_bounds import _addr
+from tests.frontends.test_key_bounds import _unread_stream
+from tests.frontends.test_openai_http import BODY_LIMIT, KEY, _metric, _start, _stop
+
+OTHER = "second-key"
+MSGS = [{"role": "user", "content": "hi"}]
+# Each generating route, a body it would serve, and how its API's 429 reads.
+ROUTES = {
+    "/v1/chat/completions": ({"model": "m", "messages": MSGS}, lambda b: b["error"]["code"] == "rate_limit_exceeded"),
+    "/chat/completions": ({"model": "m", "messages": MSGS}, lambda b: b["error"]["code"] == "rate_limit_exceeded"),
+    "/v1/completions": ({"model": "m", "prompt": "hi"}, lambda b: b["error"]["code"] == "rate_limit_exceeded"),
+    "/v1/responses": ({"model": "m", "input": "hi"}, lambda b: b["error"]["code"] == "rate_limit_exceeded"),
+    "/v1/messages": ({"model": "m", "messages": MSGS, "max_tokens": 4},
+                     lambda b: b["type"] == "error" and b["error"]["type"] == "rate_limit_error"),
+    "/completion": ({"prompt": "hi"}, lambda b: b["error"]["code"] == 429),  # llama-server's shape
+    "/completions": ({"prompt": "hi"}, lambda b: b["error"]["code"] == 429),
+}
+PEER = "127.0.0.1"
+
+
+class Recorder:
+    """A service that records each generation a route asks for, then refuses it."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+        self.metrics = Metrics()
+
+    def model_props(self) -> Any:
+        return SimpleNamespace(n_ctx=4096, n_vocab=512)
+
+    async def chat_info(self) -> Any:
+        return SimpleNamespace(template=None)
+
+    async def chat(self, request: Any, on_token: Any = None, n: int = 1) -> Any:
+        self.asked.append(request)
+        raise InvalidParams("recorded")
+
+    async def complete(self, request: Any, on_token: Any = None) -> Any:
+        self.asked.append(request)
+        raise InvalidParams("recorded")
+
+
+def _front() -> tuple[HttpFront, Recorder]:
+    rec = Recorder()
+    front = HttpFront(None, Config(model="/models/tiny.gguf", api_key=KEY, http_max_generations_per_peer=1))
+    front.attach(rec)  # type: ignore[arg-type]
+    return front, rec
+
+
+def _refused(rec: Recorder, reason: str) -> float:
+    return rec.metrics.http_refused_total.labels(reason=reason)._value.get()
+
+
+async def _post(front: HttpFront, path: str, body: bytes | None, on_read: Any = None,
+                done: list[str] | None = None) -> tuple[int, dict, dict]:
+    """POST `path` to the app from PEER under KEY, its head declaring `body`'s length (or a
+    large one, with `body` None: a body that never comes; reading it fails the test)."""
+    declared = len(body) if body is not None else BODY_LIMIT - 1
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "client": (PEER, 40000), "server": ("127.0.0.1", 8080),
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                         (b"content-length", str(declared).encode()), (b"authorization", f"Bearer {KEY}".encode())]}
+    delivered = False
+
+    async def receive() -> dict:
+        nonlocal delivered
+        assert body is not None, "the body of a refused request was read"
+        if delivered:
+            await asyncio.Event().wait()  # then only the disconnect, which never comes here
+        delivered = True
+        if on_read is not None:
+            on_read()
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if done is not None and message["type"] == "http.response.start":
+            done.append(f"sent {message['status']}")
+
+    await front.app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    text = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, json.loads(text)
+
+
+@pytest.mark.parametrize("path", list(ROUTES))
+def test_a_generation_past_its_share_is_refused_from_its_head_in_its_apis_shape_its_body_unread(path):
+    front, rec = _front()
+    front.shares.start(PEER, None)  # the address's one generation is in flight
+    status, headers, body = asyncio.run(_post(front, path, None))
+    assert status == 429 and headers["retry-after"] == "1", body
+    assert ROUTES[path][1](body), body
+    assert "generations in flight" in json.dumps(body)
+    assert _refused(rec, "peer_generations") == 1 and not rec.asked
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/messages"])
+def test_a_generation_within_its_share_is_read_and_asked_for(path):
+    front, rec = _front()
+    front.shares.start(PEER, None)
+    front.shares.end(PEER, None)  # the share is free again
+    status, _, body = asyncio.run(_post(front, path, json.dumps(ROUTES[path][0]).encode()))
+    assert status == 400 and "recorded" in json.dumps(body)  # it reached the service
+    assert len(rec.asked) == 1 and _refused(rec, "peer_generations") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/messages"])
+def test_a_share_taken_while_the_body_is_read_still_refuses_the_generation_as_it_starts(path):
+    # The head found the share free; another generation of the address started while the
+    # body arrived: the count as the generation starts is the one that holds.
+    front, rec = _front()
+    status, headers, body = asyncio.run(_post(front, path, json.dumps(ROUTES[path][0]).encode(),
+                                              on_read=lambda: front.shares.start(PEER, None)))
+    assert status == 429 and headers["retry-after"] == "1" and ROUTES[path][1](body), body
+    assert _refused(rec, "peer_generations") == 1 and not rec.asked
+
+
+@pytest.mark.parametrize("taken", ["before the head", "while the body is read"])
+def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch, taken):
+    from actord.frontends.http import shares
+
+    done: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        done.append(f"paused {seconds}")
+
+    monkeypatch.setattr(shares, "anyio", SimpleNamespace(sleep=sleep))
+    front, rec = _front()
+    take = lambda: front.shares.start(PEER, None)  # noqa: E731
+    if taken == "before the head":
+        take()
+    body = json.dumps(ROUTES["/completion"][0]).encode()
+    status, _, _ = asyncio.run(_post(front, "/completion", body, on_read=take if taken != "before the head" else None,
+                                     done=done))
+    assert status == 429 and done == [f"paused {shares.REFUSED_PAUSE_S}", "sent 429"]
+
+
+def test_with_several_keys_a_keys_default_share_is_every_slot_but_one():
+    assert [key_generations(0, slots) for slots in (1, 2, 3, 8)] == [1, 1, 2, 7]
+    assert key_generations(5, 2) == 5  # a configured share is kept, whatever the slots
+    front = HttpFront(None, Config(model="/models/tiny.gguf", api_key="a,b", slots=4))
+    assert front.shares.generations_per_key == 3
+    assert front.shares.generations_per_peer == 8  # the address's default is unchanged: twice the slots
+
+
+# -- through a daemon with two keys and the default shares (2 slots: a key holds 1) ----------------
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
+
+    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
+                                 chat_template=TINY_CHAT_TEMPLATE))
+    proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", f"{KEY},{OTHER}",
+                          "--http-write-timeout-s", "600", "--http-idle-timeout-s", "600")
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _answer(s: socket.socket) -> bytes:
+    """One whole answer with a Content-Length read from `s`."""
+    got = b""
+    while True:
+        head, sep, rest = got.partition(b"\r\n\r\n")
+        if sep:
+            n = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:"))
+            if len(rest) >= n:
+                return got
+        part = s.recv(65536)
+        assert part, got
+        got += part
+
+
+def _held(url: str, key: str) -> socket.socket:
+    """A stream under `key` whose client reads nothing, once it is in flight (its head says
+    200: it is sent with the first chunk): it holds one of the key's generations until it
+    is closed."""
+    while True:
+        held = _unread_stream(url, key)
+        if held.recv(12).startswith(b"HTTP/1.1 200"):
+            return held
+        held.close()  # refused: an earlier test's generation under the key is still being cancelled
+
+
+def test_with_two_keys_and_two_slots_one_key_holds_one_generation_by_default_and_the_other_is_served(url):
+    held = _held(url, KEY)
+    try:
+        with httpx.Client(timeout=60) as c:
+            r = c.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+                       json={"model": "m", "max_tokens": 1, "messages": MSGS})
+            assert r.status_code == 429 and "API key has 1 generations" in r.json()["error"]["message"], r.text
+            r = c.post(url + "/completion", headers={"authorization": f"Bearer {OTHER}"},
+                       json={"prompt": "b", "n_predict": 2})
+            assert r.status_code == 200 and r.json()["tokens_predicted"] == 2  # the slot the key left free
+    finally:
+        held.close()
+
+
+def test_a_head_with_a_huge_content_length_and_no_body_gets_429_past_the_share(url):
+    held = _held(url, KEY)
+    before = _metric(url, 'http_refused_total{reason="key_generations"}')
+    try:
+        s = socket.create_connection(_addr(url), timeout=60)
+        # Within the body limit: were the body awaited, this would be a 408 after the body
+        # deadline (60 s), not a 429 at once.
+        s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"x-api-key: " + KEY.encode() + b"\r\nContent-Length: " + str(BODY_LIMIT - 1).encode() + b"\r\n\r\n")
+        got = _answer(s)
+        s.close()
+        assert got.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in got, got
+        assert json.loads(got.partition(b"\r\n\r\n")[2])["error"]["type"] == "rate_limit_error"  # Anthropic's
+    finally:
+        held.close()
+    assert _metric(url, 'http_refused_total{reason="key_generations"}') >= before + 1
+
+
+def test_a_connection_answered_429_for_its_share_is_served_on_once_the_share_is_free(url):
+    held = _held(url, KEY)
+    try:
+        s = socket.create_connection(_addr(url), timeout=60)
+        body = json.dumps({"prompt": "b", "n_predict": 2}).encode()
+        ask = (b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+               + b"\r\n\r\n" + body)
+        for _ in range(2):  # as a flood asks, on one connection: each answered once, its body unread
+            s.sendall(ask)
+            assert _answer(s).startswith(b"HTTP/1.1 429")
+    finally:
+        held.close()
+    s.sendall(ask)  # the share free again: the same connection is served
+    got = _answer(s)
+    while got.startswith(b"HTTP/1.1 429"):  # the held stream's generation is still being cancelled
+        s.sendall(ask)
+        got = _answer(s)
+    assert got.startswith(b"HTTP/1.1 200") and json.loads(got.partition(b"\r\n\r\n")[2])["tokens_predicted"] == 2
+    s.close()
