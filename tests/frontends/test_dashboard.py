@@ -171,7 +171,8 @@ def test_the_page_shows_a_minds_label_its_shared_base_and_fits_1280_px(daemon, e
                    json={"prompt": "a mind a client named", "max_tokens": 2, "user": LONG})
     assert r.status_code == 200, r.text
     with live_page(url) as (browser, page):
-        labelled = page.locator(f'#minds tr[data-label="{LONG}"]')
+        # Her row as a slot's mind: write-behind may list her file too, a second row of hers.
+        labelled = page.locator(f'#minds tr[data-label="{LONG}"][data-tier="slot"]')
         expect(labelled).to_have_count(1, timeout=20000)
         expect(labelled).to_contain_text("Ada Lovelace")
         assert labelled.get_attribute("data-mind").startswith("u-")  # the digest, shown beneath
