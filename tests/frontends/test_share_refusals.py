@@ -20,11 +20,11 @@ import pytest
 from actord.frontends.http.app import HttpFront
 from actord.frontends.http.shares import key_generations
 from actord.vocabulary.config import Config
-from actord.vocabulary.errors import InvalidParams
 from actord.vocabulary.metrics import Metrics
 from tests.frontends.test_http_bounds import _addr
 from tests.frontends.test_key_bounds import _unread_stream
 from tests.frontends.test_openai_http import BODY_LIMIT, KEY, _metric, _start, _stop
+from tests.frontends.test_client_fields import Recorder as ClientFieldsRecorder
 
 OTHER = "second-key"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -42,26 +42,13 @@ ROUTES = {
 PEER = "127.0.0.1"
 
 
-class Recorder:
-    """A service that records each generation a route asks for, then refuses it."""
+class Recorder(ClientFieldsRecorder):
+    """test_client_fields' recorder (each generation a route asks for recorded, then
+    refused), with the metrics registry the share refusals are counted in."""
 
     def __init__(self) -> None:
-        self.asked: list[Any] = []
+        super().__init__()
         self.metrics = Metrics()
-
-    def model_props(self) -> Any:
-        return SimpleNamespace(n_ctx=4096, n_vocab=512)
-
-    async def chat_info(self) -> Any:
-        return SimpleNamespace(template=None)
-
-    async def chat(self, request: Any, on_token: Any = None, n: int = 1) -> Any:
-        self.asked.append(request)
-        raise InvalidParams("recorded")
-
-    async def complete(self, request: Any, on_token: Any = None) -> Any:
-        self.asked.append(request)
-        raise InvalidParams("recorded")
 
 
 def _front() -> tuple[HttpFront, Recorder]:
