@@ -250,7 +250,7 @@ class HttpFront:
                 if not public:
                     tenancy.enter(self._authorize(request))
                 if generates:
-                    refused = self._share_refusal(request.scope)
+                    refused = self.share_refusal(request.scope)
                     if refused is not None:
                         await paced()  # a flood's answers at the daemon's pace (shares.py)
                         response = errors(refused)
@@ -264,10 +264,10 @@ class HttpFront:
                 return errors(e)
         return guarded
 
-    def _share_refusal(self, scope: Any) -> HttpError | None:
-        """The 429 for a generation whose address (or key) holds its share, decided from the
-        head alone and counted as `streaming.Generation` counts its own (None: it may go on
-        to be read, and counted as it starts)."""
+    def share_refusal(self, scope: Any) -> HttpError | None:
+        """The 429 for a generation whose address (or key) holds its share, counted under its
+        reason (None: it may go on). Asked twice: from the head, its body unread (`guard`),
+        and as it starts (`streaming.Generation`, the count that holds)."""
         refused = self.shares.refusal(peer_of(scope), scope.get(KEY))
         if refused is None:
             return None

@@ -144,11 +144,10 @@ class Generation(Response):
         key = scope.get(KEY)  # the API key's name, with several keys (bounds.py)
         # Its route's guard refused it from the head already if the share was taken then
         # (app.py `HttpFront.guard`); this is the count that holds, as the generation starts.
-        refused = shares.refusal(peer, key)
+        refused = self.front.share_refusal(scope)
         if refused is not None:  # one address's (or key's) share of the slots and their queues (`Config`)
-            self.front.refused(refused[1])
             await paced()  # a flood's answers at the daemon's pace (shares.py)
-            response = self._error(HttpError(429, refused[0], "rate_limit_exceeded"))
+            response = self._error(refused)
             response.headers["retry-after"] = "1"
             await response(scope, receive, send)
             return
