@@ -217,7 +217,7 @@ class SchedulerCore:
                 del self.reserved[slot]
 
     def _idle_held(self, slot: int) -> int:
-        return max(self.cells.get(slot, 0), max(self.reserved.get(slot, {}).values(), default=0))
+        return max(self.cells.get(slot, 0), self._reserved_for(slot))
 
     def held(self, slot: int) -> int:
         rid = self.by_slot.get(slot)
