@@ -210,9 +210,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_control_connections: int = 8
     http_write_timeout_s: float = 30.0
     # Generations (completions, chats, messages, responses) one client address has in
-    # flight, running or queued; one more gets 429 at once. 0: twice the slots. Below the
-    # slot count, one address never holds every slot: the others keep their pace.
+    # flight, running or queued for a slot. 0: twice the slots. Below the slot count, one
+    # address never holds every slot: the others keep their pace.
     http_max_generations_per_peer: int = 0
+    # Past its share (of the address's, or of the key's with several keys), a generation
+    # waits its turn in the HTTP front's line, its body unread (http/shares.py), while
+    # other clients' generations start within their own shares; at most this many of an
+    # address's (and of a key's) wait, one more gets 429 in the API's shape. 0: none wait.
+    http_max_waiting_per_peer: int = 64
     # Per API key, with two keys or more (http/shares.py; one key is everyone's, and its
     # bound would be the front's own): one key holds at most http_max_connections_per_key
     # connections and http_max_generations_per_key generations in flight; one more gets 429
@@ -439,6 +444,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("http_max_body_bytes_in_flight must be >= 0 (0: 4 x http_max_body_bytes)")
         if self.http_max_generations_per_peer < 0:
             raise InvalidParams("http_max_generations_per_peer must be >= 0 (0: twice the slots)")
+        if self.http_max_waiting_per_peer < 0:
+            raise InvalidParams("http_max_waiting_per_peer must be >= 0 (0: none wait)")
         if min(self.http_max_connections_per_key, self.http_max_generations_per_key,
                self.http_max_queued_chunks_per_key) < 0:
             raise InvalidParams("http_max_connections_per_key, http_max_generations_per_key and "

@@ -26,7 +26,7 @@ def url(tmp_path_factory):
                                  chat_template=TINY_CHAT_TEMPLATE))
     proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", f"{KEY},{OTHER}",
                           "--http-max-connections-per-key", "2", "--http-max-generations-per-key", "1",
-                          "--http-max-generations-per-peer", "8", "--http-write-timeout-s", "600",
+                          "--http-max-generations-per-peer", "8", "--http-max-waiting-per-peer", "0", "--http-write-timeout-s", "600",
                           "--http-stream-ahead-chunks", "4", "--http-idle-timeout-s", "600")
     try:
         yield url

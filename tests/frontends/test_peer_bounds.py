@@ -28,7 +28,7 @@ def url(tmp_path_factory):
     proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--http-max-connections", "16",
                           "--http-max-connections-per-peer", "4", "--http-control-connections", "2",
                           "--http-write-timeout-s", "1", "--http-idle-timeout-s", "600",
-                          "--http-max-generations-per-peer", "1",
+                          "--http-max-generations-per-peer", "1", "--http-max-waiting-per-peer", "0",
                           "--http-header-timeout-s", "600")
     try:
         yield url

@@ -1,10 +1,11 @@
-"""A generation past its client's share (issue 33, shares.py) is refused from its request
-head: 429 in its route's API shape, its body never read, counted under the same metric
-reasons as the refusal taken as it starts, which still holds when the share fills between
-the two; either 429 is sent after a pause; with several API keys a key's default share
-leaves a slot free of it. The route tests drive the front as an ASGI app
-(the body's reads are what is checked); the rest go through a daemon with two keys and
-the default shares. No assertion is on time."""
+"""A generation past its client's share (issue 33, shares.py) waits its turn from its
+request head, its body unread, and is served once the share frees; past the line's bound
+too, it is refused from its head: 429 in its route's API shape, its body never read,
+counted under its metric reason, sent after a pause. The count taken at the head is the
+generation's until its answer ends (not taken again as it starts). With several API keys
+a key's default share leaves a slot free of it. The route tests drive the front as an
+ASGI app (the body's reads are what is checked); the rest go through a daemon with two
+keys and the default shares, its line off. No assertion is on time."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import socket
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -25,6 +27,7 @@ from tests.frontends.test_http_bounds import _addr
 from tests.frontends.test_key_bounds import _unread_stream
 from tests.frontends.test_openai_http import BODY_LIMIT, KEY, _metric, _start, _stop
 from tests.frontends.test_client_fields import Recorder as ClientFieldsRecorder
+from tests.waits import eventually
 
 OTHER = "second-key"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -51,9 +54,10 @@ class Recorder(ClientFieldsRecorder):
         self.metrics = Metrics()
 
 
-def _front() -> tuple[HttpFront, Recorder]:
+def _front(waiting: int = 0) -> tuple[HttpFront, Recorder]:
     rec = Recorder()
-    front = HttpFront(None, Config(model="/models/tiny.gguf", api_key=KEY, http_max_generations_per_peer=1))
+    front = HttpFront(None, Config(model="/models/tiny.gguf", api_key=KEY, http_max_generations_per_peer=1,
+                                   http_max_waiting_per_peer=waiting))
     front.attach(rec)  # type: ignore[arg-type]
     return front, rec
 
@@ -119,18 +123,48 @@ def test_a_generation_within_its_share_is_read_and_asked_for(path):
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/messages"])
-def test_a_share_taken_while_the_body_is_read_still_refuses_the_generation_as_it_starts(path):
-    # The head found the share free; another generation of the address started while the
-    # body arrived: the count as the generation starts is the one that holds.
+def test_a_generation_counted_at_its_head_is_not_counted_again_as_it_starts(path):
+    # The head took the address's one generation; another of the address started (past the
+    # share: the test's own count) while the body arrived: the generation holds its count.
     front, rec = _front()
-    status, headers, body = asyncio.run(_post(front, path, json.dumps(ROUTES[path][0]).encode(),
-                                              on_read=lambda: front.shares.start(PEER, None)))
-    assert status == 429 and headers["retry-after"] == "1" and ROUTES[path][1](body), body
-    assert _refused(rec, "peer_generations") == 1 and not rec.asked
+    status, _, body = asyncio.run(_post(front, path, json.dumps(ROUTES[path][0]).encode(),
+                                        on_read=lambda: front.shares.start(PEER, None)))
+    assert status == 400 and "recorded" in json.dumps(body)  # it reached the service
+    assert len(rec.asked) == 1 and _refused(rec, "peer_generations") == 0
+    assert front.shares.generations[PEER] == 1  # its own count released as its answer ended
 
 
-@pytest.mark.parametrize("taken", ["before the head", "while the body is read"])
-def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch, taken):
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/messages"])
+def test_a_generation_past_its_share_waits_its_turn_with_its_body_unread_and_is_served(path):
+    front, rec = _front(waiting=1)
+    events: list[str] = []
+
+    async def run() -> tuple[int, dict]:
+        front.shares.start(PEER, None)  # the address's one generation is in flight
+        async with anyio.create_task_group() as tg:
+            got: dict[str, Any] = {}
+
+            async def waiting() -> None:
+                got["status"], _, got["body"] = await _post(front, path, json.dumps(ROUTES[path][0]).encode(),
+                                                            on_read=lambda: events.append("read"))
+
+            tg.start_soon(waiting)
+            await eventually(lambda: front.shares.waiting[PEER] == 1, "the second generation waits")
+            # The line holds one of the address's: the next is refused, its body unread.
+            status, _, body = await _post(front, path, None)
+            assert status == 429 and ROUTES[path][1](body), body
+            assert "1 waiting" in json.dumps(body) and events == [] and not rec.asked
+            events.append("share freed")
+            front.shares.end(PEER, None)
+        return got["status"], got["body"]
+
+    status, body = asyncio.run(run())
+    assert events == ["share freed", "read"]  # its body was read only once it was let in
+    assert status == 400 and "recorded" in json.dumps(body) and len(rec.asked) == 1
+    assert not front.shares.generations and not front.shares.waiting and not front.shares.line
+
+
+def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch):
     from actord.frontends.http import shares
 
     done: list[str] = []
@@ -140,12 +174,8 @@ def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch, taken):
 
     monkeypatch.setattr(shares, "anyio", SimpleNamespace(sleep=sleep))
     front, rec = _front()
-    take = lambda: front.shares.start(PEER, None)  # noqa: E731
-    if taken == "before the head":
-        take()
-    body = json.dumps(ROUTES["/completion"][0]).encode()
-    status, _, _ = asyncio.run(_post(front, "/completion", body, on_read=take if taken != "before the head" else None,
-                                     done=done))
+    front.shares.start(PEER, None)
+    status, _, _ = asyncio.run(_post(front, "/completion", None, done=done))
     assert status == 429 and done == [f"paused {shares.REFUSED_PAUSE_S}", "sent 429"]
 
 
@@ -167,7 +197,8 @@ def url(tmp_path_factory):
     model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
                                  chat_template=TINY_CHAT_TEMPLATE))
     proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", f"{KEY},{OTHER}",
-                          "--http-write-timeout-s", "600", "--http-idle-timeout-s", "600")
+                          "--http-write-timeout-s", "600", "--http-idle-timeout-s", "600",
+                          "--http-max-waiting-per-peer", "0")
     try:
         yield url
     finally:

@@ -62,7 +62,8 @@ from actord.vocabulary.config import Config, http_addresses, is_loopback, split_
 from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
-from actord.frontends.http.shares import Shares, key_generations, paced, peer_of
+from actord.frontends.http.shares import Shares, Ticket, key_generations, paced, peer_of
+from actord.frontends.http.streaming import Generation
 from actord.frontends.http.bounds import KEY, ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard, MindLabels
@@ -148,7 +149,8 @@ class HttpFront:
             generations_per_peer=per_peer,
             generations_per_key=key_generations(config.http_max_generations_per_key, config.slots),
             queued_per_peer=config.http_max_queued_chunks_per_peer,
-            queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer)
+            queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer,
+            waiting_per_peer=config.http_max_waiting_per_peer)
         self.stream_ahead = config.http_stream_ahead_chunks
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
@@ -243,36 +245,45 @@ class HttpFront:
               public: bool = False, generates: bool = False) -> Callable[[Request], Awaitable[Response]]:
         """`endpoint` behind the key (unless `public`), its typed errors answered with
         `errors` (OpenAI's object by default), a client gone mid-body answered with nothing.
-        A route that `generates` answers 429 from the request head, its body unread, while
-        the client's address or key holds its share of generations (shares.py)."""
+        A route that `generates` is counted against its client's share from the request
+        head, its body unread: it waits its turn past the share, and is answered 429 when
+        even the line is full (shares.py); the count goes with its Generation."""
         async def guarded(request: Request) -> Response:
+            ticket: Ticket | None = None
             try:
                 if not public:
                     tenancy.enter(self._authorize(request))
                 if generates:
-                    refused = self.share_refusal(request.scope)
-                    if refused is not None:
-                        await paced()  # a flood's answers at the daemon's pace (shares.py)
-                        response = errors(refused)
+                    entered = await self.share_enter(request.scope)
+                    if not isinstance(entered, Ticket):
+                        response = errors(entered)
                         response.headers["retry-after"] = "1"
                         return response
-                return await endpoint(request)
+                    ticket = entered
+                response = await endpoint(request)
+                if ticket is not None and isinstance(response, Generation):
+                    response.ticket, ticket = ticket, None  # counted until the answer ends
+                return response
             except ClientGone as e:
                 self.client_gone(e.phase)
                 return Silent()
             except (HttpError, ActordError) as e:
                 return errors(e)
+            finally:
+                if ticket is not None:
+                    ticket.release()
         return guarded
 
-    def share_refusal(self, scope: Any) -> HttpError | None:
-        """The 429 for a generation whose address (or key) holds its share, counted under its
-        reason (None: it may go on). Asked twice: from the head, its body unread (`guard`),
-        and as it starts (`streaming.Generation`, the count that holds)."""
-        refused = self.shares.refusal(peer_of(scope), scope.get(KEY))
-        if refused is None:
-            return None
-        self.refused(refused[1])
-        return HttpError(429, refused[0], "rate_limit_exceeded")
+    async def share_enter(self, scope: Any) -> Ticket | HttpError:
+        """A generation counted against its address's (and key's) share, after its turn in
+        the line if the share is full; else the 429 for it, counted under its reason and
+        sent after the pause (shares.py `paced`)."""
+        entered = await self.shares.enter(peer_of(scope), scope.get(KEY))
+        if isinstance(entered, Ticket):
+            return entered
+        self.refused(entered[1])
+        await paced()  # a flood's answers at the daemon's pace (shares.py)
+        return HttpError(429, entered[0], "rate_limit_exceeded")
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -6,26 +6,34 @@ and one key's holder may come from many addresses; a flood under one key must le
 other keys their share. With one key (or none) the key is everyone's: a bound on it would
 be a front-wide cap, which `http_max_connections` already is, so keys are not counted then.
 
-Two things are counted (the connections themselves are counted in bounds.py `Gate`):
+Three things are counted (the connections themselves are counted in bounds.py `Gate`):
 
-- generations in flight, running or queued for a slot: one more than the address's (or
-  the key's) share is refused 429 before it queues;
+- generations in flight, running or queued for a slot: an address (or a key) holds at most
+  its share of them;
+- generations waiting for their client's share, one line for the front: past the share, a
+  generation waits its turn (`enter`), its body unread, up to `waiting_per_peer` per
+  address (and per key); one more is refused 429. Why wait rather than refuse: a load tool
+  or an agent fleet sends from one address more requests at once than twice the slots
+  (AIPerf at concurrency 16, llama.cpp's own tests 3 at once on 1 slot), and llama-server
+  queues them; a 429 made each its client's error. Why a line at the front rather than the
+  slots' queues: a waiting generation holds its connection alone (its head read, its
+  body left in the socket), never a slot's queue, so one client's hundred waiting requests
+  are never ahead of another's one: the other's starts at once, within its own share. A
+  generation is let in when its client's share frees, oldest first;
 - chunks queued for streams, generated but not yet taken by their clients' transports:
   past the address's (or the key's) share, the stream whose chunk overflows ends, its
   generation cancelled, so clients that do not read hold neither memory nor engine time.
 
-A generation past its share is refused twice over: from the request head, before its body
-is read (`HttpFront.guard`, `generates=True`: the address, the key and the route are all
-known then, so a flood of refused requests costs no body read nor parse), and again as it
-starts (`streaming.Generation`), which is the count that holds: between the two, other
-generations of the same client may have started. Either 429 is sent REFUSED_PAUSE_S after
-it is decided (`paced`): a client that asks again the moment its 429 arrives, whatever
-Retry-After said, gets its answers at that pace, not at its own. Why: each refusal costs
-the loop little (about 165 us), but a flood of them did not stop: one key's flood on 16
-connections, refused some 1,200 times a second with the loop a third busy, took a victim's
-p90 from 12 to 250 ms, and on a loaded machine the flooding client's own CPU came out of
-the daemon's. Paced, each of the flood's connections costs at most 1 / REFUSED_PAUSE_S
-refusals a second and its client waits instead of spinning.
+A generation is counted from its request head (`HttpFront.guard`, `generates=True`: the
+address, the key and the route are all known then, so a refused or waiting request costs
+no body read nor parse) until its answer ends (`streaming.Generation`, handed the `Ticket`).
+A 429 is sent REFUSED_PAUSE_S after it is decided (`paced`): a client that asks again the
+moment its 429 arrives, whatever Retry-After said, gets its answers at that pace, not at
+its own. Why: each refusal costs the loop little (about 165 us), but a flood of them did
+not stop: one key's flood on 16 connections, refused some 1,200 times a second with the
+loop a third busy, took a victim's p90 from 12 to 250 ms, and on a loaded machine the
+flooding client's own CPU came out of the daemon's. Paced, each of the flood's connections
+costs at most 1 / REFUSED_PAUSE_S refusals a second and its client waits instead of spinning.
 """
 
 from __future__ import annotations
@@ -59,27 +67,88 @@ def peer_of(scope: Any) -> str:
     return str((scope.get("client") or ("?",))[0])
 
 
+@dataclass(eq=False)
+class Ticket:
+    """One generation counted against its address and key, until `release` (once)."""
+
+    shares: Shares
+    peer: str
+    key: str | None
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.shares.end(self.peer, self.key)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    peer: str
+    key: str | None
+    let_in: anyio.Event = field(default_factory=anyio.Event)
+    admitted: bool = False
+
+
 @dataclass
 class Shares:
     generations_per_peer: int
     generations_per_key: int
     queued_per_peer: int
     queued_per_key: int
+    waiting_per_peer: int = 0  # generations waiting past the share, per address and per key
     generations: collections.Counter[str] = field(default_factory=collections.Counter)  # by address
     key_generations: collections.Counter[str] = field(default_factory=collections.Counter)
+    waiting: collections.Counter[str] = field(default_factory=collections.Counter)  # by address
+    key_waiting: collections.Counter[str] = field(default_factory=collections.Counter)
     queued: collections.Counter[str] = field(default_factory=collections.Counter)  # chunks, by address
     key_queued: collections.Counter[str] = field(default_factory=collections.Counter)
+    line: collections.deque[_Waiting] = field(default_factory=collections.deque)  # oldest first
+    # Waiting, by (address, key): a client's generations go in their order, and only
+    # behind its own (two keys behind one address do not wait for each other's shares).
+    clients_waiting: collections.Counter[tuple[str, str | None]] = field(default_factory=collections.Counter)
 
     def refusal(self, peer: str, key: str | None) -> tuple[str, str] | None:
-        """Why one more generation from `peer` under `key` is refused (the message, the
-        refusal's metric reason), or None: it may run."""
-        if self.generations[peer] >= self.generations_per_peer:
-            return (f"this client address has {self.generations_per_peer} generations in flight, the most it may "
-                    "(http_max_generations_per_peer)", "peer_generations")
-        if key is not None and self.key_generations[key] >= self.generations_per_key:
-            return (f"this API key has {self.generations_per_key} generations in flight, the most it may "
-                    "(http_max_generations_per_key)", "key_generations")
+        """Why one more generation from `peer` under `key` may neither start nor wait (the
+        message, the refusal's metric reason), or None."""
+        if self.generations[peer] >= self.generations_per_peer and self.waiting[peer] >= self.waiting_per_peer:
+            return (f"this client address has {self.generations_per_peer} generations in flight and "
+                    f"{self.waiting[peer]} waiting, the most it may (http_max_generations_per_peer, "
+                    "http_max_waiting_per_peer)", "peer_generations")
+        if key is not None and self.key_generations[key] >= self.generations_per_key \
+                and self.key_waiting[key] >= self.waiting_per_peer:
+            return (f"this API key has {self.generations_per_key} generations in flight and "
+                    f"{self.key_waiting[key]} waiting, the most it may (http_max_generations_per_key, "
+                    "http_max_waiting_per_peer)", "key_generations")
         return None
+
+    async def enter(self, peer: str, key: str | None) -> Ticket | tuple[str, str]:
+        """A generation from `peer` under `key` counted, at once within its shares, else once
+        its turn in the line comes; the refusal (as `refusal`) when it may not even wait.
+        Cancelled while waiting, it leaves the line and holds nothing."""
+        if not self.clients_waiting[peer, key] and self._fits(peer, key):
+            self.start(peer, key)
+            return Ticket(self, peer, key)
+        refused = self.refusal(peer, key)
+        if refused is not None:
+            return refused
+        w = _Waiting(peer, key)
+        self.line.append(w)
+        self.waiting[peer] += 1
+        self.clients_waiting[peer, key] += 1
+        if key is not None:
+            self.key_waiting[key] += 1
+        try:
+            await w.let_in.wait()
+        except BaseException:
+            if w.admitted:  # let in as it was cancelled: what it was given goes to the next
+                self.end(peer, key)
+            else:  # those of its client behind it may fit now
+                self.line.remove(w)
+                self._unwait(w)
+                self._let_in()
+            raise
+        return Ticket(self, peer, key)
 
     def start(self, peer: str, key: str | None) -> None:
         self.generations[peer] += 1
@@ -90,6 +159,8 @@ class Shares:
         _drop(self.generations, peer, 1)
         if key is not None:
             _drop(self.key_generations, key, 1)
+        if self.line:
+            self._let_in()
 
     def queue(self, peer: str, key: str | None) -> bool:
         """One chunk more queued for a stream of `peer` under `key`; False (nothing counted):
@@ -108,8 +179,34 @@ class Shares:
             if key is not None:
                 _drop(self.key_queued, key, n)
 
+    def _fits(self, peer: str, key: str | None) -> bool:
+        return self.generations[peer] < self.generations_per_peer and (
+            key is None or self.key_generations[key] < self.generations_per_key)
 
-def _drop(counts: collections.Counter[str], name: str, n: int) -> None:
+    def _let_in(self) -> None:
+        """Each waiting generation whose shares now fit, oldest first; one that does not fit
+        keeps its client's later ones behind it."""
+        blocked: set[tuple[str, str | None]] = set()
+        kept: collections.deque[_Waiting] = collections.deque()
+        for w in self.line:
+            if (w.peer, w.key) in blocked or not self._fits(w.peer, w.key):
+                blocked.add((w.peer, w.key))
+                kept.append(w)
+                continue
+            self._unwait(w)
+            self.start(w.peer, w.key)
+            w.admitted = True
+            w.let_in.set()
+        self.line = kept
+
+    def _unwait(self, w: _Waiting) -> None:
+        _drop(self.waiting, w.peer, 1)
+        _drop(self.clients_waiting, (w.peer, w.key), 1)
+        if w.key is not None:
+            _drop(self.key_waiting, w.key, 1)
+
+
+def _drop(counts: collections.Counter[Any], name: Any, n: int) -> None:
     left = counts[name] - n
     if left > 0:
         counts[name] = left

@@ -35,11 +35,11 @@ the answer is the same, and subtle enough to be written once:
   500 `internal_error`; it never takes its peers down.
 - One client address has at most `http_max_generations_per_peer` generations in flight
   (running or queued for a slot), and with several API keys one key at most
-  `http_max_generations_per_key`; one more is answered 429 at once, in the API's shape,
-  before it queues: 300 streams from one address held every connection and queued ahead
-  of every other client (issue 33). Its route's guard refuses it from the head, its body
-  unread, when the share was taken already (app.py `HttpFront.guard`); the count here,
-  as the generation starts, is the one that holds.
+  `http_max_generations_per_key`; past that, a generation waits its turn in the front's
+  line (at most `http_max_waiting_per_peer` of the address's or key's), and one more is
+  answered 429 in the API's shape (shares.py). The count is taken from the request head
+  by its route's guard (app.py `HttpFront.guard`), handed to the Generation as its
+  `ticket` and released when the answer ends.
 
 What differs between the APIs is an `Answer`: how the whole body, a chunk, the final
 events and an error are shaped, and what ends a stream. An event is a JSON object sent as
@@ -59,7 +59,7 @@ from starlette.responses import Response
 from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
 from actord.frontends.http.responses import HttpError, json_response
-from actord.frontends.http.shares import paced, peer_of
+from actord.frontends.http.shares import Ticket, peer_of
 from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")
@@ -134,28 +134,25 @@ class Generation(Response):
         self.front, self.answer, self.stream = front, answer, stream
         self.extra = headers or []  # on the answer, not on an error (degraded.py's X-Actord-Degraded)
         self.background = None
+        self.ticket: Ticket | None = None  # its client's share, taken at its head (app.py `guard`)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        shares = getattr(self.front, "shares", None)  # a front that counts none (a test's) caps none
-        if shares is None:
-            await self._run(scope, receive, send)
-            return
-        peer = peer_of(scope)
-        key = scope.get(KEY)  # the API key's name, with several keys (bounds.py)
-        # Its route's guard refused it from the head already if the share was taken then
-        # (app.py `HttpFront.guard`); this is the count that holds, as the generation starts.
-        refused = self.front.share_refusal(scope)
-        if refused is not None:  # one address's (or key's) share of the slots and their queues (`Config`)
-            await paced()  # a flood's answers at the daemon's pace (shares.py)
-            response = self._error(refused)
-            response.headers["retry-after"] = "1"
-            await response(scope, receive, send)
-            return
-        shares.start(peer, key)
+        ticket = self.ticket
+        if ticket is None and getattr(self.front, "shares", None) is not None:
+            # Not counted from its head (a route without the guard's `generates`): counted
+            # here, as it starts. A front that counts none (a test's) caps none.
+            entered = await self.front.share_enter(scope)
+            if not isinstance(entered, Ticket):
+                response = self._error(entered)
+                response.headers["retry-after"] = "1"
+                await response(scope, receive, send)
+                return
+            ticket = entered
         try:
             await self._run(scope, receive, send)
         finally:
-            shares.end(peer, key)
+            if ticket is not None:
+                ticket.release()
 
     async def _run(self, scope: Any, receive: Any, send: Any) -> None:
         if self.stream:

@@ -1,0 +1,220 @@
+"""The HTTP front's line (shares.py `Shares.enter`): past its address's or key's share, a
+generation waits its turn instead of a 429, oldest first per client, while another
+client's starts at once within its own share; the line is bounded per address and per
+key; a waiter that goes away leaves nothing counted, and one let in as it was cancelled
+gives its turn on. No assertion is on time: each step waits for a condition."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from actord.frontends.http.shares import Shares, Ticket
+from tests.waits import eventually
+
+A, B = "10.0.0.1", "10.0.0.2"
+
+
+def _shares(per_peer: int = 1, per_key: int = 8, waiting: int = 4) -> Shares:
+    return Shares(generations_per_peer=per_peer, generations_per_key=per_key, queued_per_peer=100,
+                  queued_per_key=100, waiting_per_peer=waiting)
+
+
+async def _enter_all(sh: Shares, tg: anyio.abc.TaskGroup, order: list[str], who: list[tuple[str, str | None, str]]):
+    tickets: dict[str, Ticket] = {}
+
+    async def one(peer: str, key: str | None, name: str) -> None:
+        got = await sh.enter(peer, key)
+        assert isinstance(got, Ticket), got
+        order.append(name)
+        tickets[name] = got
+
+    for peer, key, name in who:
+        tg.start_soon(one, peer, key, name)
+        await anyio.sleep(0)  # each in the line in the order given
+    return tickets
+
+
+def test_past_its_share_a_generation_waits_and_is_let_in_oldest_first_as_its_share_frees():
+    async def run() -> None:
+        sh = _shares()
+        first = await sh.enter(A, None)
+        assert isinstance(first, Ticket)
+        order: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tickets = await _enter_all(sh, tg, order, [(A, None, "a1"), (A, None, "a2")])
+            await eventually(lambda: sh.waiting[A] == 2, "both wait")
+            assert order == []
+            first.release()
+            await eventually(lambda: order == ["a1"], "the oldest is let in")
+            assert sh.waiting[A] == 1 and sh.generations[A] == 1
+            tickets["a1"].release()
+            await eventually(lambda: order == ["a1", "a2"], "then the next")
+            tickets["a2"].release()
+        assert not sh.generations and not sh.waiting and not sh.line
+
+    anyio.run(run)
+
+
+def test_another_address_starts_at_once_while_one_address_waits():
+    async def run() -> None:
+        sh = _shares()
+        held = await sh.enter(A, None)
+        order: list[str] = []
+        async with anyio.create_task_group() as tg:
+            await _enter_all(sh, tg, order, [(A, None, "a1")])
+            await eventually(lambda: sh.waiting[A] == 1, "a1 waits")
+            other = await sh.enter(B, None)  # not behind A's line: its own share is free
+            assert isinstance(other, Ticket) and order == []
+            other.release()
+            assert order == []  # B's end frees no share of A's
+            assert isinstance(held, Ticket)
+            held.release()
+            await eventually(lambda: order == ["a1"], "a1 let in")
+            tg.cancel_scope.cancel()
+
+    anyio.run(run)
+
+
+def test_a_key_past_its_share_waits_whatever_address_it_comes_from():
+    async def run() -> None:
+        sh = _shares(per_peer=8, per_key=1)
+        held = await sh.enter(A, "key0")
+        order: list[str] = []
+        async with anyio.create_task_group() as tg:
+            await _enter_all(sh, tg, order, [(B, "key0", "b-key0")])
+            await eventually(lambda: sh.key_waiting["key0"] == 1, "the key's second waits")
+            other = await sh.enter(B, "key1")  # the same address, another key: at once
+            assert isinstance(other, Ticket)
+            assert isinstance(held, Ticket)
+            held.release()
+            await eventually(lambda: order == ["b-key0"], "let in as the key's share frees")
+            tg.cancel_scope.cancel()
+
+    anyio.run(run)
+
+
+def test_the_line_is_bounded_per_address_and_per_key_and_one_more_is_refused():
+    async def run() -> None:
+        sh = _shares(per_peer=1, per_key=1, waiting=1)
+        await sh.enter(A, None)
+        async with anyio.create_task_group() as tg:
+            await _enter_all(sh, tg, [], [(A, None, "a1")])
+            await eventually(lambda: sh.waiting[A] == 1, "a1 waits")
+            refused = await sh.enter(A, None)
+            assert isinstance(refused, tuple) and refused[1] == "peer_generations" and "1 waiting" in refused[0]
+            await sh.enter(B, "k")
+            await _enter_all(sh, tg, [], [(B, "k", "b1")])
+            await eventually(lambda: sh.key_waiting["k"] == 1, "b1 waits")
+            refused = await sh.enter("10.0.0.3", "k")  # a third address, the same key: the key's line is full
+            assert isinstance(refused, tuple) and refused[1] == "key_generations"
+            assert sh.waiting["10.0.0.3"] == 0
+            tg.cancel_scope.cancel()
+        assert not sh.waiting and not sh.key_waiting and not sh.line  # the cancelled waiters left it
+
+    anyio.run(run)
+
+
+def test_with_no_line_a_generation_past_its_share_is_refused_at_once():
+    async def run() -> None:
+        sh = _shares(waiting=0)
+        await sh.enter(A, None)
+        refused = await sh.enter(A, None)
+        assert isinstance(refused, tuple) and refused[1] == "peer_generations"
+        assert not sh.line
+
+    anyio.run(run)
+
+
+def test_a_waiter_that_goes_away_holds_nothing_and_the_one_behind_it_moves_up():
+    async def run() -> None:
+        sh = _shares()
+        held = await sh.enter(A, None)
+        order: list[str] = []
+        gone = anyio.CancelScope()
+        async with anyio.create_task_group() as tg:
+            async def leaving() -> None:
+                with gone:
+                    await sh.enter(A, None)
+                    order.append("gone one let in")
+
+            tg.start_soon(leaving)
+            await eventually(lambda: sh.waiting[A] == 1, "the leaving one waits")
+            await _enter_all(sh, tg, order, [(A, None, "a2")])
+            await eventually(lambda: sh.waiting[A] == 2, "a2 waits behind it")
+            gone.cancel()
+            await eventually(lambda: sh.waiting[A] == 1, "the leaving one left the line")
+            assert isinstance(held, Ticket)
+            held.release()
+            await eventually(lambda: order == ["a2"], "a2 let in")
+            tg.cancel_scope.cancel()
+        assert not sh.waiting and not sh.line
+
+    anyio.run(run)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_waiter_let_in_as_it_is_cancelled_passes_its_turn_to_the_next(backend):
+    async def run() -> None:
+        sh = _shares()
+        held = await sh.enter(A, None)
+        order: list[str] = []
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def cancelled_one() -> None:  # as the front's guard holds a ticket
+                with scope:
+                    got = await sh.enter(A, None)  # on asyncio the cancel lands here...
+                    assert isinstance(got, Ticket)
+                    try:
+                        await anyio.sleep(0)  # ...on trio at its next checkpoint
+                        order.append("never")
+                    finally:
+                        got.release()
+
+            tg.start_soon(cancelled_one)
+            await eventually(lambda: sh.waiting[A] == 1, "it waits")
+            await _enter_all(sh, tg, order, [(A, None, "a2")])
+            await eventually(lambda: sh.waiting[A] == 2, "a2 behind it")
+            assert isinstance(held, Ticket)
+            held.release()  # lets the first in...
+            scope.cancel()  # ...which is cancelled before it runs: its turn goes on to a2
+            await eventually(lambda: order == ["a2"], "a2 let in")
+            assert sh.generations[A] == 1
+            tg.cancel_scope.cancel()
+
+    anyio.run(run, backend=backend)
+
+
+# -- through a daemon: one slot, one address sending more at once than its share ------------
+
+
+def test_one_address_sending_past_its_share_at_once_gets_every_answer(tmp_path):
+    # llama.cpp's own server test sends 3 at once to 1 slot; a load tool at concurrency 16
+    # sends 16: past the address's share (twice the slots, 2 here) they wait their turn.
+    import concurrent.futures
+
+    import httpx
+
+    from actord.testing.models import write_tiny_llama
+    from tests.frontends.test_openai_http import _metric, _start, _stop
+
+    model = str(write_tiny_llama(tmp_path / "tiny.gguf", seed=1))
+    proc, _, url = _start(model, tmp_path / "d", "--slots", "1", "--http-max-waiting-per-peer", "5")
+    try:
+        def one(i: int) -> httpx.Response:
+            return httpx.post(url + "/completion", json={"prompt": f"a {i}", "n_predict": 8}, timeout=120)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(one, range(8)))
+        codes = sorted(r.status_code for r in got)
+        # 2 in flight and 5 waiting at most: of 8 at once, at least 7 answered (the eighth
+        # may find the line full, its 429 naming the bound).
+        assert codes.count(200) >= 7, [(r.status_code, r.text[:200]) for r in got]
+        assert all(r.json()["tokens_predicted"] == 8 for r in got if r.status_code == 200)
+        for r in got:
+            if r.status_code == 429:
+                assert "http_max_waiting_per_peer" in r.text
+        assert _metric(url, 'http_refused_total{reason="peer_generations"}') == codes.count(429)
+    finally:
+        _stop(proc)
