@@ -465,6 +465,13 @@ def test_props_have_llama_servers_shape_and_the_page_versions(server):
     assert settings["n_ctx"] == 4096 and settings["params"]["seed"] == 0 and settings["params"]["temperature"] == 0.8
     assert props["chat_template"] == TINY_CHAT_TEMPLATE and props["bos_token"] == "<s>"
     assert props["n_slots"] == 2 and props["n_ctx"] == 4096  # actord's own props, beside llama-server's
+    assert props["cors_proxy_enabled"] is False
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_the_cors_proxy_route_answers_as_llama_servers_does_with_its_proxy_off(server, method):
+    r = server.request(method, "/cors-proxy?url=http://example.com")
+    assert r.status_code == 403 and r.json()["error"]["code"] == 403, r.text
 
 
 def test_slots_list_llama_server_fields_with_actords(server):

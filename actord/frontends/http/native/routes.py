@@ -70,6 +70,7 @@ class Native(NativeRoutes):
             Route("/health", g(self.health, public=True), methods=["GET"]),
             Route("/v1/health", g(self.health, public=True), methods=["GET"]),
             Route("/metrics", g(self.metrics), methods=["GET"]),
+            Route("/cors-proxy", g(self.cors_proxy), methods=["GET", "POST"]),
         ]
 
     # -- text ------------------------------------------------------------------------------
@@ -152,8 +153,15 @@ class Native(NativeRoutes):
             "build_info": f"actord {self.front.version}",
             "is_sleeping": system.asleep,
             "slot_page_version": 1, "lora_page_version": 1,
+            "cors_proxy_enabled": False,  # llama-server's web UI reads it: no /cors-proxy here
         }
         return json_response(out)
+
+    async def cors_proxy(self, request: Request) -> Response:
+        """llama-server's answer with its proxy off (`--ui-mcp-proxy` unset), which is how
+        actord always runs: a generic HTTP proxy is not a serving engine's job, and a
+        client (its web UI) that probes the route reads 403 as "off", not 404 as "old"."""
+        raise HttpError(403, "this server runs no CORS proxy (llama-server's --ui-mcp-proxy)", "forbidden")
 
     # -- health, metrics -----------------------------------------------------------------
 
