@@ -171,6 +171,10 @@ class Metrics:
             "http_anonymous_minds_evicted", "Anonymous minds forgotten (RAM page and page file dropped) past the bound",
             registry=r,
         )
+        self.http_generations_waiting = Gauge(
+            "http_generations_waiting", "HTTP generations waiting in the front's line for their client's share",
+            registry=r,
+        )
         self.http_client_gone_total = Counter(
             "http_client_gone", "HTTP clients that hung up before their answer ended, by phase", ["phase"],
             registry=r,

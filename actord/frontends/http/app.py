@@ -192,6 +192,9 @@ class HttpFront:
     def attach(self, system: Service) -> None:
         """The system this front serves (the daemon binds the front before the model loads)."""
         self.system = system
+        metrics = getattr(system, "metrics", None)
+        if metrics is not None:  # read as it is scraped: the line is the shares' own (shares.py)
+            metrics.http_generations_waiting.set_function(lambda: len(self.shares.line))
         # The Responses API's store (openai/responses_api.py), built with the routes; a
         # system with no memory report (the cluster's router) has no sources to add it to.
         sources = getattr(system, "memory_sources", None)
