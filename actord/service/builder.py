@@ -69,7 +69,9 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
         n_ctx=props.kv_cells,  # 0: cells not charged
         piece_tile=config.piece_tile, depth=depth, n_slots=n, engine_budget_s=config.request_engine_s,
     )
-    index = KvIndex(n)  # where KV states live: the slots and the page store publish there
+    # Where KV states live: the slots and the page store publish there, and the page files
+    # keep their base files' records in it (with page_file_bases on: no start from one else).
+    index = KvIndex(n, base_files=files.base_index if config.page_file_bases else None)
     pages = PageStore(dispatcher, config.page_ram_bytes, metrics, capacity=cap, index=index)
     # --device-bytes as the engine resolved it (0 on a GPU: its free memory less a margin).
     device_budget = props.device.budget_bytes

@@ -18,8 +18,12 @@ The page store publishes each page's size by name (`publish_page`) and each base
 in its scope (`publish_base`) at every change of its names and bases, so a placement learns
 where a mind is, and whether a base begins her prompt, without a delivery; the page store
 answers the moves themselves (a page-in of a page gone since is refused, typed, and the
-placer plans again). Page and base files are indexed by the page files (storage/files.py),
-in RAM too.
+placer plans again). The base files (storage/bases.py `BaseIndex`: their tokens and
+identity, read from their headers) are the page files' records, kept by the page files as
+they publish, remove and sweep them, and asked here beside the bases in page RAM
+(`base_file_for`), so a new mind's start is planned from this one index. A mind's own page
+file is looked up on disk, not here: a cluster's rehome copies one into the folder of a
+running daemon.
 
 "Steady" is the promise a share rests on: the cells of `tokens` do not change until the
 slot publishes again (it is quiet, or running an enrolled request, which only adds cells
@@ -29,11 +33,13 @@ past them; a cut-back publishes a new epoch first).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
 from actord.policy.checkpoint_records import SlotCheckpoint
 from actord.policy.prefix_index import common_prefix
+from actord.storage.bases import BaseIndex
 from actord.vocabulary.kv_identity import Lineage
 
 MIN_SHARE = 32  # tokens: below this a prefill costs less than a share's bookkeeping
@@ -58,10 +64,11 @@ class KvIndex:
     """The slots' published sequences, by slot id, the page store's pages and bases, and the
     questions asked of them."""
 
-    def __init__(self, n_slots: int) -> None:
+    def __init__(self, n_slots: int, base_files: BaseIndex | None = None) -> None:
         self._held: list[Held | None] = [None] * n_slots
         self._pages: dict[str, int] = {}  # page name -> its tokens (the page store's)
         self._bases: dict[int, tuple[list[int], str]] = {}  # base generation -> (its tokens, its scope)
+        self._base_files = base_files  # the page files' (None: no start from a base file)
 
     # -- the page store's records: written by it alone ----------------------------------
 
@@ -93,6 +100,15 @@ class KvIndex:
             if base_scope == scope and best < n < len(prompt) and list(prompt[:n]) == tokens:
                 best = n
         return best
+
+    def base_file_for(self, prompt: list[int], scope: str, fp: dict[str, Any] | None = None,
+                      genes: list[list[Any]] | None = None) -> tuple[str, int] | None:
+        """(key, its tokens) of the longest base file of `scope` whose tokens `prompt` (all
+        but its last token) begins with, under the model fingerprint `fp` and the gene
+        digests `genes` (None: any, a hint where the asker does not know them yet)."""
+        if self._base_files is None:
+            return None
+        return self._base_files.longest(prompt, fp, genes, scope)
 
     # -- the slots' records: each written by its own slot --------------------------------
 

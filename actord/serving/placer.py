@@ -318,9 +318,8 @@ class MindPlacer(Actor[PlacerInbox]):
     async def _find(self, mind: str, req: CompletionRequest | None, *, slot_mind: bool = True,
                     made_way: bool = False) -> MindFound:
         """What the places that may hold her say, from the index (serving/kv_index.py: her
-        page's size, a base in page RAM that begins her prompt) and the page files' index in
-        RAM (a base file that begins it), with no delivery; whether her page file is there,
-        from one look on a disk worker."""
+        page's size, a base in page RAM or a base file that begins her prompt), with no
+        delivery; whether her page file is there, from one look on a disk worker."""
         prompt = self._bases_for(req)
         n_page = self.index.page_tokens(mind)
         base = 0
@@ -328,7 +327,7 @@ class MindPlacer(Actor[PlacerInbox]):
             scope = req.kv_scope()
             base = self.index.base_for(prompt, scope)
             if base < MIN_SHARE:
-                on_file = self.files.find_base(prompt, scope)
+                on_file = self.index.base_file_for(prompt, scope)
                 base = on_file[1] if on_file is not None else 0
         file = False
         if n_page is None:

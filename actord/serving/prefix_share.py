@@ -167,21 +167,21 @@ class PrefixShare:
 
     async def _take_file_base(self, prompt: list[int], lineage: Lineage) -> int:
         """No base in page RAM begins the prompt: a base file of the same identity may
-        (storage/bases.py, `page_file_bases`), found in the files' index, read on a worker
-        and set into this sequence."""
+        (storage/bases.py, `page_file_bases`), found in the index (serving/kv_index.py), read
+        on a worker and set into this sequence."""
         from actord.serving.slot_pages import model_fingerprint, state_layout
         from actord.storage import bases as B
 
-        m, files = self.memory, self.peers.files
+        m, files, index = self.memory, self.peers.files, self.peers.index
         genes, scope = lineage
-        if files.find_base(prompt, scope) is None:  # none of this scope at all: no gene list asked
+        if index.base_file_for(prompt, scope) is None:  # none of this scope at all: no gene list asked
             return 0
         by_id = {g.id: g.digest for g in await m.engine.run(J.GeneList())} if genes else {}
         digests = [[by_id.get(gid, ""), float(sc)] for gid, sc in genes]
         if any(not d for d, _ in digests):
             return 0  # a gene this daemon cannot name by content: no base file may stand for it
         fp = B.fingerprint({**model_fingerprint(m.props), **state_layout(m.props)})
-        hit = files.find_base(prompt, scope, fp, sorted(digests))
+        hit = index.base_file_for(prompt, scope, fp, sorted(digests))
         if hit is None:
             return 0
         image = await files.read_base(hit[0])

@@ -8,14 +8,14 @@ actors that hold their facts, each a pure function here:
 - `plan_mind_step`, the placer's (serving/placer.py): a mind not in a slot comes back from
   her page in RAM, her page file, a base (in page RAM or a base file) her prompt begins
   with, or fresh; and whether the slot's own mind must make way first. Its facts
-  (`MindFound`) are what the page store and the page files' index said, and what moves that
-  failed taught since: the placer calls it again after each step until it starts.
+  (`MindFound`) are what the index said (the page store's pages and bases, the page
+  files' base files), one look for her own file, and what moves that failed taught since: the placer calls it again after each step until it starts.
 - `plan_start`, the slot's (serving/prefix_share.py): beyond what its own cells hold, a
   request starts from a peer's cells or a peer's checkpoint, from the sequence index.
 
-Every fact is under the request's KV identity (vocabulary/kv_identity.py): the page store,
-the files' index and the sequence index answer only for the request's lineage, so a plan
-never crosses genes or tenants.
+Every fact is under the request's KV identity (vocabulary/kv_identity.py): the index
+(serving/kv_index.py) answers only for the request's lineage, so a plan never crosses genes
+or tenants.
 """
 
 from __future__ import annotations

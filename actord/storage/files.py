@@ -68,7 +68,9 @@ class PageFiles:
         # Base files (storage/bases.py): a page on a base spills as its part + a reference.
         self.share_bases = share_bases
         self.refs = B.BaseRefs()
-        self.base_index = B.BaseIndex()  # the base files by their tokens and identity: a new mind's start
+        # The base files by their tokens and identity, kept here as they are published,
+        # removed and swept; asked through the KV index (serving/kv_index.py `base_file_for`).
+        self.base_index = B.BaseIndex()
         self.pinned: set[str] = set()  # bases a publication that failed may name: kept until the next start
         self._drops: set[str] = set()  # bases whose last user went while locks were held: removed after
 
@@ -297,14 +299,6 @@ class PageFiles:
         if orphans:
             log.info("page_file.bases_swept", orphans=len(orphans))
         return len(orphans)
-
-    def find_base(self, tokens: list[int], scope: str, fp: dict[str, Any] | None = None,
-                  genes: list[list[Any]] | None = None) -> tuple[str, int] | None:
-        """(key, its tokens) of the longest base file of this identity whose tokens begin
-        `tokens` (storage/bases.py BaseIndex; fp and genes None: any, a hint). In RAM only."""
-        if not self.share_bases:
-            return None
-        return self.base_index.longest(tokens, fp, genes, scope)
 
     async def read_base(self, key: str) -> PageImage:
         """Base file `key`'s generation (tokens, state, identity), read under its hold, so

@@ -102,3 +102,21 @@ def test_the_start_plan_shares_cells_first_and_falls_back_to_a_checkpoint_withou
 def test_the_start_plan_never_reaches_across_a_lineage():
     ix = index(held(1, PROMPT[:90], TENANT_B, checkpoints=[SlotCheckpoint(pos=64, data=bytearray(b"x"))]))
     assert plan_start(ix, 0, PROMPT, PLAIN, own=0, cells=True, checkpoints=True).how == "own"
+
+
+def test_base_files_are_asked_of_the_index_under_their_scope_fingerprint_and_genes():
+    from actord.storage.bases import BaseEntry, BaseIndex, identity_key
+
+    files = BaseIndex()  # the page files' records (storage/files.py keeps them)
+    fp = {"model": "m", "weights": "w"}
+    for scope, genes, n in (("", [], 40), ("", [], 60), ("b", [], 80), ("", [["d", 1.0]], 90)):
+        entry = BaseEntry(tokens=PROMPT[:n], fingerprint=fp, genes=genes, scope=scope)
+        assert files.add(identity_key(fp, genes, scope, entry.tokens), entry)
+    ix = KvIndex(2, base_files=files)
+    key, n = ix.base_file_for(PROMPT, "", fp, [])
+    assert n == 60 and files.entries[key].tokens == PROMPT[:60]  # the longest of her scope and genes
+    assert ix.base_file_for(PROMPT, "", None, None)[1] == 90  # a hint: any genes of the scope
+    assert ix.base_file_for(PROMPT, "b")[1] == 80 and ix.base_file_for(PROMPT, "c") is None
+    assert ix.base_file_for(PROMPT, "", {"model": "other"}, []) is None  # another model's
+    assert ix.base_file_for(PROMPT[:60], "", fp, []) == (ix.base_file_for(PROMPT[:41], "", fp, [])[0], 40)
+    assert KvIndex(2).base_file_for(PROMPT, "") is None  # page_file_bases off: no start from a file
