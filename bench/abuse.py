@@ -20,6 +20,11 @@ nested JSON on 11 routes; a DNS-rebinding Host; a FIFO in the page folder restor
 `per_key`: one API key's holder flooding past its share (shares.py), from 8 addresses so no
 address's own share binds it: generations back to back and streams that read nothing.
 
+`per_address`: one address's load tool, 16 clients at once generating 1,000 tokens back to
+back, with no key: its share of generations holds every slot, and the rest wait in the
+front's line. It runs on a keyless daemon of its own, whose victim completes the same
+requests over HTTP from its own address (127.0.0.2): the shares are the HTTP front's.
+
 `per_key` runs on a daemon of its own, started with two keys (VICTIM_KEY, ATTACKER_KEY)
 and `--http-max-generations-per-key 1` (below the slot count, as one address's share must
 be for the others to keep their pace: at 2 slots, a key holding 2 generations holds every
@@ -85,8 +90,8 @@ def socket_victim(sock: Path) -> Callable[[int], None]:
 
 
 def http_victim(url: str, key: str, source: str) -> Callable[[int], None]:
-    """The same victim over HTTP (native /completion) under `key`, from the address `source`."""
-    h = httpx.Client(timeout=600, headers={"authorization": f"Bearer {key}"},
+    """The same victim over HTTP (native /completion) under `key` (""; none), from the address `source`."""
+    h = httpx.Client(timeout=600, headers={"authorization": f"Bearer {key}"} if key else {},
                      transport=httpx.HTTPTransport(local_address=source))
 
     def call(i: int) -> None:
@@ -334,26 +339,53 @@ def per_key(url: str, **_: Any) -> Callable[..., None]:
     return run
 
 
+def per_address(url: str, **_: Any) -> Callable[..., None]:
+    """One address's load tool: 16 clients at once, each generating 1,000 tokens back to back
+    (a benchmark at concurrency 16, or an agent fleet behind one NAT), with no key. Its
+    share of generations (twice the slots by default) holds every slot; the rest wait in
+    the front's line."""
+    gen = {"prompt": "x", "n_predict": 1000, "ignore_eos": True}
+
+    def client(i: int) -> httpx.Client:
+        return httpx.Client(timeout=300, transport=httpx.HTTPTransport(local_address=ATTACKER_ADDRESSES[0]))
+
+    return lambda stop, counts: _loop(stop, counts, lambda h: h.post(url + "/completion", json=gen).status_code,
+                                      16, client)
+
+
 ATTACKS = {"grammar": grammar, "no_readers": no_readers, "tokenize_list": tokenize_list, "logit_bias": logit_bias,
            "enum_schema": enum_schema, "tools_body": tools_body, "anonymous": anonymous, "deep_json": deep_json,
-           "rebinding": rebinding, "fifo": fifo, "per_key": per_key}
-ON_KEYED = {"per_key"}  # run on the daemon with two keys (the module's docstring says why)
+           "rebinding": rebinding, "fifo": fifo, "per_key": per_key, "per_address": per_address}
+# Where each attack runs (the module's docstring says why): the daemon with two keys and a
+# victim on HTTP under its own key, a daemon without a key and a victim on HTTP from its
+# own address, else a daemon without a key and a victim on its socket.
+ON_KEYED = {"per_key"}
+ON_HTTP = {"per_address"}
+SETTINGS = ("socket", "http", "keyed")
+
+
+def setting_of(name: str) -> str:
+    return "keyed" if name in ON_KEYED else "http" if name in ON_HTTP else "socket"
 
 
 def phase(model: str, folder: Path, names: list[str], quiet_s: float, attack_s: float, quick: bool,
-          daemon_args: list[str], keyed: bool) -> tuple[float, list[dict[str, Any]], bool]:
+          daemon_args: list[str], setting: str) -> tuple[float, list[dict[str, Any]], bool]:
     """One daemon, its quiet p90, then each of `names` in turn: (quiet p90, rows, alive after)."""
     folder.mkdir(exist_ok=True)
+    keyed = setting == "keyed"
     proc, sock, url = start(model, folder, *(KEYED if keyed else ()), *daemon_args)
     rows = []
     try:
-        w = Watch(http_victim(url, VICTIM_KEY, VICTIM_ADDRESS) if keyed else socket_victim(sock), url)
+        victim = (socket_victim(sock) if setting == "socket"
+                  else http_victim(url, VICTIM_KEY if keyed else "", VICTIM_ADDRESS))
+        w = Watch(victim, url)
         t0 = time.monotonic()
         time.sleep(quiet_s)
         quiet = p90(w.victim_between(t0 + 1.0, time.monotonic()))  # the first second warms up
         bound = max(2 * quiet, quiet + 0.5)
-        which = ("daemon with two API keys, victim on HTTP under its own" if keyed
-                 else "daemon without a key, victim on its socket")
+        which = {"keyed": "daemon with two API keys, victim on HTTP under its own",
+                 "http": "daemon without a key, victim on HTTP from its own address",
+                 "socket": "daemon without a key, victim on its socket"}[setting]
         print(f"{which}: victim quiet p90 {quiet * 1e3:.0f} ms; bound {bound * 1e3:.0f} ms", flush=True)
         for name in names:
             stop, counts = threading.Event(), collections.Counter()
@@ -364,7 +396,8 @@ def phase(model: str, folder: Path, names: list[str], quiet_s: float, attack_s: 
             time.sleep(attack_s)
             stop.set()
             b = time.monotonic()
-            th.join(180)
+            # Back to quiet is the victim's, timed from the attack's stop, whatever the
+            # attack's own requests in flight still take to end (joined after).
             back = float("nan")
             while time.monotonic() - b < 30:
                 time.sleep(0.2)
@@ -372,10 +405,11 @@ def phase(model: str, folder: Path, names: list[str], quiet_s: float, attack_s: 
                 if len(last) == 5 and max(last) <= bound:
                     back = time.monotonic() - b
                     break
+            th.join(180)
             during = p90(w.victim_between(a, b))
             health = w.health_between(a, time.monotonic())
             failed = w.failed_between(a, time.monotonic())
-            row = {"attack": name, "keyed": keyed, "quiet_p90_ms": round(quiet * 1e3, 1),
+            row = {"attack": name, "setting": setting, "keyed": keyed, "quiet_p90_ms": round(quiet * 1e3, 1),
                    "bound_ms": round(bound * 1e3, 1), "victim_p90_ms": round(during * 1e3, 1),
                    "ratio": round(during / quiet, 2), "within_bound": during <= bound,
                    "health_max_ms": round(max(d for d, _ in health) * 1e3, 1),
@@ -430,12 +464,12 @@ def main() -> None:
             from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
 
             model = str(write_tiny_llama(folder / "tiny.gguf", seed=1, chat_template=TINY_CHAT_TEMPLATE))
-        for keyed in (False, True):
-            mine = [n for n in names if (n in ON_KEYED) == keyed]
+        for setting in SETTINGS:
+            mine = [n for n in names if setting_of(n) == setting]
             if mine:
-                quiet, got, up = phase(model, folder / ("keyed" if keyed else "keyless"), mine, quiet_s, attack_s,
-                                       args.quick, args.daemon_arg, keyed)
-                quiets["keyed" if keyed else "keyless"] = round(quiet * 1e3, 1)
+                quiet, got, up = phase(model, folder / setting, mine, quiet_s, attack_s, args.quick,
+                                       args.daemon_arg, setting)
+                quiets[setting] = round(quiet * 1e3, 1)
                 rows += got
                 alive = alive and up
     print(f"daemons alive after all attacks: {alive}")

@@ -186,6 +186,92 @@ def test_a_waiter_let_in_as_it_is_cancelled_passes_its_turn_to_the_next(backend)
     anyio.run(run, backend=backend)
 
 
+# -- fair parts: an address's share while other addresses are active ------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fair(clock: Clock, per_peer: int = 4, slots: int = 2, waiting: int = 8) -> Shares:
+    return Shares(generations_per_peer=per_peer, generations_per_key=8, queued_per_peer=100, queued_per_key=100,
+                  waiting_per_peer=waiting, slots=slots, clock=clock, linger_s=1.0)
+
+
+def test_alone_an_address_holds_its_whole_share():
+    async def run() -> None:
+        sh = _fair(Clock())
+        got = [await sh.enter(A, None) for _ in range(4)]  # twice the slots: the default share
+        assert all(isinstance(t, Ticket) for t in got) and sh.peer_share(A) == 4
+
+    anyio.run(run)
+
+
+def test_while_another_address_is_active_an_address_is_let_in_only_within_its_fair_part():
+    async def run() -> None:
+        clock = Clock()
+        sh = _fair(clock)
+        mine = [await sh.enter(A, None) for _ in range(4)]
+        order: list[str] = []
+        async with anyio.create_task_group() as tg:
+            other = await sh.enter(B, None)  # within its own fair part (2 slots over 2 addresses: 1)
+            assert isinstance(other, Ticket) and sh.peer_share(A) == 1 and sh.peer_share(B) == 1
+            tickets = await _enter_all(sh, tg, order, [(A, None, "a5")])
+            await eventually(lambda: sh.waiting[A] == 1, "A's fifth waits")
+            for t in mine[:3]:
+                assert isinstance(t, Ticket)
+                t.release()
+            assert order == []  # A still holds its fair part (1)
+            assert isinstance(mine[3], Ticket)
+            mine[3].release()
+            await eventually(lambda: order == ["a5"], "let in once A is within its part")
+            assert sh.generations[A] == 1
+            # B's generation ends: B stays active for linger_s, then A has its whole share again.
+            other.release()
+            assert sh.peer_share(A) == 1
+            clock.now += 1.5
+            assert sh.peer_share(A) == 4
+            tickets["a5"].release()
+
+    anyio.run(run)
+
+
+def test_a_waiter_takes_the_share_an_address_gone_quiet_left_without_an_end_to_tell_it():
+    async def run() -> None:
+        clock = Clock()
+        sh = _fair(clock)
+        sh.linger_s = 0.05  # the waiter looks again this often (real time), and B's activity lasts this long
+        b = await sh.enter(B, None)
+        a1 = await sh.enter(A, None)
+        order: list[str] = []
+        async with anyio.create_task_group() as tg:
+            await _enter_all(sh, tg, order, [(A, None, "a2")])
+            await eventually(lambda: sh.waiting[A] == 1, "a2 waits: A holds its fair part")
+            assert isinstance(b, Ticket)
+            b.release()  # no waiter of B's to let in; A's share grows only once B is quiet
+            clock.now += 1.0
+            await eventually(lambda: order == ["a2"], "a2 let in as B went quiet")
+            assert isinstance(a1, Ticket) and sh.generations[A] == 2
+            tg.cancel_scope.cancel()
+
+    anyio.run(run)
+
+
+def test_with_no_line_past_its_fair_part_an_address_is_refused():
+    async def run() -> None:
+        sh = _fair(Clock(), waiting=0)
+        await sh.enter(B, None)
+        assert isinstance(await sh.enter(A, None), Ticket)
+        refused = await sh.enter(A, None)
+        assert isinstance(refused, tuple) and "its share: 1" in refused[0]
+
+    anyio.run(run)
+
+
 # -- through a daemon: one slot, one address sending more at once than its share ------------
 
 

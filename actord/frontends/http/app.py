@@ -150,7 +150,7 @@ class HttpFront:
             generations_per_key=key_generations(config.http_max_generations_per_key, config.slots),
             queued_per_peer=config.http_max_queued_chunks_per_peer,
             queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer,
-            waiting_per_peer=config.http_max_waiting_per_peer)
+            waiting_per_peer=config.http_max_waiting_per_peer, slots=config.slots)
         self.stream_ahead = config.http_stream_ahead_chunks
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))

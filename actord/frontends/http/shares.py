@@ -9,7 +9,13 @@ be a front-wide cap, which `http_max_connections` already is, so keys are not co
 Three things are counted (the connections themselves are counted in bounds.py `Gate`):
 
 - generations in flight, running or queued for a slot: an address (or a key) holds at most
-  its share of them;
+  its share of them. An address's share is its configured one (twice the slots by
+  default) while it is the only active address, else its fair part of the slots (the
+  slots over the active addresses, at least one; `peer_share`). Why: one address's load
+  tool at its whole share holds every slot, so another address's one request waited
+  behind its generations, again and again (bench/abuse.py `per_address`: a victim's p90
+  from 17 ms to 5.4 s); with fair parts the tool gives slots up as its generations end,
+  and takes them all again once the others have been quiet for ACTIVE_LINGER_S;
 - generations waiting for their client's share, one line for the front: past the share, a
   generation waits its turn (`enter`), its body unread, up to `waiting_per_peer` per
   address (and per key); one more is refused 429. Why wait rather than refuse: a load tool
@@ -39,12 +45,15 @@ costs at most 1 / REFUSED_PAUSE_S refusals a second and its client waits instead
 from __future__ import annotations
 
 import collections
+import math
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
 REFUSED_PAUSE_S = 0.25  # a share's 429 leaves this long after it is decided (`paced`)
+ACTIVE_LINGER_S = 1.0  # an address stays active this long after its last generation ends (`peer_share`)
 
 
 async def paced() -> None:
@@ -104,16 +113,49 @@ class Shares:
     queued: collections.Counter[str] = field(default_factory=collections.Counter)  # chunks, by address
     key_queued: collections.Counter[str] = field(default_factory=collections.Counter)
     line: collections.deque[_Waiting] = field(default_factory=collections.deque)  # oldest first
+    # The daemon's slots: with them, an address's share is its fair part while others are
+    # active (`peer_share`); 0: the configured share alone.
+    slots: int = 0
+    linger_s: float = ACTIVE_LINGER_S
+    clock: Callable[[], float] = time.monotonic
+    # Addresses with nothing in flight nor waiting, by when their last generation ended:
+    # active still, for linger_s (a client between two requests is not gone).
+    ended: dict[str, float] = field(default_factory=dict)
     # Waiting, by (address, key): a client's generations go in their order, and only
     # behind its own (two keys behind one address do not wait for each other's shares).
     clients_waiting: collections.Counter[tuple[str, str | None]] = field(default_factory=collections.Counter)
 
+    def peer_share(self, peer: str, active: int | None = None) -> int:
+        """The generations `peer` may have in flight now: its configured share while it is
+        the only active address, else its fair part of the slots (at least one), so that
+        one address's load tool, whose share holds every slot, gives the slots up as its
+        generations end while another address is served. Work-conserving: alone, an
+        address has its whole share again once the others are quiet for linger_s.
+        `active`: the active addresses, counted once for a pass over the line."""
+        if not self.slots:
+            return self.generations_per_peer
+        n = active if active is not None else self._active(peer)
+        return self.generations_per_peer if n <= 1 else min(self.generations_per_peer, max(1, self.slots // n))
+
+    def _active(self, peer: str | None = None) -> int:
+        """Addresses with generations in flight or waiting, or one ended within linger_s
+        (and `peer`, about to ask)."""
+        if self.ended:
+            old = self.clock() - self.linger_s
+            for a in [a for a, t in self.ended.items() if t < old]:
+                del self.ended[a]
+        names = set(self.generations) | set(self.waiting) | set(self.ended)
+        if peer is not None:
+            names.add(peer)
+        return len(names)
+
     def refusal(self, peer: str, key: str | None) -> tuple[str, str] | None:
         """Why one more generation from `peer` under `key` may neither start nor wait (the
         message, the refusal's metric reason), or None."""
-        if self.generations[peer] >= self.generations_per_peer and self.waiting[peer] >= self.waiting_per_peer:
-            return (f"this client address has {self.generations_per_peer} generations in flight and "
-                    f"{self.waiting[peer]} waiting, the most it may (http_max_generations_per_peer, "
+        share = self.peer_share(peer)
+        if self.generations[peer] >= share and self.waiting[peer] >= self.waiting_per_peer:
+            return (f"this client address has {self.generations[peer]} generations in flight (its share: {share}) "
+                    f"and {self.waiting[peer]} waiting, the most it may (http_max_generations_per_peer, "
                     "http_max_waiting_per_peer)", "peer_generations")
         if key is not None and self.key_generations[key] >= self.generations_per_key \
                 and self.key_waiting[key] >= self.waiting_per_peer:
@@ -126,7 +168,8 @@ class Shares:
         """A generation from `peer` under `key` counted, at once within its shares, else once
         its turn in the line comes; the refusal (as `refusal`) when it may not even wait.
         Cancelled while waiting, it leaves the line and holds nothing."""
-        if not self.clients_waiting[peer, key] and self._fits(peer, key):
+        self.ended.pop(peer, None)
+        if not self.clients_waiting[peer, key] and self._fits(peer, key, self._active(peer)):
             self.start(peer, key)
             return Ticket(self, peer, key)
         refused = self.refusal(peer, key)
@@ -138,8 +181,15 @@ class Shares:
         self.clients_waiting[peer, key] += 1
         if key is not None:
             self.key_waiting[key] += 1
+        # With fair parts, a share grows when another address goes quiet, which no end
+        # tells: a waiter looks again every linger_s.
+        every = self.linger_s if self.slots else math.inf
         try:
-            await w.let_in.wait()
+            while not w.admitted:
+                with anyio.move_on_after(every):
+                    await w.let_in.wait()
+                if not w.admitted:
+                    self._let_in()
         except BaseException:
             if w.admitted:  # let in as it was cancelled: what it was given goes to the next
                 self.end(peer, key)
@@ -159,6 +209,8 @@ class Shares:
         _drop(self.generations, peer, 1)
         if key is not None:
             _drop(self.key_generations, key, 1)
+        if not self.generations[peer] and not self.waiting[peer]:
+            self.ended[peer] = self.clock()
         if self.line:
             self._let_in()
 
@@ -179,8 +231,8 @@ class Shares:
             if key is not None:
                 _drop(self.key_queued, key, n)
 
-    def _fits(self, peer: str, key: str | None) -> bool:
-        return self.generations[peer] < self.generations_per_peer and (
+    def _fits(self, peer: str, key: str | None, active: int) -> bool:
+        return self.generations[peer] < self.peer_share(peer, active) and (
             key is None or self.key_generations[key] < self.generations_per_key)
 
     def _let_in(self) -> None:
@@ -188,8 +240,9 @@ class Shares:
         keeps its client's later ones behind it."""
         blocked: set[tuple[str, str | None]] = set()
         kept: collections.deque[_Waiting] = collections.deque()
+        active = self._active()  # every waiter's address is among them: one count for the pass
         for w in self.line:
-            if (w.peer, w.key) in blocked or not self._fits(w.peer, w.key):
+            if (w.peer, w.key) in blocked or not self._fits(w.peer, w.key, active):
                 blocked.add((w.peer, w.key))
                 kept.append(w)
                 continue
