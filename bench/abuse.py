@@ -21,9 +21,10 @@ nested JSON on 11 routes; a DNS-rebinding Host; a FIFO in the page folder restor
 address's own share binds it: generations back to back and streams that read nothing.
 
 `per_address`: one address's load tool, 16 clients at once generating 1,000 tokens back to
-back, with no key: its share of generations holds every slot, and the rest wait in the
-front's line. It runs on a keyless daemon of its own, whose victim completes the same
-requests over HTTP from its own address (127.0.0.2): the shares are the HTTP front's.
+back, with no key: alone, its share of generations would hold every slot; the rest wait in
+the front's line. It runs beside the socket's victim, and again as `per_address_http` on a
+keyless daemon of its own, whose victim completes the same requests over HTTP from its
+own address (127.0.0.2).
 
 `per_key` runs on a daemon of its own, started with two keys (VICTIM_KEY, ATTACKER_KEY)
 and `--http-max-generations-per-key 1` (below the slot count, as one address's share must
@@ -355,12 +356,13 @@ def per_address(url: str, **_: Any) -> Callable[..., None]:
 
 ATTACKS = {"grammar": grammar, "no_readers": no_readers, "tokenize_list": tokenize_list, "logit_bias": logit_bias,
            "enum_schema": enum_schema, "tools_body": tools_body, "anonymous": anonymous, "deep_json": deep_json,
-           "rebinding": rebinding, "fifo": fifo, "per_key": per_key, "per_address": per_address}
+           "rebinding": rebinding, "fifo": fifo, "per_key": per_key, "per_address": per_address,
+           "per_address_http": per_address}
 # Where each attack runs (the module's docstring says why): the daemon with two keys and a
 # victim on HTTP under its own key, a daemon without a key and a victim on HTTP from its
 # own address, else a daemon without a key and a victim on its socket.
 ON_KEYED = {"per_key"}
-ON_HTTP = {"per_address"}
+ON_HTTP = {"per_address_http"}
 SETTINGS = ("socket", "http", "keyed")
 
 

@@ -110,6 +110,7 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
     async with anyio.create_task_group() as tg:
         if front is not None:
             front.attach(system)
+            front.shares.outside = server.clients_generating  # the socket's clients share the slots too
             await tg.start(front.serve)
         await tg.start(server.serve)
         if config.memory_report_s > 0 and config.trace:

@@ -272,6 +272,49 @@ def test_with_no_line_past_its_fair_part_an_address_is_refused():
     anyio.run(run)
 
 
+def test_the_sockets_clients_at_work_count_among_the_active_ones():
+    async def run() -> None:
+        socket_clients = {"n": 1}
+        sh = _fair(Clock())
+        sh.outside = lambda linger_s: socket_clients["n"]  # the daemon's RpcServer.clients_generating
+        assert isinstance(await sh.enter(A, None), Ticket)
+        assert sh.peer_share(A) == 1  # A and one socket client: a slot each
+        refused_or_waits = sh.refusal(A, None)
+        assert refused_or_waits is None and sh.waiting_per_peer > 0  # it would wait, within its line
+        socket_clients["n"] = 0
+        assert sh.peer_share(A) == 4
+
+    anyio.run(run)
+
+
+def test_the_socket_counts_a_connection_generating_and_one_done_within_the_linger(tmp_path, monkeypatch):
+    from actord.frontends.rpc import server as rpc
+    from actord.vocabulary.config import Config
+
+    now = {"t": 1000.0}
+    monkeypatch.setattr(rpc.time, "monotonic", lambda: now["t"])
+    srv = rpc.RpcServer(None, str(tmp_path / "s.sock"), Config(model="/models/tiny.gguf"))
+    c1, c2 = object(), object()
+    srv._generation(c1, True)
+    srv._generation(c1, True)
+    srv._generation(c2, True)
+    assert srv.clients_generating(1.0) == 2
+    srv._generation(c1, False)
+    assert srv.clients_generating(1.0) == 2  # c1 has one left
+    srv._generation(c1, False)
+    srv._generation(c2, False)
+    now["t"] += 0.5
+    assert srv.clients_generating(1.0) == 2  # both done within the linger
+    now["t"] += 1.0
+    assert srv.clients_generating(1.0) == 0 and not srv.generated and not srv.generating
+    srv._generation(c1, True)
+    srv._generation(c1, False)
+    now["t"] += rpc.GENERATED_KEPT_S + 1
+    srv._generation(c2, True)
+    srv._generation(c2, False)  # c1's end is forgotten even if nobody asks
+    assert list(srv.generated) == [c2]
+
+
 # -- through a daemon: one slot, one address sending more at once than its share ------------
 
 

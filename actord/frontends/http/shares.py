@@ -10,8 +10,9 @@ Three things are counted (the connections themselves are counted in bounds.py `G
 
 - generations in flight, running or queued for a slot: an address (or a key) holds at most
   its share of them. An address's share is its configured one (twice the slots by
-  default) while it is the only active address, else its fair part of the slots (the
-  slots over the active addresses, at least one; `peer_share`). Why: one address's load
+  default) while it is the only active client, else its fair part of the slots (the
+  slots over the active clients, at least one; `peer_share`): the active addresses, and
+  the socket's connections at work (`outside`), whose requests do not pass this line. Why: one address's load
   tool at its whole share holds every slot, so another address's one request waited
   behind its generations, again and again (bench/abuse.py `per_address`: a victim's p90
   from 17 ms to 5.4 s); with fair parts the tool gives slots up as its generations end,
@@ -121,6 +122,10 @@ class Shares:
     # Addresses with nothing in flight nor waiting, by when their last generation ended:
     # active still, for linger_s (a client between two requests is not gone).
     ended: dict[str, float] = field(default_factory=dict)
+    # Clients at work outside this front (the socket's connections generating, or done
+    # within the linger it is given): counted among the active ones, so an address's fair
+    # part leaves them their slots too. None: none.
+    outside: Callable[[float], int] | None = None
     # Waiting, by (address, key): a client's generations go in their order, and only
     # behind its own (two keys behind one address do not wait for each other's shares).
     clients_waiting: collections.Counter[tuple[str, str | None]] = field(default_factory=collections.Counter)
@@ -147,7 +152,7 @@ class Shares:
         names = set(self.generations) | set(self.waiting) | set(self.ended)
         if peer is not None:
             names.add(peer)
-        return len(names)
+        return len(names) + (self.outside(self.linger_s) if self.outside is not None else 0)
 
     def refusal(self, peer: str, key: str | None) -> tuple[str, str] | None:
         """Why one more generation from `peer` under `key` may neither start nor wait (the

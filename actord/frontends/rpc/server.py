@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ from actord.frontends.rpc.peers import Peer, PeerPolicy, SocketClaim, claim_sock
 
 log = get("actord.frontends.rpc")
 
+GENERATED_KEPT_S = 10.0  # a connection's last generation's end is kept this long (`clients_generating`)
 HUP_POLL_S = 0.1  # how often a half-closed connection with work in flight is checked for a hang-up
 
 
@@ -89,10 +91,38 @@ class RpcServer:
         self.requests = 0  # decoded requests, ever
         self.control = anyio.Semaphore(c.max_control_total)  # FIFO: connections take turns
         self.on_request: Any = None  # trace hook: called with (method, raw params)
+        # Connections generating (completion, chat), and those whose last generation ended
+        # lately, by when: the HTTP front counts them among the clients at work when it
+        # sizes an address's fair part of the slots (http/shares.py `outside`).
+        self.generating: dict[_Connection, int] = {}
+        self.generated: dict[_Connection, float] = {}
 
     @property
     def metrics(self) -> Any:
         return self.system.metrics if self.system is not None else None
+
+    def clients_generating(self, linger_s: float) -> int:
+        """Connections with a generation in flight, or one ended within `linger_s`."""
+        self._forget(time.monotonic() - linger_s)
+        return len(self.generating) + len(self.generated)
+
+    def _generation(self, conn: _Connection, started: bool) -> None:
+        if started:
+            self.generating[conn] = self.generating.get(conn, 0) + 1
+            self.generated.pop(conn, None)
+            return
+        left = self.generating.pop(conn, 1) - 1
+        if left:
+            self.generating[conn] = left
+        else:
+            now = time.monotonic()
+            self._forget(now - GENERATED_KEPT_S)  # bounded whether or not the front asks
+            self.generated[conn] = now
+
+    def _forget(self, before: float) -> None:
+        if self.generated and next(iter(self.generated.values())) < before:  # oldest first (insertion order)
+            for c in [c for c, t in self.generated.items() if t < before]:
+                del self.generated[c]
 
     def held_bytes(self) -> int:
         """Bytes the open connections hold: lines being read and served, answers not yet written."""
@@ -449,7 +479,13 @@ class _Connection:
             self.outbox.put((rid, chunk))
 
         if not method.control:
-            return await method.call(server.system, params, stream if method.streams else None)
+            if not method.streams:
+                return await method.call(server.system, params, None)
+            server._generation(self, True)
+            try:
+                return await method.call(server.system, params, stream)
+            finally:
+                server._generation(self, False)
         async with self.control, server.control:  # this connection's turn, then the daemon's
             return await method.call(server.system, params, None)
 
