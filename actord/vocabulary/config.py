@@ -211,7 +211,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_write_timeout_s: float = 30.0
     # Generations (completions, chats, messages, responses) one client address has in
     # flight, running or queued for a slot, while it is the only address at work; while
-    # others are, its fair part of the slots (at least one; http/shares.py). 0: twice the
+    # others are, its fair part of the slots (rounded up; http/shares.py). 0: twice the
     # slots. Below the slot count, one address never holds every slot.
     http_max_generations_per_peer: int = 0
     # Past its share (of the address's, or of the key's with several keys), a generation

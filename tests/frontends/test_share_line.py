@@ -202,6 +202,16 @@ def _fair(clock: Clock, per_peer: int = 4, slots: int = 2, waiting: int = 8) -> 
                   waiting_per_peer=waiting, slots=slots, clock=clock, linger_s=1.0)
 
 
+def test_fair_parts_are_rounded_up_so_every_slot_is_used_while_every_client_is_at_work():
+    sh = _fair(Clock(), per_peer=16, slots=3)
+    sh.generations.update({A: 1, B: 1})
+    assert sh.peer_share(A) == 2  # 3 slots, 2 clients: 2 each, not 1 (a slot idle)
+    sh.generations["10.0.0.3"] = 1
+    assert sh.peer_share(A) == 1
+    sh.slots = 8
+    assert sh.peer_share(A) == 3
+
+
 def test_alone_an_address_holds_its_whole_share():
     async def run() -> None:
         sh = _fair(Clock())

@@ -11,7 +11,7 @@ Three things are counted (the connections themselves are counted in bounds.py `G
 - generations in flight, running or queued for a slot: an address (or a key) holds at most
   its share of them. An address's share is its configured one (twice the slots by
   default) while it is the only active client, else its fair part of the slots (the
-  slots over the active clients, at least one; `peer_share`): the active addresses, and
+  slots over the active clients, rounded up; `peer_share`): the active addresses, and
   the socket's connections at work (`outside`), whose requests do not pass this line. Why: one address's load
   tool at its whole share holds every slot, so another address's one request waited
   behind its generations, again and again (bench/abuse.py `per_address`: a victim's p90
@@ -132,7 +132,7 @@ class Shares:
 
     def peer_share(self, peer: str, active: int | None = None) -> int:
         """The generations `peer` may have in flight now: its configured share while it is
-        the only active address, else its fair part of the slots (at least one), so that
+        the only active address, else its fair part of the slots (rounded up), so that
         one address's load tool, whose share holds every slot, gives the slots up as its
         generations end while another address is served. Work-conserving: alone, an
         address has its whole share again once the others are quiet for linger_s.
@@ -140,7 +140,8 @@ class Shares:
         if not self.slots:
             return self.generations_per_peer
         n = active if active is not None else self._active(peer)
-        return self.generations_per_peer if n <= 1 else min(self.generations_per_peer, max(1, self.slots // n))
+        # Rounded up, so the parts cover every slot while every client is at work.
+        return self.generations_per_peer if n <= 1 else min(self.generations_per_peer, -(-self.slots // n))
 
     def _active(self, peer: str | None = None) -> int:
         """Addresses with generations in flight or waiting, or one ended within linger_s
