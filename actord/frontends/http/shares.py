@@ -11,12 +11,13 @@ Three things are counted (the connections themselves are counted in bounds.py `G
 - generations in flight, running or queued for a slot: an address (or a key) holds at most
   its share of them. An address's share is its configured one (twice the slots by
   default) while it is the only active client, else its fair part of the slots (the
-  slots over the active clients, rounded up; `peer_share`): the active addresses, and
-  the socket's connections at work (`outside`), whose requests do not pass this line. Why: one address's load
-  tool at its whole share holds every slot, so another address's one request waited
-  behind its generations, again and again (bench/abuse.py `per_address`: a victim's p90
-  from 17 ms to 5.4 s); with fair parts the tool gives slots up as its generations end,
-  and takes them all again once the others have been quiet for ACTIVE_LINGER_S;
+  slots over the active clients, rounded up; `peer_share`). The active clients are the
+  addresses and the socket's connections at work (`outside`: their requests do not pass
+  this line). Why: one address's load tool at its whole share holds every slot, so
+  another client's one request waited behind its generations, again and again
+  (bench/abuse.py `per_address`: a victim's p90 from 17 ms to 5.4 s); with fair parts
+  the tool gives slots up as its generations end, and takes them all again once the
+  others have been quiet for ACTIVE_LINGER_S;
 - generations waiting for their client's share, one line for the front: past the share, a
   generation waits its turn (`enter`), its body unread, up to `waiting_per_peer` per
   address (and per key); one more is refused 429. Why wait rather than refuse: a load tool
@@ -136,7 +137,7 @@ class Shares:
         one address's load tool, whose share holds every slot, gives the slots up as its
         generations end while another address is served. Work-conserving: alone, an
         address has its whole share again once the others are quiet for linger_s.
-        `active`: the active addresses, counted once for a pass over the line."""
+        `active`: the active clients, counted once for a pass over the line."""
         if not self.slots:
             return self.generations_per_peer
         n = active if active is not None else self._active(peer)
@@ -144,8 +145,8 @@ class Shares:
         return self.generations_per_peer if n <= 1 else min(self.generations_per_peer, -(-self.slots // n))
 
     def _active(self, peer: str | None = None) -> int:
-        """Addresses with generations in flight or waiting, or one ended within linger_s
-        (and `peer`, about to ask)."""
+        """Clients at work: addresses with generations in flight or waiting, or one ended
+        within linger_s (and `peer`, about to ask), and the socket's (`outside`)."""
         if self.ended:
             old = self.clock() - self.linger_s
             for a in [a for a, t in self.ended.items() if t < old]:
