@@ -218,7 +218,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # waits its turn in the HTTP front's line, its body unread (http/shares.py), while
     # other clients' generations start within their own shares; at most this many of an
     # address's (and of a key's) wait, one more gets 429 in the API's shape. 0: none wait.
-    http_max_waiting_per_peer: int = 64
+    # As many as an address's connections by default: a waiting generation holds its
+    # connection and what of its body the transport read (64 KiB), so a load tool at any
+    # concurrency its connections allow is served, not refused.
+    http_max_waiting_per_peer: int = 128
     # Per API key, with two keys or more (http/shares.py; one key is everyone's, and its
     # bound would be the front's own): one key holds at most http_max_connections_per_key
     # connections and http_max_generations_per_key generations in flight; one more gets 429
