@@ -6,6 +6,8 @@ gives its turn on. No assertion is on time: each step waits for a condition."""
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import pytest
 
@@ -356,4 +358,47 @@ def test_one_address_sending_past_its_share_at_once_gets_every_answer(tmp_path):
                 assert "http_max_waiting_per_peer" in r.text
         assert _metric(url, 'http_refused_total{reason="peer_generations"}') == codes.count(429)
     finally:
+        _stop(proc)
+
+
+def test_a_waiting_generation_whose_client_hangs_up_leaves_the_line_at_once(tmp_path):
+    import socket
+    import threading
+
+    import httpx
+
+    from actord.testing.models import write_tiny_llama
+    from tests.frontends.test_http_bounds import _addr
+    from tests.frontends.test_openai_http import _metric, _start, _stop
+    from tests.waits import wait_until
+
+    model = str(write_tiny_llama(tmp_path / "tiny.gguf", seed=1))
+    proc, _, url = _start(model, tmp_path / "d", "--slots", "1", "--http-max-generations-per-peer", "1",
+                          "--http-max-waiting-per-peer", "1", "--http-metrics")
+    started, done = threading.Event(), threading.Event()
+
+    def long_one() -> None:  # holds the address's one generation until the test is done
+        with httpx.Client(timeout=300) as c, c.stream(
+                "POST", url + "/completion", json={"prompt": "a", "n_predict": 3000, "ignore_eos": True,
+                                                    "stream": True}) as r:
+            for _ in r.iter_lines():
+                started.set()
+                if done.is_set():
+                    break
+
+    t = threading.Thread(target=long_one)
+    t.start()
+    try:
+        assert started.wait(120)
+        body = json.dumps({"prompt": "b", "n_predict": 2}).encode()
+        s = socket.create_connection(_addr(url), timeout=60)
+        s.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: _metric(url, "http_generations_waiting") == 1, "the second waits its turn")
+        s.close()  # hangs up while it waits
+        wait_until(lambda: _metric(url, "http_generations_waiting") == 0, "it left the line")
+        assert _metric(url, 'http_client_gone_total{phase="waiting"}') == 1
+    finally:
+        done.set()
+        t.join(300)
         _stop(proc)

@@ -67,11 +67,12 @@ def _refused(rec: Recorder, reason: str) -> float:
 
 
 async def _post(front: HttpFront, path: str, body: bytes | None, on_read: Any = None,
-                done: list[str] | None = None) -> tuple[int, dict, dict]:
+                done: list[str] | None = None, extra: dict | None = None) -> tuple[int, dict, dict]:
     """POST `path` to the app from PEER under KEY, its head declaring `body`'s length (or a
-    large one, with `body` None: a body that never comes; reading it fails the test)."""
+    large one, with `body` None: a body that never comes; reading it fails the test);
+    `extra`: more of the scope (what the connection's protocol adds)."""
     declared = len(body) if body is not None else BODY_LIMIT - 1
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+    scope = {**(extra or {}), "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "client": (PEER, 40000), "server": ("127.0.0.1", 8080),
              "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
@@ -96,6 +97,8 @@ async def _post(front: HttpFront, path: str, body: bytes | None, on_read: Any = 
             done.append(f"sent {message['status']}")
 
     await front.app(scope, receive, send)
+    if not sent:
+        return 0, {}, {}  # nothing answered: the client was gone
     start = next(m for m in sent if m["type"] == "http.response.start")
     text = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, json.loads(text)
@@ -164,6 +167,32 @@ def test_a_generation_past_its_share_waits_its_turn_with_its_body_unread_and_is_
     assert status == 400 and "recorded" in json.dumps(body) and len(rec.asked) == 1
     assert not front.shares.generations and not front.shares.waiting and not front.shares.line
     assert rec.metrics.registry.get_sample_value("http_generations_waiting") == 0
+
+
+def test_a_generation_waiting_its_turn_leaves_the_line_when_its_client_hangs_up():
+    from actord.frontends.http.bounds import GONE
+
+    front, rec = _front(waiting=4)
+
+    async def run() -> tuple[int, dict]:
+        front.shares.start(PEER, None)  # the address's one generation is in flight
+        gone = asyncio.Event()  # what the connection's protocol sets as it is lost (bounds.py)
+        async with anyio.create_task_group() as tg:
+            got: dict[str, Any] = {}
+
+            async def waiting() -> None:
+                got["status"], _, got["body"] = await _post(front, "/completion", None, extra={GONE: gone})
+
+            tg.start_soon(waiting)
+            await eventually(lambda: front.shares.waiting[PEER] == 1, "it waits")
+            gone.set()
+            await eventually(lambda: "status" in got, "it ended")
+        return got["status"], got["body"]
+
+    status, body = asyncio.run(run())
+    assert status == 0 and body == {}  # answered nothing: nobody to answer; its body never read
+    assert not front.shares.waiting and not front.shares.line and front.shares.generations[PEER] == 1
+    assert rec.metrics.http_client_gone_total.labels(phase="waiting")._value.get() == 1 and not rec.asked
 
 
 def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch):

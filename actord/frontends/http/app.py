@@ -64,7 +64,7 @@ from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
 from actord.frontends.http.shares import Shares, Ticket, key_generations, paced, peer_of
 from actord.frontends.http.streaming import Generation
-from actord.frontends.http.bounds import KEY, ControlRoom, Gate, bounded_protocol
+from actord.frontends.http.bounds import GONE, KEY, ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
 from actord.frontends.http.dashboard import Dashboard, MindLabels
 from actord.frontends.http.anthropic.routes import AnthropicRoutes
@@ -281,7 +281,23 @@ class HttpFront:
         """A generation counted against its address's (and key's) share, after its turn in
         the line if the share is full; else the 429 for it, counted under its reason and
         sent after the pause (shares.py `paced`)."""
-        entered = await self.shares.enter(peer_of(scope), scope.get(KEY))
+        peer, key = peer_of(scope), scope.get(KEY)
+        gone = scope.get(GONE)
+        if gone is None or self.shares.fits_now(peer, key):
+            entered = await self.shares.enter(peer, key)
+        else:  # it may wait: it leaves the line if its client hangs up meanwhile
+            got: list[Ticket | tuple[str, str]] = []
+            async with anyio.create_task_group() as tg:
+                async def wait() -> None:
+                    got.append(await self.shares.enter(peer, key))
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(wait)
+                await gone.wait()
+                tg.cancel_scope.cancel()
+            if not got:
+                raise ClientGone("waiting")
+            entered = got[0]
         if isinstance(entered, Ticket):
             return entered
         self.refused(entered[1])

@@ -121,6 +121,9 @@ CONTROL_PATHS = frozenset({"/health", "/v1/health", "/metrics"})  # what the con
 CONTROL_HEAD_S = 1.0  # a control-room connection's head deadline (at most the front's)
 CONTROL_ONLY = "actord.control_only"  # the scope key of a request on a control-room connection
 KEY = "actord.key"  # the scope key holding the name of the API key a request presented (several keys)
+# The scope key of an asyncio.Event set when the request's connection is lost: a generation
+# waiting in the front's line (shares.py) leaves it then, not once it is let in.
+GONE = "actord.gone"
 KEY_FULL = "actord.key_full"  # the scope key of a request whose key holds its share of connections
 
 _SPECIAL = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate", b"te": b"TE"}
@@ -262,6 +265,9 @@ class _Bounds:
 
     def connection_lost(self, exc: Exception | None) -> None:
         g = self.gate
+        c = self.cycle
+        if c is not None and GONE in c.scope:
+            c.scope[GONE].set()
         self._b_uncount()
         self._b_disarm()
         if self._b_wtimer is not None:
@@ -321,6 +327,8 @@ class _Bounds:
         c = self.cycle  # the request's cycle, made as its head was parsed, its task not yet run
         if c is not None and not isinstance(c.transport, _CanonicalHead):
             c.transport = _CanonicalHead(c.transport, self.loop)
+        if c is not None:
+            c.scope[GONE] = asyncio.Event()
         if c is not None and self._b_control:
             c.scope[CONTROL_ONLY] = True  # answered by `control_room` in the app, before any route
         if c is not None and self.gate.key_of is not None:

@@ -171,6 +171,10 @@ class Shares:
                     "http_max_waiting_per_peer)", "key_generations")
         return None
 
+    def fits_now(self, peer: str, key: str | None) -> bool:
+        """Whether `enter` would count a generation of `peer` under `key` at once."""
+        return not self.clients_waiting[peer, key] and self._fits(peer, key, self._active(peer))
+
     async def enter(self, peer: str, key: str | None) -> Ticket | tuple[str, str]:
         """A generation from `peer` under `key` counted, at once within its shares, else once
         its turn in the line comes; the refusal (as `refusal`) when it may not even wait.

@@ -58,7 +58,7 @@ from starlette.responses import Response
 
 from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
-from actord.frontends.http.responses import HttpError, json_response
+from actord.frontends.http.responses import ClientGone, HttpError, json_response
 from actord.frontends.http.shares import Ticket, peer_of
 from actord.vocabulary.log import get
 
@@ -141,7 +141,11 @@ class Generation(Response):
         if ticket is None and getattr(self.front, "shares", None) is not None:
             # Not counted from its head (a route without the guard's `generates`): counted
             # here, as it starts. A front that counts none (a test's) caps none.
-            entered = await self.front.share_enter(scope)
+            try:
+                entered = await self.front.share_enter(scope)
+            except ClientGone as e:  # hung up while it waited its turn: nobody to answer
+                self.front.client_gone(e.phase)
+                return
             if not isinstance(entered, Ticket):
                 response = self._error(entered)
                 response.headers["retry-after"] = "1"
