@@ -9,7 +9,8 @@ actors that hold their facts, each a pure function here:
   her page in RAM, her page file, a base (in page RAM or a base file) her prompt begins
   with, or fresh; and whether the slot's own mind must make way first. Its facts
   (`MindFound`) are what the index said (the page store's pages and bases, the page
-  files' base files), one look for her own file, and what moves that failed taught since: the placer calls it again after each step until it starts.
+  files' base files), one look for her own file, and what moves that failed taught
+  since: the placer calls it again after each step until it starts.
 - `plan_start`, the slot's (serving/prefix_share.py): beyond what its own cells hold, a
   request starts from a peer's cells or a peer's checkpoint, from the sequence index.
 

@@ -13,25 +13,19 @@ import httpx
 import pytest
 
 from tests.frontends.test_http_bounds import _addr
-from tests.frontends.test_openai_http import KEY, _metric, _start, _stop
+from tests.frontends.test_openai_http import KEY, _metric, front_on_tiny
 
 OTHER = "second-key"
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
-                                 chat_template=TINY_CHAT_TEMPLATE))
-    proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", f"{KEY},{OTHER}",
-                          "--http-max-connections-per-key", "2", "--http-max-generations-per-key", "1",
-                          "--http-max-generations-per-peer", "8", "--http-max-waiting-per-peer", "0", "--http-write-timeout-s", "600",
-                          "--http-stream-ahead-chunks", "4", "--http-idle-timeout-s", "600")
-    try:
+    for _, url in front_on_tiny(tmp_path_factory, "--http-max-connections-per-key", "2",
+                                "--http-max-generations-per-key", "1", "--http-max-generations-per-peer", "8",
+                                "--http-max-waiting-per-peer", "0", "--http-write-timeout-s", "600",
+                                "--http-stream-ahead-chunks", "4", "--http-idle-timeout-s", "600",
+                                keys=f"{KEY},{OTHER}"):
         yield url
-    finally:
-        _stop(proc)
 
 
 def _auth(key: str) -> dict[str, str]:

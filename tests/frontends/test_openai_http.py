@@ -51,17 +51,17 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.communicate(timeout=10)  # reaps it and closes its pipes
 
 
-def front_on_tiny(tmp_path_factory, *flags: str, chat: bool = True, tools: bool = False):
-    """A module fixture's body: a daemon with the HTTP front (and KEY) on the tiny llama (with
-    a chat template unless `chat` is False; with `tools`, the Hermes tool-calling one and its
-    markers as control tokens); yields (socket, url), stopped after."""
+def front_on_tiny(tmp_path_factory, *flags: str, chat: bool = True, tools: bool = False, keys: str = KEY):
+    """A module fixture's body: a daemon with the HTTP front (and `keys`, KEY by default) on
+    the tiny llama (with a chat template unless `chat` is False; with `tools`, the Hermes
+    tool-calling one and its markers as control tokens); yields (socket, url), stopped after."""
     from actord.testing.models import HERMES_TOOL_TEMPLATE
 
     kw: dict = {"chat_template": TINY_CHAT_TEMPLATE} if chat else {}
     if tools:
         kw = {"chat_template": HERMES_TOOL_TEMPLATE, "control_tokens": ("<tool_call>", "</tool_call>")}
     model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", seed=1, **kw))
-    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", KEY, *flags)
+    proc, sock, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", keys, *flags)
     try:
         yield sock, url
     finally:

@@ -307,23 +307,23 @@ def test_the_socket_counts_a_connection_generating_and_one_done_within_the_linge
     monkeypatch.setattr(rpc.time, "monotonic", lambda: now["t"])
     srv = rpc.RpcServer(None, str(tmp_path / "s.sock"), Config(model="/models/tiny.gguf"))
     c1, c2 = object(), object()
-    srv._generation(c1, True)
-    srv._generation(c1, True)
-    srv._generation(c2, True)
+    srv.generation_started(c1)
+    srv.generation_started(c1)
+    srv.generation_started(c2)
     assert srv.clients_generating(1.0) == 2
-    srv._generation(c1, False)
+    srv.generation_ended(c1)
     assert srv.clients_generating(1.0) == 2  # c1 has one left
-    srv._generation(c1, False)
-    srv._generation(c2, False)
+    srv.generation_ended(c1)
+    srv.generation_ended(c2)
     now["t"] += 0.5
     assert srv.clients_generating(1.0) == 2  # both done within the linger
     now["t"] += 1.0
     assert srv.clients_generating(1.0) == 0 and not srv.generated and not srv.generating
-    srv._generation(c1, True)
-    srv._generation(c1, False)
+    srv.generation_started(c1)
+    srv.generation_ended(c1)
     now["t"] += rpc.GENERATED_KEPT_S + 1
-    srv._generation(c2, True)
-    srv._generation(c2, False)  # c1's end is forgotten even if nobody asks
+    srv.generation_started(c2)
+    srv.generation_ended(c2)  # c1's end is forgotten even if nobody asks
     assert list(srv.generated) == [c2]
 
 

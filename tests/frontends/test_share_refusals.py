@@ -24,12 +24,11 @@ from actord.frontends.http.shares import key_generations
 from actord.vocabulary.config import Config
 from actord.vocabulary.metrics import Metrics
 from tests.frontends.test_http_bounds import _addr
-from tests.frontends.test_key_bounds import _unread_stream
-from tests.frontends.test_openai_http import BODY_LIMIT, KEY, _metric, _start, _stop
+from tests.frontends.test_key_bounds import OTHER, _unread_stream
+from tests.frontends.test_openai_http import BODY_LIMIT, KEY, _metric, front_on_tiny
 from tests.frontends.test_client_fields import Recorder as ClientFieldsRecorder
 from tests.waits import eventually
 
-OTHER = "second-key"
 MSGS = [{"role": "user", "content": "hi"}]
 # Each generating route, a body it would serve, and how its API's 429 reads.
 ROUTES = {
@@ -223,17 +222,9 @@ def test_with_several_keys_a_keys_default_share_is_every_slot_but_one():
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    from actord.testing.models import TINY_CHAT_TEMPLATE, write_tiny_llama
-
-    model = str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-chat.gguf", seed=1,
-                                 chat_template=TINY_CHAT_TEMPLATE))
-    proc, _, url = _start(model, tmp_path_factory.mktemp("d"), "--api-key", f"{KEY},{OTHER}",
-                          "--http-write-timeout-s", "600", "--http-idle-timeout-s", "600",
-                          "--http-max-waiting-per-peer", "0")
-    try:
+    for _, url in front_on_tiny(tmp_path_factory, "--http-write-timeout-s", "600", "--http-idle-timeout-s", "600",
+                                "--http-max-waiting-per-peer", "0", keys=f"{KEY},{OTHER}"):
         yield url
-    finally:
-        _stop(proc)
 
 
 def _answer(s: socket.socket) -> bytes:

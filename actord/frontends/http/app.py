@@ -282,14 +282,17 @@ class HttpFront:
         the line if the share is full; else the 429 for it, counted under its reason and
         sent after the pause (shares.py `paced`)."""
         peer, key = peer_of(scope), scope.get(KEY)
+        entered: Ticket | tuple[str, str] | None = self.shares.admit(peer, key)
+        if entered is not None:
+            return entered
         gone = scope.get(GONE)
-        if gone is None or self.shares.fits_now(peer, key):
-            entered = await self.shares.enter(peer, key)
+        if gone is None:
+            entered = await self.shares.wait_turn(peer, key)
         else:  # it may wait: it leaves the line if its client hangs up meanwhile
             got: list[Ticket | tuple[str, str]] = []
             async with anyio.create_task_group() as tg:
                 async def wait() -> None:
-                    got.append(await self.shares.enter(peer, key))
+                    got.append(await self.shares.wait_turn(peer, key))
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(wait)

@@ -171,18 +171,25 @@ class Shares:
                     "http_max_waiting_per_peer)", "key_generations")
         return None
 
-    def fits_now(self, peer: str, key: str | None) -> bool:
-        """Whether `enter` would count a generation of `peer` under `key` at once."""
-        return not self.clients_waiting[peer, key] and self._fits(peer, key, self._active(peer))
+    def admit(self, peer: str, key: str | None) -> Ticket | None:
+        """A generation from `peer` under `key` counted at once, if it is within its shares
+        and none of its client's waits before it; else None (it waits, `wait_turn`, or is
+        refused)."""
+        self.ended.pop(peer, None)
+        if self.clients_waiting[peer, key] or not self._fits(peer, key, self._active(peer)):
+            return None
+        self.start(peer, key)
+        return Ticket(self, peer, key)
 
     async def enter(self, peer: str, key: str | None) -> Ticket | tuple[str, str]:
         """A generation from `peer` under `key` counted, at once within its shares, else once
-        its turn in the line comes; the refusal (as `refusal`) when it may not even wait.
-        Cancelled while waiting, it leaves the line and holds nothing."""
-        self.ended.pop(peer, None)
-        if not self.clients_waiting[peer, key] and self._fits(peer, key, self._active(peer)):
-            self.start(peer, key)
-            return Ticket(self, peer, key)
+        its turn in the line comes; the refusal (as `refusal`) when it may not even wait."""
+        return self.admit(peer, key) or await self.wait_turn(peer, key)
+
+    async def wait_turn(self, peer: str, key: str | None) -> Ticket | tuple[str, str]:
+        """For a generation `admit` did not count: counted once its turn in the line comes;
+        the refusal when it may not even wait. Cancelled while waiting, it leaves the line
+        and holds nothing."""
         refused = self.refusal(peer, key)
         if refused is not None:
             return refused

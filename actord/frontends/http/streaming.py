@@ -58,7 +58,7 @@ from starlette.responses import Response
 
 from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
-from actord.frontends.http.responses import ClientGone, HttpError, json_response
+from actord.frontends.http.responses import HttpError, json_response
 from actord.frontends.http.shares import Ticket, peer_of
 from actord.vocabulary.log import get
 
@@ -134,29 +134,17 @@ class Generation(Response):
         self.front, self.answer, self.stream = front, answer, stream
         self.extra = headers or []  # on the answer, not on an error (degraded.py's X-Actord-Degraded)
         self.background = None
-        self.ticket: Ticket | None = None  # its client's share, taken at its head (app.py `guard`)
+        # Its client's share, taken at its head by its route's guard (app.py `guard`, which
+        # every route that answers with a Generation is behind with `generates`); None: a
+        # front that counts none (a test's).
+        self.ticket: Ticket | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        ticket = self.ticket
-        if ticket is None and getattr(self.front, "shares", None) is not None:
-            # Not counted from its head (a route without the guard's `generates`): counted
-            # here, as it starts. A front that counts none (a test's) caps none.
-            try:
-                entered = await self.front.share_enter(scope)
-            except ClientGone as e:  # hung up while it waited its turn: nobody to answer
-                self.front.client_gone(e.phase)
-                return
-            if not isinstance(entered, Ticket):
-                response = self._error(entered)
-                response.headers["retry-after"] = "1"
-                await response(scope, receive, send)
-                return
-            ticket = entered
         try:
             await self._run(scope, receive, send)
         finally:
-            if ticket is not None:
-                ticket.release()
+            if self.ticket is not None:
+                self.ticket.release()
 
     async def _run(self, scope: Any, receive: Any, send: Any) -> None:
         if self.stream:

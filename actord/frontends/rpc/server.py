@@ -106,11 +106,11 @@ class RpcServer:
         self._forget(time.monotonic() - linger_s)
         return len(self.generating) + len(self.generated)
 
-    def _generation(self, conn: _Connection, started: bool) -> None:
-        if started:
-            self.generating[conn] = self.generating.get(conn, 0) + 1
-            self.generated.pop(conn, None)
-            return
+    def generation_started(self, conn: _Connection) -> None:
+        self.generating[conn] = self.generating.get(conn, 0) + 1
+        self.generated.pop(conn, None)
+
+    def generation_ended(self, conn: _Connection) -> None:
         left = self.generating.pop(conn, 1) - 1
         if left:
             self.generating[conn] = left
@@ -481,11 +481,11 @@ class _Connection:
         if not method.control:
             if not method.streams:
                 return await method.call(server.system, params, None)
-            server._generation(self, True)
+            server.generation_started(self)
             try:
                 return await method.call(server.system, params, stream)
             finally:
-                server._generation(self, False)
+                server.generation_ended(self)
         async with self.control, server.control:  # this connection's turn, then the daemon's
             return await method.call(server.system, params, None)
 

@@ -162,7 +162,7 @@ class OpenAIRoutes(RouteGroup):
 
     def routes(self) -> list[Route]:
         g = self.front.guard
-        # The generating routes answer 429 from the head while the client holds its share (app.py).
+        # The generating routes are counted against their client's share from the head (app.py guard).
         chat, models, model = g(self.chat_completions, generates=True), g(self.models), g(self.model)
         # llama-server's unprefixed aliases answer in its forms where they differ from
         # OpenAI's (a first stream delta's content null, exceed_context_size_error);
