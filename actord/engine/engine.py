@@ -87,11 +87,13 @@ class Engine:
         on_backend = backend_sampling.resolve(config.backend_sampling, c.on_gpu, drafter is not None)
         samplers = Samplers(config, c, vocab, backend_sampling=on_backend)
         copier = StateCopier(c, drafter)
+        memo = config.prompt_logits_memo
         if kept is None:
-            stepper = self._make_stepper(c, vocab, samplers, copier, drafter, genes)
+            stepper = self._make_stepper(c, vocab, samplers, copier, drafter, genes, keep_memo=memo)
         else:
             stepper = self._make_stepper(c, vocab, samplers, copier, drafter, genes, epoch=kept.epoch,
-                                         step_no=kept.step_no, records=kept.records, before_decode=kept.before_decode)
+                                         step_no=kept.step_no, records=kept.records, before_decode=kept.before_decode,
+                                         keep_memo=memo)
         props = model_props(config, c, drafter)
         device = msgspec.structs.replace(props.device, backend_sampling=on_backend)
         props = msgspec.structs.replace(props, device=device)
@@ -180,7 +182,10 @@ class Engine:
                 c.check_seq(seq)
                 if self.drafter is not None:  # the draft sequence never holds more than the target's
                     self.drafter.seq_rm(seq, p0, p1)
-                return True if draft_only else copier.seq_rm(seq, p0, p1)
+                if draft_only:
+                    return True
+                self.stepper.forget(seq, p0)
+                return copier.seq_rm(seq, p0, p1)
             case J.SeqCopy(src=src, dst=dst):
                 c.check_seq(src)
                 c.check_seq(dst)
@@ -190,10 +195,16 @@ class Engine:
                     self.drafter.seq_rm(dst, -1, -1)
                 lib.llama_memory_seq_rm(c.mem, dst, -1, -1)
                 lib.llama_memory_seq_cp(c.mem, src, dst, -1, -1)
+                self.stepper.copy_memo(src, dst)
                 return True
             case J.SeqShare(src=src, dst=dst, n=n, checkpoint=None):
-                return copier.seq_share(src, dst, n)
+                self.stepper.forget(dst)
+                if not copier.seq_share(src, dst, n):
+                    return False
+                self.stepper.copy_memo(src, dst, n)
+                return True
             case J.SeqShare(src=src, dst=dst, n=n, checkpoint=data):
+                self.stepper.forget(dst)  # its window's cells come from a checkpoint, not src's
                 return copier.seq_share_from_checkpoint(src, dst, n, data)
             case J.SetSampler(seq=seq, params=params):
                 return self.samplers.set_sampler(seq, params)
@@ -210,10 +221,14 @@ class Engine:
                     raise InvalidParams("then_erase takes a whole target sequence, on a context without a draft")
                 if p0 or p1 >= 0:
                     return copier.state_get_range(seq, p0, p1, partial, into, capacity)
+                if erase:
+                    self.stepper.forget(seq)
                 return copier.state_get(seq, partial, into, capacity, then_erase=erase)
             case J.StateSet(base=None, base_seq=-1, seq=seq, data=data, partial=partial):
+                self.stepper.forget(seq)
                 return copier.state_set(seq, data, partial)
             case J.StateSet():
+                self.stepper.forget(job.seq)
                 return copier.state_set_on_base(job)
             case J.MemoryRange(seq=seq):
                 c.check_seq(seq)

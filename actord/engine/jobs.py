@@ -162,6 +162,15 @@ class StepEntry(msgspec.Struct, frozen=True, array_like=True):
     draft_tokens: list[int] = []
     draft_pos0: int = 0
     draft: int = 0
+    # The prompt's last logits (engine/step.py `Stepper.memo`): MEMO_KEEP, this entry ends a
+    # prompt and the engine keeps its last row for the sequence; MEMO_REUSE, the entry's one
+    # token is already the sequence's cell at pos0 (the slot kept it) and is sampled from the
+    # kept row when that row is still the cells' own, else decoded again.
+    memo: int = 0
+
+
+MEMO_KEEP = 1
+MEMO_REUSE = 2
 
 
 class Step(Job):
@@ -397,6 +406,10 @@ class ModelProps(msgspec.Struct, frozen=True):
     draft_desc: str = ""
     draft_n_vocab: int = 0
     draft_digest: str = ""  # the draft model's weights digest: a page's draft state names it
+    # A slot may keep its prompt's last cell and sample a repeat of that prompt from the
+    # logits the engine kept (StepEntry.memo): attention memory (a recurrent state cannot cut
+    # that one cell back when the logits are gone), no drafter, Config.prompt_logits_memo.
+    prompt_logits: bool = False
 
 
 class MemoryLayout(msgspec.Struct, frozen=True):

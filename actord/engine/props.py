@@ -50,6 +50,7 @@ def model_props(config: Config, c: Context, drafter: Drafter | MtpDrafter | None
         weights_digest=c.weights_digest,
         pooling=pooling_type(c.ctx),
         device=c.device_report,
+        prompt_logits=config.prompt_logits_memo and not (recurrent or hybrid) and drafter is None,
     )
     if drafter is None:
         return props

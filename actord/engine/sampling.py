@@ -295,7 +295,7 @@ class Samplers:
         A token the grammar refuses is never accepted into it (libllama aborts the process
         on that): when nothing the grammar allows survives the chain (a logit_bias banning
         every token the grammar allows), the request ends with an error instead."""
-        chain, grammar = self.chains[seq], self.grammars[seq]
+        chain, grammar = self.chains[seq], self.grammars.get(seq)
         _, view, cur, _, _, ptr = self._candidates()
 
         def run(first: Any = None) -> int:
@@ -309,7 +309,7 @@ class Samplers:
             lib.llama_sampler_apply(chain, ctypes.byref(cur))
             return int(cur.data[cur.selected].id) if 0 <= cur.selected < cur.size else -1
 
-        if grammar is None:  # post_sampling without a grammar: the chain on our array, so it can be read
+        if grammar is None:  # post_sampling or a kept row, without a grammar: the chain on our array
             tok = run()
             if tok < 0:
                 return 0, "the samplers left no token (logit_bias banned every one)"
@@ -381,8 +381,11 @@ class Samplers:
         """Log-softmax of batch row `idx`'s raw logits: `tok`'s value and the top `k`'s.
 
         numpy over the row in place (no copy): one max, one exp-sum, one argpartition."""
+        return self.logprobs_of_row(self.row(idx), tok, k)
+
+    def logprobs_of_row(self, row: Any, tok: int, k: int) -> tuple[float, list[tuple[int, float, bytes]]]:
+        """`logprobs_of` over a row of logits given (a kept one: engine/step.py `memo`)."""
         n_vocab = self.n_vocab
-        row = self.row(idx)
         m = float(row.max())
         lse = m + float(np.log(np.exp(row - m, dtype=np.float32).sum(dtype=np.float64)))
         top: list[tuple[int, float, bytes]] = []

@@ -42,8 +42,10 @@ class Stepper:
 
     def __init__(self, context: Context, vocab: Vocab, samplers: Samplers, copier: StateCopier,
                  drafter: Drafter | MtpDrafter | None, genes: GeneCatalog, *, epoch: int = 0, step_no: int = 0,
-                 records: collections.deque[J.StepRecord] | None = None, before_decode: Any = None) -> None:
-        """`epoch`, `step_no`, `records`, `before_decode`: what a wake carries over (engine/sleep.py)."""
+                 records: collections.deque[J.StepRecord] | None = None, before_decode: Any = None,
+                 keep_memo: bool = True) -> None:
+        """`epoch`, `step_no`, `records`, `before_decode`: what a wake carries over (engine/sleep.py).
+        `keep_memo`: keep prompts' last logits (Config.prompt_logits_memo)."""
         self.context, self.vocab, self.samplers, self.copier = context, vocab, samplers, copier
         self.drafter, self.genes = drafter, genes
         self.epoch = epoch  # bumped by a failed step: steps planned before it are skipped
@@ -51,12 +53,48 @@ class Stepper:
         self.before_decode = before_decode  # set by the engine thread: called right before llama_decode
         self.records = records if records is not None else collections.deque(maxlen=4096)
         self.last_sampled: dict[int, int] = {}  # seq -> its token sampled in the last step
+        # seq -> (position, token, logits) of the last prompt token it decoded under a
+        # MEMO_KEEP entry, while its cells up to that position are the ones that gave those
+        # logits (`forget`, `copy_memo`: every job that cuts or replaces cells says so). A
+        # MEMO_REUSE entry samples from them instead of decoding the token alone again: on
+        # quantized CPU kernels a one-token batch rounds differently from the prompt's
+        # batch, so a repeated prompt would otherwise answer differently from the first time.
+        self.memo: dict[int, tuple[int, int, Any]] = {}
+        self.keeps_memo = keep_memo and drafter is None  # a drafter follows every decoded row
         self._batch_seq = [-1] * context.n_batch  # seq_id[k][0] as `_step` last wrote it (-1: unknown)
         self._batch_one = 0  # n_seq_id[k] == 1 for every k below this
         self._replay: list[tuple[int, Any, list[int], int]] = _NO_REPLAY
 
     def step(self, job: J.Step) -> J.StepOut:
         return run_in_epoch(self, job, self._step)
+
+    # -- the kept prompt logits (`memo`) ---------------------------------------------------
+
+    def forget(self, seq: int, p0: int = -1) -> None:
+        """Sequence `seq`'s cells from `p0` on (all: -1) are cut or replaced."""
+        m = self.memo.get(seq)
+        if m is not None and (p0 < 0 or p0 <= m[0]):
+            del self.memo[seq]
+
+    def copy_memo(self, src: int, dst: int, n: int = -1) -> None:
+        """`dst`'s cells are now `src`'s first `n` (all: -1): it takes src's kept row with them."""
+        self.memo.pop(dst, None)
+        m = self.memo.get(src)
+        if m is not None and (n < 0 or m[0] < n):
+            self.memo[dst] = m
+
+    def _memo_row(self, e: J.StepEntry) -> Any:
+        """The kept row a MEMO_REUSE entry samples from, or None: then its kept cell is cut and
+        the token decoded again (the row is gone, or its sampling runs on the backend)."""
+        m = self.memo.get(e.seq)
+        if (m is not None and self.keeps_memo and e.sample and m[0] == e.pos0 and len(e.tokens) == 1
+                and m[1] == e.tokens[0] and not e.draft and not e.draft_tokens
+                and e.seq not in self.samplers.backend_seqs):
+            return m[2]
+        self.memo.pop(e.seq, None)
+        if not self.copier.seq_rm(e.seq, e.pos0, -1):
+            raise EngineError("the memory refused to cut the kept prompt cell", seq=e.seq, pos=e.pos0)
+        return None
 
     def _step(self, job: J.Step) -> J.StepOut:
         last = self.last_sampled
@@ -86,6 +124,8 @@ class Stepper:
         follow = d is not None and d.every_step  # the MTP head reads this decode's hidden rows
         spans: list[tuple[int, int]] = []  # each entry's first batch row and row count (MTP)
         skipped: set[int] | None = None  # entries not decoded (their request ended at a token fed)
+        kept: dict[int, Any] | None = None  # entries sampled from a kept prompt row, not decoded (`memo`)
+        memo = self.memo
         for i, e in enumerate(job.entries):
             pos = e.pos0
             seq = e.seq
@@ -115,6 +155,16 @@ class Stepper:
             else:
                 if fed_end and seq in fed_end:  # new tokens for the sequence: a new request's
                     fed_end.discard(seq)
+                if e.memo == J.MEMO_REUSE:
+                    r = self._memo_row(e)
+                    if r is not None:
+                        if kept is None:
+                            kept = {}
+                        kept[i] = r
+                        last_index.append(-2)
+                        continue
+                elif memo and seq in memo and memo[seq][0] >= pos:  # its kept row's cells are rewritten
+                    del memo[seq]
                 for t in e.tokens:
                     token[k] = t
                     position[k] = pos
@@ -166,7 +216,7 @@ class Stepper:
         if greedy and not drafts:
             n_out, use = 0, False
             for i, e in enumerate(job.entries):
-                if e.sample and not (skipped and i in skipped):
+                if e.sample and not (skipped and i in skipped) and not (kept and i in kept):
                     if not (e.feed_last or e.tokens):  # (its logits flag lands on another's token)
                         use = False
                         break
@@ -176,6 +226,9 @@ class Stepper:
                 argmax = smp.greedy_rows(n_out)
         for i, (e, idx) in enumerate(zip(job.entries, last_index)):
             if idx < 0:
+                if idx == -2:
+                    out.append(self._sample_kept(e, kept[i]))  # type: ignore[index]
+                    continue
                 out.append(EntryOut(seq=e.seq, skipped=True))
                 continue
             if drafts and i in drafts:
@@ -187,6 +240,8 @@ class Stepper:
                 ckpt, ckpt_pos = None, 0
             if e.sample:
                 seq = e.seq
+                if e.memo and self.keeps_memo and seq not in smp.backend_seqs:  # a prompt's last row, kept
+                    memo[seq] = (e.pos0 + len(e.tokens) - 1, e.tokens[-1], smp.row(idx).copy())
                 grammar, n_top = seq in grammars, logprobs.get(seq)
                 refused = ""
                 if grammar:
@@ -234,6 +289,30 @@ class Stepper:
             step=self.step_no, entries=out, n_tokens=k,
             t_decode_ms=(t1 - t0) * 1e3, t_sample_ms=(t2 - t1) * 1e3, epoch=self.epoch,
         )
+
+    def _sample_kept(self, e: J.StepEntry, row: Any) -> J.EntryOut:
+        """A MEMO_REUSE entry's sample from its kept row, by the request's own chain (its
+        grammar, its logprobs), as `_step` samples a decoded row; a checkpoint asked after
+        the token is the sequence's state as it stands (the kept cell is that token's)."""
+        seq, smp, vocab = e.seq, self.samplers, self.vocab
+        ckpt, ckpt_pos = (self.copier.state_get(seq, True).data, e.pos0 + 1) if e.checkpoint else (None, 0)
+        tok, refused = smp.sample_constrained(seq, -1, row)
+        self.last_sampled[seq] = tok
+        known = vocab.known.get(tok)
+        if known is None:
+            known = vocab.learn(tok)
+        piece = known[0]
+        if seq in smp.watches:
+            piece = smp.watch(seq, smp.watches[seq], tok, piece)
+        n_top = smp.logprobs.get(seq)
+        if n_top is None:
+            lp, top = None, []
+        elif seq in smp.post_probs:
+            lp, top = smp.post_probs_of(tok, n_top)
+        else:
+            lp, top = smp.logprobs_of_row(row, tok, n_top)
+        return J.EntryOut(seq=seq, token=tok, piece=piece, eog=known[1], checkpoint=ckpt, checkpoint_pos=ckpt_pos,
+                          logprob=lp, top=top, refused=refused)
 
     def _verify(self, e: J.StepEntry, idx: int, draft: list[int], extent: int, saved: Any = None) -> J.EntryOut:
         """A drafted entry after the decode: the request's own sampling (its chain, its

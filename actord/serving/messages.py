@@ -192,6 +192,10 @@ class Enroll(Msg):
     # prompt cells (a full attention cache, nothing of its own held, no draft context).
     scope: str = ""
     twin: bool = False
+    # The prompt's last logits (engine/jobs.py StepEntry.memo): 0, none; MEMO_KEEP, the engine
+    # keeps them for the sequence; MEMO_REUSE, the KV also holds prompt[pos0], the prompt's
+    # last cell, kept so that the first token is sampled from the logits kept with it.
+    memo: int = 0
 
 
 class Abort(Msg):

@@ -204,7 +204,7 @@ class Scheduler(Actor[SchedulerInbox]):
             spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
             logprobs=[] if m.logprobs else None, progress=m.progress and m.stream,
             think=Thought(m.thought_budget) if m.thought_budget is not None else None,
-            lineage=(m.genes, m.scope) if m.twin else None,
+            lineage=(m.genes, m.scope) if m.twin else None, memo=m.memo,
         )
         try:
             self.core.add(r)

@@ -449,8 +449,14 @@ class Slot(Actor[SlotInbox]):
                      genes_changed=m.genes != genes, scope_changed=m.scope != lineage[1])
         raw = await self.share.share_prefix(prompt, lineage, raw) or raw
         m.resume_raw_lcp = raw
-        usable, from_ckpt = await m.cut_to(min(raw, len(prompt) - 1))
+        # The whole prompt held: its last cell stays, and the first token is sampled from the
+        # logits the engine kept with it (a repeat answers as the first time: StepEntry.memo).
+        # Otherwise the last token is decoded again, for its logits.
+        keep_last = self.props.prompt_logits and raw >= len(prompt) and req.n_predict > 0
+        usable, from_ckpt = await m.cut_to(min(raw, len(prompt) if keep_last else len(prompt) - 1))
         m.draft_n = min(m.draft_n, usable)  # every cut of the sequence cuts the draft's too
+        memo = 0 if not self.props.prompt_logits else J.MEMO_REUSE if usable == len(prompt) else J.MEMO_KEEP
+        pos0 = usable - 1 if memo == J.MEMO_REUSE else usable
         if usable == 0 and raw > 0:
             self.metrics.full_reprefills_total.inc()
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
@@ -464,15 +470,15 @@ class Slot(Actor[SlotInbox]):
             await self._answer_here("length" if nothing_to_decode else "cancelled", n_cached=usable)
             return
         enroll = Enroll(
-            rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=usable, n_predict=req.n_predict,
+            rid=a.rid, slot=self.id, seq=self.seq, prompt=prompt, pos0=pos0, n_predict=req.n_predict,
             genes=m.genes, stop=list(req.stop),
             checkpoint_at=m.checkpoint_positions(
-                usable, len(prompt), self.share.shared_point(prompt, lineage) if self.props.needs_checkpoints else 0),
+                pos0, len(prompt), self.share.shared_point(prompt, lineage) if self.props.needs_checkpoints else 0),
             stop_tokens=list(req.stop_tokens), ignore_eos=req.ignore_eos, stream=a.stream is not None,
             resumed_from_checkpoint=from_ckpt, t_start=a.t_start, logprobs=req.logprobs,
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=m.draft_n, epoch=m.kv_epoch,
             progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
-            scope=m.scope, twin=usable == 0 and m.shares_cells() and not m.drafting,
+            scope=m.scope, twin=usable == 0 and m.shares_cells() and not m.drafting, memo=memo,
         )
         self.peers.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

@@ -33,7 +33,7 @@ class FakeEngine:
         self.props = J.ModelProps(
             n_ctx=self.n_ctx, n_batch=self.n_batch, n_seq_max=self.n_seq_max, n_vocab=n_vocab, n_ctx_train=self.n_ctx,
             n_swa=0, recurrent=False, hybrid=False, needs_checkpoints=False, bos=1, eos=2, desc="fake engine",
-            kv_bytes_per_token=64,
+            kv_bytes_per_token=64, prompt_logits=config.prompt_logits_memo,
             # A test stands in a GPU here (its budget included); the default is the CPU's.
             device=device or J.DeviceReport(budget_bytes=config.device_bytes),
         )

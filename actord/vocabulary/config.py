@@ -156,6 +156,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # GPU step copies one token per sequence instead of its logits (engine/backend_sampling.py).
     # auto: on where the model runs on a GPU backend; on/off decide outright.
     backend_sampling: str = "auto"
+    # Keep each sequence's logits of its prompt's last token (n_vocab floats per slot), so a
+    # request whose whole prompt the slot already holds samples its first token from them
+    # instead of decoding that token alone again. On quantized CPU kernels a one-token batch
+    # rounds differently from the prompt's batch: without them the same request sent twice
+    # can answer differently the second time (engine/step.py `memo`).
+    prompt_logits_memo: bool = True
     # A request's grammar whose sampling costs more than this much of the engine thread's CPU
     # time for one token (a token that
     # masks the vocabulary: this per 65,536 candidates) is cut: the request ends with a 400
@@ -211,18 +217,18 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     http_write_timeout_s: float = 30.0
     # Generations (completions, chats, messages, responses) one client address has in
     # flight, running or queued for a slot, while it is the only address at work; while
-    # others are, its fair part of the slots (rounded up; http/shares.py). 0: twice the
+    # others are, its fair part of the slots (rounded up; frontends/shares.py). 0: twice the
     # slots. Below the slot count, one address never holds every slot.
     http_max_generations_per_peer: int = 0
     # Past its share (of the address's, or of the key's with several keys), a generation
-    # waits its turn in the HTTP front's line, its body unread (http/shares.py), while
+    # waits its turn in the HTTP front's line, its body unread (frontends/shares.py), while
     # other clients' generations start within their own shares; at most this many of an
     # address's (and of a key's) wait, one more gets 429 in the API's shape. 0: none wait.
     # As many as an address's connections by default: a waiting generation holds its
     # connection and what of its body the transport read (64 KiB), so a load tool at any
     # concurrency its connections allow is served, not refused.
     http_max_waiting_per_peer: int = 128
-    # Per API key, with two keys or more (http/shares.py; one key is everyone's, and its
+    # Per API key, with two keys or more (frontends/shares.py; one key is everyone's, and its
     # bound would be the front's own): one key holds at most http_max_connections_per_key
     # connections and http_max_generations_per_key generations in flight; one more gets 429
     # in the API's shape. 0: connections as per address (http_max_connections_per_peer),

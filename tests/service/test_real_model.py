@@ -66,3 +66,15 @@ async def test_gemma_resumes_from_a_checkpoint_when_the_window_has_moved_on(real
         r = await s.complete(prompt=diverged, n_predict=6, slot=0)
         assert r.resumed_from_checkpoint and 0 < r.n_cached <= r.n_prompt_tokens
         assert r.n_prompt_processed < r.n_prompt_tokens - 200
+
+
+async def test_the_same_request_twice_answers_the_same_on_quantized_kernels(real_model, tmp_path):
+    """A one-token batch rounds differently from the prompt's batch on this model's CPU kernels
+    (Q4_K, flash attention): decoding the prompt's last token alone again took the second
+    answer elsewhere within 128 tokens. The slot keeps that cell and the engine its logits."""
+    async with ActorSystem(cfg(real_model, tmp_path, threads=2)) as s:
+        prompt = "I believe the meaning of life is"
+        first = await s.complete(prompt=prompt, n_predict=128, slot=0)
+        again = await s.complete(prompt=prompt, n_predict=128, slot=0)
+        assert again.n_prompt_processed == 1
+        assert again.tokens == first.tokens

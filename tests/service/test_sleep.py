@@ -92,7 +92,7 @@ async def test_the_idle_clock_sleeps_after_the_quiet_time_and_a_request_wakes_it
 def test_the_stand_in_engine_refuses_to_sleep_over_held_cells_as_the_real_one_does():
     from types import SimpleNamespace
 
-    fake = FakeEngine(SimpleNamespace(ctx=64, batch=16, slots=2, device_bytes=0))
+    fake = FakeEngine(SimpleNamespace(ctx=64, batch=16, slots=2, device_bytes=0, prompt_logits_memo=True))
     fake.held[1] = 5
     with pytest.raises(SlotBusy):
         fake.handle(J.Sleep())

@@ -30,7 +30,7 @@ class InlineEngine:
     """The stand-in engine answered in the caller's task (no engine thread needed here)."""
 
     def __init__(self) -> None:
-        self.fake = FakeEngine(SimpleNamespace(ctx=N_CTX, batch=64, slots=2, device_bytes=0))
+        self.fake = FakeEngine(SimpleNamespace(ctx=N_CTX, batch=64, slots=2, device_bytes=0, prompt_logits_memo=True))
 
     def _do(self, job: Any) -> tuple[bool, Any]:
         try:

@@ -356,8 +356,11 @@ class SchedulerCore:
                 if aligned > 0:
                     n = aligned
             finishes = p + n == r.n_prompt
+            # A MEMO_REUSE request's first entry is its kept last cell: always marked, so the
+            # engine never decodes a second cell at that position.
+            memo = r.memo if finishes and (r.n_predict > 0 or r.memo == J.MEMO_REUSE) else 0
             return J.StepEntry(seq=r.seq, tokens=r.tokens[p:p + n], pos0=p,
-                               sample=finishes and r.n_predict > 0, checkpoint=ckpt)
+                               sample=finishes and r.n_predict > 0, checkpoint=ckpt, memo=memo)
         if self.n_ctx and p + 1 >= self.n_ctx:
             return None  # update() ends it with "context" when its sample arrives
         if p < len(r.tokens):  # the token to feed is known

@@ -65,6 +65,7 @@ class Request:
     # rid, the prompt tokens both share), until that one's KV holds them.
     lineage: Any = None
     twin: tuple[int, int] | None = None
+    memo: int = 0  # the prompt's last logits: Enroll.memo
 
     @property
     def ended(self) -> bool:
