@@ -206,6 +206,8 @@ class Engine:
             case J.SeqShare(src=src, dst=dst, n=n, checkpoint=data):
                 self.stepper.forget(dst)  # its window's cells come from a checkpoint, not src's
                 return copier.seq_share_from_checkpoint(src, dst, n, data)
+            case J.MemoHeld(seq=seq, pos=pos, token=token):
+                return self.stepper.holds_memo(seq, pos, token)
             case J.SetSampler(seq=seq, params=params):
                 return self.samplers.set_sampler(seq, params)
             case J.FreeSampler(seq=seq):

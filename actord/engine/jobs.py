@@ -197,6 +197,17 @@ class StateSize(Job):
     between_steps = True
 
 
+class MemoHeld(Job):
+    """Does sequence `seq` hold the logits of `token` at `pos` kept from its prompt's decode
+    (StepEntry.memo)? A slot asks before it keeps a prompt's last cell for a MEMO_REUSE."""
+
+    seq: int
+    pos: int
+    token: int
+
+    between_steps = True  # an idle slot's sequence, as a state move's
+
+
 class HostBuffer:
     """A host buffer a state is copied into: pre-faulted memory from the page store's pool
     (serving/buffer_pool.py), so a page_out writes warm pages instead of faulting fresh ones.

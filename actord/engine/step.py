@@ -83,9 +83,18 @@ class Stepper:
         if m is not None and (n < 0 or m[0] < n):
             self.memo[dst] = m
 
+    def holds_memo(self, seq: int, pos: int, token: int) -> bool:
+        """A MEMO_REUSE of `token` at `pos` would sample from a kept row (not on the backend:
+        a backend-attached chain samples inside a decode)."""
+        m = self.memo.get(seq)
+        return (self.keeps_memo and m is not None and m[0] == pos and m[1] == token
+                and seq not in self.samplers.backend_seqs)
+
     def _memo_row(self, e: J.StepEntry) -> Any:
         """The kept row a MEMO_REUSE entry samples from, or None: then its kept cell is cut and
-        the token decoded again (the row is gone, or its sampling runs on the backend)."""
+        the token decoded again (its sampling runs on the backend; or the row is gone, which
+        the slot's MemoHeld before it enrolled rules out: nothing else moves an enrolled
+        sequence's cells)."""
         m = self.memo.get(e.seq)
         if (m is not None and self.keeps_memo and e.sample and m[0] == e.pos0 and len(e.tokens) == 1
                 and m[1] == e.tokens[0] and not e.draft and not e.draft_tokens

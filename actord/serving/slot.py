@@ -452,7 +452,8 @@ class Slot(Actor[SlotInbox]):
         # The whole prompt held: its last cell stays, and the first token is sampled from the
         # logits the engine kept with it (a repeat answers as the first time: StepEntry.memo).
         # Otherwise the last token is decoded again, for its logits.
-        keep_last = self.props.prompt_logits and raw >= len(prompt) and req.n_predict > 0
+        keep_last = (self.props.prompt_logits and raw >= len(prompt) and req.n_predict > 0
+                     and await self.engine.run(J.MemoHeld(seq=self.seq, pos=len(prompt) - 1, token=prompt[-1])))
         usable, from_ckpt = await m.cut_to(min(raw, len(prompt) if keep_last else len(prompt) - 1))
         m.draft_n = min(m.draft_n, usable)  # every cut of the sequence cuts the draft's too
         memo = 0 if not self.props.prompt_logits else J.MEMO_REUSE if usable == len(prompt) else J.MEMO_KEEP

@@ -125,6 +125,9 @@ class FakeEngine:
                 else:
                     self.held[seq] = rest
                 return J.StateData(data=bytearray(), n_bytes=n, t_ms=0.0)
+            case J.MemoHeld(seq=seq):  # no logits kept: a reuse decodes its token (held = its end)
+                self._check_seq(seq)
+                return self.props.prompt_logits
             case J.MemoryRange(seq=seq):
                 self._check_seq(seq)
                 return J.SeqRange(pos_min=0, pos_max=self.held.get(seq, 0) - 1)

@@ -391,3 +391,24 @@ def test_a_page_move_waiting_behind_a_slots_request_holds_its_room_while_the_req
     assert core.free_cells == 0  # a second mover gets only what is left beside it
     core.release(t)
     assert core.held(0) == running
+
+
+def test_a_repeat_holds_its_kept_last_prompt_cell_until_its_step_runs_and_reports_it_if_aborted():
+    # MEMO_REUSE (StepEntry.memo): the slot kept the prompt's last cell, the KV holds all 4
+    core = SchedulerCore(n_batch=8, n_ctx=64, depth=1)
+    core.add(req(1, 0, prompt=4, pos0=3, memo=J.MEMO_REUSE))
+    assert core.held(0) == 4 and core.free_cells == 60
+    ended = finished(core.abort(1))
+    assert [e.kv_tokens for e in ended] == [[100, 101, 102, 103]]  # the kept cell is reported, not lost
+    assert core.held(0) == 4
+
+
+def test_a_repeats_entry_is_its_kept_cell_marked_for_reuse_and_then_it_runs_as_any():
+    core = SchedulerCore(n_batch=8, n_ctx=64, depth=1)
+    core.add(req(1, 0, prompt=4, pos0=3, n_predict=2, memo=J.MEMO_REUSE))
+    plan = core.schedule()
+    e = plan.step.entries[0]
+    assert (e.tokens, e.pos0, e.sample, e.memo) == ([103], 3, True, J.MEMO_REUSE)
+    assert core.held(0) == 4
+    ended = finished(core.update(plan, out_for(plan)) + run_to_end(core))
+    assert ended[0].kv_tokens[:4] == [100, 101, 102, 103] and len(ended[0].kv_tokens) == 5

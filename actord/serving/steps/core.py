@@ -23,7 +23,8 @@ flight any more (one step later). At most `depth` steps are in flight.
 
 Accounting is vLLM's: `n_done` tokens are in the KV (confirmed by step outputs), `n_sched`
 more are in steps in flight; a failed or skipped step gives its tokens back (`unschedule`).
-KV cells: an enrolled slot holds `n_done + n_sched` cells; idle slots hold what they last
+KV cells: an enrolled slot holds `n_done + n_sched` cells (`n_held`: and a repeat's kept
+last prompt cell, StepEntry.memo, until its step runs); idle slots hold what they last
 told (`set_cells`), or more while a page-in or restore has cells reserved for them
 (`reserve` / `release`: the most of what they told and their reservations). A reservation
 is its own record, released by whoever made it once the move is over, however it ended: a
@@ -224,7 +225,7 @@ class SchedulerCore:
         if rid is None:
             return self._idle_held(slot)
         r = self.reqs[rid]
-        return max(r.n_done + r.n_sched, self._reserved_for(slot))
+        return max(r.n_held, self._reserved_for(slot))
 
     def _reserved_for(self, slot: int) -> int:
         held = self.reserved.get(slot)
@@ -238,7 +239,7 @@ class SchedulerCore:
             rid = self.by_slot.get(slot)
             if rid is not None:
                 r = self.reqs[rid]
-                out += max(0, self._reserved_for(slot) - (r.n_done + r.n_sched))
+                out += max(0, self._reserved_for(slot) - r.n_held)
         return out
 
     @property
@@ -247,7 +248,7 @@ class SchedulerCore:
             return 1 << 30
         idle = set(self.cells) | set(self.reserved)
         return (self.n_ctx - sum(self._idle_held(s) for s in idle if s not in self.by_slot)
-                - sum(r.n_done + r.n_sched for r in self.reqs.values())
+                - sum(r.n_held for r in self.reqs.values())
                 - (self._waiting_moves() if self.reserved else 0) + self.shared_cells())
 
     def runnable(self) -> list[Request]:
@@ -535,8 +536,9 @@ class SchedulerCore:
             del self.by_slot[r.slot]
             self._n_spec -= r.spec > 0
             self._n_progress -= r.progress
-            self.cells[r.slot] = r.n_done
-            events.append(Finished(req=r, kv_tokens=r.tokens[:r.n_done], draft_n=min(r.draft_done, r.n_done)))
+            n = r.n_kv
+            self.cells[r.slot] = n
+            events.append(Finished(req=r, kv_tokens=r.tokens[:n], draft_n=min(r.draft_done, r.n_done)))
 
     def unschedule(self, plan: Plan) -> list[Event]:
         """Step `plan` did not run (skipped, or no KV cells): its tokens go back."""

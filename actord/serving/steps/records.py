@@ -71,6 +71,17 @@ class Request:
     def ended(self) -> bool:
         return self.reason is not None
 
+    @property
+    def n_kv(self) -> int:
+        """Cells the sequence holds: tokens[:n_done], and a MEMO_REUSE request's kept last
+        prompt cell until the step that samples from it has run."""
+        return self.n_done + (self.memo == J.MEMO_REUSE and self.n_done == self.n_prompt - 1)
+
+    @property
+    def n_held(self) -> int:
+        """Cells charged to the request: those it holds and those its steps in flight write."""
+        return max(self.n_done + self.n_sched, self.n_kv)
+
     def unsent_logprobs(self) -> list[TokenLogprob] | None:
         if self.logprobs is None:
             return None
