@@ -24,7 +24,8 @@ address's own share binds it: generations back to back and streams that read not
 back, with no key: alone, its share of generations would hold every slot; the rest wait in
 the front's line. It runs beside the socket's victim, and again as `per_address_http` on a
 keyless daemon of its own, whose victim completes the same requests over HTTP from its
-own address (127.0.0.2).
+own address (127.0.0.2). `per_socket` is the same load tool on the socket (16 connections
+of one process) beside that HTTP victim.
 
 `per_key` runs on a daemon of its own, started with two keys (VICTIM_KEY, ATTACKER_KEY)
 and `--http-max-generations-per-key 1` (below the slot count, as one address's share must
@@ -354,15 +355,43 @@ def per_address(url: str, **_: Any) -> Callable[..., None]:
                                       16, client)
 
 
+def per_socket(sock: Path, **_: Any) -> Callable[..., None]:
+    """One process's load tool on the socket: 16 connections at once, each generating 1,000
+    tokens back to back. The socket's process is one client of the shares the HTTP front's
+    addresses have (frontends/shares.py): without them its 16 generations all queued for
+    the 2 slots, ahead of every other client's."""
+    gen = {"prompt": "x", "n_predict": 1000, "ignore_eos": True}
+
+    def run(stop: threading.Event, counts: collections.Counter) -> None:
+        def one(i: int) -> None:
+            with Client(str(sock), timeout=300) as c:
+                while not stop.is_set():
+                    try:
+                        c.call("completion", gen)
+                        counts["ok"] += 1
+                    except Exception as e:
+                        counts[getattr(e, "type", type(e).__name__)] += 1
+                        stop.wait(0.1)
+
+        ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(16)]
+        for t in ts:
+            t.start()
+        stop.wait()
+        for t in ts:
+            t.join(130)
+
+    return run
+
+
 ATTACKS = {"grammar": grammar, "no_readers": no_readers, "tokenize_list": tokenize_list, "logit_bias": logit_bias,
            "enum_schema": enum_schema, "tools_body": tools_body, "anonymous": anonymous, "deep_json": deep_json,
            "rebinding": rebinding, "fifo": fifo, "per_key": per_key, "per_address": per_address,
-           "per_address_http": per_address}
+           "per_address_http": per_address, "per_socket": per_socket}
 # Where each attack runs (the module's docstring says why): the daemon with two keys and a
 # victim on HTTP under its own key, a daemon without a key and a victim on HTTP from its
 # own address, else a daemon without a key and a victim on its socket.
 ON_KEYED = {"per_key"}
-ON_HTTP = {"per_address_http"}
+ON_HTTP = {"per_address_http", "per_socket"}
 SETTINGS = ("socket", "http", "keyed")
 
 

@@ -41,6 +41,7 @@ from actord.vocabulary.log import get
 from actord.frontends import systemd
 from actord.frontends.rpc.peers import raise_fd_limit
 from actord.frontends.rpc.server import MAX_LINGERING as RPC_LINGERING, RpcServer
+from actord.frontends.shares import Shares
 from actord.service.protocol import Service
 from actord.service.system import ActorSystem
 
@@ -61,7 +62,8 @@ def fds_needed(config: Config, http: bool = False) -> int:
 
 async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     inherited = systemd.listen_fds()
-    server = RpcServer(None, config.socket, config)
+    shares = Shares.from_config(config)  # one count of generations for both fronts (frontends/shares.py)
+    server = RpcServer(None, config.socket, config, shares)
     if inherited.rpc is not None:
         server.inherit(inherited.rpc)
     else:
@@ -76,7 +78,7 @@ async def serve(config: Config, *, task_status: Any = anyio.TASK_STATUS_IGNORED)
         if config.http or inherited.http is not None:
             from actord.frontends.http.app import HttpFront
 
-            front = HttpFront(None, config)
+            front = HttpFront(None, config, shares)
             front.bind(inherited.http)
         # The front's address is known once bound: the system reports it in its props.
         async with ActorSystem(config, http_address=front.address if front is not None else None) as system:
@@ -99,6 +101,7 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
         host, _, port = config.metrics_http.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=system.metrics.registry)
     server.system = system
+    server.shares.watch(system.metrics)
     system.memory_sources.add("connection_buffers", server.held_bytes)
     if not (config.chat_template or config.chat_template_file or config.trace):
         # A model without a template of its own chats in a built-in one: warned now, at start,
@@ -110,7 +113,6 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
     async with anyio.create_task_group() as tg:
         if front is not None:
             front.attach(system)
-            front.shares.outside = server.clients_generating  # the socket's clients share the slots too
             await tg.start(front.serve)
         await tg.start(server.serve)
         if config.memory_report_s > 0 and config.trace:

@@ -171,8 +171,8 @@ class Metrics:
             "http_anonymous_minds_evicted", "Anonymous minds forgotten (RAM page and page file dropped) past the bound",
             registry=r,
         )
-        self.http_generations_waiting = Gauge(
-            "http_generations_waiting", "HTTP generations waiting in the front's line for their client's share",
+        self.generations_waiting = Gauge(
+            "generations_waiting", "Generations (HTTP and socket) waiting in line for their client's share",
             registry=r,
         )
         self.http_client_gone_total = Counter(

@@ -186,7 +186,7 @@ def test_a_stream_whose_client_takes_nothing_ends_its_generation_and_frees_its_s
 
 
 def test_shares_bound_queued_chunks_per_key_and_release_them():
-    from actord.frontends.http.shares import Shares
+    from actord.frontends.shares import Shares
 
     sh = Shares(generations_per_peer=8, generations_per_key=1, queued_per_peer=100, queued_per_key=3)
     assert all(sh.queue("10.0.0.1", "key0") for _ in range(3))

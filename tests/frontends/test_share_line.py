@@ -11,7 +11,7 @@ import json
 import anyio
 import pytest
 
-from actord.frontends.http.shares import Shares, Ticket
+from actord.frontends.shares import Shares, Ticket, socket_peer
 from tests.waits import eventually
 
 A, B = "10.0.0.1", "10.0.0.2"
@@ -284,47 +284,54 @@ def test_with_no_line_past_its_fair_part_an_address_is_refused():
     anyio.run(run)
 
 
-def test_the_sockets_clients_at_work_count_among_the_active_ones():
+def test_a_socket_connection_is_a_client_beside_the_addresses():
     async def run() -> None:
-        socket_clients = {"n": 1}
         sh = _fair(Clock())
-        sh.outside = lambda linger_s: socket_clients["n"]  # the daemon's RpcServer.clients_generating
+        conn = socket_peer(4321, 1)
+        sock_ticket = await sh.enter(conn, None)
+        assert isinstance(sock_ticket, Ticket)
         assert isinstance(await sh.enter(A, None), Ticket)
-        assert sh.peer_share(A) == 1  # A and one socket client: a slot each
-        refused_or_waits = sh.refusal(A, None)
-        assert refused_or_waits is None and sh.waiting_per_peer > 0  # it would wait, within its line
-        socket_clients["n"] = 0
-        assert sh.peer_share(A) == 4
+        assert sh.peer_share(A) == 1 and sh.peer_share(conn) == 1  # A and the connection: a slot each
+        sock_ticket.release()
+        assert sh.peer_share(A) == 1  # the connection is active for linger_s after its end
 
     anyio.run(run)
 
 
-def test_the_socket_counts_a_connection_generating_and_one_done_within_the_linger(tmp_path, monkeypatch):
-    from actord.frontends.rpc import server as rpc
-    from actord.vocabulary.config import Config
+async def _socket_completions(tmp_path, n: int, **over) -> list[dict]:
+    """`n` completions sent at once on one socket connection (a share of one generation)."""
+    from actord.testing.models import write_tiny_llama
+    from tests.frontends.test_jsonrpc_strict import Line, serving
 
-    now = {"t": 1000.0}
-    monkeypatch.setattr(rpc.time, "monotonic", lambda: now["t"])
-    srv = rpc.RpcServer(None, str(tmp_path / "s.sock"), Config(model="/models/tiny.gguf"))
-    c1, c2 = object(), object()
-    srv.generation_started(c1)
-    srv.generation_started(c1)
-    srv.generation_started(c2)
-    assert srv.clients_generating(1.0) == 2
-    srv.generation_ended(c1)
-    assert srv.clients_generating(1.0) == 2  # c1 has one left
-    srv.generation_ended(c1)
-    srv.generation_ended(c2)
-    now["t"] += 0.5
-    assert srv.clients_generating(1.0) == 2  # both done within the linger
-    now["t"] += 1.0
-    assert srv.clients_generating(1.0) == 0 and not srv.generated and not srv.generating
-    srv.generation_started(c1)
-    srv.generation_ended(c1)
-    now["t"] += rpc.GENERATED_KEPT_S + 1
-    srv.generation_started(c2)
-    srv.generation_ended(c2)  # c1's end is forgotten even if nobody asks
-    assert list(srv.generated) == [c2]
+    model = str(write_tiny_llama(tmp_path / "tiny.gguf", seed=1))
+    async with serving(model, tmp_path, http_max_generations_per_peer=1, **over) as (_, path):
+        async with await anyio.connect_unix(path) as stream:
+            line = Line(stream)
+            for i in range(n):
+                await line.send(json.dumps({"jsonrpc": "2.0", "id": i + 1, "method": "completion",
+                                            "params": {"prompt": f"a {i}", "n_predict": 4}}).encode() + b"\n")
+            return sorted([await line.recv(60) for _ in range(n)], key=lambda r: r["id"])
+
+
+@pytest.mark.anyio
+async def test_a_socket_connection_past_its_share_waits_its_turn_and_gets_every_answer(tmp_path):
+    got = await _socket_completions(tmp_path, 4, http_max_waiting_per_peer=8)
+    assert [len(r["result"]["tokens"]) if "result" in r else r["error"] for r in got] == [4, 4, 4, 4]
+
+
+@pytest.mark.anyio
+async def test_a_socket_clients_line_is_held_by_the_sockets_own_bounds_not_the_http_ones(tmp_path):
+    # One process with 300 connections generating at once (tests/frontends/test_hostile_clients.py)
+    # is within the socket's bounds: its generations wait their turn, none is refused by the
+    # HTTP front's line bound.
+    got = await _socket_completions(tmp_path, 3, http_max_waiting_per_peer=0)
+    assert [len(r["result"]["tokens"]) if "result" in r else r["error"] for r in got] == [4, 4, 4]
+
+
+def test_a_clients_line_bound_is_the_callers_when_it_names_one():
+    sh = _fair(Clock(), per_peer=1, waiting=0)
+    sh.generations[A] = 1
+    assert sh.refusal(A, None) is not None and sh.refusal(A, None, line=8) is None
 
 
 # -- through a daemon: one slot, one address sending more at once than its share ------------
@@ -394,9 +401,9 @@ def test_a_waiting_generation_whose_client_hangs_up_leaves_the_line_at_once(tmp_
         s = socket.create_connection(_addr(url), timeout=60)
         s.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        wait_until(lambda: _metric(url, "http_generations_waiting") == 1, "the second waits its turn")
+        wait_until(lambda: _metric(url, "generations_waiting") == 1, "the second waits its turn")
         s.close()  # hangs up while it waits
-        wait_until(lambda: _metric(url, "http_generations_waiting") == 0, "it left the line")
+        wait_until(lambda: _metric(url, "generations_waiting") == 0, "it left the line")
         assert _metric(url, 'http_client_gone_total{phase="waiting"}') == 1
     finally:
         done.set()

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from actord.frontends.http.app import HttpFront
-from actord.frontends.http.shares import key_generations
+from actord.frontends.shares import key_generations
 from actord.vocabulary.config import Config
 from actord.vocabulary.metrics import Metrics
 from tests.frontends.test_http_bounds import _addr
@@ -152,7 +152,7 @@ def test_a_generation_past_its_share_waits_its_turn_with_its_body_unread_and_is_
 
             tg.start_soon(waiting)
             await eventually(lambda: front.shares.waiting[PEER] == 1, "the second generation waits")
-            assert rec.metrics.registry.get_sample_value("http_generations_waiting") == 1
+            assert rec.metrics.registry.get_sample_value("generations_waiting") == 1
             # The line holds one of the address's: the next is refused, its body unread.
             status, _, body = await _post(front, path, None)
             assert status == 429 and ROUTES[path][1](body), body
@@ -165,7 +165,7 @@ def test_a_generation_past_its_share_waits_its_turn_with_its_body_unread_and_is_
     assert events == ["share freed", "read"]  # its body was read only once it was let in
     assert status == 400 and "recorded" in json.dumps(body) and len(rec.asked) == 1
     assert not front.shares.generations and not front.shares.waiting and not front.shares.line
-    assert rec.metrics.registry.get_sample_value("http_generations_waiting") == 0
+    assert rec.metrics.registry.get_sample_value("generations_waiting") == 0
 
 
 def test_a_generation_waiting_its_turn_leaves_the_line_when_its_client_hangs_up():
@@ -195,7 +195,7 @@ def test_a_generation_waiting_its_turn_leaves_the_line_when_its_client_hangs_up(
 
 
 def test_a_shares_429_is_sent_only_after_its_pause(monkeypatch):
-    from actord.frontends.http import shares
+    from actord.frontends import shares
 
     done: list[str] = []
 

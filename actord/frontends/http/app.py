@@ -62,7 +62,7 @@ from actord.vocabulary.config import Config, http_addresses, is_loopback, split_
 from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
 from actord.frontends.http import costs
-from actord.frontends.http.shares import Shares, Ticket, key_generations, paced, peer_of
+from actord.frontends.shares import Shares, Ticket, paced, peer_of
 from actord.frontends.http.streaming import Generation
 from actord.frontends.http.bounds import GONE, KEY, ControlRoom, Gate, bounded_protocol
 from actord.frontends.http.cors import Cors, HostGate, OriginGate
@@ -119,7 +119,9 @@ def _version() -> str:
 
 
 class HttpFront:
-    def __init__(self, system: Service | None, config: Config) -> None:
+    def __init__(self, system: Service | None, config: Config, shares: Shares | None = None) -> None:
+        """`shares`: the daemon's one count of generations, which its socket is given too
+        (frontends/shares.py); None: this front's own."""
         self.config = config
         # llama-server's naming: the model is listed once, its id the first alias in sorted
         # order (its aliases are a std::set), else the file's stem; any of them is served.
@@ -144,13 +146,8 @@ class HttpFront:
         self._socks: list[socket.socket] = []
         self._lane: anyio.CapacityLimiter | None = None  # parse lanes (costs.py)
         self.bodies = costs.BodyBytes(config.http_max_body_bytes_in_flight or 4 * config.http_max_body_bytes)
-        per_peer = config.http_max_generations_per_peer or 2 * config.slots
-        self.shares = Shares(  # generations in flight and chunks queued, per address and per key (shares.py)
-            generations_per_peer=per_peer,
-            generations_per_key=key_generations(config.http_max_generations_per_key, config.slots),
-            queued_per_peer=config.http_max_queued_chunks_per_peer,
-            queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer,
-            waiting_per_peer=config.http_max_waiting_per_peer, slots=config.slots)
+        # Generations in flight and chunks queued, per client (frontends/shares.py).
+        self.shares = shares if shares is not None else Shares.from_config(config)
         self.stream_ahead = config.http_stream_ahead_chunks
         policy = None if self._key else PeerPolicy(allow_uid=frozenset(config.allow_uid),
                                                     allow_gid=frozenset(config.allow_gid))
@@ -193,8 +190,8 @@ class HttpFront:
         """The system this front serves (the daemon binds the front before the model loads)."""
         self.system = system
         metrics = getattr(system, "metrics", None)
-        if metrics is not None:  # read as it is scraped: the line is the shares' own (shares.py)
-            metrics.http_generations_waiting.set_function(lambda: len(self.shares.line))
+        if metrics is not None:
+            self.shares.watch(metrics)
         # The Responses API's store (openai/responses_api.py), built with the routes; a
         # system with no memory report (the cluster's router) has no sources to add it to.
         sources = getattr(system, "memory_sources", None)
@@ -250,7 +247,7 @@ class HttpFront:
         `errors` (OpenAI's object by default), a client gone mid-body answered with nothing.
         A route that `generates` is counted against its client's share from the request
         head, its body unread: it waits its turn past the share, and is answered 429 when
-        even the line is full (shares.py); the count goes with its Generation."""
+        even the line is full (frontends/shares.py); the count goes with its Generation."""
         async def guarded(request: Request) -> Response:
             ticket: Ticket | None = None
             try:
@@ -280,7 +277,7 @@ class HttpFront:
     async def share_enter(self, scope: Any) -> Ticket | HttpError:
         """A generation counted against its address's (and key's) share, after its turn in
         the line if the share is full; else the 429 for it, counted under its reason and
-        sent after the pause (shares.py `paced`)."""
+        sent after the pause (frontends/shares.py `paced`)."""
         peer, key = peer_of(scope), scope.get(KEY)
         entered: Ticket | tuple[str, str] | None = self.shares.admit(peer, key)
         if entered is not None:
@@ -304,7 +301,7 @@ class HttpFront:
         if isinstance(entered, Ticket):
             return entered
         self.refused(entered[1])
-        await paced()  # a flood's answers at the daemon's pace (shares.py)
+        await paced()  # a flood's answers at the daemon's pace (frontends/shares.py)
         return HttpError(429, entered[0], "rate_limit_exceeded")
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
@@ -357,7 +354,7 @@ class HttpFront:
 
     def key_name(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The name (`key2`: its place in the configuration, never the key) of the key a
-        request head presents, for the per-key bounds (bounds.py, shares.py)."""
+        request head presents, for the per-key bounds (bounds.py, frontends/shares.py)."""
         auth = x_api_key = None
         for k, v in headers:
             if k == b"authorization":

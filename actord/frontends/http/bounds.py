@@ -122,7 +122,7 @@ CONTROL_HEAD_S = 1.0  # a control-room connection's head deadline (at most the f
 CONTROL_ONLY = "actord.control_only"  # the scope key of a request on a control-room connection
 KEY = "actord.key"  # the scope key holding the name of the API key a request presented (several keys)
 # The scope key of an asyncio.Event set when the request's connection is lost: a generation
-# waiting in the front's line (shares.py) leaves it then, not once it is let in.
+# waiting in the front's line (frontends/shares.py) leaves it then, not once it is let in.
 GONE = "actord.gone"
 KEY_FULL = "actord.key_full"  # the scope key of a request whose key holds its share of connections
 

@@ -24,7 +24,7 @@ the answer is the same, and subtle enough to be written once:
   drain the queue is cut off, as on the socket. So is a stream whose client takes
   nothing (the response waits in `send`: its transport holds what was sent) while
   `http_stream_ahead_chunks` more chunks come, and one whose address or key holds its
-  share of queued chunks (shares.py): its generation is cancelled, which frees its slot,
+  share of queued chunks (frontends/shares.py): its generation is cancelled, which frees its slot,
   and the stream ends with a `client_too_slow` error event after what was queued. Before,
   a never-reading stream generated on into its outbox (8,192 chunks) and held its slot
   and engine time for its whole n_predict. (The Responses API's answer still frames
@@ -37,7 +37,7 @@ the answer is the same, and subtle enough to be written once:
   (running or queued for a slot), and with several API keys one key at most
   `http_max_generations_per_key`; past that, a generation waits its turn in the front's
   line (at most `http_max_waiting_per_peer` of the address's or key's), and one more is
-  answered 429 in the API's shape (shares.py). The count is taken from the request head
+  answered 429 in the API's shape (frontends/shares.py). The count is taken from the request head
   by its route's guard (app.py `HttpFront.guard`), handed to the Generation as its
   `ticket` and released when the answer ends.
 
@@ -59,7 +59,7 @@ from starlette.responses import Response
 from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
 from actord.frontends.http.responses import HttpError, json_response
-from actord.frontends.http.shares import Ticket, peer_of
+from actord.frontends.shares import Ticket, peer_of
 from actord.vocabulary.log import get
 
 log = get("actord.frontends.http")

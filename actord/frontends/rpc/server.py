@@ -46,7 +46,6 @@ from __future__ import annotations
 import os
 import select
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -61,20 +60,23 @@ from actord.vocabulary.errors import (
 from actord.vocabulary.log import get
 from actord.service.protocol import Service
 from actord.frontends.rpc import protocol as P
+from actord.frontends.shares import Shares, Ticket, paced, socket_peer
 from actord.frontends.rpc.methods import METHODS
 from actord.frontends.rpc.outbox import Outbox
 from actord.frontends.rpc.peers import Peer, PeerPolicy, SocketClaim, claim_socket, peer_of, raise_fd_limit
 
 log = get("actord.frontends.rpc")
 
-GENERATED_KEPT_S = 10.0  # a connection's last generation's end is kept this long (`clients_generating`)
 HUP_POLL_S = 0.1  # how often a half-closed connection with work in flight is checked for a hang-up
 
 
 class RpcServer:
-    def __init__(self, system: Service | None, socket_path: str, config: Config | None = None) -> None:
+    def __init__(self, system: Service | None, socket_path: str, config: Config | None = None,
+                 shares: Shares | None = None) -> None:
         """`system` None: the daemon binds the socket's path before the model loads, and
-        sets `system` once it runs (then `config` must be given)."""
+        sets `system` once it runs (then `config` must be given). `shares`: the daemon's one
+        count of generations, which its HTTP front is given too (frontends/shares.py);
+        None: this socket's own."""
         self.system = system
         if config is None:
             assert system is not None, "a server without a system is given its config"
@@ -91,38 +93,15 @@ class RpcServer:
         self.requests = 0  # decoded requests, ever
         self.control = anyio.Semaphore(c.max_control_total)  # FIFO: connections take turns
         self.on_request: Any = None  # trace hook: called with (method, raw params)
-        # Connections generating (completion, chat), and those whose last generation ended
-        # lately, by when: the HTTP front counts them among the clients at work when it
-        # sizes an address's fair part of the slots (http/shares.py `outside`).
-        self.generating: dict[_Connection, int] = {}
-        self.generated: dict[_Connection, float] = {}
+        # Each client process has its share of the generations, beside the HTTP front's
+        # clients (frontends/shares.py): past it a generation waits its turn.
+        self.shares = shares if shares is not None else Shares.from_config(c)
+        self.line = c.max_connections * c.max_requests_in_flight  # a client's waiting: held by the bounds
 
     @property
     def metrics(self) -> Any:
         return self.system.metrics if self.system is not None else None
 
-    def clients_generating(self, linger_s: float) -> int:
-        """Connections with a generation in flight, or one ended within `linger_s`."""
-        self._forget(time.monotonic() - linger_s)
-        return len(self.generating) + len(self.generated)
-
-    def generation_started(self, conn: _Connection) -> None:
-        self.generating[conn] = self.generating.get(conn, 0) + 1
-        self.generated.pop(conn, None)
-
-    def generation_ended(self, conn: _Connection) -> None:
-        left = self.generating.pop(conn, 1) - 1
-        if left:
-            self.generating[conn] = left
-        else:
-            now = time.monotonic()
-            self._forget(now - GENERATED_KEPT_S)  # bounded whether or not the front asks
-            self.generated[conn] = now
-
-    def _forget(self, before: float) -> None:
-        if self.generated and next(iter(self.generated.values())) < before:  # oldest first (insertion order)
-            for c in [c for c, t in self.generated.items() if t < before]:
-                del self.generated[c]
 
     def held_bytes(self) -> int:
         """Bytes the open connections hold: lines being read and served, answers not yet written."""
@@ -221,7 +200,7 @@ class RpcServer:
                 return
             # Cells are reused only within a tenant: a peer of another uid is its own.
             tenancy.enter("" if self.config.share_across_tenants else tenancy.of_uid(peer and peer.uid, os.geteuid()))
-            conn = _Connection(self, sock, peer)
+            conn = _Connection(self, sock, peer, socket_peer(peer and peer.pid, self.connections))
             self.open.add(conn)
             if self.metrics is not None:
                 self.metrics.rpc_connections.set(len(self.open))
@@ -280,8 +259,9 @@ def _peer_gone(sock: socket.socket) -> bool:
 class _Connection:
     """One client connection: its reader, its writer, its requests and their bounds."""
 
-    def __init__(self, server: RpcServer, sock: socket.socket, peer: Peer | None) -> None:
+    def __init__(self, server: RpcServer, sock: socket.socket, peer: Peer | None, name: str) -> None:
         self.server = server
+        self.name = name  # the client its generations count under (frontends/shares.py)
         self.c = server.config
         self.sock = sock
         self.peer = peer
@@ -481,11 +461,17 @@ class _Connection:
         if not method.control:
             if not method.streams:
                 return await method.call(server.system, params, None)
-            server.generation_started(self)
+            # Its wait is bounded before this line: each connection's requests in flight
+            # (max_requests_in_flight) and the connections (max_connections).
+            ticket = await server.shares.enter(self.name, None, server.line)
+            if not isinstance(ticket, Ticket):  # past its share, and its line is full
+                server.count("rpc_refused_total", "generations")
+                await paced()  # a flood's answers at the daemon's pace
+                raise TooManyRequests(ticket[0], reason=ticket[1])
             try:
                 return await method.call(server.system, params, stream)
             finally:
-                server.generation_ended(self)
+                ticket.release()
         async with self.control, server.control:  # this connection's turn, then the daemon's
             return await method.call(server.system, params, None)
 

@@ -1,5 +1,6 @@
-"""What each client holds of the HTTP front's generations: counted by client address and,
-with several API keys, by key too (issue 33: no client's flood denies another).
+"""What each client holds of the daemon's generations, one count for both fronts: an HTTP
+client by its address and, with several API keys, by key too; a socket client by its
+process (`socket_peer`) (issue 33: no client's flood denies another).
 
 Why per key as well as per address: clients behind one proxy (or a NAT) share an address,
 and one key's holder may come from many addresses; a flood under one key must leave the
@@ -12,8 +13,7 @@ Three things are counted (the connections themselves are counted in bounds.py `G
   its share of them. An address's share is its configured one (twice the slots by
   default) while it is the only active client, else its fair part of the slots (the
   slots over the active clients, rounded up; `peer_share`). The active clients are the
-  addresses and the socket's connections at work (`outside`: their requests do not pass
-  this line). Why: one address's load tool at its whole share holds every slot, so
+  addresses and the socket's connections at work, all counted here. Why: one address's load tool at its whole share holds every slot, so
   another client's one request waited behind its generations, again and again
   (bench/abuse.py `per_address`: a victim's p90 from 17 ms to 5.4 s); with fair parts
   the tool gives slots up as its generations end, and takes them all again once the
@@ -34,7 +34,13 @@ Three things are counted (the connections themselves are counted in bounds.py `G
 
 A generation is counted from its request head (`HttpFront.guard`, `generates=True`: the
 address, the key and the route are all known then, so a refused or waiting request costs
-no body read nor parse) until its answer ends (`streaming.Generation`, handed the `Ticket`).
+no body read nor parse) until its answer ends (`streaming.Generation`, handed the `Ticket`);
+on the socket from its decoded request until its answer is sent (rpc/server.py), where a
+client's line is bounded by the socket's own bounds (requests in flight per connection,
+connections), not by waiting_per_peer. On the
+socket a client is a process, as on HTTP it is an address: a load tool's 16 connections are
+one client (else it would take 16 parts of the slots to another process's one), and two
+agents are two.
 A 429 is sent REFUSED_PAUSE_S after it is decided (`paced`): a client that asks again the
 moment its 429 arrives, whatever Retry-After said, gets its answers at that pace, not at
 its own. Why: each refusal costs the loop little (about 165 us), but a flood of them did
@@ -74,8 +80,14 @@ def key_generations(configured: int, slots: int) -> int:
 
 
 def peer_of(scope: Any) -> str:
-    """The client address a request's generations count against."""
+    """The client address an HTTP request's generations count against."""
     return str((scope.get("client") or ("?",))[0])
+
+
+def socket_peer(pid: int | None, connection: int) -> str:
+    """The name a socket client's generations count under (never an address's): its process,
+    from the connection's credentials, else (none known) the connection itself."""
+    return f"socket:pid:{pid}" if pid is not None else f"socket:#{connection}"
 
 
 @dataclass(eq=False)
@@ -120,16 +132,26 @@ class Shares:
     slots: int = 0
     linger_s: float = ACTIVE_LINGER_S
     clock: Callable[[], float] = time.monotonic
-    # Addresses with nothing in flight nor waiting, by when their last generation ended:
+    # Clients with nothing in flight nor waiting, by when their last generation ended:
     # active still, for linger_s (a client between two requests is not gone).
     ended: dict[str, float] = field(default_factory=dict)
-    # Clients at work outside this front (the socket's connections generating, or done
-    # within the linger it is given): counted among the active ones, so an address's fair
-    # part leaves them their slots too. None: none.
-    outside: Callable[[float], int] | None = None
     # Waiting, by (address, key): a client's generations go in their order, and only
     # behind its own (two keys behind one address do not wait for each other's shares).
     clients_waiting: collections.Counter[tuple[str, str | None]] = field(default_factory=collections.Counter)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Shares:
+        """The daemon's one count, from its Config (both fronts are given it)."""
+        return cls(generations_per_peer=config.http_max_generations_per_peer or 2 * config.slots,
+                   generations_per_key=key_generations(config.http_max_generations_per_key, config.slots),
+                   queued_per_peer=config.http_max_queued_chunks_per_peer,
+                   queued_per_key=config.http_max_queued_chunks_per_key or config.http_max_queued_chunks_per_peer,
+                   waiting_per_peer=config.http_max_waiting_per_peer, slots=config.slots)
+
+    def watch(self, metrics: Any) -> None:
+        """The line's length is `generations_waiting`, read as it is scraped (both fronts
+        call this as they attach: the line is this count's own)."""
+        metrics.generations_waiting.set_function(lambda: len(self.line))
 
     def peer_share(self, peer: str, active: int | None = None) -> int:
         """The generations `peer` may have in flight now: its configured share while it is
@@ -145,8 +167,8 @@ class Shares:
         return self.generations_per_peer if n <= 1 else min(self.generations_per_peer, -(-self.slots // n))
 
     def _active(self, peer: str | None = None) -> int:
-        """Clients at work: addresses with generations in flight or waiting, or one ended
-        within linger_s (and `peer`, about to ask), and the socket's (`outside`)."""
+        """Clients at work: those with generations in flight or waiting, or one ended within
+        linger_s (and `peer`, about to ask)."""
         if self.ended:
             old = self.clock() - self.linger_s
             for a in [a for a, t in self.ended.items() if t < old]:
@@ -154,14 +176,15 @@ class Shares:
         names = set(self.generations) | set(self.waiting) | set(self.ended)
         if peer is not None:
             names.add(peer)
-        return len(names) + (self.outside(self.linger_s) if self.outside is not None else 0)
+        return len(names)
 
-    def refusal(self, peer: str, key: str | None) -> tuple[str, str] | None:
+    def refusal(self, peer: str, key: str | None, line: int | None = None) -> tuple[str, str] | None:
         """Why one more generation from `peer` under `key` may neither start nor wait (the
-        message, the refusal's metric reason), or None."""
+        message, the refusal's metric reason), or None. `line`: how many of the client's may
+        wait (None: waiting_per_peer)."""
         share = self.peer_share(peer)
-        if self.generations[peer] >= share and self.waiting[peer] >= self.waiting_per_peer:
-            return (f"this client address has {self.generations[peer]} generations in flight (its share: {share}) "
+        if self.generations[peer] >= share and self.waiting[peer] >= (self.waiting_per_peer if line is None else line):
+            return (f"this client ({peer}) has {self.generations[peer]} generations in flight (its share: {share}) "
                     f"and {self.waiting[peer]} waiting, the most it may (http_max_generations_per_peer, "
                     "http_max_waiting_per_peer)", "peer_generations")
         if key is not None and self.key_generations[key] >= self.generations_per_key \
@@ -181,16 +204,16 @@ class Shares:
         self.start(peer, key)
         return Ticket(self, peer, key)
 
-    async def enter(self, peer: str, key: str | None) -> Ticket | tuple[str, str]:
+    async def enter(self, peer: str, key: str | None, line: int | None = None) -> Ticket | tuple[str, str]:
         """A generation from `peer` under `key` counted, at once within its shares, else once
         its turn in the line comes; the refusal (as `refusal`) when it may not even wait."""
-        return self.admit(peer, key) or await self.wait_turn(peer, key)
+        return self.admit(peer, key) or await self.wait_turn(peer, key, line)
 
-    async def wait_turn(self, peer: str, key: str | None) -> Ticket | tuple[str, str]:
+    async def wait_turn(self, peer: str, key: str | None, line: int | None = None) -> Ticket | tuple[str, str]:
         """For a generation `admit` did not count: counted once its turn in the line comes;
         the refusal when it may not even wait. Cancelled while waiting, it leaves the line
         and holds nothing."""
-        refused = self.refusal(peer, key)
+        refused = self.refusal(peer, key, line)
         if refused is not None:
             return refused
         w = _Waiting(peer, key)
