@@ -170,11 +170,14 @@ class Scheduler(Actor[SchedulerInbox]):
                 # A slot with a request in flight is asked too: the move waits behind the
                 # request (the slot defers it), and its room is held meanwhile (core.held).
                 if self.n_ctx:
-                    short = n - (self.free_cells + self.held(slot))
+                    # The move replaces the slot's cells: it frees those only it holds (cells it
+                    # shares with another sequence stay that one's, and count again once the
+                    # share is broken: seed 97 x 60 steps charged 260 of 256 without this).
+                    short = n - self.core.room_for(slot)
                     if short > 0 and evict:
                         await self._make_room(short, exclude=slot)
                     # Held for the slot until whoever asked releases it (ReleaseRoom).
-                    granted = min(n, self.free_cells + self.held(slot))
+                    granted = min(n, self.core.room_for(slot))
                     room = Room(token=self.core.reserve(slot, granted), cells=granted)
                 if env.reply is not None:
                     env.reply.send(room)

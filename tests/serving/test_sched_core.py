@@ -412,3 +412,15 @@ def test_a_repeats_entry_is_its_kept_cell_marked_for_reuse_and_then_it_runs_as_a
     assert core.held(0) == 4
     ended = finished(core.update(plan, out_for(plan)) + run_to_end(core))
     assert ended[0].kv_tokens[:4] == [100, 101, 102, 103] and len(ended[0].kv_tokens) == 5
+
+
+def test_a_page_move_into_a_slot_may_fill_only_the_cells_that_slot_alone_holds():
+    # slot 1's first 40 cells are slot 2's (a share): replacing slot 1's sequence frees 5
+    core = SchedulerCore(n_batch=32, n_ctx=256)
+    core.set_cells(0, 51)
+    core.set_cells(1, 45)
+    core.set_cells(2, 130)
+    core.link(1, 2, 0, 0, 40)
+    assert core.free_cells == 256 - 51 - 45 - 130 + 40
+    assert core.room_for(1) == 256 - 51 - 130  # not free + 45: the 40 shared would be counted twice
+    assert core.room_for(0) == core.free_cells + 51

@@ -202,6 +202,11 @@ class SchedulerCore:
             return 0  # not yet heard of (an end's tell is on its way): charged twice meanwhile
         return min(n, self.held(src), self.held(dst))
 
+    def room_for(self, slot: int) -> int:
+        """Cells a page move into `slot` may fill: those free, and the slot's own (the move
+        replaces its cells; those it shares with another sequence stay that one's)."""
+        return self.free_cells + self.held(slot) - self.shared_of(slot)
+
     def shared_cells(self) -> int:
         return sum(self._shared(d, ln) for d, ln in self.links.items()) if self.links else 0
 
