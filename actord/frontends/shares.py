@@ -13,12 +13,13 @@ Three things are counted (the connections themselves are counted in bounds.py `G
   its share of them. An address's share is its configured one (twice the slots by
   default) while it is the only active client, else its fair part of the slots (the
   slots over the active clients, rounded up; `peer_share`). The active clients are the
-  addresses and the socket's connections at work, all counted here. Why: one address's load tool at its whole share holds every slot, so
-  another client's one request waited behind its generations, again and again
+  addresses and the socket's client processes at work, all counted here. Why: one
+  address's load tool at its whole share holds every slot, so another client's one
+  request waited behind its generations, again and again
   (bench/abuse.py `per_address`: a victim's p90 from 17 ms to 5.4 s); with fair parts
   the tool gives slots up as its generations end, and takes them all again once the
   others have been quiet for ACTIVE_LINGER_S;
-- generations waiting for their client's share, one line for the front: past the share, a
+- generations waiting for their client's share, one line for both fronts: past the share, a
   generation waits its turn (`enter`), its body unread, up to `waiting_per_peer` per
   address (and per key); one more is refused 429. Why wait rather than refuse: a load tool
   or an agent fleet sends from one address more requests at once than twice the slots
