@@ -5,31 +5,18 @@ greedy alone, one greedy behind a zero logit bias (a chain of two: the libllama 
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 
 from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.engine.engine import Engine
 from actord.service.system import ActorSystem
+from tests.engine.kept import engine_kept
 
 pytestmark = pytest.mark.anyio
 
 
-def _engine_kept() -> tuple[list[Engine], Callable[[Config], Engine]]:
-    """An engine factory that keeps what it made: the test reaches the engine's own state."""
-    engines: list[Engine] = []
-
-    def factory(c: Config) -> Engine:
-        engines.append(Engine(c))
-        return engines[-1]
-
-    return engines, factory
-
-
 async def test_greedy_rows_pick_what_the_chain_picks(tiny_model, tmp_path):
-    engines, factory = _engine_kept()
+    engines, factory = engine_kept()
     cfg = Config(model=tiny_model, slots=3, ctx=512, batch=64, page_dir=str(tmp_path), threads=1)
     async with ActorSystem(cfg, engine_factory=factory) as s:
         await s.engine.run(J.SetSampler(seq=0, params=J.SamplingParams()))
@@ -53,7 +40,7 @@ async def test_greedy_rows_pick_what_the_chain_picks(tiny_model, tmp_path):
 
 
 async def test_the_rows_are_found_after_a_mixed_batch(tiny_model, tmp_path):
-    engines, factory = _engine_kept()
+    engines, factory = engine_kept()
     cfg = Config(model=tiny_model, slots=2, ctx=512, batch=64, page_dir=str(tmp_path), threads=1)
     async with ActorSystem(cfg, engine_factory=factory) as s:
         await s.engine.run(J.SetSampler(seq=0, params=J.SamplingParams()))

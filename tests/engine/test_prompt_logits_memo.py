@@ -5,29 +5,17 @@ of the kept cell (never a second cell at that position)."""
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 
 from actord.vocabulary.config import Config
 from actord.engine import jobs as J
-from actord.engine.engine import Engine
 from actord.service.system import ActorSystem
+from tests.engine.kept import engine_kept
 
 pytestmark = pytest.mark.anyio
 
 PROMPT = [1, 17, 29, 33, 41, 58, 60]
 L = len(PROMPT)
-
-
-def _engine_kept() -> tuple[list[Engine], Callable[[Config], Engine]]:
-    engines: list[Engine] = []
-
-    def factory(c: Config) -> Engine:
-        engines.append(Engine(c))
-        return engines[-1]
-
-    return engines, factory
 
 
 def _cfg(model: str, tmp_path, **kw) -> Config:
@@ -114,7 +102,7 @@ async def test_with_the_memo_off_nothing_is_kept_and_a_reuse_decodes(tiny_model,
 
 
 async def test_a_slot_sends_a_whole_repeat_as_a_reuse_and_answers_as_the_first_time(tiny_model, tmp_path):
-    engines, factory = _engine_kept()
+    engines, factory = engine_kept()
     async with ActorSystem(_cfg(tiny_model, tmp_path, slots=2), engine_factory=factory) as s:
         prompt = "Once upon a time there was a little fox"
         a = await s.complete(prompt=prompt, n_predict=12, slot=0, logprobs=True)
