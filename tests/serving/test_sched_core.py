@@ -424,3 +424,16 @@ def test_a_page_move_into_a_slot_may_fill_only_the_cells_that_slot_alone_holds()
     assert core.free_cells == 256 - 51 - 45 - 130 + 40
     assert core.room_for(1) == 256 - 51 - 130  # not free + 45: the 40 shared would be counted twice
     assert core.room_for(0) == core.free_cells + 51
+
+
+def test_a_page_moves_room_stays_held_while_a_request_that_took_the_slot_first_runs():
+    # The room was granted, then a request addressed to the slot took it before the move
+    # arrived: the move waits behind the request, its room held beyond the request's cells.
+    core = SchedulerCore(n_batch=32, n_ctx=200)
+    t = core.reserve(0, 116)
+    core.add(req(1, 0, prompt=58, n_predict=2))
+    assert core.free_cells == 200 - 116 and core.room_for(1) == 200 - 116
+    run_to_end(core)
+    assert core.held(0) == 116  # the move still to come
+    core.release(t)
+    assert core.held(0) == 59  # the prompt and the one sample fed (the last is never fed)
