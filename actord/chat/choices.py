@@ -136,7 +136,7 @@ async def complete_choices(system: "ChatHost", request: CompletionRequest, n: in
         prefill = msgspec.structs.replace(
             request, prompt=tokens[:-1], n_predict=0, stream=False, logprobs=False, top_logprobs=0, grammar="",
             grammar_triggers=[], preserve=[], stop=[], stop_tokens=[], logit_bias=[], seed=seed)
-        pre = await system.complete(prefill, _input=False)
+        pre = await system.complete(prefill, _input=False, _cached=False)
         source = pre.slot
         # Idle slots made to hold the prefix (actord/service/placement.py: a fork is made only
         # where cells free now hold it, evicting nobody).
@@ -157,7 +157,7 @@ async def complete_choices(system: "ChatHost", request: CompletionRequest, n: in
                     req = msgspec.structs.replace(req, mind=mind)
                 elif slot_id is not None:
                     req = msgspec.structs.replace(req, slot=slot_id)
-                results[i] = await system.complete(req, on_token=sinks[i], _input=False)
+                results[i] = await system.complete(req, on_token=sinks[i], _input=False, _cached=False)
         except ActordError as e:
             failed.append(e)
             tg.cancel_scope.cancel()  # one choice fails, the request fails: the others stop

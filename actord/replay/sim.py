@@ -135,6 +135,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  page_file_bases=file_bases,
                  # Deeper pipelines too (their own stream: the other choices stay as they were).
                  pipeline_depth=random.Random(f"depth/{seed}").choice([0, 0, 3, 4]),
+                 # The prompt cache (policy/prompt_cache.py) on short prompts too, bounded tight or
+                 # not, or off (its own stream).
+                 **dict(zip(("prompt_cache_minds", "prompt_cache_min_tokens"),
+                            random.Random(f"cache/{seed}").choice([(0, 128), (2, 8), (64, 8), (64, 32)]))),
                  **({} if not draft else {"spec": "mtp", "spec_n_max": rng.choice([1, 2, 4])} if draft == "mtp" else
                     {"spec_draft_model": draft, "spec_n_max": rng.choice([1, 2, 4]), "swa_full": "on"}))
     # A flood client: bursts of many asks of one method in flight at once.
@@ -159,6 +163,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     system_prompt = [1] + [3 + (seed * 7 + i * 13) % 490 for i in range(39)]
     histories = {f"m{i}": system_prompt + [20 + i, 30 + i, 40 + i] for i in range(3)}
     fresh = len(system_prompt) + 3
+    conversations: dict[int, list[int]] = {}  # a client's unnamed conversation, by client
     gene_ids: list[int] = []
     stopping = {"on": False}
 
@@ -190,9 +195,16 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 # Scopes (vocabulary/kv_identity.py), drawn off the prompt too: a salt or another tenant.
                 scope = ({"cache_salt": "s1"} if prompt[-1] % 5 == 0 else
                          {"tenant": "uid:7"} if prompt[-1] % 7 == 0 else {})
-                await system.complete(prompt=prompt, n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True,
-                                      genes=genes_of(r), **think, **scope,
-                                      **({"slot": slot} if r.random() < 0.8 else {}))
+                # One in four goes on with the client's unnamed conversation, resent whole (the
+                # prompt cache finds its mind by its last prompt); drawn off the prompt too.
+                goes_on = prompt[-1] % 4 == 1
+                if goes_on and c in conversations and len(conversations[c]) + len(prompt) <= cfg.ctx // 3:
+                    prompt = conversations[c] + prompt[len(head):]
+                res = await system.complete(prompt=prompt, n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True,
+                                            genes=genes_of(r), **think, **scope,
+                                            **({"slot": slot} if r.random() < 0.8 else {}))
+                if goes_on:
+                    conversations[c] = prompt + res.tokens
             elif kind == "mind":
                 m = r.choice(sorted(histories))
                 if len(histories[m]) > cfg.ctx // 3:  # the mind starts over before it outgrows the cache

@@ -17,19 +17,22 @@ from actord.vocabulary.config import Config
 from actord.vocabulary.errors import ActordError
 from actord.storage.osfs import OsFs
 from actord.storage.publish import read_generation
+from actord.vocabulary.names import is_cache_mind
 
 Held = dict[str, list[tuple[tuple[int, ...], tuple[Any, ...]]]]
 
 
 def held_by(system: Any) -> Held:
     """Mind name -> (tokens, genes) of each holder: slots with a mind, current RAM pages (a
-    name a slot and a page both hold, after `page.out` under a restored mind's name, has two)."""
+    name a slot and a page both hold, after `page.out` under a restored mind's name, has two);
+    the prompt cache's minds are not kept past a stop, so not held here."""
     held: Held = {}
     for sl in system.slots:
-        if sl.mind is not None and sl.kv_tokens:
+        if sl.mind is not None and sl.kv_tokens and not is_cache_mind(sl.mind):
             held.setdefault(sl.mind, []).append((tuple(sl.kv_tokens), tuple(sl.genes)))
     for g in system.pages.gens.values():
-        if g.page is not None and g.page.name and system.pages.names.get(g.page.name) == g.page.gen:
+        if (g.page is not None and g.page.name and system.pages.names.get(g.page.name) == g.page.gen
+                and not is_cache_mind(g.page.name)):
             held.setdefault(g.page.name, []).append((tuple(g.page.tokens), tuple(g.page.genes)))
     return held
 
@@ -59,6 +62,10 @@ async def restart_problem(disp: Any, cfg: Config, histories: dict[str, list[int]
     problem = None
     async with system:
         disp.live = True
+        left = [n for n in system.files.index.files if is_cache_mind(n)]
+        if left:  # the prompt cache's minds end with the process that made them
+            problem = f"after a restart, the prompt cache's files {left[:3]} are still in the page folder"
+            histories = {}
         for mind, prompt in sorted(histories.items()):
             states = [t for t, genes in held.get(mind, []) if not genes]
             if len(states) != 1 or len(held[mind]) != 1:

@@ -36,7 +36,7 @@ from actord.serving.page_store import Unpersisted
 from actord.vocabulary.errors import ActordError, PageNotFound, ShuttingDown
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
-from actord.vocabulary.names import MIND_FILE_SUFFIX, check_mind
+from actord.vocabulary.names import MIND_FILE_SUFFIX, check_mind, is_cache_mind
 
 log = get("actord.service.persist")
 
@@ -95,6 +95,8 @@ class Persister:
         dirty: list[tuple[str, int]] = await self.pages.ask(Unpersisted(), timeout=self.bound_s)
         seen: dict[str, tuple[int, float]] = {}
         for name, gen in dirty:
+            if is_cache_mind(name):
+                continue  # the prompt cache's minds end with the process (service/prompt_cache.py)
             old = self.seen.get(name)
             seen[name] = old if old is not None and old[0] == gen else (gen, now)
         self.seen = seen
@@ -136,7 +138,7 @@ class Persister:
             except ActordError as e:  # a failed slot: the others are still written
                 log.warning("write_behind.slot_unreadable", slot=slot.name, error=e.to_dict())
                 continue
-            if info.mind is None or not info.n_tokens:
+            if info.mind is None or not info.n_tokens or is_cache_mind(info.mind):
                 self.slot_seen.pop(info.id, None)
                 continue
             key = (info.mind, info.n_tokens)
@@ -205,8 +207,8 @@ class Persister:
                 log.warning("persist.slot_unreadable", slot=slot.name, error=e.to_dict())
                 unreadable.append(slot.name)
                 return
-            if info.mind is None or not info.n_tokens:
-                return
+            if info.mind is None or not info.n_tokens or is_cache_mind(info.mind):
+                return  # the prompt cache's minds end with the process (service/prompt_cache.py)
             left[info.mind] = "in a slot"
             try:
                 out = await slot.ask(SaveSlot(file=mind_file(info.mind), mind=info.mind), timeout=self.bound_s)
@@ -245,6 +247,8 @@ class Persister:
                     log.warning("persist.pages_unreadable", error=e.to_dict())
                     break
                 for name, _ in dirty:
+                    if is_cache_mind(name):
+                        continue
                     why = check_mind(name)
                     if why is not None:
                         left[name] = f"its name cannot be a page file's: {why}"

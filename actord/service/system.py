@@ -38,6 +38,7 @@ from actord.vocabulary.metrics import Metrics
 from actord.service.protocol import Embedded, MemoryView, OnToken, TemplateSource, Tokenized
 from actord.service.persist import Persister
 from actord.service.placement import Placement
+from actord.service.prompt_cache import CacheTurns, stale_files
 from actord.service.spill import spill_page
 from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
 from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
@@ -111,6 +112,7 @@ class ActorSystem:
         self.inflight = InFlight()
         self.memory_sources = memory.MemorySources()  # bytes the fronts hold, read by memory_report
         self.text_verbs = text.TextVerbs(self, self.engine)
+        self.prompt_cache = CacheTurns(c, self.metrics, self.default_genes, self._forget, self._resident_minds)
         self._persister: Persister | None = None
         self._placement: Placement | None = None
         self._persisted = False
@@ -193,6 +195,8 @@ class ActorSystem:
             for actor in self.actors():
                 actor.on_failure = on_failure
                 self.dispatcher.spawn(actor)
+            for name in stale_files(self.files.index.files):  # the prompt cache's, from another process
+                await self.files.remove(name)
             if self.config.page_file_bases:  # which base files are used: read in the background
                 self._tg.start_soon(self._sweep_bases)
             for path in self.config.gene:
@@ -293,11 +297,13 @@ class ActorSystem:
         return self.slots[slot]
 
     async def complete(self, request: CompletionRequest | None = None, *, on_token: OnToken | None = None,
-                       _input: bool = True, **params: Any) -> CompletionResult:
+                       _input: bool = True, _cached: bool = True, **params: Any) -> CompletionResult:
         """Run one completion. `on_token` (sync, must not block) receives streamed chunks.
 
         (`_input=False`: a completion made by another verb, e.g. `chat`, whose own input a
-        trace already holds; a replay re-executes that verb, not this completion.)"""
+        trace already holds; a replay re-executes that verb, not this completion.
+        `_cached=False`: one of n choices' completions, which place themselves by slot: not
+        run as a mind of the prompt cache's.)"""
         if request is None:
             request = _decode(params, CompletionRequest)
         request = compiled(tenancy.stamp(request).check(self._limits))  # a json_schema comes back as its grammar
@@ -307,13 +313,20 @@ class ActorSystem:
         request = request.with_scoped_mind()
         if self.config.ctx_per_slot:  # each slot held to n_ctx / slots (actord/service/slot_ctx.py)
             request = await slot_ctx.fit(self, request)
+        if _cached:
+            request = self.prompt_cache.begin(request)
         rid = self.inflight.open()
         bound = self.config.request_timeout_s
         slot: Slot | None = None
         try:
             if request.mind is not None:
-                return introspection.answered(self.metrics, await self.placer.ask(
-                    PlaceMind(complete=Complete(rid=rid, req=request)), stream=on_token, timeout=bound))
+                try:
+                    result = await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)),
+                                                   stream=on_token, timeout=bound)
+                except BaseException:
+                    self.prompt_cache.failed(request)
+                    raise
+                return introspection.answered(self.metrics, await self.prompt_cache.end(request, result, self.props))
             if request.slot is not None:
                 slot = self._slot(request.slot)
             else:
@@ -459,6 +472,20 @@ class ActorSystem:
         except PageNotFound:
             pass
         return n + await self.files.remove(tenancy.own_name(mind + MIND_FILE_SUFFIX, "mind", file=True))
+
+    async def _forget(self, mind: str) -> int:
+        """`forget_mind` for a mind by the daemon's own name (the prompt cache's), inside a
+        verb already recorded: no input of its own, no scope applied."""
+        n = 0
+        try:
+            n += (await self.pages.ask(DropPage(name=mind))).n_bytes
+        except PageNotFound:
+            pass
+        return n + await self.files.remove(mind + MIND_FILE_SUFFIX)
+
+    async def _resident_minds(self) -> set[str]:
+        """The minds in slots, by the daemon's names."""
+        return {i.mind for i in [await s.ask(Info()) for s in self.slots] if i.mind}
 
     @entry("page.list", check_open=False)
     async def page_list(self, after: str = "", limit: int = 0) -> Any:

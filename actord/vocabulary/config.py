@@ -124,6 +124,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # open alike hold their common prefix once (the page store's bases). Off: every
     # sequence and page is its own (the comparison bench/shared_prefix.py draws).
     prefix_sharing: bool = True
+    # The prompt cache (actord/policy/prompt_cache.py): a request that names no mind and
+    # brings at least prompt_cache_min_tokens prompt tokens runs as a mind the daemon names
+    # itself, found again by the next request whose prompt begins with its last prompt (a
+    # conversation resent with one more turn), so its state is paged out and back rather than
+    # written over, as llama-server's --cache-ram keeps prompts in host RAM. At most
+    # prompt_cache_minds of them, holding at most prompt_cache_bytes of state; past either
+    # the least recently used one's RAM page and page file are dropped. They are not written
+    # behind or persisted at a stop, and their files are removed at start. 0 minds: off.
+    prompt_cache_minds: int = 64
+    prompt_cache_bytes: int = 1 << 30
+    prompt_cache_min_tokens: int = 128
     # Reuse of cells (a resume, a share, a base, a page) stays within a tenant: an HTTP API
     # key (when there are several) or a socket peer's uid, narrowed by a request's
     # cache_salt. On: every tenant of this daemon shares with every other, and a client can
@@ -335,8 +346,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # (actord/frontends/http/openai/anonymous.py).
     http_anonymous_minds: int = 64
     http_anonymous_mind_bytes: int = 1 << 30
+    # Record every external input and the order of every delivery to this JSONL file, so
+    # `actord replay` re-executes the run as it went (docs/traces.md). None: no trace.
     trace: str | None = None
+    # Messages an actor's mailbox holds before a sender waits: the bound on what one actor
+    # can queue for another (asks flow one way, every ask has a bound).
     mailbox_capacity: int = 64
+    # Worker threads for page-file reads and writes (spills, restores, write-behind, the
+    # stop's persistence): disk work never runs on the engine thread or the event loop.
     disk_threads: int = 4
     # Bounds in time
     ask_timeout_s: float = 600.0  # longest an actor awaits another's reply (then AskTimeout + wait-for chain)
@@ -490,6 +507,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("chat_template is a name or Jinja source, and excludes chat_template_file")
         if self.reasoning_budget < -1:
             raise InvalidParams("reasoning_budget is -1 (no limit), 0 (thinking off) or a number of tokens")
+        if self.prompt_cache_minds < 0 or self.prompt_cache_bytes < 0 or self.prompt_cache_min_tokens < 1:
+            raise InvalidParams("prompt_cache_minds and prompt_cache_bytes are >= 0 (0 minds: off), "
+                                "prompt_cache_min_tokens >= 1")
         if self.http_anonymous_minds < 1 or self.http_anonymous_mind_bytes < 0:
             raise InvalidParams("http_anonymous_minds must be >= 1 and http_anonymous_mind_bytes >= 0")
         if self.http_responses_max < 0 or self.http_responses_max_bytes < 0:

@@ -55,6 +55,15 @@ def scope_of(tenant: str, salt: str | None) -> str:
     return h.hexdigest()
 
 
+# A request's one-off salt (native /completion's `cache_prompt: false`): a scope no other
+# request shares, so nothing it leaves is worth keeping (the prompt cache keeps nothing of it).
+ONE_OFF_SALT = "nocache."
+
+
+def one_off(salt: str | None) -> bool:
+    return salt is not None and salt.startswith(ONE_OFF_SALT)
+
+
 SCOPE_MARK = "@@"  # a client's own mind names never hold it (CompletionRequest.check)
 
 

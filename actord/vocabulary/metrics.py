@@ -79,6 +79,16 @@ class Metrics:
         self.full_reprefills_total = Counter(
             "full_reprefills", "Requests that re-prefilled from zero despite a cached prefix", registry=r
         )
+        # The prompt cache (policy/prompt_cache.py): unnamed requests run as the daemon's minds
+        self.prompt_cache_turns_total = Counter(
+            "prompt_cache_turns", "Unnamed requests run as a prompt-cache mind: found (its state resumed) or new",
+            ["found"], registry=r,
+        )
+        self.prompt_cache_minds = Gauge("prompt_cache_minds", "Minds the prompt cache holds", registry=r)
+        self.prompt_cache_evicted_total = Counter(
+            "prompt_cache_evicted", "Prompt-cache minds forgotten (RAM page and page file dropped) past the bound",
+            registry=r,
+        )
         self.prefix_hit_tokens_total = Counter(
             "prefix_hit_tokens", "Prompt tokens a request took from a prefix another mind's sequence or a shared "
             "page held (not prefilled)", ["source"], registry=r,

@@ -43,3 +43,14 @@ def check_mind(name: str) -> str | None:
         why = (f"a mind name is at most {MAX_MIND} characters (its page file adds {MIND_FILE_SUFFIX!r} "
                "and its sidecars up to {LONGEST_SIDECAR} more)")
     return why
+
+
+# The minds the daemon makes for requests that name none (its prompt cache,
+# policy/prompt_cache.py) begin so: no client's name holds "@@" (kv_identity.py
+# SCOPE_MARK), so no client can take one, and no client's listing shows one.
+CACHE_MIND = "@@cache."
+
+
+def is_cache_mind(name: str) -> bool:
+    """A name (of a mind, a page or a mind's page file) of the prompt cache's."""
+    return name.startswith(CACHE_MIND)

@@ -82,7 +82,7 @@ class _System:
         assert source == 0 and len(prefix) == 3
         return [1, 2, 3][:want]
 
-    async def complete(self, req, on_token=None, _input=True):
+    async def complete(self, req, on_token=None, _input=True, _cached=True):
         import anyio
 
         if req.n_predict == 0:  # the prefill: the prompt but its last token, on slot 0

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from actord.frontends.client import Client
-from actord.frontends.http.openai.anonymous import AnonymousMinds
+from actord.policy.lru import DaemonMinds
 from tests.frontends.test_openai_http import KEY, _metric, front_on_tiny
 
 H = {"authorization": f"Bearer {KEY}"}
@@ -45,7 +45,7 @@ def test_anonymous_minds_past_the_bound_are_forgotten_oldest_first_and_counted(d
 
 
 def test_the_rule_counts_minds_and_bytes_and_keeps_the_one_just_used():
-    m = AnonymousMinds(max_minds=3, max_bytes=100)
+    m = DaemonMinds(max_minds=3, max_bytes=100)
     assert m.touch("a", 10) == [] and m.touch("b", 10) == [] and m.touch("c", 10) == []
     assert m.touch("d", 10) == ["a"]  # past the count: the least recently used
     assert m.touch("b", 10) == [] and m.touch("e", 10) == ["c"]  # b was used again: c is the oldest

@@ -55,6 +55,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actord.vocabulary.types import CompletionRequest, CompletionResult
+from actord.vocabulary.kv_identity import ONE_OFF_SALT
 from actord.chat.choices import check_n
 from actord.chat.defaults import max_tokens
 from actord.engine.grammar import compiled
@@ -154,7 +155,7 @@ def one_off_salts(body: CompletionBody, mind: str | None, n: int) -> list[str | 
     if mind is not None:
         raise InvalidParams("cache_prompt false decodes the prompt afresh, and a mind's turn resumes her own "
                             "cells: leave out one of the two", param="cache_prompt")
-    return [f"nocache.{secrets.token_hex(8)}" for _ in range(n)]
+    return [f"{ONE_OFF_SALT}{secrets.token_hex(8)}" for _ in range(n)]
 
 
 def split_prompts(prompt: Any) -> list[str | list[int | str]]:

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from actord.chat.messages import ChatMessage
-from actord.frontends.http.openai.lru import BoundedLru
+from actord.policy.lru import BoundedLru
 
 
 class Stored(msgspec.Struct):

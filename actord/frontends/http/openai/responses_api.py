@@ -73,7 +73,8 @@ from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage, Tool, ToolCall
 from actord.vocabulary.errors import ActordError, InvalidParams
 from actord.frontends.http.openai import wire as O
-from actord.frontends.http.openai.anonymous import AnonymousMinds, forget_past_bound
+from actord.frontends.http.openai.anonymous import forget_past_bound
+from actord.policy.lru import DaemonMinds
 from actord.frontends.http.openai.answers import llama_timings, new_id
 from actord.frontends.http.openai import responses_extras as X
 from actord.frontends.http.openai.response_store import ResponseStore, Stored
@@ -363,7 +364,7 @@ class Responses(RouteGroup):
         super().__init__(front)
         cfg = front.config
         self.store = ResponseStore(cfg.http_responses_max, cfg.http_responses_max_bytes)
-        self.anonymous = AnonymousMinds(cfg.http_anonymous_minds, cfg.http_anonymous_mind_bytes)
+        self.anonymous = DaemonMinds(cfg.http_anonymous_minds, cfg.http_anonymous_mind_bytes)
         front.responses_store = self.store  # what memory_report reads (service/memory.py)
 
     def routes(self) -> list[Route]:

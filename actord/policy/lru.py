@@ -1,6 +1,7 @@
 """Least recently used first, bounded by count and by bytes: the rule the Responses front
-keeps for its stored responses (response_store.py) and for the minds of its anonymous
-conversations (anonymous.py).
+keeps for its stored responses (frontends/http/openai/response_store.py), and the one the
+minds the daemon makes for itself are held to (`DaemonMinds`: the Responses front's
+anonymous conversations, the prompt cache's minds).
 
 Why one: both drop the oldest entries while either bound is passed, never the one just
 put, and the byte count must follow every put, pop and re-listing; written twice, the two
@@ -62,3 +63,20 @@ class BoundedLru(Generic[V]):
         self._items[key] = value
         self._items.move_to_end(key, last=False)
         self.held += self._size(value)
+
+
+class DaemonMinds(BoundedLru[int]):
+    """Minds the daemon made (no client named them, so no client keeps them), by last use,
+    oldest first, with their charged bytes."""
+
+    def __init__(self, max_minds: int, max_bytes: int) -> None:
+        super().__init__(max_minds, max_bytes, int)
+
+    def touch(self, mind: str, n_bytes: int) -> list[str]:
+        """`mind` was just used and now holds `n_bytes`: the minds to forget, oldest first
+        (never `mind` itself), already taken off the list."""
+        return [old for old, _ in self._add(mind, n_bytes)]
+
+    def keep(self, mind: str, n_bytes: int) -> None:
+        """`mind` could not be forgotten yet (it sits in a slot): listed again, as the oldest."""
+        self._add_oldest(mind, n_bytes)

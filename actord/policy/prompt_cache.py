@@ -1,0 +1,106 @@
+"""The prompt cache: which mind of its own the daemon runs a request that names none as.
+
+Why: a client that names no mind (most OpenAI and Anthropic clients, and load tools such as
+NVIDIA AIPerf without a session header) resends the whole conversation each turn. While
+its cells sit in a slot, the next turn resumes them; once another request takes the slot,
+they were written over, and the turn prefilled its whole history again (bench/multiturn.py
+`--unnamed`: 1.90x the floor of prompt tokens with 8 conversations over 2 slots).
+llama-server keeps such states in host RAM (`--cache-ram`) and loads the one a prompt
+extends. Here, such a request runs as a mind the daemon names itself (`CACHE_MIND` + a
+number), so everything a mind has works for it unchanged: paged out to RAM when its slot
+is needed, paged in (or restored from a spill) when its conversation comes back, a new one
+started from a base or a peer's cells.
+
+A mind is found by the prompt of its last turn: a request whose prompt begins with it (the
+same conversation, one turn on, or the same prompt again) runs as that mind, and resumes
+its state; the deepest such prompt wins, then the most recently used. A mind running a
+turn is not chosen (its state is about to change; the request starts a mind of its own).
+The key is the last prompt rather than prompt + reply because a client's next turn holds
+the reply as it rendered it, which may tokenize otherwise: the mind then resumes up to
+where they part. The index chains its block hashes from the request's genes and scope
+(policy/prefix_index.py), so a mind is never found across gene sets or tenants.
+
+The minds are bounded as every mind the daemon makes is (policy/lru.py `DaemonMinds`: by
+count and bytes, least recently used first); the ones past the bound are the caller's to
+forget (`minds.touch` answers them). Pure: no I/O, no actor; the façade holds one (service/system.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from actord.policy.lru import DaemonMinds
+from actord.policy.prefix_index import PrefixIndex
+from actord.vocabulary.kv_identity import scoped_mind
+from actord.vocabulary.names import CACHE_MIND
+
+Genes = Sequence[tuple[int, float]]
+
+
+class PromptCache:
+    """The daemon's minds for unnamed requests, each found by the prompt of its last turn."""
+
+    def __init__(self, max_minds: int, max_bytes: int) -> None:
+        self.minds = _Listed(max_minds, max_bytes, self._unindex)
+        self._index = PrefixIndex()
+        self._prompts: dict[str, list[int]] = {}  # a mind -> its last turn's prompt (indexed)
+        self._used: dict[str, int] = {}  # a mind -> when it was last taken (a tie-break)
+        self._busy: set[str] = set()
+        self._clock = 0
+        self._next = 0  # the next new mind's number
+
+    def take(self, prompt: list[int], genes: Genes, scope: str) -> tuple[str, bool]:
+        """The mind a request of `prompt` under `genes` in `scope` runs as, and whether it is
+        one found (else a new name); it is busy until `done` or `failed`."""
+        self._clock += 1
+        best: str | None = None
+        for name in self._index.wholes(prompt, genes, scope):
+            held = self._prompts[name]
+            if name in self._busy or len(held) > len(prompt) or prompt[:len(held)] != held:
+                continue
+            if best is None or (len(held), self._used[name]) > (len(self._prompts[best]), self._used[best]):
+                best = name
+        found = best is not None
+        if best is None:
+            best = scoped_mind(f"{CACHE_MIND}{self._next}", scope)
+            self._next += 1
+        self._busy.add(best)
+        self._used[best] = self._clock
+        return best, found
+
+    def done(self, mind: str, prompt: list[int], genes: Genes, scope: str) -> None:
+        """`mind` ran `prompt`: found by `prompt` from here on. (Its bytes are charged by
+        `minds.touch`, which answers the minds past the bound.)"""
+        self._busy.discard(mind)
+        self._prompts[mind] = list(prompt)
+        self._index.add(mind, prompt, genes, scope)
+
+    def failed(self, mind: str) -> None:
+        """`mind`'s turn failed: what its cells hold is not known, so it is found no more; it
+        stays listed, the oldest, so that the bound forgets whatever it left."""
+        self._busy.discard(mind)
+        self._unindex(mind)
+        self.minds.keep(mind, 0)
+
+    def _unindex(self, mind: str) -> None:
+        self._index.remove(mind)
+        self._prompts.pop(mind, None)
+        if mind not in self._busy:
+            self._used.pop(mind, None)
+
+    def __len__(self) -> int:
+        return len(self.minds)
+
+
+class _Listed(DaemonMinds):
+    """The cache's minds by last use: one past the bound is found no more."""
+
+    def __init__(self, max_minds: int, max_bytes: int, unindex: Callable[[str], None]) -> None:
+        super().__init__(max_minds, max_bytes)
+        self._unindex = unindex
+
+    def touch(self, mind: str, n_bytes: int) -> list[str]:
+        gone = super().touch(mind, n_bytes)
+        for old in gone:
+            self._unindex(old)
+        return gone

@@ -1,0 +1,90 @@
+"""The prompt cache's choice (policy/prompt_cache.py): a request runs as the mind whose last
+prompt its own begins with (the deepest, then the most recently used), never one busy with
+another turn, never across gene sets or scopes; past the bound the oldest is found no more."""
+
+from __future__ import annotations
+
+from actord.policy.prompt_cache import PromptCache
+from actord.vocabulary.names import is_cache_mind
+
+P = list(range(1, 97))  # three full blocks
+G: tuple[tuple[int, float], ...] = ()
+
+
+def ran(cache: PromptCache, prompt: list[int], genes=G, scope: str = "", n_bytes: int = 10) -> tuple[str, bool]:
+    mind, found = cache.take(prompt, genes, scope)
+    cache.done(mind, prompt, genes, scope)
+    cache.minds.touch(mind, n_bytes)
+    return mind, found
+
+
+def test_the_next_turn_of_a_conversation_runs_as_the_mind_of_its_last_prompt():
+    c = PromptCache(8, 1 << 30)
+    a, found = ran(c, P)
+    assert not found and is_cache_mind(a)
+    b, found = ran(c, P[:40] + [500] * 60)  # parts from P inside its second block: another conversation
+    assert b != a and not found
+    assert c.take(P + [7, 8, 9], G, "") == (a, True)  # one turn on
+    c.done(a, P + [7, 8, 9], G, "")
+    assert c.take(P + [7, 8, 9], G, "") == (a, True)  # the same prompt again
+    c.done(a, P + [7, 8, 9], G, "")
+    assert c.take(P, G, "")[1] is False  # shorter than her last prompt: not hers
+
+
+def test_a_last_prompt_that_parts_from_the_request_past_its_last_full_block_is_not_found():
+    c = PromptCache(8, 1 << 30)
+    a, _ = ran(c, P + [1, 2, 3])  # three blocks and three tokens the index does not key
+    assert c.take(P + [1, 2, 4, 5], G, "")[0] != a
+
+
+def test_the_deepest_last_prompt_wins_then_the_most_recently_used():
+    c = PromptCache(8, 1 << 30)
+    ran(c, P[:64])
+    deep, _ = ran(c, P)
+    assert c.take(P + [1], G, "")[0] == deep
+    c2 = PromptCache(8, 1 << 30)
+    x, _ = ran(c2, P)
+    y, found = c2.take(P + [2], G, "")  # the mind that ran P
+    assert (y, found) == (x, True)
+    z, found = c2.take(P + [3], G, "")  # x is busy: a new mind
+    assert z != x and not found
+    c2.done(x, P, G, "")
+    c2.done(z, P, G, "")
+    assert c2.take(P + [4], G, "")[0] == z  # both ran P: the one taken last
+
+
+def test_a_mind_is_never_found_under_another_gene_set_or_scope():
+    c = PromptCache(8, 1 << 30)
+    a, _ = ran(c, P, genes=((1, 1.0),), scope="k:alice")
+    assert c.take(P + [1], ((1, 1.0),), "k:eve")[0] != a
+    assert c.take(P + [1], ((1, 0.5),), "k:alice")[0] != a
+    assert c.take(P + [1], (), "k:alice")[0] != a
+    assert c.take(P + [1], ((1, 1.0),), "k:alice") == (a, True)
+
+
+def test_past_the_bound_the_oldest_is_forgotten_and_found_no_more():
+    c = PromptCache(2, 1 << 30)
+    minds = [ran(c, [k] + P)[0] for k in (1000, 1001)]
+    mind, _ = c.take([1002] + P, G, "")
+    c.done(mind, [1002] + P, G, "")
+    assert c.minds.touch(mind, 10) == [minds[0]]
+    assert c.take([1000] + P + [5], G, "")[1] is False
+    assert c.take([1001] + P + [5], G, "") == (minds[1], True)
+    c2 = PromptCache(8, 25)
+    big = [ran(c2, [k] + P, n_bytes=10)[0] for k in (1, 2)]
+    mind, _ = c2.take([3] + P, G, "")
+    c2.done(mind, [3] + P, G, "")
+    assert c2.minds.touch(mind, 10) == [big[0]]  # by bytes: 30 > 25
+
+
+def test_a_failed_turn_leaves_its_mind_unfound_and_first_in_line_to_be_forgotten():
+    c = PromptCache(2, 1 << 30)
+    a, _ = ran(c, P)
+    b, _ = ran(c, [9] + P)
+    again, _ = c.take(P + [1], G, "")
+    assert again == a
+    c.failed(a)
+    assert c.take(P + [1], G, "")[1] is False
+    m, _ = c.take([8] + P, G, "")
+    c.done(m, [8] + P, G, "")
+    assert c.minds.touch(m, 10) == [a]

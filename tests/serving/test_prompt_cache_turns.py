@@ -1,0 +1,145 @@
+"""Requests that name no mind keep their state across other requests (the prompt cache:
+policy/prompt_cache.py, service/prompt_cache.py): a conversation resent one turn on resumes
+its state from wherever it went (a slot, a RAM page, a page file), decodes as a fresh prefill
+would, never reaches another scope, is bounded, and ends with the process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actord.service import tenancy
+from actord.service.system import ActorSystem
+from actord.vocabulary.config import Config
+from actord.vocabulary.names import is_cache_mind
+
+pytestmark = pytest.mark.anyio
+
+SYSTEM = [1] + [3 + (i * 37) % 500 for i in range(160)]
+N = 6
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(params=["tiny_model", "tiny_swa_model", "tiny_hybrid_model"])
+def model(request) -> str:
+    return request.getfixturevalue(request.param)
+
+
+def cfg(model: str, tmp_path: Path, **kw) -> Config:
+    return Config(model=model, **{"slots": 2, "ctx": 4096, "batch": 64, "threads": 1, "page_dir": str(tmp_path),
+                                  "prompt_cache_min_tokens": 64, **kw})
+
+
+def user(k: int, t: int, n: int = 12) -> list[int]:
+    return [7 + (k * 31 + t * 17 + i * 5) % 490 for i in range(n)]
+
+
+async def conversations(s: ActorSystem, n: int, turns: int, **kw) -> list[list[tuple[list[int], object]]]:
+    """`n` conversations over the slots, their turns interleaved (each turn resends the whole
+    history): per conversation, each turn's (prompt, result)."""
+    history = [list(SYSTEM) for _ in range(n)]
+    out: list[list[tuple[list[int], object]]] = [[] for _ in range(n)]
+    for t in range(turns):
+        for k in range(n):
+            prompt = history[k] + user(k, t)
+            r = await s.complete(prompt=prompt, n_predict=N, ignore_eos=True, **kw)
+            out[k].append((prompt, r))
+            history[k] = prompt + r.tokens
+    return out
+
+
+async def test_a_conversation_resent_one_turn_on_decodes_only_its_new_tokens_as_a_fresh_prefill_would(
+        model, tmp_path):
+    async with ActorSystem(cfg(model, tmp_path)) as s:
+        runs = await conversations(s, 4, 3)  # 4 conversations over 2 slots: each one's state leaves its slot
+        found = s.metrics.prompt_cache_turns_total.labels(found="yes")._value.get()
+    for k, turns in enumerate(runs):
+        for t, (prompt, r) in enumerate(turns[1:], 1):
+            previous = turns[t - 1][0] + turns[t - 1][1].tokens
+            assert r.n_prompt_processed <= len(prompt) - len(previous) + 1, (k, t)  # its turn, and the reply's last
+    assert found == 8
+    async with ActorSystem(cfg(model, tmp_path / "fresh", prompt_cache_minds=0, prefix_sharing=False)) as s:
+        for turns in runs:
+            prompt, r = turns[-1]
+            await s.slot_erase(0)
+            fresh = await s.complete(prompt=prompt, n_predict=N, ignore_eos=True, slot=0)
+            assert fresh.n_cached == 0
+            assert fresh.tokens == r.tokens
+
+
+async def test_without_the_cache_the_same_conversations_prefill_their_history_again(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, prompt_cache_minds=0)) as s:
+        runs = await conversations(s, 4, 2)
+        assert {i.mind for i in await s.slot_list()} == {None}
+    assert any(turns[1][1].n_prompt_processed > len(user(0, 0)) + 1 for turns in runs)
+
+
+async def test_a_conversation_under_another_scope_or_salt_never_resumes_it(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=3)) as s:
+        first = await s.complete(prompt=SYSTEM + user(1, 0), n_predict=N, ignore_eos=True, tenant="key:alice")
+        nxt = SYSTEM + user(1, 0) + first.tokens + user(1, 1)
+        eve = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, tenant="key:eve")
+        salted = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, tenant="key:alice", cache_salt="x")
+        alice = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, tenant="key:alice")
+    assert eve.n_cached == 0 and salted.n_cached == 0
+    assert alice.n_cached == len(SYSTEM) + len(user(1, 0)) + N - 1
+    assert eve.tokens == salted.tokens == alice.tokens
+
+
+async def test_a_client_never_sees_the_caches_minds_by_name(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        for k in range(2):  # the second pages the first one's mind out
+            await s.complete(prompt=SYSTEM + user(k, 0), n_predict=N, ignore_eos=True, tenant="uid:1000")
+        assert any(is_cache_mind(i.mind or "") for i in await s.slot_list())  # the embedding host sees them
+        seen: list[object] = []
+
+        async def as_the_client() -> None:  # a task of its own, as a front runs each client
+            tenancy.enter("uid:1000")
+            seen.extend([[i.mind for i in await s.slot_list()], list(await s.page_list())])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(as_the_client)
+    assert seen == [[None], []]
+
+
+async def test_past_the_bound_the_oldest_minds_are_forgotten_and_counted(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1, prompt_cache_minds=2)) as s:
+        for k in range(6):
+            await s.complete(prompt=SYSTEM + user(k, 0), n_predict=N, ignore_eos=True)
+        pages = [p.page if not isinstance(p, dict) else p["page"] for p in await s.page_list()]
+        evicted = s.metrics.prompt_cache_evicted_total._value.get()
+        again = await s.complete(prompt=SYSTEM + user(0, 0) + user(0, 1), n_predict=N, ignore_eos=True)
+    assert len([p for p in pages if is_cache_mind(p)]) <= 2
+    assert evicted >= 3
+    assert again.n_cached <= len(SYSTEM)  # the first one was forgotten: at most the shared prefix
+
+
+async def test_short_prompts_slot_requests_and_one_off_salts_run_as_before(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path)) as s:
+        await s.complete(prompt=SYSTEM[:40], n_predict=N, ignore_eos=True)
+        await s.complete(prompt=SYSTEM + user(1, 0), n_predict=N, ignore_eos=True, slot=1)
+        await s.complete(prompt=SYSTEM + user(2, 0), n_predict=N, ignore_eos=True, cache_salt="nocache.0123")
+        assert {i.mind for i in await s.slot_list()} == {None}
+        assert s.metrics.prompt_cache_turns_total.labels(found="no")._value.get() == 0
+
+
+async def test_the_caches_minds_are_not_kept_past_the_process(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1, page_ram_bytes=1)) as s:  # every page spills
+        for k in range(3):
+            await s.complete(prompt=SYSTEM + user(k, 0), n_predict=N, ignore_eos=True)
+        await s.complete(prompt=SYSTEM + user(9, 0), n_predict=N, ignore_eos=True, mind="ada")
+        spilled = [n for n in s.files.index.files if is_cache_mind(n)]
+        out = await s.shutdown(1.0)
+    assert spilled  # the cache's pages spilled as any page does
+    assert out.get("not_persisted", 0) == 0  # the stop wrote ada and left the cache's minds
+    assert (tmp_path / "ada.page").exists()
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        assert [n for n in s.files.index.files if is_cache_mind(n)] == []
+        assert "ada.page" in s.files.index.files
+    assert not [p for p in tmp_path.iterdir() if is_cache_mind(p.name)]
