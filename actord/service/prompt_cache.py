@@ -3,9 +3,9 @@ run as the daemon's own minds, what their answers say, and the forgetting past t
 
 Why here: the choice is made where every front's completion enters (`ActorSystem.complete`),
 so the socket, the HTTP routes and an embedding host all get it; the placer then treats
-such a request as any mind's turn. A request that names a slot or a mind, brings a text
-prompt or one shorter than `prompt_cache_min_tokens`, or has a one-off salt (native
-`cache_prompt: false`) runs as before. No answer names the cache's mind, and no client's
+such a request as any mind's turn. A request that names a slot or a mind, brings a prompt
+shorter than `prompt_cache_min_tokens`, or has a one-off salt (native `cache_prompt:
+false`) runs as before; a text prompt is tokenized first (where the slot would have). No answer names the cache's mind, and no client's
 listing shows one (a name holding the scope mark is no client's: service/tenancy.py).
 """
 
@@ -42,11 +42,20 @@ class CacheTurns:
         self.forget = forget
         self.resident = resident
 
-    def begin(self, request: CompletionRequest) -> CompletionRequest:
-        """`request` as it runs: as a mind of the cache's where it is one the cache serves."""
+    async def begin(self, request: CompletionRequest,
+                    tokens_of: Callable[[str], Awaitable[list[int]]]) -> CompletionRequest:
+        """`request` as it runs: as a mind of the cache's where it is one the cache serves. A
+        text prompt that may be long enough is tokenized here (`tokens_of`, as the slot would:
+        special tokens added and parsed), and runs as its tokens."""
         if (self.cache is None or request.mind is not None or request.slot is not None
-                or not isinstance(request.prompt, list) or len(request.prompt) < self.min_tokens
                 or one_off(request.cache_salt)):
+            return request
+        if isinstance(request.prompt, str):
+            if len(request.prompt.encode()) < self.min_tokens:  # a token is at least a byte
+                return request
+            request = msgspec.structs.replace(request, prompt=await tokens_of(request.prompt))
+        assert isinstance(request.prompt, list)
+        if len(request.prompt) < self.min_tokens:
             return request
         mind, found = self.cache.take(request.prompt, gene_set(self.default_genes, request), request.kv_scope())
         self.metrics.prompt_cache_turns_total.labels(found="yes" if found else "no").inc()

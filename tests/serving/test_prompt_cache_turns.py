@@ -73,6 +73,20 @@ async def test_a_conversation_resent_one_turn_on_decodes_only_its_new_tokens_as_
             assert fresh.tokens == r.tokens
 
 
+async def test_a_text_conversation_resent_one_turn_on_resumes_its_state_too(tiny_model, tmp_path):
+    system_text = "You are a careful assistant who answers in short sentences. " * 8
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        first = await s.complete(prompt=system_text + "User: hello there\n", n_predict=N, ignore_eos=True)
+        other = await s.complete(prompt="Another conversation entirely, about boats. " * 8, n_predict=N,
+                                 ignore_eos=True)  # takes the one slot: the first one's state pages out
+        nxt = system_text + "User: hello there\n" + first.content + "\nUser: and then?\n"
+        again = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True)
+        assert s.metrics.prompt_cache_turns_total.labels(found="yes")._value.get() == 1
+    assert other.n_cached == 0
+    assert again.n_cached >= first.n_prompt_tokens
+    assert again.n_prompt_processed < again.n_prompt_tokens - first.n_prompt_tokens + 2 * N
+
+
 async def test_without_the_cache_the_same_conversations_prefill_their_history_again(tiny_model, tmp_path):
     async with ActorSystem(cfg(tiny_model, tmp_path, prompt_cache_minds=0)) as s:
         runs = await conversations(s, 4, 2)
