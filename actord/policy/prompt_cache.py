@@ -76,11 +76,14 @@ class PromptCache:
         self._index.add(mind, prompt, genes, scope)
 
     def failed(self, mind: str) -> None:
-        """`mind`'s turn failed: what its cells hold is not known, so it is found no more; it
-        stays listed, the oldest, so that the bound forgets whatever it left."""
+        """`mind`'s turn failed or was cancelled. One found before stays found by its last
+        prompt (what its cells hold still begins with it, or the slot resumes less: a lookup
+        never changes output); a new one is listed as the oldest, so that the bound forgets
+        whatever it left."""
         self._busy.discard(mind)
-        self._unindex(mind)
-        self.minds.keep(mind, 0)
+        if mind not in self._prompts:
+            self._used.pop(mind, None)
+            self.minds.keep(mind, 0)
 
     def _unindex(self, mind: str) -> None:
         self._index.remove(mind)

@@ -32,7 +32,7 @@ from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
 from actord.vocabulary.types import CompletionRequest
 from actord.storage.files import PageFiles
-from actord.vocabulary.names import MIND_FILE_SUFFIX
+from actord.vocabulary.names import MIND_FILE_SUFFIX, is_cache_mind
 
 log = get("actord.placer")
 
@@ -249,7 +249,8 @@ class MindPlacer(Actor[PlacerInbox]):
         # at 1,000; minds of ours no longer paged are forgotten as they are met.
         victim = None
         while victim is None:
-            window = [m for m in self.paged[:VICTIM_WINDOW] if m != held]
+            # The prompt cache's minds first: they are the daemon's, kept for speed alone.
+            window = sorted((m for m in self.paged[:VICTIM_WINDOW] if m != held), key=lambda m: not is_cache_mind(m))
             if not window:
                 break
             victim = await self.pages.ask(SpillVictim(candidates=window))

@@ -77,14 +77,18 @@ def test_past_the_bound_the_oldest_is_forgotten_and_found_no_more():
     assert c2.minds.touch(mind, 10) == [big[0]]  # by bytes: 30 > 25
 
 
-def test_a_failed_turn_leaves_its_mind_unfound_and_first_in_line_to_be_forgotten():
+def test_a_failed_turn_leaves_a_found_mind_found_and_a_new_one_first_in_line_to_be_forgotten():
     c = PromptCache(2, 1 << 30)
     a, _ = ran(c, P)
-    b, _ = ran(c, [9] + P)
     again, _ = c.take(P + [1], G, "")
     assert again == a
-    c.failed(a)
-    assert c.take(P + [1], G, "")[1] is False
+    c.failed(a)  # a client that hung up mid-turn: her state still begins with P
+    assert c.take(P + [1], G, "") == (a, True)
+    c.done(a, P + [1], G, "")
+    new, found = c.take([9] + P, G, "")
+    assert not found
+    c.failed(new)
+    assert c.take([9] + P + [1], G, "")[1] is False  # nothing indexed for it
     m, _ = c.take([8] + P, G, "")
     c.done(m, [8] + P, G, "")
-    assert c.minds.touch(m, 10) == [a]
+    assert c.minds.touch(m, 10) == [new]  # listed first in line

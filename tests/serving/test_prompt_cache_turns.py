@@ -134,6 +134,24 @@ async def test_past_the_bound_the_oldest_minds_are_forgotten_and_counted(tiny_mo
     assert again.n_cached <= len(SYSTEM)  # the first one was forgotten: at most the shared prefix
 
 
+async def test_past_the_page_ram_ceiling_the_caches_pages_spill_before_a_named_minds(tiny_model, tmp_path):
+    def own(k: int) -> list[int]:
+        return [1] + [3 + (k * 101 + i * 7) % 490 for i in range(150)]
+
+    kw = {"slots": 1, "prefix_sharing": False}
+    async with ActorSystem(cfg(tiny_model, tmp_path / "a", **kw)) as s:  # one page's bytes
+        await s.complete(prompt=own(0), n_predict=N, ignore_eos=True, mind="ada")
+        await s.complete(prompt=own(1), n_predict=N, ignore_eos=True, mind="bob")
+        page = (await s.page_stats()).charged
+    async with ActorSystem(cfg(tiny_model, tmp_path / "b", page_ram_bytes=page * 5 // 2, **kw)) as s:
+        await s.complete(prompt=own(0), n_predict=N, ignore_eos=True, mind="ada")
+        for k in (1, 2, 3):  # ada's page, then the first two cache minds': the third passes the ceiling
+            await s.complete(prompt=own(k), n_predict=N, ignore_eos=True)
+        pages = [p.page if not isinstance(p, dict) else p["page"] for p in await s.page_list()]
+        files = [n for n in s.files.index.files if is_cache_mind(n)]
+    assert "ada" in pages and len(files) == 1  # the oldest cache mind spilled, not ada, older still
+
+
 async def test_short_prompts_slot_requests_and_one_off_salts_run_as_before(tiny_model, tmp_path):
     async with ActorSystem(cfg(tiny_model, tmp_path)) as s:
         await s.complete(prompt=SYSTEM[:40], n_predict=N, ignore_eos=True)
