@@ -87,6 +87,40 @@ async def test_a_text_conversation_resent_one_turn_on_resumes_its_state_too(tiny
     assert again.n_prompt_processed < again.n_prompt_tokens - first.n_prompt_tokens + 2 * N
 
 
+async def test_two_clients_sending_one_conversation_at_once_each_get_the_fresh_answer(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path)) as s:
+        first = await s.complete(prompt=SYSTEM + user(1, 0), n_predict=N, ignore_eos=True)
+        nxt = SYSTEM + user(1, 0) + first.tokens + user(1, 1)
+        got: list[object] = []
+
+        async def one() -> None:
+            got.append(await s.complete(prompt=nxt, n_predict=N, ignore_eos=True))
+
+        async with anyio.create_task_group() as tg:  # one runs as the mind, the other as a new one
+            tg.start_soon(one)
+            tg.start_soon(one)
+        minds = {i.mind for i in await s.slot_list()}
+    assert [r.tokens for r in got] == [got[0].tokens] * 2  # type: ignore[attr-defined]
+    assert len(minds) == 2 and all(is_cache_mind(m or "") for m in minds)
+    async with ActorSystem(cfg(tiny_model, tmp_path / "fresh", prompt_cache_minds=0, prefix_sharing=False)) as s:
+        assert (await s.complete(prompt=nxt, n_predict=N, ignore_eos=True)).tokens == got[0].tokens  # type: ignore
+
+
+async def test_a_client_that_hangs_up_mid_turn_leaves_the_conversation_found_by_its_last_prompt(tiny_model, tmp_path):
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        first = await s.complete(prompt=SYSTEM + user(1, 0), n_predict=N, ignore_eos=True)
+        nxt = SYSTEM + user(1, 0) + first.tokens + user(1, 1)
+        with anyio.move_on_after(30):
+            async with anyio.create_task_group() as tg:
+                def hang_up(_: object) -> None:
+                    tg.cancel_scope.cancel()  # at its first token: the client is gone
+
+                tg.start_soon(lambda: s.complete(prompt=nxt, n_predict=200, ignore_eos=True, stream=True,
+                                                 on_token=hang_up))
+        again = await s.complete(prompt=nxt + user(1, 2), n_predict=N, ignore_eos=True)
+    assert again.n_cached >= len(SYSTEM) + len(user(1, 0)) + N - 1
+
+
 async def test_without_the_cache_the_same_conversations_prefill_their_history_again(tiny_model, tmp_path):
     async with ActorSystem(cfg(tiny_model, tmp_path, prompt_cache_minds=0)) as s:
         runs = await conversations(s, 4, 2)
