@@ -13,9 +13,8 @@ import asyncio
 import time
 from typing import Any
 
-from actord.cluster.directory import Directory
-from actord.cluster.locks import MindLocks
-from actord.cluster.nodelink import NODE_GONE, NodeLink
+from actord.cluster.nodelink import NODE_GONE
+from actord.cluster.shared import RouterShared
 from actord.vocabulary.config import ClusterConfig
 from actord.vocabulary.errors import ActordError, NodeUnavailable
 from actord.vocabulary.log import get
@@ -27,26 +26,24 @@ class NodeLoss:
     """The router's node-loss handling: it owns the loss events; the directory, the node
     links and the minds' locks are the router's, shared with its other parts."""
 
-    def __init__(self, cfg: ClusterConfig, directory: Directory, nodes: NodeLink, locks: MindLocks) -> None:
+    def __init__(self, cfg: ClusterConfig, shared: RouterShared) -> None:
         self.cfg = cfg
-        self.dir = directory
-        self.nodes = nodes
-        self.locks = locks
+        self.shared = shared
         self.lost_log: list[dict[str, Any]] = []
 
     async def watch(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
             try:
-                alive = await self.nodes.alive_ray_nodes()
-                for name in self.dir.state.nodes:
-                    rid = self.nodes.ray_ids.get(name)
-                    dead = name in self.dir.state.lost or (rid is not None and rid not in alive)
-                    if dead and self.dir.minds_on(name):
+                alive = await self.shared.nodes.alive_ray_nodes()
+                for name in self.shared.dir.state.nodes:
+                    rid = self.shared.nodes.ray_ids.get(name)
+                    dead = name in self.shared.dir.state.lost or (rid is not None and rid not in alive)
+                    if dead and self.shared.dir.minds_on(name):
                         await self.lost(name)
-                    elif dead and name not in self.dir.state.lost:
+                    elif dead and name not in self.shared.dir.state.lost:
                         self._lost_event(name)
-                        self.dir.mark_lost(name)
+                        self.shared.dir.mark_lost(name)
             except Exception as e:  # the monitor must outlive one bad poll
                 log.error("cluster.monitor_failed", error=repr(e))
 
@@ -56,41 +53,41 @@ class NodeLoss:
                 return ev
         ev = {"node": name, "detected": time.time(), "rehomed": []}
         self.lost_log.append(ev)
-        log.warning("cluster.node_lost", node=name, minds=len(self.dir.minds_on(name)))
+        log.warning("cluster.node_lost", node=name, minds=len(self.shared.dir.minds_on(name)))
         return ev
 
     async def lost(self, name: str, only: str | None = None) -> None:
         """Re-home the minds of lost node `name`. `only`: the caller holds that mind's lock
         and re-homes just it; the rest are left to a task that takes one lock at a time."""
         event = self._lost_event(name)
-        self.dir.mark_lost(name)
-        self.nodes.forget(name)
+        self.shared.dir.mark_lost(name)
+        self.shared.nodes.forget(name)
         if only is not None:
             await self._rehome(only, name, event)
             asyncio.get_running_loop().create_task(self.lost(name))
             return
-        for mind in self.dir.minds_on(name):
-            async with self.locks.of(mind):
+        for mind in self.shared.dir.minds_on(name):
+            async with self.shared.locks.of(mind):
                 await self._rehome(mind, name, event)
-        if not self.dir.minds_on(name):
+        if not self.shared.dir.minds_on(name):
             event["done"] = time.time()
 
     async def _rehome(self, mind: str, lost: str, event: dict[str, Any]) -> None:
-        entry = self.dir.get(mind)
+        entry = self.shared.dir.get(mind)
         if entry is None or entry.node != lost:
             return
-        loads = await self.nodes.loads(exclude={lost})
+        loads = await self.shared.nodes.loads(exclude={lost})
         last: Exception | None = None
         while loads:
-            node = self.nodes.pick(loads)
-            epoch = self.dir.issue(mind)
+            node = self.shared.nodes.pick(loads)
+            epoch = self.shared.dir.issue(mind)
             try:
-                adopted = await self.nodes.call(node, "adopt", mind, epoch, None, lost)
+                adopted = await self.shared.nodes.call(node, "adopt", mind, epoch, None, lost)
             except (*NODE_GONE, ActordError) as e:
                 last = e
                 loads = [l for l in loads if l.node != node]
                 continue
-            self.dir.assign(mind, node, epoch)
+            self.shared.dir.assign(mind, node, epoch)
             event["rehomed"].append({"mind": mind, "node": node, "epoch": epoch, "from_file": adopted["page"],
                                      "after_s": round(time.time() - event["detected"], 3)})
             log.info("cluster.rehomed", mind=mind, lost=lost, node=node, epoch=epoch, from_file=adopted["page"])

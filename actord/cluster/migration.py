@@ -14,10 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actord.cluster.directory import Directory
-from actord.cluster.locks import MindLocks
 from actord.cluster.loss import NodeLoss
-from actord.cluster.nodelink import NODE_GONE, NodeLink
+from actord.cluster.nodelink import NODE_GONE
+from actord.cluster.shared import RouterShared
 from actord.vocabulary.errors import ActordError, InvalidParams, MigrationFailed, PageNotFound
 from actord.vocabulary.log import get
 
@@ -28,40 +27,38 @@ class Migrations:
     """The router's moves of minds between nodes: it owns the record of the moves made;
     the directory, the node links, the minds' locks and the loss handling are shared."""
 
-    def __init__(self, directory: Directory, nodes: NodeLink, locks: MindLocks, loss: NodeLoss) -> None:
-        self.dir = directory
-        self.nodes = nodes
-        self.locks = locks
+    def __init__(self, shared: RouterShared, loss: NodeLoss) -> None:
+        self.shared = shared
         self.loss = loss
         self.migrations: list[dict[str, Any]] = []
 
     async def migrate(self, mind: str, dest: str) -> dict[str, Any]:
-        async with self.locks.of(mind):
+        async with self.shared.locks.of(mind):
             return await self._migrate(mind, dest)
 
     async def _migrate(self, mind: str, dest: str) -> dict[str, Any]:
-        entry = self.dir.get(mind)
+        entry = self.shared.dir.get(mind)
         if entry is None:
             raise PageNotFound(f"no mind {mind!r} in the directory", mind=mind)
-        if dest not in self.dir.live_nodes():
+        if dest not in self.shared.dir.live_nodes():
             raise InvalidParams(f"no live node {dest!r}", node=dest)
         if entry.node == dest:
             return {"mind": mind, "node": dest, "epoch": entry.epoch, "moved": False}
-        src, epoch = entry.node, self.dir.issue(mind)
+        src, epoch = entry.node, self.shared.dir.issue(mind)
         t0 = time.perf_counter()
         try:
-            blob = self.nodes.handle(src).export.remote(mind, entry.epoch)  # the ref travels, not the bytes
-            adopted = await self.nodes.call(dest, "adopt", mind, epoch, blob, None)
+            blob = self.shared.nodes.handle(src).export.remote(mind, entry.epoch)  # the ref travels, not the bytes
+            adopted = await self.shared.nodes.call(dest, "adopt", mind, epoch, blob, None)
         except (*NODE_GONE, ActordError) as e:
             await self._abort(mind, src, entry.epoch, dest, epoch)
             err = e.to_dict() if isinstance(e, ActordError) else {"type": type(e).__name__, "message": str(e)[:300]}
             log.warning("cluster.migration_failed", mind=mind, src=src, dest=dest, error=err)
             raise MigrationFailed(f"moving {mind!r} {src} -> {dest} failed: {err.get('message', '')[:200]}",
                                   mind=mind, owner=src, epoch=entry.epoch, cause=err.get("type")) from None
-        self.dir.assign(mind, dest, epoch)  # the commit point
+        self.shared.dir.assign(mind, dest, epoch)  # the commit point
         t_ms = (time.perf_counter() - t0) * 1e3
         try:
-            await self.nodes.call(src, "release", mind, entry.epoch)
+            await self.shared.nodes.call(src, "release", mind, entry.epoch)
         except (*NODE_GONE, ActordError) as e:  # fenced at the old epoch; reconciled when it answers again
             log.warning("cluster.source_not_released", mind=mind, src=src, error=repr(e))
         info = {"mind": mind, "from": src, "node": dest, "epoch": epoch, "moved": True, "t_ms": t_ms,
@@ -74,13 +71,13 @@ class Migrations:
     async def _abort(self, mind: str, src: str, src_epoch: int, dest: str, epoch: int) -> None:
         """Before the flip: the source stays the owner; the destination's copy goes."""
         try:
-            await self.nodes.call(dest, "release", mind, epoch)
+            await self.shared.nodes.call(dest, "release", mind, epoch)
         except (*NODE_GONE, ActordError) as e:
             log.warning("cluster.dest_not_released", mind=mind, dest=dest, error=repr(e))
         try:
-            await self.nodes.call(src, "thaw", mind, src_epoch, timeout=30.0)
+            await self.shared.nodes.call(src, "thaw", mind, src_epoch, timeout=30.0)
         except NODE_GONE:  # the source died: its restart comes back unfrozen, from its spill
-            if not await self.nodes.back(src):
+            if not await self.shared.nodes.back(src):
                 await self.loss.lost(src, only=mind)
         except ActordError:
             pass
@@ -90,13 +87,13 @@ class Migrations:
         live nodes differ by more than one."""
         moved = []
         while True:
-            counts = self.dir.counts()
+            counts = self.shared.dir.counts()
             if len(counts) < 2:
                 return moved
             hi = max(counts, key=lambda n: (counts[n], n))
             lo = min(counts, key=lambda n: (counts[n], n))
             if counts[hi] - counts[lo] <= 1:
                 return moved
-            mind = self.dir.minds_on(hi)[-1]
-            async with self.locks.of(mind):
+            mind = self.shared.dir.minds_on(hi)[-1]
+            async with self.shared.locks.of(mind):
                 moved.append(await self._migrate(mind, lo))

@@ -38,6 +38,7 @@ from actord.cluster.loss import NodeLoss
 from actord.cluster.messages import Holding
 from actord.cluster.migration import Migrations
 from actord.cluster.nodelink import NODE_GONE, NodeLink
+from actord.cluster.shared import RouterShared
 from actord.cluster.turns import TurnOut, Turns
 from actord.vocabulary.config import ClusterConfig
 from actord.vocabulary.errors import ActordError, InvalidParams, NodeUnavailable, PageNotFound
@@ -65,9 +66,10 @@ class MindRouter:
         self.nodes = NodeLink(self.cfg, self.dir)
         self.locks = MindLocks()
         self.limits = self.cfg.node.request_limits()
-        self.loss = NodeLoss(self.cfg, self.dir, self.nodes, self.locks)
-        self.moves = Migrations(self.dir, self.nodes, self.locks, self.loss)
-        self.turns = Turns(self.dir, self.nodes, self.limits, self.locks, self.loss, self._reconcile)
+        shared = RouterShared(self.dir, self.nodes, self.locks)
+        self.loss = NodeLoss(self.cfg, shared)
+        self.moves = Migrations(shared, self.loss)
+        self.turns = Turns(shared, self.limits, self.loss, self._reconcile)
         self.incarnation = uuid.uuid4().hex[:12]
         self._started: asyncio.Task[None] | None = None
         self._monitor: asyncio.Task[None] | None = None

@@ -22,11 +22,11 @@ import msgspec
 
 from actord.chat.messages import ChatRequest
 from actord.chat.turn import precheck
-from actord.cluster.directory import Directory, Entry
-from actord.cluster.locks import MindLocks
+from actord.cluster.directory import Entry
 from actord.cluster.loss import NodeLoss
 from actord.cluster.messages import KINDS, Holding, Turn
-from actord.cluster.nodelink import NODE_GONE, NodeLink
+from actord.cluster.nodelink import NODE_GONE
+from actord.cluster.shared import RouterShared
 from actord.engine.grammar import compiled
 from actord.vocabulary.errors import DuplicateTurn, InvalidParams, NodeUnavailable
 from actord.vocabulary.log import get
@@ -82,12 +82,10 @@ class Turns:
     the node links, the minds' locks and the loss handling are shared. `reconcile` drops
     the copies a restarted node reports that the directory does not name (the router's)."""
 
-    def __init__(self, directory: Directory, nodes: NodeLink, limits: RequestLimits, locks: MindLocks,
-                 loss: NodeLoss, reconcile: Callable[[str, list[Holding]], Awaitable[None]]) -> None:
-        self.dir = directory
-        self.nodes = nodes
+    def __init__(self, shared: RouterShared, limits: RequestLimits, loss: NodeLoss,
+                 reconcile: Callable[[str, list[Holding]], Awaitable[None]]) -> None:
+        self.shared = shared
         self.limits = limits
-        self.locks = locks
         self.loss = loss
         self.reconcile = reconcile
         self.place_lock = asyncio.Lock()
@@ -101,9 +99,9 @@ class Turns:
             raise InvalidParams(f"a mind name is one page-name component: {check_part(str(mind))}")
         check_turn(kind, mind, request, self.limits)
         turn = turn_id or uuid.uuid4().hex
-        async with self.locks.of(mind):
+        async with self.shared.locks.of(mind):
             placed = False
-            entry = self.dir.get(mind)
+            entry = self.shared.dir.get(mind)
             if entry is None:
                 entry = await self._place(mind)
                 placed = True
@@ -112,7 +110,7 @@ class Turns:
                 node = entry.node
                 with self._in_flight(node, sink) as chunks:
                     try:
-                        result = await self.nodes.run(
+                        result = await self.shared.nodes.run(
                             node, "turn", (Turn(mind=mind, epoch=entry.epoch, turn=turn, request=request, kind=kind),),
                             chunks.sink, delivered)
                         return TurnOut(result=result, node=entry.node, epoch=entry.epoch, turn=turn, attempts=attempt,
@@ -128,17 +126,17 @@ class Turns:
                             raise NodeUnavailable(f"node {entry.node} failed turn {turn} of {mind!r} twice",
                                                   node=entry.node, mind=mind) from None
                         log.warning("cluster.turn_node_failed", node=entry.node, mind=mind, turn=turn, error=repr(e))
-                        if await self.nodes.back(node):
+                        if await self.shared.nodes.back(node):
                             # Copies the restart reports that the directory does not name go, in
                             # the background (it takes each mind's lock in turn; this one's is held).
                             try:
-                                holdings = await self.nodes.call(node, "holdings")
+                                holdings = await self.shared.nodes.call(node, "holdings")
                                 asyncio.get_running_loop().create_task(self.reconcile(node, holdings))
                             except NODE_GONE:  # gone again: the retry below finds out
                                 pass
                         else:
                             await self.loss.lost(node, only=mind)
-                        entry = self.dir.get(mind) or await self._place(mind)
+                        entry = self.shared.dir.get(mind) or await self._place(mind)
                 delivered += chunks.n
         raise AssertionError("unreachable")
 
@@ -152,10 +150,10 @@ class Turns:
         check_turn(kind, None, request, self.limits)
         tried: set[str] = set()
         for attempt in (1, 2):
-            node = self.nodes.pick(await self.nodes.loads(exclude=tried))
+            node = self.shared.nodes.pick(await self.shared.nodes.loads(exclude=tried))
             with self._in_flight(node, sink) as chunks:
                 try:
-                    result = await self.nodes.run(node, "free", (kind, request), chunks.sink, 0)
+                    result = await self.shared.nodes.run(node, "free", (kind, request), chunks.sink, 0)
                     return TurnOut(result=result, node=node, epoch=0, turn="", attempts=attempt)
                 except NODE_GONE as e:
                     if attempt == 2 or chunks.n:
@@ -168,7 +166,7 @@ class Turns:
     def _in_flight(self, node: str, sink: Callable[[Any], None] | None) -> Iterator[_Chunks]:
         """While a turn runs on `node`, the node counts it in flight (what `NodeLink.pick`
         weighs), however the turn ends; its chunks reach `sink` counted."""
-        inflight = self.nodes.inflight
+        inflight = self.shared.nodes.inflight
         inflight[node] = inflight.get(node, 0) + 1
         try:
             yield _Chunks(sink)
@@ -178,9 +176,9 @@ class Turns:
     async def _place(self, mind: str) -> Entry:
         """A new mind: on the node `NodeLink.pick` names, at a fresh epoch."""
         async with self.place_lock:
-            node = self.nodes.pick(await self.nodes.loads())
-            epoch = self.dir.issue(mind)
-            await self.nodes.call(node, "adopt", mind, epoch, None, None)
-            entry = self.dir.assign(mind, node, epoch)
+            node = self.shared.nodes.pick(await self.shared.nodes.loads())
+            epoch = self.shared.dir.issue(mind)
+            await self.shared.nodes.call(node, "adopt", mind, epoch, None, None)
+            entry = self.shared.dir.assign(mind, node, epoch)
         log.info("cluster.placed", mind=mind, node=node, epoch=epoch)
         return entry
