@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from actord.policy.lru import DaemonMinds
-from actord.policy.prefix_index import PrefixIndex
+from actord.policy.prefix_index import BLOCK, PrefixIndex
 from actord.vocabulary.kv_identity import scoped_mind
 from actord.vocabulary.names import CACHE_MIND
 
@@ -43,7 +43,10 @@ class PromptCache:
     def __init__(self, max_minds: int, max_bytes: int) -> None:
         self.minds = _Listed(max_minds, max_bytes, self._unindex)
         self._index = PrefixIndex()
-        self._prompts: dict[str, list[int]] = {}  # a mind -> its last turn's prompt (indexed)
+        # A mind -> its last turn's prompt, as its length and the tokens past its last full
+        # block: the index matched the full blocks by their chained hashes already, so a
+        # long prompt is not kept twice (the slot and its page hold it).
+        self._prompts: dict[str, tuple[int, list[int]]] = {}
         self._used: dict[str, int] = {}  # a mind -> when it was last taken (a tie-break)
         self._busy: set[str] = set()
         self._clock = 0
@@ -55,10 +58,10 @@ class PromptCache:
         self._clock += 1
         best: str | None = None
         for name in self._index.wholes(prompt, genes, scope):
-            held = self._prompts[name]
-            if name in self._busy or len(held) > len(prompt) or prompt[:len(held)] != held:
+            n, tail = self._prompts[name]
+            if name in self._busy or n > len(prompt) or prompt[n - len(tail):n] != tail:
                 continue
-            if best is None or (len(held), self._used[name]) > (len(self._prompts[best]), self._used[best]):
+            if best is None or (n, self._used[name]) > (self._prompts[best][0], self._used[best]):
                 best = name
         found = best is not None
         if best is None:
@@ -72,7 +75,7 @@ class PromptCache:
         """`mind` ran `prompt`: found by `prompt` from here on. (Its bytes are charged by
         `minds.touch`, which answers the minds past the bound.)"""
         self._busy.discard(mind)
-        self._prompts[mind] = list(prompt)
+        self._prompts[mind] = (len(prompt), list(prompt[len(prompt) // BLOCK * BLOCK:]))
         self._index.add(mind, prompt, genes, scope)
 
     def failed(self, mind: str) -> None:
