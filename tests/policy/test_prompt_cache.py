@@ -4,7 +4,11 @@ another turn, never across gene sets or scopes; past the bound the oldest is fou
 
 from __future__ import annotations
 
+import pytest
+
 from actord.policy.prompt_cache import PromptCache
+from actord.vocabulary.config import Config
+from actord.vocabulary.errors import InvalidParams
 from actord.vocabulary.names import is_cache_mind
 
 P = list(range(1, 97))  # three full blocks
@@ -92,3 +96,10 @@ def test_a_failed_turn_leaves_a_found_mind_found_and_a_new_one_first_in_line_to_
     m, _ = c.take([8] + P, G, "")
     c.done(m, [8] + P, G, "")
     assert c.minds.touch(m, 10) == [new]  # listed first in line
+
+
+def test_a_bad_prompt_cache_setting_is_refused_by_name():
+    for bad in ({"prompt_cache_minds": -1}, {"prompt_cache_bytes": -1}, {"prompt_cache_min_tokens": 0}):
+        with pytest.raises(InvalidParams, match=next(iter(bad))):
+            Config(model="m.gguf", **bad).validate()
+    Config(model="m.gguf", prompt_cache_minds=0).validate()  # off
