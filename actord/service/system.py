@@ -449,13 +449,17 @@ class ActorSystem:
 
     @entry("page.in")
     async def page_in(self, slot: int, page: str) -> dict[str, Any]:
-        target = self._slot(slot)
+        self._slot(slot)  # SlotNotFound first
         own = tenancy.own_name(page, "page")
         with tenancy.as_client(page):
             n = self.built.index.page_tokens(own)  # one page's size, as the page store published it
             if n is None:
-                return await target.ask(PageInSlot(page=own))  # refused by the slot, typed
-            return tenancy.client_answer(await self.placement.with_room(slot, n, PageInSlot(page=own), page=own))
+                # Not asked of the slot: a page published after this look (another client's
+                # page-out into that name) would move in with no cells held for it.
+                raise PageNotFound(f"no page named {own!r}", page=own)
+            # The slot refuses a page replaced by a larger one since this look (room_cells).
+            return tenancy.client_answer(await self.placement.with_room(
+                slot, n, PageInSlot(page=own, room_cells=n), page=own))
 
     @entry("page.drop")
     async def page_drop(self, page: str) -> Any:
@@ -525,7 +529,8 @@ class ActorSystem:
         n = await self.files.n_tokens(file)  # the file's cells, as its header says
         if not n:  # nothing to hold, or refused by the slot, typed
             return tenancy.client_answer(await target.ask(RestoreSlot(file=file)))
-        return tenancy.client_answer(await self.placement.with_room(slot, n, RestoreSlot(file=file), file=file))
+        return tenancy.client_answer(await self.placement.with_room(slot, n, RestoreSlot(file=file, room_cells=n),
+                                                                    file=file))
 
     @entry("page.stats", check_open=False)
     async def page_stats(self) -> Any:

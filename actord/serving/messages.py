@@ -98,7 +98,12 @@ class SaveSlot(Msg):
 
 
 class RestoreSlot(Msg):
+    """Restore file `file` into the slot. `room_cells` (>= 0) is how many KV cells the asker
+    holds for it, sized by the file's header when it looked: a file written again since with
+    more tokens is refused with `ContextFull` before anything moves (-1: unchecked)."""
+
     file: str
+    room_cells: int = -1
 
 
 class DropCheckpoint(Msg):

@@ -431,7 +431,7 @@ class MindPlacer(Actor[PlacerInbox]):
                         if room.cells < n:
                             log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
                             return False
-                        await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                        await self.slots[slot].ask(RestoreSlot(file=mind_file(mind), room_cells=n))
             except PageDoesNotFit as e:
                 if "saved" in e.data:  # another model's file: no room makes it fit
                     raise

@@ -570,14 +570,14 @@ class Slot(Actor[SlotInbox]):
                 match msg:
                     case PageOutSlot(page=name):
                         out = await moves.page_out(name)
-                    case PageInSlot(page=name):
-                        out = await moves.page_in(name)
+                    case PageInSlot(page=name, room_cells=room_cells):
+                        out = await moves.page_in(name, room_cells=room_cells)
                     case SaveSlot(file=file, mind=mind) if mind is not None:
                         out = await moves.save_mind(mind, file)
                     case SaveSlot(file=file):
                         out = await moves.save(file)
-                    case RestoreSlot(file=file):
-                        out = await moves.restore(file)
+                    case RestoreSlot(file=file, room_cells=room_cells):
+                        out = await moves.restore(file, room_cells=room_cells)
                     case _:
                         raise InvalidParams(f"not a page operation: {type(msg).__name__}")
             except BaseException:

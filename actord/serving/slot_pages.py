@@ -283,11 +283,14 @@ class SlotPages:
         return {"slot": m.id, "file": file, "n_bytes": stats.n_bytes, "n_tokens": len(m.kv_tokens),
                 "n_checkpoints": len(ckpts), "t_ms": t_ms, "copy_ms": st.t_ms}
 
-    async def restore(self, file: str) -> dict[str, Any]:
+    async def restore(self, file: str, room_cells: int = -1) -> dict[str, Any]:
         m = self.memory
         t0 = time.perf_counter()
         image = await self.peers.files.read(file)
         version = self.peers.files.version(file)
+        if 0 <= room_cells < len(image.tokens):  # written again since the asker sized it
+            raise ContextFull(f"file {file!r} holds {len(image.tokens)} tokens, more than the {room_cells} cells "
+                              "held for it", file=file, n_tokens=len(image.tokens), held=room_cells)
         check_fingerprint(image, m.props, file)
         genes = await self.genes_by_content(image, file)
         # The slot's old content goes; a failed restore leaves the slot empty and usable.

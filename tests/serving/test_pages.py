@@ -172,3 +172,24 @@ async def test_replacing_a_page_subtracts_the_old_one_only_when_the_store_owns_i
         b = await s.page_out(0, "m")  # replaces: old one was solely the store's
         st = await s.page_stats()
         assert st.charged == b["n_bytes"] and st.pages == 1 and a["n_bytes"] != b["n_bytes"]
+
+
+async def test_a_page_or_file_larger_than_the_cells_held_for_it_is_refused_before_anything_moves(tiny_model,
+                                                                                                 tmp_path):
+    """A page-in or restore sized by one look and carried out after the page or file was
+    replaced by a larger one (simulation seed 625: a page published between the page.in
+    verb's look and the slot's turn moved 135 cells in with none held, 270 of 256 charged)."""
+    from actord.serving.messages import PageInSlot, RestoreSlot
+    from actord.vocabulary.errors import ContextFull
+
+    async with ActorSystem(cfg(tiny_model, slots=3, page_dir=str(tmp_path))) as s:
+        await _turn(s, 0, [1] + list(range(5, 55)))
+        await s.slot_save(0, "big.page")
+        await s.page_out(0, "big")
+        for msg in (PageInSlot(page="big", room_cells=10), RestoreSlot(file="big.page", room_cells=10)):
+            with pytest.raises(ContextFull):
+                await s.slots[2].ask(msg)
+            assert (await s.slot_list())[2].n_tokens == 0
+        with pytest.raises(PageNotFound):  # no page of that name when the verb looks: not asked of a slot
+            await s.page_in(2, "not-yet")
+        assert "big" in [p.page if not isinstance(p, dict) else p["page"] for p in await s.page_list()]
