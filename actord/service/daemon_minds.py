@@ -20,6 +20,12 @@ from actord.vocabulary.log import get
 log = get("actord.service.daemon_minds")
 
 
+def charged(props: Any, n_tokens: int) -> int:
+    """The bytes a mind of `n_tokens` is charged, as her page would be: the recurrent state
+    plus the KV bytes of each token."""
+    return props.recurrent_state_bytes + n_tokens * props.kv_bytes_per_token
+
+
 async def forget_past_bound(minds: DaemonMinds, mind: str, n_bytes: int, *, forget: Callable[[str], Awaitable[int]],
                             resident: Callable[[], Awaitable[set[str]]], evicted: Any, gauge: Any,
                             event: str) -> None:

@@ -19,7 +19,7 @@ import msgspec
 from actord.engine.jobs import ModelProps
 from actord.policy.prompt_cache import PromptCache
 from actord.serving.slot import gene_set
-from actord.service.daemon_minds import forget_past_bound
+from actord.service.daemon_minds import charged, forget_past_bound
 from actord.vocabulary.config import Config
 from actord.vocabulary.kv_identity import one_off
 from actord.vocabulary.metrics import Metrics
@@ -67,8 +67,8 @@ class CacheTurns:
         if self.cache is None or request.mind is None or not is_cache_mind(request.mind):
             return result
         assert isinstance(request.prompt, list)
-        n_bytes = props.recurrent_state_bytes + (result.n_prompt_tokens + len(result.tokens)) * props.kv_bytes_per_token
         self.cache.done(request.mind, request.prompt, gene_set(self.default_genes, request), request.kv_scope())
+        n_bytes = charged(props, result.n_prompt_tokens + len(result.tokens))
         with anyio.CancelScope(shield=True):  # the bound holds whether or not the client stays
             await forget_past_bound(self.cache.minds, request.mind, n_bytes, forget=self.forget,
                                     resident=self.resident, evicted=self.metrics.prompt_cache_evicted_total,

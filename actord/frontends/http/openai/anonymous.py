@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from actord.policy.lru import DaemonMinds
-from actord.service.daemon_minds import forget_past_bound as forget_minds
+from actord.service.daemon_minds import charged, forget_past_bound as forget_minds
 
 
 async def forget_past_bound(minds: DaemonMinds, system: Any, mind: str, c: Any) -> None:
@@ -38,7 +38,6 @@ async def forget_past_bound(minds: DaemonMinds, system: Any, mind: str, c: Any) 
         return {s.mind for s in await system.slot_list() if s.mind}
 
     metrics = system.metrics
-    await forget_minds(minds, mind, props.recurrent_state_bytes + (c.n_prompt_tokens + len(c.tokens))
-                       * props.kv_bytes_per_token, forget=forget, resident=resident,
-                       evicted=metrics.http_anonymous_minds_evicted_total, gauge=metrics.http_anonymous_minds,
-                       event="responses.mind_forgotten")
+    await forget_minds(minds, mind, charged(props, c.n_prompt_tokens + len(c.tokens)), forget=forget,
+                       resident=resident, evicted=metrics.http_anonymous_minds_evicted_total,
+                       gauge=metrics.http_anonymous_minds, event="responses.mind_forgotten")
