@@ -3,8 +3,8 @@
 Why: a client that names no mind (most OpenAI and Anthropic clients, and load tools such as
 NVIDIA AIPerf without a session header) resends the whole conversation each turn. While
 its cells sit in a slot, the next turn resumes them; once another request takes the slot,
-they were written over, and the turn prefilled its whole history again (bench/multiturn.py
-`--unnamed`: 1.90x the floor of prompt tokens with 8 conversations over 2 slots).
+they were written over, and the turn prefilled its whole history again (bench/multiturn.py's
+unnamed rows: 2.78x the floor of prompt tokens with 16 conversations over 2 slots).
 llama-server keeps such states in host RAM (`--cache-ram`) and loads the one a prompt
 extends. Here, such a request runs as a mind the daemon names itself (`CACHE_MIND` + a
 number), so everything a mind has works for it unchanged: paged out to RAM when its slot
@@ -93,9 +93,6 @@ class PromptCache:
         self._prompts.pop(mind, None)
         if mind not in self._busy:
             self._used.pop(mind, None)
-
-    def __len__(self) -> int:
-        return len(self.minds)
 
 
 class _Listed(DaemonMinds):
