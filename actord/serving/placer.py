@@ -415,29 +415,45 @@ class MindPlacer(Actor[PlacerInbox]):
         self._note_paged(ev["mind"])
         return int(ev.get("n_base", 0))
 
+    async def _file_cells(self, file: str) -> int | None:
+        """The cells page file `file` needs, from its header (None: no header to read); one
+        larger than the whole cache is refused here, typed, and kept."""
+        n = await self.files.n_tokens(file)
+        if n and self.kv_cells and n > self.kv_cells:
+            raise PageDoesNotFit(f"page file {file} holds {n} tokens, more than this context's {self.kv_cells} "
+                                 "cells", file=file, n_tokens=n, n_cells=self.kv_cells)
+        return n
+
     async def _restore(self, slot: int, mind: str) -> bool:
         """Restore `mind` from her page file: False where the file can never be restored
         (corrupt, another model's): refused once, so she starts another way."""
+        file = mind_file(mind)
         try:
-            # The file's cells held first (its header says how many), as for a page-in.
-            n = await self.files.n_tokens(mind_file(mind))
-            if n and self.kv_cells and n > self.kv_cells:
-                n = None  # larger than the whole cache: the restore refuses it, typed
             try:
-                if not n:
-                    await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
-                else:
-                    async with holding_room(self.scheduler, slot, n) as room:
-                        if room.cells < n:
-                            log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
-                            return False
-                        await self.slots[slot].ask(RestoreSlot(file=mind_file(mind), room_cells=n))
+                for again in (False, True):
+                    # The file's cells held first (its header says how many), as for a page-in.
+                    n = await self._file_cells(file)
+                    try:
+                        if not n:
+                            # No header to size it by: a file that turns out to hold cells
+                            # (written since) is refused before anything moves, and sized again.
+                            await self.slots[slot].ask(RestoreSlot(file=file, room_cells=0))
+                            break
+                        async with holding_room(self.scheduler, slot, n) as room:
+                            if room.cells < n:
+                                log.info("placer.no_room_for_file", slot=slot, mind=mind, n_tokens=n)
+                                return False
+                            await self.slots[slot].ask(RestoreSlot(file=file, room_cells=n))
+                            break
+                    except ContextFull as e:
+                        if "held" not in e.data or again:
+                            raise
             except PageDoesNotFit as e:
-                if "saved" in e.data:  # another model's file: no room makes it fit
+                if "saved" in e.data or "n_cells" in e.data:  # another model's, or larger than the cache
                     raise
                 # Its size is known only once read: free the whole cache, once.
                 async with holding_room(self.scheduler, slot, 1 << 30):
-                    await self.slots[slot].ask(RestoreSlot(file=mind_file(mind)))
+                    await self.slots[slot].ask(RestoreSlot(file=file))
         except FileNotFound:
             # Gone since it was looked at: the disk budget may evict it to make room for the
             # very page-out that made way for her. She starts another way.
