@@ -82,7 +82,8 @@ def final_state(a: Actors | None, metrics: Metrics) -> dict[str, Any]:
 
 # The counters a front turns into rates (tokens/s, first-token latency, prompt tokens
 # processed vs cached), by their names in the registry's snapshot.
-MEMORY_COUNTERS = ("prompt_tokens_total", "prompt_tokens_processed_total", "predicted_tokens_total",
+MEMORY_COUNTERS = ("prompt_tokens_total", "prompt_tokens_processed_total", "prompt_tokens_cached_total",
+                   "predicted_tokens_total",
                    "first_token_seconds_sum", "first_token_seconds_count", "page_out_total", "page_in_total")
 
 

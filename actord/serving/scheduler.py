@@ -416,6 +416,7 @@ class Scheduler(Actor[SchedulerInbox]):
         m.requests_in_flight.dec()
         m.requests_total.labels(outcome=r.reason).inc()
         m.prompt_tokens_processed_total.inc(r.n_prompt - r.n_cached)  # known here: a twin's share (core.py)
+        m.prompt_tokens_cached_total.inc(r.n_cached)
         if r.n_drafted:  # llama-server's counters, for every request that drafted
             m.spec_decode_num_draft_tokens_total.inc(r.n_drafted)
             m.spec_decode_num_accepted_tokens_total.inc(r.n_accepted)

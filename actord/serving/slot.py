@@ -468,6 +468,7 @@ class Slot(Actor[SlotInbox]):
         if nothing_to_decode or a.cancelled:
             # It ends here, never enrolled: the scheduler, which counts the rest, never sees it.
             self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
+            self.metrics.prompt_tokens_cached_total.inc(usable)
             await self._answer_here("length" if nothing_to_decode else "cancelled", n_cached=usable)
             return
         enroll = Enroll(

@@ -19,6 +19,11 @@ class Metrics:
         self.prompt_tokens_processed_total = Counter(
             "prompt_tokens_processed", "Prompt tokens decoded (not served from cache)", registry=r
         )
+        # Counted once, as a request ends, as the processed ones are: a difference of the two
+        # counters above dips while a prompt is in flight (received counted, processed not yet).
+        self.prompt_tokens_cached_total = Counter(
+            "prompt_tokens_cached", "Prompt tokens served from cache (not decoded)", registry=r
+        )
         self.predicted_tokens_total = Counter("predicted_tokens", "Tokens generated", registry=r)
         self.requests_total = Counter("requests", "Completion requests finished", ["outcome"], registry=r)
         self.requests_in_flight = Gauge("requests_in_flight", "Completion requests in flight", registry=r)

@@ -191,9 +191,9 @@ def test_rates_come_from_the_counters_between_polls():
     from actord.frontends.http.dashboard import series
 
     a = {"predicted_tokens_total": 10.0, "prompt_tokens_total": 100.0, "prompt_tokens_processed_total": 40.0,
-         "first_token_seconds_sum": 1.0, "first_token_seconds_count": 2.0}
+         "prompt_tokens_cached_total": 60.0, "first_token_seconds_sum": 1.0, "first_token_seconds_count": 2.0}
     b = {**a, "predicted_tokens_total": 30.0, "prompt_tokens_total": 150.0, "prompt_tokens_processed_total": 50.0,
-         "first_token_seconds_sum": 1.5, "first_token_seconds_count": 4.0}
+         "prompt_tokens_cached_total": 100.0, "first_token_seconds_sum": 1.5, "first_token_seconds_count": 4.0}
     c = dict(b)
     out = series([(0.0, a), (2.0, b), (3.0, c)])
     assert out[0] == {"t": -1.0, "tokens_per_s": 10.0, "first_token_ms": 250.0, "prompt_processed": 10.0,

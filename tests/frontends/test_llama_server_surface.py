@@ -354,6 +354,7 @@ def test_llama_servers_series_have_its_names_kinds_and_window_rates():
     m.engine_step_seqs_total.inc(6)
     m.prompt_tokens_total.inc(10)
     m.prompt_tokens_processed_total.inc(8)
+    m.prompt_tokens_cached_total.inc(2)
     m.prompt_seconds_total.inc(2.0)
     m.predicted_steps_total.inc(30)
     m.predicted_seconds_total.inc(3.0)

@@ -61,6 +61,26 @@ async def test_extended_prompt_decodes_only_what_follows_the_common_prefix(tiny_
         assert second.tokens == fresh.tokens
 
 
+async def test_the_cached_prompt_tokens_counter_counts_each_request_once_as_it_ends(tiny_model):
+    """A counter never goes down (AIPerf reads a dip as a server restart): the cached count
+    was received minus processed, which dipped while a prompt was in flight."""
+    async with ActorSystem(cfg(tiny_model, slots=1)) as s:
+        first = await s.complete(prompt=PROMPTS[0], n_predict=4, slot=0, ignore_eos=True)
+        seen: list[tuple[float, float]] = []
+
+        def during(_chunk) -> None:
+            snap = s.metrics.snapshot()
+            seen.append((snap["prompt_tokens_total"], snap["prompt_tokens_cached_total"]))
+
+        second = await s.complete(prompt=PROMPTS[0] + first.tokens + [5, 6], n_predict=6, slot=0,
+                                  ignore_eos=True, on_token=during)
+        n_received = len(PROMPTS[0]) * 2 + len(first.tokens) + 2
+        assert seen and all(got == (n_received, first.n_cached) for got in seen)  # in flight: not yet counted
+        snap = s.metrics.snapshot()
+        assert second.n_cached > 0 and snap["prompt_tokens_cached_total"] == first.n_cached + second.n_cached
+        assert snap["prompt_tokens_cached_total"] + snap["prompt_tokens_processed_total"] == n_received
+
+
 async def test_same_prompt_as_cached_still_samples(tiny_model):
     async with ActorSystem(cfg(tiny_model, slots=1)) as s:
         a = await s.complete(prompt=PROMPTS[1], n_predict=6, slot=0, ignore_eos=True)

@@ -212,6 +212,6 @@ def series(samples: list[tuple[float, dict[str, float]]]) -> list[dict[str, Any]
             "tokens_per_s": max(0.0, d.get("predicted_tokens_total", 0.0)) / dt,
             "first_token_ms": d.get("first_token_seconds_sum", 0.0) / n * 1e3 if n > 0 else None,
             "prompt_processed": processed,
-            "prompt_cached": max(0.0, d.get("prompt_tokens_total", 0.0) - processed),
+            "prompt_cached": max(0.0, d.get("prompt_tokens_cached_total", 0.0)),
         })
     return out

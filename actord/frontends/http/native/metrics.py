@@ -62,7 +62,7 @@ class LlamaSeries:
             ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
              v("prompt_tokens_processed_total")),
             ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
-             v("prompt_tokens_total") - v("prompt_tokens_processed_total")),
+             v("prompt_tokens_cached_total")),
             ("prompt_seconds_total", "Total time spent processing prompts", v("prompt_seconds_total")),
             ("tokens_predicted_total", "Number of generation tokens processed", v("predicted_tokens_total")),
             ("tokens_predicted_seconds_total", "Total time spent generating tokens", v("predicted_seconds_total")),
