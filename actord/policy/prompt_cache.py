@@ -17,7 +17,14 @@ its state; the deepest such prompt wins, then the most recently used. A mind run
 turn is not chosen (its state is about to change; the request starts a mind of its own).
 The key is the last prompt rather than prompt + reply because a client's next turn holds
 the reply as it rendered it, which may tokenize otherwise: the mind then resumes up to
-where they part. The index chains its block hashes from the request's genes and scope
+where they part. A template may render the end of a prompt otherwise too: DeepSeek R1's
+generation prompt ends `<think>\n`, Qwen3's without thinking an empty think block, and
+neither is in the reply as history renders it. So a request that parts from a last prompt
+within its final `GEN_TAIL` tokens finds that mind too, where it is at least `GEN_TAIL`
+tokens longer (one turn on: a reply and a user turn more, not a sibling conversation of the
+same length). A sibling that passes both takes the mind from its conversation at a bounded
+cost: that conversation's last reply and at most `GEN_TAIL` tokens of its prompt, prefilled
+again (from a base) on its next turn; an exact find is preferred at equal depth. The index chains its block hashes from the request's genes and scope
 (policy/prefix_index.py), so a mind is never found across gene sets or tenants.
 
 The minds are bounded as every mind the daemon makes is (policy/lru.py `DaemonMinds`: by
@@ -35,6 +42,8 @@ from actord.vocabulary.kv_identity import scoped_mind
 from actord.vocabulary.names import CACHE_MIND
 
 Genes = Sequence[tuple[int, float]]
+
+GEN_TAIL = 8  # a last prompt's end that a next turn may render otherwise (a generation prompt's)
 
 
 class PromptCache:
@@ -57,12 +66,24 @@ class PromptCache:
         one found (else a new name); it is busy until `done` or `failed`."""
         self._clock += 1
         best: str | None = None
+        best_key: tuple[int, bool, int] = (0, False, 0)
         for name in self._index.wholes(prompt, genes, scope):
-            n, tail = self._prompts[name]
-            if name in self._busy or n > len(prompt) or prompt[n - len(tail):n] != tail:
+            if name in self._busy:
                 continue
-            if best is None or (n, self._used[name]) > (self._prompts[best][0], self._used[best]):
-                best = name
+            n, tail = self._prompts[name]
+            start = n - len(tail)
+            same = 0
+            for a, b in zip(prompt[start:n], tail):
+                if a != b:
+                    break
+                same += 1
+            depth = start + same  # where the request parts from her last prompt
+            exact = depth == n
+            if not exact and (n - depth > GEN_TAIL or len(prompt) < n + GEN_TAIL):
+                continue
+            key = (depth, exact, self._used[name])
+            if best is None or key > best_key:
+                best, best_key = name, key
         found = best is not None
         if best is None:
             best = scoped_mind(f"{CACHE_MIND}{self._next}", scope)

@@ -1,6 +1,7 @@
 """The prompt cache's choice (policy/prompt_cache.py): a request runs as the mind whose last
-prompt its own begins with (the deepest, then the most recently used), never one busy with
-another turn, never across gene sets or scopes; past the bound the oldest is found no more."""
+prompt its own begins with, or parts from only in its last few tokens one turn on (the
+deepest, then the exact, then the most recently used), never one busy with another turn,
+never across gene sets or scopes; past the bound the oldest is found no more."""
 
 from __future__ import annotations
 
@@ -39,6 +40,30 @@ def test_a_last_prompt_that_parts_from_the_request_past_its_last_full_block_is_n
     c = PromptCache(8, 1 << 30)
     a, _ = ran(c, P + [1, 2, 3])  # three blocks and three tokens the index does not key
     assert c.take(P + [1, 2, 4, 5], G, "")[0] != a
+
+
+def test_a_next_turn_whose_template_renders_the_end_of_her_last_prompt_otherwise_finds_her():
+    """DeepSeek R1's generation prompt ends `<think>\n`; the reply as history renders it does
+    not begin so. The next turn parts from her last prompt in its final tokens, one turn on."""
+    c = PromptCache(8, 1 << 30)
+    think = [900, 901]
+    a, _ = ran(c, P + [5, 6, 7] + think)
+    reply, turn = [40, 41, 42], [902, 50, 51, 52, 53, 903, 904]
+    assert c.take(P + [5, 6, 7] + reply + turn, G, "") == (a, True)
+    c.done(a, P + [5, 6, 7] + reply + turn + think, G, "")
+    b, found = c.take(P + [5, 6, 7] + [60, 61], G, "")  # parts in her end, but no longer: a sibling
+    assert b != a and not found
+    c.failed(b)
+    x, _ = ran(c, P + list(range(200, 216)))
+    far = P + list(range(200, 204)) + list(range(300, 340))  # parts 12 tokens from her end: not her turn
+    assert c.take(far, G, "")[0] != x
+
+
+def test_at_equal_depth_an_exact_find_wins_over_one_that_parts_in_her_end():
+    c = PromptCache(8, 1 << 30)
+    exact, _ = ran(c, P + [5, 6, 7])
+    parted, _ = ran(c, P + [5, 6, 7, 8, 9])  # taken last, and one turn on parts from it after P + [5, 6, 7]
+    assert c.take(P + [5, 6, 7] + list(range(400, 420)), G, "") == (exact, True)
 
 
 def test_the_deepest_last_prompt_wins_then_the_most_recently_used():

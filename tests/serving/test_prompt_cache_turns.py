@@ -73,6 +73,29 @@ async def test_a_conversation_resent_one_turn_on_decodes_only_its_new_tokens_as_
             assert fresh.tokens == r.tokens
 
 
+async def test_a_template_that_renders_its_generation_prompt_otherwise_in_history_still_resumes(tiny_model, tmp_path):
+    """As DeepSeek R1's template does: each prompt ends `<think>\n`, which the history of the
+    next turn does not hold. Two conversations over one slot, so each one's state leaves it."""
+    think = [498, 499]
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        history = [list(SYSTEM) + user(k, 0, 20) for k in range(2)]
+        turns = []
+        for t in range(3):
+            for k in range(2):
+                prompt = history[k] + think
+                r = await s.complete(prompt=prompt, n_predict=N, ignore_eos=True)
+                turns.append((t, prompt, r))
+                history[k] = history[k] + r.tokens + user(k, t + 1, 20)
+        assert s.metrics.prompt_cache_turns_total.labels(found="yes")._value.get() == 4
+    for t, prompt, r in turns:
+        if t:  # the reply (its cells follow `think` in hers), the user's turn and `think`: not the history
+            assert r.n_prompt_processed == N + 20 + len(think) < r.n_prompt_tokens // 4, (t, r.n_prompt_processed)
+    async with ActorSystem(cfg(tiny_model, tmp_path / "fresh", prompt_cache_minds=0, prefix_sharing=False)) as s:
+        for _, prompt, r in turns[-2:]:
+            await s.slot_erase(0)
+            assert (await s.complete(prompt=prompt, n_predict=N, ignore_eos=True, slot=0)).tokens == r.tokens
+
+
 async def test_a_text_conversation_resent_one_turn_on_resumes_its_state_too(tiny_model, tmp_path):
     system_text = "You are a careful assistant who answers in short sentences. " * 8
     async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
