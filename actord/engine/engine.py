@@ -195,6 +195,7 @@ class Engine:
                     self.drafter.seq_rm(dst, -1, -1)
                 lib.llama_memory_seq_rm(c.mem, dst, -1, -1)
                 lib.llama_memory_seq_cp(c.mem, src, dst, -1, -1)
+                copier.copied(src, dst)
                 self.stepper.copy_memo(src, dst)
                 return True
             case J.SeqShare(src=src, dst=dst, n=n, checkpoint=None):
@@ -235,7 +236,7 @@ class Engine:
             case J.MemoryRange(seq=seq):
                 c.check_seq(seq)
                 return J.SeqRange(
-                    pos_min=int(lib.llama_memory_seq_pos_min(c.mem, seq)),
+                    pos_min=copier.pos_min(seq),
                     pos_max=int(lib.llama_memory_seq_pos_max(c.mem, seq)),
                 )
             case J.StepRecords():

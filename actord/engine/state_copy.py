@@ -25,11 +25,30 @@ from actord.vocabulary.errors import EngineError, InvalidParams, PageDoesNotFit
 
 class StateCopier:
     """State copies, cuts and shares of the target's sequences, and the draft's state jobs
-    (see the module docstring). It holds no state of its own: the context's memory is it."""
+    (see the module docstring). The context's memory is its state, but for one fact libllama
+    cannot answer (`swa_floor`)."""
 
     def __init__(self, context: Context, drafter: Drafter | MtpDrafter | None) -> None:
         self.context = context
         self.drafter = drafter
+        # seq -> the lowest position from which its sliding-window cells run unbroken to its
+        # end, where that is above libllama's pos_min: a sequence set from a base and a rest
+        # holds the base's last window and the rest's, with a hole between (each part was
+        # written without its SWA-masked cells), and pos_min sees only the lowest cell. A cut
+        # or share below the floor would attend across the hole (wrong output, seen on the
+        # tiny SWA model: a mind on a base paged in, then an earlier message edited).
+        self.swa_floor: dict[int, int] = {}
+
+    def pos_min(self, seq: int) -> int:
+        """The lowest position from which `seq`'s cells run unbroken to its end."""
+        return max(int(lib.llama_memory_seq_pos_min(self.context.mem, seq)), self.swa_floor.get(seq, -1))
+
+    def copied(self, src: int, dst: int) -> None:
+        """`dst` was cleared and given `src`'s cells (from position 0): so is its floor."""
+        if src in self.swa_floor:
+            self.swa_floor[dst] = self.swa_floor[src]
+        else:
+            self.swa_floor.pop(dst, None)
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         """llama_memory_seq_rm, refusing what recurrent memory only pretends to do.
@@ -51,7 +70,14 @@ class StateCopier:
             end = int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1  # 0 when empty
             if not (p0 >= end and (p1 < 0 or p1 >= p0)):
                 return False
-        return bool(lib.llama_memory_seq_rm(self.context.mem, seq, p0, p1))
+        ok = bool(lib.llama_memory_seq_rm(self.context.mem, seq, p0, p1))
+        floor = self.swa_floor.get(seq)
+        if ok and floor is not None:
+            if p0 <= 0 and p1 < 0:
+                del self.swa_floor[seq]
+            elif p1 < 0 and p0 < floor:
+                self.swa_floor[seq] = p0  # its unbroken run is gone: no window below its end
+        return ok
 
     def draft_job(self, job: Any) -> Any:
         """A state job on the draft context's sequence. Without a draft context there is no
@@ -84,7 +110,7 @@ class StateCopier:
                     if head:
                         d.seq_rm(job.seq, -1, -1)
                     return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
-            case J.MemoryRange():
+            case J.MemoryRange():  # the draft's sequences are never set in two parts: no floor
                 if d is None:
                     return J.SeqRange(pos_min=-1, pos_max=-1)
                 return J.SeqRange(pos_min=int(lib.llama_memory_seq_pos_min(d.mem, job.seq)),
@@ -143,6 +169,8 @@ class StateCopier:
         buffer's own address (a read-only buffer too, a mapped page file say), no copy."""
         if not scratch:
             self.context.check_seq(seq)
+        if ctx is None:  # the target's sequence: libllama clears what is set, a hole included
+            self.swa_floor.pop(seq, None)
         ctx, mem = ctx or self.context.ctx, mem or self.context.mem
         t0 = time.perf_counter()
         view = memoryview(data).cast("B")
@@ -176,7 +204,7 @@ class StateCopier:
             return False
         window = self.context.n_swa  # the positions n attends to, back from n
         need = max(0, n - window) if window else 0
-        return int(lib.llama_memory_seq_pos_min(self.context.mem, seq)) <= need
+        return self.pos_min(seq) <= need
 
     def seq_share(self, src: int, dst: int, n: int) -> bool:
         self.context.check_seq(src)
@@ -189,6 +217,7 @@ class StateCopier:
             self.drafter.seq_rm(dst, -1, -1)
         lib.llama_memory_seq_rm(self.context.mem, dst, -1, -1)
         lib.llama_memory_seq_cp(self.context.mem, src, dst, 0, n)
+        self.copied(src, dst)
         return True
 
     def seq_share_from_checkpoint(self, src: int, dst: int, n: int, data: Any) -> bool:
@@ -208,7 +237,7 @@ class StateCopier:
         lib.llama_memory_seq_rm(self.context.mem, dst, -1, -1)
         lib.llama_memory_seq_cp(self.context.mem, src, dst, 0, n)
         try:
-            self.state_set(dst, data, True)
+            self.state_set(dst, data, True)  # its window from the checkpoint: no floor
         except PageDoesNotFit:
             return False  # (state_set cleared dst)
         if int(lib.llama_memory_seq_pos_max(self.context.mem, dst)) + 1 != n:
@@ -247,13 +276,17 @@ class StateCopier:
                 n_bytes += self.state_set(seq, job.base, job.partial).n_bytes
             if memoryview(job.data).nbytes:
                 n_bytes += self.state_set(scratch, job.data, job.partial, scratch=True).n_bytes
+                rest_from = int(lib.llama_memory_seq_pos_min(self.context.mem, scratch))
                 lib.llama_memory_seq_cp(self.context.mem, scratch, seq, job.n_base, -1)
+                if self.context.n_swa and rest_from > job.n_base:  # the rest's window begins past the base
+                    self.swa_floor[seq] = max(rest_from, self.swa_floor.get(seq, -1))
             held = int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1
             if job.n_tokens >= 0 and held != job.n_tokens:
                 raise PageDoesNotFit(f"a base and its rest made {held} positions, not {job.n_tokens}",
                                      seq=seq, n_tokens=job.n_tokens, held=held)
         except BaseException:
             lib.llama_memory_seq_rm(self.context.mem, seq, -1, -1)
+            self.swa_floor.pop(seq, None)
             if self.drafter is not None:
                 self.drafter.seq_rm(seq, -1, -1)
             raise

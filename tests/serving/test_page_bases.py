@@ -230,3 +230,24 @@ async def test_four_new_minds_on_one_prefix_over_two_slots_prefill_it_once(tiny_
                 tg.start_soon(one, k)
     processed = sorted(r.n_prompt_processed for r in out.values())  # type: ignore[attr-defined]
     assert processed == [20, 20, 20, 320], processed
+
+
+async def test_a_mind_on_a_base_of_a_full_swa_cache_cut_back_past_its_window_decodes_as_a_fresh_prefill(
+        tiny_swa_model):
+    """A page on a base is set as two parts, each written without its SWA-masked cells: the
+    sliding-window layers hold the base's last window and the rest's, with a hole between,
+    which libllama's pos_min does not show. A turn that parts from her history further back
+    than a window (an earlier message edited) must not attend across the hole: it was cut
+    there and answered other tokens than a fresh prefill (seen with the prompt cache)."""
+    async with ActorSystem(cfg(tiny_swa_model, slots=1, prefix_sharing=True)) as s:
+        history = {m: PREFIX + [5 + k * 50 + i for i in range(120)] for k, m in enumerate("ab")}
+        for _ in range(2):  # two minds over one slot: each is paged out, the second on a base
+            for m in "ab":
+                r = await s.complete(prompt=history[m], n_predict=4, mind=m, ignore_eos=True)
+                history[m] = history[m] + r.tokens + [9, 10, 11]
+        assert (await s.page_stats()).bases == 1
+        edited = history["a"][:N_BASE + 40] + [400, 401, 402]  # parts ~90 tokens back from her end
+        got = await s.complete(prompt=edited, n_predict=6, mind="a", ignore_eos=True)
+    async with ActorSystem(cfg(tiny_swa_model, slots=1, prefix_sharing=False)) as s:
+        fresh = await s.complete(prompt=edited, n_predict=6, slot=0, ignore_eos=True)
+    assert got.tokens == fresh.tokens
