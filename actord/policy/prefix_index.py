@@ -105,6 +105,19 @@ class PrefixIndex:
             best, n = pick, (i + 1) * BLOCK
         return best, n
 
+    def deepest(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = (),
+                scope: str = "") -> tuple[set[Hashable], int]:
+        """Every holder of the deepest of `tokens`' leading blocks any holds, and how many
+        tokens those blocks are (set(), 0: none shares a block)."""
+        found: set[Hashable] = set()
+        n = 0
+        for i, b in enumerate(block_keys(tokens, genes, scope)):
+            holders = self._by_block.get(b)
+            if not holders:
+                break
+            found, n = holders, (i + 1) * BLOCK
+        return set(found), n
+
     def wholes(self, tokens: Sequence[int], genes: Sequence[tuple[int, float]] = (), scope: str = "") -> list[Hashable]:
         """Every holder whose last full block is one of `tokens`' leading blocks, deepest
         first: the candidates for a held list that is a prefix of `tokens` (the caller

@@ -24,7 +24,15 @@ within its final `GEN_TAIL` tokens finds that mind too, where it is at least `GE
 tokens longer (one turn on: a reply and a user turn more, not a sibling conversation of the
 same length). A sibling that passes both takes the mind from its conversation at a bounded
 cost: that conversation's last reply and at most `GEN_TAIL` tokens of its prompt, prefilled
-again (from a base) on its next turn; an exact find is preferred at equal depth. The index chains its block hashes from the request's genes and scope
+again (from a base) on its next turn; an exact find is preferred at equal depth.
+
+A request that holds a mind's first prompt whole and more of her (at least a block past it:
+her first reply), yet not her last prompt, is her conversation branched at a later turn: a
+message edited, an older reply regenerated, a chat client's other branch. With no mind found
+as above, it runs as the one it shares the most blocks with, and she resumes up to where
+they part (llama-server's cache loads its most similar prompt alike). Her old branch past
+that point is given up for the new one; a sibling conversation never shares her first
+reply, so it never takes her this way. The index chains its block hashes from the request's genes and scope
 (policy/prefix_index.py), so a mind is never found across gene sets or tenants.
 
 The minds are bounded as every mind the daemon makes is (policy/lru.py `DaemonMinds`: by
@@ -57,13 +65,17 @@ class PromptCache:
         # long prompt is not kept twice (the slot and its page hold it).
         self._prompts: dict[str, tuple[int, list[int]]] = {}
         self._used: dict[str, int] = {}  # a mind -> when it was last taken (a tie-break)
+        self._first: dict[str, int] = {}  # a mind -> the length of her conversation's first prompt
         self._busy: set[str] = set()
         self._clock = 0
         self._next = 0  # the next new mind's number
 
-    def take(self, prompt: list[int], genes: Genes, scope: str) -> tuple[str, bool]:
+    def take(self, prompt: list[int], genes: Genes, scope: str, parted: bool = True) -> tuple[str, bool]:
         """The mind a request of `prompt` under `genes` in `scope` runs as, and whether it is
-        one found (else a new name); it is busy until `done` or `failed`."""
+        one found (else a new name); it is busy until `done` or `failed`. `parted`: a mind
+        may be found by a request that parts from her last prompt (at its end, or a branch);
+        off where the memory cannot be cut back after a page-in (a sliding window, recurrent
+        state): she would then prefill the request whole, where a new mind starts from a base."""
         self._clock += 1
         best: str | None = None
         best_key: tuple[int, bool, int] = (0, False, 0)
@@ -79,11 +91,13 @@ class PromptCache:
                 same += 1
             depth = start + same  # where the request parts from her last prompt
             exact = depth == n
-            if not exact and (n - depth > GEN_TAIL or len(prompt) < n + GEN_TAIL):
+            if not exact and (not parted or n - depth > GEN_TAIL or len(prompt) < n + GEN_TAIL):
                 continue
             key = (depth, exact, self._used[name])
             if best is None or key > best_key:
                 best, best_key = name, key
+        if best is None and parted:
+            best = self._branched(prompt, genes, scope)
         found = best is not None
         if best is None:
             best = scoped_mind(f"{CACHE_MIND}{self._next}", scope)
@@ -92,10 +106,19 @@ class PromptCache:
         self._used[best] = self._clock
         return best, found
 
+    def _branched(self, prompt: list[int], genes: Genes, scope: str) -> str | None:
+        """The idle mind whose conversation `prompt` holds past her first reply's first
+        block, sharing the most blocks with it (then the most recently used); None: none."""
+        holders, depth = self._index.deepest(prompt, genes, scope)
+        fits = [m for m in holders if isinstance(m, str) and m not in self._busy
+                and depth >= self._first.get(m, depth) + BLOCK]
+        return max(fits, key=lambda m: self._used[m], default=None)
+
     def done(self, mind: str, prompt: list[int], genes: Genes, scope: str) -> None:
         """`mind` ran `prompt`: found by `prompt` from here on. (Its bytes are charged by
         `minds.touch`, which answers the minds past the bound.)"""
         self._busy.discard(mind)
+        self._first.setdefault(mind, len(prompt))
         self._prompts[mind] = (len(prompt), list(prompt[len(prompt) // BLOCK * BLOCK:]))
         self._index.add(mind, prompt, genes, scope)
 
@@ -112,6 +135,7 @@ class PromptCache:
     def _unindex(self, mind: str) -> None:
         self._index.remove(mind)
         self._prompts.pop(mind, None)
+        self._first.pop(mind, None)
         if mind not in self._busy:
             self._used.pop(mind, None)
 

@@ -42,8 +42,8 @@ class CacheTurns:
         self.forget = forget
         self.resident = resident
 
-    async def begin(self, request: CompletionRequest,
-                    tokens_of: Callable[[str], Awaitable[list[int]]]) -> CompletionRequest:
+    async def begin(self, request: CompletionRequest, tokens_of: Callable[[str], Awaitable[list[int]]],
+                    props: ModelProps) -> CompletionRequest:
         """`request` as it runs: as a mind of the cache's where it is one the cache serves. A
         text prompt that may be long enough is tokenized here (`tokens_of`, as the slot would:
         special tokens added and parsed), and runs as its tokens."""
@@ -57,7 +57,8 @@ class CacheTurns:
         assert isinstance(request.prompt, list)
         if len(request.prompt) < self.min_tokens:
             return request
-        mind, found = self.cache.take(request.prompt, gene_set(self.default_genes, request), request.kv_scope())
+        mind, found = self.cache.take(request.prompt, gene_set(self.default_genes, request), request.kv_scope(),
+                                      parted=cuts_anywhere(props))
         self.metrics.prompt_cache_turns_total.labels(found="yes" if found else "no").inc()
         return msgspec.structs.replace(request, mind=mind)
 
@@ -78,6 +79,12 @@ class CacheTurns:
     def failed(self, request: CompletionRequest) -> None:
         if self.cache is not None and request.mind is not None and is_cache_mind(request.mind):
             self.cache.failed(request.mind)
+
+
+def cuts_anywhere(props: ModelProps) -> bool:
+    """Can a paged-in state be cut back to any position? Not under a sliding window (a page
+    holds only its last window of those layers) nor with recurrent state (one state, at the end)."""
+    return props.n_swa == 0 and not props.recurrent and not props.hybrid
 
 
 def stale_files(names: Any) -> list[str]:

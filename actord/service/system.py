@@ -314,7 +314,7 @@ class ActorSystem:
         if self.config.ctx_per_slot:  # each slot held to n_ctx / slots (actord/service/slot_ctx.py)
             request = await slot_ctx.fit(self, request)
         if _cached:
-            request = await self.prompt_cache.begin(request, self.tokens_of)
+            request = await self.prompt_cache.begin(request, self.tokens_of, self.props)
         rid = self.inflight.open()
         bound = self.config.request_timeout_s
         slot: Slot | None = None

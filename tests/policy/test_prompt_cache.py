@@ -59,11 +59,45 @@ def test_a_next_turn_whose_template_renders_the_end_of_her_last_prompt_otherwise
     assert c.take(far, G, "")[0] != x
 
 
+def test_where_memory_cannot_be_cut_back_only_a_whole_last_prompt_finds_her():
+    c = PromptCache(8, 1 << 30)
+    a, _ = ran(c, P + [5, 6, 7, 900, 901])
+    tail_parted = P + [5, 6, 7] + list(range(40, 60))
+    assert c.take(tail_parted, G, "", parted=False)[1] is False
+    b, _ = ran(c, P + [1])
+    branched = P + [1] + list(range(600, 680))
+    c.done(b, branched, G, "")
+    assert c.take(branched[:-10] + [5] * 20, G, "", parted=False)[1] is False
+    assert c.take(P + [5, 6, 7, 900, 901, 3], G, "", parted=False) == (a, True)
+
+
 def test_at_equal_depth_an_exact_find_wins_over_one_that_parts_in_her_end():
     c = PromptCache(8, 1 << 30)
     exact, _ = ran(c, P + [5, 6, 7])
     parted, _ = ran(c, P + [5, 6, 7, 8, 9])  # taken last, and one turn on parts from it after P + [5, 6, 7]
     assert c.take(P + [5, 6, 7] + list(range(400, 420)), G, "") == (exact, True)
+
+
+def test_a_conversation_branched_at_a_later_turn_runs_as_her_mind_and_a_sibling_never_does():
+    c = PromptCache(8, 1 << 30)
+    first = P + [5, 6, 7]
+    a, _ = ran(c, first)
+    reply1, reply2 = list(range(600, 680)), list(range(700, 740))
+    second = first + reply1 + [8, 9]
+    assert c.take(second, G, "") == (a, True)
+    c.done(a, second, G, "")
+    edited = first + reply1 + [10, 11, 12]  # her second message edited: parts inside her last prompt
+    assert c.take(edited, G, "") == (a, True)
+    c.done(a, edited, G, "")
+    assert c.take(second + reply2 + [1], G, "") == (a, True)  # the other branch again: hers still
+    c.done(a, second + reply2 + [1], G, "")
+    sibling = first + [900] * 80  # her first prompt, then not her reply: another conversation
+    b, found = c.take(sibling, G, "")
+    assert b != a and not found
+    c.failed(b)
+    busy, _ = c.take(edited, G, "")
+    assert busy == a
+    assert c.take(first + reply1 + [13], G, "")[0] != a  # she is busy: never shared
 
 
 def test_the_deepest_last_prompt_wins_then_the_most_recently_used():

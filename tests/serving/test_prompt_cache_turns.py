@@ -96,6 +96,34 @@ async def test_a_template_that_renders_its_generation_prompt_otherwise_in_histor
             assert (await s.complete(prompt=prompt, n_predict=N, ignore_eos=True, slot=0)).tokens == r.tokens
 
 
+async def test_a_conversation_with_an_earlier_message_edited_resumes_up_to_the_edit(model, tmp_path):
+    """A chat client's edit of an older message (or a regenerate of an older reply) resends
+    the conversation up to it, then the new text: the mind resumes what the two share. A
+    sibling conversation (the same system prompt, its own first message) never takes her.
+    Where a paged-in state cannot be cut back (a sliding window, recurrent state) the edit
+    starts a mind of its own instead, from the shared prompt's base or cells."""
+    cuts = model.endswith("llama.gguf")
+    async with ActorSystem(cfg(model, tmp_path, slots=1)) as s:
+        history = [list(SYSTEM) + user(k, 0, 40) for k in range(2)]
+        prompts = []
+        for t in range(3):
+            for k in range(2):  # two conversations over one slot: each leaves it between turns
+                r = await s.complete(prompt=history[k], n_predict=N, ignore_eos=True)
+                prompts.append(history[k])
+                history[k] = history[k] + r.tokens + user(k, t + 1, 40)
+        third = prompts[4]  # the first conversation's third turn; her second message edited:
+        edited = third[:-20] + user(9, 9, 30)
+        r = await s.complete(prompt=edited, n_predict=N, ignore_eos=True)
+        assert s.metrics.prompt_cache_turns_total.labels(found="yes")._value.get() == 4 + cuts
+        other = await s.complete(prompt=list(SYSTEM) + user(7, 7, 40), n_predict=N, ignore_eos=True)
+        assert s.metrics.prompt_cache_turns_total.labels(found="no")._value.get() == 2 + (not cuts) + 1
+    if cuts:  # her cells cut back where they part
+        assert r.n_cached == len(third) - 20
+    assert other.n_cached < len(SYSTEM) + 40
+    async with ActorSystem(cfg(model, tmp_path / "fresh", prompt_cache_minds=0, prefix_sharing=False)) as s:
+        assert (await s.complete(prompt=edited, n_predict=N, ignore_eos=True, slot=0)).tokens == r.tokens
+
+
 async def test_a_text_conversation_resent_one_turn_on_resumes_its_state_too(tiny_model, tmp_path):
     system_text = "You are a careful assistant who answers in short sentences. " * 8
     async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
