@@ -89,7 +89,8 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
         )
         slots.append(Slot(dispatcher, i, engine, props, metrics, peers, ckpt, default_seed=config.seed,
                           capacity=config.mailbox_capacity, track_footprint=device_budget > 0,
-                          default_genes=default_genes, share_prefixes=config.prefix_sharing))
+                          default_genes=default_genes, share_prefixes=config.prefix_sharing,
+                          swa_window_pages=config.page_swa_window))
     return Actors(slots=slots, scheduler=scheduler, pages=pages, residency=residency, ckpt_budget=ckpt_budget,
                   placer=placer, index=peers.index)
 

@@ -104,6 +104,7 @@ class Slot(Actor[SlotInbox]):
         self, dispatcher: Dispatcher, slot_id: int, engine: Any, props: J.ModelProps, metrics: Metrics,
         peers: SlotPeers, ckpt: CheckpointPlan, *, default_seed: int = 0, capacity: int = 64,
         track_footprint: bool = False, default_genes: Sequence[int] = (), share_prefixes: bool = True,
+        swa_window_pages: bool = True,
     ) -> None:
         super().__init__(dispatcher, f"slot{slot_id}", capacity)
         self.id = slot_id
@@ -114,7 +115,7 @@ class Slot(Actor[SlotInbox]):
         self.default_seed = default_seed
         self.peers = peers  # the placer is told SlotState when what it places by changes
         self.memory = SlotMemory(slot_id, engine, props, metrics, ckpt, peers, track_footprint=track_footprint,
-                                 share_prefixes=share_prefixes)
+                                 share_prefixes=share_prefixes, swa_window_pages=swa_window_pages)
         self.share = PrefixShare(self.memory, peers)
         self.moves = SlotPages(self.memory, PageBases(self.memory, peers), peers)
         self.default_genes = default_genes  # the system's, loaded at start (a shared list)
@@ -455,6 +456,7 @@ class Slot(Actor[SlotInbox]):
         keep_last = (self.props.prompt_logits and raw >= len(prompt) and req.n_predict > 0
                      and await self.engine.run(J.MemoHeld(seq=self.seq, pos=len(prompt) - 1, token=prompt[-1])))
         usable, from_ckpt = await m.cut_to(min(raw, len(prompt) if keep_last else len(prompt) - 1))
+        m.used_moved_checkpoints()
         m.draft_n = min(m.draft_n, usable)  # every cut of the sequence cuts the draft's too
         memo = 0 if not self.props.prompt_logits else J.MEMO_REUSE if usable == len(prompt) else J.MEMO_KEEP
         pos0 = usable - 1 if memo == J.MEMO_REUSE else usable

@@ -41,7 +41,8 @@ class SlotMemory:
     told) and the sequence index (published to)."""
 
     def __init__(self, slot_id: int, engine: Any, props: J.ModelProps, metrics: Metrics, ckpt: CheckpointPlan,
-                 peers: SlotPeers, *, track_footprint: bool, share_prefixes: bool) -> None:
+                 peers: SlotPeers, *, track_footprint: bool, share_prefixes: bool,
+                 swa_window_pages: bool = True) -> None:
         self.id = slot_id
         self.seq = slot_id
         self.engine = engine
@@ -51,6 +52,7 @@ class SlotMemory:
         self.peers = peers
         self.track_footprint = track_footprint
         self.share_prefixes = share_prefixes  # Config.prefix_sharing
+        self.swa_window_pages = swa_window_pages  # Config.page_swa_window
         self._kv: list[int] = []
         self.kv_epoch = 0
         self._genes: tuple[tuple[int, float], ...] = ()
@@ -226,11 +228,43 @@ class SlotMemory:
         """The raw lcp the original C++ server's selection may use; 'oldest' ignores it on purpose."""
         return self.resume_raw_lcp if self.ckpt.policy == "divergence" else None
 
-    def page_checkpoints(self) -> list[SlotCheckpoint]:
+    async def page_checkpoints(self) -> list[SlotCheckpoint]:
         """What a page or file keeps: the policy's choice (placement: the best subset for
-        the mind's forecast; divergence/oldest: the original C++ server's count rule)."""
+        the mind's forecast; divergence/oldest: the original C++ server's count rule); on a
+        full sliding-window cache, the window where the next turn will likely cut back to."""
+        if self.windowed():
+            return await self._window_checkpoint() if self.swa_window_pages else []
         idx = self.ckpt.keep_indices(self._checkpoints, self.resume_raw_lcp, len(self._kv))
         return [self._checkpoints[i] for i in idx]
+
+    def windowed(self) -> bool:
+        """A full sliding-window cache: in place it is cut back anywhere (no checkpoints), but
+        a page or file holds only its last window of those layers (libllama writes a state
+        without its SWA-masked cells), so once moved, a cut needs the window at that point."""
+        p = self.props
+        return p.n_swa > 0 and not (p.needs_checkpoints or p.recurrent or p.hybrid)
+
+    async def _window_checkpoint(self) -> list[SlotCheckpoint]:
+        """The window at the last prompt's end less one: where a regenerate, an edit of the
+        last message or a reply the client renders otherwise cuts back to (each re-prefilled
+        the whole history after a page-in: measured on Gemma 3 270M, 1,501 of 1,501 tokens
+        for a regenerate). None where the sequence fits in one window (a page holds all of
+        it); one a page or file brought and no turn used yet is kept as it is."""
+        n, pos = len(self._kv), self.ckpt.prompt_end - 1
+        held = list(self._checkpoints)
+        if n <= self.props.n_swa or not 0 < pos < n or any(c.pos == pos for c in held):
+            return held
+        if not await self._memory_holds(pos):  # moved in since: its window there is gone
+            return held
+        st = await self.engine.run(J.StateGet(seq=self.seq, partial=True, p0=0, p1=pos))
+        return [SlotCheckpoint(pos=pos, data=st.data)]
+
+    def used_moved_checkpoints(self) -> None:
+        """A turn began on a moved-in sequence of a full sliding-window cache: what it cut
+        back to is in memory now, and the checkpoints the move brought (held outside the
+        budget, charged with their page while paged) go."""
+        if self.windowed() and self._checkpoints:
+            self._keep([])
 
     async def sync_budget(self, ckpts: list[SlotCheckpoint]) -> None:
         if not self.props.needs_checkpoints:
@@ -260,10 +294,14 @@ class SlotMemory:
 
     async def adopt_checkpoints(self, ckpts: list[SlotCheckpoint]) -> None:
         """Checkpoints arriving with a page or file enter the budget one by one, oldest first,
-        in one ask (a page_in's actor hops, not one per checkpoint)."""
+        in one ask (a page_in's actor hops, not one per checkpoint). A full sliding-window
+        cache's are kept outside the budget until the next turn begins (`used_moved_checkpoints`)."""
         self._keep([])
         await self.sync_budget([])
         if not ckpts:
+            return
+        if self.windowed():
+            self._keep(list(ckpts))
             return
         items = []
         for ck in ckpts:

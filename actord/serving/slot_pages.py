@@ -61,7 +61,8 @@ class SlotPages:
         m = self.memory
         if not m.kv_tokens:
             raise SlotEmpty(f"slot {m.id} holds no sequence", slot=m.id)
-        return await m.engine.run(J.StateGet(seq=m.seq)), m.page_checkpoints()
+        ckpts = await m.page_checkpoints()
+        return await m.engine.run(J.StateGet(seq=m.seq)), ckpts
 
     async def page_out(self, name: str, *, keep: bool = False) -> dict[str, Any]:
         """The sequence into page `name`, the slot freed. `keep`: a copy only; the slot keeps
@@ -72,7 +73,7 @@ class SlotPages:
         if not m.kv_tokens:
             raise SlotEmpty(f"slot {m.id} holds no sequence", slot=m.id)
         t0 = time.perf_counter()
-        ckpts = m.page_checkpoints()
+        ckpts = await m.page_checkpoints()
         n_draft, take = 0, False
         sizes = await self._whole_sizes(ckpts)
         digests = await self.gene_digests()

@@ -119,6 +119,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # diverge (actord.policy.checkpoint_placement); "divergence": the seed's spacing + count rule aware
     # of the last raw lcp; "oldest": the original keep-head-and-newest rule (a baseline).
     checkpoint_policy: str = "placement"
+    # A page or page file of a full sliding-window cache keeps the window of those layers at
+    # its last prompt's end (libllama writes a state without the cells the window has passed,
+    # so once moved a turn that cuts back, a regenerate say, re-prefilled the whole history):
+    # one window per page (Gemma 3 270M: 7.7 MB at 512 positions). Off: pages hold no more.
+    page_swa_window: bool = True
     # A request whose slot holds little of its prompt starts from the longest prefix another
     # slot's sequence holds, by cells (actord.serving.prefix_share), and pages of minds that
     # open alike hold their common prefix once (the page store's bases). Off: every

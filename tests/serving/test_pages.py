@@ -193,3 +193,32 @@ async def test_a_page_or_file_larger_than_the_cells_held_for_it_is_refused_befor
         with pytest.raises(PageNotFound):  # no page of that name when the verb looks: not asked of a slot
             await s.page_in(2, "not-yet")
         assert "big" in [p.page if not isinstance(p, dict) else p["page"] for p in await s.page_list()]
+
+
+@pytest.mark.parametrize("move", ["page", "file"])
+async def test_a_regenerate_after_a_move_on_a_full_swa_cache_decodes_only_the_last_prompt_token(
+        tiny_swa_model, tmp_path, move):
+    """A page or file of a full sliding-window cache holds only its last window of those
+    layers: a turn that cuts back (a regenerate: the same prompt again, its reply dropped)
+    re-prefilled the whole history after a move. The page keeps the window at the last
+    prompt's end less one, and the turn starts there, answering as the first time."""
+    prompt = [1] + [3 + (i * 37) % 500 for i in range(300)]
+    async with ActorSystem(cfg(tiny_swa_model, slots=1, ctx=1024, page_dir=str(tmp_path))) as s:
+        assert s.props.swa_full and 0 < s.props.n_swa < len(prompt)
+        first = await s.complete(prompt=prompt, n_predict=20, mind="ada", ignore_eos=True)
+        if move == "file":
+            await s.page_out(0, "ada")
+            await s.page_spill("ada", "ada.page", drop=True)
+        await s.complete(prompt=[1] + list(range(7, 107)), n_predict=2, mind="bob", ignore_eos=True)
+        again = await s.complete(prompt=prompt, n_predict=20, mind="ada", ignore_eos=True)
+        assert again.n_prompt_processed == 1 and again.resumed_from_checkpoint
+        assert again.tokens == first.tokens
+        assert (await s.slot_list())[0].n_checkpoints == 0  # used: the move's checkpoint goes
+
+
+async def test_without_swa_window_pages_a_full_swa_caches_page_holds_no_checkpoint(tiny_swa_model):
+    prompt = [1] + [3 + (i * 37) % 500 for i in range(300)]
+    for on in (True, False):
+        async with ActorSystem(cfg(tiny_swa_model, slots=1, ctx=1024, page_swa_window=on)) as s:
+            await s.complete(prompt=prompt, n_predict=8, slot=0, ignore_eos=True)
+            assert (await s.page_out(0, "ada"))["n_checkpoints"] == int(on)
