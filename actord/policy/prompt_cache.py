@@ -32,8 +32,10 @@ message edited, an older reply regenerated, a chat client's other branch. With n
 as above, it runs as the one it shares the most blocks with, and she resumes up to where
 they part (llama-server's cache loads its most similar prompt alike). Her old branch past
 that point is given up for the new one; a sibling conversation never shares her first
-reply, so it never takes her this way. The index chains its block hashes from the request's genes and scope
-(policy/prefix_index.py), so a mind is never found across gene sets or tenants.
+reply, so it never takes her this way.
+
+The index chains its block hashes from the request's genes and scope (policy/prefix_index.py),
+so a mind is never found across gene sets or tenants.
 
 The minds are bounded as every mind the daemon makes is (policy/lru.py `DaemonMinds`: by
 count and bytes, least recently used first); the ones past the bound are the caller's to

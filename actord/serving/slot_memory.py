@@ -245,8 +245,8 @@ class SlotMemory:
         return p.n_swa > 0 and not (p.needs_checkpoints or p.recurrent or p.hybrid)
 
     async def _window_checkpoint(self) -> list[SlotCheckpoint]:
-        """The window at the last prompt's end less one: where a regenerate, an edit of the
-        last message or a reply the client renders otherwise cuts back to (each re-prefilled
+        """The window at the last prompt's end less one: where a regenerate, or a reply the
+        client renders otherwise, cuts back to (each re-prefilled
         the whole history after a page-in: measured on Gemma 3 270M, 1,501 of 1,501 tokens
         for a regenerate). None where the sequence fits in one window (a page holds all of
         it); one a page or file brought and no turn used yet is kept as it is."""
