@@ -26,7 +26,6 @@ from actord.serving.gene_residency import ListGenes
 from actord.serving.kernel import Actor
 from actord.serving.messages import Info
 from actord.serving.page_store import ListPages, StoreStats
-from actord.serving.slot import Slot
 from actord.storage.disk_index import DiskIndex
 
 log = get("actord.service.system")
