@@ -138,7 +138,19 @@ class PrefixShare:
             with anyio.CancelScope(shield=True):
                 await m.tell_cells(release=room)
 
-    async def _take_base(self, prompt: Any, lineage: Lineage) -> int:
+    async def base_after_cut(self, prompt: list[int], lineage: Lineage, most: int) -> int:
+        """A request whose slot could not cut its own cells back (a moved-in sliding window:
+        libllama keeps only its last window) starts from the longest base of its prompt
+        instead of from nothing, where the base is at most `most` tokens (what the slot held,
+        which the scheduler still counts for it: no cell appears outside its plan). The
+        tokens taken (0: none)."""
+        try:
+            return await self._take_base(prompt, lineage, most)
+        except ActordError as e:  # the request prefills whole, as before
+            log.info("slot.base_refused", slot=self.memory.id, error=e.to_dict())
+            return 0
+
+    async def _take_base(self, prompt: Any, lineage: Lineage, most: int | None = None) -> int:
         m = self.memory
         if m.kv_tokens or not isinstance(prompt, list) or not m.stands_on_bases():
             return 0
@@ -150,10 +162,10 @@ class PrefixShare:
             found = await self.peers.pages.ask(FindBase(name="", tokens=prompt[:-1], genes=lineage[0], scope=lineage[1]))
         base = found.base
         if base is None:
-            return await self._take_file_base(prompt, lineage)
+            return await self._take_file_base(prompt, lineage, most)
         try:
             n = len(base.tokens)
-            if n < MIN_SHARE:
+            if n < MIN_SHARE or (most is not None and n > most):
                 return 0
             await m.engine.run(J.StateSet(seq=m.seq, data=base.state))
             m.kv_tokens = list(base.tokens)
@@ -165,7 +177,7 @@ class PrefixShare:
         log.info("slot.prefix_shared", slot=m.id, n_tokens=n, n_prompt=len(prompt), by="base")
         return n
 
-    async def _take_file_base(self, prompt: list[int], lineage: Lineage) -> int:
+    async def _take_file_base(self, prompt: list[int], lineage: Lineage, most: int | None = None) -> int:
         """No base in page RAM begins the prompt: a base file of the same identity may
         (storage/bases.py, `page_file_bases`), found in the index (serving/kv_index.py), read
         on a worker and set into this sequence."""
@@ -186,7 +198,7 @@ class PrefixShare:
             return 0
         image = await files.read_base(hit[0])
         n = len(image.tokens)
-        if n < MIN_SHARE or list(image.tokens) != prompt[:n]:
+        if n < MIN_SHARE or (most is not None and n > most) or list(image.tokens) != prompt[:n]:
             return 0
         await m.engine.run(J.StateSet(seq=m.seq, data=image.state))
         m.kv_tokens = list(image.tokens)

@@ -455,8 +455,11 @@ class Slot(Actor[SlotInbox]):
         # Otherwise the last token is decoded again, for its logits.
         keep_last = (self.props.prompt_logits and raw >= len(prompt) and req.n_predict > 0
                      and await self.engine.run(J.MemoHeld(seq=self.seq, pos=len(prompt) - 1, token=prompt[-1])))
+        held = len(m.kv_tokens)
         usable, from_ckpt = await m.cut_to(min(raw, len(prompt) if keep_last else len(prompt) - 1))
         m.used_moved_checkpoints()
+        if usable == 0 and raw > 0:
+            usable = await self.share.base_after_cut(prompt, lineage, held)
         m.draft_n = min(m.draft_n, usable)  # every cut of the sequence cuts the draft's too
         memo = 0 if not self.props.prompt_logits else J.MEMO_REUSE if usable == len(prompt) else J.MEMO_KEEP
         pos0 = usable - 1 if memo == J.MEMO_REUSE else usable

@@ -238,7 +238,8 @@ async def test_a_mind_on_a_base_of_a_full_swa_cache_cut_back_past_its_window_dec
     sliding-window layers hold the base's last window and the rest's, with a hole between,
     which libllama's pos_min does not show. A turn that parts from her history further back
     than a window (an earlier message edited) must not attend across the hole: it was cut
-    there and answered other tokens than a fresh prefill (seen with the prompt cache)."""
+    there and answered other tokens than a fresh prefill (seen with the prompt cache). It
+    starts from the base instead, rather than prefilling the whole prompt again."""
     async with ActorSystem(cfg(tiny_swa_model, slots=1, prefix_sharing=True)) as s:
         history = {m: PREFIX + [5 + k * 50 + i for i in range(120)] for k, m in enumerate("ab")}
         for _ in range(2):  # two minds over one slot: each is paged out, the second on a base
@@ -248,6 +249,7 @@ async def test_a_mind_on_a_base_of_a_full_swa_cache_cut_back_past_its_window_dec
         assert (await s.page_stats()).bases == 1
         edited = history["a"][:N_BASE + 40] + [400, 401, 402]  # parts ~90 tokens back from her end
         got = await s.complete(prompt=edited, n_predict=6, mind="a", ignore_eos=True)
+        assert s.metrics.snapshot()["full_reprefills_total"] == 0
     async with ActorSystem(cfg(tiny_swa_model, slots=1, prefix_sharing=False)) as s:
         fresh = await s.complete(prompt=edited, n_predict=6, slot=0, ignore_eos=True)
-    assert got.tokens == fresh.tokens
+    assert got.tokens == fresh.tokens and got.n_cached == N_BASE
