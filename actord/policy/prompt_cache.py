@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from actord.policy.lru import DaemonMinds
-from actord.policy.prefix_index import BLOCK, PrefixIndex
+from actord.policy.prefix_index import BLOCK, PrefixIndex, common_prefix
 from actord.vocabulary.kv_identity import scoped_mind
 from actord.vocabulary.names import CACHE_MIND
 
@@ -86,12 +86,7 @@ class PromptCache:
                 continue
             n, tail = self._prompts[name]
             start = n - len(tail)
-            same = 0
-            for a, b in zip(prompt[start:n], tail):
-                if a != b:
-                    break
-                same += 1
-            depth = start + same  # where the request parts from her last prompt
+            depth = start + common_prefix(prompt[start:n], tail)  # where the request parts from her last prompt
             exact = depth == n
             if not exact and (not parted or n - depth > GEN_TAIL or len(prompt) < n + GEN_TAIL):
                 continue

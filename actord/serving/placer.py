@@ -457,7 +457,7 @@ class MindPlacer(Actor[PlacerInbox]):
         except FileNotFound:
             # Gone since it was looked at: the disk budget may evict it to make room for the
             # very page-out that made way for her. She starts another way.
-            log.info("mind.file_gone", mind=mind, file=mind_file(mind))
+            log.info("mind.file_gone", mind=mind, file=file)
             return False
         except (CorruptPageFile, PageDoesNotFit) as e:
             if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
@@ -465,10 +465,10 @@ class MindPlacer(Actor[PlacerInbox]):
             # A file that can never be restored is refused once: the mind starts another way
             # (her next spill or save writes a new generation over it, which is tried again)
             # instead of failing every request from now on.
-            sig = await self.files.signature(mind_file(mind))
+            sig = await self.files.signature(file)
             if sig is not None:
                 self.unreadable[mind] = sig
             self.metrics.mind_files_refused_total.inc()
-            log.warning("mind.file_refused", mind=mind, file=mind_file(mind), starts="another way", error=e.to_dict())
+            log.warning("mind.file_refused", mind=mind, file=file, starts="another way", error=e.to_dict())
             return False
         return True
