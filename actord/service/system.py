@@ -527,8 +527,8 @@ class ActorSystem:
         target = self._slot(slot)
         file = tenancy.own_name(file, "file", file=True)  # the caller's scope's file
         n = await self.files.n_tokens(file)  # the file's cells, as its header says
-        if not n:  # nothing to hold, or refused by the slot, typed
-            return tenancy.client_answer(await target.ask(RestoreSlot(file=file)))
+        if not n:  # nothing to hold, or refused by the slot, typed (one holding cells: ContextFull, nothing moved)
+            return tenancy.client_answer(await target.ask(RestoreSlot(file=file, room_cells=0)))
         return tenancy.client_answer(await self.placement.with_room(slot, n, RestoreSlot(file=file, room_cells=n),
                                                                     file=file))
 

@@ -222,3 +222,22 @@ async def test_without_swa_window_pages_a_full_swa_caches_page_holds_no_checkpoi
         async with ActorSystem(cfg(tiny_swa_model, slots=1, ctx=1024, page_swa_window=on)) as s:
             await s.complete(prompt=prompt, n_predict=8, slot=0, ignore_eos=True)
             assert (await s.page_out(0, "ada"))["n_checkpoints"] == int(on)
+
+
+async def test_a_restore_verb_that_could_not_size_its_file_moves_no_cells_without_room(tiny_model, tmp_path):
+    """The verb's twin of the placer's rule: a file whose header it could not read (a
+    publication cut short, completed by the restore's own read) holds cells it did not hold
+    room for, so the slot refuses it, typed, before anything moves."""
+    from actord.vocabulary.errors import ContextFull
+
+    async with ActorSystem(cfg(tiny_model, slots=2, page_dir=str(tmp_path))) as s:
+        await _turn(s, 0, PROMPT)
+        await s.slot_save(0, "a.page")
+
+        async def unsized(name):
+            return None
+
+        s.files.n_tokens = unsized
+        with pytest.raises(ContextFull):
+            await s.slot_restore(1, "a.page")
+        assert (await s.slot_list())[1].n_tokens == 0
