@@ -55,6 +55,7 @@ from actord.engine.engine import Engine
 from actord.engine.step import Stepper
 from actord.vocabulary.errors import ActordError, EngineError
 from actord.replay.dispatcher import CLIENT, DeterministicDispatcher, SeededPolicy
+from actord.replay.sim_oracle import Answered, output_problem
 from actord.replay.sim_persist import held_by, persisted_problem, restart_problem
 from actord.vocabulary.trace import digest
 from actord.storage.osfs import Fault, FaultyFs, OsFs, SimulatedCrash
@@ -166,10 +167,18 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     fresh = len(system_prompt) + 3
     conversations: dict[int, list[int]] = {}  # a client's unnamed conversation, by client
     gene_ids: list[int] = []
+    gene_paths: dict[int, str] = {}  # a loaded gene's id -> its file (the oracle loads genes by file)
+    answered: list[Answered] = []  # every completion answered, for the output oracle (sim_oracle.py)
     stopping = {"on": False}
 
     def genes_of(r: random.Random) -> list[dict[str, Any]]:
         return [{"id": g, "scale": r.choice([1.0, 0.5])} for g in gene_ids if r.random() < 0.35]
+
+    def answer(how: str, prompt: list[int], genes: list[dict[str, Any]], n_predict: int, res: Any,
+               think: dict[str, Any] | None = None) -> None:
+        answered.append(Answered(prompt=tuple(prompt), genes=tuple((gene_paths[g["id"]], g["scale"]) for g in genes),
+                                 n_predict=n_predict, think_key=repr(sorted((think or {}).items())),
+                                 think=think or {}, tokens=tuple(res.tokens), n_cached=res.n_cached, how=how))
 
     def counted(e: ActordError, what: str) -> None:
         """A client's typed error: after a simulated crash the run ends as one (the process
@@ -201,9 +210,11 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 goes_on = prompt[-1] % 4 == 1
                 if goes_on and c in conversations and len(conversations[c]) + len(prompt) <= cfg.ctx // 3:
                     prompt = conversations[c] + prompt[len(head):]
-                res = await system.complete(prompt=prompt, n_predict=r.choice([1, 3, 6, 40]), ignore_eos=True,
-                                            genes=genes_of(r), **think, **scope,
+                n_predict, genes = r.choice([1, 3, 6, 40]), genes_of(r)
+                res = await system.complete(prompt=prompt, n_predict=n_predict, ignore_eos=True,
+                                            genes=genes, **think, **scope,
                                             **({"slot": slot} if r.random() < 0.8 else {}))
+                answer("completion", prompt, genes, n_predict, res, think)
                 if goes_on:
                     conversations[c] = prompt + res.tokens
             elif kind == "mind":
@@ -212,14 +223,17 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                     histories[m] = histories[m][:fresh]
                 # One mind in three lives under a salt of its own (her name is kept under it).
                 salted = {"cache_salt": f"salt-{m}"} if sum(map(ord, m)) % 3 == 0 else {}
-                res = await system.complete(prompt=histories[m], n_predict=3, mind=m, ignore_eos=True,
-                                            genes=genes_of(r), **salted)
+                genes, prompt = genes_of(r), histories[m]  # another client's turn of hers may end first
+                res = await system.complete(prompt=prompt, n_predict=3, mind=m, ignore_eos=True,
+                                            genes=genes, **salted)
+                answer(f"turn of mind {m}", prompt, genes, 3, res)
                 histories[m] = histories[m] + res.tokens + [r.randrange(3, 500) for _ in range(r.randint(1, 12))]
             elif kind == "page_out":
                 await system.page_out(slot, f"p{r.randrange(3)}")
             elif kind == "refill":  # fill a slot and page it out: names get replaced
-                await system.complete(prompt=[1] + [r.randrange(3, 500) for _ in range(r.randint(1, 30))],
-                                      n_predict=2, slot=slot, ignore_eos=True)
+                prompt = [1] + [r.randrange(3, 500) for _ in range(r.randint(1, 30))]
+                answer("refill", prompt, [], 2, await system.complete(prompt=prompt, n_predict=2, slot=slot,
+                                                                       ignore_eos=True))
                 await system.page_out(slot, f"p{r.randrange(2)}")
             elif kind == "page_in":
                 await system.page_in(slot, f"p{r.randrange(3)}")
@@ -442,6 +456,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
             for path in loras:
                 try:
                     gene_ids.append((await _drive_one(disp, system.gene_load(path))).id)
+                    gene_paths[gene_ids[-1]] = path
                 except ActordError as e:  # a budget too tight for another gene is a refusal, not a finding
                     errors[e.type] = errors.get(e.type, 0) + 1
             pending["n"] = n_clients
@@ -498,6 +513,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
         crashed = True
     if not crashed and held_at_stop and not draft:
         await _restart(seed, cfg, root, histories, held_at_stop)
+    if not crashed and not fail_steps:  # an injected step failure may end a request mid-answer
+        problem = await output_problem(cfg, answered)
+        if problem is not None:
+            raise InvariantViolated(f"seed {seed}: {problem}")
     if crashed:  # the next reader must find each file whole (old or new) or absent
         for i in range(3):
             try:

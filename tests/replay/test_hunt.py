@@ -201,3 +201,22 @@ def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go
 
     monkeypatch.setattr(actor, "OVERTAKE", 0)
     first_finding(tiny_model, sim_loras, range(400), 30, "generation starved")
+
+
+# ---- planted regressions the output oracle finds (replay/sim_oracle.py) --------------------
+
+
+def test_the_output_oracle_finds_a_slot_that_resumes_cells_computed_under_other_genes(
+        tiny_model, sim_loras, monkeypatch):
+    """Issue 32's first bug, planted back: a slot relabels its cells with the request's genes
+    and scope before it compares tokens, so it resumes cells computed under others. Every
+    other invariant holds; only the answers are wrong."""
+    real_begin = Slot._begin
+
+    async def old_begin(self, a):
+        self.memory.lineage = (a.genes, a.req.kv_scope())
+        await real_begin(self, a)
+
+    monkeypatch.setattr(Slot, "_begin", old_begin)
+    first_finding(tiny_model, sim_loras, range(100), 20, "answered other tokens than a fresh prefill")
+
