@@ -131,8 +131,8 @@ def _run_seeds(seeds: list[int], steps: int, models: list[tuple[Any, ...]], back
                 print(f"FAILED: {e}", file=sys.stderr, flush=True)  # now, not when every worker is done
                 return seed, str(e)
             if verbose:
-                print(f"seed {seed}: {r.ops} ops, {r.events} events, trace {r.trace_hash}, refusals {r.errors}",
-                      flush=True)
+                print(f"seed {seed}: {r.ops} ops, {r.events} events, trace {r.trace_hash}, refusals {r.errors}"
+                      + (f", {r.yields} yields" if r.yields else ""), flush=True)
         return None, ""
 
     return anyio.run(run, backend=backend)

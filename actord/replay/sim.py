@@ -75,6 +75,7 @@ class SimResult:
     ops: int
     errors: dict[str, int] = field(default_factory=dict)
     trace: list[Any] = field(default_factory=list, repr=False)
+    yields: int = 0  # generations that gave their slot up (policy/yielding.py)
 
 
 class _FlakyStepper(Stepper):
@@ -125,6 +126,10 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     # Device budgets in units of the genes' size (35 kB for the tiny llama's), so they are as
     # tight for a model whose adapters are larger.
     gene_scale = max(35_000, Path(loras[0]).stat().st_size) if loras else 35_000
+    # Generations that give their slot up to a waiting mind (policy/yielding.py), soon or
+    # never; when soon, minds write longer turns, so that they do (their own stream).
+    yield_after = random.Random(f"yield/{seed}").choice([0, 0, 2, 5])
+    mind_turn = 12 if yield_after else 3
     persist_rng = random.Random(f"persist/{seed}")
     wb_every = persist_rng.choice([0, 0, 40, 150])  # events between write-behind passes (0: none)
     wb_window = persist_rng.choice([1, 3, 10])  # in units of wb_every: the pass's clock is position / wb_every
@@ -137,6 +142,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                  page_file_bases=file_bases,
                  # Deeper pipelines too (their own stream: the other choices stay as they were).
                  pipeline_depth=random.Random(f"depth/{seed}").choice([0, 0, 3, 4]),
+                  yield_after_tokens=yield_after,
                  # The prompt cache (policy/prompt_cache.py) on short prompts too, bounded tight or
                  # not, or off (its own stream).
                  **dict(zip(("prompt_cache_minds", "prompt_cache_min_tokens"),
@@ -224,9 +230,9 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
                 # One mind in three lives under a salt of its own (her name is kept under it).
                 salted = {"cache_salt": f"salt-{m}"} if sum(map(ord, m)) % 3 == 0 else {}
                 genes, prompt = genes_of(r), histories[m]  # another client's turn of hers may end first
-                res = await system.complete(prompt=prompt, n_predict=3, mind=m, ignore_eos=True,
+                res = await system.complete(prompt=prompt, n_predict=mind_turn, mind=m, ignore_eos=True,
                                             genes=genes, **salted)
-                answer(f"turn of mind {m}", prompt, genes, 3, res)
+                answer(f"turn of mind {m}", prompt, genes, mind_turn, res)
                 histories[m] = histories[m] + res.tokens + [r.randrange(3, 500) for _ in range(r.randint(1, 12))]
             elif kind == "page_out":
                 await system.page_out(slot, f"p{r.randrange(3)}")
@@ -536,7 +542,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     if tmp is not None:
         tmp.cleanup()
     return SimResult(seed=seed, trace_hash=trace_hash, events=len(events), ops=ops_done[0], errors=errors,
-                     trace=events)
+                     trace=events, yields=int(system.metrics.generations_yielded_total._value.get()))
 
 
 async def _restart(seed: int, cfg: Config, root: Path, histories: dict[str, list[int]],

@@ -68,6 +68,7 @@ def build_actors(config: Config, props: J.ModelProps, dispatcher: Dispatcher, en
         dispatcher, engine, slots, props.n_batch, metrics, capacity=max(cap, 8 * n),
         n_ctx=props.kv_cells,  # 0: cells not charged
         piece_tile=config.piece_tile, depth=depth, n_slots=n, engine_budget_s=config.request_engine_s,
+        yield_after=config.yield_after_tokens,
     )
     # Where KV states live: the slots and the page store publish there, and the page files
     # keep their base files' records in it (with page_file_bases on: no start from one else).

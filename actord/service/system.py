@@ -41,6 +41,7 @@ from actord.service.placement import Placement
 from actord.service.prompt_cache import CacheTurns, stale_files
 from actord.service.spill import spill_page
 from actord.vocabulary.types import CompletionRequest, CompletionResult, RequestLimits, SlotInfo
+from actord.policy.yielding import YIELD, continuation, merged
 from actord.serving.checkpoint_budget import BudgetStats, CheckpointBudget
 from actord.serving.gene_residency import GeneResidency, ListGenes, PageInGene, PageOutGene, UnloadGene
 from actord.serving.kernel import Actor, Dispatcher
@@ -56,6 +57,20 @@ T = TypeVar("T")
 P = TypeVar("P")
 
 log = get("actord.service.system")
+
+
+def _continued(on_token: OnToken | None) -> OnToken | None:
+    """A continuation's stream: its chunks without the prompt's placement, which the
+    request's first chunk told (the continuation's prompt is the request's, and more)."""
+    if on_token is None:
+        return None
+
+    def sink(chunk: dict[str, Any]) -> None:
+        chunk.pop("n_prompt", None)
+        chunk.pop("n_cached", None)
+        on_token(chunk)
+
+    return sink
 
 
 def _decode(params: dict[str, Any], typ: type[T]) -> T:
@@ -316,13 +331,13 @@ class ActorSystem:
         if _cached:
             request = await self.prompt_cache.begin(request, self.tokens_of, self.props)
         rid = self.inflight.open()
+        rids = [rid]  # one per part: a generation that gives its slot up goes on under another
         bound = self.config.request_timeout_s
         slot: Slot | None = None
         try:
             if request.mind is not None:
                 try:
-                    result = await self.placer.ask(PlaceMind(complete=Complete(rid=rid, req=request)),
-                                                   stream=on_token, timeout=bound)
+                    result = await self._run_mind(request, on_token, bound, rids)
                 except BaseException:
                     self.prompt_cache.failed(request)
                     raise
@@ -336,10 +351,31 @@ class ActorSystem:
                                                                timeout=bound))
         except (anyio.get_cancelled_exc_class(), AskTimeout):
             # The caller is gone (or out of time): the request ends at its next step.
-            await self._cancel(rid, slot.id if slot is not None else None)
+            await self._cancel(rids[-1], slot.id if slot is not None else None)
             raise
         finally:
-            self.inflight.release([rid])
+            self.inflight.release(rids)
+
+    async def _run_mind(self, request: CompletionRequest, on_token: OnToken | None, bound: float,
+                        rids: list[int]) -> CompletionResult:
+        """A mind's request, placed by the placer. A part that gave its slot up to a waiting
+        mind (policy/yielding.py) goes on as a continuation, placed after the minds it gave
+        way to, within the request's one time bound; the caller gets one answer."""
+        deadline = time.monotonic() + bound
+        parts: list[CompletionResult] = []
+        prompt: list[int] = []
+        req, stream = request, on_token
+        while True:
+            left = max(1e-3, deadline - time.monotonic())
+            part = await self.placer.ask(PlaceMind(complete=Complete(rid=rids[-1], req=req, yielded=bool(parts))),
+                                         stream=stream, timeout=left)
+            parts.append(part)
+            if part.stop_reason != YIELD:
+                return part if len(parts) == 1 else merged(parts)
+            if not prompt:
+                prompt = request.prompt if isinstance(request.prompt, list) else await self.tokens_of(request.prompt)
+            req, stream = continuation(request, prompt, parts), _continued(on_token)
+            rids.append(self.inflight.open())
 
     async def complete_n(self, request: CompletionRequest, n: int, *,
                          on_token: OnToken | None = None) -> list[CompletionResult]:

@@ -29,6 +29,9 @@ class Complete(Msg):
     # mind: the slot makes way itself first (whatever it holds goes as an eviction would
     # take it: a mind to her page, an unnamed sequence dropped), in this same message.
     fresh: bool = False
+    # The rest of a request that gave its slot up (policy/yielding.py): placed only once
+    # no placement older than it, of another mind, still waits for a slot.
+    yielded: bool = False
 
 
 class CancelRequest(Msg):
@@ -201,6 +204,17 @@ class Enroll(Msg):
     # keeps them for the sequence; MEMO_REUSE, the KV also holds prompt[pos0], the prompt's
     # last cell, kept so that the first token is sampled from the logits kept with it.
     memo: int = 0
+    # It may end a part early, giving its slot up to a waiting mind, and go on as a
+    # continuation (policy/yielding.py): a mind's request whose sampling loses nothing.
+    yieldable: bool = False
+    continued: bool = False  # the rest of a request that gave its slot up: its prompt was counted
+
+
+class Waiting(Msg):
+    """From the placer: how many placements wait for a slot now. While any do, a yieldable
+    generation past `yield_after_tokens` gives its slot up (policy/yielding.py)."""
+
+    n: int
 
 
 class Abort(Msg):
@@ -258,4 +272,4 @@ class SlotLost(Msg):
     slot: int
 
 
-SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom | SlotLost
+SchedulerInbox = Enroll | Abort | RunStep | Cells | MakeRoom | ReleaseRoom | SlotLost | Waiting

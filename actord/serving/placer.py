@@ -18,7 +18,7 @@ import msgspec
 
 from actord.serving.kernel import Actor, Dispatcher, Envelope
 from actord.serving.messages import (
-    CancelRequest, Complete, Erase, FromBase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox,
+    CancelRequest, Complete, Erase, FromBase, Msg, PageInSlot, RestoreSlot, SaveSlot, SchedulerInbox, Waiting,
 )
 from actord.serving.kv_index import MIN_SHARE, KvIndex
 from actord.serving.start_plan import MindFound, plan_mind_step
@@ -124,6 +124,7 @@ class MindPlacer(Actor[PlacerInbox]):
         self.taken: dict[int, int] = {i: 0 for i in range(n)}
         self.share_bases = share_bases  # a new mind may start from a shared prefix's base (FromBase)
         self.fresh_start = False  # the mind just placed starts fresh, and her slot makes way as it takes her request
+        self.told_waiting = 0  # the parked placements as the scheduler last heard (Waiting)
 
     async def handle(self, msg: PlacerInbox, env: Envelope[PlacerInbox]) -> None:
         match msg:
@@ -159,6 +160,13 @@ class MindPlacer(Actor[PlacerInbox]):
                     await s.tell(CancelRequest(rid=rid))
             case _:
                 raise InvalidParams(f"placer cannot handle {type(msg).__name__}")
+        if len(self.parked) != self.told_waiting:
+            # The scheduler's cue for a long generation to give its slot up (policy/yielding.py).
+            self.told_waiting = len(self.parked)
+            try:
+                await self.scheduler.tell(Waiting(n=self.told_waiting))
+            except ActordError as e:  # a cue, not an ask: a scheduler stopping misses nothing
+                log.info("placer.waiting_untold", error=e.to_dict())
 
     async def _serve_parked(self) -> None:
         """Place what can be placed now, oldest first. A placement that would have to wait
@@ -171,7 +179,8 @@ class MindPlacer(Actor[PlacerInbox]):
             p = self.parked[i]
             mind = p.complete.req.mind
             assert mind is not None
-            if mind in held_back:
+            if mind in held_back or (p.complete.yielded and held_back - {mind}):
+                # (The rest of a generation that gave its slot up goes after the minds it gave way to.)
                 i += 1
                 continue
             try:

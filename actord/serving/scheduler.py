@@ -36,7 +36,7 @@ import msgspec
 from actord.serving.kernel import Actor, Dispatcher, Envelope, Reply
 from actord.serving.messages import (
     Abort, Cells, CheckpointTaken, Enroll, Ended, Evict, MakeRoom, ReleaseRoom, Room, RunStep, SchedulerInbox,
-    SlotInbox, SlotLost,
+    SlotInbox, SlotLost, Waiting,
 )
 from actord.vocabulary.types import CompletionResult, Timings
 from actord.serving.steps.core import SchedulerCore
@@ -49,6 +49,7 @@ from actord.vocabulary.errors import (
     ActordError, ActorFailed, ContextFull, EngineTimeExceeded, InternalError, KvCacheFull, SlotBusy, StepSkipped,
 )
 from actord.policy.engine_time import past_budget, step_shares
+from actord.policy.yielding import YIELD, to_yield
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
 
@@ -92,7 +93,7 @@ class Scheduler(Actor[SchedulerInbox]):
     def __init__(
         self, dispatcher: Dispatcher, engine: Any, slots: Sequence[Actor[SlotInbox]], n_batch: int,
         metrics: Metrics, group_quantum: int = 4, capacity: int = 256, n_ctx: int = 0, piece_tile: int = 1,
-        depth: int = 2, n_slots: int | None = None, engine_budget_s: float = 0.0,
+        depth: int = 2, n_slots: int | None = None, engine_budget_s: float = 0.0, yield_after: int = 0,
     ) -> None:
         super().__init__(dispatcher, "scheduler", capacity)
         self.engine = engine
@@ -117,6 +118,10 @@ class Scheduler(Actor[SchedulerInbox]):
         # Each request's share of engine time so far, and the most it may have (policy/engine_time.py).
         self.engine_budget_s = engine_budget_s
         self.engine_s: dict[int, float] = {}
+        # Placements waiting for a slot, as the placer last told, less the generations that
+        # gave theirs up since (policy/yielding.py); past how many tokens one may.
+        self.waiting = 0
+        self.yield_after = yield_after
 
     @property
     def n_ctx(self) -> int:
@@ -156,6 +161,8 @@ class Scheduler(Actor[SchedulerInbox]):
                         self.core.link(slot, msg.shared_from, msg.shared_epoch, msg.epoch, msg.shared)
                 if token:  # a page move's room: the count above stands for it now
                     self.core.release(token)
+            case Waiting(n=n):
+                self.waiting = n
             case SlotLost(slot=slot):
                 self.lost.add(slot)
                 rid = self.core.by_slot.get(slot)
@@ -207,7 +214,8 @@ class Scheduler(Actor[SchedulerInbox]):
             spec=m.spec, draft_done=min(m.draft_pos0, m.pos0),
             logprobs=[] if m.logprobs else None, progress=m.progress and m.stream,
             think=Thought(m.thought_budget) if m.thought_budget is not None else None,
-            lineage=(m.genes, m.scope) if m.twin else None, memo=m.memo,
+            lineage=(m.genes, m.scope) if m.twin else None, memo=m.memo, yieldable=m.yieldable,
+            continued=m.continued,
         )
         try:
             self.core.add(r)
@@ -298,6 +306,8 @@ class Scheduler(Actor[SchedulerInbox]):
             self._tally(out)
             if self.engine_budget_s:
                 events += self._charge(plan, out)
+            if self.waiting and self.yield_after:
+                events += self._give_way()
         if len(self._pending) < core.depth:
             await self._fill()  # the engine gets its next step before Python routes this one's output
         self._route(events)
@@ -337,6 +347,19 @@ class Scheduler(Actor[SchedulerInbox]):
         for rid in [rid for rid in self.engine_s if rid not in self.core.reqs]:
             del self.engine_s[rid]  # drained: its account closes
         return events
+
+    def _give_way(self) -> list[Event]:
+        """A mind waits for a slot: the yieldable generation that has written most, past
+        `yield_after` tokens, gives its slot up (policy/yielding.py; it ends its part as
+        soon as its steps in flight are in and its text ends whole: core.py `give_way`)."""
+        rid = to_yield([(r.rid, len(r.out)) for r in self.core.reqs.values()
+                        if r.yieldable and not r.ended and not r.yielding], self.yield_after)
+        if rid is None:
+            return []
+        self.waiting -= 1
+        r = self.core.reqs[rid]
+        log.info("scheduler.giving_way", slot=r.slot, rid=rid, n_out=len(r.out))
+        return self.core.give_way(rid)
 
     def _tally(self, out: Any) -> None:
         """Per-step metrics are summed here and written to the registry every few steps
@@ -414,9 +437,13 @@ class Scheduler(Actor[SchedulerInbox]):
         ch = self.channels.pop(r.rid, None)
         m = self.metrics
         m.requests_in_flight.dec()
-        m.requests_total.labels(outcome=r.reason).inc()
+        if r.reason != YIELD:  # a part that gave its slot up is not the request's end
+            m.requests_total.labels(outcome=r.reason).inc()
+        else:
+            m.generations_yielded_total.inc()
         m.prompt_tokens_processed_total.inc(r.n_prompt - r.n_cached)  # known here: a twin's share (core.py)
-        m.prompt_tokens_cached_total.inc(r.n_cached)
+        if not r.continued:  # a continuation holds its request's prompt again: counted with its first part
+            m.prompt_tokens_cached_total.inc(r.n_cached)
         if r.n_drafted:  # llama-server's counters, for every request that drafted
             m.spec_decode_num_draft_tokens_total.inc(r.n_drafted)
             m.spec_decode_num_accepted_tokens_total.inc(r.n_accepted)

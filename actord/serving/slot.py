@@ -47,6 +47,7 @@ from actord.serving.messages import (
 from actord.serving.placer import Misplaced, SlotState
 from actord.serving.page_bases import PageBases
 from actord.policy.prefix_index import common_prefix
+from actord.policy.yielding import yieldable
 from actord.serving.prefix_share import PrefixShare
 from actord.serving.kv_index import Held
 from actord.serving.slot_peers import SlotPeers
@@ -77,6 +78,7 @@ class _Active:
     genes: tuple[tuple[int, float], ...] = ()
     ticket: int = 0  # the gene acquisition this request waits for (0: none)
     running: bool = False  # past gene acquisition
+    continued: bool = False  # the rest of a request that gave its slot up (Complete.yielded)
     enrolled: bool = False  # handed to the scheduler: it ends with `Ended`
 
 
@@ -371,7 +373,7 @@ class Slot(Actor[SlotInbox]):
             )
         genes = self.gene_set(req)
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
-                              t_start=t_start, genes=genes)
+                              t_start=t_start, genes=genes, continued=msg.yielded)
         self.metrics.requests_in_flight.inc()
         if genes or self.genes or self.memory.track_footprint:
             # An empty set is announced too when it replaces a non-empty one (it unpins) and
@@ -468,12 +470,14 @@ class Slot(Actor[SlotInbox]):
             log.info("slot.full_reprefill", slot=self.id, raw_lcp=raw, n_prompt=len(prompt))
         m.lineage = lineage
         m.mind = req.mind
-        self.metrics.prompt_tokens_total.inc(len(prompt))
+        if not a.continued:  # a continuation's prompt is its request's, counted with its first part
+            self.metrics.prompt_tokens_total.inc(len(prompt))
         nothing_to_decode = req.n_predict == 0 and usable == len(prompt)
         if nothing_to_decode or a.cancelled:
             # It ends here, never enrolled: the scheduler, which counts the rest, never sees it.
             self.metrics.prompt_tokens_processed_total.inc(len(prompt) - usable)
-            self.metrics.prompt_tokens_cached_total.inc(usable)
+            if not a.continued:
+                self.metrics.prompt_tokens_cached_total.inc(usable)
             await self._answer_here("length" if nothing_to_decode else "cancelled", n_cached=usable)
             return
         enroll = Enroll(
@@ -486,6 +490,7 @@ class Slot(Actor[SlotInbox]):
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=m.draft_n, epoch=m.kv_epoch,
             progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
             scope=m.scope, twin=usable == 0 and m.shares_cells() and not m.drafting, memo=memo,
+            yieldable=yieldable(req), continued=a.continued,
         )
         self.peers.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

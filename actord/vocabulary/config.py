@@ -190,6 +190,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # and its slot serves others. Generous: a whole context's generation on a slow device
     # stays under it, a request that stalls its peers for minutes does not. 0: no budget.
     request_engine_s: float = 600.0
+    # A generation past this many tokens gives its slot up to a mind waiting for one, at
+    # the next token that ends its text whole, and goes on after her from its page (a mind
+    # switch: a memory copy each way), so no mind waits for a whole long generation to end.
+    # Only a mind's request whose sampling a new sampler goes on exactly (policy/yielding.py:
+    # no grammar, penalties, stop strings, seeded draws). 0: a generation keeps its slot.
+    yield_after_tokens: int = 256
     # Genes
     # One budget for resident genes and occupied slots' state. 0: unlimited on the CPU; on a
     # GPU, what it has free at start less a margin (actord.policy.device says which; props
@@ -492,6 +498,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidParams("shutdown_exit_margin_s must be > 0")
         if self.request_engine_s < 0:
             raise InvalidParams("request_engine_s must be >= 0 (0: no budget)")
+        if self.yield_after_tokens < 0:
+            raise InvalidParams("yield_after_tokens must be >= 0 (0: a generation keeps its slot)")
         if not self.grammar_token_budget_ms > 0:
             raise InvalidParams("grammar_token_budget_ms must be > 0")
         if self.http_max_json_values < 1024:

@@ -27,6 +27,9 @@ class Metrics:
         self.predicted_tokens_total = Counter("predicted_tokens", "Tokens generated", registry=r)
         self.requests_total = Counter("requests", "Completion requests finished", ["outcome"], registry=r)
         self.requests_in_flight = Gauge("requests_in_flight", "Completion requests in flight", registry=r)
+        self.generations_yielded_total = Counter(
+            "generations_yielded", "Generations that gave their slot up to a waiting mind and went on later "
+            "(policy/yielding.py)", registry=r)
         self.requests_deferred_total = Counter(
             "requests_deferred", "Slot operations deferred because the slot was processing", registry=r
         )

@@ -437,3 +437,39 @@ def test_a_page_moves_room_stays_held_while_a_request_that_took_the_slot_first_r
     assert core.held(0) == 116  # the move still to come
     core.release(t)
     assert core.held(0) == 59  # the prompt and the one sample fed (the last is never fed)
+
+
+# ---- giving a slot up (policy/yielding.py) ---------------------------------------------
+
+
+def test_a_request_giving_way_writes_what_its_steps_in_flight_sampled_and_its_kv_holds_all_but_the_last():
+    core = SchedulerCore(n_batch=8, depth=3)
+    core.add(req(1, 0, prompt=4, n_predict=50, stream=True, yieldable=True))
+    for _ in range(4):  # the prompt, then decodes three deep
+        while core.schedule() is not None:
+            pass
+        plan = core.inflight[0]
+        core.update(plan, out_for(plan))
+    in_flight = len(core.inflight)
+    assert in_flight and core.reqs[1].out
+    events = core.give_way(1)
+    assert not finished(events) and core.schedule() is None  # nothing past the steps in flight
+    for _ in range(in_flight):
+        plan = core.inflight[0]
+        events += core.update(plan, out_for(plan))
+    [f] = finished(events)
+    r = f.req
+    assert r.reason == "yield" and f.kv_tokens == r.tokens[:r.n_prompt] + r.out[:-1]
+
+
+def test_a_request_giving_way_steps_on_one_token_at_a_time_until_its_text_ends_whole():
+    core = SchedulerCore(n_batch=8, depth=1)
+    core.add(req(1, 0, prompt=4, n_predict=50, stream=True, yieldable=True))
+    euro = "€".encode()
+    plan = core.schedule()
+    core.update(plan, out_for(plan, pieces={0: euro[:1]}))  # the first token is a character's first byte
+    assert not finished(core.give_way(1))
+    plan = core.schedule()
+    events = core.update(plan, out_for(plan, pieces={0: euro[1:]}))
+    [f] = finished(events)
+    assert f.req.reason == "yield" and "".join(e.text for e in events if isinstance(e, Delta)) == "€"

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actord.policy.yielding import YIELD
 from actord.engine import jobs as J
 from actord.policy import speculation as S
 from actord.policy.prefix_index import common_prefix
@@ -307,7 +308,7 @@ class SchedulerCore:
         members: list[Request] = []
         prompts: list[Request] = []
         for r in self.reqs.values():
-            if r.reason is None and r.genes == group and r.twin is None:
+            if r.reason is None and r.genes == group and r.twin is None and not (r.yielding and r.n_sched):
                 (members if r.n_done + r.n_sched >= r.n_prompt else prompts).append(r)
         if prompts:
             members += prompts
@@ -456,6 +457,8 @@ class SchedulerCore:
                     r.tokens.append(res.token)
             elif r.n_predict == 0 and r.n_done >= r.n_prompt:
                 self._end(r, "length", events)  # a prompt decoded for its KV only
+            if r.yielding:
+                self._settle_yield(r, events)
             if r.reason is not None and r.n_sched == 0:
                 self._maybe_drained(r, events)
         if self._n_progress:
@@ -553,6 +556,8 @@ class SchedulerCore:
             r = self.reqs[rid]
             r.n_sched -= n
             r.samples -= entry.sample
+            if r.yielding:
+                self._settle_yield(r, events)
             self._maybe_drained(r, events)
         return events
 
@@ -583,6 +588,26 @@ class SchedulerCore:
         self._end(r, reason, events, error=error)
         self._maybe_drained(r, events)
         return events
+
+    def give_way(self, rid: int) -> list[Event]:
+        """Request `rid` gives its slot up (policy/yielding.py): no step is planned for it
+        past those in flight, whose tokens it still writes; then, at a token that ends its
+        text whole (stepping one token at a time until one does), it ends with YIELD. Its
+        KV then holds every token it wrote but the last, which its continuation feeds: no
+        cut back, so memory that cannot be cut (recurrent, sliding-window) loses nothing."""
+        r = self.reqs.get(rid)
+        events: list[Event] = []
+        if r is not None and not r.ended:
+            r.yielding = True
+            self._settle_yield(r, events)
+            self._maybe_drained(r, events)
+        return events
+
+    def _settle_yield(self, r: Request, events: list[Event]) -> None:
+        """A yielding request with nothing in flight ends here if its text ends whole (its
+        caller drains it)."""
+        if r.reason is None and r.n_sched == 0 and r.text is not None and r.text.at_boundary():
+            self._end(r, YIELD, events)
 
     def fail_request(self, rid: int, error: Any) -> list[Event]:
         return self.abort(rid, "error", error)

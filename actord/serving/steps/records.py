@@ -66,6 +66,9 @@ class Request:
     lineage: Any = None
     twin: tuple[int, int] | None = None
     memo: int = 0  # the prompt's last logits: Enroll.memo
+    yieldable: bool = False  # Enroll.yieldable
+    yielding: bool = False  # giving its slot up: no step planned past those in flight (core.py `give_way`)
+    continued: bool = False  # Enroll.continued
 
     @property
     def ended(self) -> bool:

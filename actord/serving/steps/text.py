@@ -101,6 +101,16 @@ class TextState:
         out, self._pending = self._pending, ""
         return out
 
+    def at_boundary(self) -> bool:
+        """Whether the text so far ends whole: no stop string watched across its end, nothing
+        held back, no character cut in two. A request may end a part here and go on in
+        another (policy/yielding.py) with the same text as one part would have made."""
+        if self._stops or self._cut is not None or self._finished or self._pending:
+            return False
+        if self._decoder is not None:
+            return not self._decoder.getstate()[0]
+        return ends_whole(self._buf)
+
     @property
     def text(self) -> str:
         """The whole final text (cut at the stop string if one hit); may be O(n), called once at the end."""
@@ -130,3 +140,13 @@ class TextState:
         n_drop = len(self._buf[hit:end].decode("utf-8", errors="replace"))
         assert n_drop <= len(self._pending), "a stop match reached into streamed text"
         self._pending = self._pending[:len(self._pending) - n_drop]
+
+
+def ends_whole(buf: bytes | bytearray) -> bool:
+    """Whether `buf` does not end inside a UTF-8 sequence that more bytes could complete."""
+    for back in range(1, min(4, len(buf)) + 1):
+        b = buf[-back]
+        if b & 0xC0 != 0x80:  # a lead byte (or ASCII): how long its sequence is
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            return back >= need
+    return True  # only continuation bytes: nothing more could make them whole
