@@ -44,10 +44,14 @@ class Answered:
 
 
 def reference_config(cfg: Config) -> Config:
-    """A system that answers from a fresh prefill only: one slot holding the whole cache."""
+    """A system that answers from a fresh prefill only: one slot holding the whole cache. No
+    draft model; a model's own MTP head stays on where the simulation drove it (libllama
+    loads a model's MTP block only then, and a gene with tensors for it needs it loaded);
+    greedy speculation answers as plain decoding does (tests/serving/test_spec_memory_kinds.py)."""
     return msgspec.structs.replace(
-        cfg, slots=1, prefix_sharing=False, prompt_cache_minds=0, device_bytes=0, spec="", spec_draft_model=None,
-        page_ram_bytes=10**6, ctx_checkpoints_bytes=0, write_behind_s=0.0, pipeline_depth=0)
+        cfg, slots=1, prefix_sharing=False, prompt_cache_minds=0, device_bytes=0, spec_draft_model=None,
+        spec=cfg.spec if cfg.spec == "mtp" else "", page_ram_bytes=10**6, ctx_checkpoints_bytes=0,
+        write_behind_s=0.0, pipeline_depth=0, yield_after_tokens=0)
 
 
 def parted(sim: tuple[int, ...], ref: Any) -> str | None:
