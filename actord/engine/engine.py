@@ -178,8 +178,10 @@ class Engine:
                 if bad:  # libllama would read out of bounds
                     raise InvalidParams(f"token ids out of range [0, {n_vocab})", bad=bad[:8])
                 return [self.vocab.piece(t, special) for t in tokens]
-            case J.SeqRm(seq=seq, p0=p0, p1=p1, draft=draft_only):
+            case J.SeqRm(seq=seq, p0=p0, p1=p1, draft=draft_only, window=window):
                 c.check_seq(seq)
+                if window and not draft_only and p1 < 0 and 0 < p0 and not copier.window_whole(seq, p0):
+                    return False  # refused before anything (the draft's sequence too) is cut
                 if self.drafter is not None:  # the draft sequence never holds more than the target's
                     self.drafter.seq_rm(seq, p0, p1)
                 if draft_only:

@@ -92,6 +92,9 @@ class SeqRm(Job):
     p0: int = 0
     p1: int = -1
     draft: bool = False
+    # A cut to p0 that a resume at p0 relies on: refused (False, nothing removed) unless the
+    # sliding-window layers hold every position p0 attends to (state_copy.py `window_whole`).
+    window: bool = False
 
     # Sent only for a sequence that no queued step holds (an idle slot's; a lost slot's once
     # nothing of it is in flight), so it runs at the next step boundary (engine/thread.py).

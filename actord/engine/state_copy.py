@@ -197,14 +197,55 @@ class StateCopier:
     def seq_holds_prefix(self, seq: int, n: int) -> bool:
         """Does `seq` hold positions [0, n) whole, as cells another sequence can share? Not
         on recurrent memory (one state, at the end); on sliding-window layers only while the
-        window of position n is still there (libllama prunes cells it has moved past)."""
+        window of position n is still there, every cell of it (`window_whole`)."""
         if self.context.recurrent or self.context.hybrid or n <= 0:
             return False
         if int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1 < n:
             return False
-        window = self.context.n_swa  # the positions n attends to, back from n
-        need = max(0, n - window) if window else 0
-        return self.pos_min(seq) <= need
+        return self.window_whole(seq, n)
+
+    def window_whole(self, seq: int, n: int) -> bool:
+        """Does `seq` hold, in its sliding-window layers, every position that position n
+        attends to: [n - n_swa, n)? Asked in the same engine call as the cut or share that
+        relies on it, for no other call may come between: libllama (llama_kv_cache::find_slot)
+        gives a cell the window has passed, held by one sequence alone, to any sequence's
+        next tokens, a full SWA cache's too, so an idle sequence's older cells go at any step
+        and not lowest first (seed 313 x 60 steps: a cut to 1 kept position 0 in the
+        attention layers, but another slot's prefill had taken it in the SWA layers, between
+        the check and the cut). pos_min sees the lowest cell only; the count is exact: the
+        window's part is shared into the scratch sequence and its cells counted by the size
+        of its sliding-window state (libllama writes the cells it holds, none it lacks).
+        Four size calls and three shares at most: no state is copied."""
+        w = self.context.n_swa
+        if not w or n <= 0:
+            return True
+        lo = max(0, n - w)
+        if self.pos_min(seq) > lo or int(lib.llama_memory_seq_pos_max(self.context.mem, seq)) + 1 < n:
+            return False
+        return self._cells_in(seq, lo, n) == n - lo
+
+    def _cells_in(self, seq: int, p0: int, p1: int) -> int:
+        """How many of positions [p0, p1) `seq` holds in its sliding-window layers."""
+        mem, scratch, ctx = self.context.mem, self.context.scratch, self.context.ctx
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
+        def size(a: int, b: int) -> int:
+            lib.llama_memory_seq_rm(mem, scratch, -1, -1)
+            if b > a:
+                lib.llama_memory_seq_cp(mem, seq, scratch, a, b)
+            return int(lib.llama_state_seq_get_size_ext(ctx, scratch, flags))
+
+        # A state's size is a header, a part per layer, and a part per cell: measured at the
+        # top one and two cells, it counts the rest.
+        try:
+            empty, one = size(0, 0), size(p1 - 1, p1)
+            if one == empty or p1 - p0 == 1:
+                return int(one > empty)
+            two, all_ = size(p1 - 2, p1), size(p0, p1)
+        finally:
+            lib.llama_memory_seq_rm(mem, scratch, -1, -1)
+        per_cell = two - one
+        return 1 + (all_ - one) // per_cell if per_cell > 0 else 1
 
     def seq_share(self, src: int, dst: int, n: int) -> bool:
         self.context.check_seq(src)
@@ -250,6 +291,9 @@ class StateCopier:
         """The state of positions [p0, p1) of `seq` only: the scratch sequence shares those
         cells, its state is written out, and it lets them go (the cells are not copied)."""
         self.context.check_seq(seq)
+        if partial and p1 >= 0 and not self.window_whole(seq, p1):
+            # A window checkpoint at p1 with cells its window lost would resume wrong: none.
+            return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
         scratch = self.context.scratch
         lib.llama_memory_seq_rm(self.context.mem, scratch, -1, -1)
         try:

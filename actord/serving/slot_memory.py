@@ -254,9 +254,9 @@ class SlotMemory:
         held = list(self._checkpoints)
         if n <= self.props.n_swa or not 0 < pos < n or any(c.pos == pos for c in held):
             return held
-        if not await self._memory_holds(pos):  # moved in since: its window there is gone
-            return held
         st = await self.engine.run(J.StateGet(seq=self.seq, partial=True, p0=0, p1=pos))
+        if not st.n_bytes:  # moved in since, or other sequences took cells of it: its window there is gone
+            return held
         return [SlotCheckpoint(pos=pos, data=st.data)]
 
     def used_moved_checkpoints(self) -> None:
@@ -367,11 +367,12 @@ class SlotMemory:
         if n >= len(self._kv):
             return len(self._kv), False
         p = self.props
-        # Even a full SWA cache is checked: libllama 0.3.36 writes a sequence's state without
-        # its SWA-masked cells (llama_kv_cache::state_write), so after a page-in or restore
-        # the SWA layers hold only the last window, and pos_min says so.
-        if (not p.needs_checkpoints and p.n_swa == 0) or await self._memory_holds(n):
-            if await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1)):
+        # Even a full SWA cache is checked, in the cut itself (SeqRm.window): libllama 0.3.36
+        # writes a sequence's state without its SWA-masked cells, so after a page-in or
+        # restore the SWA layers hold only the last window; and it gives such cells of an
+        # idle sequence to other sequences' tokens at any step (state_copy.py `window_whole`).
+        if not (p.recurrent or p.hybrid):
+            if await self.engine.run(J.SeqRm(seq=self.seq, p0=n, p1=-1, window=p.n_swa > 0)):
                 self.kv_tokens = self._kv[:n]
                 return n, False
         for ck in reversed(self._checkpoints):
@@ -392,15 +393,6 @@ class SlotMemory:
         await self.engine.run(J.SeqRm(seq=self.seq, p0=-1, p1=-1))
         self.kv_tokens = []
         return 0, False
-
-    async def _memory_holds(self, n: int) -> bool:
-        """Can the memory itself serve a resume at n (without a checkpoint)?"""
-        p = self.props
-        if p.recurrent or p.hybrid:
-            return False
-        rng: J.SeqRange = await self.engine.run(J.MemoryRange(seq=self.seq))
-        # The window attending from position n needs positions down to n - n_swa.
-        return rng.pos_min <= max(0, n - p.n_swa)
 
     # -- the draft context's sequence (speculation) ---------------------------------------
 

@@ -99,3 +99,19 @@ async def test_recurrent_memory_shares_no_cells(tiny_recurrent_model):
     async with ActorSystem(cfg(tiny_recurrent_model)) as s:
         await greedy(s, A, 0)
         assert not await s.engine.run(J.SeqShare(src=0, dst=1, n=len(PREFIX)))
+
+
+async def test_a_cut_whose_window_lost_cells_in_the_middle_is_refused_and_changes_nothing(tiny_swa_model):
+    """libllama gives an idle sequence's cells that its window has passed to other
+    sequences' tokens, and not lowest first (seed 313 x 60 steps: a slot resumed at 1 over a
+    position 0 another slot's prefill had taken in the SWA layers). A cut a resume relies on
+    counts every cell of its window, in the same engine call: a hole anywhere in it refuses
+    the cut. (Here the hole is made by hand: cells 60-79 of a full SWA cache's sequence.)"""
+    async with ActorSystem(Config(model=tiny_swa_model, slots=2, ctx=2048, batch=256, threads=1, swa_full="on")) as s:
+        await greedy(s, A, 0)  # 324 tokens, all kept: a full SWA cache (window 32)
+        assert await s.engine.run(J.SeqRm(seq=0, p0=60, p1=80))
+        assert not await s.engine.run(J.SeqRm(seq=0, p0=100, p1=-1, window=True))  # its window [68, 100) has the hole
+        rng = await s.engine.run(J.MemoryRange(seq=0))
+        assert (rng.pos_min, rng.pos_max) == (0, len(A) + 8 - 2)  # nothing removed
+        assert not await s.engine.run(J.SeqShare(src=0, dst=1, n=90))  # nor shared from there
+        assert await s.engine.run(J.SeqRm(seq=0, p0=50, p1=-1, window=True))  # [18, 50) is whole
