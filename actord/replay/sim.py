@@ -542,7 +542,7 @@ async def simulate(seed: int, steps: int, model: str, lora: str | list[str] | No
     if tmp is not None:
         tmp.cleanup()
     return SimResult(seed=seed, trace_hash=trace_hash, events=len(events), ops=ops_done[0], errors=errors,
-                     trace=events, yields=int(system.metrics.generations_yielded_total._value.get()))
+                     trace=events, yields=int(system.metrics.registry.get_sample_value("generations_yielded_total")))
 
 
 async def _restart(seed: int, cfg: Config, root: Path, histories: dict[str, list[int]],

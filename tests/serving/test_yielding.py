@@ -70,7 +70,7 @@ async def test_a_mind_waiting_for_the_only_slot_is_served_before_a_long_generati
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, "ada", long)
             tg.start_soon(run, "bo", short)
-        yielded = s.metrics.generations_yielded_total._value.get()
+        yielded = s.metrics.registry.get_sample_value("generations_yielded_total")
     assert order == ["bo", "ada"] and yielded >= 1
     ada = out["ada"]
     assert ada.tokens == await one_part(tiny_model, tmp_path, LONG, 300)
@@ -101,7 +101,7 @@ async def test_a_generation_whose_sampler_carries_state_keeps_its_slot(tiny_mode
         async with anyio.create_task_group() as tg:
             tg.start_soon(long)
             tg.start_soon(short)
-        assert s.metrics.generations_yielded_total._value.get() == 0
+        assert s.metrics.registry.get_sample_value("generations_yielded_total") == 0
     assert order == ["ada", "bo"]
 
 
@@ -120,7 +120,7 @@ async def test_a_client_gone_while_its_rest_waits_ends_it_and_the_slot_serves_on
         assert len(bo.tokens) == 200
         again = await s.complete(prompt=SHORT, n_predict=2, ignore_eos=True, mind="cy")
         assert len(again.tokens) == 2
-        assert s.metrics.requests_in_flight._value.get() == 0
+        assert s.metrics.registry.get_sample_value("requests_in_flight") == 0
 
 
 def test_only_requests_a_new_sampler_goes_on_exactly_may_yield():
