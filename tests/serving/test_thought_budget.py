@@ -17,7 +17,8 @@ from actord.engine import jobs as J
 from actord.vocabulary.types import ThoughtBudget
 from actord.serving.steps.core import SchedulerCore
 from actord.serving.steps.records import Delta, Finished
-from actord.serving.steps.thought import Thought, _advance, _char_complete
+from actord.serving.steps.text import ends_whole
+from actord.serving.steps.thought import Thought, _advance
 from tests.serving.test_sched_core import req
 
 START, END, MSG = [50, 51], [60, 61], [70]
@@ -145,4 +146,4 @@ def test_the_marker_watch_follows_overlapping_starts():
         m = _advance(seq, m, t)
     assert m == 3
     assert _advance([1, 2, 1, 3], 3, 2) == 2  # "1 2 1" + 2 -> "1 2"
-    assert _char_complete(b"a") and not _char_complete("€".encode()[:2]) and _char_complete("€".encode())
+    assert ends_whole(b"a") and not ends_whole("€".encode()[:2]) and ends_whole("€".encode())

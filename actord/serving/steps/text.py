@@ -143,7 +143,9 @@ class TextState:
 
 
 def ends_whole(buf: bytes | bytearray) -> bool:
-    """Whether `buf` does not end inside a UTF-8 sequence that more bytes could complete."""
+    """Whether `buf` does not end inside a UTF-8 character that more bytes could complete (a
+    lone run of continuation bytes ends one): a yield's boundary here, a thought's count in
+    steps/thought.py."""
     for back in range(1, min(4, len(buf)) + 1):
         b = buf[-back]
         if b & 0xC0 != 0x80:  # a lead byte (or ASCII): how long its sequence is

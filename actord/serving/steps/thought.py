@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from actord.vocabulary.types import ThoughtBudget, TokenLogprob
-from actord.serving.steps.text import TextState
+from actord.serving.steps.text import TextState, ends_whole
 
 
 class Fed(Protocol):
@@ -52,16 +52,6 @@ def _advance(seq: list[int], matched: int, tok: int) -> int:
         if have[-k:] == seq[:k]:
             return k
     return 0
-
-
-def _char_complete(piece: bytes) -> bool:
-    """Whether `piece` does not end inside a UTF-8 character (a lone continuation run ends one)."""
-    for back in range(1, min(4, len(piece)) + 1):
-        b = piece[-back]
-        if b & 0xC0 != 0x80:  # a lead byte (or ASCII): its character needs this many bytes
-            need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
-            return back >= need
-    return True
 
 
 class Thought:
@@ -97,7 +87,7 @@ class Thought:
         return self._due(piece)
 
     def _due(self, piece: bytes) -> bool:
-        if not _char_complete(piece):
+        if not ends_whole(piece):
             return False
         self.state, self.end_at = _WAIT, 0  # forced now; a new start marker opens a new budget
         return True
