@@ -61,7 +61,8 @@ def merged(parts: Sequence[CompletionResult]) -> CompletionResult:
             predicted_per_second=n_out / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
             draft_n=sum(p.timings.draft_n for p in parts),
             draft_n_accepted=sum(p.timings.draft_n_accepted for p in parts),
-            draft_steps=sum(p.timings.draft_steps for p in parts)),
+            draft_steps=sum(p.timings.draft_steps for p in parts),
+            engine_ms=last.timings.engine_ms),  # each part's account went on from the one before
     )
 
 

@@ -367,8 +367,10 @@ class ActorSystem:
         req, stream = request, on_token
         while True:
             left = max(1e-3, deadline - time.monotonic())
-            part = await self.placer.ask(PlaceMind(complete=Complete(rid=rids[-1], req=req, yielded=bool(parts))),
-                                         stream=stream, timeout=left)
+            spent = parts[-1].timings.engine_ms / 1e3 if parts else 0.0  # each part's account goes on
+            part = await self.placer.ask(
+                PlaceMind(complete=Complete(rid=rids[-1], req=req, yielded=bool(parts), engine_s=spent)),
+                stream=stream, timeout=left)
             parts.append(part)
             if part.stop_reason != YIELD:
                 return part if len(parts) == 1 else merged(parts)

@@ -32,6 +32,9 @@ class Complete(Msg):
     # The rest of a request that gave its slot up (policy/yielding.py): placed only once
     # no placement older than it, of another mind, still waits for a slot.
     yielded: bool = False
+    # The engine time its earlier parts had (their `Timings.engine_ms`): a continuation goes
+    # on with its request's one `request_engine_s` account, not a fresh one.
+    engine_s: float = 0.0
 
 
 class CancelRequest(Msg):
@@ -208,6 +211,7 @@ class Enroll(Msg):
     # continuation (policy/yielding.py): a mind's request whose sampling loses nothing.
     yieldable: bool = False
     continued: bool = False  # the rest of a request that gave its slot up: its prompt was counted
+    engine_s: float = 0.0  # Complete.engine_s: the engine time its request had before this part
 
 
 class Waiting(Msg):

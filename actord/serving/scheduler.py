@@ -231,6 +231,8 @@ class Scheduler(Actor[SchedulerInbox]):
         self.channels[m.rid] = ch = _Channel(reply=env.reply, stream=stream, t_start=t_start,
                                              resumed=m.resumed_from_checkpoint, slot=m.slot, live=live,
                                              n_prompt=len(m.prompt), n_cached=m.pos0)
+        if m.engine_s:  # a continuation: its request's account goes on
+            self.engine_s[m.rid] = m.engine_s
         if r.progress:  # what the KV holds before the first step (llama-server's 0% report)
             self._route(self._progress(r, ch))
 
@@ -344,8 +346,8 @@ class Scheduler(Actor[SchedulerInbox]):
                 events += self.core.abort(rid, "error", EngineTimeExceeded(
                     f"the request had {spent:.1f} s of engine time, past its budget of {self.engine_budget_s:g} s "
                     "(request_engine_s)", slot=r.slot, budget_s=self.engine_budget_s))
-        for rid in [rid for rid in self.engine_s if rid not in self.core.reqs]:
-            del self.engine_s[rid]  # drained: its account closes
+        for rid in [rid for rid in self.engine_s if rid not in self.core.reqs and rid not in self.channels]:
+            del self.engine_s[rid]  # drained with no answer to give (_finish closes the others)
         return events
 
     def _give_way(self) -> list[Event]:
@@ -435,6 +437,7 @@ class Scheduler(Actor[SchedulerInbox]):
         that hears back finds the slot, the residency and the cell count settled."""
         r = ev.req
         ch = self.channels.pop(r.rid, None)
+        spent = self.engine_s.pop(r.rid, 0.0)
         m = self.metrics
         m.requests_in_flight.dec()
         if r.reason != YIELD:  # a part that gave its slot up is not the request's end
@@ -464,7 +467,7 @@ class Scheduler(Actor[SchedulerInbox]):
                     ch.stream(chunk)
                 except Exception as e:
                     log.warning("scheduler.sink_failed", rid=r.rid, error=repr(e))
-            answer = self._result(r, ch)
+            answer = self._result(r, ch, spent)
             m.prompt_seconds_total.inc(answer.timings.prompt_ms / 1e3)
             m.predicted_seconds_total.inc(answer.timings.predicted_ms / 1e3)
             m.predicted_steps_total.inc(max(0, len(r.out) - 1))
@@ -489,7 +492,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 else:
                     reply.fail(e)
 
-    def _result(self, r: Request, ch: _Channel) -> CompletionResult:
+    def _result(self, r: Request, ch: _Channel, engine_s: float) -> CompletionResult:
         now = time.perf_counter()
         t_first = r.t_first or now
         prompt_ms = (t_first - ch.t_start) * 1e3
@@ -505,6 +508,7 @@ class Scheduler(Actor[SchedulerInbox]):
                 prompt_per_second=n_proc / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
                 predicted_per_second=len(r.out) / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
                 draft_n=r.n_drafted, draft_n_accepted=r.n_accepted, draft_steps=r.n_spec_steps,
+                engine_ms=engine_s * 1e3,
             ),
         )
 

@@ -79,6 +79,7 @@ class _Active:
     ticket: int = 0  # the gene acquisition this request waits for (0: none)
     running: bool = False  # past gene acquisition
     continued: bool = False  # the rest of a request that gave its slot up (Complete.yielded)
+    engine_s: float = 0.0  # Complete.engine_s
     enrolled: bool = False  # handed to the scheduler: it ends with `Ended`
 
 
@@ -373,7 +374,7 @@ class Slot(Actor[SlotInbox]):
             )
         genes = self.gene_set(req)
         self.active = _Active(rid=msg.rid, req=req, prompt=prompt, reply=env.reply, stream=env.stream,
-                              t_start=t_start, genes=genes, continued=msg.yielded)
+                              t_start=t_start, genes=genes, continued=msg.yielded, engine_s=msg.engine_s)
         self.metrics.requests_in_flight.inc()
         if genes or self.genes or self.memory.track_footprint:
             # An empty set is announced too when it replaces a non-empty one (it unpins) and
@@ -490,7 +491,7 @@ class Slot(Actor[SlotInbox]):
             spec=self.props.spec_n_max if self.props.spec else 0, draft_pos0=m.draft_n, epoch=m.kv_epoch,
             progress=req.return_progress, timings=req.timings_per_token, thought_budget=req.thought_budget,
             scope=m.scope, twin=usable == 0 and m.shares_cells() and not m.drafting, memo=memo,
-            yieldable=yieldable(req), continued=a.continued,
+            yieldable=yieldable(req), continued=a.continued, engine_s=a.engine_s,
         )
         self.peers.scheduler.put_nowait(Envelope(enroll, a.reply, a.stream))
         a.reply, a.enrolled = None, True  # the scheduler answers from here on

@@ -304,6 +304,9 @@ class Timings(msgspec.Struct, frozen=True):
     draft_n: int = 0
     draft_n_accepted: int = 0
     draft_steps: int = 0
+    # The request's share of the engine's time (policy/engine_time.py), as `request_engine_s`
+    # counts it: every part of a generation that gave its slot up included. 0 with no budget.
+    engine_ms: float = 0.0
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

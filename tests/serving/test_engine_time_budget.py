@@ -73,3 +73,34 @@ async def test_a_request_past_its_engine_time_ends_typed_while_its_peer_finishes
 async def test_without_a_budget_a_long_request_runs_to_its_end():
     out = await _two_requests(budget_s=0.0)
     assert len(out["long"].tokens) == 1000 and len(out["short"].tokens) == 2
+
+
+async def _one(budget_s: float, engine_s: float) -> Any:
+    disp = Dispatcher()
+    eng = SlowSteps()
+    slots = [Relay(disp, "slot-0", 64)]
+    sched = Scheduler(disp, eng, slots, n_batch=64, metrics=Metrics(), depth=1, engine_budget_s=budget_s)
+    eng.fake.samplers.update({0})
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            disp.bind(tg)
+            for a in (*slots, sched):
+                disp.spawn(a)
+            try:
+                out: Any = await sched.ask(Enroll(rid=1, slot=0, seq=0, prompt=[1, 5, 9], pos0=0, n_predict=3,
+                                                  ignore_eos=True, continued=engine_s > 0, engine_s=engine_s))
+            except EngineTimeExceeded as e:
+                out = e
+            for a in (*slots, sched):
+                a.close()
+    return out
+
+
+@pytest.mark.anyio
+async def test_a_generation_that_gave_its_slot_up_goes_on_with_its_one_engine_account():
+    # 3 steps of a second each fit a 4 s budget from a fresh account, and its answer says
+    # what it had; a continuation whose earlier parts had 2.5 s ends on its second step.
+    fresh = await _one(budget_s=4.0, engine_s=0.0)
+    assert len(fresh.tokens) == 3 and fresh.timings.engine_ms == pytest.approx(3000.0)
+    rest = await _one(budget_s=4.0, engine_s=2.5)
+    assert isinstance(rest, EngineTimeExceeded) and "4.5 s" in rest.message

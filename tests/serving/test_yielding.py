@@ -5,6 +5,7 @@ answer is the one it would have given in one part, and the client sees one strea
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 
 from actord.policy.yielding import continuation, merged, to_yield, yieldable
@@ -75,6 +76,7 @@ async def test_a_mind_waiting_for_the_only_slot_is_served_before_a_long_generati
     ada = out["ada"]
     assert ada.tokens == await one_part(tiny_model, tmp_path, LONG, 300)
     assert ada.stop_reason == "length" and len(ada.tokens) == 300
+    assert ada.timings.engine_ms > 0  # one account over her parts (request_engine_s)
     assert ada.n_prompt_tokens == len(LONG)
     # Her rest resumed from her page (a memory copy), not a prefill of what she wrote.
     assert ada.n_prompt_processed == len(LONG) + yielded, (ada.n_prompt_processed, yielded)
@@ -137,13 +139,14 @@ def test_the_rest_of_a_request_is_its_prompt_and_output_with_the_tokens_left():
     a = CompletionResult(content="ab", tokens=[7, 8], n_prompt_tokens=3, n_prompt_processed=3, n_cached=0, slot=0,
                          stop_reason="yield", timings=t)
     b = CompletionResult(content="c", tokens=[9], n_prompt_tokens=5, n_prompt_processed=1, n_cached=4, slot=1,
-                         stop_reason="length", timings=t)
+                         stop_reason="length", timings=msgspec.structs.replace(t, engine_ms=7.0))
     rest = continuation(CompletionRequest(prompt="abc", mind="m", n_predict=3), [1, 2, 3], [a])
     assert rest.prompt == [1, 2, 3, 7, 8] and rest.n_predict == 1
     one = merged([a, b])
     assert (one.content, one.tokens, one.n_prompt_tokens, one.n_cached, one.stop_reason, one.slot) == (
         "abc", [7, 8, 9], 3, 0, "length", 1)
     assert one.n_prompt_processed == 4 and one.timings.predicted_ms == 50.0
+    assert one.timings.engine_ms == 7.0  # the last part's account holds the parts before it
 
 
 def test_the_generation_that_wrote_most_gives_way_once_past_the_bound():
