@@ -108,7 +108,7 @@ async def memory(a: Actors, disk: DiskIndex, props: ModelProps, metrics: Metrics
     `limit` names (0: all), each in every tier that holds her (a RAM page and its file
     written behind are two entries); `next` is the cursor for the following page."""
     scope = tenancy.scope()  # a front's client sees her own scope's minds, by her names
-    slots = [tenancy.own_slot(await s.ask(Info()), scope) for s in a.slots]
+    slots = [tenancy.own_slot(await s.ask(Info(scope=scope)), scope) for s in a.slots]
     pages = await a.pages.ask(ListPages(after=after, limit=limit, scope=scope))
     store = await a.pages.ask(StoreStats())
     ckpt = await a.ckpt_budget.ask(BudgetStats())

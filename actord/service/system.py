@@ -469,11 +469,12 @@ class ActorSystem:
     @entry("slot.list", check_open=False)
     async def slot_list(self) -> list[SlotInfo]:
         scope = tenancy.scope()  # a front's client sees her own minds' names only
-        return [tenancy.own_slot(await s.ask(Info()), scope) for s in self.slots]
+        return [tenancy.own_slot(await s.ask(Info(scope=scope)), scope) for s in self.slots]
 
     @entry("slot.erase")
     async def slot_erase(self, slot: int) -> dict[str, Any]:
-        return await self._slot(slot).ask(Erase())
+        # Another tenant's sequence is not the caller's to erase: answered as an empty slot.
+        return await self._slot(slot).ask(Erase(scope=tenancy.scope()))
 
     # -- pages -------------------------------------------------------------------------
 

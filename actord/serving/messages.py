@@ -62,11 +62,15 @@ class CheckpointTaken(Msg):
 
 
 class Erase(Msg):
-    pass
+    # The caller's scope, where a front's client asks (service/tenancy.py): another scope's
+    # cells are not hers to erase, and the slot answers as an empty one would.
+    scope: str | None = None
 
 
 class Info(Msg):
-    pass
+    # As Erase's: another scope's sequence is reported as no sequence (its size, checkpoints
+    # and genes are facts of another tenant's prompt).
+    scope: str | None = None
 
 
 class PageOutSlot(Msg):

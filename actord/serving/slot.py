@@ -245,8 +245,8 @@ class Slot(Actor[SlotInbox]):
                 a = self.active
                 if a is not None and a.rid == rid:
                     await self.memory.on_checkpoint(pos, data)
-            case Info():
-                env.reply.send(self.info())  # type: ignore[union-attr]
+            case Info(scope=scope):
+                env.reply.send(self.info(scope))  # type: ignore[union-attr]
             case CancelRequest(rid=rid):
                 a = self.active
                 if a is not None and a.rid == rid:
@@ -291,8 +291,9 @@ class Slot(Actor[SlotInbox]):
                 if self.peers.index.of(src) is None:
                     raise InvalidParams(f"no slot {src} to fork from", slot=src)
                 env.reply.send(await self.fork_from(src, tokens))  # type: ignore[union-attr]
-            case Erase():
-                await self.memory.erase()
+            case Erase(scope=scope):
+                if not self._foreign(scope):
+                    await self.memory.erase()
                 env.reply.send({"slot": self.id, "erased": True})  # type: ignore[union-attr]
             case PageOutSlot() | PageInSlot() | SaveSlot() | RestoreSlot():
                 await self._handle_page_op(msg, env)
@@ -331,7 +332,14 @@ class Slot(Actor[SlotInbox]):
         self.deferred.clear()
         # An enrolled request is the scheduler's to answer: the system tells it `SlotLost`.
 
-    def info(self) -> SlotInfo:
+    def _foreign(self, scope: str | None) -> bool:
+        """Whether the sequence held is another scope's than a client of `scope` asking."""
+        return scope is not None and bool(self.memory.kv_tokens) and self.memory.scope != scope
+
+    def info(self, scope: str | None = None) -> SlotInfo:
+        if self._foreign(scope):
+            return SlotInfo(id=self.id, state="processing" if self.busy else "idle", n_tokens=0, resume_raw_lcp=None,
+                            n_checkpoints=0, checkpoint_bytes=0, genes=[], deferred=len(self.deferred))
         return SlotInfo(
             id=self.id, state="processing" if self.busy else "idle", n_tokens=len(self.kv_tokens),
             resume_raw_lcp=self.resume_raw_lcp, n_checkpoints=len(self.checkpoints),
@@ -576,8 +584,7 @@ class Slot(Actor[SlotInbox]):
             out = await self._placer_page_in(msg)
         else:
             try:
-                scope = getattr(msg, "scope", None)
-                if scope is not None and self.memory.kv_tokens and self.memory.scope != scope:
+                if self._foreign(getattr(msg, "scope", None)):
                     raise SlotEmpty(f"slot {self.id} holds no sequence", slot=self.id)  # none of the caller's
                 match msg:
                     case PageOutSlot(page=name):

@@ -88,23 +88,26 @@ _FILE_SUFFIX = ".page"  # storage/paths.py MIND_FILE_SUFFIX: a mind's page file 
 
 
 def scoped_file(file: str, scope: str) -> str:
-    """A page file a client of `scope` names, as the daemon keeps it: its last component
-    scoped as a mind's name is (before a ".page" suffix), so a tenant's "ada.page" is her
-    mind ada's own file and never another tenant's."""
+    """A page file a client of `scope` names, as the daemon keeps it: each folder of its path
+    and its last component scoped as a mind's name is (before a ".page" suffix), so a
+    tenant's "ada.page" is her mind ada's own file and never another tenant's, and no folder
+    she makes ("ada.page/x.page") takes a name another tenant's files go by."""
     if not scope:
         return file
-    folder, slash, last = file.rpartition("/")
+    *folders, last = file.split("/")
     stem, suffix = ((last[: -len(_FILE_SUFFIX)], _FILE_SUFFIX) if last.endswith(_FILE_SUFFIX)
                     and len(last) > len(_FILE_SUFFIX) else (last, ""))
-    return f"{folder}{slash}{scoped_mind(stem, scope)}{suffix}"
+    return "/".join([*(scoped_mind(f, scope) if f else f for f in folders), scoped_mind(stem, scope) + suffix])
 
 
 def client_file(file: str, scope: str) -> str:
     """`scoped_file` undone, for an answer that names the file (`file` as given otherwise)."""
     if not scope:
         return file
-    folder, slash, last = file.rpartition("/")
+    *folders, last = file.split("/")
     stem, suffix = ((last[: -len(_FILE_SUFFIX)], _FILE_SUFFIX) if last.endswith(_FILE_SUFFIX)
                     and len(last) > len(_FILE_SUFFIX) else (last, ""))
-    name = client_name(stem, scope)
-    return file if name is None else f"{folder}{slash}{name}{suffix}"
+    names = [client_name(f, scope) if f else f for f in folders] + [client_name(stem, scope)]
+    if any(n is None for n in names):
+        return file
+    return "/".join([*names[:-1], f"{names[-1]}{suffix}"])  # type: ignore[list-item]

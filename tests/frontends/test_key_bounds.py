@@ -199,3 +199,20 @@ def test_shares_bound_queued_chunks_per_key_and_release_them():
     assert sh.refusal("10.0.0.2", "key1") is None
     sh.end("10.0.0.1", "key0")
     assert sh.refusal("10.0.0.2", "key0") is None and not sh.generations and not sh.key_generations
+
+
+def test_a_stored_response_is_found_only_by_the_key_that_stored_it(url):
+    with httpx.Client(timeout=120) as c:
+        r = c.post(url + "/v1/responses", headers=_auth(KEY),
+                   json={"model": "m", "input": "a private note", "max_output_tokens": 2, "temperature": 0})
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+        # Another tenant holding the id: as if it were never stored, and nothing changes.
+        assert c.get(f"{url}/v1/responses/{rid}", headers=_auth(OTHER)).status_code == 404
+        assert c.delete(f"{url}/v1/responses/{rid}", headers=_auth(OTHER)).status_code == 404
+        cont = c.post(url + "/v1/responses", headers=_auth(OTHER),
+                      json={"model": "m", "input": "and?", "max_output_tokens": 2, "previous_response_id": rid})
+        assert cont.status_code == 400 and cont.json()["error"]["param"] == "previous_response_id"
+        mine = c.get(f"{url}/v1/responses/{rid}", headers=_auth(KEY))
+        assert mine.status_code == 200 and mine.json()["id"] == rid
+        assert c.delete(f"{url}/v1/responses/{rid}", headers=_auth(KEY)).status_code == 200

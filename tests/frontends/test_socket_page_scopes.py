@@ -111,12 +111,16 @@ async def test_a_tenant_sees_and_touches_only_her_own_pages_and_a_guess_is_not_f
             assert back["page"] == "diary" and back["n_tokens"] == len(PROMPT) + 1
             restored = await alice.call("slot.restore", {"slot": 0, "file": "diary.page"})
             assert restored["file"] == "diary.page" and restored["n_tokens"] == len(PROMPT) + 1
-            slots = {s["id"]: s for s in await mallory.call("slot.list", {})}
-            assert slots[0]["n_tokens"] == len(PROMPT) + 1
-            # Her cells in a slot are not another tenant's to copy out: the slot is empty to him.
+            # Her cells in a slot are not another tenant's to see, copy out or erase: the
+            # slot is empty to him, and his erase leaves them as they were.
+            seen = {s["id"]: s for s in await mallory.call("slot.list", {})}[0]
+            assert (seen["n_tokens"], seen["n_checkpoints"], seen["genes"], seen["mind"]) == (0, 0, [], None)
+            assert {s["id"]: s for s in await alice.call("slot.list", {})}[0]["n_tokens"] == len(PROMPT) + 1
             for method, params in (("page.out", {"slot": 0, "page": "stolen"}),
                                    ("slot.save", {"slot": 0, "file": "stolen.page"})):
                 assert (await mallory.call(method, params))[:2] == ("error", "SlotEmpty"), method
+            assert (await mallory.call("slot.erase", {"slot": 0}))["erased"] is True
+            assert {s["id"]: s for s in await alice.call("slot.list", {})}[0]["n_tokens"] == len(PROMPT) + 1
             assert (await alice.call("slot.save", {"slot": 0, "file": "again.page"}))["file"] == "again.page"
 
 

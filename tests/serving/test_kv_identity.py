@@ -213,3 +213,17 @@ async def test_a_request_addressed_to_a_slot_from_another_scope_never_writes_ove
         nxt = SYSTEM + own(30) + a1.tokens + own(32)
         a2 = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, mind="ada", tenant="key:a")
     assert a2.n_cached == len(SYSTEM) + 6 + N - 1  # her state was kept (to her page) before the slot was reused
+
+
+def test_a_tenants_page_file_path_is_scoped_in_every_folder_so_none_takes_another_tenants_name():
+    from actord.vocabulary.kv_identity import client_file, scope_of, scoped_file, scoped_mind
+
+    bob = scope_of("key:bob", None)
+    # bob's folder "ada.page" is not the default tenant's mind ada's file, nor a folder of hers.
+    kept = scoped_file("ada.page/x.page", bob)
+    assert kept == f"{scoped_mind('ada.page', bob)}/{scoped_mind('x', bob)}.page"
+    assert not kept.startswith("ada.page/") and kept.split("/")[0] != scoped_file("ada.page", bob)
+    assert client_file(kept, bob) == "ada.page/x.page"
+    assert scoped_file("ada.page/x.page", "") == "ada.page/x.page"  # the default scope keeps names
+    # Another scope's path reads back as kept, unnamed by this one.
+    assert client_file(kept, scope_of("key:eve", None)) == kept

@@ -22,6 +22,9 @@ class Stored(msgspec.Struct):
     messages: list[ChatMessage]  # the conversation, this response's output included (no instructions)
     body: dict[str, Any]
     n_bytes: int
+    # The tenant whose request stored it (service/tenancy.py): another tenant's GET, DELETE
+    # or previous_response_id finds no such response, as with an id never stored.
+    tenant: str | None = None
 
 
 class ResponseStore(BoundedLru[Stored]):
@@ -34,3 +37,15 @@ class ResponseStore(BoundedLru[Stored]):
         if s.n_bytes > self.max_bytes or self.max_items == 0:
             return  # answered, not stored: the store is off, or the one response would pass the bound
         self._add(rid, s)
+
+    def find(self, rid: str, tenant: str | None) -> Stored | None:
+        """The response `rid` stored by `tenant`, now the most recently used."""
+        return self.get(rid) if self._owns(rid, tenant) else None
+
+    def take(self, rid: str, tenant: str | None) -> Stored | None:
+        """The response `rid` stored by `tenant`, taken off the store."""
+        return self.pop(rid) if self._owns(rid, tenant) else None
+
+    def _owns(self, rid: str, tenant: str | None) -> bool:
+        s = self._items.get(rid)
+        return s is not None and s.tenant == tenant

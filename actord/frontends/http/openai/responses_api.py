@@ -84,6 +84,7 @@ from actord.frontends.http.openai.tools_wire import tools_from_openai
 from actord.frontends.http.responses import HttpError, RouteGroup, error_object, json_response
 from actord.frontends.http.streaming import Generation
 from actord.frontends.http.turns import Turn, TurnContext, fit, fitted, mind_of
+from actord.service import tenancy
 from actord.vocabulary.types import GeneRef
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -376,7 +377,8 @@ class Responses(RouteGroup):
 
     async def one(self, request: Request) -> Response:
         rid = request.path_params["rid"]
-        s = self.store.get(rid) if request.method == "GET" else self.store.pop(rid)
+        tenant = tenancy.current()
+        s = self.store.find(rid, tenant) if request.method == "GET" else self.store.take(rid, tenant)
         if s is None:
             raise HttpError(404, f"no response with id {rid[:80]!r} (not stored, or dropped from the store)",
                             "not_found", "response_id")
@@ -398,7 +400,7 @@ class Responses(RouteGroup):
     def _previous(self, req: ResponsesRequest) -> Stored | None:
         if req.previous_response_id is None:
             return None
-        prev = self.store.get(req.previous_response_id)
+        prev = self.store.find(req.previous_response_id, tenancy.current())
         if prev is None:
             raise HttpError(400, f"previous response {req.previous_response_id[:80]!r} is not stored "
                             "(never stored, store: false, or dropped from the store)",
@@ -429,7 +431,8 @@ class Responses(RouteGroup):
             if req.store and result.completion.stop_reason != "cancelled":
                 msgs = [*history, result.message]
                 size = len(msgspec.json.encode(msgs)) + len(msgspec.json.encode(body))
-                self.store.put(rid, Stored(mind=mind, messages=msgs, body=body, n_bytes=size))
+                self.store.put(rid, Stored(mind=mind, messages=msgs, body=body, n_bytes=size,
+                                                 tenant=tenancy.current()))
             return body
 
         async def run(on_token: Any) -> Any:
