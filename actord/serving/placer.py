@@ -26,7 +26,7 @@ from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import SpillVictim
 from actord.vocabulary.errors import (
     ActordError, Cancelled, ContextFull, CorruptPageFile, FileNotFound, InvalidParams, PageDoesNotFit, PageNotFound,
-    PageRamExceeded,
+    NotARegularFile, PageRamExceeded,
 )
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
@@ -435,7 +435,7 @@ class MindPlacer(Actor[PlacerInbox]):
 
     async def _restore(self, slot: int, mind: str) -> bool:
         """Restore `mind` from her page file: False where the file can never be restored
-        (corrupt, another model's): refused once, so she starts another way."""
+        (corrupt, another model's, not a file): refused once, so she starts another way."""
         file = mind_file(mind)
         try:
             try:
@@ -468,7 +468,7 @@ class MindPlacer(Actor[PlacerInbox]):
             # very page-out that made way for her. She starts another way.
             log.info("mind.file_gone", mind=mind, file=file)
             return False
-        except (CorruptPageFile, PageDoesNotFit) as e:
+        except (CorruptPageFile, PageDoesNotFit, NotARegularFile) as e:
             if isinstance(e, PageDoesNotFit) and "saved" not in e.data:
                 raise  # whole but larger than this context: the request is refused, the file kept
             # A file that can never be restored is refused once: the mind starts another way

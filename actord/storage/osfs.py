@@ -44,7 +44,7 @@ from typing import Callable, Literal, TypeVar
 
 T = TypeVar("T")
 
-from actord.vocabulary.errors import StorageError
+from actord.vocabulary.errors import NotARegularFile, StorageError
 
 Buffer = bytes | bytearray | memoryview
 
@@ -157,7 +157,10 @@ class OsFs:
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise OSError(_errno.EINVAL, "not a regular file")
+                    # A client's doing (a folder or FIFO where a file is named), not the disk's:
+                    # refused typed, as a 4xx, naming the file but not the folder it is in.
+                    raise NotARegularFile(f"{path.name!r} is not a regular file; only regular files are read",
+                                          reason="not a regular file")
                 size = st.st_size
                 if limit is not None:
                     size = min(size, limit)

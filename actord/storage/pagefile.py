@@ -232,6 +232,22 @@ def main_n_tokens(head: Buffer, file: Path | str = "<main>") -> int | None:
     return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
 
 
+_HEAD_PEEK = 4096  # a main file's header and section table (3 or 4 sections) fit many times over
+
+
+def _check_head(head: Buffer, file: Path | str) -> None:
+    """Refuse, typed, a main file whose first bytes are not a page file's header (its
+    magic, version, section count and checksum); a short one is left to the whole read."""
+    mv = _bytes_view(head)
+    if mv.nbytes >= _FIXED.size:
+        magic, version, _, _, nsec = _FIXED.unpack_from(mv, 0)
+        if magic != _MAGIC[MAIN]:
+            raise _corrupt(file, f"bad magic {magic!r}, not a {_KIND[MAIN]} file")
+        if nsec not in (3, 4):
+            raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
+    main_n_tokens(head, file)
+
+
 def main_meta(head: Buffer, file: Path | str = "<main>") -> dict[str, Any] | None:
     """A main file's meta (its first section, checksummed), from the file's first bytes;
     None when they do not hold it whole (read more)."""
@@ -392,6 +408,11 @@ def load_generation(fs: OsFs, paths: Mapping[str, Path]) -> PageImage:
     No locking and no recovery here: `publish.read_generation` does both around this.
     """
     main_path = paths[MAIN]
+    # The header first: a file that is not a page file is refused before its bulk is read
+    # (a stray multi-GB file where a mind's file goes would otherwise be read whole).
+    head = fs.read_file(main_path, limit=_HEAD_PEEK)
+    if head is not None:
+        _check_head(head, main_path)
     buf = fs.read_file(main_path)
     if buf is None:
         raise FileNotFound(f"page file {main_path} not found", file=str(main_path))
