@@ -35,12 +35,20 @@ from actord.vocabulary.log import get
 from actord.policy.checkpoint_placement import Divergence
 from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
 from actord.storage.pagefile import PageImage, StoredGene
+from actord.vocabulary.names import MIND_FILE_SUFFIX, check_mind
 
 if TYPE_CHECKING:
     from actord.serving.slot_peers import SlotPeers
 
 log = get("actord.slot")
 
+
+def mind_named(name: str) -> str | None:
+    """The mind a slot holds after a page or file named `name` moves in: that name where a
+    mind may bear it, else none (a slot's state, as a slot-addressed request leaves): a name
+    no mind may have (a page's 119-128 characters, a file in a folder) would be a mind whose
+    state write-behind and a stop could never write to her file."""
+    return name if check_mind(name) is None else None
 
 class SlotPages:
     """Page and file moves of a slot's sequence (see the module docstring): a part of a slot,
@@ -195,7 +203,7 @@ class SlotPages:
                 m.kv_tokens = list(page.tokens)
                 m.lineage = (page.genes, page.scope)
                 m.resume_raw_lcp = None
-                m.mind = name
+                m.mind = mind_named(name)
                 m.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
                 await m.adopt_checkpoints(list(page.checkpoints))
             finally:
@@ -314,7 +322,7 @@ class SlotPages:
             draft = None  # made by another draft model (or with speculation off here)
         await m.adopt_draft(draft, draft_n, f"file {file}")
         m.lineage = (genes, str(image.meta.get("scope", "") or ""))
-        m.mind = file[: -len(".page")] if file.endswith(".page") else file
+        m.mind = mind_named(file[: -len(MIND_FILE_SUFFIX)] if file.endswith(MIND_FILE_SUFFIX) else file)
         m.ckpt.adopt([Divergence(lcp=a, end=b) for a, b in image.divergences], image.prompt_end, len(image.tokens))
         await m.adopt_checkpoints([SlotCheckpoint(pos=c.pos, data=bytearray(c.data)) for c in image.checkpoints])
         await m.footprint_changed()

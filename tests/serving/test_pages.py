@@ -241,3 +241,25 @@ async def test_a_restore_verb_that_could_not_size_its_file_moves_no_cells_withou
         with pytest.raises(ContextFull):
             await s.slot_restore(1, "a.page")
         assert (await s.slot_list())[1].n_tokens == 0
+
+
+async def test_a_page_or_file_whose_name_no_mind_may_bear_moves_in_as_a_slots_state_not_a_mind(tiny_model, tmp_path):
+    """A page name may be longer than a mind's (119-128 characters), and a file may sit in a
+    folder: moved into a slot, neither becomes a mind whose state could never be written to
+    her file (write-behind and a stop would fail on it for ever)."""
+    long = "p" * 120
+    async with ActorSystem(cfg(tiny_model, page_dir=str(tmp_path))) as s:
+        await _turn(s, 0, PROMPT)
+        await s.page_out(0, long)
+        await s.page_in(1, long)
+        assert (await s.slot_list())[1].mind is None and (await s.slot_list())[1].n_tokens > 0
+        await s.page_out(1, "ada")
+        await s.page_in(0, "ada")
+        assert (await s.slot_list())[0].mind == "ada"  # a name a mind may bear is hers
+        await s.slot_save(0, "sub/ada.page")
+        await s.slot_restore(1, "sub/ada.page")
+        assert (await s.slot_list())[1].mind is None
+        await s.slot_save(0, "bo.page")
+        await s.slot_erase(0)
+        await s.slot_restore(0, "bo.page")
+        assert (await s.slot_list())[0].mind == "bo"
