@@ -485,3 +485,29 @@ def test_a_chat_template_that_multiplies_a_message_past_the_prompt_limit_is_refu
     assert d.rss_mb() - rss0 < 50  # the 18 MB rendering never existed (it took 1 GB of RSS)
     assert _peer_completes(d) == 8
     d.assert_clean_log()
+
+
+def test_a_stop_closes_http_clients_that_never_read_or_never_finish_their_body_quietly(daemons, tiny_model):
+    """uvicorn waits on such connections after a stop (its graceful-shutdown timeout) and
+    then cancels their handlers, logging an error and a traceback for an ordinary stop: the
+    front closes them itself once every generation has ended."""
+    d = daemons(tiny_model, "--http", "127.0.0.1:0", "--shutdown-grace-s", "1", ctx=8192)
+    host, port = d.call("props")["http"].rsplit(":", 1)
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    reader.connect((host, int(port)))
+    body = json.dumps({"prompt": "never read", "n_predict": 6000, "ignore_eos": True, "stream": True}).encode()
+    reader.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    half = socket.create_connection((host, int(port)))
+    half.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{\"prompt\":")
+    wait_until(lambda: d.metric("requests_in_flight") == 1, "the stream generates")
+    try:
+        assert d.stop(timeout=60) == 0
+    finally:
+        reader.close()
+        half.close()
+    log = d.log()
+    assert "http.connections_closed_at_stop" in log
+    assert "timeout graceful shutdown exceeded" not in log
+    d.assert_clean_log()

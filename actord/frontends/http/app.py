@@ -118,6 +118,28 @@ def _version() -> str:
         return "0"
 
 
+# How long connections still open at a stop may take to end by themselves (an answer's last
+# bytes being read) before they are closed: by then every generation has ended (the
+# system's shutdown grace came first), so what is left is a client not reading its answer or
+# not sending its body, which uvicorn would wait on (timeout_graceful_shutdown) and then
+# cancel, logging an error and a traceback for an ordinary stop.
+STOP_LINGER_S = 1.0
+
+
+async def _end_connections(server: Any, ended: anyio.Event) -> None:
+    """Once the server was told to exit: its connections end by themselves within
+    STOP_LINGER_S, or are aborted, so its handlers see the client gone and end quietly."""
+    with anyio.move_on_after(STOP_LINGER_S):
+        await ended.wait()
+    if ended.is_set():
+        return
+    for conn in list(server.server_state.connections):
+        transport = getattr(conn, "transport", None)
+        if transport is not None:
+            transport.abort()
+    log.info("http.connections_closed_at_stop", after_s=STOP_LINGER_S)
+
+
 class HttpFront:
     def __init__(self, system: Service | None, config: Config, shares: Shares | None = None) -> None:
         """`shares`: the daemon's one count of generations, which its socket is given too
@@ -558,5 +580,7 @@ class HttpFront:
                     await anyio.sleep_forever()
                 finally:
                     server.should_exit = True
+                    with anyio.CancelScope(shield=True):
+                        await _end_connections(server, ended)
         finally:
             self.close()
