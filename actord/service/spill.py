@@ -29,7 +29,7 @@ log = get("actord.service.spill")
 
 
 async def spill_page(pages: Actor[PageStoreInbox], files: PageFiles, props: J.ModelProps, metrics: Metrics,
-                     page: str, file: str, drop: bool) -> dict[str, Any]:
+                     page: str, file: str, drop: bool, *, kept: bool = False) -> dict[str, Any]:
     files.check(file)
     t0 = time.perf_counter()
     async with files.holding(file):  # no other publication of `file` until the drop
@@ -41,7 +41,7 @@ async def spill_page(pages: Actor[PageStoreInbox], files: PageFiles, props: J.Mo
                 file, page_image(props, held.state, held.checkpoints, held.tokens, held.genes,
                                  held.divergences, held.prompt_end, draft=held.draft, draft_n=held.draft_n,
                                  base=held.base.state if held.base is not None else None, n_base=held.n_base,
-                                 scope=held.scope, gene_digests=held.gene_digests),
+                                 scope=held.scope, gene_digests=held.gene_digests, kept=kept),
                 held=True)
             durable = True  # publish returns only once every file and folder is fsynced
         except ActordError as e:

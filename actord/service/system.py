@@ -212,8 +212,8 @@ class ActorSystem:
                 self.dispatcher.spawn(actor)
             for name in stale_files(self.files.index.files):  # the prompt cache's, from another process
                 await self.files.remove(name)
-            if self.config.page_file_bases:  # which base files are used: read in the background
-                self._tg.start_soon(self._sweep_bases)
+            # Which files a client kept by name, and which base files are used: read in the background.
+            self._tg.start_soon(self._sweep_files)
             for path in self.config.gene:
                 info = await self.gene_load(path, default=True)
                 self.default_genes.append(info.id)
@@ -266,11 +266,11 @@ class ActorSystem:
         assert self._persister is not None, "the system is not running"
         return await self._persister.persist_all(self.config.shutdown_persist_s)
 
-    async def _sweep_bases(self) -> None:
+    async def _sweep_files(self) -> None:
         try:
-            await self.files.sweep_bases()
-        except ActordError as e:  # no base file is removed until a sweep succeeds
-            log.warning("page_files.base_sweep_failed", error=e.to_dict())
+            await self.files.sweep()
+        except ActordError as e:  # no base file is removed, and no file found at start evicted, until one succeeds
+            log.warning("page_files.sweep_failed", error=e.to_dict())
 
     async def write_behind(self) -> None:
         """Run write-behind (service/persist.py) until cancelled or stopped: the daemon
@@ -551,15 +551,17 @@ class ActorSystem:
         """
         own = tenancy.own_name(page, "page")
         with tenancy.as_client(page):
-            return tenancy.client_answer(await self._spill_page(own, tenancy.own_name(file, "file", file=True), drop))
+            # A client's file by name: the disk budget never evicts it (storage/disk_index.py).
+            return tenancy.client_answer(await spill_page(self.pages, self.files, self.props, self.metrics, own,
+                                                          tenancy.own_name(file, "file", file=True), drop, kept=True))
 
-    def _spill_page(self, page: str, file: str, drop: bool) -> Awaitable[dict[str, Any]]:  # the placer spills too
+    def _spill_page(self, page: str, file: str, drop: bool) -> Awaitable[dict[str, Any]]:  # the placer's, a stop's
         return spill_page(self.pages, self.files, self.props, self.metrics, page, file, drop)
 
     @entry("slot.save")
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:
         return tenancy.client_answer(await self._slot(slot).ask(SaveSlot(file=tenancy.own_name(file, "file", file=True),
-                                                                          scope=tenancy.scope())))
+                                                                          scope=tenancy.scope(), kept=True)))
 
     @entry("slot.restore")
     async def slot_restore(self, slot: int, file: str) -> dict[str, Any]:

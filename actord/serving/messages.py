@@ -105,6 +105,9 @@ class SaveSlot(Msg):
     # her file (else the answer says "skipped" and nothing is written).
     mind: str | None = None
     scope: str | None = None  # as PageOutSlot's
+    # A client's file by name (`slot.save`): the disk budget never evicts it
+    # (storage/disk_index.py); the daemon's own saves of minds are evictable.
+    kept: bool = False
 
 
 class RestoreSlot(Msg):

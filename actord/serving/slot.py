@@ -593,8 +593,8 @@ class Slot(Actor[SlotInbox]):
                         out = await moves.page_in(name, room_cells=room_cells)
                     case SaveSlot(file=file, mind=mind) if mind is not None:
                         out = await moves.save_mind(mind, file)
-                    case SaveSlot(file=file):
-                        out = await moves.save(file)
+                    case SaveSlot(file=file, kept=kept):
+                        out = await moves.save(file, kept=kept)
                     case RestoreSlot(file=file, room_cells=room_cells):
                         out = await moves.restore(file, room_cells=room_cells)
                     case _:

@@ -34,7 +34,7 @@ from actord.vocabulary.errors import (
 from actord.vocabulary.log import get
 from actord.policy.checkpoint_placement import Divergence
 from actord.policy.checkpoint_records import SlotCheckpoint, StoredCheckpoint
-from actord.storage.pagefile import PageImage, StoredGene
+from actord.storage.pagefile import KEPT_META, PageImage, StoredGene
 from actord.vocabulary.names import MIND_FILE_SUFFIX, check_mind
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ class SlotPages:
             return {"slot": m.id, "file": file, "skipped": "unchanged"}
         return await self.save(file)
 
-    async def save(self, file: str) -> dict[str, Any]:
+    async def save(self, file: str, *, kept: bool = False) -> dict[str, Any]:
         m = self.memory
         self.peers.files.check(file)
         t0 = time.perf_counter()
@@ -284,7 +284,7 @@ class SlotPages:
         draft = await m.engine.run(J.StateGet(seq=m.seq, draft=True)) if m.drafting and m.draft_n else None
         image = page_image(m.props, st.data, ckpts, m.kv_tokens, m.genes, m.ckpt.history,
                            m.ckpt.prompt_end, draft=draft.data if draft else None, draft_n=m.draft_n,
-                           scope=m.scope, gene_digests=await self.gene_digests())
+                           scope=m.scope, gene_digests=await self.gene_digests(), kept=kept)
         stats = await self.peers.files.publish(file, image)
         self._persisted_sig = (file, self.peers.files.version(file), *m.kv_sig())  # no await since: ours
         t_ms = (time.perf_counter() - t0) * 1e3
@@ -338,11 +338,14 @@ class SlotPages:
 def page_image(props: J.ModelProps, state: Any, ckpts: list[Any], tokens: list[int],
                genes: tuple[tuple[int, float], ...], divergences: list[Divergence] | None = None,
                prompt_end: int = 0, *, draft: Any = None, draft_n: int = 0, base: Any = None,
-               n_base: int = 0, scope: str = "", gene_digests: tuple[str, ...] = ()) -> PageImage:
+               n_base: int = 0, scope: str = "", gene_digests: tuple[str, ...] = (), kept: bool = False) -> PageImage:
     """A slot or a page as one page-file generation (the state bytes are not copied). A draft
     state goes to the `.dft` sidecar, with its token count and draft model in the meta; the
-    state of a base a page stands on goes into the main file with it (self-contained)."""
+    state of a base a page stands on goes into the main file with it (self-contained). A
+    client's file by name is marked `kept` (storage/pagefile.py KEPT_META)."""
     meta = model_fingerprint(props)
+    if kept:
+        meta[KEPT_META] = True
     if draft is not None and draft_n > 0:
         meta.update(draft_n=draft_n, draft_digest=props.draft_digest, draft_model=props.draft_desc)
     else:

@@ -76,16 +76,33 @@ class DiskIndex:
         self.used = 0
         self.reserved = 0
         self.loaded = False
+        # Files a client wrote by name (`slot.save`, `page.spill`: their meta says `kept`),
+        # which the budget never evicts; and the files found at start whose header the sweep
+        # (files.py `sweep`) has not read yet, so which of the two they are is not known.
+        self.kept: set[str] = set()
+        self.unswept: set[str] = set()
 
     def load(self, entries: list[tuple[str, int, int]]) -> None:
         for name, n, _ in entries:
             self.set(name, n)
+        self.unswept = {name for name, _, _ in entries}
         self.loaded = True
 
-    def set(self, name: str, n_bytes: int) -> None:
-        """`name` was just published (its bytes now `n_bytes`): the most recently used."""
+    def set(self, name: str, n_bytes: int, *, kept: bool = False) -> None:
+        """`name` was just published (its bytes now `n_bytes`; by a client by name: `kept`):
+        the most recently used."""
         self.used += n_bytes - self.files.pop(name, 0)
         self.files[name] = n_bytes
+        self.unswept.discard(name)
+        (self.kept.add if kept else self.kept.discard)(name)
+
+    def learned(self, name: str, kept: bool) -> None:
+        """The sweep read `name`'s header (found at start): whether a client kept it by name.
+        A file published since is as its publication said."""
+        if name in self.unswept:
+            self.unswept.discard(name)
+            if kept:
+                self.kept.add(name)
 
     def touch(self, name: str) -> None:
         if name in self.files:
@@ -93,6 +110,8 @@ class DiskIndex:
 
     def remove(self, name: str) -> None:
         self.used -= self.files.pop(name, 0)
+        self.kept.discard(name)
+        self.unswept.discard(name)
 
     def over(self, name: str, n_bytes: int) -> int:
         """Bytes to free before `n_bytes` replace `name`'s generation within the budget."""
@@ -102,14 +121,16 @@ class DiskIndex:
 
     def victims(self, need: int, spare: Callable[[str], bool]) -> Iterator[str]:
         """Mind files (`<mind>.page`), least recently used first, that `spare` does not
-        keep, until their bytes reach `need`. Only minds' files: the daemon made them, and a
-        mind whose file goes is re-prefilled at worst; a file a client saved by name is
-        its to remove, and is counted, never evicted."""
+        keep, until their bytes reach `need`. Only minds' files the daemon wrote: a mind
+        whose file goes is re-prefilled at worst; a file a client saved by name (`kept`,
+        "ada.page" too) is its to remove, and is counted, never evicted, and one found at
+        start is not evicted before the sweep has read which it is."""
         got = 0
         for name, n in list(self.files.items()):
             if got >= need:
                 return
-            if name.endswith(MIND_FILE_SUFFIX) and "/" not in name and not spare(name):
+            if name.endswith(MIND_FILE_SUFFIX) and "/" not in name and name not in self.kept \
+                    and name not in self.unswept and not spare(name):
                 got += n
                 yield name
 

@@ -26,7 +26,7 @@ from actord.vocabulary.log import get
 from actord.storage import bases as B
 from actord.storage.disk_index import DiskIndex, scan
 from actord.storage.osfs import OsFs
-from actord.storage.pagefile import PageImage, main_head, main_meta, main_n_tokens
+from actord.storage.pagefile import KEPT_META, PageImage, main_head, main_meta, main_n_tokens
 from actord.storage.paths import confine_file
 from actord.storage.publish import PublishStats, publish_generation, read_generation, recover_folder, remove_generation
 
@@ -258,13 +258,14 @@ class PageFiles:
         except ActordError:
             return None
 
-    async def sweep_bases(self) -> int:
-        """After start, in the background: read every page file's header for the base it
-        names, then remove the base files nobody names (a crash between a referrer's removal
-        and its base's). Until it has run no base file is removed. The orphans removed."""
-        if not self.share_bases:
-            return 0
-        self.refs.live.clear()
+    async def sweep(self) -> int:
+        """After start, in the background: read the header of every page file found at start:
+        whether a client kept it by name (the disk budget evicts no file of those before
+        this has run), and, with base files, the base it names, then remove the base files
+        nobody names (a crash between a referrer's removal and its base's). Until it has run
+        no base file is removed. The orphans removed."""
+        if self.share_bases:
+            self.refs.live.clear()
         names = [n for n in self.index.files if not B.is_base(n)]
         bases = [n for n in self.index.files if B.is_base(n)]
 
@@ -277,15 +278,20 @@ class PageFiles:
                     out[B.key_of(n)] = entry
             return out
 
-        def heads() -> dict[str, str | None]:
-            out: dict[str, str | None] = {}
-            for n in names:  # unreadable: no restore will ever need its base
+        def heads() -> dict[str, tuple[str | None, bool]]:
+            out: dict[str, tuple[str | None, bool]] = {}
+            for n in names:  # unreadable: no restore will ever need its base, nor keep it
                 meta = self._head_of(n, main_meta)
-                if meta is not None:
-                    out[n] = B.referred(meta)
+                out[n] = (None, False) if meta is None else (B.referred(meta), bool(meta.get(KEPT_META)))
             return out
 
-        for n, key in (await self._run("sweep:bases", heads)).items():
+        read = await self._run("sweep:heads", heads)
+        for n, (_, kept) in read.items():
+            self.index.learned(n, kept)
+        if not self.share_bases:
+            return 0
+        read = {n: key for n, (key, _) in read.items()}
+        for n, key in read.items():
             if n not in self.refs.live and key is not None:
                 self.refs.set(n, key, live=False)
         self.refs.known = True
@@ -326,7 +332,7 @@ class PageFiles:
         finally:
             self.index.reserved -= estimate
             self._changed(key)  # a publication that failed may have committed all the same
-        self.index.set(key, stats.n_bytes)
+        self.index.set(key, stats.n_bytes, kept=bool(image.meta.get(KEPT_META)))
         self._gauges()
         return stats
 

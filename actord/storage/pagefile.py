@@ -58,6 +58,9 @@ log = get("actord.storage")
 
 VERSION = 1
 MAIN, CKPT, LORA, DRAFT = "", ".ckpt", ".lora", ".dft"
+# The meta key marking a file a client wrote by name (`slot.save`, `page.spill`), which the
+# disk budget never evicts; the daemon's own writes of minds leave it out.
+KEPT_META = "kept"
 SUFFIXES = (MAIN, CKPT, LORA, DRAFT)
 _MAGIC = {MAIN: b"ACTDPAGE", CKPT: b"ACTDCKPT", LORA: b"ACTDLORA", DRAFT: b"ACTDDRFT"}
 _KIND = {MAIN: "main page", CKPT: "checkpoint", LORA: "gene list", DRAFT: "draft state"}

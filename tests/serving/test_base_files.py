@@ -75,7 +75,7 @@ async def test_a_base_file_goes_with_its_last_referrer(tiny_model, tmp_path):
         await paged_minds(s, 3)
         for m in ("m1", "m2"):
             await s.page_spill(m, f"{m}.page", drop=True)
-        await s.files.sweep_bases()  # the references are known (a start runs it)
+        await s.files.sweep()  # the references are known (a start runs it)
         await s.files.remove("m1.page")
         assert len(base_files(tmp_path)) == 1  # m2 still names it
         await s.files.remove("m2.page")
@@ -90,7 +90,7 @@ async def test_a_crash_in_the_middle_of_a_base_removal_leaves_no_dangling_refere
         await paged_minds(s, 3)
         for m in ("m1", "m2"):
             await s.page_spill(m, f"{m}.page", drop=True)
-        await s.files.sweep_bases()
+        await s.files.sweep()
         await s.files.remove("m1.page")
         assert len(base_files(tmp_path)) == 1
         # The last referrer's removal is durable; the process dies in its base's removal.
@@ -99,7 +99,7 @@ async def test_a_crash_in_the_middle_of_a_base_removal_leaves_no_dangling_refere
             await s.files.remove("m2.page")
         s.files.fs = FaultyFs(dead_pids=[os.getpid()])
     async with ActorSystem(cfg(tiny_model, tmp_path, page_file_bases=True)) as s:
-        await s.files.sweep_bases()
+        await s.files.sweep()
         assert base_files(tmp_path) == [] and not (tmp_path / "m2.page").exists()
         assert not [n for n in os.listdir(tmp_path) if n.startswith(".actord-commit")]
     # A crash between a referrer's removal and its base's (the base never touched): the
@@ -109,7 +109,7 @@ async def test_a_crash_in_the_middle_of_a_base_removal_leaves_no_dangling_refere
         await s.page_spill("m1", "m1.page", drop=True)
     (tmp_path / "b" / "m1.page").unlink()
     async with ActorSystem(cfg(tiny_model, tmp_path / "b", page_file_bases=True)) as s:
-        await s.files.sweep_bases()  # as the start's own, in the background
+        await s.files.sweep()  # as the start's own, in the background
         assert base_files(tmp_path / "b") == []
 
 
@@ -137,6 +137,6 @@ async def test_a_new_mind_starts_from_a_base_file_when_no_slot_nor_page_holds_th
 
     # After a restart the base files are known from their headers (the start's sweep).
     async with ActorSystem(cfg(tiny_model, folder, page_file_bases=True)) as s:
-        await s.files.sweep_bases()
+        await s.files.sweep()
         r = await s.complete(prompt=new, n_predict=8, mind="second", ignore_eos=True, temperature=0.0)
         assert r.n_cached == len(PREFIX) and r.tokens == fresh.tokens

@@ -158,3 +158,33 @@ def test_a_quiet_folder_is_not_listed_at_each_read_and_another_holder_makes_it_l
     read_generation(root, "m.page", fs)
     assert [op for op, _ in fs.trace if op == "listdir"] != []
     assert not (root / f"{STAGE_PREFIX}999999999-dead").exists()
+
+
+def kept_image() -> PageImage:
+    from actord.storage.pagefile import KEPT_META
+
+    img = image()
+    return PageImage(tokens=img.tokens, state=img.state, meta={**img.meta, KEPT_META: True})
+
+
+@pytest.mark.anyio
+async def test_a_file_a_client_saved_under_a_minds_file_name_is_never_evicted_before_or_after_a_restart(tmp_path):
+    root = tmp_path / "pages"
+    files = await budgeted(root, 3)
+    await files.publish("keep.page", kept_image())  # slot.save keep.page: a client's, by name
+    for name in ("a.page", "b.page", "c.page"):  # the daemon's minds
+        await files.publish(name, image())
+    assert (root / "keep.page").exists() and "a.page" not in files.index.files
+    again = PageFiles(root, disk_bytes=files.index.budget)
+    await again.start()
+    # Found at start, unread: which of the two each file is waits for the sweep, so none goes.
+    with pytest.raises(PageDiskExceeded):
+        await again.publish("d.page", image())
+    await again.sweep()
+    await again.publish("d.page", image())
+    await again.publish("e.page", image())
+    assert (root / "keep.page").exists() and sorted(again.index.files) == ["d.page", "e.page", "keep.page"]
+    # The daemon writing that name as a mind's file makes it the daemon's: evictable again.
+    assert "keep.page" not in list(again.index.victims(1 << 30, lambda v: False))
+    await again.publish("keep.page", image())
+    assert "keep.page" in list(again.index.victims(1 << 30, lambda v: False))
