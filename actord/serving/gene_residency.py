@@ -116,6 +116,7 @@ class GeneRecord(msgspec.Struct):
     resident: bool
     default: bool = False
     uses: tuple[int, ...] = ()
+    digest: str = ""  # its file's content digest (J.GeneInfo.digest)
 
 
 class GeneResidency(Actor[GeneInbox]):
@@ -371,13 +372,15 @@ class GeneResidency(Actor[GeneInbox]):
                     await self._page_in(gid, on_demand=True)
                     paged_in.append(gid)
             self.running.add(p.slot)  # type: ignore[arg-type]
-            await self.slots[p.slot].tell(GenesGranted(ticket=p.ticket, paged_in=paged_in))  # type: ignore[index]
+            digests = {gid: self.genes[gid].digest for gid in p.protect if gid in self.genes}
+            await self.slots[p.slot].tell(GenesGranted(ticket=p.ticket, paged_in=paged_in,  # type: ignore[index]
+                                                       digests=digests))
             return
         if p.kind == "load":
             m: LoadGene = p.msg
             info: J.GeneInfo = await self.engine.run(J.GeneLoad(path=m.path, image=m.image))
             self.genes[info.id] = GeneRecord(id=info.id, path=m.path, n_bytes=info.n_bytes, resident=True,
-                                             default=m.default)
+                                             default=m.default, digest=info.digest)
             log.info("gene.loaded", id=info.id, path=m.path, n_bytes=info.n_bytes, t_ms=round(info.t_ms, 3))
             out: Any = info
         else:

@@ -130,6 +130,9 @@ class GenesGranted(Msg):
 
     ticket: int
     paged_in: list[int] = []
+    # The granted genes' content digests by id: the slot keeps them with its cells, so a page
+    # or file of its state names them by content even after a gene is unloaded.
+    digests: dict[int, str] = {}
 
 
 class GenesRefused(Msg):

@@ -25,8 +25,8 @@ from actord.serving.start_plan import MindFound, plan_mind_step
 from actord.serving.room import holding_room, no_room
 from actord.serving.page_store import SpillVictim
 from actord.vocabulary.errors import (
-    ActordError, Cancelled, ContextFull, CorruptPageFile, FileNotFound, InvalidParams, PageDoesNotFit, PageNotFound,
-    NotARegularFile, PageRamExceeded,
+    ActordError, Cancelled, ContextFull, CorruptPageFile, FileNotFound, GenesMissing, InvalidParams, NotARegularFile,
+    PageDoesNotFit, PageNotFound, PageRamExceeded,
 )
 from actord.vocabulary.log import get
 from actord.vocabulary.metrics import Metrics
@@ -467,6 +467,12 @@ class MindPlacer(Actor[PlacerInbox]):
             # Gone since it was looked at: the disk budget may evict it to make room for the
             # very page-out that made way for her. She starts another way.
             log.info("mind.file_gone", mind=mind, file=file)
+            return False
+        except GenesMissing as e:
+            # Her state was computed under a gene not loaded now: no request this daemon can
+            # serve now shares that lineage (each request's genes are loaded), so she starts
+            # another way; her file stays, for when that gene is loaded again.
+            log.info("mind.file_genes_missing", mind=mind, file=file, starts="another way", error=e.to_dict())
             return False
         except (CorruptPageFile, PageDoesNotFit, NotARegularFile) as e:
             if isinstance(e, PageDoesNotFit) and "saved" not in e.data:

@@ -259,7 +259,8 @@ class Slot(Actor[SlotInbox]):
                 self._drop_deferred(rid)
             case DropCheckpoint(pos=pos):
                 await self.memory.drop_checkpoint(pos)
-            case GenesGranted(ticket=ticket):
+            case GenesGranted(ticket=ticket, digests=digests):
+                self.memory.learn_digests(digests)
                 await self._on_genes_granted(ticket)
                 if self.active is None:
                     await self._drain_deferred()

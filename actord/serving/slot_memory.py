@@ -57,6 +57,9 @@ class SlotMemory:
         self.kv_epoch = 0
         self._genes: tuple[tuple[int, float], ...] = ()
         self._scope = ""
+        # Gene ids -> content digests, as told when the genes were granted or a state came in:
+        # ids are never reused, so a digest stays true after its gene is unloaded.
+        self.digests: dict[int, str] = {}
         self._checkpoints: list[SlotCheckpoint] = []
         self.mind: str | None = None
         self.resume_raw_lcp: int | None = None
@@ -113,6 +116,14 @@ class SlotMemory:
     @lineage.setter
     def lineage(self, lineage: Lineage) -> None:
         self._genes, self._scope = lineage
+
+    def learn_digests(self, digests: Any) -> None:
+        """Gene ids' content digests (pairs, or a mapping), kept for the genes in use: those of
+        its cells and of the grant."""
+        got = {gid: d for gid, d in (digests.items() if isinstance(digests, dict) else digests) if d}
+        if got:
+            held = {gid for gid, _ in self._genes}
+            self.digests = {gid: d for gid, d in {**self.digests, **got}.items() if gid in held or gid in got}
         self._publish()
 
     @property

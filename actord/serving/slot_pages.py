@@ -202,6 +202,7 @@ class SlotPages:
             try:
                 m.kv_tokens = list(page.tokens)
                 m.lineage = (page.genes, page.scope)
+                m.learn_digests(zip([g for g, _ in page.genes], page.gene_digests))
                 m.resume_raw_lcp = None
                 m.mind = mind_named(name)
                 m.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
@@ -242,7 +243,9 @@ class SlotPages:
         m = self.memory
         if not m.genes:
             return ()
-        by_id = {g.id: g.digest for g in await m.engine.run(J.GeneList())}
+        by_id = m.digests
+        if any(gid not in by_id for gid, _ in m.genes):  # told none (an old page): asked of the engine
+            by_id = {**{g.id: g.digest for g in await m.engine.run(J.GeneList())}, **by_id}
         return tuple(by_id.get(gid, "") for gid, _ in m.genes)
 
     async def genes_by_content(self, image: PageImage, file: str) -> tuple[tuple[int, float], ...]:
@@ -263,6 +266,7 @@ class SlotPages:
                 raise GenesMissing(f"{file} holds a state computed under a gene this daemon cannot match: {why}",
                                    file=file, digest=sg.digest, saved_id=sg.id)
             out.append((gid, float(sg.scale)))
+        self.memory.learn_digests([(gid, sg.digest) for (gid, _), sg in zip(out, image.genes)])
         return tuple(sorted(out))
 
     async def save_mind(self, mind: str, file: str) -> dict[str, Any]:

@@ -227,3 +227,34 @@ def test_a_tenants_page_file_path_is_scoped_in_every_folder_so_none_takes_anothe
     assert scoped_file("ada.page/x.page", "") == "ada.page/x.page"  # the default scope keeps names
     # Another scope's path reads back as kept, unnamed by this one.
     assert client_file(kept, scope_of("key:eve", None)) == kept
+
+
+async def test_a_mind_whose_gene_was_unloaded_under_her_names_it_by_content_and_is_never_refused(
+        tiny_model, tmp_path, models_dir):
+    """Her state, paged out and spilled after its gene was unloaded, still names the gene by
+    content (the slot kept the digest it was granted); her next turn without that gene starts
+    another way instead of failing for ever, and a daemon that loads the gene again restores her."""
+    from actord.storage.publish import read_generation
+    from actord.storage.osfs import OsFs
+    from actord.testing.models import write_tiny_lora
+
+    lora = str(write_tiny_lora(models_dir / "ident-unloaded.gguf", tiny_model, seed=35))
+    prompt = SYSTEM + own(14)
+    one = cfg(tiny_model, tmp_path, slots=1)
+    async with ActorSystem(one) as s:
+        info = await s.gene_load(lora)
+        r1 = await s.complete(prompt=prompt, n_predict=N, ignore_eos=True, mind="x", genes=genes_of((info.id, 1.0)))
+        await s.gene_unload(info.id)
+        await s.complete(prompt=SYSTEM + own(15), n_predict=1, ignore_eos=True, mind="y")  # x to her page
+        await s.page_spill("x", "x.page", drop=True)
+        kept = read_generation(tmp_path, "x.page", OsFs())
+        assert [g.digest for g in kept.genes] == [info.digest] and info.digest
+        plain = await s.complete(prompt=prompt, n_predict=1, ignore_eos=True, mind="x")  # not GenesMissing
+        assert plain.n_cached < len(prompt)
+        await s.slot_erase(0)
+    nxt = prompt + r1.tokens + own(16)
+    async with ActorSystem(one) as s:
+        g = (await s.gene_load(lora)).id
+        await s.slot_restore(0, "x.page")
+        back = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, slot=0, genes=genes_of((g, 1.0)))
+        assert back.n_cached >= len(prompt)
