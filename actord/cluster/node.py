@@ -52,6 +52,7 @@ from actord.storage.osfs import OsFs
 from actord.storage.pagefile import sidecar_paths
 from actord.vocabulary.names import check_part
 from actord.storage.publish import read_generation
+from actord.service.background import run_background
 from actord.service.system import ActorSystem
 from actord.vocabulary import log as actord_log
 
@@ -179,11 +180,14 @@ class NodeDaemon:
             async with NodeSystem(self.node_config) as system:
                 self.system = system
                 self._ready.set()
-                kick = asyncio.get_running_loop().create_task(self._kick_router())
+                loop = asyncio.get_running_loop()
+                kick = loop.create_task(self._kick_router())
+                background = loop.create_task(run_background(system, self.node_config))  # write-behind too
                 try:
                     await self._stop.wait()
                 finally:
                     kick.cancel()
+                    background.cancel()
                 await system.shutdown(self.node_config.shutdown_grace_s)
         except BaseException as e:
             self._start_error = e

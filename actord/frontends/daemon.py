@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 
+from actord.service.background import run_background
 from actord.vocabulary import log as logcfg
 from actord.vocabulary.config import Config
 from actord.vocabulary.errors import ActordError
@@ -115,25 +116,7 @@ async def _serve(config: Config, system: Service, server: RpcServer, front: Any,
             front.attach(system)
             await tg.start(front.serve)
         await tg.start(server.serve)
-        if config.memory_report_s > 0 and config.trace:
-            # Its reads would be deliveries no recorded input explains: the replay of the
-            # trace would diverge at the first. A traced run keeps the gauges unrefreshed.
-            log.info("memory.report_off", why="a trace is being recorded", trace=config.trace)
-        elif config.memory_report_s > 0:
-            from actord.service.memory import housekeeping
-
-            tg.start_soon(lambda: housekeeping(system.metrics, system.memory_report, config.memory_report_s,
-                                               trim=config.malloc_trim, trace_malloc_s=config.trace_malloc_s))
-        if config.sleep_idle_s > 0 and config.trace:
-            log.info("sleep.off", why="a trace is being recorded", trace=config.trace)  # as the report above
-        elif config.sleep_idle_s > 0:
-            from actord.service.sleep import IdleClock
-
-            tg.start_soon(IdleClock(system, config.sleep_idle_s).run)
-        if config.write_behind_s > 0 and config.trace:
-            log.info("write_behind.off", why="a trace is being recorded", trace=config.trace)  # as the report above
-        elif config.write_behind_s > 0:
-            tg.start_soon(system.write_behind)
+        tg.start_soon(run_background, system, config)  # memory report, idle sleep, write-behind
         task_status.started(system)
         systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {server.path}")
         interval = systemd.watchdog_interval()

@@ -24,7 +24,9 @@ MINDS = [f"r{i}" for i in range(6)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_model):
-    with local_cluster(tmp_path_factory.mktemp("loss"), tiny_model, system_config=FAST_HEALTH) as c:
+    # Write-behind off: a mind persisted by hand against one only in RAM (test_node_write_behind.py: on).
+    with local_cluster(tmp_path_factory.mktemp("loss"), tiny_model, node={"write_behind_s": 0},
+                       system_config=FAST_HEALTH) as c:
         yield c
 
 
