@@ -23,7 +23,7 @@ from actord.service.daemon_minds import charged, forget_past_bound
 from actord.vocabulary.config import Config
 from actord.vocabulary.kv_identity import one_off
 from actord.vocabulary.metrics import Metrics
-from actord.vocabulary.names import MIND_FILE_SUFFIX, is_cache_mind
+from actord.vocabulary.names import MIND_FILE_SUFFIX, is_cache_mind, is_responses_mind
 from actord.vocabulary.types import CompletionRequest, CompletionResult
 
 
@@ -88,6 +88,10 @@ def cuts_anywhere(props: ModelProps) -> bool:
 
 
 def stale_files(names: Any) -> list[str]:
-    """The page files of cache minds in the page folder's index at start: the index that
-    found them is gone with the process that made them, so nothing would ever use them."""
-    return sorted(n for n in names if "/" not in n and n.endswith(MIND_FILE_SUFFIX) and is_cache_mind(n))
+    """The page files in the page folder's index at start of the minds an earlier process
+    made for requests that named none: the prompt cache's (the index that found them is gone
+    with that process, so nothing would ever use them) and the Responses front's anonymous
+    conversations' (their bound, `--http-anonymous-minds`, is kept in memory: files left
+    from each process would otherwise pile up, one bound's worth per restart)."""
+    return sorted(n for n in names if "/" not in n and n.endswith(MIND_FILE_SUFFIX)
+                  and (is_cache_mind(n) or is_responses_mind(n)))

@@ -54,3 +54,16 @@ CACHE_MIND = "@@cache."
 def is_cache_mind(name: str) -> bool:
     """A name (of a mind, a page or a mind's page file) of the prompt cache's."""
     return name.startswith(CACHE_MIND)
+
+
+# The minds the Responses front names for conversations that name none ("r-" and the hex of
+# a 16-byte digest of how the conversation starts: frontends/http/openai/responses_api.py
+# `conversation_mind`), kept under a tenant's scope with its mark and tag after it.
+RESPONSES_MIND = "r-"
+_RESPONSES_MIND = re.compile(r"r-[0-9a-f]{32}(@@[0-9a-f]{16})?")
+
+
+def is_responses_mind(name: str) -> bool:
+    """A name (of a mind, or a mind's page file) of an anonymous Responses conversation's."""
+    stem = name[: -len(MIND_FILE_SUFFIX)] if name.endswith(MIND_FILE_SUFFIX) else name
+    return _RESPONSES_MIND.fullmatch(stem) is not None

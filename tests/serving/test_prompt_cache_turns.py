@@ -260,3 +260,31 @@ async def test_the_caches_minds_are_not_kept_past_the_process(tiny_model, tmp_pa
         assert [n for n in s.files.index.files if is_cache_mind(n)] == []
         assert "ada.page" in s.files.index.files
     assert not [p for p in tmp_path.iterdir() if is_cache_mind(p.name)]
+
+
+async def test_a_start_removes_the_files_of_minds_an_earlier_process_made_for_unnamed_requests(tiny_model, tmp_path):
+    """The prompt cache's and the Responses front's anonymous conversations' (their bounds
+    are kept in memory: left over, they would pile up a bound's worth per restart); a
+    client's mind, however named, keeps her file."""
+    from actord.vocabulary.names import CACHE_MIND
+
+    anonymous = "r-" + "0123456789abcdef" * 2
+    names = [CACHE_MIND + "x", anonymous, anonymous + "@@" + "ab" * 8, "r-ada", "ada"]
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        await s.complete(prompt=[1, 17, 40, 99], n_predict=2, slot=0)
+        image = await _saved(s)
+        for n in names:
+            await s.files.publish(f"{n}.page", image)
+    async with ActorSystem(cfg(tiny_model, tmp_path, slots=1)) as s:
+        assert sorted(n for n in s.files.index.files if n.endswith(".page")) == ["ada.page", "r-ada.page"]
+
+
+async def _saved(s):
+    """One page image of slot 0's state, as a save writes it."""
+    from actord.storage.osfs import OsFs
+    from actord.storage.publish import read_generation
+
+    await s.slot_save(0, "template.page")
+    image = read_generation(s.files.root, "template.page", OsFs())
+    await s.files.remove("template.page")
+    return image

@@ -72,7 +72,6 @@ from starlette.routing import Route
 from actord.chat.defaults import asked
 from actord.chat.messages import ChatMessage, Tool, ToolCall
 from actord.vocabulary.errors import ActordError, InvalidParams
-from actord.frontends.http.openai import wire as O
 from actord.frontends.http.openai.anonymous import forget_past_bound
 from actord.policy.lru import DaemonMinds
 from actord.frontends.http.openai.answers import llama_timings, new_id
@@ -85,6 +84,7 @@ from actord.frontends.http.responses import HttpError, RouteGroup, error_object,
 from actord.frontends.http.streaming import Generation
 from actord.frontends.http.turns import Turn, TurnContext, fit, fitted, mind_of
 from actord.service import tenancy
+from actord.vocabulary.names import RESPONSES_MIND, is_responses_mind
 from actord.vocabulary.types import GeneRef
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -244,7 +244,7 @@ def conversation_mind(instructions: str | None, first: ChatMessage) -> str:
     role = "system" if first.role == "developer" else first.role  # the name it had before its template fit
     h.update(msgspec.msgpack.encode([instructions or "", role, first.content,
                                      [(c.id, c.name, c.arguments) for c in first.tool_calls or []]]))
-    return "r-" + h.hexdigest()
+    return RESPONSES_MIND + h.hexdigest()
 
 
 @dataclass
@@ -295,7 +295,7 @@ def to_turn(req: ResponsesRequest, headers: Mapping[str, str], context: TurnCont
     anonymous = False
     if mind is None and req.store:
         mind = prev.mind if prev is not None else conversation_mind(req.instructions, history[0])
-        anonymous = mind is not None and mind.startswith("r-")
+        anonymous = mind is not None and is_responses_mind(mind)
     chat = asked(context.defaults, messages=convo, max_tokens=req.max_output_tokens, temperature=req.temperature,
                  top_p=req.top_p, top_k=req.top_k, mind=mind, stream=req.stream,
                  genes=msgspec.convert(req.genes, list[GeneRef]), grammar=grammar, ignore_eos=req.ignore_eos,
