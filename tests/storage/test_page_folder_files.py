@@ -18,6 +18,12 @@ from actord.service.system import ActorSystem
 from actord.storage.osfs import OsFs
 
 
+def _cfg(model: str, tmp_path) -> Config:
+    """One slot over a page folder that exists before the system starts."""
+    os.makedirs(tmp_path / "pages", exist_ok=True)
+    return Config(model=model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path / "pages"))
+
+
 def test_a_fifo_is_refused_before_it_is_read(tmp_path):
     fifo = tmp_path / "ada.page"
     os.mkfifo(fifo)  # no writer: a plain open would block for ever
@@ -29,9 +35,8 @@ def test_a_fifo_is_refused_before_it_is_read(tmp_path):
 
 @pytest.mark.anyio
 async def test_restoring_a_fifo_in_the_page_folder_is_a_typed_error_and_the_slot_serves_on(tiny_model, tmp_path):
-    cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path / "pages"))
+    cfg = _cfg(tiny_model, tmp_path)
     async with ActorSystem(cfg) as s:
-        os.makedirs(cfg.page_dir, exist_ok=True)
         os.mkfifo(os.path.join(cfg.page_dir, "ada.page"))
         os.mkdir(os.path.join(cfg.page_dir, "bob.page"))
         for name in ("ada.page", "bob.page"):
@@ -67,9 +72,8 @@ class _Reads(OsFs):
 
 @pytest.mark.anyio
 async def test_a_mind_whose_page_file_is_a_folder_or_no_page_file_starts_fresh_once_refused(tiny_model, tmp_path):
-    cfg = Config(model=tiny_model, slots=1, ctx=512, batch=64, page_dir=str(tmp_path / "pages"))
+    cfg = _cfg(tiny_model, tmp_path)
     async with ActorSystem(cfg) as s:
-        os.makedirs(cfg.page_dir, exist_ok=True)
         os.mkdir(os.path.join(cfg.page_dir, "bob.page"))
         with open(os.path.join(cfg.page_dir, "eve.page"), "wb") as f:
             f.truncate(64 << 20)  # sparse: zeros, no page file's magic
