@@ -289,10 +289,14 @@ class StateCopier:
     def state_get_range(self, seq: int, p0: int, p1: int, partial: bool, into: J.HostBuffer | None,
                         capacity: int) -> J.StateData:
         """The state of positions [p0, p1) of `seq` only: the scratch sequence shares those
-        cells, its state is written out, and it lets them go (the cells are not copied)."""
+        cells, its state is written out, and it lets them go (the cells are not copied). A
+        range ending at p1 whose sliding window at p1 is not whole is no state (empty): a
+        window checkpoint, or a base ([0, p1): page_bases.py), without cells its window lost
+        would resume wrong (seeds 457 and 581 x 60 steps: a base cut from a longer idle
+        sequence on a full SWA cache, its window's cells given to other slots' prefills,
+        taken by a new mind, answered garbage from its first token)."""
         self.context.check_seq(seq)
-        if partial and p1 >= 0 and not self.window_whole(seq, p1):
-            # A window checkpoint at p1 with cells its window lost would resume wrong: none.
+        if p1 >= 0 and not self.window_whole(seq, p1):
             return J.StateData(data=bytearray(), n_bytes=0, t_ms=0.0)
         scratch = self.context.scratch
         lib.llama_memory_seq_rm(self.context.mem, scratch, -1, -1)

@@ -80,6 +80,9 @@ class PageBases:
         if n < BLOCK:
             return None
         st = await m.engine.run(J.StateGet(seq=m.seq, p1=n))
+        if not st.n_bytes:  # its sliding window at n is not whole (state_copy.py state_get_range): no base
+            log.info("page.base_window_lost", slot=m.id, n_base=n)
+            return None
         n_bytes = st.n_bytes + 4 * n
         try:
             adm: PageAdmission = await self.peers.pages.ask(AdmitBase(n_bytes=n_bytes, n_state=st.n_bytes))

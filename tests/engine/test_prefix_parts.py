@@ -115,3 +115,20 @@ async def test_a_cut_whose_window_lost_cells_in_the_middle_is_refused_and_change
         assert (rng.pos_min, rng.pos_max) == (0, len(A) + 8 - 2)  # nothing removed
         assert not await s.engine.run(J.SeqShare(src=0, dst=1, n=90))  # nor shared from there
         assert await s.engine.run(J.SeqRm(seq=0, p0=50, p1=-1, window=True))  # [18, 50) is whole
+
+
+async def test_a_base_whose_window_lost_cells_is_no_state(tiny_swa_model):
+    """A base of positions [0, n) cut from a longer sequence on a full SWA cache: where the
+    window at n lost cells (libllama gave them to other sequences' tokens once the sequence
+    moved past them), its state would resume wrong, so it is none (page_bases.py then keeps
+    the page whole). Seeds 457 and 581 x 60 steps: a new mind took such a base and answered
+    garbage from her first token. (The hole is made by hand here: cells 60-79.)"""
+    async with ActorSystem(Config(model=tiny_swa_model, slots=2, ctx=2048, batch=256, threads=1, swa_full="on")) as s:
+        await greedy(s, A, 0)
+        assert await s.engine.run(J.SeqRm(seq=0, p0=60, p1=80))
+        lost = await s.engine.run(J.StateGet(seq=0, p1=90))  # its window [58, 90) has the hole
+        assert lost.n_bytes == 0
+        whole = await s.engine.run(J.StateGet(seq=0, p1=50))  # [18, 50) is whole
+        assert whole.n_bytes > 0
+        rng = await s.engine.run(J.MemoryRange(seq=0))
+        assert rng.pos_max == len(A) + 8 - 2  # the sequence itself untouched
