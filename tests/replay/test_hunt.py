@@ -146,7 +146,7 @@ def test_the_simulation_finds_a_spill_that_drops_its_page_when_the_write_failed(
     from actord.serving.slot import page_image
     from actord.service import system
 
-    async def old_spill(pages, files, props, metrics, page, file, drop):
+    async def old_spill(pages, files, props, metrics, page, file, drop, *, kept=False):
         files.check(file)
         t0 = time.perf_counter()
         held = await pages.ask(SpillBegin(name=page))
