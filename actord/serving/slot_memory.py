@@ -116,6 +116,7 @@ class SlotMemory:
     @lineage.setter
     def lineage(self, lineage: Lineage) -> None:
         self._genes, self._scope = lineage
+        self._publish()
 
     def learn_digests(self, digests: Any) -> None:
         """Gene ids' content digests (pairs, or a mapping), kept for the genes in use: those of
@@ -124,7 +125,6 @@ class SlotMemory:
         if got:
             held = {gid for gid, _ in self._genes}
             self.digests = {gid: d for gid, d in {**self.digests, **got}.items() if gid in held or gid in got}
-        self._publish()
 
     @property
     def checkpoints(self) -> list[SlotCheckpoint]:

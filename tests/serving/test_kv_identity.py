@@ -258,3 +258,15 @@ async def test_a_mind_whose_gene_was_unloaded_under_her_names_it_by_content_and_
         await s.slot_restore(0, "x.page")
         back = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, slot=0, genes=genes_of((g, 1.0)))
         assert back.n_cached >= len(prompt)
+
+
+async def test_the_index_holds_each_slots_lineage_as_the_slot_sets_it(tiny_model, tmp_path):
+    """A request's begin sets its slot's lineage after the cut (slot.py `_begin`), a page-in
+    after the tokens: the index every reuse asks must hold each change at once, or a peer
+    would take those cells under another scope or other genes."""
+    async with ActorSystem(cfg(tiny_model, tmp_path)) as s:
+        await s.complete(prompt=SYSTEM + own(17), n_predict=2, ignore_eos=True, slot=0, cache_salt="s1")
+        m = s.slots[0].memory
+        assert m.peers.index.of(0).lineage == m.lineage and m.lineage[1] != ""
+        m.lineage = ((), "")
+        assert m.peers.index.of(0).lineage == ((), "")
