@@ -552,11 +552,11 @@ class ActorSystem:
         own = tenancy.own_name(page, "page")
         with tenancy.as_client(page):
             # A client's file by name: the disk budget never evicts it (storage/disk_index.py).
-            return tenancy.client_answer(await spill_page(self.pages, self.files, self.props, self.metrics, own,
-                                                          tenancy.own_name(file, "file", file=True), drop, kept=True))
+            return tenancy.client_answer(await self._spill_page(own, tenancy.own_name(file, "file", file=True), drop,
+                                                                kept=True))
 
-    def _spill_page(self, page: str, file: str, drop: bool) -> Awaitable[dict[str, Any]]:  # the placer's, a stop's
-        return spill_page(self.pages, self.files, self.props, self.metrics, page, file, drop)
+    def _spill_page(self, page: str, file: str, drop: bool, *, kept: bool = False) -> Awaitable[dict[str, Any]]:
+        return spill_page(self.pages, self.files, self.props, self.metrics, page, file, drop, kept=kept)
 
     @entry("slot.save")
     async def slot_save(self, slot: int, file: str) -> dict[str, Any]:

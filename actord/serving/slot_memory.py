@@ -118,10 +118,9 @@ class SlotMemory:
         self._genes, self._scope = lineage
         self._publish()
 
-    def learn_digests(self, digests: Any) -> None:
-        """Gene ids' content digests (pairs, or a mapping), kept for the genes in use: those of
-        its cells and of the grant."""
-        got = {gid: d for gid, d in (digests.items() if isinstance(digests, dict) else digests) if d}
+    def learn_digests(self, digests: dict[int, str]) -> None:
+        """Gene ids' content digests, kept for the genes in use: those of its cells and of the grant."""
+        got = {gid: d for gid, d in digests.items() if d}
         if got:
             held = {gid for gid, _ in self._genes}
             self.digests = {gid: d for gid, d in {**self.digests, **got}.items() if gid in held or gid in got}

@@ -50,6 +50,7 @@ def mind_named(name: str) -> str | None:
     state write-behind and a stop could never write to her file."""
     return name if check_mind(name) is None else None
 
+
 class SlotPages:
     """Page and file moves of a slot's sequence (see the module docstring): a part of a slot,
     given its memory, its page-base part and its peers (the page store and the page files
@@ -202,7 +203,7 @@ class SlotPages:
             try:
                 m.kv_tokens = list(page.tokens)
                 m.lineage = (page.genes, page.scope)
-                m.learn_digests(zip([g for g, _ in page.genes], page.gene_digests))
+                m.learn_digests(dict(zip([g for g, _ in page.genes], page.gene_digests)))
                 m.resume_raw_lcp = None
                 m.mind = mind_named(name)
                 m.ckpt.adopt(page.divergences, page.prompt_end, len(page.tokens))
@@ -266,7 +267,7 @@ class SlotPages:
                 raise GenesMissing(f"{file} holds a state computed under a gene this daemon cannot match: {why}",
                                    file=file, digest=sg.digest, saved_id=sg.id)
             out.append((gid, float(sg.scale)))
-        self.memory.learn_digests([(gid, sg.digest) for (gid, _), sg in zip(out, image.genes)])
+        self.memory.learn_digests({gid: sg.digest for (gid, _), sg in zip(out, image.genes)})
         return tuple(sorted(out))
 
     async def save_mind(self, mind: str, file: str) -> dict[str, Any]:

@@ -290,8 +290,7 @@ class PageFiles:
             self.index.learned(n, kept)
         if not self.share_bases:
             return 0
-        read = {n: key for n, (key, _) in read.items()}
-        for n, key in read.items():
+        for n, (key, _) in read.items():
             if n not in self.refs.live and key is not None:
                 self.refs.set(n, key, live=False)
         self.refs.known = True

@@ -242,13 +242,10 @@ def _check_head(head: Buffer, file: Path | str) -> None:
     """Refuse, typed, a main file whose first bytes are not a page file's header (its
     magic, version, section count and checksum); a short one is left to the whole read."""
     mv = _bytes_view(head)
-    if mv.nbytes >= _FIXED.size:
-        magic, version, _, _, nsec = _FIXED.unpack_from(mv, 0)
-        if magic != _MAGIC[MAIN]:
-            raise _corrupt(file, f"bad magic {magic!r}, not a {_KIND[MAIN]} file")
+    if mv.nbytes >= _FIXED.size + _CRC.size:
+        _, _, nsec, _ = _fixed_header(mv, MAIN, file)
         if nsec not in (3, 4):
             raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
-    main_n_tokens(head, file)
 
 
 def main_meta(head: Buffer, file: Path | str = "<main>") -> dict[str, Any] | None:
