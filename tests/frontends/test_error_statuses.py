@@ -105,3 +105,18 @@ async def test_the_same_error_gets_the_same_status_on_every_front(error, stream)
             else:
                 assert shape["error"]["message"] and "param" in shape["error"], shape  # OpenAI's own
     assert set(got.values()) == {status_of(error)}, got
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_storage_failure_reaches_a_client_without_the_daemons_paths(stream):
+    secret = "/srv/actord-secret-layout/pages/ada.page"
+    error = E.StorageError(f"write {secret}: No space left on device (ENOSPC)", op="write", path=secret,
+                           errno=28)
+    config = Config(model="/models/fake.gguf", api_key=KEY)
+    front = HttpFront(FailingService(config, error), config)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=front.app), base_url="http://front") as c:
+        for path, body in ROUTES:
+            r = await c.post(path, json={"model": "m", "stream": stream, **body},
+                             headers={"authorization": f"Bearer {KEY}"})
+            assert r.status_code == 500, (path, r.text)
+            assert "actord-secret-layout" not in r.text and "ENOSPC" in r.text, (path, r.text)

@@ -73,7 +73,7 @@ from actord.frontends.http.native.routes import Native
 from actord.frontends.http.openai.routes import OpenAIRoutes
 from actord.frontends.http.openai.responses_api import Responses
 from actord.frontends.http.vertex import Vertex
-from actord.frontends.http.responses import ClientGone, HttpError, Silent, error_response, json_response
+from actord.frontends.http.responses import ClientGone, HttpError, Silent, error_response, for_client, json_response
 from actord.vocabulary.log import get
 from actord.service.protocol import Service
 from actord.frontends.rpc.peers import PeerPolicy, check_tcp_peers
@@ -290,7 +290,7 @@ class HttpFront:
                 self.client_gone(e.phase)
                 return Silent()
             except (HttpError, ActordError) as e:
-                return errors(e)
+                return errors(for_client(e))
             finally:
                 if ticket is not None:
                     ticket.release()

@@ -19,16 +19,20 @@ client that branches on the status (retry on 503, shorten on 400) branches alike
 
 from __future__ import annotations
 
+import errno as _errno
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.responses import Response
 
-from actord.vocabulary.errors import ActordError, PathRefused
+from actord.vocabulary.errors import ActordError, PathRefused, StorageError
+from actord.vocabulary.log import get
 
 if TYPE_CHECKING:
     from actord.service.protocol import Service
 from actord.frontends.http.openai import wire as O
+
+log = get("actord.frontends.http")
 
 _enc = msgspec.json.Encoder()
 
@@ -68,6 +72,19 @@ def status_of(e: HttpError | ActordError) -> int:
     if isinstance(e, PathRefused):
         return 400  # llama-server: "Invalid filename"
     return e.http_status if 400 <= e.http_status < 600 else 500
+
+
+def for_client(e: HttpError | ActordError) -> HttpError | ActordError:
+    """`e` as an HTTP client reads it: a storage failure names its operation and the OS's
+    reason, never the daemon's folders (a tenant learns nothing of the host's layout; the
+    log keeps the paths)."""
+    if not isinstance(e, StorageError) or not ("path" in e.data or "file" in e.data):
+        return e
+    code = e.data.get("errno")
+    reason = _errno.errorcode.get(code, str(code)) if isinstance(code, int) else "see the daemon's log"
+    log.warning("http.storage_failed", error=e.to_dict())
+    kept = {k: v for k, v in e.data.items() if k in ("op", "errno", "committed")}
+    return StorageError(f"the daemon's page storage failed ({e.data.get('op', 'publish')}: {reason})", **kept)
 
 
 def error_object(e: HttpError | ActordError, llama: bool = False) -> tuple[int, dict[str, Any]]:

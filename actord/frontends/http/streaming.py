@@ -58,7 +58,7 @@ from starlette.responses import Response
 
 from actord.vocabulary.errors import ActordError
 from actord.frontends.http.bounds import KEY
-from actord.frontends.http.responses import HttpError, json_response
+from actord.frontends.http.responses import HttpError, for_client, json_response
 from actord.frontends.shares import Ticket, peer_of
 from actord.vocabulary.log import get
 
@@ -153,10 +153,11 @@ class Generation(Response):
             await self._whole(scope, receive, send)
 
     def _error(self, e: HttpError | ActordError) -> Response:
-        status, body = self.answer.error_object(e)
+        status, body = self.answer.error_object(for_client(e))
         return json_response(body, status)
 
     def _error_event(self, e: HttpError | ActordError) -> bytes:
+        e = for_client(e)
         own = getattr(self.answer, "error_event", None)
         return own(e) if own is not None else sse(self.answer.error_object(e)[1])
 
