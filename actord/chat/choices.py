@@ -198,11 +198,12 @@ def reply_message(scanner: Any, sink: Any, result: CompletionResult, thought: An
         outer.finish(result.slot)
     if scanner is None:
         return ChatMessage(role="assistant", content=content, reasoning_content=reasoning)
+    cut = result.stop_reason in ("length", "context")
     if isinstance(sink, StreamAdapter):
-        sink.finish(result.slot)
+        sink.finish(result.slot, cut)
     else:
         scanner.feed(content)
-        scanner.finish()
+        scanner.finish(cut)
     return ChatMessage(role="assistant", content=scanner.content, tool_calls=scanner.calls or None,
                        reasoning_content=reasoning)
 

@@ -77,7 +77,24 @@ class Scanner:
         self.buf += text
         return self._run(final=False)
 
-    def finish(self) -> list[tuple[str, Any]]:
+    def finish(self, cut: bool = False) -> list[tuple[str, Any]]:
+        """The end of the output. `cut`: it ended at its token limit, so a call the limit
+        left unwritten (its opener seen, or its opener's first characters) is dropped, not
+        shown as text: markup is never content, and the stop reason says the answer was
+        cut. A section that opened without a marker (a format whose call is bare JSON)
+        stays text: it may be the answer itself."""
+        if cut:
+            self._run(final=False)  # what cannot be a marker goes out; a marker's start stays held
+            written = self._json_at >= 0 and self._scan[1] < 0  # its JSON whole: only the closer is cut
+            if self.section is not None and self.section_opener and not written:
+                self.pos, self.section = len(self.buf), None
+            elif self.section is not None and written and self.closer:
+                end = self._scan[0]
+                tail = self.buf[end:].lstrip(_WS)
+                if self.closer.startswith(tail):  # the closer's first characters: it is the closer
+                    self.buf = self.buf[:len(self.buf) - len(tail)] + self.closer
+            elif self.section is None:
+                self.pos = len(self.buf)
         return self._run(final=True)
 
     # -- internals --
@@ -285,8 +302,8 @@ class StreamAdapter:
             return
         self._send(chunk, self.scanner.feed(chunk.get("content", "")))
 
-    def finish(self, slot: int) -> None:
-        events = self.scanner.finish()
+    def finish(self, slot: int, cut: bool = False) -> None:
+        events = self.scanner.finish(cut)
         if events:
             self._send({"slot": slot, "content": "", "tokens": []}, events)
 

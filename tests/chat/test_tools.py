@@ -128,6 +128,28 @@ def test_text_that_may_open_a_marker_is_held_back_until_it_does_not():
     assert sc.finish() == []
 
 
+@pytest.mark.parametrize("fmt,text,content,calls", [
+    ("hermes", "Sure. <tool", "Sure.", []),  # an opener's first characters
+    ("hermes", 'Sure. <tool_call>{"name": "get_wea', "Sure.", []),  # a call half written
+    ("hermes", '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool', "", [("add", {"a": 1})]),  # only its closer cut
+    ("mistral", '[TOOL_CALLS][{"name": "add"', "", []),
+    ("llama3", '<|python_tag|>{"name": "add", "argu', "", []),
+    ("generic", '{"answer": "the wea', '{"answer": "the wea', []),  # bare JSON: it may be the answer itself
+])
+def test_a_call_the_token_limit_cut_is_dropped_not_shown_as_text(fmt, text, content, calls):
+    for cuts in ([], [3], list(range(len(text)))):
+        sc = Scanner(fmt, NAMES)
+        events = []
+        last = 0
+        for c in cuts + [len(text)]:
+            events += sc.feed(text[last:c])
+            last = c
+        events += sc.finish(cut=True)
+        assert "".join(v for k, v in events if k == "content") == sc.content == content
+        assert [(c.name, json.loads(c.arguments)) for c in sc.calls] == calls
+        assert [(v.name, json.loads(v.arguments)) for k, v in events if k == "call"] == calls
+
+
 def test_calls_get_ids_and_mistral_ids_are_nine_alphanumerics():
     sc = Scanner("mistral", NAMES)
     sc.feed('[TOOL_CALLS][{"name": "add", "arguments": {}}]')

@@ -189,3 +189,18 @@ def test_a_client_that_hangs_up_mid_stream_ends_its_generation(front):
     _wait_metric(front, name, before)
     assert _wait_metric(front, gone, gone_before) == gone_before + 1
     assert _metric(front, "requests_in_flight") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_forced_call_cut_by_max_tokens_shows_no_markup(front, stream):
+    body = {"model": "m", "max_tokens": 6, "tools": [WEATHER], "tool_choice": {"type": "any"}, **GREEDY,
+            "messages": [{"role": "user", "content": "weather in Paris?"}], "stream": stream}
+    r = _post(front, body)
+    assert r.status_code == 200, r.text
+    if stream:
+        events = _sse(r.text)
+        text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+        stop = events[-2]["delta"]["stop_reason"]
+    else:
+        text, stop = "".join(b.get("text", "") for b in r.json()["content"]), r.json()["stop_reason"]
+    assert stop == "max_tokens" and text == "" and "tool" not in r.text.replace("tool_use", "")
