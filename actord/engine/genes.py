@@ -5,7 +5,9 @@ libllama adapter that exists only while the gene is resident. page_out frees the
 (`llama_adapter_lora_free`); page_in rebuilds it from the host image through an in-memory
 FILE (`fmemopen` + `llama_adapter_lora_init_from_file_ptr`), so no disk is touched. The
 gene's id is ours, not libllama's pointer, so it never changes across moves: slot gene
-lists, KV computed under a gene and saved pages stay valid.
+lists, KV computed under a gene and saved pages stay valid. An id names one content: a
+gene loaded again after its unload gets its old id back (so the pages and slot states
+computed under it are hers again, not re-prefilled), and no other content ever gets it.
 
 Adapters are set per context, and only here: `apply` sets exactly the step's gene set and
 refuses to decode with a gene whose device copy is gone (never a decode on freed memory).
@@ -48,11 +50,13 @@ class _Gene:
 @dataclass
 class DetachedGenes:
     """The catalog across a sleep (`detach` to `attach`): its genes with their host images,
-    which of them were resident, and the id counter, so ids are never reused."""
+    which of them were resident, the id counter and the unloaded genes' ids by content, so
+    an id never names another content."""
 
     genes: dict[int, _Gene]
     resident: set[int]
     ids: Iterator[int]
+    retired: dict[str, int]
 
 
 class GeneCatalog:
@@ -61,6 +65,7 @@ class GeneCatalog:
         self.ctx = ctx
         self.genes: dict[int, _Gene] = {}
         self._ids = itertools.count(1)
+        self._retired: dict[str, int] = {}  # an unloaded gene's digest -> its id, for her return
         self._applied: tuple[tuple[int, float], ...] = ()
 
     def handle(self, job: J.Job) -> Any:
@@ -106,7 +111,9 @@ class GeneCatalog:
         t0 = time.perf_counter()
         adapter = self._build(image)
         digest = hashlib.blake2b(image, digest_size=16).hexdigest()
-        g = _Gene(id=next(self._ids), path=path, image=image, adapter=adapter, digest=digest)
+        gid = self._retired.pop(digest, None)
+        g = _Gene(id=gid if gid is not None else next(self._ids), path=path, image=image, adapter=adapter,
+                  digest=digest)
         self.genes[g.id] = g
         return self.info(g, len(image), (time.perf_counter() - t0) * 1e3)
 
@@ -122,6 +129,8 @@ class GeneCatalog:
         if g.adapter is not None:
             self._free_device(g)
         del self.genes[gid]
+        if g.digest:
+            self._retired[g.digest] = gid
         g.image = b""  # the host copy goes with the gene
         return self.info(g)
 
@@ -167,14 +176,14 @@ class GeneCatalog:
         resident = {gid for gid, g in self.genes.items() if g.adapter is not None}
         for gid in resident:
             self._free_device(self.genes[gid])
-        kept = DetachedGenes(genes=dict(self.genes), resident=resident, ids=self._ids)
+        kept = DetachedGenes(genes=dict(self.genes), resident=resident, ids=self._ids, retired=self._retired)
         self.genes.clear()
         return kept
 
     def attach(self, kept: DetachedGenes) -> None:
         """After a wake, on the new model: the same genes under the same ids, those that were
         resident built again from their images (GeneResidency's view never changed)."""
-        self._ids = kept.ids
+        self._ids, self._retired = kept.ids, kept.retired
         self.genes.update(kept.genes)
         for gid in sorted(kept.resident):
             g = self.genes[gid]

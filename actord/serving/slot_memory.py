@@ -58,7 +58,8 @@ class SlotMemory:
         self._genes: tuple[tuple[int, float], ...] = ()
         self._scope = ""
         # Gene ids -> content digests, as told when the genes were granted or a state came in:
-        # ids are never reused, so a digest stays true after its gene is unloaded.
+        # an id never names another content (engine/genes.py), so a digest stays true after
+        # its gene is unloaded.
         self.digests: dict[int, str] = {}
         self._checkpoints: list[SlotCheckpoint] = []
         self.mind: str | None = None

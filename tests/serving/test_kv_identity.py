@@ -270,3 +270,23 @@ async def test_the_index_holds_each_slots_lineage_as_the_slot_sets_it(tiny_model
         assert m.peers.index.of(0).lineage == m.lineage and m.lineage[1] != ""
         m.lineage = ((), "")
         assert m.peers.index.of(0).lineage == ((), "")
+
+
+async def test_a_gene_loaded_again_gets_its_old_id_and_her_page_resumes_with_it(model, loras):
+    """An id names one content: after an unload, another adapter gets a new id, and the
+    same adapter loaded again gets its old one back, so the mind paged out under it resumes
+    her cells (equal to a fresh prefill) instead of prefilling them again."""
+    prompt = SYSTEM + own(18)
+    async with ActorSystem(cfg(model, slots=1)) as s:
+        a = await s.gene_load(loras[0])
+        r1 = await s.complete(prompt=prompt, n_predict=N, ignore_eos=True, mind="x", genes=genes_of((a.id, 1.0)))
+        await s.complete(prompt=SYSTEM + own(19), n_predict=1, ignore_eos=True, mind="y")  # x to her page
+        await s.gene_unload(a.id)
+        b = await s.gene_load(loras[1])
+        assert b.id != a.id
+        again = await s.gene_load(loras[0])
+        assert again.id == a.id and again.digest == a.digest
+        nxt = prompt + r1.tokens + own(20, 2)
+        back = await s.complete(prompt=nxt, n_predict=N, ignore_eos=True, mind="x", genes=genes_of((a.id, 1.0)))
+    assert back.n_cached >= len(prompt)
+    assert back.tokens == await fresh(model, loras, nxt, 0)
