@@ -120,3 +120,15 @@ async def test_a_storage_failure_reaches_a_client_without_the_daemons_paths(stre
                              headers={"authorization": f"Bearer {KEY}"})
             assert r.status_code == 500, (path, r.text)
             assert "actord-secret-layout" not in r.text and "ENOSPC" in r.text, (path, r.text)
+
+
+def test_a_page_file_error_names_the_file_but_not_the_folder_and_a_refused_name_stays_the_clients():
+    from actord.frontends.http.responses import for_client
+
+    e = for_client(E.CorruptPageFile("page file /srv/pages/ada.page: truncated", file="/srv/pages/ada.page"))
+    assert isinstance(e, E.CorruptPageFile) and e.message == "page file ada.page: truncated"
+    assert e.data == {"file": "ada.page"}
+    refused = E.PathRefused("page file name '/etc/passwd' refused: absolute", name="/etc/passwd")
+    assert for_client(refused) is refused
+    plain = E.InvalidParams("n_probs is 1/2 too many")
+    assert for_client(plain) is plain
