@@ -154,6 +154,7 @@ class EngineThread:
         # or not anyone waits for it yet: a deterministic dispatcher waits on it for quiet.
         self.on_settled: Callable[[], None] | None = None
         self._loop: Any = None  # asyncio's running loop (its futures are the waiters), else None
+        self._sleep0: Any = None  # asyncio.sleep on asyncio, else None (anyio's checkpoint)
         self._bell: Doorbell | None = None  # made by `start`, on the loop it wakes
 
     # -- loop side ---------------------------------------------------------------------
@@ -165,7 +166,7 @@ class EngineThread:
         if sniffio.current_async_library() == "asyncio":
             import asyncio
 
-            self._loop = asyncio.get_running_loop()
+            self._loop, self._sleep0 = asyncio.get_running_loop(), asyncio.sleep
         self._thread.start()
         await anyio.to_thread.run_sync(self._ready.wait)
         if self._start_error is not None:
@@ -211,7 +212,9 @@ class EngineThread:
         # A cancelled waiter does not cancel the job: libllama work is not interruptible,
         # and the actor that sent it re-synchronises from its own state.
         if p.settled:
-            await anyio.lowlevel.checkpoint()
+            # A yield (and a cancellation point) as anyio's checkpoint makes one, without
+            # its backend lookup on the per-step path (asyncio: its own sleep(0)).
+            await (self._sleep0(0) if self._sleep0 is not None else anyio.lowlevel.checkpoint())
         elif self._loop is not None:
             p.waiter = self._loop.create_future()
             await p.waiter

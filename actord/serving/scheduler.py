@@ -333,12 +333,17 @@ class Scheduler(Actor[SchedulerInbox]):
 
     def _charge(self, plan: Plan, out: Any) -> list[Event]:
         """Charge each request its share of the step; end those past their budget."""
-        shares = step_shares(out.t_decode_ms / 1e3, out.t_sample_ms / 1e3, plan.fed,
-                             [e.token >= 0 for e in out.entries] if len(out.entries) == len(plan.fed)
-                             else [True] * len(plan.fed))
+        fed = plan.fed
+        if len(fed) == 1:  # one request had the whole step (step_shares' answer, without its lists)
+            shares: Any = ((out.t_decode_ms + out.t_sample_ms) / 1e3,)
+        else:
+            shares = step_shares(out.t_decode_ms / 1e3, out.t_sample_ms / 1e3, fed,
+                                 [e.token >= 0 for e in out.entries] if len(out.entries) == len(fed)
+                                 else [True] * len(fed))
         events: list[Event] = []
+        account = self.engine_s
         for rid, share in zip(plan.rids, shares):
-            spent = self.engine_s[rid] = self.engine_s.get(rid, 0.0) + share
+            spent = account[rid] = account.get(rid, 0.0) + share
             if past_budget(spent, self.engine_budget_s) and rid in self.core.reqs:
                 r = self.core.reqs[rid]
                 log.warning("scheduler.engine_time_exceeded", slot=r.slot, spent_s=round(spent, 3),
@@ -346,9 +351,13 @@ class Scheduler(Actor[SchedulerInbox]):
                 events += self.core.abort(rid, "error", EngineTimeExceeded(
                     f"the request had {spent:.1f} s of engine time, past its budget of {self.engine_budget_s:g} s "
                     "(request_engine_s)", slot=r.slot, budget_s=self.engine_budget_s))
-        for rid in [rid for rid in self.engine_s if rid not in self.core.reqs and rid not in self.channels]:
-            del self.engine_s[rid]  # drained with no answer to give (_finish closes the others)
         return events
+
+    def _forget_accounts(self) -> None:
+        """The engine-time accounts of requests drained with no answer to give (`_finish`
+        closes the others): swept with the tally, not on every step."""
+        for rid in [rid for rid in self.engine_s if rid not in self.core.reqs and rid not in self.channels]:
+            del self.engine_s[rid]
 
     def _give_way(self) -> list[Event]:
         """A mind waits for a slot: the yieldable generation that has written most, past
@@ -376,6 +385,8 @@ class Scheduler(Actor[SchedulerInbox]):
 
     def _flush_tally(self) -> None:
         t = self._tallied
+        if len(self.engine_s) > len(self.core.reqs):
+            self._forget_accounts()
         if t[0]:
             self.metrics.engine_steps_total.inc(t[0])
             self.metrics.engine_busy_seconds_total.inc(t[1])
