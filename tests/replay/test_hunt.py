@@ -200,7 +200,10 @@ def test_the_simulation_finds_generation_starved_by_a_flood_when_client_calls_go
     from actord.serving.kernel import actor
 
     monkeypatch.setattr(actor, "OVERTAKE", 0)
-    first_finding(tiny_model, sim_loras, range(400), 30, "generation starved")
+    # The first seed that finds it is 243 (a seed's run is deterministic): the hunt starts a
+    # little before it, since the 243 runs before took the test past its timeout under load
+    # (536 s with the simulation beside it), and still fails if no seed up to 400 finds it.
+    first_finding(tiny_model, sim_loras, range(220, 400), 30, "generation starved")
 
 
 # ---- planted regressions the output oracle finds (replay/sim_oracle.py) --------------------
