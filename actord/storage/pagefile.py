@@ -229,10 +229,15 @@ def main_n_tokens(head: Buffer, file: Path | str = "<main>") -> int | None:
     nsec = _FIXED.unpack_from(mv, 0)[4]
     if _FIXED.size + nsec * _SECTION.size + _CRC.size > mv.nbytes:
         return None
+    _main_header(mv, file)
+    return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
+
+
+def _main_header(mv: memoryview, file: Path | str) -> None:
+    """A main file's header checked (`_fixed_header`) and holding its 3 or 4 sections."""
     _, _, nsec, _ = _fixed_header(mv, MAIN, file)
     if nsec not in (3, 4):
         raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
-    return _SECTION.unpack_from(mv, _FIXED.size + _SECTION.size)[0] // 4
 
 
 _HEAD_PEEK = 4096  # a main file's header and section table (3 or 4 sections) fit many times over
@@ -243,9 +248,7 @@ def _check_head(head: Buffer, file: Path | str) -> None:
     magic, version, section count and checksum); a short one is left to the whole read."""
     mv = _bytes_view(head)
     if mv.nbytes >= _FIXED.size + _CRC.size:
-        _, _, nsec, _ = _fixed_header(mv, MAIN, file)
-        if nsec not in (3, 4):
-            raise _corrupt(file, f"expected 3 or 4 sections, found {nsec}")
+        _main_header(mv, file)
 
 
 def main_meta(head: Buffer, file: Path | str = "<main>") -> dict[str, Any] | None:
