@@ -7,8 +7,8 @@ cells (a slot's own resume, a share of a peer's cells or checkpoint, a page, a b
 file) compares the whole key, never the tokens alone. vLLM mixes the LoRA id and a
 per-request `cache_salt` into the root of its block-hash chain; TensorRT-LLM seeds its radix
 root with (lora_task_id, cache_salt_id). Ours is `Lineage`: the gene set (id, scale) within a
-process, where a gene id never names another content, and by content (each gene's file digest) wherever
-it leaves the process (page files); and the scope, a digest of the tenant (an API key's
+process, where a gene id never names another content, and by content (each gene's file
+digest) wherever it leaves the process (page files); and the scope, a digest of the tenant (an API key's
 index, a socket peer's uid; set by the front, never by the client) and the client's own
 `cache_salt`. The model's weights are one per daemon and checked on every file it reads
 (serving/slot_pages.py `check_fingerprint`).

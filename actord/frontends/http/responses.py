@@ -19,7 +19,6 @@ client that branches on the status (retry on 503, shorten on 400) branches alike
 
 from __future__ import annotations
 
-import errno as _errno
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -82,21 +81,17 @@ _ABSOLUTE = re.compile(r"(?<![\w.~])/(?:[^\s/:'\"(),]+/)+(?=[^\s/:'\"(),]+)")
 
 def for_client(e: HttpError | ActordError) -> HttpError | ActordError:
     """`e` as an HTTP client reads it: the daemon's folders left out of its words and
-    fields (a page file is named by its name; a tenant learns nothing of the host's layout),
-    and a storage failure told by its operation and the OS's reason. The log keeps the
-    whole error; the socket, the operator's own, answers it whole."""
+    fields (a page file is named by its name, a disk failure by its operation and the OS's
+    reason; a tenant learns nothing of the host's layout). A storage failure is logged
+    whole; the socket, the operator's own, answers every error whole."""
     if not isinstance(e, ActordError) or isinstance(e, PathRefused):  # a refused name is the client's own
         return e
-    if isinstance(e, StorageError) and ("path" in e.data or "file" in e.data):
-        log.warning("http.storage_failed", error=e.to_dict())
-        code = e.data.get("errno")
-        reason = _errno.errorcode.get(code, str(code)) if isinstance(code, int) else "see the daemon's log"
-        kept = {k: v for k, v in e.data.items() if k in ("op", "errno", "committed")}
-        return StorageError(f"the daemon's page storage failed ({e.data.get('op', 'publish')}: {reason})", **kept)
     message = _ABSOLUTE.sub("", e.message)
     data = {k: _ABSOLUTE.sub("", v) if isinstance(v, str) else v for k, v in e.data.items()}
     if message == e.message and data == e.data:
         return e
+    if isinstance(e, StorageError):
+        log.warning("http.storage_failed", error=e.to_dict())
     return type(e)(message, **data)
 
 
