@@ -36,6 +36,30 @@ from actord.vocabulary.errors import EngineError, KvCacheFull
 _NO_REPLAY: list = []  # never appended to: a step without rollback "replay" shares it
 
 
+def _one_ubatch(last_index: list[int], drafts: dict[int, list[int]], n_tokens: int, n_ubatch: int) -> bool:
+    """Whether libllama decodes the batch as one ubatch: every decoded entry (its tokens and
+    its drafts) as long as the others, all within n_ubatch (split_equal over unified KV).
+
+    Why it matters to a verify on recurrent memory with rollback snapshots (rollback "rs"):
+    the snapshots stay in the rows of the cell the sequence held when its ubatch ran, and a
+    later ubatch of the same decode may move that sequence to another cell (the recurrent
+    memory's find_slot gathers the ubatch's sequences into adjacent cells and swaps the
+    others aside) without moving its snapshots; the rollback then reads another cell's rows
+    (seed 4003 of the deeper hunt: a drafting sequence, then two others in a second ubatch).
+    With more than one ubatch the step rolls back by "replay" instead (`_replay_accepted`)."""
+    prev, size = 0, -1
+    for i, idx in enumerate(last_index):
+        if idx < 0:  # skipped, or sampled from a kept row: no rows in the batch
+            continue
+        end = idx + 1 + len(drafts.get(i, ()))
+        if size < 0:
+            size = end - prev
+        elif end - prev != size:
+            return False
+        prev = end
+    return n_tokens <= n_ubatch
+
+
 class Stepper:
     """`step` (see the module docstring), and what steps leave behind: the step count and
     epoch, each sequence's last sampled token, the batch as last written, the records."""
@@ -120,9 +144,6 @@ class Stepper:
             if self.before_decode is not None:  # the draft's decodes are this step's first
                 self.before_decode()
             drafts, extent = d.draft(job.entries)
-        # Rollback "replay": the recurrent state of each drafting sequence before the verify.
-        saved = {i: self.copier.state_get(job.entries[i].seq, True).data for i in drafts} if (
-            drafts and c.rollback == "replay") else {}
         token, position, n_seq_id, seq_id, logits = c.batch_views
         # What the batch already holds is not written again: every n_seq_id below the mark is
         # 1, and seq_id[k][0] is `held[k]` (libllama reads the batch, never writes it; a
@@ -199,6 +220,10 @@ class Stepper:
                 n_seq_id[j] = 1
             self._batch_one = k
         c.batch.n_tokens = k
+        # Rollback "replay": the recurrent state of each drafting sequence before the verify.
+        saved = {i: self.copier.state_get(job.entries[i].seq, True).data for i in drafts} if (
+            drafts and (c.rollback == "replay" or c.rollback == "rs" and not _one_ubatch(last_index, drafts, k, c.n_batch))
+        ) else {}
         if self.before_decode is not None:
             self.before_decode()
         t0 = time.perf_counter()

@@ -46,12 +46,12 @@ class RawEngine(Engine):
 
 
 def cfg(model: str, tmp_path, **kw) -> Config:
-    return Config(model=model, slots=2, ctx=1024, batch=128, page_dir=str(tmp_path), threads=1,
-                  ctx_checkpoints_bytes=10**8, **kw)
+    return Config(model=model, ctx=1024, batch=128, page_dir=str(tmp_path), threads=1,
+                  ctx_checkpoints_bytes=10**8, **{"slots": 2, **kw})
 
 
-def system(model: str, tmp_path, n_rs_seq: int = 2) -> ActorSystem:
-    return ActorSystem(cfg(model, tmp_path), engine_factory=lambda c: RawEngine(c, n_rs_seq=n_rs_seq))
+def system(model: str, tmp_path, n_rs_seq: int = 2, **kw) -> ActorSystem:
+    return ActorSystem(cfg(model, tmp_path, **kw), engine_factory=lambda c: RawEngine(c, n_rs_seq=n_rs_seq))
 
 
 async def step(s, seq: int, tokens: list[int], pos0: int) -> int:
@@ -148,3 +148,64 @@ async def test_the_device_budget_counts_the_rollback_snapshots_a_sequence_holds(
     (s0, dev0, rec), (s2, dev2, _) = out[0], out[2]
     assert s0 == s2 and dev0 == s0
     assert dev2 == s2 + 2 * rec
+
+
+Q = [1] + [5 + (i * 53) % 490 for i in range(39)]  # 40 tokens
+R = [1] + [4 + (i * 29) % 495 for i in range(59)]  # 60 tokens
+
+
+async def interleave(s, draft: bool = False) -> int:
+    """Sequences 0, 2 and 1 prefilled in that order, so libllama's recurrent cells hold them
+    in that order: a later ubatch of sequences 0 and 1 gathers them into adjacent cells and
+    moves sequence 2 aside. Returns the token sequence 2 sampled after P."""
+    for seq in range(3):
+        await s.engine.run(J.SetSampler(seq=seq, params=J.SamplingParams()))
+    await step(s, 0, Q[:30], 0)
+    extra = {"draft_tokens": P, "draft_pos0": 0} if draft else {}
+    out = await s.engine.run(J.Step(entries=[J.StepEntry(seq=2, tokens=P, pos0=0, sample=True, **extra)]))
+    await step(s, 1, R[:40], 0)
+    return out.entries[0].token
+
+
+def three_ubatches(first: J.StepEntry) -> J.Step:
+    """One decode that libllama splits into ubatches (split_equal keeps each sequence's last
+    n_rs_seq + 1 tokens together): `first` (sequence 2's 3 tokens) alone, then sequences 0 and
+    1 together (two tokens each), then the rest of sequence 1's chunk."""
+    return J.Step(entries=[first, J.StepEntry(seq=0, tokens=[21, 22], pos0=30, sample=True),
+                           J.StepEntry(seq=1, tokens=R[40:52], pos0=40, sample=False)])
+
+
+async def test_libllama_rolls_back_wrong_when_a_later_ubatch_of_the_decode_moved_the_sequence(tiny_hybrid_model, tmp_path):
+    """The snapshots stay in the rows of the cell the sequence held when its ubatch ran; the
+    ubatch of sequences 0 and 1 swaps sequence 2 into another cell without them, and the
+    rollback reads that cell's rows. (If this starts to fail, libllama moves snapshots with
+    their cell, and engine/step.py `_one_ubatch` may go.)"""
+    async with system(tiny_hybrid_model, tmp_path, slots=3) as s:
+        await interleave(s)
+        a, b, c = 11, 12, 13
+        await s.engine.run(three_ubatches(J.StepEntry(seq=2, tokens=[a, b, c], pos0=len(P), sample=True)))
+        assert await s.engine.run(RawSeqRm(seq=2, p0=len(P) + 1)) is True  # keep P + a
+        y = 7
+        assert await greedy(s, 2, y, len(P) + 1) != await fresh(s, 0, P + [a], y)
+
+
+async def test_a_verify_decoded_in_several_ubatches_rolls_back_by_replay_and_answers_as_plain_decoding(
+        tiny_hybrid_model, tiny_model, tmp_path):
+    """Speculation on the hybrid target (rollback "rs"): sequence 2 verifies two drafts in a
+    decode that takes three ubatches (seed 4003 of the deeper hunt); the rejected drafts are
+    taken back by replay, and what it generates next is what plain decoding gives."""
+    spec = cfg(tiny_hybrid_model, tmp_path, slots=3, spec_draft_model=tiny_model, spec_n_max=2, swa_full="on")
+    async with ActorSystem(spec) as s:
+        assert s.props.n_rs_seq == 2
+        t = await interleave(s, draft=True)
+        out = await s.engine.run(three_ubatches(J.StepEntry(
+            seq=2, tokens=[t], pos0=len(P), sample=True, draft_tokens=[t], draft_pos0=len(P), draft=2)))
+        e = out.entries[0]
+        assert e.drafted == 2 and len(e.more) < 2  # a draft was rejected: the rollback ran
+        got = [e.token] + [m.token for m in e.more]
+        while len(got) < 6:
+            got.append(await step(s, 2, [got[-1]], len(P) + len(got)))
+    async with ActorSystem(cfg(tiny_hybrid_model, tmp_path, slots=1)) as ref:
+        await ref.engine.run(J.SetSampler(seq=0, params=J.SamplingParams()))
+        assert await step(ref, 0, P, 0) == t
+        assert await greedy(ref, 0, t, len(P), n=6) == got
