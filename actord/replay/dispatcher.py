@@ -248,6 +248,7 @@ class DeterministicDispatcher(Dispatcher):
         self._settled: anyio.Event | None = None  # set when a thread job's waiter resumes
         self._loop_callbacks: _ReadyCount | None = None  # asyncio's ready callbacks (None on trio)
         self._gates: dict[str, tuple[Actor[Any], anyio.Event]] = {}
+        self._closed = False  # close_actors ran: the system is going
         self._handoff: dict[str, Envelope[Any] | None] = {}
         self.any_queued = isinstance(policy, RecordedPolicy)
         self._held: list[Ready] = []
@@ -288,6 +289,12 @@ class DeterministicDispatcher(Dispatcher):
             while True:
                 ev = anyio.Event()
                 self._gates[actor.name] = (actor, ev)
+                if self._closed and actor.drain() and not actor.mail_queued():
+                    # Back at its gate after close_actors (its last delivery was under way
+                    # then), its mailbox closed and empty: nobody steps any more to let it go,
+                    # and the system's exit would wait out its deadline (shutdown_grace_s + 5).
+                    self._gates.pop(actor.name, None)
+                    return
                 await ev.wait()
                 env = self._handoff.pop(actor.name)
                 if env is None:
@@ -433,6 +440,8 @@ class DeterministicDispatcher(Dispatcher):
         return True
 
     def close_actors(self) -> None:
-        """Shutdown: end every actor loop parked at its gate."""
+        """Shutdown: end every actor loop parked at its gate (and, in `actor_loop`, each one
+        that comes back to it with nothing left to deliver)."""
+        self._closed = True
         for name in list(self._gates):
             self._release_actor(name, None)

@@ -173,6 +173,41 @@ def test_a_trace_whose_thread_work_leaves_no_event_replays(tiny_model, sim_lora,
         assert r.ok, r
 
 
+def test_an_actor_still_delivering_when_its_actors_close_ends_its_loop_at_the_gate():
+    """The system's exit closes the actors while one is still in a delivery (a replay found
+    the system quiet with it awaiting an ask). Back at its gate with its mailbox closed and
+    empty, its loop ends: nobody steps any more to let it go, and the exit would otherwise
+    wait out its deadline (shutdown_grace_s + 5 s: the 15 s this file's trace test took
+    now and then)."""
+    from actord.replay.dispatcher import DeterministicDispatcher, SeededPolicy
+    from actord.serving.kernel.actor import Actor
+
+    release = anyio.Event()
+    handled: list[str] = []
+
+    class Slow(Actor):
+        async def handle(self, msg, env):
+            handled.append(msg)
+            await release.wait()
+
+    async def main():
+        disp = DeterministicDispatcher(SeededPolicy(0))
+        with anyio.fail_after(60):  # a hang bound, not a speed: the loop must end at once
+            async with anyio.create_task_group() as tg:
+                disp.bind(tg)
+                slow = Slow(disp, "slow")
+                disp.spawn(slow)
+                await slow.tell("one")
+                while not handled:
+                    await disp.step()
+                slow.close()
+                disp.close_actors()  # "slow" is in its delivery, not at its gate
+                release.set()
+        assert handled == ["one"]
+
+    anyio.run(main)
+
+
 @pytest.mark.slow
 def test_a_trace_with_shared_prefixes_replays(tiny_model, tmp_path):
     """Minds that open alike share cells, stand their pages on a base and come back onto it:
