@@ -164,6 +164,7 @@ class Context:
         self.swa_full = self.swa.full
         self.n_ctx = lib.llama_n_ctx(self.ctx)
         self.n_batch = lib.llama_n_batch(self.ctx)
+        self.n_ubatch = lib.llama_n_ubatch(self.ctx)  # how libllama splits a decode (engine/step.py `_one_ubatch`)
         self.n_seq_max = config.slots
         self.scratch = config.slots  # the sequence part-copies go through (context_params)
         self.n_swa = n_swa

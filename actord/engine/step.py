@@ -222,7 +222,7 @@ class Stepper:
         c.batch.n_tokens = k
         # Rollback "replay": the recurrent state of each drafting sequence before the verify.
         saved = {i: self.copier.state_get(job.entries[i].seq, True).data for i in drafts} if (
-            drafts and (c.rollback == "replay" or c.rollback == "rs" and not _one_ubatch(last_index, drafts, k, c.n_batch))
+            drafts and (c.rollback == "replay" or c.rollback == "rs" and not _one_ubatch(last_index, drafts, k, c.n_ubatch))
         ) else {}
         if self.before_decode is not None:
             self.before_decode()

@@ -293,8 +293,7 @@ class DeterministicDispatcher(Dispatcher):
                     # Back at its gate after close_actors (its last delivery was under way
                     # then), its mailbox closed and empty: nobody steps any more to let it go,
                     # and the system's exit would wait out its deadline (shutdown_grace_s + 5).
-                    self._gates.pop(actor.name, None)
-                    return
+                    self._release_actor(actor.name, None)
                 await ev.wait()
                 env = self._handoff.pop(actor.name)
                 if env is None:

@@ -45,9 +45,9 @@ class RawEngine(Engine):
         return super().handle(job)
 
 
-def cfg(model: str, tmp_path, **kw) -> Config:
-    return Config(model=model, ctx=1024, batch=128, page_dir=str(tmp_path), threads=1,
-                  ctx_checkpoints_bytes=10**8, **{"slots": 2, **kw})
+def cfg(model: str, tmp_path, slots: int = 2, **kw) -> Config:
+    return Config(model=model, slots=slots, ctx=1024, batch=128, page_dir=str(tmp_path), threads=1,
+                  ctx_checkpoints_bytes=10**8, **kw)
 
 
 def system(model: str, tmp_path, n_rs_seq: int = 2, **kw) -> ActorSystem:
